@@ -1,0 +1,13 @@
+"""Errors a caller can cause and fix: each carries a one-line message fit for a user."""
+
+
+class MlxspecError(Exception):
+    """Base of the errors the CLI and daemon report as a clean message, not a traceback."""
+
+
+class ModelLoadError(MlxspecError):
+    """A model reference that cannot be resolved or loaded (missing, offline, unsupported)."""
+
+
+class IncompatibleDraftError(MlxspecError):
+    """A draft whose tokenizer differs from the target's: its tokens would mean other text."""

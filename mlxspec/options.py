@@ -1,0 +1,98 @@
+"""Generation options: one validated dataclass shared by the engine, the daemon and the CLI.
+
+Names follow Ollama's `options` (Modelfile PARAMETER names) so the daemon can pass a request's
+options straight through; `from_dict` turns a caller's mistake into an `OptionsError` (HTTP 400).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class OptionsError(ValueError):
+    """A caller's invalid option: the message names the option and what is allowed."""
+
+
+@dataclass
+class GenerateOptions:
+    max_tokens: int = 256  # Ollama's num_predict; -1 means until EOS or the context is full
+    temperature: float = 0.0  # 0 = greedy (argmax), exact token for token
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None  # reproducible sampling when set
+    stop: list[str] = field(default_factory=list)
+    repeat_penalty: float = 1.0  # 1 = off
+    repeat_last_n: int = 64
+    num_ctx: int | None = None  # context window; None = the model's own
+    draft_length: int | None = None  # tokens drafted per round; 0 = no speculation; None = engine default
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def check(ok: bool, name: str, what: str) -> None:
+            if not ok:
+                raise OptionsError(f"invalid option {name}={getattr(self, name)!r}: {what}")
+
+        check(_is_int(self.max_tokens) and self.max_tokens >= -1, "max_tokens", "must be an integer >= -1")
+        check(_is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "must be in [0, 100]")
+        check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0")
+        check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        check(_is_num(self.min_p) and 0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
+        check(self.seed is None or _is_int(self.seed), "seed", "must be an integer")
+        check(
+            isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
+            "stop",
+            "must be a list of non-empty strings",
+        )
+        check(_is_num(self.repeat_penalty) and 0 < self.repeat_penalty <= 10, "repeat_penalty", "must be in (0, 10]")
+        check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n", "must be an integer >= -1")
+        check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be >= 1")
+        check(
+            self.draft_length is None or (_is_int(self.draft_length) and 0 <= self.draft_length <= 32),
+            "draft_length",
+            "must be an integer in [0, 32]",
+        )
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    # Ollama option name -> our field name, where they differ.
+    OLLAMA_NAMES = {"num_predict": "max_tokens", "draft_num_predict": "draft_length"}
+    # Ollama runner options we accept and ignore: they tune llama.cpp, not this engine.
+    IGNORED = {"num_keep", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa", "low_vram"}
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any] | None, **overrides: Any) -> "GenerateOptions":
+        """Build from Ollama-style options; unknown names and wrong types raise OptionsError."""
+        if options is None:
+            options = {}
+        if not isinstance(options, dict):
+            raise OptionsError("options must be a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs: dict[str, Any] = {}
+        for key, value in {**options, **overrides}.items():
+            if key in cls.IGNORED:
+                continue
+            name = cls.OLLAMA_NAMES.get(key, key)
+            if name not in known:
+                raise OptionsError(f"unknown option {key!r}")
+            if value is None and name not in ("seed", "num_ctx", "draft_length"):
+                continue
+            if name == "stop" and isinstance(value, str):
+                value = [value]
+            kwargs[name] = value
+        return cls(**kwargs)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
