@@ -1,0 +1,126 @@
+"""The one draft/verify loop. Plain decoding is this loop with a drafter that proposes nothing.
+
+One round:
+  1. drafter.propose(context, k)      -> k drafted ids (lazy) [+ their probabilities]
+  2. target(last token + drafts)      -> k+1 rows of logits, one forward pass
+  3. verify: (n accepted, next token) -> the round's single host read-back
+  4. rewind the target cache by k-n, tell the drafter n, emit drafts[:n] + [next]
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import new_cache, prefill, rewind
+from .drafters.base import Draft, Drafter
+from .options import GenerateOptions
+from .sampling import Sampling, penalize, probabilities
+from .stats import Stats
+from .verify import greedy_accept, rejection_accept
+
+
+@dataclass
+class Round:
+    tokens: list[int]  # tokens to emit: accepted drafts then the target's own (cut at EOS / limits)
+    from_draft: list[bool]
+
+
+class Decoder:
+    """Iterate to get Rounds; afterwards `finish_reason` is 'stop', 'length' or 'cancelled'."""
+
+    def __init__(
+        self,
+        target: nn.Module,
+        drafter: Drafter,
+        prompt: list[int],
+        options: GenerateOptions,
+        *,
+        draft_length: int,
+        eos_ids: set[int],
+        context_length: int,
+        stats: Stats,
+        cancel: threading.Event | None = None,
+    ):
+        if not prompt:
+            raise ValueError("the prompt is empty: at least one token is needed")
+        self.target, self.drafter, self.prompt, self.opts = target, drafter, list(prompt), options
+        self.k = draft_length
+        self.eos_ids = eos_ids
+        self.num_ctx = min(options.num_ctx or context_length, context_length)
+        if len(self.prompt) >= self.num_ctx:
+            raise ValueError(f"the prompt is {len(self.prompt)} tokens; the context window is {self.num_ctx}")
+        self.stats, self.cancel = stats, cancel
+        self.sampling = Sampling.from_options(options)
+        seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
+        self.key = mx.random.key(seed)
+        self.finish_reason: str | None = None
+
+    def __iter__(self) -> Iterator[Round]:
+        stats, opts = self.stats, self.opts
+        start = time.perf_counter()
+        cache = new_cache(self.target)
+        prefill(self.target, cache, self.prompt[:-1])
+        self.drafter.start(self.prompt)
+        stats.prompt_tokens = len(self.prompt)
+        decode_start = time.perf_counter()
+        stats.prompt_time = decode_start - start
+
+        context = list(self.prompt)
+        remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
+        while True:
+            room = self.num_ctx - len(context)  # tokens the context can still take
+            if self.cancel is not None and self.cancel.is_set():
+                self.finish_reason = "cancelled"
+                return
+            if remaining <= 0 or room <= 0:
+                self.finish_reason = "length"
+                return
+            k = int(max(0, min(self.k, remaining - 1, room - 1)))
+            tokens, n = self._round(cache, context, k)
+            out, from_draft = [], []
+            for i, t in enumerate(tokens):
+                if t in self.eos_ids:
+                    self.finish_reason = "stop"
+                    break
+                out.append(t)
+                from_draft.append(i < n)
+                remaining -= 1
+                if remaining <= 0:
+                    break
+            context.extend(tokens)
+            stats.generated_tokens += len(out)
+            stats.decode_time = time.perf_counter() - decode_start
+            if out:
+                yield Round(out, from_draft)
+            if self.finish_reason is not None:
+                return
+
+    def _round(self, cache: list, context: list[int], k: int) -> tuple[list[int], int]:
+        """One draft/verify round -> (drafts[:n] + [next], n)."""
+        if self.sampling.greedy:
+            draft_key = verify_key = None
+        else:
+            self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        draft = self.drafter.propose(context, k, self.sampling, draft_key) if k > 0 else Draft.empty()
+        x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
+        logits = self.target(x[None], cache=cache)[0]  # (1 + kd, V)
+        logits = penalize(logits, context, draft.tokens, self.opts.repeat_penalty, self.opts.repeat_last_n)
+        if self.sampling.greedy:
+            n, nxt = greedy_accept(logits, draft.tokens)
+        else:
+            n, nxt = rejection_accept(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
+        mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
+        self.stats.host_syncs += 1
+        n = int(n.item())
+        rewind(cache, draft.count - n)
+        if k > 0:
+            self.drafter.accept(n)
+        self.stats.record_round(draft.count, n)
+        return draft.tokens.tolist()[:n] + [int(nxt.item())], n

@@ -1,0 +1,46 @@
+"""The one drafter interface: propose up to k next tokens, then hear how many were kept.
+
+The engine calls, per request: `start(prompt)`, then per round `propose(context, k, ...)` and
+`accept(n)`, and finally `finish()`. `context` is every token so far (prompt + output); the last one
+has not been fed to the target yet. Plain decoding is the drafter that proposes nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from ..sampling import Sampling
+
+
+@dataclass
+class Draft:
+    tokens: mx.array  # (n,) drafted ids; may be lazy (still computing on the device)
+    probs: mx.array | None  # (n, V) distribution each token was drawn from; None = deterministic
+    count: int  # n, known on the host without reading `tokens` back
+
+    @classmethod
+    def empty(cls) -> "Draft":
+        return cls(mx.array([], dtype=mx.uint32), None, 0)
+
+
+class Drafter:
+    name = "none"
+
+    def start(self, prompt: list[int]) -> None:
+        """A new request begins with these prompt tokens (a model drafter prefills here)."""
+
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+        """Up to k tokens likely to follow `context`; sampled from `sampling` when not greedy."""
+        return Draft.empty()
+
+    def accept(self, n: int) -> None:
+        """The target kept the first n tokens of the last proposal."""
+
+    def finish(self) -> None:
+        """The request ended (done, stopped or cancelled): drop per-request state."""
+
+
+class NoDrafter(Drafter):
+    """Plain decoding: one target pass per token."""

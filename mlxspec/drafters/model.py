@@ -1,0 +1,83 @@
+"""A second, smaller model of the same tokenizer as drafter (classic speculative decoding).
+
+Its k steps are queued lazily with `mx.async_eval`: nothing is read back to the host, so the
+target's verify pass is built on top of still-running draft work and the round syncs once.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..cache import new_cache, prefill, rewind
+from ..errors import IncompatibleDraftError
+from ..sampling import Sampling, probabilities, sample
+from .base import Draft, Drafter
+
+
+class ModelDrafter(Drafter):
+    name = "draft-model"
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.cache: list | None = None
+        self.seen = 0  # context tokens held in the cache
+        self.base = 0  # context length at the last proposal
+        self.proposed = 0  # k of the last proposal
+
+    def start(self, prompt: list[int]) -> None:
+        self.cache = new_cache(self.model)
+        prefill(self.model, self.cache, prompt[:-1])
+        self.seen = len(prompt) - 1
+
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+        x = mx.array(context[self.seen :], dtype=mx.uint32)[None]  # (1, new tokens)
+        keys = None if sampling.greedy else mx.random.split(key, k)
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.model(x, cache=self.cache)[0, -1]  # (V_draft,)
+            if sampling.greedy:
+                t = mx.argmax(logits, axis=-1)
+            else:
+                q = probabilities(logits, sampling)
+                t = sample(q, keys[i])
+                probs.append(q)
+            mx.async_eval(t)  # start computing; no read-back
+            tokens.append(t)
+            x = t.reshape(1, 1).astype(mx.uint32)
+        # The cache now holds the context and drafts[:k-1]; the last draft was never fed.
+        self.seen = len(context) + k - 1
+        self.base = len(context)
+        self.proposed = k
+        return Draft(mx.stack(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+
+    def accept(self, n: int) -> None:
+        valid = self.base + min(n, self.proposed - 1)
+        rewind(self.cache, self.seen - valid)
+        self.seen = valid
+
+    def finish(self) -> None:
+        self.cache = None
+
+
+def check_compatible(target_tokenizer, draft_tokenizer) -> None:
+    """Refuse a draft whose token ids mean other text than the target's (checked before generating)."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if t_vocab != d_vocab:
+        only_t = len(t_vocab.keys() - d_vocab.keys())
+        only_d = len(d_vocab.keys() - t_vocab.keys())
+        moved = sum(1 for tok, i in t_vocab.items() if tok in d_vocab and d_vocab[tok] != i)
+        raise IncompatibleDraftError(
+            f"the draft's tokenizer differs from the target's: vocabulary sizes {len(d_vocab)} vs {len(t_vocab)}, "
+            f"{only_t} tokens only in the target, {only_d} only in the draft, {moved} with other ids"
+        )
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
+        t, d = getattr(target_tokenizer, attr, None), getattr(draft_tokenizer, attr, None)
+        if t is not None and d is not None and t != d:
+            raise IncompatibleDraftError(f"the draft's {attr} is {d}, the target's is {t}")
+    t_special = set(getattr(target_tokenizer, "all_special_tokens", []))
+    d_special = set(getattr(draft_tokenizer, "all_special_tokens", []))
+    if t_special != d_special:
+        raise IncompatibleDraftError(
+            f"the draft's special tokens differ from the target's: {sorted(t_special ^ d_special)[:5]}"
+        )

@@ -1,0 +1,171 @@
+"""The engine: a target model, a drafter, and `generate()` streaming events with statistics.
+
+    engine = Engine.load("path/or/repo-or.gguf", draft="small-model", quantize="q4")
+    for event in engine.generate("Once upon a time", GenerateOptions(max_tokens=64)):
+        print(event.text, end="")
+    print(event.stats.summary())          # the last event has done=True and the statistics
+
+The engine knows nothing of HTTP or terminals. Weights load once; any number of requests follow,
+one at a time (a lock serialises them). Stopping the generator early (close, break, cancel flag)
+leaves the engine ready for the next request: per-request state (KV caches) lives in the loop.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from . import loading
+from .decode import Decoder
+from .drafters import Drafter, NoDrafter
+from .drafters.model import ModelDrafter, check_compatible
+from .errors import MlxspecError
+from .loading import LoadedModel
+from .options import GenerateOptions
+from .stats import Stats
+from .stops import StopMatcher
+
+DEFAULT_DRAFT_LENGTH = 4
+
+
+@dataclass
+class Event:
+    text: str = ""  # new text since the previous event
+    tokens: list[int] = field(default_factory=list)  # token ids behind it
+    from_draft: list[bool] = field(default_factory=list)  # per token: proposed by the drafter and kept
+    done: bool = False
+    finish_reason: str | None = None  # on the last event: 'stop', 'length' or 'cancelled'
+    stats: Stats | None = None  # on the last event
+
+
+class Engine:
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: Drafter | None = None,
+        draft: LoadedModel | None = None,
+        draft_length: int = DEFAULT_DRAFT_LENGTH,
+    ):
+        self.target = target
+        self.draft = draft
+        self.drafter = drafter or NoDrafter()
+        self.draft_length = draft_length if not isinstance(self.drafter, NoDrafter) else 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        target: str,
+        *,
+        draft: str | None = None,
+        drafter: str | None = None,
+        quantize: str | None = None,
+        draft_quantize: str | None = None,
+        draft_length: int = DEFAULT_DRAFT_LENGTH,
+    ) -> "Engine":
+        """Load a target and its drafter: `drafter` is 'none' or 'draft-model' (needs `draft`).
+
+        A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
+        before any generation.
+        """
+        drafter = drafter or ("draft-model" if draft else "none")
+        if drafter not in ("none", "draft-model"):
+            raise MlxspecError(f"unknown drafter {drafter!r}: use 'none' or 'draft-model'")
+        if drafter == "draft-model" and not draft:
+            raise MlxspecError("the draft-model drafter needs a draft model")
+        tgt = loading.load(target, quantize)
+        if drafter == "none":
+            return cls(tgt, NoDrafter(), None, 0)
+        same = draft == target and (draft_quantize or None) == (quantize or None)
+        dft = tgt if same else loading.load(draft, draft_quantize)  # one copy in memory when identical
+        check_compatible(tgt.tokenizer, dft.tokenizer)
+        return cls(tgt, ModelDrafter(dft.model), dft, draft_length)
+
+    # -- facts -------------------------------------------------------------------------------
+
+    @property
+    def tokenizer(self):
+        return self.target.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return int(self.target.info["context_length"])
+
+    @property
+    def info(self) -> dict:
+        return {
+            "target": self.target.reference,
+            "draft": self.draft.reference if self.draft else None,
+            "drafter": self.drafter.name,
+            "draft_length": self.draft_length,
+            **self.target.info,
+            "draft_weight_bytes": self.draft.info["weight_bytes"] if self.draft and self.draft is not self.target else 0,
+        }
+
+    # -- prompts -----------------------------------------------------------------------------
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def chat_prompt(self, messages: list[dict], **template_kwargs) -> list[int]:
+        """Token ids of a chat, rendered with the model's own chat template."""
+        if not getattr(self.tokenizer, "has_chat_template", False):
+            raise MlxspecError("this model has no chat template")
+        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs))
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | list[int],
+        options: GenerateOptions | None = None,
+        *,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Event]:
+        """Stream Events; the last one has done=True, the finish reason and the statistics."""
+        options = options or GenerateOptions()
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        k = self.draft_length if options.draft_length is None else options.draft_length
+        drafter = self.drafter if k > 0 else NoDrafter()
+        stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0)
+        with self._lock:
+            decoder = Decoder(
+                self.target.model,
+                drafter,
+                ids,
+                options,
+                draft_length=k,
+                eos_ids=set(self.tokenizer.eos_token_ids),
+                context_length=self.context_length,
+                stats=stats,
+                cancel=cancel,
+            )
+            detok = self.tokenizer.detokenizer
+            stops = StopMatcher(options.stop)
+            try:
+                for rnd in decoder:
+                    text, tokens, from_draft = "", [], []
+                    for t, d in zip(rnd.tokens, rnd.from_draft):
+                        detok.add_token(t)
+                        text += stops.feed(detok.last_segment)
+                        tokens.append(t)
+                        from_draft.append(d)
+                        if stops.hit:
+                            break
+                    if stops.hit:
+                        stats.generated_tokens -= len(rnd.tokens) - len(tokens)
+                        decoder.finish_reason = "stop"
+                    yield Event(text, tokens, from_draft)
+                    if stops.hit:
+                        break
+                if not stops.hit:
+                    detok.finalize()
+                    tail = stops.feed(detok.last_segment)
+                    tail += "" if stops.hit else stops.flush()
+                else:
+                    tail = ""
+                reason = "stop" if stops.hit else decoder.finish_reason or "stop"
+                yield Event(tail, done=True, finish_reason=reason, stats=stats)
+            finally:
+                drafter.finish()

@@ -1,0 +1,175 @@
+"""Model references -> (mlx-lm model, tokenizer, config), with optional quantization on load.
+
+A reference is a local mlx-lm / Hugging Face directory, a GGUF file, or a Hugging Face repo id
+(fetched with huggingface-hub into its normal cache, so models mlx-lm already downloaded are found).
+Model code and tokenizers come from mlx-lm; nothing here re-implements an architecture.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .errors import ModelLoadError
+
+# What a model directory needs from the hub (mlx-lm's own list, minus code files).
+HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+QUANT_SPEC = re.compile(r"^q(?P<bits>[2-8])(?:g(?P<group>\d+))?$")
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    tokenizer: Any  # mlx_lm.tokenizer_utils.TokenizerWrapper
+    config: dict
+    reference: str
+    path: Path
+    quantization: str | None = None  # e.g. "q4g64" when quantized on load or stored quantized
+    info: dict = field(default_factory=dict)
+
+
+def parse_quantize(spec: str | None) -> tuple[int, int] | None:
+    """'q4' -> (4 bits, group 64); 'q4g32' -> (4, 32); 'q8' -> (8, 64); None/'none' -> None."""
+    if spec is None or spec in ("", "none", "fp"):
+        return None
+    m = QUANT_SPEC.match(spec.lower())
+    group = int(m["group"]) if m and m["group"] else 64
+    if not m or int(m["bits"]) not in (2, 3, 4, 6, 8) or group not in (32, 64, 128):
+        raise ModelLoadError(
+            f"unknown quantization {spec!r}: use q4, q8, q4g32, q4g64 (bits 2/3/4/6/8, group 32/64/128)"
+        )
+    return int(m["bits"]), group
+
+
+def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
+    """Quantize in place every linear/embedding layer whose input size the group divides.
+
+    Layers that are already quantized are left as they are (stacking quantizations loses accuracy).
+    """
+
+    def predicate(path: str, module: nn.Module) -> bool:
+        if not hasattr(module, "to_quantized") or not hasattr(module, "weight"):
+            return False
+        return module.weight.shape[-1] % group_size == 0
+
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=predicate)
+    mx.eval(model.parameters())
+
+
+def resolve(reference: str) -> Path:
+    """A reference -> a local path (directory or GGUF file), downloading a repo id if needed."""
+    path = Path(reference).expanduser()
+    if path.exists():
+        return path
+    if not REPO_ID.match(reference):
+        raise ModelLoadError(f"model {reference!r} not found: not a local path nor a Hugging Face repo id")
+    return Path(download(reference))
+
+
+def download(repo_id: str, progress: Any = None) -> str:
+    """Fetch a repo's model files into the Hugging Face cache (the cache alone when it has them)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    kwargs: dict[str, Any] = {"allow_patterns": HUB_PATTERNS}
+    if progress is not None:
+        kwargs["tqdm_class"] = progress
+    try:
+        return snapshot_download(repo_id, local_files_only=True, **kwargs)
+    except LocalEntryNotFoundError:
+        pass  # not cached yet: go to the hub
+    try:
+        return snapshot_download(repo_id, **kwargs)
+    except RepositoryNotFoundError:
+        raise ModelLoadError(f"model {repo_id!r} not found on the Hugging Face hub") from None
+    except LocalEntryNotFoundError:
+        raise ModelLoadError(
+            f"cannot download {repo_id!r}: the Hugging Face hub is unreachable and the model is not in its cache"
+        ) from None
+    except (HfHubHTTPError, OSError) as e:
+        raise ModelLoadError(f"cannot download {repo_id!r}: {_first_line(e)}") from None
+
+
+def load(reference: str, quantize: str | None = None) -> LoadedModel:
+    """Load a model reference, quantizing on load when asked (e.g. quantize='q4')."""
+    quant = parse_quantize(quantize)
+    path = resolve(reference)
+    try:
+        if path.is_file() and path.suffix.lower() == ".gguf":
+            from .gguf import load_gguf
+
+            model, tokenizer, config = load_gguf(path)
+        elif path.is_dir() and (path / "config.json").exists():
+            model, tokenizer, config = _load_directory(path)
+        else:
+            raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
+    except ModelLoadError:
+        raise
+    except Exception as e:  # a broken download or an unsupported architecture: say which model
+        raise ModelLoadError(f"cannot load {reference!r}: {_first_line(e)}") from e
+    stored = config.get("quantization")
+    label = f"q{stored['bits']}g{stored['group_size']}" if isinstance(stored, dict) and "bits" in stored else None
+    if quant is not None:
+        quantize_model(model, *quant)
+        label = f"q{quant[0]}g{quant[1]}"
+    loaded = LoadedModel(model, tokenizer, config, reference, path, label)
+    loaded.info = model_info(loaded)
+    return loaded
+
+
+def _load_directory(path: Path):
+    from mlx_lm.utils import load_model, load_tokenizer
+
+    model, config = load_model(path)
+    tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
+    return model, tokenizer, config
+
+
+def model_info(m: LoadedModel) -> dict:
+    """Facts the daemon's /api/show and the benchmarks report."""
+    params = tree_flatten(m.model.parameters())
+    cfg = m.config
+    arch = cfg.get("model_type", "unknown")
+    n_params = _parameter_count(m.model)
+    return {
+        "architecture": arch,
+        "parameters": n_params,
+        "parameter_size": _human_count(n_params),
+        "weight_bytes": sum(v.nbytes for _, v in params),
+        "context_length": cfg.get("max_position_embeddings") or cfg.get("n_ctx") or 2048,
+        "quantization": m.quantization or str(next((v.dtype for _, v in params), "")).replace("mlx.core.", ""),
+        "vocab_size": cfg.get("vocab_size"),
+        "num_layers": cfg.get("num_hidden_layers"),
+        "hidden_size": cfg.get("hidden_size"),
+    }
+
+
+def _parameter_count(model: nn.Module) -> int:
+    """Logical parameters: a packed quantized weight counts for the values it holds."""
+    bits = {path: m.bits for path, m in model.named_modules() if hasattr(m, "bits")}
+    total = 0
+    for name, v in tree_flatten(model.parameters()):
+        owner, _, leaf = name.rpartition(".")
+        if owner in bits and leaf in ("scales", "biases"):
+            continue  # quantization metadata, not parameters
+        total += v.size * (32 // bits[owner] if owner in bits and leaf == "weight" else 1)
+    return total
+
+
+def _human_count(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}".replace(".0", "")
+    return str(n)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

@@ -1,0 +1,206 @@
+"""Tiny random GGUF models for tests, written with the `gguf` package (llama.cpp's own writer).
+
+`write_tiny_llama_gguf(path, qtype="Q4_0")` gives a 2-layer llama (or qwen2) with a small byte-level
+BPE vocabulary, a ChatML template, and every 2-D weight stored as `qtype`. Norms stay F32, as
+llama.cpp writes them. `read_gguf_reference(path)` reads a file back with the `gguf` package's own
+reader and dequantizer: float32 numpy weights under mlx-lm names, independent of `mlxspec.gguf`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+
+# Shapes: all multiples of 32 (the ggml block size); FFN 256 also fits the 256-wide K-quant blocks.
+HIDDEN, LAYERS, FFN, HEADS, KV_HEADS = 64, 2, 256, 4, 2
+CONTEXT, ROPE_BASE, RMS_EPS = 256, 10000.0, 1e-5
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
+BOS_ID, EOS_ID = 1, 2
+
+# Byte-level BPE merges (GPT-2 spelling: "Ġ" is a space). Each merge joins two existing tokens.
+MERGES = [
+    "Ġ t", "h e", "i n", "Ġ a", "e r", "o n", "Ġ s", "r e", "a t", "e n", "Ġ w", "Ġt he", "o r",
+    "Ġ o", "e s", "i s", "Ġ b", "a n", "l l", "Ġ c", "i t", "Ġ f", "Ġ m", "o u", "e d", "Ġ p",
+    "in g", "Ġ h", "a r", "l o", "Ġ d", "Ġ l", "l e", "Ġ i", "h o", "Ġ n", "Ġa n", "Ġan d",
+    "Ġo f", "Ġ is", "Ġw or", "l d", "Ġwor ld",
+]
+
+CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content']"
+    " + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+# GGUF name -> mlx-lm llama name, written out here on purpose (not imported from mlxspec.gguf).
+_BLOCK_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+
+
+def byte_level_vocab() -> list[str]:
+    """Specials, the 256 byte tokens in GPT-2's printable spelling, then one token per merge."""
+    byte_tokens = [_bytes_to_unicode()[b] for b in range(256)]
+    tokens = SPECIALS + byte_tokens
+    for merge in MERGES:
+        left, right = merge.split(" ")
+        assert left in tokens and right in tokens, merge
+        tokens.append(left + right)
+    return tokens
+
+
+def write_tiny_llama_gguf(
+    path: str | Path,
+    qtype: str = "Q4_0",
+    seed: int = 0,
+    *,
+    arch: str = "llama",
+    embed_qtype: str | None = None,
+    output_qtype: str | None = None,
+    type_overrides: dict[str, str] | None = None,
+    add_bos: bool = False,
+) -> Path:
+    """Write a tiny random GGUF model and return its path.
+
+    qtype: ggml type of every 2-D weight ("Q4_0", "Q4_1", "Q8_0", "F16", "F32").
+    embed_qtype: type of token_embd (default qtype). output_qtype: when given, write an untied
+    `output.weight` of that type; otherwise the head is tied to the embedding.
+    type_overrides: {gguf tensor name: type} for any tensor, e.g. {"blk.0.ffn_down.weight": "Q4_K"};
+    types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
+    arch: "llama" or "qwen2" (qwen2 adds q/k/v biases, as Qwen2 does).
+    """
+    path = Path(path)
+    rng = np.random.default_rng(seed)
+    tokens = byte_level_vocab()
+    types = _tensor_types(qtype, embed_qtype, output_qtype, arch, type_overrides or {})
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}-{qtype}")
+    writer.add_context_length(CONTEXT)
+    writer.add_embedding_length(HIDDEN)
+    writer.add_block_count(LAYERS)
+    writer.add_feed_forward_length(FFN)
+    writer.add_head_count(HEADS)
+    writer.add_head_count_kv(KV_HEADS)
+    writer.add_layer_norm_rms_eps(RMS_EPS)
+    writer.add_rope_freq_base(ROPE_BASE)
+    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("smollm")
+    writer.add_token_list(tokens)
+    # 3 is CONTROL (the specials), 1 is NORMAL.
+    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+    writer.add_token_merges(MERGES)
+    writer.add_bos_token_id(BOS_ID)
+    writer.add_eos_token_id(EOS_ID)
+    writer.add_add_bos_token(add_bos)
+    writer.add_chat_template(CHATML)
+
+    for name, shape in _tensor_shapes(arch, len(tokens), output_qtype is not None).items():
+        # Scale like a trained model's weights so activations stay O(1) through both layers.
+        data = rng.standard_normal(shape).astype(np.float32) * (1.0 if len(shape) == 1 else shape[-1] ** -0.5)
+        if name.endswith("norm.weight"):
+            data = 1.0 + 0.1 * data
+        _add_tensor(writer, name, data, types[name], rng)
+
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def read_gguf_reference(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """(float32 weights under mlx-lm names, {gguf name: ggml type}) via the `gguf` package alone."""
+    reader = gguf.GGUFReader(str(path))
+    weights, types = {}, {}
+    for t in reader.tensors:
+        types[t.name] = t.tensor_type.name
+        # ggml lists dims fastest-first; numpy wants them slowest-first.
+        shape = tuple(int(d) for d in reversed(t.shape))
+        values = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32)
+        weights[_mlx_name(t.name)] = values.reshape(shape)
+    return weights, types
+
+
+def _tensor_shapes(arch: str, vocab: int, untied: bool) -> dict[str, tuple[int, ...]]:
+    """GGUF tensor name -> numpy shape (out_features, in_features) for a tiny model."""
+    head_dim = HIDDEN // HEADS
+    shapes = {"token_embd.weight": (vocab, HIDDEN)}
+    for i in range(LAYERS):
+        b = f"blk.{i}"
+        shapes |= {
+            f"{b}.attn_norm.weight": (HIDDEN,),
+            f"{b}.attn_q.weight": (HEADS * head_dim, HIDDEN),
+            f"{b}.attn_k.weight": (KV_HEADS * head_dim, HIDDEN),
+            f"{b}.attn_v.weight": (KV_HEADS * head_dim, HIDDEN),
+            f"{b}.attn_output.weight": (HIDDEN, HEADS * head_dim),
+            f"{b}.ffn_norm.weight": (HIDDEN,),
+            f"{b}.ffn_gate.weight": (FFN, HIDDEN),
+            f"{b}.ffn_up.weight": (FFN, HIDDEN),
+            f"{b}.ffn_down.weight": (HIDDEN, FFN),
+        }
+        if arch == "qwen2":
+            shapes |= {
+                f"{b}.attn_q.bias": (HEADS * head_dim,),
+                f"{b}.attn_k.bias": (KV_HEADS * head_dim,),
+                f"{b}.attn_v.bias": (KV_HEADS * head_dim,),
+            }
+    shapes["output_norm.weight"] = (HIDDEN,)
+    if untied:
+        shapes["output.weight"] = (vocab, HIDDEN)
+    return shapes
+
+
+def _tensor_types(qtype, embed_qtype, output_qtype, arch, overrides) -> dict[str, str]:
+    types = {}
+    for name, shape in _tensor_shapes(arch, len(byte_level_vocab()), output_qtype is not None).items():
+        types[name] = "F32" if len(shape) == 1 else qtype
+    types["token_embd.weight"] = embed_qtype or qtype
+    if output_qtype is not None:
+        types["output.weight"] = output_qtype
+    unknown = set(overrides) - set(types)
+    assert not unknown, f"no such tensors: {unknown}"
+    return types | overrides
+
+
+def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, type_name: str, rng) -> None:
+    qt = QT[type_name]
+    if qt == QT.F32:
+        writer.add_tensor(name, data)
+    elif qt == QT.F16:
+        writer.add_tensor(name, data.astype(np.float16))
+    else:
+        try:
+            raw = gguf.quants.quantize(data, qt)  # uint8 (rows, bytes per row)
+        except NotImplementedError:
+            # No Python quantizer for this type (K-quants): any bytes of the right size will do.
+            raw_shape = gguf.quants.quant_shape_to_byte_shape(data.shape, qt)
+            raw = rng.integers(0, 256, size=raw_shape, dtype=np.uint8)
+        writer.add_tensor(name, raw, raw_dtype=qt)
+
+
+def _mlx_name(gguf_name: str) -> str:
+    parts = gguf_name.split(".")
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{parts[3]}"
+    top = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+    return f"{top[parts[0]]}.{parts[1]}"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (the spelling byte-level BPE vocabularies use)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
