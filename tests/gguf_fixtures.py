@@ -54,6 +54,23 @@ def byte_level_vocab() -> list[str]:
     return tokens
 
 
+# A sentencepiece ("llama") vocabulary: <unk> <s> </s>, the 256 byte-fallback tokens, then pieces.
+SPM_SPECIALS = ["<unk>", "<s>", "</s>"]
+SPM_PIECES = ["\u2581"] + list("abdehilnorstw") + [
+    "he", "\u2581t", "\u2581the", "\u2581w", "or", "\u2581wor", "ld", "\u2581world", "an", "\u2581a", "\u2581an", "is", "\u2581is",
+]
+
+
+def sentencepiece_vocab() -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, token types) of a small byte-fallback sentencepiece vocabulary."""
+    tokens = SPM_SPECIALS + [f"<0x{b:02X}>" for b in range(256)] + SPM_PIECES
+    # Longer pieces score higher, so merges derived from scores build whole words.
+    scores = [0.0] * (len(SPM_SPECIALS) + 256) + [float(len(p)) for p in SPM_PIECES]
+    # 2 UNKNOWN, 3 CONTROL, 6 BYTE, 1 NORMAL (llama.cpp's token types).
+    types = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES)
+    return tokens, scores, types
+
+
 def write_tiny_llama_gguf(
     path: str | Path,
     qtype: str = "Q4_0",
@@ -63,7 +80,8 @@ def write_tiny_llama_gguf(
     embed_qtype: str | None = None,
     output_qtype: str | None = None,
     type_overrides: dict[str, str] | None = None,
-    add_bos: bool = False,
+    add_bos: bool | None = False,
+    tokenizer: str = "gpt2",
 ) -> Path:
     """Write a tiny random GGUF model and return its path.
 
@@ -72,12 +90,15 @@ def write_tiny_llama_gguf(
     `output.weight` of that type; otherwise the head is tied to the embedding.
     type_overrides: {gguf tensor name: type} for any tensor, e.g. {"blk.0.ffn_down.weight": "Q4_K"};
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
-    arch: "llama" or "qwen2" (qwen2 adds q/k/v biases, as Qwen2 does).
+    arch: "llama" or "qwen2" (qwen2 adds q/k/v biases, as Qwen2 does); any other name writes
+    llama tensors under that architecture name (for refusal tests).
+    tokenizer: "gpt2" (byte-level BPE, as SmolLM2) or "llama" (sentencepiece with byte fallback,
+    BOS id 1, EOS id 2, no chat template). add_bos=None leaves the flag out of the file.
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
-    tokens = byte_level_vocab()
-    types = _tensor_types(qtype, embed_qtype, output_qtype, arch, type_overrides or {})
+    tokens = byte_level_vocab() if tokenizer == "gpt2" else sentencepiece_vocab()[0]
+    types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {})
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{qtype}")
@@ -90,16 +111,25 @@ def write_tiny_llama_gguf(
     writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_rope_freq_base(ROPE_BASE)
     writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("smollm")
-    writer.add_token_list(tokens)
-    # 3 is CONTROL (the specials), 1 is NORMAL.
-    writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
-    writer.add_token_merges(MERGES)
+    if tokenizer == "gpt2":
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("smollm")
+        writer.add_token_list(tokens)
+        # 3 is CONTROL (the specials), 1 is NORMAL.
+        writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))
+        writer.add_token_merges(MERGES)
+        writer.add_chat_template(CHATML)
+    else:
+        _, scores, token_types = sentencepiece_vocab()
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(token_types)
+        writer.add_unk_token_id(0)
     writer.add_bos_token_id(BOS_ID)
     writer.add_eos_token_id(EOS_ID)
-    writer.add_add_bos_token(add_bos)
-    writer.add_chat_template(CHATML)
+    if add_bos is not None:
+        writer.add_add_bos_token(add_bos)
 
     for name, shape in _tensor_shapes(arch, len(tokens), output_qtype is not None).items():
         # Scale like a trained model's weights so activations stay O(1) through both layers.
@@ -157,9 +187,9 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool) -> dict[str, tuple[int, 
     return shapes
 
 
-def _tensor_types(qtype, embed_qtype, output_qtype, arch, overrides) -> dict[str, str]:
+def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides) -> dict[str, str]:
     types = {}
-    for name, shape in _tensor_shapes(arch, len(byte_level_vocab()), output_qtype is not None).items():
+    for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None).items():
         types[name] = "F32" if len(shape) == 1 else qtype
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:
