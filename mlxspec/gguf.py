@@ -317,7 +317,10 @@ def _build_model(arch: str, config: dict, weights: dict, path: Path) -> nn.Modul
 
     # Quantize exactly the layers that arrived quantized, each with its own bits (the Q8_0 token
     # table becomes a QuantizedEmbedding, which also serves as the tied head via as_linear).
-    nn.quantize(model, class_predicate=lambda p, m: hasattr(m, "to_quantized") and _layer_quantization(weights, p) or False)
+    def arrived_quantized(layer_path: str, module: nn.Module) -> dict | bool:
+        return hasattr(module, "to_quantized") and _layer_quantization(weights, layer_path) or False
+
+    nn.quantize(model, class_predicate=arrived_quantized)
     # A quantized embedding returns rows in its scales' dtype: float16 would round the residual
     # stream at its source (tiny-model logits off by ~5e-3). llama.cpp dequantizes rows to float32; so do we.
     for key in ("model.embed_tokens.scales", "model.embed_tokens.biases"):

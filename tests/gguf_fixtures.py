@@ -57,7 +57,8 @@ def byte_level_vocab() -> list[str]:
 # A sentencepiece ("llama") vocabulary: <unk> <s> </s>, the 256 byte-fallback tokens, then pieces.
 SPM_SPECIALS = ["<unk>", "<s>", "</s>"]
 SPM_PIECES = ["\u2581"] + list("abdehilnorstw") + [
-    "he", "\u2581t", "\u2581the", "\u2581w", "or", "\u2581wor", "ld", "\u2581world", "an", "\u2581a", "\u2581an", "is", "\u2581is",
+    "he", "\u2581t", "\u2581the", "\u2581w", "or", "\u2581wor", "ld", "\u2581world",
+    "an", "\u2581a", "\u2581an", "is", "\u2581is",
 ]
 
 
@@ -225,7 +226,7 @@ def _mlx_name(gguf_name: str) -> str:
 
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the spelling byte-level BPE vocabularies use)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     table, extra = {}, 0
     for b in range(256):
         if b in printable:
