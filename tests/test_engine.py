@@ -1,0 +1,131 @@
+"""The engine API: lazy rounds (one sync each), cancellation, loading once, refusing bad drafts."""
+
+from __future__ import annotations
+
+import threading
+
+import mlx.core as mx
+import pytest
+from model_factory import make_model_dir
+from test_decode_greedy import run
+
+from mlxspec import loading
+from mlxspec.engine import Engine
+from mlxspec.errors import IncompatibleDraftError, MlxspecError
+from mlxspec.options import GenerateOptions
+
+
+@pytest.fixture(scope="module")
+def spec(tiny_llama):
+    return Engine.load(str(tiny_llama), draft=str(tiny_llama), draft_quantize="q4g32", draft_length=4)
+
+
+def test_one_host_sync_per_round_and_draft_steps_stay_lazy(spec, monkeypatch):
+    """Count every mx.eval and mx.async_eval made while generating."""
+    evals, async_evals = [], []
+    real_eval, real_async = mx.eval, mx.async_eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real_eval(*a))[1])
+    monkeypatch.setattr(mx, "async_eval", lambda *a: (async_evals.append(1), real_async(*a))[1])
+    prompt = spec.encode("Once upon a time")
+    tokens, _, last = run(spec, prompt, max_tokens=40, draft_length=4)
+    s = last.stats
+    prefill_syncs = 2  # one prompt chunk each for the target and the draft model
+    assert len(evals) == s.rounds + prefill_syncs
+    assert s.host_syncs == s.rounds
+    assert s.rounds < len(tokens)  # speculation really produced several tokens per sync
+    assert len(async_evals) == s.drafted  # one queued (not awaited) draft step per drafted token
+
+
+def test_closing_the_stream_early_leaves_the_engine_ready(spec):
+    expected, _, _ = run(spec, "The quick brown fox", max_tokens=30)
+    stream = spec.generate("Once upon a time", GenerateOptions(max_tokens=30))
+    next(stream)
+    next(stream)
+    stream.close()  # the caller walks away mid-generation
+    assert run(spec, "The quick brown fox", max_tokens=30)[0] == expected
+
+
+def test_cancel_flag_stops_at_the_next_round(spec):
+    cancel = threading.Event()
+    events = []
+    for ev in spec.generate("Once upon a time", GenerateOptions(max_tokens=200), cancel=cancel):
+        events.append(ev)
+        cancel.set()
+    assert events[-1].done and events[-1].finish_reason == "cancelled"
+    assert len(events) == 2  # the first round's tokens, then the final event
+    assert run(spec, "Hello", max_tokens=5)[2].finish_reason == "length"
+
+
+def test_weights_load_once_for_many_requests(tiny_llama, monkeypatch):
+    calls = []
+    real_load = loading.load
+    monkeypatch.setattr(loading, "load", lambda *a, **k: (calls.append(a), real_load(*a, **k))[1])
+    engine = Engine.load(str(tiny_llama), draft=str(tiny_llama))  # same reference: one copy
+    assert len(calls) == 1 and engine.draft is engine.target
+    model = engine.target.model
+    for prompt in ("a", "b", "c"):
+        run(engine, prompt, max_tokens=5)
+    assert len(calls) == 1 and engine.target.model is model
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tiny_llama, tmp_path):
+    other = make_model_dir(tmp_path / "other-vocab", "llama")
+    # retrain the tokenizer with another size: same format, different vocabulary
+    from model_factory import write_tokenizer
+
+    write_tokenizer(other, vocab_size=300)
+    with pytest.raises(IncompatibleDraftError, match="tokenizer differs"):
+        Engine.load(str(tiny_llama), draft=str(other))
+
+
+def test_lookup_drafter_greedy_is_exact(tiny_llama):
+    plain = Engine.load(str(tiny_llama))
+    lookup = Engine.load(str(tiny_llama), drafter="lookup")
+    # a prompt that repeats itself gives the n-gram drafter something to copy
+    prompt = "The dog sleeps. The quick brown fox jumps over the lazy dog. The dog sleeps. The quick"
+    for k in (1, 3, 6):
+        tokens, _, last = run(lookup, prompt, max_tokens=40, draft_length=k)
+        assert tokens == run(plain, prompt, max_tokens=40)[0]
+        assert last.stats.drafted > 0 and last.stats.drafter == "lookup"
+
+
+def test_draft_length_zero_turns_speculation_off(spec):
+    _, _, last = run(spec, "Once upon a time", max_tokens=10, draft_length=0)
+    assert last.stats.drafted == 0 and last.stats.rounds == 10 and last.stats.drafter == "none"
+
+
+def test_events_carry_text_tokens_and_draft_flags(spec):
+    events = list(spec.generate("Once upon a time", GenerateOptions(max_tokens=24)))
+    assert events[-1].done and not any(e.done for e in events[:-1])
+    body = events[:-1]
+    assert all(len(e.tokens) == len(e.from_draft) >= 1 for e in body)
+    tokens = [t for e in body for t in e.tokens]
+    text = "".join(e.text for e in events)
+    detok = spec.tokenizer.detokenizer  # mlx-lm's streaming detokenizer over the whole output at once
+    for t in tokens:
+        detok.add_token(t)
+    detok.finalize()
+    assert text == detok.text and len(text) > 0
+    assert sum(d for e in body for d in e.from_draft) == events[-1].stats.accepted
+
+
+def test_chat_prompt_uses_the_models_template(spec):
+    ids = spec.chat_prompt([{"role": "user", "content": "hi"}])
+    assert spec.tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_bad_requests_raise_clear_errors(spec, tiny_llama):
+    with pytest.raises(ValueError, match="empty"):
+        list(spec.generate([], GenerateOptions()))
+    with pytest.raises(ValueError, match="context window"):
+        list(spec.generate([1] * 50, GenerateOptions(num_ctx=20)))
+    with pytest.raises(MlxspecError, match="unknown drafter"):
+        Engine.load(str(tiny_llama), drafter="psychic")
+    with pytest.raises(MlxspecError, match="draft"):
+        Engine.load(str(tiny_llama), drafter="draft-model")
+
+
+def test_num_ctx_ends_generation_with_length(spec):
+    prompt = spec.encode("Once upon a time")
+    tokens, _, last = run(spec, prompt, max_tokens=100, num_ctx=len(prompt) + 7)
+    assert len(tokens) == 7 and last.finish_reason == "length"

@@ -1,0 +1,78 @@
+"""Model references: directories, GGUF files, pypi: files, repo ids (offline), quantize on load."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import mlx.nn as nn
+import pytest
+from gguf_fixtures import write_tiny_llama_gguf
+from test_decode_greedy import run
+
+from mlxspec.engine import Engine
+from mlxspec.errors import ModelLoadError
+from mlxspec.loading import load, parse_quantize
+
+
+def quantized_layers(model) -> dict[str, tuple[int, int]]:
+    return {p: (m.bits, m.group_size) for p, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)}
+
+
+def test_directory_loads_with_info(tiny_llama):
+    m = load(str(tiny_llama))
+    assert m.info["architecture"] == "llama" and m.info["num_layers"] == 2
+    assert m.info["parameters"] > 100_000 and m.info["quantization"] == "float32"
+    assert quantized_layers(m.model) == {}
+
+
+@pytest.mark.parametrize("spec,bits,group", [("q4", 4, 64), ("q4g32", 4, 32), ("q4g64", 4, 64), ("q8", 8, 64)])
+def test_quantize_on_load(tiny_llama, spec, bits, group):
+    m = load(str(tiny_llama), quantize=spec)
+    layers = quantized_layers(m.model)
+    assert len(layers) == 2 * 7 + 1  # q k v o gate up down per layer, and the head
+    assert set(layers.values()) == {(bits, group)}
+    assert m.info["quantization"] == f"q{bits}g{group}"
+    assert m.info["weight_bytes"] < load(str(tiny_llama)).info["weight_bytes"]
+
+
+def test_bad_quantization_spec():
+    assert parse_quantize(None) is None and parse_quantize("q4") == (4, 64)
+    for bad in ("q5", "q4g48", "int4", "4"):
+        with pytest.raises(ModelLoadError, match="unknown quantization"):
+            parse_quantize(bad)
+
+
+def test_missing_path_and_package(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load(str(tmp_path / "nothing-here"))
+    with pytest.raises(ModelLoadError, match="not installed"):
+        load("pypi:no_such_package_xyz/model.gguf")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="neither a model directory"):
+        load(str(tmp_path / "empty"))
+
+
+def test_repo_id_offline_is_a_clear_error_naming_the_repo(tmp_path):
+    """A fresh process with an empty hub cache and no hub: one clear error, no traceback."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
+    code = (
+        "from mlxspec.loading import load\n"
+        "from mlxspec.errors import ModelLoadError\n"
+        "try:\n    load('mlx-community/NoSuchModel-4bit')\n"
+        "except ModelLoadError as e:\n    print('ERROR', e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "ERROR" in out.stdout and "mlx-community/NoSuchModel-4bit" in out.stdout, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_gguf_file_through_the_engine(tmp_path):
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", qtype="Q4_0")
+    plain = Engine.load(str(path))
+    assert plain.info["quantization"] == "q4g32"
+    lookup = Engine.load(str(path), drafter="lookup")
+    prompt = "the world and the world and the"
+    tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
+    assert tokens == run(plain, prompt, max_tokens=30)[0]
