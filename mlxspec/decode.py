@@ -18,6 +18,7 @@ from typing import Iterator
 import mlx.core as mx
 import mlx.nn as nn
 
+from .adaptive import CostModel, DraftController
 from .cache import new_cache, prefill, rewind
 from .drafters.base import Draft, Drafter
 from .options import GenerateOptions
@@ -47,11 +48,17 @@ class Decoder:
         context_length: int,
         stats: Stats,
         cancel: threading.Event | None = None,
+        adaptive: bool = True,
+        costs: CostModel | None = None,
     ):
         if not prompt:
             raise ValueError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt, self.opts = target, drafter, list(prompt), options
         self.k = draft_length
+        # Timing decisions are left out of seeded sampling runs so they stay reproducible.
+        timing = options.greedy or options.seed is None
+        costs = (costs or CostModel()) if timing else None
+        self.controller = DraftController(draft_length, costs) if adaptive and draft_length > 0 else None
         self.eos_ids = eos_ids
         self.num_ctx = min(options.num_ctx or context_length, context_length)
         if len(self.prompt) >= self.num_ctx:
@@ -82,8 +89,13 @@ class Decoder:
             if remaining <= 0 or room <= 0:
                 self.finish_reason = "length"
                 return
-            k = int(max(0, min(self.k, remaining - 1, room - 1)))
-            tokens, n = self._round(cache, context, k)
+            want = self.controller.next_k() if self.controller else self.k
+            k = int(max(0, min(want, remaining - 1, room - 1)))
+            round_start = time.perf_counter()
+            tokens, n, drafted = self._round(cache, context, k)
+            if self.controller:
+                self.controller.record(drafted, n, time.perf_counter() - round_start)
+                stats.draft_length, stats.backoffs = self.controller.k, self.controller.backoffs
             out, from_draft = [], []
             for i, t in enumerate(tokens):
                 if t in self.eos_ids:
@@ -102,8 +114,8 @@ class Decoder:
             if self.finish_reason is not None:
                 return
 
-    def _round(self, cache: list, context: list[int], k: int) -> tuple[list[int], int]:
-        """One draft/verify round -> (drafts[:n] + [next], n)."""
+    def _round(self, cache: list, context: list[int], k: int) -> tuple[list[int], int, int]:
+        """One draft/verify round -> (drafts[:n] + [next], n, number drafted)."""
         if self.sampling.greedy:
             draft_key = verify_key = None
         else:
@@ -123,4 +135,4 @@ class Decoder:
         if k > 0:
             self.drafter.accept(n)
         self.stats.record_round(draft.count, n)
-        return draft.tokens.tolist()[:n] + [int(nxt.item())], n
+        return draft.tokens.tolist()[:n] + [int(nxt.item())], n, draft.count

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import loading
+from .adaptive import CostModel
 from .decode import Decoder
 from .drafters import DRAFTERS, Drafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
 from .errors import MlxspecError
@@ -51,6 +52,7 @@ class Engine:
         self.drafter = drafter or NoDrafter()
         self.draft_length = draft_length if not isinstance(self.drafter, NoDrafter) else 0
         self._lock = threading.Lock()
+        self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
 
     @classmethod
     def load(
@@ -141,6 +143,8 @@ class Engine:
                 context_length=self.context_length,
                 stats=stats,
                 cancel=cancel,
+                adaptive=options.adaptive,
+                costs=self.costs,
             )
             detok = self.tokenizer.detokenizer
             stops = StopMatcher(options.stop)

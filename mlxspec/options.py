@@ -29,6 +29,7 @@ class GenerateOptions:
     repeat_last_n: int = 64
     num_ctx: int | None = None  # context window; None = the model's own
     draft_length: int | None = None  # tokens drafted per round; 0 = no speculation; None = engine default
+    adaptive: bool = True  # adapt the draft length and back off to plain decoding when it does not pay
 
     def __post_init__(self) -> None:
         self.validate()
@@ -57,6 +58,7 @@ class GenerateOptions:
             "draft_length",
             "must be an integer in [0, 32]",
         )
+        check(isinstance(self.adaptive, bool), "adaptive", "must be true or false")
 
     @property
     def greedy(self) -> bool:

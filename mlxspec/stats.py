@@ -15,6 +15,7 @@ class Stats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: rounds where draft i was kept
     drafted_per_position: list[int] = field(default_factory=list)  # [i]: rounds that drafted position i
     host_syncs: int = 0  # host read-backs during decoding (one per round by design)
+    backoffs: int = 0  # times adaptive speculation fell back to plain decoding for losing time
     prompt_tokens: int = 0
     generated_tokens: int = 0  # tokens emitted to the caller
     prompt_time: float = 0.0  # seconds: prompt processing (prefill) of target and drafter
