@@ -11,6 +11,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.generate import generate_step
 
+from mlxspec.adaptive import CostModel
 from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
 
@@ -60,22 +61,31 @@ def test_plain_loop_matches_mlx_lm(pair):
         assert run(plain, prompt, max_tokens=40)[0] == mlx_lm_greedy(plain, prompt, 40)
 
 
+def speculate_always(engine: Engine) -> None:
+    """Tell the adaptive controller plain steps are very slow, so it keeps drafting and only adapts k."""
+    engine.costs = CostModel()
+    engine.costs.add(0, 1e3)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed-k", "adaptive-k"])
 @pytest.mark.parametrize("k", range(1, 9))
-def test_speculative_equals_plain(pair, k):
+def test_speculative_equals_plain(pair, k, adaptive):
     plain, q4, other = pair
     for prompt in PROMPTS:
         expected = run(plain, prompt, max_tokens=48)[0]
         for engine in (q4, other):
             if engine is None:
                 continue
-            tokens, _, last = run(engine, prompt, max_tokens=48, draft_length=k)
+            if adaptive:
+                speculate_always(engine)
+            tokens, _, last = run(engine, prompt, max_tokens=48, draft_length=k, adaptive=adaptive)
             assert tokens == expected, (prompt, k, engine.info["draft"])
             assert last.stats.drafted > 0
 
 
 def test_draft_actually_helps_and_statistics_add_up(pair):
     _, q4, _ = pair
-    tokens, _, last = run(q4, PROMPTS[0], max_tokens=64, draft_length=4)
+    tokens, _, last = run(q4, PROMPTS[0], max_tokens=64, draft_length=4, adaptive=False)
     s = last.stats
     assert s.accepted > 0, "the q4 self-draft should agree with its fp32 target at least sometimes"
     assert s.generated_tokens == len(tokens) == 64
@@ -91,7 +101,7 @@ def test_draft_actually_helps_and_statistics_add_up(pair):
 def test_max_tokens_landing_mid_block(pair, max_tokens):
     plain, q4, _ = pair
     full = run(plain, PROMPTS[0], max_tokens=20)[0]
-    tokens, _, last = run(q4, PROMPTS[0], max_tokens=max_tokens, draft_length=4)
+    tokens, _, last = run(q4, PROMPTS[0], max_tokens=max_tokens, draft_length=4, adaptive=False)
     assert tokens == full[:max_tokens]
     assert last.finish_reason == "length"
 
@@ -111,7 +121,7 @@ def test_eos_inside_a_drafted_block(pair):
             tok.eos_token_ids = {eos}
             plain.tokenizer.eos_token_ids = {eos}
             for k in (2, 4, 7):
-                tokens, _, last = run(q4, PROMPTS[0], max_tokens=40, draft_length=k)
+                tokens, _, last = run(q4, PROMPTS[0], max_tokens=40, draft_length=k, adaptive=False)
                 assert tokens == cut
                 assert last.finish_reason == "stop"
                 # the EOS came from the draft, not as the pass's own last token, when fewer
@@ -133,7 +143,7 @@ def test_stop_strings(pair):
             continue
         expected = text[: text.index(stop)]
         for engine, k in ((plain, 0), (q4, 3), (q4, 6)):
-            t2, text2, last = run(engine, PROMPTS[0], max_tokens=40, draft_length=k, stop=[stop, "\x00never"])
+            t2, text2, last = run(engine, PROMPTS[0], max_tokens=40, draft_length=k, stop=[stop, "\x00never"], adaptive=False)
             assert text2 == expected
             assert last.finish_reason == "stop"
             assert t2 == tokens[: len(t2)]

@@ -27,7 +27,7 @@ def test_one_host_sync_per_round_and_draft_steps_stay_lazy(spec, monkeypatch):
     monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(1), real_eval(*a))[1])
     monkeypatch.setattr(mx, "async_eval", lambda *a: (async_evals.append(1), real_async(*a))[1])
     prompt = spec.encode("Once upon a time")
-    tokens, _, last = run(spec, prompt, max_tokens=40, draft_length=4)
+    tokens, _, last = run(spec, prompt, max_tokens=40, draft_length=4, adaptive=False)
     s = last.stats
     prefill_syncs = 2  # one prompt chunk each for the target and the draft model
     assert len(evals) == s.rounds + prefill_syncs
@@ -84,7 +84,7 @@ def test_lookup_drafter_greedy_is_exact(tiny_llama):
     # a prompt that repeats itself gives the n-gram drafter something to copy
     prompt = "The dog sleeps. The quick brown fox jumps over the lazy dog. The dog sleeps. The quick"
     for k in (1, 3, 6):
-        tokens, _, last = run(lookup, prompt, max_tokens=40, draft_length=k)
+        tokens, _, last = run(lookup, prompt, max_tokens=40, draft_length=k, adaptive=False)
         assert tokens == run(plain, prompt, max_tokens=40)[0]
         assert last.stats.drafted > 0 and last.stats.drafter == "lookup"
 
