@@ -19,7 +19,7 @@ from typing import Iterator
 from . import loading
 from .adaptive import CostModel
 from .decode import Decoder
-from .drafters import DRAFTERS, Drafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
+from .drafters import DRAFTERS, Drafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
 from .errors import MlxspecError
 from .loading import LoadedModel
 from .options import GenerateOptions
@@ -71,8 +71,9 @@ class Engine:
         before any generation.
         """
         drafter = drafter or ("draft-model" if draft else "none")
-        if drafter not in DRAFTERS:
-            raise MlxspecError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+        kind, _, arg = drafter.partition(":")
+        if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
+            raise MlxspecError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS)")
         if (drafter == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
         tgt = loading.load(target, quantize)
@@ -80,6 +81,11 @@ class Engine:
             return cls(tgt, NoDrafter(), None, 0)
         if drafter == "lookup":
             return cls(tgt, LookupDrafter(), None, draft_length)
+        if kind == "early-exit":
+            try:
+                return cls(tgt, EarlyExitDrafter(tgt.model, int(arg) if arg else None), None, draft_length)
+            except ValueError as e:
+                raise MlxspecError(str(e)) from None
         same = draft == target and (draft_quantize or None) == (quantize or None)
         dft = tgt if same else loading.load(draft, draft_quantize)  # one copy in memory when identical
         check_compatible(tgt.tokenizer, dft.tokenizer)

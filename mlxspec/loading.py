@@ -52,8 +52,14 @@ def parse_quantize(spec: str | None) -> tuple[int, int] | None:
 def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
     """Quantize in place every linear/embedding layer whose input size the group divides.
 
-    Layers that are already quantized are left as they are (stacking quantizations loses accuracy).
+    A model already quantized with more bits (e.g. a 4-bit GGUF asked for q3, a self-draft) is
+    dequantized first; layers already at or below the asked bits are left as they are.
     """
+    stored = {getattr(m, "bits", None) for _, m in model.named_modules() if hasattr(m, "scales")}
+    if any(b is not None and b > bits for b in stored):
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(model)
 
     def predicate(path: str, module: nn.Module) -> bool:
         if not hasattr(module, "to_quantized") or not hasattr(module, "weight"):

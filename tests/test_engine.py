@@ -129,3 +129,26 @@ def test_num_ctx_ends_generation_with_length(spec):
     prompt = spec.encode("Once upon a time")
     tokens, _, last = run(spec, prompt, max_tokens=100, num_ctx=len(prompt) + 7)
     assert len(tokens) == 7 and last.finish_reason == "length"
+
+
+def test_early_exit_self_draft_shares_weights_and_is_exact(tiny_llama):
+    plain = Engine.load(str(tiny_llama))
+    ee = Engine.load(str(tiny_llama), drafter="early-exit:1")
+    view = ee.drafter.model
+    assert len(view.layers) == 1 and view.model.embed_tokens is ee.target.model.model.embed_tokens
+    assert view.layers[0] is ee.target.model.layers[0]  # a view, not a copy
+    for prompt in ("Once upon a time", "def add(a, b):"):
+        tokens, _, last = run(ee, prompt, max_tokens=30, draft_length=3, adaptive=False)
+        assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0
+    with pytest.raises(MlxspecError, match="choose 1..1"):
+        Engine.load(str(tiny_llama), drafter="early-exit:2")
+
+
+def test_requantizing_a_quantized_model_to_fewer_bits(tiny_llama):
+    """A 4-bit model asked for q2 (a harder self-draft) is dequantized, then quantized again."""
+    import mlx.nn as nn
+
+    m = loading.load(str(tiny_llama), "q4g32")
+    loading.quantize_model(m.model, 2, 32)
+    bits = {mod.bits for _, mod in m.model.named_modules() if isinstance(mod, nn.QuantizedLinear)}
+    assert bits == {2}

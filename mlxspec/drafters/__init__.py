@@ -3,7 +3,18 @@
 from .base import Draft, Drafter, NoDrafter
 from .lookup import LookupDrafter
 from .model import ModelDrafter, check_compatible
+from .selfdraft import EarlyExitDrafter
 
-DRAFTERS = ("none", "draft-model", "lookup")
+# Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half).
+DRAFTERS = ("none", "draft-model", "lookup", "early-exit")
 
-__all__ = ["DRAFTERS", "Draft", "Drafter", "LookupDrafter", "ModelDrafter", "NoDrafter", "check_compatible"]
+__all__ = [
+    "DRAFTERS",
+    "Draft",
+    "Drafter",
+    "EarlyExitDrafter",
+    "LookupDrafter",
+    "ModelDrafter",
+    "NoDrafter",
+    "check_compatible",
+]
