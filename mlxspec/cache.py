@@ -31,3 +31,39 @@ def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFI
 def rewind(cache: list, n: int) -> None:
     if n > 0:
         trim_prompt_cache(cache, n)
+
+
+class PrefixCache:
+    """A model's KV cache and the tokens it holds, kept between requests of one engine.
+
+    A chat resends its whole history every turn; `prepare` keeps the longest common prefix and
+    prefills only the rest. `tokens` is None while a forward pass is in flight, so a request cut
+    off mid-round leaves a cache that the next request rebuilds instead of trusting.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.cache: list | None = None
+        self.tokens: list[int] | None = None
+
+    def prepare(self, tokens: list[int]) -> int:
+        """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed."""
+        reused = 0
+        if self.cache is not None and self.tokens is not None and can_trim_prompt_cache(self.cache):
+            reused = _common_prefix(self.tokens, tokens)
+        if reused == 0:
+            self.cache = new_cache(self.model)
+        else:
+            rewind(self.cache, len(self.tokens) - reused)
+        self.tokens = None
+        prefill(self.model, self.cache, tokens[reused:])
+        self.tokens = list(tokens)
+        return reused
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

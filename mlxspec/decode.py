@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adaptive import CostModel, DraftController
-from .cache import new_cache, prefill, rewind
+from .cache import PrefixCache, rewind
 from .drafters.base import Draft, Drafter
 from .options import GenerateOptions
 from .sampling import Sampling, penalize, probabilities
@@ -50,10 +50,12 @@ class Decoder:
         cancel: threading.Event | None = None,
         adaptive: bool = True,
         costs: CostModel | None = None,
+        kv: PrefixCache | None = None,
     ):
         if not prompt:
             raise ValueError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt, self.opts = target, drafter, list(prompt), options
+        self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
         self.k = draft_length
         # Timing decisions are left out of seeded sampling runs so they stay reproducible.
         timing = options.greedy or options.seed is None
@@ -72,8 +74,8 @@ class Decoder:
     def __iter__(self) -> Iterator[Round]:
         stats, opts = self.stats, self.opts
         start = time.perf_counter()
-        cache = new_cache(self.target)
-        prefill(self.target, cache, self.prompt[:-1])
+        stats.cached_tokens = self.kv.prepare(self.prompt[:-1])
+        cache = self.kv.cache
         self.drafter.start(self.prompt)
         stats.prompt_tokens = len(self.prompt)
         decode_start = time.perf_counter()
@@ -92,7 +94,10 @@ class Decoder:
             want = self.controller.next_k() if self.controller else self.k
             k = int(max(0, min(want, remaining - 1, room - 1)))
             round_start = time.perf_counter()
+            self.kv.tokens = None  # in flight: not trusted until the round completes
             tokens, n, drafted = self._round(cache, context, k)
+            context.extend(tokens)
+            self.kv.tokens = context[:-1]  # the cache holds every token but the newest
             if self.controller:
                 self.controller.record(drafted, n, time.perf_counter() - round_start)
                 stats.draft_length, stats.backoffs = self.controller.k, self.controller.backoffs
@@ -106,7 +111,6 @@ class Decoder:
                 remaining -= 1
                 if remaining <= 0:
                     break
-            context.extend(tokens)
             stats.generated_tokens += len(out)
             stats.decode_time = time.perf_counter() - decode_start
             if out:

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from . import loading
 from .adaptive import CostModel
+from .cache import PrefixCache
 from .decode import Decoder
 from .drafters import DRAFTERS, Drafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
 from .errors import MlxspecError
@@ -53,6 +54,7 @@ class Engine:
         self.draft_length = draft_length if not isinstance(self.drafter, NoDrafter) else 0
         self._lock = threading.Lock()
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
+        self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
 
     @classmethod
     def load(
@@ -151,6 +153,7 @@ class Engine:
                 cancel=cancel,
                 adaptive=options.adaptive,
                 costs=self.costs,
+                kv=self.kv,
             )
             detok = self.tokenizer.detokenizer
             stops = StopMatcher(options.stop)

@@ -17,6 +17,7 @@ class Stats:
     host_syncs: int = 0  # host read-backs during decoding (one per round by design)
     backoffs: int = 0  # times adaptive speculation fell back to plain decoding for losing time
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the previous request (shared prefix)
     generated_tokens: int = 0  # tokens emitted to the caller
     prompt_time: float = 0.0  # seconds: prompt processing (prefill) of target and drafter
     decode_time: float = 0.0  # seconds: from the end of prefill to the last token

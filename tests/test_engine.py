@@ -152,3 +152,30 @@ def test_requantizing_a_quantized_model_to_fewer_bits(tiny_llama):
     loading.quantize_model(m.model, 2, 32)
     bits = {mod.bits for _, mod in m.model.named_modules() if isinstance(mod, nn.QuantizedLinear)}
     assert bits == {2}
+
+
+def test_a_shared_prompt_prefix_is_reused_and_changes_nothing(tiny_llama):
+    """Chat turns resend the history: the KV of the common prefix is kept, output is unchanged."""
+    fresh = lambda: Engine.load(str(tiny_llama), draft=str(tiny_llama), draft_quantize="q4g32")  # noqa: E731
+    engine = fresh()
+    first = engine.encode("Once upon a time there was a little robot")
+    tokens1, _, last1 = run(engine, first, max_tokens=12, adaptive=False)
+    assert last1.stats.cached_tokens == 0
+    follow_up = first + tokens1 + engine.encode(" who loved to count")
+    tokens2, _, last2 = run(engine, follow_up, max_tokens=20, adaptive=False)
+    assert last2.stats.cached_tokens >= len(first)
+    assert tokens2 == run(fresh(), follow_up, max_tokens=20, adaptive=False)[0]
+    # a different prompt shares nothing and still matches a fresh engine
+    other = engine.encode("def add(a, b):")
+    tokens3, _, last3 = run(engine, other, max_tokens=15, adaptive=False)
+    assert tokens3 == run(fresh(), other, max_tokens=15, adaptive=False)[0]
+
+
+def test_a_request_cut_off_mid_stream_does_not_poison_the_cache(spec):
+    prompt = spec.encode("The quick brown fox jumps")
+    expected = run(spec, prompt, max_tokens=25, adaptive=False)[0]
+    stream = spec.generate(prompt, GenerateOptions(max_tokens=25, adaptive=False))
+    next(stream)
+    stream.close()
+    assert run(spec, prompt, max_tokens=25, adaptive=False)[0] == expected
+    assert run(spec, prompt + expected[:5], max_tokens=10, adaptive=False)[0] == expected[5:15]

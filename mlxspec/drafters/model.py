@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import new_cache, prefill, rewind
+from ..cache import PrefixCache, rewind
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
 from .base import Draft, Drafter
@@ -20,22 +20,22 @@ class ModelDrafter(Drafter):
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.cache: list | None = None
+        self.kv = PrefixCache(model)  # kept across requests: a shared prompt prefix is not recomputed
         self.seen = 0  # context tokens held in the cache
         self.base = 0  # context length at the last proposal
         self.proposed = 0  # k of the last proposal
 
     def start(self, prompt: list[int]) -> None:
-        self.cache = new_cache(self.model)
-        prefill(self.model, self.cache, prompt[:-1])
+        self.kv.prepare(prompt[:-1])
         self.seen = len(prompt) - 1
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+        self.kv.tokens = None  # in flight until accept() rewinds to known tokens
         x = mx.array(context[self.seen :], dtype=mx.uint32)[None]  # (1, new tokens)
         keys = None if sampling.greedy else mx.random.split(key, k)
         tokens, probs = [], []
         for i in range(k):
-            logits = self.model(x, cache=self.cache)[0, -1]  # (V_draft,)
+            logits = self.model(x, cache=self.kv.cache)[0, -1]  # (V_draft,)
             if sampling.greedy:
                 t = mx.argmax(logits, axis=-1)
             else:
@@ -46,6 +46,7 @@ class ModelDrafter(Drafter):
             tokens.append(t)
             x = t.reshape(1, 1).astype(mx.uint32)
         # The cache now holds the context and drafts[:k-1]; the last draft was never fed.
+        self.known = context[:]  # the host copy of what the cache will hold after accept()
         self.seen = len(context) + k - 1
         self.base = len(context)
         self.proposed = k
@@ -53,11 +54,17 @@ class ModelDrafter(Drafter):
 
     def accept(self, n: int) -> None:
         valid = self.base + min(n, self.proposed - 1)
-        rewind(self.cache, self.seen - valid)
+        rewind(self.kv.cache, self.seen - valid)
         self.seen = valid
+        # The kept drafts are not known on the host here; remember the context they extend.
+        self.kv.tokens = None if valid > len(self.known) else self.known[:valid]
 
     def finish(self) -> None:
-        self.cache = None
+        """Keep the cache for the next request, rewound to tokens known on the host."""
+        if self.kv.tokens is None and self.kv.cache is not None and self.seen >= len(getattr(self, "known", [])):
+            rewind(self.kv.cache, self.seen - len(self.known))
+            self.kv.tokens = self.known
+            self.seen = len(self.known)
 
 
 def check_compatible(target_tokenizer, draft_tokenizer) -> None:

