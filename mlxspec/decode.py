@@ -124,7 +124,9 @@ class Decoder:
             draft_key = verify_key = None
         else:
             self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        drafter_syncs = self.drafter.syncs
         draft = self.drafter.propose(context, k, self.sampling, draft_key) if k > 0 else Draft.empty()
+        self.stats.host_syncs += self.drafter.syncs - drafter_syncs
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
         logits = self.target(x[None], cache=cache)[0]  # (1 + kd, V)
         logits = penalize(logits, context, draft.tokens, self.opts.repeat_penalty, self.opts.repeat_last_n)

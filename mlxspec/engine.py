@@ -66,11 +66,13 @@ class Engine:
         quantize: str | None = None,
         draft_quantize: str | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
+        min_confidence: float = 0.0,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
-        before any generation.
+        before any generation. `min_confidence` > 0 makes a draft model stop a proposal after a
+        token it gives less than that probability (one extra host read-back per draft step).
         """
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _, arg = drafter.partition(":")
@@ -91,7 +93,7 @@ class Engine:
         same = draft == target and (draft_quantize or None) == (quantize or None)
         dft = tgt if same else loading.load(draft, draft_quantize)  # one copy in memory when identical
         check_compatible(tgt.tokenizer, dft.tokenizer)
-        return cls(tgt, ModelDrafter(dft.model), dft, draft_length)
+        return cls(tgt, ModelDrafter(dft.model, min_confidence), dft, draft_length)
 
     # -- facts -------------------------------------------------------------------------------
 

@@ -179,3 +179,20 @@ def test_a_request_cut_off_mid_stream_does_not_poison_the_cache(spec):
     stream.close()
     assert run(spec, prompt, max_tokens=25, adaptive=False)[0] == expected
     assert run(spec, prompt + expected[:5], max_tokens=10, adaptive=False)[0] == expected[5:15]
+
+
+def test_unsure_drafts_stop_early_and_output_stays_exact(tiny_llama, tiny_llama_other):
+    plain = Engine.load(str(tiny_llama))
+    sure = Engine.load(str(tiny_llama), draft=str(tiny_llama_other), draft_length=6)
+    unsure = Engine.load(str(tiny_llama), draft=str(tiny_llama_other), draft_length=6, min_confidence=0.5)
+    prompt = "Once upon a time"
+    expected = run(plain, prompt, max_tokens=40)[0]
+    full = run(sure, prompt, max_tokens=40, adaptive=False)
+    cut = run(unsure, prompt, max_tokens=40, adaptive=False)
+    assert full[0] == cut[0] == expected
+    s_full, s_cut = full[2].stats, cut[2].stats
+    assert s_cut.drafted / s_cut.rounds < s_full.drafted / s_full.rounds  # proposals were cut short
+    assert s_cut.host_syncs > s_cut.rounds  # the confidence checks are counted as syncs
+    for temperature in (0.0, 1.0):  # sampling path with early stops keeps the cache consistent
+        again = run(unsure, prompt, max_tokens=30, adaptive=False, temperature=temperature, seed=3)
+        assert len(again[0]) == 30

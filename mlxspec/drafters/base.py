@@ -27,6 +27,7 @@ class Draft:
 
 class Drafter:
     name = "none"
+    syncs = 0  # host read-backs the drafter made itself (the loop adds them to the statistics)
 
     def start(self, prompt: list[int]) -> None:
         """A new request begins with these prompt tokens (a model drafter prefills here)."""

@@ -18,12 +18,17 @@ from .base import Draft, Drafter
 class ModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, min_confidence: float = 0.0):
         self.model = model
         self.kv = PrefixCache(model)  # kept across requests: a shared prompt prefix is not recomputed
+        # Stop a proposal after a token whose draft probability is below this (0 = never). Each
+        # check reads one number back while the next draft step computes: a sync per draft step,
+        # so it is opt-in; the engine's cost-based k choice needs no syncs.
+        self.min_confidence = min_confidence
+        self.syncs = 0  # host read-backs made by confidence checks
         self.seen = 0  # context tokens held in the cache
         self.base = 0  # context length at the last proposal
-        self.proposed = 0  # k of the last proposal
+        self.fed = 0  # drafts of the last proposal that went through the model (so sit in the cache)
 
     def start(self, prompt: list[int]) -> None:
         self.kv.prepare(prompt[:-1])
@@ -33,27 +38,34 @@ class ModelDrafter(Drafter):
         self.kv.tokens = None  # in flight until accept() rewinds to known tokens
         x = mx.array(context[self.seen :], dtype=mx.uint32)[None]  # (1, new tokens)
         keys = None if sampling.greedy else mx.random.split(key, k)
-        tokens, probs = [], []
+        tokens, probs, confidence = [], [], []
         for i in range(k):
             logits = self.model(x, cache=self.kv.cache)[0, -1]  # (V_draft,)
-            if sampling.greedy:
-                t = mx.argmax(logits, axis=-1)
-            else:
-                q = probabilities(logits, sampling)
-                t = sample(q, keys[i])
-                probs.append(q)
+            q = probabilities(logits, sampling) if not sampling.greedy else None
+            t = mx.argmax(logits, axis=-1) if q is None else sample(q, keys[i])
             mx.async_eval(t)  # start computing; no read-back
+            if self.min_confidence > 0 and i > 0 and self._unsure(confidence[-1]):
+                break  # drafts[i-1] was unsure: keep it, drop the step just queued
             tokens.append(t)
+            probs.append(q)
+            if self.min_confidence > 0:
+                confidence.append(mx.softmax(logits)[t] if q is None else q[t])
             x = t.reshape(1, 1).astype(mx.uint32)
-        # The cache now holds the context and drafts[:k-1]; the last draft was never fed.
+        n = len(tokens)
+        # The cache holds the context and drafts[:n-1], and drafts[n-1] too when we stopped early.
+        self.fed = n if n < k else n - 1
         self.known = context[:]  # the host copy of what the cache will hold after accept()
-        self.seen = len(context) + k - 1
+        self.seen = len(context) + self.fed
         self.base = len(context)
-        self.proposed = k
-        return Draft(mx.stack(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+        stacked_probs = None if sampling.greedy else mx.stack(probs)
+        return Draft(mx.stack(tokens).astype(mx.uint32), stacked_probs, n)
+
+    def _unsure(self, confidence: mx.array) -> bool:
+        self.syncs += 1
+        return confidence.item() < self.min_confidence
 
     def accept(self, n: int) -> None:
-        valid = self.base + min(n, self.proposed - 1)
+        valid = self.base + min(n, self.fed)
         rewind(self.kv.cache, self.seen - valid)
         self.seen = valid
         # The kept drafts are not known on the host here; remember the context they extend.
