@@ -196,3 +196,17 @@ def test_unsure_drafts_stop_early_and_output_stays_exact(tiny_llama, tiny_llama_
     for temperature in (0.0, 1.0):  # sampling path with early stops keeps the cache consistent
         again = run(unsure, prompt, max_tokens=30, adaptive=False, temperature=temperature, seed=3)
         assert len(again[0]) == 30
+
+
+def test_a_draft_with_other_special_tokens_is_refused(tiny_llama, tmp_path):
+    """Same vocabulary, but the draft ends its turns with another token: its EOS means other text."""
+    import json
+    import shutil
+
+    other = tmp_path / "other-eos"
+    shutil.copytree(tiny_llama, other)
+    cfg = json.loads((other / "tokenizer_config.json").read_text())
+    cfg["eos_token"] = "<|endoftext|>"
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(IncompatibleDraftError, match="eos_token_id"):
+        Engine.load(str(tiny_llama), draft=str(other))
