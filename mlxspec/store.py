@@ -19,6 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from . import loading
+from .drafters import DRAFTERS
+from .engine import Engine
 from .errors import MlxspecError, ModelLoadError
 from .options import GenerateOptions, OptionsError
 
@@ -30,7 +33,6 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models"
 
 _PART = r"[a-z0-9][a-z0-9._-]{0,79}"  # starts with a letter or digit: never '.', '..' or a path
 NAME = re.compile(rf"^(?:(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_PART}))?$")
-REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
 
 
 class ModelNotFoundError(MlxspecError):
@@ -74,20 +76,17 @@ class Manifest:
 
     def validate(self, source: str = "manifest") -> None:
         """Raise MlxspecError/OptionsError naming the first bad field."""
-        from .drafters import DRAFTERS
-        from .loading import parse_quantize
-
         for key in ("target", "draft", "drafter", "quantize", "draft_quantize", "template", "system", "description"):
             value = getattr(self, key)
             if value is not None and not isinstance(value, str):
                 raise MlxspecError(f"{source}: '{key}' must be a string")
-        drafter = self.drafter or ("draft-model" if self.draft else "none")
-        if drafter not in DRAFTERS:
+        drafter = self.drafter_name
+        if drafter.partition(":")[0] not in DRAFTERS:  # some take an argument, e.g. early-exit:8
             raise MlxspecError(f"{source}: unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
         if (drafter == "draft-model") != bool(self.draft):
             raise MlxspecError(f"{source}: a draft model goes with the draft-model drafter, and it needs one")
-        parse_quantize(self.quantize)
-        parse_quantize(self.draft_quantize)
+        loading.parse_quantize(self.quantize)
+        loading.parse_quantize(self.draft_quantize)
         k = self.draft_length
         if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 32):
             raise MlxspecError(f"{source}: 'draft_length' must be an integer in [0, 32]")
@@ -97,6 +96,17 @@ class Manifest:
             GenerateOptions.from_dict(self.parameters)
         except OptionsError as e:
             raise OptionsError(f"{source}: {e}") from None
+
+    def options(self, request: dict | None = None, defaults: dict | None = None) -> GenerateOptions:
+        """One request's options: `defaults`, then this model's parameters, then the request's own."""
+        opts = GenerateOptions.from_dict({**(defaults or {}), **self.parameters, **(request or {})})
+        if opts.seed is not None and not 0 <= opts.seed < 2**64:  # mx.random.key takes a uint64
+            raise OptionsError(f"invalid option seed={opts.seed}: must be in [0, 2^64)")
+        return opts
+
+    @property
+    def drafter_name(self) -> str:
+        return self.drafter or ("draft-model" if self.draft else "none")
 
     def to_dict(self) -> dict:
         return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, {})}
@@ -237,63 +247,83 @@ class Store:
             shipped = self.shipped(name_or_ref)
             if shipped is not None:
                 return canonical(name_or_ref), shipped
-        check_reference(name_or_ref)
-        return name_or_ref, Manifest(target=name_or_ref)
+        return name_or_ref, Manifest(target=check_reference(name_or_ref))
+
+    def target_of(self, name_or_ref: str) -> str:
+        """The weights a name stands for (its target), or the reference itself."""
+        return self.resolve(name_or_ref)[1].target
 
     # -- pull --------------------------------------------------------------------------------
+
+    def pull_manifest(self, name: str) -> Manifest:
+        """What `pull(name)` would fetch: a stored model, a shipped one, or a Hugging Face repo id."""
+        base = name.strip().split(":", 1)[0]
+        if is_name(name) and self.exists(name):
+            return self.get(name)
+        shipped = self.shipped(name) if is_name(name) else None
+        if shipped is not None:
+            return shipped
+        if is_repo_id(base):
+            parse_name(name)  # the store name must be valid too
+            return Manifest(target=base)
+        known = ", ".join(self.shipped_names()) or "none"
+        raise ModelNotFoundError(f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id")
 
     def pull(self, name: str, progress: Callable[[str, int, int], None] | None = None) -> str:
         """Fetch a model's weights, then write its manifest; returns the stored name.
 
-        `name` is a stored model (re-fetched), a shipped one, or a Hugging Face repo id
-        (`org/repo`, stored as `org/repo:latest`). `progress(ref, completed_bytes, total_bytes)`
-        is called as bytes arrive; raising from it (PullCancelled) abandons the pull.
+        A repo id `org/repo` is stored as `org/repo:latest`. `progress(ref, completed_bytes,
+        total_bytes)` is called as bytes arrive; raising from it (PullCancelled) abandons the pull.
         """
-        base = name.strip().split(":", 1)[0]
-        if is_name(name) and self.exists(name):
-            manifest = self.get(name)
-        elif is_name(name) and self.shipped(name) is not None:
-            manifest = self.shipped(name)
-        elif REPO_ID.match(base) and not Path(base).expanduser().exists():
-            parse_name(name)  # the store name must be valid too
-            manifest = Manifest(target=base)
-        else:
-            shipped = ", ".join(self.shipped_names()) or "none"
-            raise ModelNotFoundError(
-                f"cannot pull {name!r}: not a known model (shipped: {shipped}) nor a Hugging Face repo id"
-            )
+        manifest = self.pull_manifest(name)
         for ref in manifest.refs():
             fetch(ref, progress)
         return self.save(name, manifest)
 
 
+def is_repo_id(ref: str) -> bool:
+    """`org/repo`, and no local path of that name."""
+    return bool(loading.REPO_ID.match(ref)) and not Path(ref).expanduser().exists()
+
+
+def load_engine(manifest: Manifest) -> Engine:
+    """The Engine a manifest describes (loads the weights; downloads repo ids not cached yet)."""
+    kwargs = {"draft_length": manifest.draft_length} if manifest.draft_length is not None else {}
+    return Engine.load(
+        manifest.target,
+        draft=manifest.draft,
+        drafter=manifest.drafter,
+        quantize=manifest.quantize,
+        draft_quantize=manifest.draft_quantize,
+        **kwargs,
+    )
+
+
 def fetch(ref: str, progress: Callable[[str, int, int], None] | None = None) -> None:
     """Make a reference available locally: download a repo id, check that anything else exists."""
-    from . import loading
-
-    if REPO_ID.match(ref) and not Path(ref).expanduser().exists():
+    if is_repo_id(ref):
         loading.download(ref, progress=_progress_class(ref, progress) if progress else None)
     else:
         loading.resolve(ref)  # a path, .gguf or pypi: file: raises ModelLoadError when missing
 
 
-def check_reference(ref: str) -> None:
-    """A reference that can be loaded later: an existing path, a pypi: file, or a repo id."""
-    from . import loading
-
-    if REPO_ID.match(ref) or Path(ref).expanduser().exists():
-        return
+def check_reference(ref: str) -> str:
+    """A reference that can be loaded later (an existing path, a pypi: file, or a repo id);
+    returned absolute when it is a local path, so it means the same from anywhere."""
+    path = Path(ref).expanduser()
+    if path.exists():
+        return str(path.resolve())
+    if loading.REPO_ID.match(ref):
+        return ref
     if ref.startswith("pypi:"):
         loading.resolve(ref)
-        return
+        return ref
     raise ModelNotFoundError(f"model {ref!r} not found: not a stored model, a local path nor a Hugging Face repo id")
 
 
 def local_path(ref: str) -> Path | None:
     """Where a reference's files are on disk now, without downloading anything (None: not here)."""
-    from . import loading
-
-    if REPO_ID.match(ref) and not Path(ref).expanduser().exists():
+    if is_repo_id(ref):
         from huggingface_hub import snapshot_download
 
         try:

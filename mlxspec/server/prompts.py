@@ -36,8 +36,12 @@ def fim_tokens(added_vocab) -> tuple[str, str, str] | None:
     return next((t for t in FIM_TOKENS if all(x in added_vocab for x in t)), None)
 
 
+def _uses_suffix(template: str | None) -> bool:
+    return bool(template and "suffix" in template)
+
+
 def supports_insert(template: str | None, added_vocab) -> bool:
-    return bool(template and "suffix" in template) or fim_tokens(added_vocab) is not None
+    return _uses_suffix(template) or fim_tokens(added_vocab) is not None
 
 
 def generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> list[int]:
@@ -50,7 +54,7 @@ def _generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> li
         return engine.encode(req.prompt)
     template = req.template or manifest.template
     system = req.system if req.system is not None else manifest.system
-    if req.suffix and not (template and "suffix" in template):
+    if req.suffix and not _uses_suffix(template):
         fim = fim_tokens(engine.tokenizer.get_added_vocab())
         if fim is None:
             raise ApiError(400, "this model does not support insert: no fill-in-the-middle tokens nor a template using suffix")

@@ -13,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+import mlx.core as mx
+
 from ..engine import Engine
-from ..store import Manifest
+from ..store import Manifest, load_engine
 from .requests import ApiError
 
 FOREVER = float("inf")
@@ -35,18 +37,6 @@ class Loaded:
     def size(self) -> int:
         info = self.engine.info
         return int(info.get("weight_bytes", 0)) + int(info.get("draft_weight_bytes", 0))
-
-
-def load_engine(manifest: Manifest) -> Engine:
-    kwargs = {"draft_length": manifest.draft_length} if manifest.draft_length is not None else {}
-    return Engine.load(
-        manifest.target,
-        draft=manifest.draft,
-        drafter=manifest.drafter,
-        quantize=manifest.quantize,
-        draft_quantize=manifest.draft_quantize,
-        **kwargs,
-    )
 
 
 class Registry:
@@ -133,11 +123,10 @@ class Registry:
         for entry in list(self.loaded.values()):
             entry.active = 0
             await self._unload(entry)
+        await self.run(mx.clear_streams)  # MLX needs it before its thread ends, or the process aborts at exit
         self.mlx_thread.shutdown(wait=True, cancel_futures=True)
 
 
 def _free_memory() -> None:
-    import mlx.core as mx
-
     gc.collect()
     mx.clear_cache()

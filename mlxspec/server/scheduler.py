@@ -12,6 +12,7 @@ import asyncio
 import logging
 import threading
 import time
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
@@ -77,6 +78,16 @@ class Scheduler:
                 503, f"server busy: {self.max_queue} requests already wait for {job.name} (MLXSPEC_MAX_QUEUE); retry later"
             ) from None
         return job
+
+    @asynccontextmanager
+    async def session(self, job: Job):
+        """Submit `job` and wait until it started; leaving the block (the client left) cancels it."""
+        self.submit(job)
+        try:
+            await job.started()
+            yield job
+        finally:
+            job.cancel.set()  # a no-op once the generation is done
 
     def waiting(self, name: str) -> int:
         queue = self.queues.get(name)

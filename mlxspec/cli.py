@@ -1,0 +1,257 @@
+"""The `mlxspec` command: Ollama's verbs over the daemon's HTTP API, plus in-process `generate`.
+
+Every caller's mistake is one line on stderr and exit status 1; no traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from importlib.metadata import version as package_version
+from pathlib import Path
+
+import click
+
+from .client import Client, DaemonUnreachable, parse_host
+from .errors import MlxspecError
+from .options import OptionsError
+
+# Verbs that live in their own modules (`mlxspec.<name>` with a click command `command`),
+# imported only when present and asked for, so the CLI starts fast and works without them.
+OPTIONAL_VERBS = ("bench", "doctor")
+
+
+class Cli(click.Group):
+    def list_commands(self, ctx):
+        extra = [v for v in OPTIONAL_VERBS if importlib.util.find_spec(f"mlxspec.{v}") is not None]
+        return sorted(super().list_commands(ctx) + extra)
+
+    def get_command(self, ctx, name):
+        if name in OPTIONAL_VERBS and importlib.util.find_spec(f"mlxspec.{name}") is not None:
+            try:
+                return importlib.import_module(f"mlxspec.{name}").command
+            except (ImportError, AttributeError):  # present but unfinished: as if absent
+                return None
+        return super().get_command(ctx, name)
+
+    def main(self, *args, **kwargs):
+        """Errors become one line on stderr and exit status 1."""
+        try:
+            return super().main(*args, **{**kwargs, "standalone_mode": False})
+        except click.exceptions.Abort:
+            click.echo("Aborted.", err=True)
+        except click.ClickException as e:
+            click.echo(f"Error: {e.format_message()}", err=True)
+        except (MlxspecError, OptionsError) as e:
+            click.echo(f"Error: {e}", err=True)
+        except KeyboardInterrupt:
+            click.echo("", err=True)
+            sys.exit(130)
+        sys.exit(1)
+
+
+@click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_version("mlxspec"), prog_name="mlxspec")
+def cli():
+    """Speculative decoding on MLX, served the way Ollama serves models."""
+
+
+def main(argv: list[str] | None = None) -> None:
+    code = cli.main(args=argv, prog_name="mlxspec")
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+# -- the daemon ----------------------------------------------------------------------------------
+
+
+@cli.command()
+def serve():
+    """Run the daemon in the foreground (MLXSPEC_HOST, default 127.0.0.1:11435)."""
+    from .server import Settings, serve as run_server
+    from .store import Store
+
+    _, host, port = parse_host()
+    try:
+        settings = Settings.from_env()
+    except ValueError as e:
+        raise MlxspecError(str(e)) from None
+    store = Store()
+    store.home.mkdir(parents=True, exist_ok=True)
+    pid_file = store.home / "serve.pid"
+    pid_file.write_text(str(os.getpid()))
+
+    def ready() -> None:
+        click.echo(f"mlxspec {package_version('mlxspec')} listening on http://{host}:{port} (models in {store.home})", err=True)
+
+    try:
+        run_server(host, port, store, settings, on_ready=ready)
+    except OSError as e:
+        raise MlxspecError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    finally:
+        pid_file.unlink(missing_ok=True)
+
+
+def ensure_daemon(c: Client) -> None:
+    """Start a daemon in the background when none answers on a local address, and say so."""
+    if c.is_running():
+        return
+    if c.host not in ("127.0.0.1", "localhost", "::1"):
+        raise DaemonUnreachable(f"no mlxspec daemon answers at {c.url}")
+    from .store import Store
+
+    home = Store().home
+    home.mkdir(parents=True, exist_ok=True)
+    log = home / "serve.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+            env={**os.environ, "MLXSPEC_HOST": f"{c.host}:{c.port}"},
+        )
+    click.echo(f"No daemon answered at {c.url}: started one in the background (pid {proc.pid}, log {log}).", err=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise MlxspecError(f"the daemon exited at start (status {proc.returncode}); see {log}")
+        if c.is_running(timeout=1):
+            return
+        time.sleep(0.2)
+    raise MlxspecError(f"the daemon did not answer within 60 s; see {log}")
+
+
+@cli.group()
+def daemon():
+    """Run `mlxspec serve` at login: launchd (macOS) or systemd --user (Linux)."""
+
+
+@daemon.command("install")
+def daemon_install():
+    from . import service
+
+    click.echo(service.install())
+
+
+@daemon.command("uninstall")
+def daemon_uninstall():
+    from . import service
+
+    click.echo(service.uninstall())
+
+
+@daemon.command("status")
+def daemon_status():
+    from . import service
+
+    c = Client()
+    click.echo(service.status())
+    click.echo(f"daemon at {c.url}: {'answering' if c.is_running() else 'not answering'}")
+
+
+# -- talking to a model ----------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("prompt", nargs=-1)
+@click.option("--verbose", is_flag=True, help="Print timings, tok/s and speculation statistics.")
+@click.option("--keepalive", help="How long the model stays loaded afterwards (e.g. 5m, 0, -1).")
+def run(model, prompt, verbose, keepalive):
+    """Answer PROMPT (or stdin), or chat interactively when neither is given."""
+    from .repl import Session, repl
+
+    c = Client()
+    ensure_daemon(c)
+    info = show_or_pull(c, model)
+    text = " ".join(prompt)
+    if not sys.stdin.isatty():
+        piped = sys.stdin.read()
+        text = f"{piped.rstrip()}\n\n{text}".strip() if piped.strip() else text
+    session = Session(c, model, chat=bool(info.get("mlxspec", {}).get("chat")), verbose=verbose, keep_alive=keepalive)
+    if sys.stderr.isatty():  # loading a large model takes a while: say so, then load
+        click.echo(f"loading {model} ...", err=True)
+        c.request("POST", "/api/generate", {"model": model, **({"keep_alive": keepalive} if keepalive else {})})
+    if text:
+        session.ask(text)
+    elif sys.stdin.isatty():
+        _load_history()
+        repl(session)
+    else:
+        raise click.UsageError("no prompt: give one as an argument or on stdin")
+
+
+def show_or_pull(c: Client, model: str) -> dict:
+    """The model's /api/show answer, pulling it first when the daemon does not have it (as Ollama)."""
+    from .client import ApiError
+
+    try:
+        return c.request("POST", "/api/show", {"model": model})
+    except ApiError as e:
+        if e.status != 404:
+            raise
+    pull_with_progress(c, model)
+    return c.request("POST", "/api/show", {"model": model})
+
+
+def _load_history() -> None:
+    try:
+        import readline  # noqa: F401  # gives input() line editing and history
+    except ImportError:
+        return
+    from .store import Store
+
+    path = Store().home / "history"
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    import atexit
+
+    atexit.register(lambda: _save_history(readline, path))
+
+
+def _save_history(readline, path: Path) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        readline.write_history_file(path)
+    except OSError:
+        pass
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--draft", help="A draft model reference (same tokenizer as the target).")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS].")
+@click.option("--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
+@click.option("--draft-quantize", help="Quantize the draft on load.")
+@click.option("-n", "--max-tokens", type=int, help="Tokens to generate (default 256; -1: until EOS or context end).")
+@click.option("--temperature", type=float, help="0 (the default) is greedy decoding.")
+@click.option("--seed", type=int)
+@click.option("--draft-length", type=int, help="Tokens drafted per round (0: no speculation).")
+@click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: when the model has one).")
+@click.option("--verbose/--quiet", default=True, help="Print the statistics at the end.")
+def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens, temperature, seed, draft_length, chat, verbose):
+    """Generate in this process, no daemon: MODEL is a model name or a reference (path, repo id,
+    .gguf, pypi:package/file); PROMPT '-' reads stdin. Options left out come from the model's
+    parameters, else the engine's defaults."""
+    from .cli_generate import generate_in_process
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    generate_in_process(
+        model, prompt, draft=draft, drafter=drafter, quantize=quantize, draft_quantize=draft_quantize,
+        options={"num_predict": max_tokens, "temperature": temperature, "seed": seed, "draft_num_predict": draft_length},
+        chat=chat, verbose=verbose,
+    )
+
+
+# -- model management -------------------------------------------------------------------------------
+
+from .cli_models import register as _register_model_verbs  # noqa: E402  (verbs need `cli` above)
+from .cli_models import pull_with_progress  # noqa: E402
+
+_register_model_verbs(cli)

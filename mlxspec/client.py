@@ -1,0 +1,119 @@
+"""A small HTTP client for the daemon (stdlib only): JSON requests and streamed NDJSON.
+
+The daemon's address comes from MLXSPEC_HOST (default 127.0.0.1:11435; a scheme and a port are
+optional, as with OLLAMA_HOST); MLXSPEC_API_KEY, when set, is sent as a bearer token.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from .errors import MlxspecError
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 11435
+
+
+class DaemonUnreachable(MlxspecError):
+    """No daemon answers at the configured address."""
+
+
+class ApiError(MlxspecError):
+    """The daemon refused a request: its `{"error": ...}` message and the HTTP status."""
+
+    def __init__(self, message: str, status: int = 0):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_host(value: str | None = None) -> tuple[str, str, int]:
+    """'host:port', ':port', 'http://host' (MLXSPEC_HOST) -> (scheme, host, port)."""
+    value = (value if value is not None else os.environ.get("MLXSPEC_HOST", "")).strip()
+    if not value:
+        return "http", DEFAULT_HOST, DEFAULT_PORT
+    parts = urlsplit(value if "://" in value else f"http://{value}")
+    if parts.scheme not in ("http", "https"):
+        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: use host:port, e.g. 127.0.0.1:11435")
+    try:
+        port = parts.port
+    except ValueError:
+        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: the port must be a number") from None
+    default_port = {"http": 80, "https": 443}[parts.scheme] if "://" in value else DEFAULT_PORT
+    return parts.scheme, parts.hostname or DEFAULT_HOST, port or default_port
+
+
+class Client:
+    def __init__(self, host: str | None = None, api_key: str | None = None, timeout: float | None = None):
+        self.scheme, self.host, self.port = parse_host(host)
+        self.api_key = api_key if api_key is not None else os.environ.get("MLXSPEC_API_KEY")
+        self.timeout = timeout  # None: wait as long as a generation takes
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.host}:{self.port}"
+
+    def _send(self, method: str, path: str, body: Any = None, timeout: float | None = None):
+        cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
+        conn = cls(self.host, self.port, timeout=timeout if timeout is not None else self.timeout)
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        try:
+            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            resp = conn.getresponse()
+        except (ConnectionRefusedError, OSError) as e:
+            conn.close()
+            raise DaemonUnreachable(f"no mlxspec daemon answers at {self.url} ({e.strerror or e}); start one with `mlxspec serve`") from None
+        if resp.status >= 400:
+            raise ApiError(_error_text(resp.read(), resp.status), resp.status)
+        return conn, resp
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
+        """One JSON answer (or text, or None for an empty body)."""
+        conn, resp = self._send(method, path, body, timeout)
+        try:
+            data = resp.read()
+        finally:
+            conn.close()
+        if not data:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError:
+            return data.decode(errors="replace")
+
+    def stream(self, method: str, path: str, body: Any = None) -> Iterator[dict]:
+        """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError."""
+        conn, resp = self._send(method, path, body)
+        try:
+            for line in resp:
+                if not line.strip():
+                    continue
+                obj = json.loads(line)
+                if "error" in obj:
+                    raise ApiError(str(obj["error"]), resp.status)
+                yield obj
+        finally:
+            conn.close()  # closing early tells the daemon to stop the generation
+
+    def is_running(self, timeout: float = 2.0) -> bool:
+        try:
+            conn, resp = self._send("HEAD", "/", timeout=timeout)
+        except (DaemonUnreachable, ApiError):
+            return False
+        conn.close()
+        return True
+
+
+def _error_text(data: bytes, status: int) -> str:
+    try:
+        err = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        err = None
+    if isinstance(err, dict):  # OpenAI's shape
+        err = err.get("message")
+    return str(err) if err else f"HTTP {status}: {data[:200].decode(errors='replace')}"

@@ -1,0 +1,133 @@
+"""The aiohttp application: routes, JSON errors, CORS, optional bearer key, body size limit."""
+
+from __future__ import annotations
+
+import fnmatch
+import hmac
+import logging
+
+from aiohttp import web
+
+from ..errors import MlxspecError
+from ..store import InvalidNameError, ModelNotFoundError, Store
+from . import ollama_models, ollama_routes, openai_routes
+from .registry import Registry
+from .requests import ApiError
+from .state import STATE, Settings, State
+from .streams import error_message
+
+log = logging.getLogger("mlxspec.server")
+
+
+def make_app(store: Store | None = None, settings: Settings | None = None, registry: Registry | None = None) -> web.Application:
+    settings = settings or Settings.from_env()
+    app = web.Application(
+        middlewares=[errors_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
+    )
+    app[STATE] = State(store or Store(), settings, registry)
+    app.add_routes(ollama_routes.routes)
+    app.add_routes(ollama_models.routes)
+    app.add_routes(openai_routes.routes)
+    app.on_response_prepare.append(_cors_headers)
+    app.on_shutdown.append(_close)
+    return app
+
+
+async def _close(app: web.Application) -> None:
+    await app[STATE].close()
+
+
+def serve(host: str, port: int, store: Store | None = None, settings: Settings | None = None, on_ready=None) -> None:
+    """Run the daemon until interrupted; a client that leaves cancels its request handler.
+
+    `on_ready()` is called once the address is bound.
+    """
+    web.run_app(
+        make_app(store, settings), host=host, port=port, handler_cancellation=True, access_log=None,
+        print=(lambda _banner: on_ready()) if on_ready else None,
+    )
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def _error_body(request: web.Request, status: int, message: str) -> dict:
+    if request.path.startswith("/v1/"):  # OpenAI's shape
+        kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
+        kind = "api_error" if status >= 500 else kind
+        return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    return {"error": message}
+
+
+@web.middleware
+async def errors_middleware(request: web.Request, handler):
+    try:
+        return await handler(request)
+    except ApiError as e:
+        status, message = e.status, e.message
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        status, message = e.status, _http_message(request, e)
+    except ModelNotFoundError as e:
+        status, message = 404, str(e)
+    except (InvalidNameError, MlxspecError, ValueError) as e:  # ValueError: OptionsError and kin
+        status, message = 400, str(e)
+    except (ConnectionError, TimeoutError):
+        raise
+    except Exception as e:
+        status, message = 500, error_message(e)
+    return web.json_response(_error_body(request, status, message), status=status)
+
+
+def _http_message(request: web.Request, e: web.HTTPException) -> str:
+    if e.status == 404:
+        return f"unknown endpoint {request.method} {request.path}"
+    if e.status == 405:
+        return f"method {request.method} is not allowed on {request.path}"
+    if e.status == 413:
+        return f"request body too large (limit {request.app[STATE].settings.max_body} bytes, MLXSPEC_MAX_BODY)"
+    return e.text or e.reason
+
+
+# -- CORS and auth -------------------------------------------------------------------------------
+
+
+def _origin_allowed(request: web.Request, origin: str) -> bool:
+    return any(fnmatch.fnmatchcase(origin, pattern) for pattern in request.app[STATE].settings.origins)
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler):
+    origin = request.headers.get("Origin")
+    if origin and not _origin_allowed(request, origin):
+        raise ApiError(403, f"origin {origin} is not allowed: add it to MLXSPEC_ORIGINS")
+    if origin and request.method == "OPTIONS":  # a preflight: answer it here
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "GET, HEAD, POST, PUT, DELETE, OPTIONS",
+                "Access-Control-Allow-Headers": request.headers.get(
+                    "Access-Control-Request-Headers", "Authorization, Content-Type"
+                ),
+                "Access-Control-Max-Age": "600",
+            },
+        )
+    return await handler(request)
+
+
+async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    origin = request.headers.get("Origin")
+    if origin and _origin_allowed(request, origin):
+        response.headers["Access-Control-Allow-Origin"] = origin
+        response.headers["Vary"] = "Origin"
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler):
+    key = request.app[STATE].settings.api_key
+    if key and not (request.method == "HEAD" and request.path == "/"):
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+            raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <MLXSPEC_API_KEY>")
+    return await handler(request)

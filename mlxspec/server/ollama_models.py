@@ -1,0 +1,220 @@
+"""Ollama's model management API: tags, show, ps, pull, create, copy, delete."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from datetime import datetime, timezone
+
+from aiohttp import web
+
+from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
+from . import facts
+from .requests import ApiError, field, model_field, read_json
+from .state import STATE, State
+from .streams import ndjson
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/api/tags")
+async def tags(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    entries = await asyncio.to_thread(state.store.list)
+    return web.json_response({"models": list(await asyncio.gather(*(_tag(state, e) for e in entries)))})
+
+
+async def _tag(state: State, entry: Entry) -> dict:
+    known = _loaded_facts(state, entry.name, entry.manifest)
+    known = known or await asyncio.to_thread(facts.from_disk, entry.manifest, False) or facts.Facts()
+    return {
+        "name": entry.name,
+        "model": entry.name,
+        "modified_at": entry.modified_at.isoformat(),
+        "size": await asyncio.to_thread(disk_size, entry.manifest),
+        "digest": entry.digest.removeprefix("sha256:"),
+        "details": known.details(entry.manifest),
+    }
+
+
+def _loaded_facts(state: State, name: str, manifest: Manifest) -> facts.Facts | None:
+    loaded = state.registry.loaded.get(name)
+    return facts.from_engine(loaded.engine, manifest) if loaded and loaded.engine is not None else None
+
+
+@routes.post("/api/show")
+async def show(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    name, manifest = state.manifest(model_field(body))
+    entry = state.store.entry(name)
+    known = _loaded_facts(state, name, manifest) or await asyncio.to_thread(facts.from_disk, manifest)
+    if known is None:  # a GGUF file, or weights not downloaded yet: load to learn what it is
+        loaded, _ = await state.registry.acquire(name, manifest)
+        known = facts.from_engine(loaded.engine, manifest)
+        state.registry.release(loaded, None)
+    return web.json_response(
+        {
+            "modelfile": _modelfile(name, manifest),
+            "parameters": _parameters(manifest.parameters),
+            "template": manifest.template or known.chat_template or "",
+            "system": manifest.system or "",
+            "license": "",
+            "details": known.details(manifest),
+            "model_info": known.model_info(name),
+            "capabilities": known.capabilities(manifest),
+            "modified_at": entry.modified_at.isoformat(),
+            "mlxspec": {
+                **{k: v for k, v in dataclasses.asdict(manifest).items() if k not in ("parameters", "template", "system")},
+                "drafter": manifest.drafter_name,
+                "chat": bool(manifest.template or known.chat_template),
+            },
+        }
+    )
+
+
+def _parameters(params: dict) -> str:
+    """Ollama's text form: `key value`, one stop string per line."""
+    lines = []
+    for key, value in params.items():
+        for v in value if isinstance(value, list) else [value]:
+            lines.append(f'{key} "{v}"' if isinstance(v, str) else f"{key} {v}")
+    return "\n".join(lines)
+
+
+def _modelfile(name: str, m: Manifest) -> str:
+    lines = [f"# Modelfile of {name} (mlxspec)", f"FROM {m.target}"]
+    lines += [f"DRAFT {m.draft}"] if m.draft else []
+    lines += [f"PARAMETER {p}" for p in _parameters(m.parameters).splitlines()]
+    lines += [f'TEMPLATE """{m.template}"""'] if m.template else []
+    lines += [f'SYSTEM """{m.system}"""'] if m.system else []
+    return "\n".join(lines) + "\n"
+
+
+@routes.get("/api/ps")
+async def ps(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    models = []
+    for name, loaded in list(state.registry.loaded.items()):
+        if loaded.engine is None:
+            continue
+        known = facts.from_engine(loaded.engine, loaded.manifest)
+        digest = state.store.entry(name).digest.removeprefix("sha256:") if state.store.exists(name) else ""
+        expires = min(loaded.expires_at, 253402300799.0)  # 'forever' is the year 9999
+        models.append(
+            {
+                "name": name, "model": name, "size": loaded.size, "size_vram": loaded.size, "digest": digest,
+                "details": known.details(loaded.manifest),
+                "expires_at": datetime.fromtimestamp(expires, timezone.utc).isoformat(),
+                "context_length": known.context_length,
+                "drafter": loaded.engine.info.get("drafter"),
+                "draft": loaded.manifest.draft,
+            }
+        )
+    return web.json_response({"models": models})
+
+
+@routes.post("/api/pull")
+async def pull(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name = model_field(body)
+    await asyncio.to_thread(state.store.pull_manifest, name)  # a bad or unknown name: 400/404 up front
+    cancel = threading.Event()
+    updates = _start_pull(state, name, cancel)
+    try:
+        if field(body, "stream", bool, True):
+            return await ndjson(request, updates)
+        async for _ in updates:
+            pass
+        return web.json_response({"status": "success"})
+    finally:
+        cancel.set()  # a client that left abandons the download; no manifest is written
+
+
+async def _start_pull(state: State, name: str, cancel: threading.Event):
+    """Progress objects of a pull running in a thread; raises its error at the end."""
+    loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+    def progress(ref: str, done: int, total: int) -> None:
+        if cancel.is_set():
+            raise PullCancelled("pull cancelled")
+        loop.call_soon_threadsafe(queue.put_nowait, ("progress", (ref, done, total)))
+
+    def work() -> None:
+        try:
+            result = ("done", state.store.pull(name, progress))
+        except BaseException as e:  # noqa: BLE001  # handed to the request, raised there
+            result = ("error", e)
+        loop.call_soon_threadsafe(queue.put_nowait, result)
+
+    yield {"status": "pulling manifest"}
+    loop.run_in_executor(None, work)
+    last = None
+    while True:
+        kind, value = await queue.get()
+        while kind == "progress" and not queue.empty():  # only the latest of what piled up meanwhile
+            kind, value = queue.get_nowait()
+        if kind == "error":
+            raise value
+        if kind == "done":
+            break
+        if value == last:  # two byte counters (received, written) often agree
+            continue
+        last = ref, done, total = value
+        yield {"status": f"pulling {ref}", "digest": ref, "total": total, "completed": done}
+    yield {"status": "writing manifest"}
+    yield {"status": "success"}
+
+
+@routes.post("/api/create")
+async def create(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name = canonical(model_field(body))
+    for key in ("files", "adapters", "messages"):
+        if body.get(key):
+            raise ApiError(400, f"{key} is not supported: give 'from' a stored model, a directory, a .gguf file or a repo id")
+    manifest = await asyncio.to_thread(_created_manifest, state, body)
+    saved = await asyncio.to_thread(state.store.save, name, manifest)
+    if not field(body, "stream", bool, True):
+        return web.json_response({"status": "success"})
+
+    async def statuses():
+        for status in (f"using {manifest.target}", f"writing manifest {saved}", "success"):
+            yield {"status": status}
+
+    return await ndjson(request, statuses())
+
+
+def _created_manifest(state: State, body: dict) -> Manifest:
+    """A manifest from `from` (a stored or shipped model, else a reference) and the given fields."""
+    _, base = state.store.resolve(field(body, "from", str, required=True))
+    keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system")
+    changes = {k: v for k in keys if (v := field(body, k, str)) is not None}
+    if "draft" in changes:
+        changes["draft"] = state.store.target_of(changes["draft"])
+        changes.setdefault("drafter", "draft-model")
+    elif changes.get("drafter") not in (None, "draft-model"):
+        changes["draft"] = None  # another drafter replaces the draft model
+    if body.get("draft_length") is not None:
+        changes["draft_length"] = field(body, "draft_length", int)
+    if params := field(body, "parameters", dict):
+        changes["parameters"] = {**base.parameters, **params}
+    return dataclasses.replace(base, **changes)
+
+
+@routes.post("/api/copy")
+async def copy(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    source = field(body, "source", str, required=True)
+    destination = field(body, "destination", str, required=True)
+    await asyncio.to_thread(state.store.copy, source, destination)
+    return web.Response()
+
+
+@routes.delete("/api/delete")
+async def delete(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    name = canonical(model_field(body))
+    await asyncio.to_thread(state.store.delete, name)
+    await state.registry.unload(name)
+    return web.Response()

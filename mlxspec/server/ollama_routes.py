@@ -1,0 +1,174 @@
+"""Ollama's generation API: /, /api/version, /api/generate, /api/chat (and embeddings, refused)."""
+
+from __future__ import annotations
+
+import time
+from importlib.metadata import version as package_version
+from typing import Callable
+
+from aiohttp import web
+
+from ..options import GenerateOptions
+from ..store import Manifest
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids
+from .requests import ApiError, field, model_field, parse_duration, read_json
+from .scheduler import Job
+from .state import STATE, State
+from .streams import ndjson, now_iso, ns
+
+OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
+
+routes = web.RouteTableDef()
+
+
+@routes.get("/")  # aiohttp answers HEAD on GET routes
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="mlxspec is running")
+
+
+@routes.get("/api/version")
+async def version(request: web.Request) -> web.Response:
+    return web.json_response({"version": OLLAMA_VERSION, "mlxspec_version": package_version("mlxspec")})
+
+
+@routes.post("/api/generate")
+async def generate(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name, manifest = state.manifest(model_field(body))
+    keep_alive = keep_alive_field(body)
+    refuse_unsupported(body)
+    prompt, suffix = field(body, "prompt", str, ""), field(body, "suffix", str, "")
+    if not prompt and not suffix:
+        return await load_or_unload(state, name, manifest, keep_alive, {"response": ""})
+    req = GeneratePrompt(
+        prompt,
+        system=field(body, "system", str),
+        template=field(body, "template", str),
+        suffix=suffix or None,
+        raw=field(body, "raw", bool, False),
+        context=context_field(body),
+    )
+    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive)
+    return await respond(request, state, job, field(body, "stream", bool, True), lambda t: {"response": t}, not req.raw)
+
+
+@routes.post("/api/chat")
+async def chat(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name, manifest = state.manifest(model_field(body))
+    keep_alive = keep_alive_field(body)
+    refuse_unsupported(body)
+    messages = check_messages(field(body, "messages", list, []))
+    if not messages:
+        return await load_or_unload(state, name, manifest, keep_alive, _message(""))
+    tools = field(body, "tools", list)
+    job = Job(name, manifest, lambda engine: chat_ids(engine, manifest, messages, tools), options(body, manifest), keep_alive)
+    return await respond(request, state, job, field(body, "stream", bool, True), _message)
+
+
+@routes.post("/api/embed")
+@routes.post("/api/embeddings")
+async def embed(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    name, _ = state.manifest(model_field(body))
+    raise ApiError(400, f"{name} does not support embeddings: mlxspec serves text generation models only")
+
+
+# -- request pieces ----------------------------------------------------------------------------
+
+
+def keep_alive_field(body: dict) -> float | None:
+    value = body.get("keep_alive")
+    return None if value is None else parse_duration(value)
+
+
+def context_field(body: dict) -> list[int]:
+    context = field(body, "context", list, [])
+    if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in context):
+        raise ApiError(400, "context must be a list of token ids")
+    return context
+
+
+def options(body: dict, manifest: Manifest) -> GenerateOptions:
+    """Request options over the model's parameters; Ollama's default num_predict is -1 (to EOS)."""
+    return manifest.options(field(body, "options", dict, {}), defaults={"num_predict": -1})
+
+
+def refuse_unsupported(body: dict) -> None:
+    if body.get("format") not in (None, ""):
+        raise ApiError(400, "format (structured output) is not supported by mlxspec")
+    if body.get("images"):
+        raise ApiError(400, "this model does not support images")
+    if body.get("think") not in (None, False):
+        raise ApiError(400, "this model does not support thinking")
+    if body.get("logprobs"):
+        raise ApiError(400, "logprobs are not supported by mlxspec")
+
+
+def _message(text: str) -> dict:
+    return {"message": {"role": "assistant", "content": text}}
+
+
+# -- responses ---------------------------------------------------------------------------------
+
+
+async def load_or_unload(state: State, name: str, manifest: Manifest, keep_alive: float | None, piece: dict):
+    """An empty prompt loads the model (done_reason 'load'); with keep_alive 0 it unloads it."""
+    start = time.perf_counter()
+    load = 0.0
+    if keep_alive == 0:
+        await state.registry.unload(name)
+        reason = "unload"
+    else:
+        entry, load = await state.registry.acquire(name, manifest)
+        state.registry.release(entry, keep_alive)
+        reason = "load"
+    return web.json_response(
+        {
+            "model": name, "created_at": now_iso(), **piece, "done": True, "done_reason": reason,
+            "total_duration": ns(time.perf_counter() - start), "load_duration": ns(load),
+        }
+    )
+
+
+async def respond(
+    request: web.Request, state: State, job: Job, stream: bool, piece: Callable[[str], dict], context: bool = False
+) -> web.StreamResponse:
+    """Run the job; NDJSON chunks then a final object, or one object when not streaming."""
+    async with state.scheduler.session(job):
+        if stream:
+            return await ndjson(request, _chunks(job, piece, context))
+        text, tokens, last = [], [], None
+        async for event in job.events():
+            text.append(event.text)
+            tokens += event.tokens
+            last = event
+        return web.json_response(final(job, last, piece("".join(text)), tokens if context else None))
+
+
+async def _chunks(job: Job, piece: Callable[[str], dict], context: bool):
+    tokens: list[int] = []
+    async for event in job.events():
+        tokens += event.tokens
+        if event.done:
+            yield final(job, event, piece(event.text), tokens if context else None)
+        elif event.text:
+            yield {"model": job.name, "created_at": now_iso(), **piece(event.text), "done": False}
+
+
+def final(job: Job, event, piece: dict, tokens: list[int] | None) -> dict:
+    """The last object: Ollama's counts and nanosecond durations, and the speculation statistics."""
+    stats = event.stats
+    out = {"model": job.name, "created_at": now_iso(), **piece, "done": True, "done_reason": event.finish_reason}
+    if tokens is not None:
+        out["context"] = job.prompt_ids + tokens
+    out.update(
+        total_duration=ns(time.perf_counter() - job.received),
+        load_duration=ns(job.load_seconds),
+        prompt_eval_count=stats.prompt_tokens,
+        prompt_eval_duration=ns(stats.prompt_time),
+        eval_count=stats.generated_tokens,
+        eval_duration=ns(stats.decode_time),
+        speculative=stats.to_dict(),
+    )
+    return out

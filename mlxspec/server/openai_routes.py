@@ -1,0 +1,155 @@
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models (embeddings refused).
+
+Errors on these paths take OpenAI's shape (see app.py). As in Ollama, `temperature` defaults to
+1.0 here, and an Ollama `options` object (e.g. {"draft_num_predict": 0}) may ride along.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from aiohttp import web
+
+from ..options import GenerateOptions
+from ..store import Manifest, parse_name
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids
+from .requests import ApiError, field, read_json
+from .scheduler import Job
+from .state import STATE
+from .streams import sse
+
+routes = web.RouteTableDef()
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+@routes.post("/v1/chat/completions")
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name, manifest = state.manifest(field(body, "model", str, required=True))
+    messages = check_messages(field(body, "messages", list, required=True), openai=True)
+    if not messages:
+        raise ApiError(400, "messages must not be empty")
+    tools = field(body, "tools", list)
+    job = Job(name, manifest, lambda engine: chat_ids(engine, manifest, messages, tools), options(body, manifest))
+    return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice)
+
+
+@routes.post("/v1/completions")
+async def completions(request: web.Request) -> web.StreamResponse:
+    state, body = request.app[STATE], await read_json(request)
+    name, manifest = state.manifest(field(body, "model", str, required=True))
+    prompt = field(body, "prompt", (str, list), required=True)
+    if isinstance(prompt, list):
+        if len(prompt) != 1 or not isinstance(prompt[0], str):
+            raise ApiError(400, "prompt must be a string (or a list of exactly one string)")
+        prompt = prompt[0]
+    if field(body, "echo", bool, False):
+        raise ApiError(400, "echo is not supported")
+    req = GeneratePrompt(prompt, suffix=field(body, "suffix", str) or None)
+    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest))
+    return await _respond(request, job, body, "cmpl", "text_completion", _text_choice)
+
+
+@routes.get("/v1/models")
+async def models(request: web.Request) -> web.Response:
+    entries = request.app[STATE].store.list()
+    return web.json_response({"object": "list", "data": [_model(e.name, e.modified_at.timestamp()) for e in entries]})
+
+
+@routes.get("/v1/models/{model:.+}")
+async def model(request: web.Request) -> web.Response:
+    store = request.app[STATE].store
+    entry = store.entry(request.match_info["model"])
+    return web.json_response(_model(entry.name, entry.modified_at.timestamp()))
+
+
+@routes.post("/v1/embeddings")
+async def embeddings(request: web.Request) -> web.Response:
+    state, body = request.app[STATE], await read_json(request)
+    name, _ = state.manifest(field(body, "model", str, required=True))
+    raise ApiError(400, f"{name} does not support embeddings: mlxspec serves text generation models only")
+
+
+def _model(name: str, created: float) -> dict:
+    return {"id": name, "object": "model", "created": int(created), "owned_by": parse_name(name)[0]}
+
+
+def options(body: dict, manifest: Manifest) -> GenerateOptions:
+    """OpenAI sampling fields -> GenerateOptions; what we cannot honour is a 400, not ignored."""
+    if field(body, "n", int, 1) != 1:
+        raise ApiError(400, "n must be 1")
+    for key in ("frequency_penalty", "presence_penalty"):
+        if field(body, key, float, 0) != 0:
+            raise ApiError(400, f"{key} is not supported; use options.repeat_penalty")
+    fmt = field(body, "response_format", dict)
+    if fmt and fmt.get("type") != "text":
+        raise ApiError(400, "response_format other than text is not supported by mlxspec")
+    if body.get("logprobs"):
+        raise ApiError(400, "logprobs are not supported by mlxspec")
+    opts = field(body, "options", dict, {})
+    max_tokens = field(body, "max_completion_tokens", int)
+    max_tokens = field(body, "max_tokens", int) if max_tokens is None else max_tokens
+    for key, value in (
+        ("num_predict", max_tokens),
+        ("temperature", field(body, "temperature", float)),
+        ("top_p", field(body, "top_p", float)),
+        ("seed", field(body, "seed", int)),
+        ("stop", field(body, "stop", (str, list))),
+    ):
+        if value is not None:
+            opts[key] = value
+    return manifest.options(opts, defaults={"num_predict": -1, "temperature": 1.0})
+
+
+def _chat_choice(text: str, delta: bool) -> dict:
+    return {"delta" if delta else "message": {"role": "assistant", "content": text}}
+
+
+def _text_choice(text: str, delta: bool) -> dict:
+    return {"text": text, "logprobs": None}
+
+
+async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind: str, choice) -> web.StreamResponse:
+    state = request.app[STATE]
+    stream_options = field(body, "stream_options", dict, {})
+    head = {"id": f"{prefix}-{secrets.token_hex(6)}", "created": int(time.time()), "model": job.name,
+            "system_fingerprint": "fp_mlxspec"}
+    async with state.scheduler.session(job):
+        if field(body, "stream", bool, False):
+            chunks = _chunks(job, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
+                             bool(stream_options.get("include_usage")))
+            return await sse(request, chunks, _error)
+        text, last = [], None
+        async for event in job.events():
+            text.append(event.text)
+            last = event
+        return web.json_response(
+            {**head, "object": kind,
+             "choices": [{"index": 0, **choice("".join(text), False), "finish_reason": FINISH[last.finish_reason]}],
+             "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
+        )
+
+
+async def _chunks(job: Job, head: dict, kind: str, choice, include_usage: bool):
+    async for event in job.events():
+        if event.text or event.done:
+            reason = FINISH[event.finish_reason] if event.done else None
+            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(event.text, True), "finish_reason": reason}]}
+            if event.done:
+                chunk["speculative"] = event.stats.to_dict()
+            yield chunk
+        if event.done and include_usage:
+            yield {**head, "object": kind, "choices": [], "usage": _usage(event.stats)}
+
+
+def _usage(stats) -> dict:
+    return {
+        "prompt_tokens": stats.prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": stats.prompt_tokens + stats.generated_tokens,
+    }
+
+
+def _error(message: str) -> dict:
+    return {"error": {"message": message, "type": "api_error", "param": None, "code": None}}

@@ -1,0 +1,75 @@
+"""What every route reads: the store, the loaded models, the per-model queues, the settings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from ..store import Manifest, Store, canonical
+from .registry import Registry
+from .requests import ApiError, parse_duration
+from .scheduler import Scheduler
+
+DEFAULT_KEEP_ALIVE = "5m"
+DEFAULT_ORIGINS = [  # as Ollama: pages served from this machine and app webviews may call the API
+    "http://localhost", "https://localhost", "http://localhost:*", "https://localhost:*",
+    "http://127.0.0.1", "https://127.0.0.1", "http://127.0.0.1:*", "https://127.0.0.1:*",
+    "http://0.0.0.0", "http://0.0.0.0:*", "app://*", "file://*", "tauri://*", "vscode-webview://*",
+]
+
+
+@dataclass
+class Settings:
+    keep_alive: float = 300.0  # seconds a model stays loaded after a request
+    max_loaded: int = 3
+    max_queue: int = 512  # requests that may wait per model
+    max_body: int = 16 * 1024 * 1024  # bytes
+    origins: list[str] = field(default_factory=lambda: list(DEFAULT_ORIGINS))
+    api_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "Settings":
+        """MLXSPEC_KEEP_ALIVE, MLXSPEC_MAX_LOADED_MODELS, MLXSPEC_MAX_QUEUE, MLXSPEC_MAX_BODY, MLXSPEC_ORIGINS, MLXSPEC_API_KEY."""
+        try:
+            keep_alive = parse_duration(env.get("MLXSPEC_KEEP_ALIVE", DEFAULT_KEEP_ALIVE), "MLXSPEC_KEEP_ALIVE")
+        except ApiError as e:
+            raise ValueError(e.message) from None
+        extra = [o.strip() for o in env.get("MLXSPEC_ORIGINS", "").split(",") if o.strip()]
+        return cls(
+            keep_alive=keep_alive,
+            max_loaded=_positive(env, "MLXSPEC_MAX_LOADED_MODELS", 3),
+            max_queue=_positive(env, "MLXSPEC_MAX_QUEUE", 512),
+            max_body=_positive(env, "MLXSPEC_MAX_BODY", 16 * 1024 * 1024),
+            origins=DEFAULT_ORIGINS + extra,
+            api_key=env.get("MLXSPEC_API_KEY") or None,
+        )
+
+
+def _positive(env, key: str, default: int) -> int:
+    value = env.get(key)
+    if value is None or value == "":
+        return default
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"{key} must be a positive integer, not {value!r}")
+    return int(value)
+
+
+class State:
+    def __init__(self, store: Store, settings: Settings, registry: Registry | None = None):
+        self.store = store
+        self.settings = settings
+        self.registry = registry or Registry(settings.max_loaded, settings.keep_alive)
+        self.scheduler = Scheduler(self.registry, settings.max_queue)
+
+    def manifest(self, name: str) -> tuple[str, Manifest]:
+        """(canonical name, manifest) of a stored model; 400 for a bad name, 404 for a missing one."""
+        return canonical(name), self.store.get(name)
+
+    async def close(self) -> None:
+        await self.scheduler.close()
+        await self.registry.close()
+
+
+STATE = web.AppKey("state", State)

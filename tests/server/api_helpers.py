@@ -1,0 +1,55 @@
+"""Curl-level helpers for the daemon tests: raw requests, NDJSON lines, engine instrumentation."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+# A template with fill-in-the-middle: `suffix` makes /api/generate's suffix usable.
+FIM_TEMPLATE = "{% if suffix %}<|im_start|>{{ prompt }}<|im_end|>{{ suffix }}<|im_start|>{% else %}{{ prompt }}{% endif %}"
+
+
+def post(url: str, body, headers: dict | None = None, method: str = "POST") -> tuple[int, dict | str]:
+    """A raw HTTP request (curl-level): status and decoded JSON (or text)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, raw = resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode()
+
+
+def ndjson_lines(url: str, body: dict) -> tuple[int, list[dict]]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return resp.status, [json.loads(line) for line in resp if line.strip()]
+
+
+def instrument(engine, *, delay: float = 0.0, gate: threading.Event | None = None,
+               entered: threading.Event | None = None, finals: list | None = None, fail_after: int | None = None):
+    """Wrap engine.generate to slow it, hold it at a gate, record its last event, or fail mid-way."""
+    original = engine.generate
+
+    def generate(prompt, options=None, *, cancel=None):
+        if entered is not None:
+            entered.set()
+        if gate is not None:
+            gate.wait(30)
+        for i, event in enumerate(original(prompt, options, cancel=cancel)):
+            if fail_after is not None and i >= fail_after:
+                raise RuntimeError("injected failure")
+            time.sleep(delay)
+            if event.done and finals is not None:
+                finals.append(event)
+            yield event
+
+    engine.generate = generate
+    return engine

@@ -1,0 +1,226 @@
+"""Curl-level: every caller mistake is a 4xx with a JSON error; limits, auth, CORS, queue, cancel, memory."""
+
+from __future__ import annotations
+
+import gc
+import http.client
+import json
+import threading
+import weakref
+
+import mlx.core as mx
+import pytest
+
+from api_helpers import instrument, post
+from daemon_harness import ThreadDaemon, wait_until
+from mlxspec.server import Settings
+from mlxspec.server.registry import Registry
+from mlxspec.store import Manifest, Store, load_engine
+
+
+@pytest.mark.parametrize(
+    "path, body, status, words",
+    [
+        ("/api/generate", b"{not json", 400, "invalid JSON"),
+        ("/api/generate", b"[1, 2]", 400, "JSON object"),
+        ("/api/generate", {"prompt": "hi"}, 400, "model is required"),
+        ("/api/generate", {"model": 7, "prompt": "hi"}, 400, "model must be a string"),
+        ("/api/generate", {"model": "tiny", "prompt": 7}, 400, "prompt must be a string"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "stream": "yes"}, 400, "stream must be a boolean"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": [1]}, 400, "options must be an object"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"bogus": 1}}, 400, "unknown option 'bogus'"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"num_predict": -5}}, 400, "max_tokens"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"temperature": 1e9}}, 400, "temperature"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"top_p": 2}}, 400, "top_p"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"draft_num_predict": 99}}, 400, "draft_length"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": "x"}}, 400, "seed"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": -1, "temperature": 1}}, 400, "seed"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"seed": 2**70}},
+         400, "seed"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "keep_alive": "forever"}, 400, "keep_alive"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "format": "json"}, 400, "format"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "images": ["aGk="]}, 400, "images"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "think": True}, 400, "thinking"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "context": ["a"]}, 400, "context"),
+        ("/api/generate", {"model": "tiny", "prompt": "word " * 600, "options": {"num_ctx": 64}}, 400, "context window"),
+        ("/api/generate", {"model": "no-such-model", "prompt": "hi"}, 404, "not found"),
+        ("/api/generate", {"model": "broken", "prompt": "hi"}, 400, "neither a model directory"),
+        ("/api/show", {"model": "broken"}, 400, "neither a model directory"),
+        ("/api/generate", {"model": "../../etc/passwd", "prompt": "hi"}, 400, "invalid model name"),
+        ("/api/chat", {"model": "tiny", "messages": "hi"}, 400, "messages must be a list"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
+        ("/api/chat", {"model": "base", "messages": [{"role": "user", "content": "hi"}]}, 400, "no chat template"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": "x"}, 400, "tools"),
+        ("/api/embed", {"model": "tiny", "input": "hi"}, 400, "does not support embeddings"),
+        ("/api/embeddings", {"model": "tiny", "prompt": "hi"}, 400, "does not support embeddings"),
+        ("/api/show", {}, 400, "model is required"),
+        ("/api/show", {"model": "nothing"}, 404, "not found"),
+        ("/api/copy", {"source": "nothing", "destination": "x"}, 404, "not found"),
+        ("/api/copy", {"source": "tiny", "destination": "a/b/c"}, 400, "invalid model name"),
+        ("/api/create", {"model": "x"}, 400, "from is required"),
+        ("/api/create", {"model": "x", "from": "/no/such/dir"}, 404, "not found"),
+        ("/api/create", {"model": "x", "from": "tiny", "quantize": "q5"}, 400, "unknown quantization"),
+        ("/api/create", {"model": "x", "from": "tiny", "drafter": "magic"}, 400, "unknown drafter"),
+        ("/api/create", {"model": "x", "from": "tiny", "parameters": {"nope": 1}}, 400, "unknown option"),
+        ("/api/create", {"model": "x", "from": "tiny", "files": {"a": "sha256:0"}}, 400, "not supported"),
+        ("/api/create", {"model": "bad name!", "from": "tiny"}, 400, "invalid model name"),
+        ("/api/pull", {"model": "not-a-known-model"}, 404, "cannot pull"),
+    ],
+)
+def test_bad_requests_get_clear_json_errors(daemon, path, body, status, words):
+    got_status, got = post(daemon.url + path, body)
+    assert got_status == status and isinstance(got, dict), got
+    assert words in got["error"], got["error"]
+
+
+def test_a_draft_with_another_tokenizer_is_refused(daemon, tiny_llama, stories):
+    status, _ = post(daemon.url + "/api/create", {"model": "mismatch", "from": str(tiny_llama), "draft": str(stories),
+                                                  "stream": False})
+    assert status == 200
+    status, body = post(daemon.url + "/api/generate", {"model": "mismatch", "prompt": "hi"})
+    assert status == 400 and "tokenizer differs" in body["error"]
+    post(daemon.url + "/api/delete", {"model": "mismatch"}, method="DELETE")
+
+
+def test_unknown_endpoints_and_methods_are_json(daemon):
+    status, body = post(daemon.url + "/api/nothing", {})
+    assert status == 404 and "unknown endpoint" in body["error"]
+    status, body = post(daemon.url + "/api/tags", {}, method="DELETE")
+    assert status == 405 and "not allowed" in body["error"]
+    status, body = post(daemon.url + "/api/delete", {"model": "nothing"}, method="DELETE")
+    assert status == 404 and "not found" in body["error"]
+
+
+def test_body_size_limit(tmp_path, tiny_llama):
+    d = ThreadDaemon(Store(tmp_path), Settings(max_body=1000)).start()
+    try:
+        status, body = post(d.url + "/api/generate", {"model": "x", "prompt": "a" * 5000})
+        assert status == 413 and "too large" in body["error"]
+    finally:
+        d.stop()
+
+
+def test_api_key_and_cors(tmp_path):
+    d = ThreadDaemon(Store(tmp_path), Settings(api_key="s3cret", origins=["http://localhost:*", "https://app.example"])).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("HEAD", "/")
+        assert conn.getresponse().status == 200  # the heartbeat needs no key
+        status, body = post(d.url + "/api/tags", b"", method="GET")
+        assert status == 401 and "API key" in body["error"]
+        status, body = post(d.url + "/api/tags", b"", method="GET", headers={"Authorization": "Bearer wrong"})
+        assert status == 401
+        status, body = post(d.url + "/v1/models", b"", method="GET")
+        assert status == 401 and body["error"]["type"] == "authentication_error"
+        auth = {"Authorization": "Bearer s3cret"}
+        assert post(d.url + "/api/tags", b"", method="GET", headers=auth) == (200, {"models": []})
+
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("GET", "/api/version", headers={**auth, "Origin": "https://app.example"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Access-Control-Allow-Origin") == "https://app.example"
+        status, body = post(d.url + "/api/version", b"", method="GET", headers={**auth, "Origin": "https://evil.example"})
+        assert status == 403 and "MLXSPEC_ORIGINS" in body["error"]
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("OPTIONS", "/api/chat", headers={"Origin": "http://localhost:3000",
+                                                      "Access-Control-Request-Method": "POST"})
+        resp = conn.getresponse()
+        assert resp.status == 204 and resp.getheader("Access-Control-Allow-Origin") == "http://localhost:3000"
+    finally:
+        d.stop()
+
+
+def test_settings_from_environment():
+    s = Settings.from_env({"MLXSPEC_KEEP_ALIVE": "1h30m", "MLXSPEC_MAX_LOADED_MODELS": "2", "MLXSPEC_ORIGINS": "https://a.b"})
+    assert s.keep_alive == 5400 and s.max_loaded == 2 and "https://a.b" in s.origins and "http://localhost:*" in s.origins
+    assert Settings.from_env({"MLXSPEC_KEEP_ALIVE": "-1"}).keep_alive == -1
+    assert Settings.from_env({}).keep_alive == 300 and Settings.from_env({}).api_key is None
+    for env in ({"MLXSPEC_KEEP_ALIVE": "soon"}, {"MLXSPEC_MAX_LOADED_MODELS": "0"}, {"MLXSPEC_MAX_QUEUE": "x"}):
+        with pytest.raises(ValueError):
+            Settings.from_env(env)
+
+
+def _gated_daemon(tmp_path, tiny_llama, **settings):
+    """A daemon whose generations wait at a gate (and record their last event)."""
+    gate, entered, finals = threading.Event(), threading.Event(), []
+    registry = Registry(3, 300, loader=lambda m: instrument(load_engine(m), gate=gate, entered=entered, finals=finals))
+    store = Store(tmp_path)
+    store.save("tiny", Manifest(target=str(tiny_llama)))
+    d = ThreadDaemon(store, Settings(**settings), registry).start()
+    return d, gate, entered, finals
+
+
+def test_full_queue_is_503_and_queued_work_completes(tmp_path, tiny_llama):
+    d, gate, entered, _ = _gated_daemon(tmp_path, tiny_llama, max_queue=1)
+    body = {"model": "tiny", "prompt": "hi", "stream": False, "options": {"num_predict": 3}}
+    results = []
+    run = lambda: results.append(post(d.url + "/api/generate", body))  # noqa: E731
+    try:
+        first = threading.Thread(target=run)
+        first.start()
+        assert entered.wait(30)  # the first generation holds the model's worker
+        second = threading.Thread(target=run)
+        second.start()
+        assert wait_until(lambda: d.state.scheduler.waiting("tiny:latest") == 1)
+        status, err = post(d.url + "/api/generate", body)
+        assert status == 503 and "busy" in err["error"]
+        status, err = post(d.url + "/v1/completions", {"model": "tiny", "prompt": "hi"})
+        assert status == 503 and err["error"]["type"] == "api_error"
+        gate.set()
+        first.join(30), second.join(30)
+        assert [r[0] for r in results] == [200, 200] and all(r[1]["eval_count"] == 3 for r in results)
+    finally:
+        gate.set()
+        d.stop()
+
+
+def test_client_disconnect_cancels_the_generation(tmp_path, tiny_llama):
+    d, gate, _, finals = _gated_daemon(tmp_path, tiny_llama)
+    gate.set()
+    d.state.registry.loader = lambda m: instrument(load_engine(m), delay=0.02, finals=finals)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("POST", "/api/generate", body=json.dumps({"model": "tiny", "prompt": "hi", "options": {"num_predict": 500}}))
+        resp = conn.getresponse()
+        assert json.loads(resp.readline())["done"] is False
+        conn.sock.close()  # the client goes away mid-stream
+        conn.close()
+        assert wait_until(lambda: finals, timeout=10)
+        assert finals[0].finish_reason == "cancelled" and finals[0].stats.generated_tokens < 100
+    finally:
+        d.stop()
+
+
+def test_unload_releases_memory_and_max_loaded(tmp_path, tiny_llama):
+    store = Store(tmp_path)
+    store.save("a", Manifest(target=str(tiny_llama)))
+    store.save("b", Manifest(target=str(tiny_llama), quantize="q8"))
+    d = ThreadDaemon(store, Settings(max_loaded=1)).start()
+    try:
+        post(d.url + "/api/generate", {"model": "a", "keep_alive": -1})
+        engine = weakref.ref(d.state.registry.loaded["a:latest"].engine)
+        weights = engine().info["weight_bytes"]
+        gc.collect()
+        before = mx.get_active_memory()
+        post(d.url + "/api/generate", {"model": "b", "keep_alive": -1})  # one model at most: a goes
+        assert list(d.state.registry.loaded) == ["b:latest"]
+        gc.collect()
+        assert engine() is None
+        b_weights, slack = d.state.registry.loaded["b:latest"].size, 64 * 1024
+        assert mx.get_active_memory() <= before - weights + b_weights + slack  # a's weights are gone
+        status, _ = post(d.url + "/api/generate", {"model": "b", "keep_alive": 0})
+        assert status == 200 and not d.state.registry.loaded
+        assert wait_until(lambda: mx.get_active_memory() <= before - weights + slack)  # and b's
+    finally:
+        d.stop()
+
+
+def test_http_level_streaming_format(daemon):
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port)
+    conn.request("POST", "/api/generate", body=json.dumps({"model": "tiny", "prompt": "hi", "options": {"num_predict": 5}}))
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Content-Type").startswith("application/x-ndjson")
+    lines = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
+    assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1])
+    assert "".join(line["response"] for line in lines) and lines[-1]["eval_count"] == 5

@@ -1,0 +1,191 @@
+"""The Ollama API end to end with the official `ollama` Python client against our daemon."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import ollama
+import pytest
+
+from api_helpers import ndjson_lines, post
+from daemon_harness import wait_until
+from mlxspec.engine import Engine
+from mlxspec.options import GenerateOptions
+
+GREEDY = {"temperature": 0, "num_predict": 12, "adaptive": False}  # keep drafting even where it does not pay
+
+
+def speculative(daemon, path: str, body: dict) -> dict:
+    """The same request without the client (its models drop fields they do not know): our statistics."""
+    status, out = post(daemon.url + path, {**body, "stream": False})
+    assert status == 200
+    return out["speculative"]
+
+
+@pytest.fixture
+def client(daemon):
+    return ollama.Client(host=daemon.url)
+
+
+def test_version_and_heartbeat(daemon):
+    status, body = post(daemon.url + "/", b"", method="GET")
+    assert status == 200 and "running" in body
+    status, body = post(daemon.url + "/api/version", b"", method="GET")
+    major, minor, patch = map(int, body["version"].split("."))
+    assert (major, minor, patch) >= (0, 6, 4)
+    assert body["mlxspec_version"]
+
+
+def test_generate_with_draft_stream_and_not(client, daemon, tiny_llama):
+    whole = client.generate(model="tiny", prompt="Once upon a time", options=GREEDY)
+    assert whole.done and whole.done_reason == "length" and whole.eval_count == 12
+    for key in ("total_duration", "load_duration", "prompt_eval_duration", "eval_duration"):
+        assert isinstance(whole[key], int) and whole[key] >= 0
+    assert whole.total_duration > whole.eval_duration > 0 and whole.prompt_eval_count > 0
+    spec = speculative(daemon, "/api/generate", {"model": "tiny", "prompt": "Once upon a time", "options": GREEDY})
+    assert spec["drafter"] == "draft-model" and spec["drafted"] > 0 and spec["accepted"] == spec["drafted"]
+    assert spec["generated_tokens"] == 12 and spec["target_passes"] < 12  # several tokens per pass
+
+    parts = list(client.generate(model="tiny", prompt="Once upon a time", options=GREEDY, stream=True))
+    assert all(not p.done for p in parts[:-1]) and parts[-1].done
+    assert "".join(p.response for p in parts) == whole.response
+    assert parts[-1].context == whole.context and len(whole.context) == whole.prompt_eval_count + 12
+
+    # The same tokens as the engine alone, without speculation.
+    engine = Engine.load(str(tiny_llama))
+    ids = engine.chat_prompt([{"role": "user", "content": "Once upon a time"}])
+    plain = "".join(e.text for e in engine.generate(ids, GenerateOptions(max_tokens=12)))
+    assert whole.response == plain
+
+
+def test_chat_stream_and_not(client, daemon):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    whole = client.chat(model="tiny", messages=messages, options=GREEDY)
+    assert whole.message.role == "assistant" and whole.message.content
+    spec = speculative(daemon, "/api/chat", {"model": "tiny", "messages": messages, "options": GREEDY})
+    assert spec["drafted"] > 0 and spec["accepted"] > 0
+    parts = list(client.chat(model="tiny", messages=messages, options=GREEDY, stream=True))
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].done and parts[-1].eval_count == 12
+    _, lines = ndjson_lines(daemon.url + "/api/chat", {"model": "tiny", "messages": messages, "options": GREEDY})
+    assert lines[-1]["done"] and lines[-1]["speculative"]["drafted"] > 0
+    # a conversation that goes on is a longer prompt
+    longer = client.chat(model="tiny", messages=messages + [whole.message, {"role": "user", "content": "More"}], options=GREEDY)
+    assert longer.prompt_eval_count > whole.prompt_eval_count
+
+
+def test_real_model_through_the_api(client, daemon, stories_model):
+    body = {"model": stories_model, "prompt": "Once upon a time", "raw": True, "options": {"num_predict": 30, "adaptive": False}}
+    out = client.generate(**body)
+    assert out.response.startswith(", there was a little girl named Lily. She loved to play outside")
+    spec = speculative(daemon, "/api/generate", body)
+    assert spec["drafted"] > 0 and spec["acceptance_rate"] > 0.5
+
+
+def test_options_reach_the_engine(client, daemon):
+    off = speculative(daemon, "/api/generate", {"model": "tiny", "prompt": "Hi", "options": {**GREEDY, "draft_num_predict": 0}})
+    assert off["drafted"] == 0 and off["target_passes"] == 12
+    plain = client.generate(model="tiny", prompt="Hi", options={**GREEDY, "draft_num_predict": 0})
+    drafted = client.generate(model="tiny", prompt="Hi", options=GREEDY)
+    assert drafted.response == plain.response  # speculation never changes greedy output
+
+    text = client.generate(model="tiny", prompt="Hi", options={"temperature": 0, "num_predict": 20}).response
+    letter = next(c for c in text[1:] if c.isalpha())
+    stopped = client.generate(model="tiny", prompt="Hi", options={"temperature": 0, "num_predict": 20, "stop": [letter]})
+    assert stopped.done_reason == "stop" and stopped.response == text[: text.index(letter)]
+
+    sampled = [client.generate(model="tiny", prompt="Hi", options={"temperature": 1.0, "seed": 7, "num_predict": 10}).response
+               for _ in range(2)]
+    assert sampled[0] == sampled[1]
+
+    short = client.generate(model="tiny", prompt="Hi", options={"num_predict": 3})
+    assert short.eval_count == 3 and short.done_reason == "length"
+
+
+def test_raw_system_template_and_suffix(client, daemon):
+    engine_tokens = len(Engine.load(daemon.state.store.get("tiny").target).encode("Once upon a time"))
+    raw = client.generate(model="tiny-plain", prompt="Once upon a time", raw=True, options=GREEDY)
+    assert raw.prompt_eval_count == engine_tokens and raw.context is None
+
+    plain = client.generate(model="tiny-plain", prompt="Once", options=GREEDY)
+    with_system = client.generate(model="tiny-plain", prompt="Once", system="You are terse.", options=GREEDY)
+    assert with_system.prompt_eval_count > plain.prompt_eval_count
+    templated = client.generate(model="tiny-plain", prompt="Once", template="{{ messages[-1].content }}", options=GREEDY)
+    assert templated.prompt_eval_count < plain.prompt_eval_count
+
+    fim = client.generate(model="fim", prompt="def f(", suffix="    return x\n", options=GREEDY)
+    no_suffix = client.generate(model="fim", prompt="def f(", options=GREEDY)
+    assert fim.done and fim.prompt_eval_count > no_suffix.prompt_eval_count
+    assert "insert" in client.show("fim").capabilities
+
+    coder = client.generate(model="coder", prompt="def f(", suffix="    return x\n", options=GREEDY)  # FIM tokens
+    engine = Engine.load(daemon.state.store.get("coder").target)
+    assert coder.prompt_eval_count == len(engine.encode("def f(", False)) + len(engine.encode("    return x\n", False)) + 3
+    assert "insert" in client.show("coder").capabilities and "insert" not in client.show("tiny").capabilities
+    with pytest.raises(ollama.ResponseError) as e:
+        client.generate(model="tiny", prompt="def f(", suffix="    return x\n")
+    assert e.value.status_code == 400 and "does not support insert" in e.value.error
+
+
+def test_list_show_ps_copy_delete(client, daemon):
+    names = {m.model for m in client.list().models}
+    assert {"tiny:latest", "tiny-plain:latest", "fim:latest"} <= names
+    entry = next(m for m in client.list().models if m.model == "tiny:latest")
+    assert entry.size > 0 and len(entry.digest) == 64 and entry.details.family == "llama"
+
+    shown = client.show("tiny")
+    assert shown.modelinfo["general.architecture"] == "llama" and shown.modelinfo["llama.context_length"] == 1024
+    assert "completion" in shown.capabilities and "<|im_start|>" in shown.template
+    ours = post(daemon.url + "/api/show", {"model": "tiny"})[1]["mlxspec"]  # fields the client drops
+    assert ours["draft"] and ours["drafter"] == "draft-model" and ours["chat"] is True
+    assert shown.modelfile.startswith("# Modelfile") and "DRAFT " in shown.modelfile
+
+    client.generate(model="tiny", prompt="Hi", options={"num_predict": 2}, keep_alive="10m")
+    loaded = {m.model: m for m in client.ps().models}
+    assert "tiny:latest" in loaded and loaded["tiny:latest"].size > 0
+    assert loaded["tiny:latest"].expires_at > datetime.now(timezone.utc)
+
+    client.copy("tiny", "tiny-copy:v2")
+    assert "tiny-copy:v2" in {m.model for m in client.list().models}
+    assert client.delete("tiny-copy:v2").status == "success"
+    assert "tiny-copy:v2" not in {m.model for m in client.list().models}
+    with pytest.raises(ollama.ResponseError) as e:
+        client.delete("tiny-copy:v2")
+    assert e.value.status_code == 404
+
+
+def test_keep_alive_load_and_unload(client, daemon):
+    ps = lambda: {m.model: m for m in client.ps().models}  # noqa: E731
+    client.generate(model="tiny-plain", prompt="Hi", options={"num_predict": 2}, keep_alive=0)
+    assert wait_until(lambda: "tiny-plain:latest" not in ps())
+
+    loaded = client.generate(model="tiny-plain", keep_alive=-1)  # empty prompt: just load
+    assert loaded.done_reason == "load" and ps()["tiny-plain:latest"].expires_at.year == 9999
+    unloaded = client.generate(model="tiny-plain", keep_alive=0)
+    assert unloaded.done_reason == "unload" and "tiny-plain:latest" not in ps()
+
+    client.chat(model="tiny-plain", messages=[{"role": "user", "content": "Hi"}], options={"num_predict": 2}, keep_alive="300ms")
+    assert "tiny-plain:latest" in ps()
+    assert wait_until(lambda: "tiny-plain:latest" not in ps(), timeout=5)
+
+
+def test_create_from_references_and_models(client, daemon, tiny_llama):
+    status, lines = ndjson_lines(daemon.url + "/api/create", {"model": "made", "from": str(tiny_llama), "drafter": "lookup",
+                                                               "parameters": {"num_predict": 4}})
+    assert status == 200 and lines[-1] == {"status": "success"}
+    out = client.generate(model="made", prompt="Hi")
+    assert out.eval_count == 4
+    assert speculative(daemon, "/api/generate", {"model": "made", "prompt": "Hi"})["drafter"] == "lookup"
+    assert 'num_predict 4' in client.show("made").parameters
+
+    client.create(model="made-q", from_="made", quantize="q8")  # from a stored model: inherits, overrides
+    shown = post(daemon.url + "/api/show", {"model": "made-q"})[1]["mlxspec"]
+    assert shown["quantize"] == "q8" and shown["drafter"] == "lookup" and shown["target"] == str(tiny_llama)
+    assert client.generate(model="made-q", prompt="Hi").eval_count == 4
+    for name in ("made", "made-q"):
+        client.delete(name)
+
+
+def test_pull_of_unknown_name_is_404_before_streaming(daemon):
+    status, body = post(daemon.url + "/api/pull", {"model": "no-such-model"})
+    assert status == 404 and "cannot pull" in body["error"]

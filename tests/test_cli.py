@@ -1,0 +1,232 @@
+"""The `mlxspec` command: verbs over a daemon in this process, in-process generate, REPL, errors."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from daemon_harness import ThreadDaemon, free_port, wait_until, without_chat_template
+from mlxspec.cli import OPTIONAL_VERBS, cli
+from mlxspec.client import Client, parse_host
+from mlxspec.repl import Session, repl, stats_from
+from mlxspec.server import Settings
+from mlxspec.store import Manifest, Store
+
+
+@pytest.fixture(scope="module")
+def daemon(tiny_llama, tmp_path_factory):
+    base_model = without_chat_template(tiny_llama, tmp_path_factory.mktemp("cli-base") / "model")
+    store = Store(tmp_path_factory.mktemp("cli-home"))
+    store.save("tiny", Manifest(target=str(tiny_llama), draft=str(tiny_llama), parameters={"adaptive": False, "num_predict": 16}))
+    store.save("base", Manifest(target=str(base_model), parameters={"num_predict": 4}))
+    d = ThreadDaemon(store, Settings()).start()
+    yield d
+    d.stop()
+
+
+def invoke(daemon, args, input=None):
+    env = {"MLXSPEC_HOST": daemon.host if daemon else f"127.0.0.1:{free_port()}"}
+    return CliRunner().invoke(cli, args, env=env, input=input)
+
+
+def test_host_parsing():
+    assert parse_host("") == ("http", "127.0.0.1", 11435)
+    assert parse_host(":9000") == ("http", "127.0.0.1", 9000)
+    assert parse_host("0.0.0.0:11434") == ("http", "0.0.0.0", 11434)
+    assert parse_host("https://example.com") == ("https", "example.com", 443)
+
+
+def test_run_one_shot_with_verbose_statistics(daemon):
+    result = invoke(daemon, ["run", "tiny", "Once upon a time", "--verbose"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip()  # the answer
+    assert "drafter: draft-model" in result.stderr and "decode:" in result.stderr and "total duration" in result.stderr
+    piped = invoke(daemon, ["run", "tiny"], input="Once upon a time\n")
+    assert piped.exit_code == 0 and piped.stdout.strip()
+
+
+def test_model_verbs(daemon, tiny_llama, tmp_path):
+    assert "tiny:latest" in invoke(daemon, ["list"]).stdout
+    assert invoke(daemon, ["ls"]).stdout.splitlines()[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]
+    assert invoke(daemon, ["cp", "tiny", "copy:one"]).exit_code == 0
+    shown = invoke(daemon, ["show", "copy:one"])
+    assert shown.exit_code == 0 and "architecture" in shown.stdout and "draft-model" in shown.stdout
+    assert "FROM " in invoke(daemon, ["show", "copy:one", "--modelfile"]).stdout
+    assert json.loads(invoke(daemon, ["show", "copy:one", "-v"]).stdout)["mlxspec"]["draft"] == str(tiny_llama)
+
+    invoke(daemon, ["run", "copy:one", "hi", "--keepalive", "5m"])
+    ps = invoke(daemon, ["ps"]).stdout
+    assert "copy:one" in ps and "draft-model" in ps and "from now" in ps
+    assert invoke(daemon, ["stop", "copy:one"]).exit_code == 0
+    assert "copy:one" not in invoke(daemon, ["ps"]).stdout
+    assert invoke(daemon, ["rm", "copy:one"]).stdout.strip() == "deleted 'copy:one'"
+    assert "copy:one" not in invoke(daemon, ["list"]).stdout
+
+
+def test_create_from_flags_and_from_a_manifest_file(daemon, tiny_llama, tmp_path, monkeypatch):
+    made = invoke(daemon, ["create", "made", "--from", str(tiny_llama), "--draft", str(tiny_llama), "--draft-quantize", "q8"])
+    assert made.exit_code == 0 and "success" in made.output
+    assert daemon.state.store.get("made").draft_quantize == "q8"
+
+    (tmp_path / "weights").symlink_to(tiny_llama)
+    (tmp_path / "m.json").write_text(json.dumps({"target": "weights", "drafter": "lookup", "parameters": {"num_predict": 3}}))
+    monkeypatch.chdir(tmp_path.parent)  # a relative target is relative to the file, not to where we stand
+    from_file = invoke(daemon, ["create", "from-file", "-f", str(tmp_path / "m.json")])
+    assert from_file.exit_code == 0, from_file.output
+    manifest = daemon.state.store.get("from-file")
+    assert manifest.target == str(tiny_llama.resolve()) and manifest.drafter == "lookup"
+    assert invoke(daemon, ["run", "from-file", "hi"]).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["run", "no-such-model", "hi"], "cannot pull"),
+        (["show", "nothing"], "not found"),
+        (["rm", "nothing"], "not found"),
+        (["cp", "tiny", "bad name!"], "invalid model name"),
+        (["create", "x"], "--from"),
+        (["create", "x", "--from", "/no/such/path"], "not found"),
+        (["create", "x", "--from", "tiny", "--quantize", "q5"], "unknown quantization"),
+        (["run", "tiny", "hi", "--keepalive", "later"], "keep_alive"),
+        (["generate"], "Missing argument"),
+        (["frobnicate"], "No such command"),
+    ],
+)
+def test_errors_are_one_line_and_exit_1(daemon, args, words):
+    result = invoke(daemon, args)
+    assert result.exit_code == 1, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and words in lines[0], result.stderr
+
+
+def test_no_daemon_is_a_clear_error(tmp_path):
+    result = invoke(None, ["list"])
+    assert result.exit_code == 1 and "no mlxspec daemon answers" in result.stderr and "mlxspec serve" in result.stderr
+
+
+def test_run_starts_a_daemon_when_none_answers(tiny_llama, tmp_path):
+    home = tmp_path / "home"
+    Store(home).save("tiny", Manifest(target=str(tiny_llama)))
+    host = f"127.0.0.1:{free_port()}"
+    env = {"MLXSPEC_HOST": host, "MLXSPEC_HOME": str(home)}
+    try:
+        result = CliRunner().invoke(cli, ["run", "tiny", "hello"], env=env)
+        assert result.exit_code == 0, result.output
+        assert "started one in the background" in result.stderr and result.stdout.strip()
+        assert Client(host).is_running()
+    finally:  # stop the daemon `run` started: it wrote its pid
+        pid_file = home / "serve.pid"
+        if wait_until(pid_file.exists, timeout=10):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def test_generate_in_process(tiny_llama, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    result = CliRunner().invoke(cli, ["generate", str(tiny_llama), "Once upon a time", "-n", "8", "--draft", str(tiny_llama)])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() and "drafter: draft-model" in result.stderr and "decode: 8 tokens" in result.stderr
+    quiet = CliRunner().invoke(cli, ["generate", str(tiny_llama), "Once upon a time", "-n", "8", "--quiet", "--no-chat"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+
+    Store(tmp_path).save("named", Manifest(target=str(tiny_llama), drafter="lookup", parameters={"num_predict": 4}))
+    named = CliRunner().invoke(cli, ["generate", "named", "Once upon a time", "--draft-length", "3"])
+    assert named.exit_code == 0 and "drafter: lookup" in named.stderr and "decode: 4 tokens" in named.stderr  # its parameters
+    more = CliRunner().invoke(cli, ["generate", "named", "Once upon a time", "-n", "5"])
+    assert more.exit_code == 0 and "decode: 5 tokens" in more.stderr  # the command line wins
+
+    for args, words in (
+        (["generate", "nothing-here", "hi"], "not found"),
+        (["generate", str(tiny_llama), "hi", "--quantize", "q5"], "unknown quantization"),
+        (["generate", str(tiny_llama), "hi", "--drafter", "draft-model"], "needs one"),
+        (["generate", str(tiny_llama), "hi", "--temperature", "-2"], "temperature"),
+        (["generate", str(tiny_llama), "hi", "--temperature", "1", "--seed", "-1"], "seed"),
+    ):
+        bad = CliRunner().invoke(cli, args)
+        assert bad.exit_code == 1 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_repl(daemon):
+    said, lines = [], iter([
+        "/set parameter num_predict 4", "/set parameter bogus 1", "Hello", '"""first line', 'second line"""',
+        "/show info", "/set verbose", "Again", "/clear", "/nonsense", "/?", "/bye", "never read",
+    ])
+    session = Session(Client(daemon.host), "tiny", chat=True, echo=lambda text="", **kw: said.append(text))
+
+    def read(prompt):
+        line = next(lines)
+        if line == "/clear":
+            assert len(session.messages) == 6  # three questions, three answers
+        return line
+
+    repl(session, read)
+    out = "\n".join(str(x) for x in said)
+    assert "Set parameter 'num_predict'" in out and "unknown option 'bogus'" in out
+    assert session.options == {"num_predict": 4} and session.messages == [] and session.verbose
+    assert "architecture" in out and "decode: 4 tokens" in out and "Unknown command '/nonsense'" in out
+    assert "/bye" in out  # the help text
+    assert next(lines) == "never read"
+
+
+def test_repl_with_a_base_model_continues_from_the_context(daemon):
+    said, lines = [], iter(["Once upon a time", "and then", "/clear", "again"])
+    session = Session(Client(daemon.host), "base", chat=False, echo=lambda text="", **kw: said.append(text))
+    contexts = []
+
+    def read(prompt):
+        contexts.append(len(session.context))
+        line = next(lines, None)
+        if line is None:
+            raise EOFError  # Ctrl-D
+        return line
+
+    repl(session, read)
+    # the second prompt continues the first (its context grew); /clear starts over
+    assert contexts[0] == 0 and contexts[1] > 0 and contexts[2] > contexts[1] and contexts[3] == 0
+    assert session.messages == [] and len(session.context) > 0
+
+
+def test_stats_from_the_final_object():
+    stats = stats_from({"drafter": "lookup", "drafted": 4, "accepted": 3, "rounds": 2, "generated_tokens": 5,
+                        "acceptance_rate": 0.75, "target_passes": 2})
+    assert stats.acceptance_rate == 0.75 and stats.mean_accepted_length == 2.5
+
+
+def _available(verb: str) -> bool:
+    try:
+        return importlib.util.find_spec(f"mlxspec.{verb}") is not None and bool(importlib.import_module(f"mlxspec.{verb}").command)
+    except (ImportError, AttributeError):
+        return False
+
+
+def test_optional_verbs_are_listed_only_when_present():
+    result = CliRunner().invoke(cli, ["--help"])
+    assert result.exit_code == 0 and "generate" in result.stdout
+    for verb in OPTIONAL_VERBS:
+        assert (f"  {verb} " in result.stdout) == _available(verb)
+
+
+def test_daemon_install_uninstall_status(tmp_path, monkeypatch):
+    from mlxspec import service
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("exercises the systemd path")
+    calls = []
+    run = lambda cmd: calls.append(cmd) or __import__("subprocess").CompletedProcess(cmd, 0, "", "")  # noqa: E731
+    assert "installed" in service.install(tmp_path, run)
+    unit = (tmp_path / ".config/systemd/user/mlxspec.service").read_text()
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert exec_start.endswith(" serve") and os.path.exists(exec_start[len("ExecStart="):].split()[0])
+    assert ["systemctl", "--user", "enable", "--now", "mlxspec.service"] in calls
+    assert "installed at" in service.status(tmp_path)
+    assert "removed" in service.uninstall(tmp_path, run) and "not installed" in service.status(tmp_path)
+    failing = lambda cmd: __import__("subprocess").CompletedProcess(cmd, 1, "", "Failed to connect to bus")  # noqa: E731
+    with pytest.raises(Exception, match="Failed to connect to bus"):
+        service.install(tmp_path, failing)

@@ -1,0 +1,121 @@
+"""Pull through the real download path: `mlxspec serve` in a subprocess with HF_ENDPOINT pointing at
+a local stand-in for the Hugging Face hub; the official ollama client and the CLI pull from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ollama
+import pytest
+from click.testing import CliRunner
+
+from daemon_harness import BackgroundServer, ProcessDaemon
+from fake_hub import FakeHub
+from mlxspec.cli import cli
+from mlxspec.store import Store
+
+QWEN_TARGET = "mlx-community/Qwen2.5-7B-Instruct-4bit"  # what models/qwen2.5-7b-spec.json names
+QWEN_DRAFT = "lmstudio-community/Qwen2.5-0.5B-Instruct-MLX-8bit"
+
+
+@pytest.fixture(scope="module")
+def hub(tiny_llama):
+    fake = FakeHub()
+    for repo in (QWEN_TARGET, QWEN_DRAFT, "acme/tiny-llama"):
+        fake.add(repo, tiny_llama)  # the tiny model plays both roles: same tokenizer, a draft that agrees
+    server = BackgroundServer(fake.app).start()
+    server.fake = fake
+    yield server
+    server.stop()
+
+
+def start_daemon(tmp_path, hub, name="home") -> ProcessDaemon:
+    env = {"HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
+           "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}
+    return ProcessDaemon(tmp_path / name, env).start()
+
+
+@pytest.fixture(scope="module")
+def daemon(hub, tmp_path_factory):
+    d = start_daemon(tmp_path_factory.mktemp("pull"), hub)
+    yield d
+    d.stop()
+
+
+def test_pull_a_shipped_pair_with_progress(daemon, tmp_path):
+    client = ollama.Client(host=daemon.url)
+    updates = list(client.pull("qwen2.5-7b-spec", stream=True))
+    statuses = [u.status for u in updates]
+    assert statuses[0] == "pulling manifest" and statuses[-1] == "success"
+    for repo in (QWEN_TARGET, QWEN_DRAFT):
+        mine = [u for u in updates if u.digest == repo]
+        assert mine and mine[-1].total > 400_000 and mine[-1].completed == mine[-1].total
+    assert "qwen2.5-7b-spec:latest" in {m.model for m in client.list().models}
+    assert list((daemon.home.parent / "hf" / "hub").glob("models--mlx-community--Qwen2.5-7B-Instruct-4bit/snapshots/*/model.safetensors"))
+
+    out = client.generate(model="qwen2.5-7b-spec", prompt="Hi", options={"num_predict": 6, "adaptive": False})
+    assert out.eval_count == 6
+    shown = client.show("qwen2.5-7b-spec")
+    assert shown.modelinfo["general.architecture"] == "llama"  # read from the downloaded files
+    assert next(m for m in client.list().models if m.model == "qwen2.5-7b-spec:latest").size > 900_000  # both
+
+
+def test_pull_a_repo_id_with_the_cli(daemon):
+    result = CliRunner().invoke(cli, ["pull", "acme/tiny-llama"], env={"MLXSPEC_HOST": daemon.host})
+    assert result.exit_code == 0, result.output
+    assert "success" in result.output and "pulling acme/tiny-llama" in result.output
+    assert Store(daemon.home).get("acme/tiny-llama").target == "acme/tiny-llama"
+    missing = CliRunner().invoke(cli, ["pull", "acme/missing"], env={"MLXSPEC_HOST": daemon.host})
+    assert missing.exit_code == 1 and "not found on the Hugging Face hub" in missing.output
+    assert not Store(daemon.home).exists("acme/missing")
+
+
+def _pull_until_progress(daemon, name: str, updates: list) -> threading.Event:
+    """Pull in a thread; the event is set once some bytes (not all) have arrived."""
+    partly = threading.Event()
+
+    def run():
+        try:
+            for u in ollama.Client(host=daemon.url).pull(name, stream=True):
+                updates.append(u)
+                if u.completed and u.total and u.completed < u.total:
+                    partly.set()
+        except Exception as e:  # the daemon dies under it: that is the point
+            updates.append(e)
+        partly.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return partly
+
+
+def test_a_killed_pull_leaves_no_model_and_a_second_pull_completes(hub, tiny_llama, tmp_path, request):
+    hub.fake.add("acme/slow", tiny_llama, slow=True)
+    d = start_daemon(tmp_path, hub)
+    request.addfinalizer(d.stop)
+    updates: list = []
+    assert _pull_until_progress(d, "acme/slow", updates).wait(30)
+    assert any(getattr(u, "completed", 0) for u in updates)
+    d.kill()  # half-way: the daemon dies
+    store = Store(d.home)
+    assert not store.exists("acme/slow") and store.list() == []
+    assert not [p for p in store.home.rglob("*") if p.is_file() and p.suffix in (".json", ".tmp")]
+
+    d = start_daemon(tmp_path, hub)
+    request.addfinalizer(d.stop)
+    client = ollama.Client(host=d.url)
+    assert "acme/slow:latest" not in {m.model for m in client.list().models}
+    assert client.pull("acme/slow").status == "success"
+    assert client.generate(model="acme/slow", prompt="Hi", options={"num_predict": 3}).eval_count == 3
+
+
+def test_a_client_that_leaves_abandons_the_pull(hub, tiny_llama, daemon):
+    hub.fake.add("acme/slow-two", tiny_llama, slow=True)
+    client = ollama.Client(host=daemon.url)
+    stream = client.pull("acme/slow-two", stream=True)
+    assert next(stream).status == "pulling manifest"
+    stream.close()  # the client goes away while the weights are still coming
+    time.sleep(3)  # longer than the slow download takes
+    assert "acme/slow-two:latest" not in {m.model for m in client.list().models}
+    assert not Store(daemon.home).exists("acme/slow-two")
