@@ -21,6 +21,7 @@ import mlx.nn as nn
 from .adaptive import CostModel, DraftController
 from .cache import PrefixCache, rewind
 from .drafters.base import Draft, Drafter
+from .errors import PromptError
 from .options import GenerateOptions
 from .sampling import Sampling, penalize, probabilities
 from .stats import Stats
@@ -53,7 +54,7 @@ class Decoder:
         kv: PrefixCache | None = None,
     ):
         if not prompt:
-            raise ValueError("the prompt is empty: at least one token is needed")
+            raise PromptError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt, self.opts = target, drafter, list(prompt), options
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
         self.k = draft_length
@@ -64,7 +65,7 @@ class Decoder:
         self.eos_ids = eos_ids
         self.num_ctx = min(options.num_ctx or context_length, context_length)
         if len(self.prompt) >= self.num_ctx:
-            raise ValueError(f"the prompt is {len(self.prompt)} tokens; the context window is {self.num_ctx}")
+            raise PromptError(f"the prompt is {len(self.prompt)} tokens; the context window is {self.num_ctx}")
         self.stats, self.cancel = stats, cancel
         self.sampling = Sampling.from_options(options)
         seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")

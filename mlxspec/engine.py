@@ -20,7 +20,15 @@ from . import loading
 from .adaptive import CostModel
 from .cache import PrefixCache
 from .decode import Decoder
-from .drafters import DRAFTERS, Drafter, EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter, check_compatible
+from .drafters import (
+    Drafter,
+    EarlyExitDrafter,
+    LookupDrafter,
+    ModelDrafter,
+    NoDrafter,
+    check_compatible,
+    parse_drafter,
+)
 from .errors import MlxspecError
 from .loading import LoadedModel
 from .options import GenerateOptions
@@ -67,31 +75,30 @@ class Engine:
         draft_quantize: str | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         min_confidence: float = 0.0,
+        progress=None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
-        before any generation. `min_confidence` > 0 makes a draft model stop a proposal after a
+        before any generation. `progress` is a tqdm class for repo downloads. `min_confidence` > 0 makes a draft model stop a proposal after a
         token it gives less than that probability (one extra host read-back per draft step).
         """
         drafter = drafter or ("draft-model" if draft else "none")
-        kind, _, arg = drafter.partition(":")
-        if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
-            raise MlxspecError(f"unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS)")
+        kind, layers = parse_drafter(drafter)
         if (drafter == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
-        tgt = loading.load(target, quantize)
+        tgt = loading.load(target, quantize, progress)
         if drafter == "none":
             return cls(tgt, NoDrafter(), None, 0)
         if drafter == "lookup":
             return cls(tgt, LookupDrafter(), None, draft_length)
         if kind == "early-exit":
             try:
-                return cls(tgt, EarlyExitDrafter(tgt.model, int(arg) if arg else None), None, draft_length)
+                return cls(tgt, EarlyExitDrafter(tgt.model, layers), None, draft_length)
             except ValueError as e:
                 raise MlxspecError(str(e)) from None
         same = draft == target and (draft_quantize or None) == (quantize or None)
-        dft = tgt if same else loading.load(draft, draft_quantize)  # one copy in memory when identical
+        dft = tgt if same else loading.load(draft, draft_quantize, progress)  # one copy in memory when identical
         check_compatible(tgt.tokenizer, dft.tokenizer)
         return cls(tgt, ModelDrafter(dft.model, min_confidence), dft, draft_length)
 
@@ -121,9 +128,11 @@ class Engine:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
-    def chat_prompt(self, messages: list[dict], **template_kwargs) -> list[int]:
-        """Token ids of a chat, rendered with the model's own chat template."""
-        if not getattr(self.tokenizer, "has_chat_template", False):
+    def chat_prompt(self, messages: list[dict], chat_template: str | None = None, **template_kwargs) -> list[int]:
+        """Token ids of a chat, rendered with the model's own chat template (or `chat_template`, Jinja)."""
+        if chat_template is not None:
+            template_kwargs["chat_template"] = chat_template
+        elif not getattr(self.tokenizer, "has_chat_template", False):
             raise MlxspecError("this model has no chat template")
         return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs))
 

@@ -9,5 +9,9 @@ class ModelLoadError(MlxspecError):
     """A model reference that cannot be resolved or loaded (missing, offline, unsupported)."""
 
 
+class PromptError(MlxspecError, ValueError):
+    """A prompt the engine cannot run: empty, or longer than the context window."""
+
+
 class IncompatibleDraftError(MlxspecError):
     """A draft whose tokenizer differs from the target's: its tokens would mean other text."""

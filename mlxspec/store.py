@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import loading
-from .drafters import DRAFTERS
+from .drafters import parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError
 from .options import GenerateOptions, OptionsError
@@ -81,8 +81,10 @@ class Manifest:
             if value is not None and not isinstance(value, str):
                 raise MlxspecError(f"{source}: '{key}' must be a string")
         drafter = self.drafter_name
-        if drafter.partition(":")[0] not in DRAFTERS:  # some take an argument, e.g. early-exit:8
-            raise MlxspecError(f"{source}: unknown drafter {drafter!r}: use one of {', '.join(DRAFTERS)}")
+        try:
+            parse_drafter(drafter)  # some take an argument, e.g. early-exit:8
+        except MlxspecError as e:
+            raise MlxspecError(f"{source}: {e}") from None
         if (drafter == "draft-model") != bool(self.draft):
             raise MlxspecError(f"{source}: a draft model goes with the draft-model drafter, and it needs one")
         loading.parse_quantize(self.quantize)
@@ -100,8 +102,6 @@ class Manifest:
     def options(self, request: dict | None = None, defaults: dict | None = None) -> GenerateOptions:
         """One request's options: `defaults`, then this model's parameters, then the request's own."""
         opts = GenerateOptions.from_dict({**(defaults or {}), **self.parameters, **(request or {})})
-        if opts.seed is not None and not 0 <= opts.seed < 2**64:  # mx.random.key takes a uint64
-            raise OptionsError(f"invalid option seed={opts.seed}: must be in [0, 2^64)")
         return opts
 
     @property

@@ -210,3 +210,12 @@ def test_a_draft_with_other_special_tokens_is_refused(tiny_llama, tmp_path):
     (other / "tokenizer_config.json").write_text(json.dumps(cfg))
     with pytest.raises(IncompatibleDraftError, match="eos_token_id"):
         Engine.load(str(tiny_llama), draft=str(other))
+
+
+def test_seed_minus_one_means_random_and_others_are_checked():
+    from mlxspec.options import OptionsError
+
+    assert GenerateOptions.from_dict({"seed": -1}).seed is None
+    for bad in (-2, 2**64, "7", 1.5):
+        with pytest.raises(OptionsError, match="seed"):
+            GenerateOptions.from_dict({"seed": bad})

@@ -106,7 +106,7 @@ def test_request_options_layer_over_model_parameters():
     opts = m.options({"num_predict": 3}, defaults={"num_predict": -1, "top_k": 7})
     assert (opts.temperature, opts.max_tokens, opts.top_k) == (0.5, 3, 7)
     assert m.options().max_tokens == 9
-    for bad in ({"seed": -1}, {"seed": 2**64}, {"nope": 1}, {"draft_num_predict": 99}):
+    for bad in ({"seed": -2}, {"seed": 2**64}, {"nope": 1}, {"draft_num_predict": 99}):
         with pytest.raises(OptionsError):
             m.options(bad)
 

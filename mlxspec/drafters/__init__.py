@@ -8,7 +8,20 @@ from .selfdraft import EarlyExitDrafter
 # Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half).
 DRAFTERS = ("none", "draft-model", "lookup", "early-exit")
 
+
+
+def parse_drafter(spec: str) -> tuple[str, int | None]:
+    """'lookup' -> ('lookup', None); 'early-exit:12' -> ('early-exit', 12); bad names raise."""
+    from ..errors import MlxspecError
+
+    kind, _, arg = spec.partition(":")
+    if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
+        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS)")
+    return kind, int(arg) if arg else None
+
+
 __all__ = [
+    "parse_drafter",
     "DRAFTERS",
     "Draft",
     "Drafter",

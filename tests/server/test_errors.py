@@ -34,7 +34,7 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"top_p": 2}}, 400, "top_p"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"draft_num_predict": 99}}, 400, "draft_length"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": "x"}}, 400, "seed"),
-        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": -1, "temperature": 1}}, 400, "seed"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": -2, "temperature": 1}}, 400, "seed"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"seed": 2**70}},
          400, "seed"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "keep_alive": "forever"}, 400, "keep_alive"),
