@@ -60,7 +60,15 @@ def cli():
     """Speculative decoding on MLX, served the way Ollama serves models."""
 
 
+HEAVY_VERBS = ("serve", "generate", "bench")  # verbs that run MLX in this process
+
+
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if argv is None and args[:1] and args[0] in HEAVY_VERBS:
+        from .bench.blas_preload import ensure_fast_blas
+
+        ensure_fast_blas()  # Linux: re-exec with an installed OpenBLAS when it is proven to work
     code = cli.main(args=argv, prog_name="mlxspec")
     sys.exit(code if isinstance(code, int) else 0)
 

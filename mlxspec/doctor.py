@@ -1,0 +1,181 @@
+"""`mlxspec doctor`: what this machine gives MLX, and what to fix.
+
+    report = doctor()          # a dict (JSON-able)
+    print(render(report))      # the text the CLI prints
+
+Backend, versions, memory, custom kernels, and the BLAS MLX's CPU backend calls, with fp32 GEMM
+GFLOP/s in this process and with the alternative (the optimized BLAS preloaded, or not) measured
+in a child process, so the gain of preloading is shown, not asserted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+from .bench import blas as blas_mod
+from .bench import blas_preload
+from .bench.hardware import available_memory_bytes, machine_facts, mlx_facts
+
+GB = 1e9
+
+
+def kernel_status(load: bool = False) -> dict:
+    """What mlxspec.kernels says about itself, through whichever status function it offers.
+
+    Kernels load with a model, so a fresh process has none; `load` builds (first use) and
+    self-checks the device's kernel on one typical shape (SmolLM2's FFN: 1536 x 576, 4-bit g32).
+    """
+    if load:
+        _load_kernels()
+    for module_name in ("mlxspec.kernels", "mlxspec.kernels.registry"):
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as e:  # a half-built kernels package must not break the doctor
+            return {"available": False, "detail": f"not available ({_first_line(e)})"}
+        for name in ("status", "report", "kernel_status", "active_kernels"):
+            fn = getattr(module, name, None)
+            if callable(fn):
+                try:
+                    value = _jsonable(fn())
+                except Exception as e:
+                    return {"available": False, "detail": f"{module_name}.{name}() failed: {_first_line(e)}"}
+                return {"available": True, "source": f"{module_name}.{name}()", "status": value, "loaded": load}
+    return {"available": False, "detail": "not available (mlxspec.kernels offers no status function)"}
+
+
+def _load_kernels() -> None:
+    try:
+        import mlx.core as mx
+
+        registry = importlib.import_module("mlxspec.kernels.registry")
+        registry.kernel_for_layer(1536, 576, 32, 4, mx.float16)
+    except Exception:  # status() then reports what failed, or the kernels are simply absent
+        pass
+
+
+def gemm_comparison(report: dict) -> dict:
+    """GFLOP/s here, and with the other BLAS choice (measured in a child process)."""
+    here = {"library": report["library"], "kind": report["kind"], "gflops": blas_mod.gemm_gflops()}
+    env = dict(os.environ)
+    if os.environ.get("LD_PRELOAD") and report["kind"] != "reference":
+        env.pop("LD_PRELOAD")
+        env.pop(blas_preload.PRELOADED_ENV, None)
+        label = "without the preload"
+    elif report["kind"] == "reference" and report.get("optimized_installed"):
+        env = blas_preload.preload_env(report["optimized_installed"], env)
+        label = "with the optimized BLAS preloaded"
+    else:
+        return {"this_process": here}
+    env[blas_preload.MODE_ENV] = "off"
+    other = blas_mod.measure_in_subprocess(env)
+    return {"this_process": here, "alternative": {**(other or {"gflops": None}), "label": label}}
+
+
+def doctor(measure: bool = True, kernels: bool = True) -> dict:
+    versions = mlx_facts()
+    machine = machine_facts()
+    blas = blas_mod.blas_report()
+    report = {
+        "backend": versions["backend"],
+        "device": versions["device"],
+        "versions": {k: versions[k] for k in ("mlx", "mlx_lm", "mlxspec")} | {"python": machine["python"]},
+        "machine": machine,
+        "memory": {"total_bytes": machine["memory_bytes"], "available_bytes": available_memory_bytes(),
+                   "gpu_bytes": versions.get("gpu_memory_bytes")},
+        "kernels": kernel_status(load=kernels),
+        "blas": blas,
+        "blas_preload": dataclasses.asdict(blas_preload.plan()),
+    }
+    if measure and versions["backend"] == "cpu":
+        report["gemm"] = gemm_comparison(blas)
+    report["problems"] = problems(report)
+    return report
+
+
+def problems(report: dict) -> list[str]:
+    out = []
+    if report["backend"] == "cpu" and report["machine"]["os"].startswith("Darwin"):
+        out.append("MLX runs on the CPU on a Mac: install mlx with Metal (pip install mlx) on Apple Silicon")
+    if report["blas"].get("advice"):
+        out.append(report["blas"]["advice"])
+    return out
+
+
+def _gb(n) -> str:
+    return f"{n / GB:.1f} GB" if n else "unknown"
+
+
+def render(report: dict) -> str:
+    v, m, mem, b = report["versions"], report["machine"], report["memory"], report["blas"]
+    lines = [
+        f"backend:   {report['backend']} ({report['device']})",
+        f"versions:  MLX {v['mlx']}, mlx-lm {v['mlx_lm']}, mlxspec {v['mlxspec']}, Python {v['python']}",
+        f"machine:   {m['cpu']}, {m['cores']} cores, {m['os']} {m['arch']}"
+        + (f", {' '.join(m['cpu_flags'])}" if m["cpu_flags"] else ""),
+        f"memory:    {_gb(mem['total_bytes'])} total, {_gb(mem['available_bytes'])} available"
+        + (f", GPU working set {_gb(mem['gpu_bytes'])}" if mem.get("gpu_bytes") else ""),
+        f"kernels:   {_render_kernels(report['kernels'])}",
+        f"BLAS:      {b['kind']} ({b['library']})" + (" - the slow reference BLAS" if b["reference"] else ""),
+    ]
+    if b.get("preloaded_by_mlxspec"):
+        lines.append(f"           preloaded by mlxspec at start-up ({blas_preload.MODE_ENV}=off to disable)")
+    elif report["blas_preload"]["action"] == "preload":
+        lines.append(f"           the mlxspec command preloads {report['blas_preload']['library']} at start-up")
+    gemm = report.get("gemm")
+    if gemm:
+        here = gemm["this_process"]
+        lines.append(f"fp32 GEMM: {here['gflops']:.1f} GFLOP/s here ({here['kind']})")
+        alt = gemm.get("alternative")
+        if alt:
+            value = f"{alt['gflops']:.1f} GFLOP/s" if alt.get("gflops") else "could not be measured"
+            lines.append(f"           {value} {alt['label']} ({alt.get('kind', '?')})")
+    lines += [f"problem:   {p}" for p in report["problems"]] or ["problems:  none found"]
+    return "\n".join(lines)
+
+
+def _render_kernels(k: dict) -> str:
+    if not k["available"]:
+        return k["detail"]
+    status = k["status"]
+    if not status:
+        return "none active" + ("" if k.get("loaded") else " in this process (they load with a model)")
+    if isinstance(status, list):
+        return "; ".join(_kernel_line(s) for s in status)
+    if isinstance(status, dict):
+        return "; ".join(f"{name}: {value}" for name, value in status.items())
+    return str(status)
+
+
+def _kernel_line(entry) -> str:
+    if not isinstance(entry, dict):
+        return str(entry)
+    state = "active" if entry.get("active") else "inactive"
+    detail = f" ({entry['detail']})" if entry.get("detail") else ""
+    reason = f": {entry['reason']}" if entry.get("reason") else ""
+    return f"{entry.get('kernel', '?')} {state}{detail}{reason}"
+
+
+def _jsonable(value):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+def __getattr__(name: str):
+    # mlxspec/cli.py loads optional verbs as `mlxspec.<verb>.command`.
+    if name == "command":
+        from .bench.cli import doctor as command
+
+        return command
+    raise AttributeError(name)

@@ -1,0 +1,64 @@
+"""`mlxspec doctor` as a function: the keys it reports, the BLAS it names, the kernels it asks."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+
+from mlxspec import doctor as doctor_mod
+
+
+@pytest.fixture(scope="module")
+def report():
+    return doctor_mod.doctor(measure=False, kernels=False)
+
+
+def test_report_has_the_expected_keys(report):
+    assert {"backend", "device", "versions", "machine", "memory", "kernels", "blas", "blas_preload",
+            "problems"} <= set(report)
+    assert report["backend"] in ("cpu", "metal", "cuda", "gpu")
+    assert report["versions"]["mlx"] and report["versions"]["mlx_lm"]
+    assert report["memory"]["total_bytes"] > 0
+    assert "gemm" not in report  # measure=False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BLAS detection reads /proc/self/maps")
+def test_detects_the_blas_library_name(report):
+    blas = report["blas"]
+    assert "blas" in blas["library"].lower()
+    if blas["kind"] == "reference":
+        assert any("reference BLAS" in p for p in report["problems"])
+
+
+def test_render_shows_every_section(report):
+    text = doctor_mod.render(report)
+    for label in ("backend:", "versions:", "memory:", "kernels:", "BLAS:"):
+        assert label in text
+
+
+def test_gemm_is_measured_here_and_with_the_alternative(monkeypatch):
+    monkeypatch.setattr(doctor_mod.blas_mod, "gemm_gflops", lambda: 5.0)
+    monkeypatch.setattr(doctor_mod.blas_mod, "measure_in_subprocess", lambda env, args=(): {"gflops": 300.0,
+                                                                                          "kind": "openblas"})
+    comparison = doctor_mod.gemm_comparison({"library": "/x/libblas.so.3", "kind": "reference",
+                                             "optimized_installed": "/x/libopenblas.so.0"})
+    assert comparison["this_process"]["gflops"] == 5.0
+    assert comparison["alternative"]["gflops"] == 300.0 and "preloaded" in comparison["alternative"]["label"]
+
+
+def test_kernel_status_uses_the_packages_status_function(monkeypatch):
+    fake = types.ModuleType("mlxspec.kernels")
+    fake.status = lambda: [{"kernel": "cpu-qmm", "active": True, "detail": "avx512", "reason": "checked"}]
+    monkeypatch.setitem(sys.modules, "mlxspec.kernels", fake)
+    k = doctor_mod.kernel_status()
+    assert k["available"] and k["source"] == "mlxspec.kernels.status()"
+    assert doctor_mod._render_kernels(k) == "cpu-qmm active (avx512): checked"
+
+
+def test_kernel_status_without_a_status_function(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlxspec.kernels", types.ModuleType("mlxspec.kernels"))
+    monkeypatch.setitem(sys.modules, "mlxspec.kernels.registry", types.ModuleType("mlxspec.kernels.registry"))
+    k = doctor_mod.kernel_status()
+    assert not k["available"] and k["detail"].startswith("not available")
