@@ -63,6 +63,7 @@ class Engine:
         self._lock = threading.Lock()
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
+        self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
 
     @classmethod
     def load(
@@ -76,31 +77,41 @@ class Engine:
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         min_confidence: float = 0.0,
         progress=None,
+        kernels: bool = True,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
-        before any generation. `progress` is a tqdm class for repo downloads. `min_confidence` > 0 makes a draft model stop a proposal after a
-        token it gives less than that probability (one extra host read-back per draft step).
+        before any generation. `progress`: a tqdm class for repo downloads. `min_confidence` > 0
+        makes a draft model stop a proposal after a token it gives less than that probability (one
+        extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
+        they pass their self-check on this device (see `use_kernels`).
         """
         drafter = drafter or ("draft-model" if draft else "none")
         kind, layers = parse_drafter(drafter)
-        if (drafter == "draft-model") != bool(draft):
+        if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
         tgt = loading.load(target, quantize, progress)
-        if drafter == "none":
-            return cls(tgt, NoDrafter(), None, 0)
-        if drafter == "lookup":
-            return cls(tgt, LookupDrafter(), None, draft_length)
-        if kind == "early-exit":
+        dft = None
+        if kind == "draft-model":
+            same = draft == target and (draft_quantize or None) == (quantize or None)
+            dft = tgt if same else loading.load(draft, draft_quantize, progress)  # one copy when identical
+            check_compatible(tgt.tokenizer, dft.tokenizer)
+        kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels=False"}
+        # Drafters are built after the swap: an early-exit view copies the target's module tree.
+        if kind == "none":
+            engine = cls(tgt, NoDrafter(), None, 0)
+        elif kind == "lookup":
+            engine = cls(tgt, LookupDrafter(), None, draft_length)
+        elif kind == "early-exit":
             try:
-                return cls(tgt, EarlyExitDrafter(tgt.model, layers), None, draft_length)
+                engine = cls(tgt, EarlyExitDrafter(tgt.model, layers), None, draft_length)
             except ValueError as e:
                 raise MlxspecError(str(e)) from None
-        same = draft == target and (draft_quantize or None) == (quantize or None)
-        dft = tgt if same else loading.load(draft, draft_quantize, progress)  # one copy in memory when identical
-        check_compatible(tgt.tokenizer, dft.tokenizer)
-        return cls(tgt, ModelDrafter(dft.model, min_confidence), dft, draft_length)
+        else:
+            engine = cls(tgt, ModelDrafter(dft.model, min_confidence), dft, draft_length)
+        engine.kernels = kernel_report
+        return engine
 
     # -- facts -------------------------------------------------------------------------------
 
@@ -194,3 +205,15 @@ class Engine:
                 yield Event(tail, done=True, finish_reason=reason, stats=stats)
             finally:
                 drafter.finish()
+
+
+def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
+    """Swap in mlxspec's kernels where they passed their self-check on this device.
+
+    A kernel that cannot build or disagrees with the pure-MLX reference is reported (one warning)
+    and MLX's own op stays: the reference defines the result, kernels only make it faster.
+    """
+    from .kernels import use_attention_kernel, use_kernels
+
+    models = [target.model] + ([draft.model] if draft is not None and draft is not target else [])
+    return {"layers": [use_kernels(m) for m in models], "attention": use_attention_kernel()}

@@ -56,7 +56,8 @@ def _clean_errors(fn):
 @click.option("--markdown", is_flag=True, help="Also write a Markdown report beside the JSON.")
 @click.option("--no-peers", is_flag=True, help="Leave out mlx-lm's generate and speculative decoding.")
 @click.option("--no-adaptive", is_flag=True, help="Leave out the adaptive configurations.")
-@click.option("--kernels", is_flag=True, help="Run mlxspec with its custom verify kernels (mlx-lm peers without).")
+@click.option("--kernels/--no-kernels", default=True, show_default=True,
+              help="Run mlxspec with its custom verify kernels (mlx-lm peers keep MLX's ops).")
 @click.option("--cold", is_flag=True, help="Process the whole prompt in every repeat (default: the first only; "
               "later repeats reuse its KV cache, which saves minutes and changes nothing after the prompt).")
 @click.option("--note", multiple=True, help="A note stored with the result (repeatable).")

@@ -40,7 +40,7 @@ class BenchSpec:
     repeats: int = 2
     peers: bool = True
     adaptive: bool = True
-    kernels: bool = False  # mlxspec with its custom verify kernels (mlx-lm peers keep MLX's ops)
+    kernels: bool = True  # mlxspec with its custom verify kernels (mlx-lm peers keep MLX's ops)
     warm_repeats: bool = True  # repeats after the first reuse the prompt's KV cache (TTFT from cold runs)
     bandwidth_mib: int = DEFAULT_MIB
 
@@ -63,27 +63,28 @@ def load(spec: BenchSpec, progress: Progress) -> tuple[Loaded, object]:
     if spec.draft:
         draft = loading.load(spec.draft, spec.draft_quantize)
         check_compatible(target.tokenizer, draft.tokenizer)
-    peer_target, kernels = None, None
-    if spec.kernels:
+    peer_target, peer_draft, kernels = None, None, None
+    if spec.kernels:  # the peers get their own untouched copies: kernels swap layers in place
         peer_target = loading.load(spec.target, spec.quantize) if spec.peers else None
-        kernels = _use_kernels(target, progress)
-    runners = Runners(target, draft, peer_target)
+        peer_draft = loading.load(spec.draft, spec.draft_quantize) if spec.peers and spec.draft else None
+        kernels = _use_kernels(target, draft, progress)
+    runners = Runners(target, draft, peer_target, peer_draft)
     configs = build_configs(drafters, spec.draft_lengths, peers=spec.peers, adaptive=spec.adaptive)
     prompts = [(p, p.token_ids(target.tokenizer)) for p in prompt_set.prompts]
     return Loaded(runners, configs, prompts, _drafter_bytes(runners, drafters), kernels), prompt_set
 
 
-def _use_kernels(target, progress: Progress) -> dict:
-    """Swap in mlxspec's verify kernels on the target; a summary of what was swapped."""
+def _use_kernels(target, draft, progress: Progress) -> dict:
+    """Swap in mlxspec's verify kernels as the engine does; a summary of what was swapped."""
     progress("loading and self-checking the custom kernels")
-    try:
-        from ..kernels import use_kernels
-    except Exception as e:
-        raise MlxspecError(f"--kernels: mlxspec.kernels is not available ({e})") from None
-    report = use_kernels(target.model)
+    from ..engine import _use_kernels as engine_kernels
+
+    full = engine_kernels(target, draft)
+    report = full["layers"][0]
     return {"backend": report.get("backend"), "swapped": len(report.get("swapped", {})),
             "kept": len(report.get("kept", {})), "disabled": report.get("disabled"),
-            "kinds": sorted(set(report.get("swapped", {}).values()))}
+            "kinds": sorted(set(report.get("swapped", {}).values())),
+            "attention": full["attention"].get("active", full["attention"])}
 
 
 def _drafter_bytes(runners: Runners, drafters: list[str]) -> dict:

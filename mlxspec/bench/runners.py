@@ -12,6 +12,7 @@ Generation stops at an end-of-sequence token (not emitted) or max_tokens, like m
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from dataclasses import dataclass
@@ -67,9 +68,16 @@ class Clock:
 class Runners:
     """Holds the loaded models and one mlxspec Engine per drafter, built on the same weights."""
 
-    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, peer_target: LoadedModel | None = None):
+    def __init__(
+        self,
+        target: LoadedModel,
+        draft: LoadedModel | None = None,
+        peer_target: LoadedModel | None = None,
+        peer_draft: LoadedModel | None = None,
+    ):
         self.target, self.draft = target, draft
         self.peer_model = (peer_target or target).model  # mlx-lm's copy: unmodified when mlxspec swaps kernels
+        self.peer_draft = (peer_draft or draft).model if draft is not None else None
         self.engines: dict[str, Engine] = {}
         self.eos = set(target.tokenizer.eos_token_ids)
 
@@ -95,9 +103,11 @@ class Runners:
         if config.runner == ENGINE:
             return self._run_engine(config, ids, max_tokens, cold)
         if config.runner == MLX_LM:
-            return self._run_mlx_lm(ids, max_tokens)
+            with mlx_lm_attention():
+                return self._run_mlx_lm(ids, max_tokens)
         if config.runner == MLX_LM_SPECULATIVE:
-            return self._run_mlx_lm_speculative(config.k, ids, max_tokens)
+            with mlx_lm_attention():
+                return self._run_mlx_lm_speculative(config.k, ids, max_tokens)
         raise ValueError(f"unknown runner {config.runner!r}")
 
     def _run_engine(self, config: Config, ids: list[int], max_tokens: int, cold: bool) -> Run:
@@ -132,7 +142,7 @@ class Runners:
         stats = Stats(drafter="mlx-lm draft-model", draft_length=k, prompt_tokens=len(ids))
         clock, tokens, kept, round_start = Clock(), [], 0, 0
         steps = gen.speculative_generate_step(
-            mx.array(ids, dtype=mx.uint32), self.peer_model, self.draft.model,
+            mx.array(ids, dtype=mx.uint32), self.peer_model, self.peer_draft,
             num_draft_tokens=k, max_tokens=max_tokens,
         )
         for token, _, from_draft in steps:
@@ -150,6 +160,23 @@ class Runners:
             stats.record_round(min(k, max_tokens - round_start), kept)
         stats.generated_tokens = len(tokens)
         return clock.finish(tokens, stats)
+
+
+@contextlib.contextmanager
+def mlx_lm_attention():
+    """Peers run with mlx-lm's own attention: mlxspec's attention kernel hooks it process-wide."""
+    import mlx_lm.models.base as base
+
+    from ..kernels import attention
+
+    active = base.scaled_dot_product_attention is attention.few_row_attention
+    if active:
+        attention.restore_attention()
+    try:
+        yield
+    finally:
+        if active:
+            attention.use_attention_kernel()
 
 
 def forget_prefix(engine: Engine) -> None:

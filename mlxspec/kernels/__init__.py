@@ -1,0 +1,34 @@
+"""Custom kernels for the verify path: few rows times a quantized matrix, and few-row attention.
+
+    from mlxspec.kernels import use_kernels, use_attention_kernel, status
+    report = use_kernels(model)        # swap QuantizedLinear layers where the device's kernel passed its check
+    use_attention_kernel()             # CPU: route mlx-lm's attention through the few-row kernel
+    status()                           # what is active and why (for `mlxspec doctor`)
+
+Files: reference.py (the pure-MLX definition and tolerance), cpu/ + build.py + cpu.py (the MLX C++
+extension, built on first use and cached), gpu_source.py + gpu.py (Metal and CUDA kernels through
+mx.fast), registry.py (per-device self-check), layers.py (the swap), attention.py (the attention
+kernel's self-check and mlx-lm hook).
+"""
+
+from . import attention, registry
+from .attention import restore_attention, use_attention_kernel
+from .build import KernelUnavailable
+from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernels
+
+
+def status() -> list[dict]:
+    """One entry per kernel tried in this process: active or not, and why."""
+    tried = attention._state["kernel"] is not None or attention._state["error"] is not None
+    return registry.status() + ([attention.attention_status()] if tried else [])
+
+
+__all__ = [
+    "KernelQuantizedEmbedding",
+    "KernelQuantizedLinear",
+    "KernelUnavailable",
+    "restore_attention",
+    "status",
+    "use_attention_kernel",
+    "use_kernels",
+]

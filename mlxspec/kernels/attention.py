@@ -1,0 +1,138 @@
+"""Few-row attention on the CPU, for mlx-lm models: the verify pass's other M-times cost.
+
+MLX's CPU attention runs through the BLAS the wheel links (the reference one): with a context of
+256, 8 query rows cost ~7x one row (benchmarks/bench_kernels.py --attention). The kernel in
+cpu/sdpa_kernel.h reads each key and value row once for all query rows and computes every row the
+same way whatever M, so verify rows equal one-token steps bit for bit.
+
+    report = use_attention_kernel()    # patches mlx-lm's scaled_dot_product_attention, process-wide
+    restore_attention()                # undo
+
+The patched function routes a call to the kernel only when it can answer it exactly as defined
+(CPU device, plain KV cache, mask None or "causal", no sinks, a dtype it handles, and this shape
+signature passed the self-check); anything else goes to mlx-lm's own function unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import mlx.core as mx
+
+from .build import KernelUnavailable
+from .registry import disabled, warn_once
+
+ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| (a convex mix of v rows)
+EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
+
+_state: dict = {"original": None, "kernel": None, "error": None, "checks": {}}
+
+
+def attention_reference(q, k, v, scale: float, causal: bool) -> mx.array:
+    """The definition: MLX's fused attention in float32, in q's dtype."""
+    f32 = mx.float32
+    y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale,
+                                             mask="causal" if causal else None)
+    return y.astype(q.dtype)
+
+
+def attention_within_tolerance(y, q, k, v, scale: float, causal: bool) -> tuple[bool, float]:
+    ref = attention_reference(q, k, v, scale, causal).astype(mx.float32)
+    allowed = ATOL * mx.abs(v.astype(mx.float32)).max() + EPS[y.dtype] * mx.abs(ref) + 1e-30
+    ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
+    return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)
+
+
+def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: int, dtype) -> str | None:
+    """None if the kernel matches the reference on random inputs of this signature, else why not."""
+    try:
+        kq, kk, kv = mx.random.split(mx.random.key(heads * 131 + dim), 3)
+        rows, keys = 4, 37
+        q = mx.random.normal((1, heads, rows, dim), key=kq).astype(dtype)
+        k = mx.random.normal((1, kv_heads, keys + 5, dim), key=kk).astype(dtype)[:, :, :keys]  # a cache-like view
+        v = mx.random.normal((1, kv_heads, keys + 5, value_dim), key=kv).astype(dtype)[:, :, :keys]
+        scale = dim**-0.5
+        for causal in (False, True):
+            y = sdpa(q, k, v, scale, causal)
+            ok, ratio = attention_within_tolerance(y, q, k, v, scale, causal)
+            if not ok:
+                return f"causal={causal}: error {ratio:.3g}x the tolerance"
+        for i in range(rows):  # row i of the causal call = a one-row call that sees keys[: keys - rows + i + 1]
+            seen = keys - rows + i + 1
+            one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], scale, False)
+            if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
+                return f"row {i} of a {rows}-row causal call differs from the one-row call"
+    except Exception as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+def _kernel():
+    if _state["kernel"] is None and _state["error"] is None:
+        try:
+            from .cpu import cpu_sdpa_function
+
+            _state["kernel"] = cpu_sdpa_function()
+        except KernelUnavailable as e:
+            _state["error"] = str(e)
+    return _state["kernel"]
+
+
+def _usable(queries, keys, values, cache, mask, sinks) -> bool:
+    if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return False
+    if mx.default_device().type != mx.cpu or queries.ndim != 4 or keys.ndim != 4:
+        return False
+    if queries.dtype not in EPS or keys.dtype != queries.dtype or values.dtype != queries.dtype:
+        return False
+    signature = (queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], str(queries.dtype))
+    if signature not in _state["checks"]:
+        failure = self_check(_kernel(), *signature[:4], queries.dtype)
+        _state["checks"][signature] = failure
+        if failure:
+            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}")
+    return _state["checks"][signature] is None
+
+
+def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
+    """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
+    if _kernel() is not None and _usable(queries, keys, values, cache, mask, sinks):
+        return _state["kernel"](queries, keys, values, scale, mask is not None)
+    return _state["original"](queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def use_attention_kernel() -> dict:
+    """Route mlx-lm's attention through the kernel (process-wide). Returns what was done and why."""
+    import mlx_lm.models.base as base
+
+    report = {"kernel": "cpu-sdpa", "patched": [], "disabled": disabled(), "error": None}
+    if report["disabled"]:
+        return report
+    if _kernel() is None:
+        report["error"] = _state["error"]
+        warn_once(f"mlxspec cpu attention kernel unavailable: {_state['error'].splitlines()[0]}")
+        return report
+    if _state["original"] is None:
+        _state["original"] = base.scaled_dot_product_attention
+    for name, module in list(sys.modules.items()):  # model modules hold their own reference to it
+        if name.startswith("mlx_lm.models") and getattr(module, "scaled_dot_product_attention", None) is _state["original"]:
+            module.scaled_dot_product_attention = few_row_attention
+            report["patched"].append(name)
+    return report
+
+
+def restore_attention() -> None:
+    """Give mlx-lm its own attention back (everything use_attention_kernel patched)."""
+    if _state["original"] is None:
+        return
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models") and getattr(module, "scaled_dot_product_attention", None) is few_row_attention:
+            module.scaled_dot_product_attention = _state["original"]
+
+
+def attention_status() -> dict:
+    checks = _state["checks"]
+    return {"kernel": "cpu-sdpa", "active": _state["original"] is not None and _state["kernel"] is not None,
+            "error": _state["error"], "passed": [str(s) for s, f in checks.items() if f is None],
+            "failed": {str(s): f for s, f in checks.items() if f}}

@@ -1,0 +1,53 @@
+"""The CPU kernel: MLX extension built from cpu/ on first use (see build.py).
+
+    qmm = cpu_qmm_function()            # raises KernelUnavailable (with the reason) if it cannot
+    y = qmm(x, w, scales, biases, group_size=32, bits=4)      # x (..., K) -> (..., N)
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+
+from .build import KernelUnavailable, load_cpu_extension
+
+SUPPORTED_BITS = (4, 8)
+ISA_NAMES = {0: "generic", 1: "avx512", 2: "avx2"}
+
+
+def cpu_qmm_function(isa: int = -1) -> Callable[..., mx.array]:
+    """The kernel as a function of (x, w, scales, biases, group_size, bits); isa=-1 picks the best."""
+    ext = load_cpu_extension()
+    if isa >= 0 and not ext.isa_compiled(isa):
+        raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
+
+    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+        lead, k = x.shape[:-1], x.shape[-1]
+        y = ext.qmm(x.reshape(-1, k), w, scales, biases, group_size, bits, isa, stream=mx.cpu)
+        return y.reshape(*lead, w.shape[0])
+
+    qmm.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
+    return qmm
+
+
+def cpu_supports(group_size: int, bits: int) -> str | None:
+    """None when the CPU kernel handles this layout, else why not."""
+    if bits not in SUPPORTED_BITS:
+        return f"{bits}-bit weights (the CPU kernel does 4 and 8)"
+    if group_size % 32:
+        return f"group size {group_size} (the CPU kernel needs a multiple of 32)"
+    return None
+
+
+def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
+    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal) -> (B, H, M, Dv)."""
+    ext = load_cpu_extension()
+    if isa >= 0 and not ext.isa_compiled(isa):
+        raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
+
+    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+        return ext.sdpa(q, k, v, scale, causal, isa, stream=mx.cpu)
+
+    sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
+    return sdpa

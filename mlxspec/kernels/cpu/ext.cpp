@@ -1,0 +1,276 @@
+// MLX extension: mlxspec's CPU kernels as MLX primitives (CPU stream only).
+//
+// Python:
+//   qmm(x (M, K), w, scales, biases, group_size, bits, isa=-1, stream=None) -> (M, N)
+//     the multi-row quantized matmul of qmm_kernel.h; output dtype = promotion of x and scales
+//   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
+//     few-row attention of sdpa_kernel.h, in q's dtype
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
+
+#include "mlx/allocator.h"
+#include "mlx/array.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+#include "mlx/utils.h"
+
+#include "qmm_kernel.h"
+#include "sdpa_kernel.h"
+#include "thread_pool.h"
+
+namespace mx = mlx::core;
+namespace nb = nanobind;
+
+namespace mlxspec {
+
+static int default_threads() {
+  if (const char* env = std::getenv("MLXSPEC_KERNEL_THREADS")) return std::max(1, std::atoi(env));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+static ThreadPool& pool() {
+  static ThreadPool p(default_threads());
+  return p;
+}
+
+static SType stype_of(mx::Dtype d) {
+  if (d == mx::float32) return SType::f32;
+  if (d == mx::float16) return SType::f16;
+  if (d == mx::bfloat16) return SType::bf16;
+  throw std::invalid_argument("mlxspec qmm: scales/biases must be float32, float16 or bfloat16");
+}
+
+static float* aligned64(float* p) {
+  return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
+}
+
+// x (any 2-D view) -> fp32 scratch (M, K) in the kernel's order.
+static void convert_x(const mx::array& x, int bits, float* out) {
+  int M = x.shape(0), K = x.shape(1);
+  int64_t s0 = x.strides()[0], s1 = x.strides()[1];
+  if (x.dtype() == mx::float32) {
+    prepare_x(x.data<float>(), s0, s1, M, K, bits, out, [](float v) { return v; });
+  } else if (x.dtype() == mx::float16) {
+    prepare_x(x.data<uint16_t>(), s0, s1, M, K, bits, out, half_to_float);
+  } else {
+    prepare_x(x.data<uint16_t>(), s0, s1, M, K, bits, out, bf16_to_float);
+  }
+}
+
+static void store_y(const float* y, mx::array& out) {
+  size_t n = out.size();
+  if (out.dtype() == mx::float32) {
+    std::copy(y, y + n, out.data<float>());
+  } else if (out.dtype() == mx::float16) {
+    auto* o = out.data<mx::float16_t>();
+    for (size_t i = 0; i < n; ++i) o[i] = mx::float16_t(y[i]);
+  } else {
+    auto* o = out.data<mx::bfloat16_t>();
+    for (size_t i = 0; i < n; ++i) o[i] = mx::bfloat16_t(y[i]);
+  }
+}
+
+// Columns in chunks claimed by the caller and the pool's workers; tiny problems run inline.
+static void run(Isa isa, const QmmProblem& p, float* y) {
+  double work = double(p.N) * p.K * std::max(1, std::min(p.M, 4));
+  int threads = work < (1 << 18) ? 1 : pool().size();
+  int per = std::max(kColumnBlock, (p.N / (4 * threads) + kColumnBlock - 1) / kColumnBlock * kColumnBlock);  // ~4 per thread
+  int chunks = (p.N + per - 1) / per;
+  pool().run(threads == 1 ? 1 : chunks, [&](int c) {
+    if (threads == 1) return run_columns(isa, p, 0, p.N, y);
+    run_columns(isa, p, c * per, std::min(p.N, (c + 1) * per), y);
+  });
+}
+
+class QuantizedMatmulRows : public mx::UnaryPrimitive {
+ public:
+  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto &x = inputs[0], &w = inputs[1], &s = inputs[2], &b = inputs[3];
+    for (auto* a : {&w, &s, &b})
+      if (!a->flags().row_contiguous) throw std::invalid_argument("mlxspec qmm: w/scales/biases must be contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto* a : {&x, &w, &s, &b}) enc.set_input_array(*a);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
+                  s = mx::array::unsafe_weak_copy(s), b = mx::array::unsafe_weak_copy(b),
+                  out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
+                  isa = Isa(isa_)]() mutable {
+      int M = x.shape(0), K = x.shape(1), N = w.shape(0);
+      thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
+      xbuf.resize(size_t(M) * K + 16);
+      yf.resize(size_t(M) * N);
+      float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
+      convert_x(x, bits, xf);
+      QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
+      run(isa, p, yf.data());
+      store_y(yf.data(), out);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxspec qmm: this primitive runs on the CPU stream only");
+  }
+
+  const char* name() const override { return "MlxspecQuantizedMatmulRows"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const QuantizedMatmulRows&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[0].shape(0), inputs[1].shape(0)}};
+  }
+
+ private:
+  int group_size_, bits_, isa_;
+};
+
+static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int group_size, int bits, int isa, mx::StreamOrDevice s) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("mlxspec qmm: bits must be 4 or 8");
+  if (group_size % kBlock != 0) throw std::invalid_argument("mlxspec qmm: group_size must be a multiple of 32");
+  if (x.ndim() != 2 || w.ndim() != 2 || w.dtype() != mx::uint32)
+    throw std::invalid_argument("mlxspec qmm: x must be (M, K) and w (N, K*bits/32) uint32");
+  int K = x.shape(1), N = w.shape(0);
+  if (int64_t(w.shape(1)) * 32 / bits != K || K % group_size != 0)
+    throw std::invalid_argument("mlxspec qmm: w does not match x's K, or K is not a multiple of group_size");
+  if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape() ||
+      biases.dtype() != scales.dtype())
+    throw std::invalid_argument("mlxspec qmm: scales/biases must be (N, K/group_size) of one dtype");
+  stype_of(scales.dtype());
+  if (x.dtype() != mx::float32 && x.dtype() != mx::float16 && x.dtype() != mx::bfloat16)
+    throw std::invalid_argument("mlxspec qmm: x must be float32, float16 or bfloat16");
+  Isa chosen = isa < 0 ? best_isa() : Isa(isa);
+  if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec qmm: that ISA is not compiled in");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device != mx::Device::cpu) throw std::invalid_argument("mlxspec qmm: CPU streams only");
+  auto out_type = mx::promote_types(x.dtype(), scales.dtype());
+  // x may be any strided view; the kernel reads it through its strides (w etc. must be contiguous).
+  return mx::array({x.shape(0), N}, out_type,
+                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen)),
+                   {x, w, scales, biases});
+}
+
+static DType dtype_of(mx::Dtype d) {
+  if (d == mx::float32) return DType::f32;
+  if (d == mx::float16) return DType::f16;
+  if (d == mx::bfloat16) return DType::bf16;
+  throw std::invalid_argument("mlxspec sdpa: q, k, v must be float32, float16 or bfloat16");
+}
+
+// Work items: (batch, kv head, chunk of query rows); rows of one kv head share key/value reads.
+static void run_sdpa(Isa isa, const SdpaProblem& p) {
+  const int rows = p.H / p.KV * p.M;
+  const int per_head = std::max(1, std::min(rows, (2 * pool().size() + p.B * p.KV - 1) / (p.B * p.KV)));
+  // at most 64 rows per item: its scores (rows x T floats) stay small even for a long prefill
+  const int chunk = std::min(64, (rows + per_head - 1) / per_head), chunks = (rows + chunk - 1) / chunk;
+  const double work = double(p.B) * p.H * p.M * p.T * (p.D + p.Dv);
+  pool().run(work < (1 << 16) ? 1 : p.B * p.KV * chunks, [&](int i) {
+    if (work < (1 << 16) && i == 0) {  // tiny: everything inline
+      for (int b = 0; b < p.B; ++b)
+        for (int g = 0; g < p.KV; ++g) sdpa_rows(isa, p, b, g, 0, rows);
+      return;
+    }
+    int c = i % chunks, g = (i / chunks) % p.KV, b = i / chunks / p.KV;
+    sdpa_rows(isa, p, b, g, c * chunk, std::min(rows, (c + 1) * chunk));
+  });
+}
+
+class FewRowAttention : public mx::UnaryPrimitive {
+ public:
+  FewRowAttention(mx::Stream s, float scale, bool causal, int isa)
+      : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
+    for (auto* a : {&q, &k, &v})
+      if (a->strides()[3] != 1 && a->shape(3) > 1) throw std::invalid_argument("mlxspec sdpa: last dim must be contiguous");
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto* a : {&q, &k, &v}) enc.set_input_array(*a);
+    enc.set_output_array(out);
+    enc.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
+                  v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
+                  scale = scale_, causal = causal_, isa = Isa(isa_)]() mutable {
+      SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(q.dtype()), {}, {}, {},
+                    q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3),
+                    scale, causal, nullptr};
+      for (int i = 0; i < 4; ++i) p.qs[i] = q.strides()[i], p.ks[i] = k.strides()[i], p.vs[i] = v.strides()[i];
+      thread_local std::vector<float> buf;
+      buf.resize(out.size());
+      p.out = buf.data();
+      run_sdpa(isa, p);
+      store_y(buf.data(), out);
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxspec sdpa: this primitive runs on the CPU stream only");
+  }
+
+  const char* name() const override { return "MlxspecFewRowAttention"; }
+
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const FewRowAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_;
+  }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape[3] = inputs[2].shape(3);
+    return {shape};
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+  int isa_;
+};
+
+static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
+                      int isa, mx::StreamOrDevice s) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
+    throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
+  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) throw std::invalid_argument("mlxspec sdpa: one dtype for q, k, v");
+  dtype_of(q.dtype());
+  if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || q.shape(1) % k.shape(1) ||
+      k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3))
+    throw std::invalid_argument("mlxspec sdpa: shapes do not match (GQA needs heads % kv heads == 0)");
+  if (causal && q.shape(2) > k.shape(2)) throw std::invalid_argument("mlxspec sdpa: more query rows than keys");
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device != mx::Device::cpu) throw std::invalid_argument("mlxspec sdpa: CPU streams only");
+  Isa chosen = isa < 0 ? best_isa() : Isa(isa);
+  if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec sdpa: that ISA is not compiled in");
+  auto shape = q.shape();
+  shape[3] = v.shape(3);
+  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen)), {q, k, v});
+}
+
+}  // namespace mlxspec
+
+NB_MODULE(_mlxspec_cpu, m) {
+  m.doc() = "mlxspec CPU kernels: multi-row quantized matmul, few-row attention";
+  m.def("qmm", &mlxspec::qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
+        "y (M, N) = x (M, K) @ dequant(w).T, every row computed as a one-row call would compute it.");
+  m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
+        nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
+        "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows), rows independent of M.");
+  m.def("best_isa", [] { return int(mlxspec::best_isa()); });
+  m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
+  m.def("threads", [] { return mlxspec::pool().size(); });
+}

@@ -1,0 +1,150 @@
+// Multi-row affine quantized matmul on the CPU: y (M, N) = x (M, K) @ dequant(w).T
+//
+// MLX layout: w (N, K*bits/32) uint32 little-endian, element j of a word at bits [bits*j, bits*j+bits);
+// scales, biases (N, K/G); dequant(w)[n, k] = scales[n, k/G] * q[n, k] + biases[n, k/G].
+//
+// Each 32-weight block of a row of w is unpacked and dequantized once per chunk of up to 8 rows of
+// x and multiplied into all of them from registers; a 48-column block's weights stay in cache across
+// chunks, so memory sees each weight once per call whatever M.
+//
+// Exactness rule: the arithmetic for one output (m, n) is the same sequence of fp32 FMAs over K and
+// the same final lane reduction, whatever M, the row chunk or the thread; so a verify pass of k+1
+// rows gives bit-identical rows to k+1 one-row calls.
+//
+// x is first converted to fp32 and, for 4 bits, permuted inside each 32-block to "even elements,
+// then odd elements": that is the order in which one 16-byte load unpacks to low/high nibbles.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "simd.h"
+
+namespace mlxspec {
+
+constexpr int kBlock = 32;   // weights per unpack step (one 16-byte load at 4 bits)
+constexpr int kMaxRows = 8;  // rows of x per register tile (more rows: more chunks)
+
+// One problem; x is already fp32 (and permuted for 4 bits), rows of length K.
+struct QmmProblem {
+  const float* x;      // (M, K)
+  const uint8_t* w;    // (N, K*bits/8) bytes
+  const void* scales;  // (N, K/G)
+  const void* biases;  // (N, K/G)
+  SType stype;
+  int M, N, K, G, bits;
+};
+
+// Columns per tile for a row tile of MR rows: MR*NB accumulators stay in registers, each x vector
+// load feeds NB FMAs and each dequantized weight vector MR FMAs. Measured on AVX-512 (Zen): one row
+// needs 8 columns in flight to keep loads from memory overlapped; 5-8 rows fill 24 registers with 3.
+template <int MR>
+constexpr int cols_for_rows() { return MR == 1 ? 8 : (MR <= 4 ? 4 : 3); }
+
+// out[m][j] (fp32, m < MR, j < NB) = sum_k x[m, k] * dequant(w)[n0 + j, k]
+// The FMA sequence of one (m, j) does not depend on MR or NB: that is the exactness rule.
+template <class I, int BITS, int MR, int NB>
+void tile(const QmmProblem& p, const float* x, int n0, float* out) {
+  using V = typename I::V;
+  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const int groups = p.K / p.G;
+  thread_local std::vector<float> sb_buf;  // this tile's scales then biases, fp32: (2*NB, groups)
+  sb_buf.resize(size_t(2) * NB * groups);
+  float* sb = sb_buf.data();
+  for (int j = 0; j < 2 * NB; ++j)
+    load_floats(j < NB ? p.scales : p.biases, size_t(n0 + j % NB) * groups, groups, p.stype, sb + size_t(j) * groups);
+  V acc[MR][NB];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = I::zero();
+  for (int g = 0; g < groups; ++g) {
+    float s[NB], b[NB];
+    for (int j = 0; j < NB; ++j) s[j] = sb[size_t(j) * groups + g], b[j] = sb[size_t(NB + j) * groups + g];
+    for (int k = g * p.G; k < (g + 1) * p.G; k += kBlock) {
+      V w0[NB], w1[NB];
+      for (int j = 0; j < NB; ++j)
+        I::template dequant32<BITS>(p.w + size_t(n0 + j) * row_bytes + size_t(k) * BITS / 8, s[j], b[j], w0[j], w1[j]);
+      for (int m = 0; m < MR; ++m) {
+        V x0 = I::load_reg(x + size_t(m) * p.K + k), x1 = I::load_reg(x + size_t(m) * p.K + k + I::L);
+        for (int j = 0; j < NB; ++j) {
+          acc[m][j] = I::fma(x0, w0[j], acc[m][j]);
+          acc[m][j] = I::fma(x1, w1[j], acc[m][j]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) out[m * NB + j] = I::reduce(acc[m][j]);
+}
+
+// MR rows starting at x, columns [n_begin, n_end) -> y (MR, ldy) fp32.
+template <class I, int BITS, int MR>
+void block(const QmmProblem& p, const float* x, int n_begin, int n_end, float* y, int ldy) {
+  constexpr int NB = cols_for_rows<MR>();
+  float out[MR * NB];
+  int n = n_begin;
+  for (; n + NB <= n_end; n += NB) {
+    tile<I, BITS, MR, NB>(p, x, n, out);
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NB; ++j) y[size_t(m) * ldy + n + j] = out[m * NB + j];
+  }
+  for (; n < n_end; ++n) {  // tail: one column at a time, same per-output arithmetic
+    tile<I, BITS, MR, 1>(p, x, n, out);
+    for (int m = 0; m < MR; ++m) y[size_t(m) * ldy + n] = out[m];
+  }
+}
+
+template <class I, int BITS, int MR = kMaxRows>
+void block_rows(const QmmProblem& p, const float* x, int rows, int n0, int n1, float* y, int ldy) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return block_rows<I, BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
+  }
+  block<I, BITS, MR>(p, x, n0, n1, y, ldy);
+}
+
+constexpr int kColumnBlock = 48;  // columns per step (a multiple of every NB): its weights stay in cache across row chunks
+
+// Columns [n0, n1) for all rows, in chunks of up to kMaxRows: one thread's work.
+template <class I>
+void run_columns(const QmmProblem& p, int n0, int n1, float* y) {
+  for (int c = n0; c < n1; c += kColumnBlock) {
+    int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
+    for (int r = 0; r < p.M; r += kMaxRows) {
+      int rows = p.M - r < kMaxRows ? p.M - r : kMaxRows;
+      const float* x = p.x + size_t(r) * p.K;
+      float* yr = y + size_t(r) * p.N;
+      if (p.bits == 4) block_rows<I, 4>(p, x, rows, c, c1, yr, p.N);
+      else block_rows<I, 8>(p, x, rows, c, c1, yr, p.N);
+    }
+  }
+}
+
+inline void run_columns(Isa isa, const QmmProblem& p, int n0, int n1, float* y) {
+#if defined(__AVX512F__)
+  if (isa == Isa::avx512) return run_columns<Avx512Isa>(p, n0, n1, y);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == Isa::avx2) return run_columns<Avx2Isa>(p, n0, n1, y);
+#endif
+  run_columns<GenericIsa>(p, n0, n1, y);
+}
+
+// x (M, K) with element strides (s0, s1) -> fp32 rows of K, 4-bit order permuted per 32-block.
+template <typename T, typename Cvt>
+void prepare_x(const T* x, int64_t s0, int64_t s1, int M, int K, int bits, float* out, Cvt cvt) {
+  for (int m = 0; m < M; ++m) {
+    const T* row = x + m * s0;
+    float* o = out + size_t(m) * K;
+    if (bits == 8) {
+      for (int k = 0; k < K; ++k) o[k] = cvt(row[k * s1]);
+      continue;
+    }
+    for (int k = 0; k < K; k += kBlock)
+      for (int i = 0; i < kBlock / 2; ++i) {
+        o[k + i] = cvt(row[(k + 2 * i) * s1]);
+        o[k + kBlock / 2 + i] = cvt(row[(k + 2 * i + 1) * s1]);
+      }
+  }
+}
+
+}  // namespace mlxspec

@@ -1,0 +1,190 @@
+// Attention for a few query rows against a KV cache, on the CPU: out = softmax(q k^T * scale) v.
+//
+// q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv); head h reads kv head h / (H / KV) (GQA).
+// Causal: query row m sees keys t < T - M + m + 1 (the new rows are the last M positions).
+// All query rows of one kv head (H/KV heads x M rows) share each read of a key and value row.
+//
+// Exactness rule, as for the matmul: a row's result depends only on its own query and the keys it
+// sees, through the same sequence of operations whatever M, so a verify pass gives bit-identical
+// rows to one-token steps.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "simd.h"
+
+namespace mlxspec {
+
+enum class DType : int { f32 = 0, f16 = 1, bf16 = 2 };
+
+struct SdpaProblem {
+  const void *q, *k, *v;  // element pointers (offsets applied)
+  DType dtype;            // of q, k and v
+  int64_t qs[4], ks[4], vs[4];  // element strides; the last must be 1
+  int B, H, KV, M, T, D, Dv;
+  float scale;
+  bool causal;
+  float* out;  // (B, H, M, Dv) fp32
+};
+
+inline float to_float(const void* p, int64_t i, DType t) {
+  switch (t) {
+    case DType::f32: return static_cast<const float*>(p)[i];
+    case DType::f16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+// One row of n elements starting at element index i -> fp32 (f32 rows are used in place).
+inline const float* row_f32(const void* base, int64_t i, int n, DType t, float* buf) {
+  if (t == DType::f32) return static_cast<const float*>(base) + i;
+  load_floats(base, size_t(i), n, t == DType::f16 ? SType::f16 : SType::bf16, buf);
+  return buf;
+}
+
+// exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction and a degree-6 polynomial,
+// within 2 ulp of std::exp; the same code for every row keeps rows exact. Branch-free, so loops
+// over it vectorise.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // exp(-87) ~ 1.6e-38: the smallest normal float, and weights below it vanish
+  float n = std::nearbyint(x * 1.44269504088896341f);
+  float r = std::fma(n, -0.693145751953125f, x);
+  r = std::fma(n, -1.428606765330187045e-06f, r);
+  float p = 1.0f / 720;
+  p = std::fma(p, r, 1.0f / 120);
+  p = std::fma(p, r, 1.0f / 24);
+  p = std::fma(p, r, 1.0f / 6);
+  p = std::fma(p, r, 0.5f);
+  p = std::fma(p, r, 1.0f);
+  p = std::fma(p, r, 1.0f);
+  uint32_t bits = uint32_t(int32_t(n) + 127) << 23;  // 2^n, n in [-126, 0]
+  float two_n;
+  std::memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
+// Sum of n floats in a fixed order (16 lanes, then the lanes pairwise).
+inline float sum16(const float* a, int n) {
+  float lanes[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += a[i + l];
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i];
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return lanes[0];
+}
+
+constexpr int kKeys = 16;  // keys per score block (one vector of 16 scores)
+constexpr int kRowBlock = 4;  // query rows sharing each key/value load
+
+// scores[r][t] = (q_r . k_t) * scale for t in [t0, t0 + nk), rows rb..rb+RB: kt is the key block
+// transposed (D, 16), so each score is one lane of a 16-wide FMA chain over d = 0..D-1.
+template <class I, int RB>
+inline void score_block(const float* q, int D, const float* kt, int nk, float scale, float* const* out) {
+  using V = typename I::V;
+  V s[RB];
+  for (int r = 0; r < RB; ++r) s[r] = I::zero();
+  for (int d = 0; d < D; ++d) {
+    V k = I::load(kt + d * kKeys);
+    for (int r = 0; r < RB; ++r) s[r] = I::fma(I::set1(q[r * D + d]), k, s[r]);
+  }
+  alignas(64) float tmp[kKeys];
+  for (int r = 0; r < RB; ++r) {
+    I::store(tmp, s[r]);
+    for (int l = 0; l < nk; ++l) out[r][l] = tmp[l] * scale;
+  }
+}
+
+// acc[r][0..16) += sum over t in [t0, t1) of p[r][t] * v[t][0..16), in key order.
+template <class I, int RB>
+inline void value_block(const float* const* p, const float* v, int64_t v_stride, int t0, int t1, float* const* acc) {
+  using V = typename I::V;
+  V a[RB];
+  for (int r = 0; r < RB; ++r) a[r] = I::load(acc[r]);
+  for (int t = t0; t < t1; ++t) {
+    V vr = I::load(v + (t - t0) * v_stride);
+    for (int r = 0; r < RB; ++r) a[r] = I::fma(I::set1(p[r][t]), vr, a[r]);
+  }
+  for (int r = 0; r < RB; ++r) I::store(acc[r], a[r]);
+}
+
+// Rows [r0, r1) of kv head (b, g); row r is query head g * (H/KV) + r / M, query row r % M.
+template <class I>
+void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
+  const int rep = p.H / p.KV, rows = r1 - r0;
+  const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16, R = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
+  std::vector<float> q(size_t(R) * D, 0.0f), scores(size_t(R) * p.T, 0.0f), acc(size_t(R) * Dv16, 0.0f);
+  std::vector<float> kt(size_t(D) * kKeys), vrows(size_t(p.T) * Dv16, 0.0f), buf(std::max(D, p.Dv));
+  std::vector<int> seen(R, 0);  // keys each row attends to (padding rows: none)
+  for (int r = 0; r < rows; ++r) {
+    int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
+    int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
+    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(p.q, qi + d, p.dtype);
+    seen[r] = p.causal ? p.T - p.M + m + 1 : p.T;
+  }
+  const int t_end = *std::max_element(seen.begin(), seen.end());
+  for (int t0 = 0; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
+    int nk = std::min(kKeys, t_end - t0);
+    std::fill(kt.begin(), kt.end(), 0.0f);
+    for (int l = 0; l < nk; ++l) {
+      const float* kr = row_f32(p.k, b * p.ks[0] + g * p.ks[1] + (t0 + l) * p.ks[2], D, p.dtype, buf.data());
+      for (int d = 0; d < D; ++d) kt[d * kKeys + l] = kr[d];
+    }
+    for (int r = 0; r < R; r += kRowBlock) {
+      float* out[kRowBlock];
+      for (int i = 0; i < kRowBlock; ++i) out[i] = scores.data() + size_t(r + i) * p.T + t0;
+      score_block<I, kRowBlock>(q.data() + size_t(r) * D, D, kt.data(), nk, p.scale, out);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {  // softmax numerators; scores past a row's keys become 0
+    float* s = scores.data() + size_t(r) * p.T;
+    float mx = -INFINITY;
+    for (int t = 0; t < seen[r]; ++t) mx = std::max(mx, s[t]);
+    for (int t = 0; t < seen[r]; ++t) s[t] = exp_nonpositive(s[t] - mx);
+    for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
+  }
+  for (int t = 0; t < t_end; ++t) {  // value rows in fp32, padded to 16 lanes
+    const float* vr = row_f32(p.v, b * p.vs[0] + g * p.vs[1] + t * p.vs[2], p.Dv, p.dtype, buf.data());
+    std::copy(vr, vr + p.Dv, vrows.data() + size_t(t) * Dv16);
+  }
+  for (int r = 0; r < R; r += kRowBlock) {
+    const float* pr[kRowBlock];
+    for (int i = 0; i < kRowBlock; ++i) pr[i] = scores.data() + size_t(r + i) * p.T;
+    // Keys every row of the block sees, then the causal tail one row at a time (each row's own
+    // sequence of FMAs over its keys, whatever rows share its block).
+    int common = p.T;
+    for (int i = 0; i < kRowBlock; ++i) common = std::min(common, r + i < rows ? seen[r + i] : p.T);
+    common = std::min(common, t_end);
+    for (int d0 = 0; d0 < Dv16; d0 += 16) {
+      float* ac[kRowBlock];
+      for (int i = 0; i < kRowBlock; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
+      value_block<I, kRowBlock>(pr, vrows.data() + d0, Dv16, 0, common, ac);
+      for (int i = 0; i < kRowBlock && r + i < rows; ++i)
+        value_block<I, 1>(pr + i, vrows.data() + size_t(common) * Dv16 + d0, Dv16, common, seen[r + i], ac + i);
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
+    float total = sum16(scores.data() + size_t(r) * p.T, seen[r]);
+    float* o = p.out + ((size_t(b) * p.H + h) * p.M + m) * p.Dv;
+    for (int d = 0; d < p.Dv; ++d) o[d] = acc[size_t(r) * Dv16 + d] / total;
+  }
+}
+
+inline void sdpa_rows(Isa isa, const SdpaProblem& p, int b, int g, int r0, int r1) {
+#if defined(__AVX512F__)
+  if (isa == Isa::avx512) return sdpa_rows<Avx512Isa>(p, b, g, r0, r1);
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == Isa::avx2) return sdpa_rows<Avx2Isa>(p, b, g, r0, r1);
+#endif
+  sdpa_rows<GenericIsa>(p, b, g, r0, r1);
+}
+
+}  // namespace mlxspec

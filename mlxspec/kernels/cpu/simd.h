@@ -1,0 +1,202 @@
+// Lane types the CPU kernels are written against: 16 fp32 lanes with zero/load/store/set1/fma,
+// a fixed-order reduction, and dequantization of 32 packed weights. One struct per instruction set
+// (portable, AVX2, AVX-512); a kernel instantiated for one of them does the same arithmetic for
+// every row, which is what keeps multi-row calls bit-identical to one-row calls.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace mlxspec {
+
+enum class SType : int { f32 = 0, f16 = 1, bf16 = 2 };  // dtype of scales/biases
+enum class Isa : int { generic = 0, avx512 = 1, avx2 = 2 };
+
+inline float half_to_float(uint16_t h) {
+  // IEEE binary16 -> binary32, exact (subnormals included).
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    do { man <<= 1; ++e; } while (!(man & 0x400));
+    bits = sign | uint32_t(112 - e) << 23 | ((man & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// n values of scales/biases (any SType) from index i -> fp32; vectorised where the CPU converts.
+inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
+  if (t == SType::f32) {
+    std::memcpy(out, static_cast<const float*>(p) + i, sizeof(float) * n);
+    return;
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(p) + i;
+  int k = 0;
+#if defined(__AVX512F__)
+  if (t == SType::f16)
+    for (; k + 16 <= n; k += 16)
+      _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + k))));
+#endif
+  if (t == SType::f16)
+    for (; k < n; ++k) out[k] = half_to_float(h[k]);
+  else
+    for (; k < n; ++k) out[k] = bf16_to_float(h[k]);
+}
+
+// ---------------------------------------------------------------- portable path
+// 16 float lanes as plain arrays: correct on any CPU (Apple's NEON included); std::fma keeps the
+// contraction explicit, so results never depend on the optimiser. Speed depends on the compiler
+// vectorising std::fma (GCC 12 on x86 keeps it scalar: the AVX-512 path below is the fast one here).
+
+struct GenericIsa {
+  static constexpr int L = 16;
+  struct V { float v[L]; };
+  static V zero() { V r; for (int i = 0; i < L; ++i) r.v[i] = 0.f; return r; }
+  static V load(const float* p) { V r; for (int i = 0; i < L; ++i) r.v[i] = p[i]; return r; }
+  static V load_reg(const float* p) { return load(p); }
+  static void store(float* p, const V& a) { for (int i = 0; i < L; ++i) p[i] = a.v[i]; }
+  static V set1(float x) { V r; for (int i = 0; i < L; ++i) r.v[i] = x; return r; }
+  static V fma(V a, V b, V c) { for (int i = 0; i < L; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return c; }
+  static float reduce(const V& a) {  // pairwise, fixed order
+    float t[L];
+    for (int i = 0; i < L; ++i) t[i] = a.v[i];
+    for (int w = L / 2; w > 0; w /= 2)
+      for (int i = 0; i < w; ++i) t[i] += t[i + w];
+    return t[0];
+  }
+  // 32 weights of one row -> two dequantized vectors; at 4 bits: even elements, then odd ones
+  // (the order one 16-byte load unpacks to; qmm_kernel.h permutes x to match).
+  template <int BITS>
+  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
+    if (BITS == 4) {
+      for (int i = 0; i < L; ++i) {
+        w0.v[i] = std::fma(float(p[i] & 15), s, b);
+        w1.v[i] = std::fma(float(p[i] >> 4), s, b);
+      }
+    } else {
+      for (int i = 0; i < L; ++i) {
+        w0.v[i] = std::fma(float(p[i]), s, b);
+        w1.v[i] = std::fma(float(p[i + L]), s, b);
+      }
+    }
+  }
+};
+
+#if defined(__AVX512F__)
+struct Avx512Isa {
+  static constexpr int L = 16;
+  using V = __m512;
+  static V zero() { return _mm512_setzero_ps(); }
+  static V load(const float* p) { return _mm512_loadu_ps(p); }
+  // A load kept in a register (not folded into each FMA): it feeds NB FMAs from one L1/L2 read.
+  static V load_reg(const float* p) { V v = _mm512_loadu_ps(p); asm("" : "+v"(v)); return v; }
+  static void store(float* p, V a) { _mm512_storeu_ps(p, a); }
+  static V set1(float x) { return _mm512_set1_ps(x); }
+  static V fma(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static float reduce(const V& a) {  // fixed tree: 16 -> 8 -> 4 -> 2 -> 1
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+  }
+  template <int BITS>
+  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
+    const V vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+    if (BITS == 4) {
+      __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+      __m512i hi = _mm512_srli_epi32(bytes, 4);
+      w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), vs, vb);
+      w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), vs, vb);
+    } else {
+      __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+      __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
+      w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), vs, vb);
+      w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), vs, vb);
+    }
+  }
+};
+#endif
+
+#if defined(__AVX2__) && defined(__FMA__)
+// 16 lanes as two 8-lane halves, so the 32-block layout (and x's order) is the AVX-512 one.
+struct Avx2Isa {
+  static constexpr int L = 16;
+  struct V { __m256 a, b; };
+  static V zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static V load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static V load_reg(const float* p) { return load(p); }
+  static void store(float* p, const V& v) { _mm256_storeu_ps(p, v.a); _mm256_storeu_ps(p + 8, v.b); }
+  static V set1(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+  static V fma(const V& x, const V& y, const V& c) { return {_mm256_fmadd_ps(x.a, y.a, c.a), _mm256_fmadd_ps(x.b, y.b, c.b)}; }
+  static float reduce(const V& v) {  // fixed tree: 16 -> 8 -> 4 -> 2 -> 1
+    __m256 h = _mm256_add_ps(v.a, v.b);
+    __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+    q = _mm_add_ss(q, _mm_movehdup_ps(q));
+    return _mm_cvtss_f32(q);
+  }
+  static __m256 widen8(const uint8_t* p) {  // 8 bytes -> 8 ints -> 8 floats
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+  }
+  template <int BITS>
+  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
+    const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+    auto dq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), vs, vb); };
+    if (BITS == 4) {
+      __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+      __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
+      const __m256i m = _mm256_set1_epi32(15);
+      w0 = {dq(_mm256_and_si256(lo8, m)), dq(_mm256_and_si256(hi8, m))};
+      w1 = {dq(_mm256_srli_epi32(lo8, 4)), dq(_mm256_srli_epi32(hi8, 4))};
+    } else {
+      w0 = {_mm256_fmadd_ps(widen8(p), vs, vb), _mm256_fmadd_ps(widen8(p + 8), vs, vb)};
+      w1 = {_mm256_fmadd_ps(widen8(p + 16), vs, vb), _mm256_fmadd_ps(widen8(p + 24), vs, vb)};
+    }
+  }
+};
+#endif
+
+inline bool isa_compiled(Isa isa) {
+#if defined(__AVX512F__)
+  if (isa == Isa::avx512) return true;
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if (isa == Isa::avx2) return true;
+#endif
+  return isa == Isa::generic;
+}
+
+inline Isa best_isa() {
+#if defined(__AVX512F__)
+  return Isa::avx512;
+#elif defined(__AVX2__) && defined(__FMA__)
+  return Isa::avx2;
+#else
+  return Isa::generic;
+#endif
+}
+
+}  // namespace mlxspec

@@ -1,0 +1,132 @@
+"""Swap a model's quantized linear layers for kernel-backed ones, where the kernel proved itself.
+
+    report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, ...}
+
+Only `nn.QuantizedLinear` layers change (same parameters, same names, so saving and loading are
+unaffected). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
+`as_linear` (the output head of tied models) also uses the kernel. Everything the kernel cannot do
+or did not pass its self-check for keeps MLX's op, with the reason in the report.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .registry import device_backend_name, disabled, kernel_for_layer
+
+
+class KernelQuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias)."""
+
+    @classmethod
+    def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
+        _copy_params(layer, new)
+        new._qmm, new.kernel = qmm, kernel
+        return new
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._qmm(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
+        return y + self["bias"] if "bias" in self else y
+
+
+class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding: lookups unchanged (MLX), `as_linear` (a tied head) through the kernel."""
+
+    @classmethod
+    def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
+        new.num_embeddings, new.dims = layer.num_embeddings, layer.dims
+        _copy_params(layer, new)
+        new._qmm, new.kernel = qmm, kernel
+        return new
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._qmm(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
+
+
+def _copy_params(old: nn.Module, new: nn.Module) -> None:
+    """weight, scales, biases (+ bias): the same arrays, made row-contiguous (the CPU kernel needs
+    that; for arrays that already are, which is every loaded model, no copy is made)."""
+    for name, value in old.items():
+        new[name] = mx.contiguous(value) if name in ("weight", "scales", "biases") else value
+    mx.eval(new.parameters())
+    new.freeze()
+
+
+def _why_not(layer) -> str | None:
+    """None if the layer's layout is one the kernels handle."""
+    if getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
+        return f"quantization mode {getattr(layer, 'mode', '?')!r} (kernels do affine)"
+    if layer.bits not in (4, 8):
+        return f"{layer.bits}-bit weights (kernels do 4 and 8)"
+    if layer.group_size % 32:
+        return f"group size {layer.group_size} (kernels need a multiple of 32)"
+    return None
+
+
+def _candidates(model: nn.Module, head: bool):
+    """(path, layer, wrapper class) for every layer that could be swapped."""
+    for path, m in model.named_modules():
+        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding)):
+            continue  # already swapped
+        if isinstance(m, nn.QuantizedLinear):
+            yield path, m, KernelQuantizedLinear
+        elif head and isinstance(m, nn.QuantizedEmbedding) and _tied_head(model):
+            yield path, m, KernelQuantizedEmbedding
+
+
+def _tied_head(model: nn.Module) -> bool:
+    """Does the model use its embedding table as the output head (mlx-lm's tie_word_embeddings)?"""
+    args = getattr(model, "args", None)
+    return bool(getattr(args, "tie_word_embeddings", False)) and not hasattr(model, "lm_head")
+
+
+def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None) -> dict:
+    """Swap in kernel-backed layers where the device's kernel passed its self-check; report what happened.
+
+    On a GPU the Metal/CUDA kernel is used only with gpu=True: it is checked for correctness on the
+    device, but its speed against MLX's own GPU kernels has not been measured yet.
+    Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason},
+             "disabled": reason or None}. Safe to call twice (already swapped layers are left alone).
+    """
+    device = device or mx.default_device()
+    device = mx.Device(device) if isinstance(device, mx.DeviceType) else device
+    backend = device_backend_name(device)
+    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}, "disabled": disabled()}
+    swaps = []
+    for path, layer, wrapper in _candidates(model, head):
+        why = _why_not(layer)
+        if why is None and backend != "cpu" and not gpu:
+            why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True)) until measured on a device"
+        qmm = None
+        if why is None:
+            n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
+            qmm, why = kernel_for_layer(n, k, layer.group_size, layer.bits, layer["scales"].dtype, device)
+        if qmm is None:
+            report["kept"][path] = why
+            continue
+        swaps.append((path, wrapper.wrap(layer, qmm, why)))
+        report["swapped"][path] = why
+    for path, module in swaps:
+        _set_module(model, path, module)
+    return report
+
+
+def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:
+    """model.<path> = module, where path parts that are digits index mlx-lm's lists of layers."""
+    *parents, last = path.split(".")
+    node = model
+    for part in parents:
+        node = node[int(part)] if isinstance(node, list) else getattr(node, part)
+    if isinstance(node, list):
+        node[int(last)] = module
+    else:
+        setattr(node, last, module)

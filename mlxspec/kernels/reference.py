@@ -1,0 +1,58 @@
+"""The definition every kernel must match: MLX's own ops, in pure MLX.
+
+    y = qmm_reference(x, w, scales, biases, group_size, bits)     # x (..., K) -> (..., N)
+
+Kernels accumulate in float32 in their own order, so they match the reference to a stated
+tolerance, not bit for bit; `within_tolerance` is that statement, used by the tests and by the
+per-device self-check.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+# |kernel - reference| <= ACC_TOL * (|x| @ |dequant(w)|.T) + eps(out dtype) * |reference|:
+# float32 sums of up to ~10^4 products in another order, then one rounding to the output dtype.
+ACC_TOL = 2e-6
+EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
+
+
+def output_dtype(x_dtype: mx.Dtype, scales_dtype: mx.Dtype) -> mx.Dtype:
+    """The dtype MLX's quantized_matmul returns: the promotion of x's and the scales' dtypes."""
+    return (mx.zeros((1,), x_dtype) + mx.zeros((1,), scales_dtype)).dtype  # lazy: nothing is computed
+
+
+def qmm_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+    """x @ dequant(w).T computed by MLX in float32, returned in the dtype MLX's op would return."""
+    out_dtype = output_dtype(x.dtype, scales.dtype)
+    f32 = mx.float32
+    y = mx.quantized_matmul(
+        x.astype(f32), w, scales.astype(f32), biases.astype(f32), transpose=True, group_size=group_size, bits=bits
+    )
+    return y.astype(out_dtype)
+
+
+def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+    """|x| @ |dequant(w)|.T in float32: the scale of the rounding error of a dot product."""
+    dq = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits)
+    return mx.abs(x.astype(mx.float32)) @ mx.abs(dq).T
+
+
+def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
+                     group_size: int, bits: int) -> tuple[bool, float]:
+    """(ok, worst error as a fraction of the allowed error) for a kernel result y."""
+    ref = qmm_reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
+    allowed = ACC_TOL * magnitude(x, w, scales, biases, group_size, bits) + EPS[y.dtype] * mx.abs(ref) + 1e-30
+    ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
+    finite = mx.all(mx.isfinite(y)).item()
+    return bool(finite and ratio <= 1.0), float(ratio)
+
+
+def random_quantized(n: int, k: int, group_size: int, bits: int, dtype=mx.float16, key=None):
+    """Random packed weights (N, K*bits/32) with scales/biases (N, K/G) in `dtype`, cheap at any size."""
+    k1, k2, k3 = mx.random.split(key if key is not None else mx.random.key(0), 3)
+    w = mx.random.randint(0, 2**31 - 1, (n, k * bits // 32), key=k1).astype(mx.uint32)
+    w = w | (mx.random.randint(0, 2, (n, k * bits // 32), key=k1).astype(mx.uint32) << 31)
+    scales = (mx.random.uniform(0.5, 1.5, (n, k // group_size), key=k2) * (0.02 / 2**bits)).astype(dtype)
+    biases = (mx.random.normal((n, k // group_size), key=k3) * 0.01).astype(dtype)
+    return w, scales, biases

@@ -1,0 +1,86 @@
+// Stand-ins for the Metal and CUDA builtins our GPU kernel uses, so the source MLX would generate
+// compiles as C++ and runs on the CPU: every lane of a simdgroup/warp is a thread, and cross-lane
+// operations meet at a barrier. Only what mlxspec's kernel needs; not a general emulator.
+#pragma once
+
+#include <array>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace emu {
+constexpr int kLanes = 32;
+struct Lanes {
+  std::barrier<> meet{kLanes};
+  float values[kLanes];
+};
+inline thread_local Lanes* lanes = nullptr;
+inline thread_local int lane = 0;
+
+// Every lane publishes v, then reads lane `src(lane)`'s value.
+inline float exchange(float v, int src) {
+  lanes->values[lane] = v;
+  lanes->meet.arrive_and_wait();
+  float r = lanes->values[src];
+  lanes->meet.arrive_and_wait();
+  return r;
+}
+
+// Run fn(lane, column) for 32 lanes per column, one simdgroup at a time.
+inline void run_columns(int columns, const std::function<void(int, int)>& fn) {
+  for (int n = 0; n < columns; ++n) {
+    Lanes group;
+    std::vector<std::thread> threads;
+    for (int l = 0; l < kLanes; ++l)
+      threads.emplace_back([&, l] { lanes = &group; lane = l; fn(l, n); });
+    for (auto& t : threads) t.join();
+  }
+}
+
+struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
+  uint16_t bits;
+  bf16() = default;
+  bf16(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    bits = uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+  }
+  operator float() const {
+    uint32_t u = uint32_t(bits) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+};
+}  // namespace emu
+
+// ---- Metal
+#define device
+#define constant
+struct uint3 { unsigned x, y, z; };
+using float16_t = _Float16;
+using bfloat16_t = emu::bf16;
+namespace metal {
+inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
+}
+inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
+  float s = 0.0f;
+  for (int i = 0; i < emu::kLanes; ++i) s += emu::exchange(v, i);
+  return s;
+}
+
+// ---- CUDA
+#define __global__
+#define __device__
+#define __grid_constant__
+struct dim3 { unsigned x, y, z; };
+inline thread_local dim3 threadIdx, blockIdx, blockDim;
+using __half = _Float16;
+using __nv_bfloat16 = emu::bf16;
+using Shape = std::array<int32_t, 8>;
+using Strides = std::array<int64_t, 8>;
+inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }

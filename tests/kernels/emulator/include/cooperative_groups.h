@@ -1,0 +1,1 @@
+namespace cooperative_groups {}

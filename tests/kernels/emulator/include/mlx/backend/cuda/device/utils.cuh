@@ -1,0 +1,1 @@
+// stand-in: gpu_emulator.h is force-included instead

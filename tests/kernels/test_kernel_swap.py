@@ -1,0 +1,176 @@
+"""use_kernels on real (tiny) 4-bit models: what is swapped, greedy exactness with kernels on, fallbacks.
+
+Exactness with kernels on (the matmul kernel, then also the attention kernel): the engine's plain
+decoding equals a one-token-at-a-time loop, and speculative decoding (a model drafter that agrees,
+one that often disagrees) equals plain decoding.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mlxspec.engine import Engine
+from mlxspec.kernels import KernelQuantizedEmbedding, KernelQuantizedLinear, attention, registry, use_kernels
+from mlxspec.kernels.build import KernelUnavailable
+from mlxspec.options import GenerateOptions
+
+PROMPTS = ["Once upon a time", "def add(a, b):", "The quick brown fox"]
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    registry.reset()
+    yield
+    registry.reset()
+
+
+def quantized_layers(model, cls=nn.QuantizedLinear):
+    return {p for p, m in model.named_modules() if isinstance(m, cls)}
+
+
+def generate(engine: Engine, prompt: str, **options) -> list[int]:
+    opts = GenerateOptions(max_tokens=32, adaptive=False, **options)
+    return [t for ev in engine.generate(prompt, opts) for t in ev.tokens]
+
+
+def one_token_loop(engine: Engine, prompt: str, n: int = 32) -> list[int]:
+    """Greedy decoding by hand: prefill, then one token per forward pass."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model, ids = engine.target.model, engine.encode(prompt)
+    cache = make_prompt_cache(model)
+    model(mx.array(ids[:-1])[None], cache=cache)
+    out, last = [], ids[-1]
+    for _ in range(n):
+        last = int(mx.argmax(model(mx.array([[last]]), cache=cache)[0, -1]).item())
+        if last in engine.tokenizer.eos_token_ids:
+            break
+        out.append(last)
+    return out
+
+
+@pytest.fixture(scope="module", params=["qmm", "qmm+attention"])
+def engines(request, tiny_llama, tiny_llama_other, cpu_ext):
+    """Engines on a 4-bit target, all with kernels on: plain, and drafting with the target itself
+    (accepts all), its 8-bit g64 quantization (accepts some) and other weights (accepts ~none)."""
+    registry.reset()
+    attention.restore_attention()  # an earlier Engine.load (kernels on by default) may have hooked it
+    if request.param == "qmm+attention":
+        assert attention.use_attention_kernel()["patched"]
+        request.addfinalizer(attention.restore_attention)
+    target = str(tiny_llama)
+    plain = Engine.load(target, quantize="q4g32", kernels=False)
+    same = Engine.load(target, quantize="q4g32", draft=target, draft_quantize="q4g32", kernels=False)
+    near = Engine.load(target, quantize="q4g32", draft=target, draft_quantize="q8g64", kernels=False)
+    other = Engine.load(target, quantize="q4g32", draft=str(tiny_llama_other), draft_quantize="q4g32", kernels=False)
+    for engine in (plain, same, near, other):
+        for model in {id(m): m for m in (engine.target.model, engine.draft and engine.draft.model) if m}.values():
+            report = use_kernels(model)
+            assert report["swapped"] and not report["kept"], report
+    return plain, same, near, other
+
+
+def test_swaps_every_quantized_linear_and_keeps_the_logits(tiny_llama, cpu_ext):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama), "q4g32").model
+    linear = quantized_layers(model)
+    x = mx.array([[5, 17, 42, 7]])
+    before = model(x)
+    report = use_kernels(model)
+    assert set(report["swapped"]) == linear and report["backend"] == "cpu"
+    assert quantized_layers(model, KernelQuantizedLinear) == linear
+    assert not quantized_layers(model, KernelQuantizedEmbedding)  # untied model: the embedding stays MLX's
+    assert mx.allclose(model(x), before, atol=1e-4, rtol=1e-4).item()
+    assert use_kernels(model)["swapped"] == {}  # a second call changes nothing
+
+
+def test_tied_head_goes_through_the_kernel_and_lookups_do_not(tiny_qwen2, cpu_ext):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_qwen2), "q4g32").model
+    embed = model.model.embed_tokens
+    ids = mx.array([[3, 9, 27]])
+    rows, logits = embed(ids), model(ids)
+    use_kernels(model)
+    assert isinstance(model.model.embed_tokens, KernelQuantizedEmbedding)
+    assert mx.array_equal(model.model.embed_tokens(ids), rows).item()
+    assert mx.allclose(model(ids), logits, atol=1e-4, rtol=1e-4).item()
+
+
+def test_plain_decoding_equals_one_token_loop(engines):
+    plain = engines[0]
+    for prompt in PROMPTS:
+        assert generate(plain, prompt, draft_length=0) == one_token_loop(plain, prompt)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_speculative_equals_plain(engines, k):
+    plain, *drafting = engines
+    for prompt in PROMPTS:
+        expected = generate(plain, prompt, draft_length=0)
+        for engine in drafting:
+            assert generate(engine, prompt, draft_length=k) == expected
+
+
+def test_unavailable_kernel_warns_once_and_keeps_mlx(tiny_llama, monkeypatch, caplog):
+    from mlxspec.loading import load
+
+    def no_compiler(name):
+        raise KernelUnavailable("cannot build the CPU kernel: a C++ compiler not found")
+
+    monkeypatch.setattr(registry, "_load", no_compiler)
+    with caplog.at_level(logging.WARNING, logger="mlxspec.kernels"):
+        reports = [use_kernels(load(str(tiny_llama), "q4g32").model) for _ in range(2)]
+    assert all(not r["swapped"] and r["kept"] for r in reports)
+    assert all("compiler not found" in why for why in reports[0]["kept"].values())
+    assert len([r for r in caplog.records if "compiler not found" in r.getMessage()]) == 1
+    assert registry.status()[0]["active"] is False
+
+
+def test_wrong_kernel_fails_self_check_and_is_not_used(tiny_llama, monkeypatch, caplog):
+    from mlxspec.loading import load
+
+    def wrong(x, w, scales, biases, group_size, bits):
+        return mx.zeros((*x.shape[:-1], w.shape[0]), x.dtype)
+
+    monkeypatch.setattr(registry, "_load", lambda name: (wrong, "broken"))
+    model = load(str(tiny_llama), "q4g32").model
+    with caplog.at_level(logging.WARNING, logger="mlxspec.kernels"):
+        report = use_kernels(model)
+    assert not report["swapped"] and all("self-check" in why for why in report["kept"].values())
+    assert not quantized_layers(model, KernelQuantizedLinear)
+    assert any("self-check" in r.getMessage() for r in caplog.records)
+
+
+def test_disabled_by_environment(tiny_llama, monkeypatch):
+    from mlxspec.loading import load
+
+    monkeypatch.setenv("MLXSPEC_KERNELS", "0")
+    report = use_kernels(load(str(tiny_llama), "q4g32").model)
+    assert not report["swapped"] and report["disabled"]
+
+
+def test_unquantized_model_has_nothing_to_swap(tiny_llama):
+    from mlxspec.loading import load
+
+    report = use_kernels(load(str(tiny_llama)).model)
+    assert report["swapped"] == {} and report["kept"] == {}
+
+
+def test_gpu_kernels_are_opt_in_and_fall_back_without_a_gpu(tiny_llama, caplog):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama), "q4g32").model
+    report = use_kernels(model, device=mx.gpu)
+    assert not report["swapped"] and all("opt-in" in why for why in report["kept"].values())
+    if mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available()):
+        pytest.skip("a real GPU is present: its kernel would be checked and may be used")
+    with caplog.at_level(logging.WARNING, logger="mlxspec.kernels"):
+        report = use_kernels(model, device=mx.gpu, gpu=True)
+    assert not report["swapped"] and all("unavailable" in why for why in report["kept"].values())
+    assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
