@@ -1,6 +1,6 @@
 """Drafters on real weights: acceptance, tokens/s and speedup over plain decoding, in one run.
 
-    python benchmarks/bench_drafters.py [--model smollm2-ref] [--max-tokens 96] [--repeats 3]
+    python benchmarks/bench_drafters.py [--model REF] [--max-tokens 96] [--repeats 3] [--no-kernels]
 
 Greedy; every configuration's output is checked token-identical to plain decoding. Medians over
 repeats, warm (one untimed run per configuration first). Writes benchmarks/results/drafters.json.
@@ -39,10 +39,7 @@ def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool):
 
 def bench(model: str, max_tokens: int, repeats: int, kernels: bool) -> dict:
     prompts = json.loads((HERE / "prompts" / "drafters.json").read_text())
-    engines = {d: Engine.load(model, drafter=d) for d in {c[1] for c in CONFIGS}}
-    if kernels:
-        for e in engines.values():
-            e.use_kernels()
+    engines = {d: Engine.load(model, drafter=d, kernels=kernels) for d in {c[1] for c in CONFIGS}}
     rows = []
     for kind in ("input_grounded", "free_form"):
         for prompt in prompts[kind]:
@@ -99,7 +96,7 @@ def main() -> None:
     ap.add_argument("--model", default=SMOLLM2)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--kernels", action="store_true", help="use the verify-path kernels (mlxspec.kernels)")
+    ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="MLX's own ops, not mlxspec.kernels")
     ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
     args = ap.parse_args()
     result = bench(args.model, args.max_tokens, args.repeats, args.kernels)
