@@ -20,15 +20,7 @@ from . import loading
 from .adaptive import CostModel
 from .cache import PrefixCache
 from .decode import Decoder
-from .drafters import (
-    Drafter,
-    EarlyExitDrafter,
-    LookupDrafter,
-    ModelDrafter,
-    NoDrafter,
-    check_compatible,
-    parse_drafter,
-)
+from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .errors import MlxspecError
 from .loading import LoadedModel
 from .options import GenerateOptions
@@ -88,7 +80,7 @@ class Engine:
         they pass their self-check on this device (see `use_kernels`).
         """
         drafter = drafter or ("draft-model" if draft else "none")
-        kind, layers = parse_drafter(drafter)
+        kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
         tgt = loading.load(target, quantize, progress)
@@ -99,17 +91,8 @@ class Engine:
             check_compatible(tgt.tokenizer, dft.tokenizer)
         kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels=False"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        if kind == "none":
-            engine = cls(tgt, NoDrafter(), None, 0)
-        elif kind == "lookup":
-            engine = cls(tgt, LookupDrafter(), None, draft_length)
-        elif kind == "early-exit":
-            try:
-                engine = cls(tgt, EarlyExitDrafter(tgt.model, layers), None, draft_length)
-            except ValueError as e:
-                raise MlxspecError(str(e)) from None
-        else:
-            engine = cls(tgt, ModelDrafter(dft.model, min_confidence), dft, draft_length)
+        built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
+        engine = cls(tgt, built, dft, draft_length)
         engine.kernels = kernel_report
         return engine
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..drafters import EarlyExitDrafter, LookupDrafter, ModelDrafter, NoDrafter
+from ..drafters import make_drafter
 from ..engine import Engine
 from ..loading import LoadedModel
 from ..options import GenerateOptions
@@ -87,16 +87,9 @@ class Runners:
         return self.engines[drafter]
 
     def _build(self, drafter: str) -> Engine:
-        kind, _, arg = drafter.partition(":")
-        if kind == "none":
-            return Engine(self.target, NoDrafter(), None, 0)
-        if kind == "lookup":
-            return Engine(self.target, LookupDrafter(), None)
-        if kind == "early-exit":
-            return Engine(self.target, EarlyExitDrafter(self.target.model, int(arg) if arg else None), None)
-        if kind == "draft-model" and self.draft is not None:
-            return Engine(self.target, ModelDrafter(self.draft.model), self.draft)
-        raise ValueError(f"no engine for drafter {drafter!r}")
+        draft = self.draft if drafter.startswith("draft-model") else None
+        built = make_drafter(drafter, self.target.model, draft.model if draft else None)
+        return Engine(self.target, built, draft)
 
     def run(self, config: Config, ids: list[int], max_tokens: int, cold: bool = True) -> Run:
         memory.reset_peak()

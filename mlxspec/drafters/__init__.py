@@ -20,7 +20,27 @@ def parse_drafter(spec: str) -> tuple[str, int | None]:
     return kind, int(arg) if arg else None
 
 
+def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0) -> Drafter:
+    """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model')."""
+    from ..errors import MlxspecError
+
+    kind, layers = parse_drafter(spec)
+    if (kind == "draft-model") != (draft is not None):
+        raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
+    if kind == "lookup":
+        return LookupDrafter()
+    if kind == "early-exit":
+        try:
+            return EarlyExitDrafter(target, layers)
+        except ValueError as e:
+            raise MlxspecError(str(e)) from None
+    if kind == "draft-model":
+        return ModelDrafter(draft, min_confidence)
+    return NoDrafter()
+
+
 __all__ = [
+    "make_drafter",
     "parse_drafter",
     "DRAFTERS",
     "Draft",
