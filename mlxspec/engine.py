@@ -196,7 +196,11 @@ def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
     A kernel that cannot build or disagrees with the pure-MLX reference is reported (one warning)
     and MLX's own op stays: the reference defines the result, kernels only make it faster.
     """
+    import mlx.core as mx
+
     from .kernels import use_attention_kernel, use_kernels
 
     models = [target.model] + ([draft.model] if draft is not None and draft is not target else [])
-    return {"layers": [use_kernels(m) for m in models], "attention": use_attention_kernel()}
+    on_cpu = mx.default_device().type == mx.cpu  # the attention kernel is CPU-only: no build elsewhere
+    attention = use_attention_kernel() if on_cpu else {"kernel": "cpu-sdpa", "disabled": "not on the CPU backend"}
+    return {"layers": [use_kernels(m) for m in models], "attention": attention}
