@@ -25,7 +25,11 @@ from .errors import PromptError
 from .options import GenerateOptions
 from .sampling import Sampling, penalize, probabilities
 from .stats import Stats
+from .kernels.accept import fused_greedy_accept, fused_rejection_accept
 from .verify import greedy_accept, rejection_accept
+
+# The fused GPU acceptance kernels are opt-in until measured on a device (they self-check either way).
+FUSED_ACCEPT = os.environ.get("MLXSPEC_FUSED_ACCEPT", "0") == "1"
 
 
 @dataclass
@@ -131,10 +135,13 @@ class Decoder:
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
         logits = self.target(x[None], cache=cache)[0]  # (1 + kd, V)
         logits = penalize(logits, context, draft.tokens, self.opts.repeat_penalty, self.opts.repeat_last_n)
+        greedy, rejection = (
+            (fused_greedy_accept, fused_rejection_accept) if FUSED_ACCEPT else (greedy_accept, rejection_accept)
+        )
         if self.sampling.greedy:
-            n, nxt = greedy_accept(logits, draft.tokens)
+            n, nxt = greedy(logits, draft.tokens)
         else:
-            n, nxt = rejection_accept(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
+            n, nxt = rejection(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
         mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
         self.stats.host_syncs += 1
         n = int(n.item())

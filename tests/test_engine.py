@@ -228,3 +228,15 @@ def test_engine_uses_the_verify_kernels_by_default_where_they_pass(tiny_llama):
         pytest.skip(f"no kernel usable on this machine: {layers}")
     assert len(layers["swapped"]) == 15  # 7 linear layers x 2 blocks + the head
     assert Engine.load(str(tiny_llama), quantize="q4g32", kernels=False).kernels == {"disabled": "kernels=False"}
+
+
+def test_fused_acceptance_wiring_keeps_output_exact(spec, monkeypatch):
+    """MLXSPEC_FUSED_ACCEPT=1 routes acceptance through the fused kernels (here: their CPU fallback)."""
+    import mlxspec.decode as decode
+
+    expected = run(spec, "Once upon a time", max_tokens=30, adaptive=False)[0]
+    monkeypatch.setattr(decode, "FUSED_ACCEPT", True)
+    tokens, _, last = run(spec, "Once upon a time", max_tokens=30, adaptive=False)
+    assert tokens == expected and last.stats.accepted > 0
+    sampled = run(spec, "Once upon a time", max_tokens=30, adaptive=False, temperature=1.0, seed=5)[0]
+    assert len(sampled) == 30

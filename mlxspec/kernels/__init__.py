@@ -8,10 +8,11 @@
 Files: reference.py (the pure-MLX definition and tolerance), cpu/ + build.py + cpu.py (the MLX C++
 extension, built on first use and cached), gpu_source.py + gpu.py (Metal and CUDA kernels through
 mx.fast), registry.py (per-device self-check), layers.py (the swap), attention.py (the attention
-kernel's self-check and mlx-lm hook).
+kernel's self-check and mlx-lm hook), accept*.py (fused acceptance on a GPU: greedy and rejection
+sampling in one kernel; opt-in with MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
 """
 
-from . import attention, registry
+from . import accept, attention, registry
 from .attention import restore_attention, use_attention_kernel
 from .build import KernelUnavailable
 from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernels
@@ -20,7 +21,8 @@ from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernels
 def status() -> list[dict]:
     """One entry per kernel tried in this process: active or not, and why."""
     tried = attention._state["kernel"] is not None or attention._state["error"] is not None
-    return registry.status() + ([attention.attention_status()] if tried else [])
+    fused = accept.status()
+    return registry.status() + ([attention.attention_status()] if tried else []) + ([fused] if fused else [])
 
 
 __all__ = [

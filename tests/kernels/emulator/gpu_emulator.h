@@ -1,6 +1,6 @@
 // Stand-ins for the Metal and CUDA builtins our GPU kernel uses, so the source MLX would generate
 // compiles as C++ and runs on the CPU: every lane of a simdgroup/warp is a thread, and cross-lane
-// operations meet at a barrier. Only what mlxspec's kernel needs; not a general emulator.
+// operations meet at a barrier. Only what mlxspec's kernels need; not a general emulator.
 #pragma once
 
 #include <array>
@@ -17,6 +17,7 @@ constexpr int kLanes = 32;
 struct Lanes {
   std::barrier<> meet{kLanes};
   float values[kLanes];
+  int ivalues[kLanes];  // integer exchanges (the fused acceptance kernel's argmin / argmax)
 };
 inline thread_local Lanes* lanes = nullptr;
 inline thread_local int lane = 0;
@@ -28,6 +29,32 @@ inline float exchange(float v, int src) {
   float r = lanes->values[src];
   lanes->meet.arrive_and_wait();
   return r;
+}
+
+inline int exchange(int v, int src) {
+  lanes->ivalues[lane] = v;
+  lanes->meet.arrive_and_wait();
+  int r = lanes->ivalues[src];
+  lanes->meet.arrive_and_wait();
+  return r;
+}
+
+// Every lane publishes v, then reads all 32 values: one meeting for a whole reduction.
+inline std::array<float, kLanes> gather(float v) {
+  lanes->values[lane] = v;
+  lanes->meet.arrive_and_wait();
+  std::array<float, kLanes> all;
+  std::memcpy(all.data(), lanes->values, sizeof(lanes->values));
+  lanes->meet.arrive_and_wait();
+  return all;
+}
+inline std::array<int, kLanes> gather(int v) {
+  lanes->ivalues[lane] = v;
+  lanes->meet.arrive_and_wait();
+  std::array<int, kLanes> all;
+  std::memcpy(all.data(), lanes->ivalues, sizeof(lanes->ivalues));
+  lanes->meet.arrive_and_wait();
+  return all;
 }
 
 // Run fn(lane, column) for 32 lanes per column, one simdgroup at a time.
@@ -66,10 +93,34 @@ using float16_t = _Float16;
 using bfloat16_t = emu::bf16;
 namespace metal {
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
+inline float max(float a, float b) { return std::fmax(a, b); }
 }
 inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
   float s = 0.0f;
   for (int i = 0; i < emu::kLanes; ++i) s += emu::exchange(v, i);
+  return s;
+}
+
+// Reductions every lane must reach, like the hardware's (the fused acceptance kernel's).
+inline float simd_max(float v) {
+  float m = v;
+  for (float w : emu::gather(v)) m = w > m ? w : m;
+  return m;
+}
+inline int simd_max(int v) {
+  int m = v;
+  for (int w : emu::gather(v)) m = w > m ? w : m;
+  return m;
+}
+inline int simd_min(int v) {
+  int m = v;
+  for (int w : emu::gather(v)) m = w < m ? w : m;
+  return m;
+}
+inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1), in that order
+  const auto all = emu::gather(v);
+  float s = 0.0f;
+  for (int i = 0; i < emu::lane; ++i) s += all[i];
   return s;
 }
 
@@ -84,3 +135,7 @@ using __nv_bfloat16 = emu::bf16;
 using Shape = std::array<int32_t, 8>;
 using Strides = std::array<int64_t, 8>;
 inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
+inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
+inline float __shfl_up_sync(unsigned, float v, int delta) {  // lanes below delta keep their own value
+  return emu::exchange(v, emu::lane >= delta ? emu::lane - delta : emu::lane);
+}
