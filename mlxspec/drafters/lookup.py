@@ -4,6 +4,9 @@ If the last n tokens appeared earlier in the prompt or output, propose the token
 their most recent earlier occurrence, trying n from `max_ngram` down to `min_ngram`. It shines
 where the answer copies its input (code edits, summaries, quotes). The draft is deterministic
 (q = one-hot), which the rejection rule handles exactly.
+
+A short match is a weak guess, so it proposes fewer tokens: on SmolLM2 (4 prompts, k=4) rounds
+from a 1-token match kept 0.28 drafts on average (88% kept none), 2-token matches 1.5, 3-token 3.4.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from .base import Draft, Drafter
 
 class LookupDrafter(Drafter):
     name = "lookup"
+
+    SHORT_MATCH_BUDGET = {1: 1, 2: 2}  # n-gram length -> most tokens proposed after such a match
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
@@ -41,7 +46,7 @@ class LookupDrafter(Drafter):
                 continue
             end = self.index[n].get(tuple(context[-n:]))
             if end is not None:
-                guess = context[end : end + k]
+                guess = context[end : end + min(k, self.SHORT_MATCH_BUDGET.get(n, k))]
                 return Draft(mx.array(guess, dtype=mx.uint32), None, len(guess))
         return Draft.empty()
 
