@@ -15,7 +15,7 @@ from ..errors import MlxspecError
 from ..options import OptionsError
 from .harness import SMOLLM2
 
-DEFAULTS = {"draft_lengths": "4", "prompts": "default", "max_tokens": 32, "repeats": 2}
+DEFAULTS = {"draft_lengths": "4", "prompts": "default", "max_tokens": 64, "repeats": 3}  # ~2-3 min with kernels
 
 
 class _Progress:
