@@ -23,6 +23,16 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from .gpu_source import (
+    _CUDA_TYPES,
+    _METAL_TYPES,
+    CUDA_NAMESPACE,
+    CUDA_PREAMBLE,
+    cuda_params,
+    metal_input_names,
+    metal_params,
+)
+
 GREEDY = "greedy"
 REJECTION = "rejection"
 NAMES = {GREEDY: "mlxspec_accept_greedy", REJECTION: "mlxspec_accept_rejection"}
@@ -138,10 +148,6 @@ def cuda_body(kind: str) -> str:
     return CUDA_PROLOGUE + CORES[kind]
 
 
-_METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.uint32: "uint32_t",
-                mx.int32: "int32_t"}
-_CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.uint32: "uint32_t",
-               mx.int32: "int32_t"}
 
 
 def input_dtypes(kind: str, dtype) -> dict:
@@ -159,17 +165,8 @@ def metal_source(kind: str, dtype, sizes: dict[str, int]) -> tuple[str, str]:
     body, dtypes, inputs = metal_body(kind), input_dtypes(kind, dtype), INPUTS[kind]
     tdef = f"<{_METAL_TYPES[dtype]}>"
     name = f"custom_kernel_{NAMES[kind]}__{_METAL_TYPES[dtype]}"
-    name += "".join(f"_{_METAL_TYPES[dtypes[i]]}" + ("c" if sizes[i] < 8 else "") for i in inputs)
-    name += f"_{_METAL_TYPES[mx.int32]}"
-    params, index = [], 0
-    for i in inputs:
-        space = "constant" if sizes[i] < 8 else "device"
-        params.append(f"  const {space} {_METAL_TYPES[dtypes[i]]}* {i} [[buffer({index})]]")
-        index += 1
-        for suffix, ctype in (("_shape", "int*"), ("_strides", "int64_t*"), ("_ndim", "int&")):
-            if i + suffix in body:
-                params.append(f"  const constant {ctype} {i}{suffix} [[buffer({index})]]")
-                index += 1
+    name += metal_input_names(inputs, dtypes, sizes) + f"_{_METAL_TYPES[mx.int32]}"
+    params, index = metal_params(inputs, dtypes, sizes, body)
     params.append(f"  device {_METAL_TYPES[mx.int32]}* out [[buffer({index})]]")
     params.append("  uint3 thread_position_in_grid [[thread_position_in_grid]]")
     src = (METAL_HEADER + f"template <typename T>\n[[kernel]] void {name}(\n" + ",\n".join(params) + ") {\n"
@@ -182,16 +179,8 @@ def cuda_source(kind: str, dtype) -> tuple[str, str]:
     """(function name, full CUDA source) as mx.fast.cuda_kernel would generate it."""
     body, dtypes = cuda_body(kind), input_dtypes(kind, dtype)
     name = f"custom_kernel_{NAMES[kind]}_{_METAL_TYPES[dtype]}"
-    params = []
-    for i in INPUTS[kind]:
-        params.append(f"    const {_CUDA_TYPES[dtypes[i]]}* {i}")
-        for suffix, ctype in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
-            if i + suffix in body:
-                params.append(f"    const __grid_constant__ {ctype} {i}{suffix}")
-    params.append(f"    {_CUDA_TYPES[mx.int32]}* out")
-    src = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
-           "#define inf cuda::std::numeric_limits<float>::infinity()\n\n" + CUDA_HEADER
-           + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    params = cuda_params(INPUTS[kind], dtypes, body) + [f"    {_CUDA_TYPES[mx.int32]}* out"]
+    src = (CUDA_PREAMBLE + CUDA_HEADER + CUDA_NAMESPACE
            + f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n"
            + f"  using T = {_CUDA_TYPES[dtype]};\n\n" + body + "\n}\n\n} // namespace mlx::core::cu\n")
     return name, src

@@ -75,8 +75,13 @@ __device__ inline float lane_sum(float v) {
 METAL_BODY = METAL_PROLOGUE + CORE
 CUDA_BODY = CUDA_PROLOGUE + CORE
 
-_METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.uint32: "uint32_t"}
-_CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.uint32: "uint32_t"}
+_METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.uint32: "uint32_t",
+                mx.int32: "int32_t"}
+_CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.uint32: "uint32_t",
+               mx.int32: "int32_t"}
+CUDA_PREAMBLE = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+                 "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
+CUDA_NAMESPACE = "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
 _METAL_ATTRIBUTES = {"thread_position_in_grid": "uint3"}  # the builtins the body uses
 
 
@@ -86,6 +91,36 @@ def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -
 
 def _uses(body: str, name: str) -> bool:
     return name in body
+
+
+def metal_input_names(inputs, dtypes: dict, sizes: dict[str, int]) -> str:
+    """The part of MLX's kernel name that spells each input's type (+ 'c' when in constant space)."""
+    return "".join(f"_{_METAL_TYPES[dtypes[i]]}" + ("c" if sizes[i] < 8 else "") for i in inputs)
+
+
+def metal_params(inputs, dtypes: dict, sizes: dict[str, int], body: str) -> tuple[list[str], int]:
+    """MLX's Metal parameter list for the inputs (with the _shape/_strides/_ndim the body uses); next buffer."""
+    params, index = [], 0
+    for i in inputs:
+        space = "constant" if sizes[i] < 8 else "device"  # MLX: inputs of < 8 elements go to constant space
+        params.append(f"  const {space} {_METAL_TYPES[dtypes[i]]}* {i} [[buffer({index})]]")
+        index += 1
+        for suffix, ctype in (("_shape", "int*"), ("_strides", "int64_t*"), ("_ndim", "int&")):
+            if _uses(body, i + suffix):
+                params.append(f"  const constant {ctype} {i}{suffix} [[buffer({index})]]")
+                index += 1
+    return params, index
+
+
+def cuda_params(inputs, dtypes: dict, body: str) -> list[str]:
+    """MLX's CUDA parameter list for the inputs (with the _shape/_strides/_ndim the body uses)."""
+    params = []
+    for i in inputs:
+        params.append(f"    const {_CUDA_TYPES[dtypes[i]]}* {i}")
+        for suffix, ctype in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
+            if _uses(body, i + suffix):
+                params.append(f"    const __grid_constant__ {ctype} {i}{suffix}")
+    return params
 
 
 def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int]) -> tuple[str, str]:
@@ -98,17 +133,8 @@ def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, si
     dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
     tdef = "<" + ", ".join(_METAL_TYPES[v] if isinstance(v, mx.Dtype) else str(v) for _, v in targs) + ">"
     name = f"custom_kernel_{NAME}__" + tdef.strip("<>").replace(", ", "_")  # MLX: "_" + "<a, b>" with <, >, ", " -> "_"
-    name += "".join(f"_{_METAL_TYPES[dtypes[i]]}" + ("c" if sizes[i] < 8 else "") for i in INPUTS)
-    name += f"_{_METAL_TYPES[out_dtype]}"
-    params, index = [], 0
-    for i in INPUTS:
-        space = "constant" if sizes[i] < 8 else "device"
-        params.append(f"  const {space} {_METAL_TYPES[dtypes[i]]}* {i} [[buffer({index})]]")
-        index += 1
-        for suffix, ctype in (("_shape", "int*"), ("_strides", "int64_t*"), ("_ndim", "int&")):
-            if _uses(METAL_BODY, i + suffix):
-                params.append(f"  const constant {ctype} {i}{suffix} [[buffer({index})]]")
-                index += 1
+    name += metal_input_names(INPUTS, dtypes, sizes) + f"_{_METAL_TYPES[out_dtype]}"
+    params, index = metal_params(INPUTS, dtypes, sizes, METAL_BODY)
     params.append(f"  device {_METAL_TYPES[out_dtype]}* y [[buffer({index})]]")
     params += [f"  {t} {a} [[{a}]]" for a, t in _METAL_ATTRIBUTES.items() if _uses(METAL_BODY, a)]
     kinds = ", ".join(("typename " if isinstance(v, mx.Dtype) else "int ") + k for k, v in targs)
@@ -124,18 +150,10 @@ def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -> 
     dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
     name = f"custom_kernel_{NAME}" + "".join(
         f"_{_METAL_TYPES[v]}" if isinstance(v, mx.Dtype) else f"_{v}" for _, v in targs)
-    params = []
-    for i in INPUTS:
-        params.append(f"    const {_CUDA_TYPES[dtypes[i]]}* {i}")
-        for suffix, ctype in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
-            if _uses(CUDA_BODY, i + suffix):
-                params.append(f"    const __grid_constant__ {ctype} {i}{suffix}")
-    params.append(f"    {_CUDA_TYPES[out_dtype]}* y")
+    params = cuda_params(INPUTS, dtypes, CUDA_BODY) + [f"    {_CUDA_TYPES[out_dtype]}* y"]
     consts = "".join(f"  using {k} = {_CUDA_TYPES[v]};\n" if isinstance(v, mx.Dtype) else f"  constexpr int {k} = {v};\n"
                      for k, v in targs)
-    src = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
-           "#define inf cuda::std::numeric_limits<float>::infinity()\n\n" + CUDA_HEADER
-           + "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+    src = (CUDA_PREAMBLE + CUDA_HEADER + CUDA_NAMESPACE
            + f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n" + consts + "\n" + CUDA_BODY
            + "\n}\n\n} // namespace mlx::core::cu\n")
     return name, src
