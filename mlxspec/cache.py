@@ -37,8 +37,9 @@ class PrefixCache:
     """A model's KV cache and the tokens it holds, kept between requests of one engine.
 
     A chat resends its whole history every turn; `prepare` keeps the longest common prefix and
-    prefills only the rest. `tokens` is None while a forward pass is in flight, so a request cut
-    off mid-round leaves a cache that the next request rebuilds instead of trusting.
+    prefills only the rest. `tokens` is None while a request uses the cache; its owner sets it when
+    the request ends, and leaves it None if a forward pass was cut off, so the next request rebuilds
+    the cache instead of trusting it.
     """
 
     def __init__(self, model: nn.Module):

@@ -87,6 +87,16 @@ class Decoder:
         stats.prompt_time = decode_start - start
 
         context = list(self.prompt)
+        self.kv.tokens = None  # in use; what it holds is recorded once, when the loop ends
+        self.in_flight = False
+        try:
+            yield from self._rounds(cache, context, decode_start)
+        finally:
+            # Kept for the next request unless a round was cut off half-way (an exception in it).
+            self.kv.tokens = None if self.in_flight else context[:-1]
+
+    def _rounds(self, cache: list, context: list[int], decode_start: float) -> Iterator[Round]:
+        stats, opts = self.stats, self.opts
         remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
         while True:
             room = self.num_ctx - len(context)  # tokens the context can still take
@@ -99,10 +109,10 @@ class Decoder:
             want = self.controller.next_k() if self.controller else self.k
             k = int(max(0, min(want, remaining - 1, room - 1)))
             round_start = time.perf_counter()
-            self.kv.tokens = None  # in flight: not trusted until the round completes
+            self.in_flight = True  # the cache is not trusted until the round completes
             tokens, n, drafted = self._round(cache, context, k)
-            context.extend(tokens)
-            self.kv.tokens = context[:-1]  # the cache holds every token but the newest
+            context.extend(tokens)  # the cache now holds every token of context but the newest
+            self.in_flight = False
             if self.controller:
                 self.controller.record(drafted, n, time.perf_counter() - round_start)
                 stats.draft_length, stats.backoffs = self.controller.k, self.controller.backoffs

@@ -162,6 +162,8 @@ def test_a_shared_prompt_prefix_is_reused_and_changes_nothing(tiny_llama):
     tokens1, _, last1 = run(engine, first, max_tokens=12, adaptive=False)
     assert last1.stats.cached_tokens == 0
     follow_up = first + tokens1 + engine.encode(" who loved to count")
+    held = engine.drafter.kv.tokens  # the draft model's cache is kept too, with the tokens it holds
+    assert held is not None and len(held) >= len(first) and follow_up[: len(held)] == held
     tokens2, _, last2 = run(engine, follow_up, max_tokens=20, adaptive=False)
     assert last2.stats.cached_tokens >= len(first)
     assert tokens2 == run(fresh(), follow_up, max_tokens=20, adaptive=False)[0]

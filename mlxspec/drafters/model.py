@@ -29,13 +29,17 @@ class ModelDrafter(Drafter):
         self.seen = 0  # context tokens held in the cache
         self.base = 0  # context length at the last proposal
         self.fed = 0  # drafts of the last proposal that went through the model (so sit in the cache)
+        self.proposing = False
+        self.context: list[int] = []
 
     def start(self, prompt: list[int]) -> None:
         self.kv.prepare(prompt[:-1])
         self.seen = len(prompt) - 1
+        self.context = prompt  # the loop's token list (only ever appended to): no copy per round
+        self.kv.tokens = None  # in use: set again by finish()
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
-        self.kv.tokens = None  # in flight until accept() rewinds to known tokens
+        self.proposing = True  # cache offsets run ahead of `seen` until the proposal is complete
         x = mx.array(context[self.seen :], dtype=mx.uint32)[None]  # (1, new tokens)
         keys = None if sampling.greedy else mx.random.split(key, k)
         tokens, probs, confidence = [], [], []
@@ -54,7 +58,8 @@ class ModelDrafter(Drafter):
         n = len(tokens)
         # The cache holds the context and drafts[:n-1], and drafts[n-1] too when we stopped early.
         self.fed = n if n < k else n - 1
-        self.known = context[:]  # the host copy of what the cache will hold after accept()
+        self.context = context
+        self.proposing = False
         self.seen = len(context) + self.fed
         self.base = len(context)
         stacked_probs = None if sampling.greedy else mx.stack(probs)
@@ -68,15 +73,19 @@ class ModelDrafter(Drafter):
         valid = self.base + min(n, self.fed)
         rewind(self.kv.cache, self.seen - valid)
         self.seen = valid
-        # The kept drafts are not known on the host here; remember the context they extend.
-        self.kv.tokens = None if valid > len(self.known) else self.known[:valid]
 
     def finish(self) -> None:
-        """Keep the cache for the next request, rewound to tokens known on the host."""
-        if self.kv.tokens is None and self.kv.cache is not None and self.seen >= len(getattr(self, "known", [])):
-            rewind(self.kv.cache, self.seen - len(self.known))
-            self.kv.tokens = self.known
-            self.seen = len(self.known)
+        """Keep the cache for the next request, holding tokens known on the host.
+
+        After a completed round the loop has appended the kept drafts to the context; a request cut
+        off before that keeps only the context its last proposal extended.
+        """
+        if self.kv.cache is None or self.proposing:
+            return  # cut off mid-proposal: tokens stays None, so the next request rebuilds the cache
+        if len(self.context) < self.seen:  # the kept drafts never reached the host
+            rewind(self.kv.cache, self.seen - self.base)
+            self.seen = self.base
+        self.kv.tokens = self.context[: self.seen]
 
 
 def check_compatible(target_tokenizer, draft_tokenizer) -> None:
