@@ -77,7 +77,7 @@ class Decoder:
         self.finish_reason: str | None = None
 
     def __iter__(self) -> Iterator[Round]:
-        stats, opts = self.stats, self.opts
+        stats = self.stats
         start = time.perf_counter()
         stats.cached_tokens = self.kv.prepare(self.prompt[:-1])
         cache = self.kv.cache

@@ -372,7 +372,7 @@ def _build_tokenizer(arch: str, metadata: dict, path: Path):
         token_id = _value(metadata, f"tokenizer.ggml.{key}_token_id")
         return (token_id, tokens[token_id]) if token_id is not None and token_id < len(tokens) else (None, None)
 
-    (bos_id, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
+    (_, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
     # llama.cpp's default when the file does not say: BOS for sentencepiece vocabularies only.
     add_bos = bool(_value(metadata, "tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None
     add_eos = bool(_value(metadata, "tokenizer.ggml.add_eos_token", False)) and eos is not None

@@ -13,7 +13,6 @@ from typing import Callable
 from .. import loading
 from ..drafters import check_compatible
 from ..drafters.selfdraft import early_exit_view
-from ..errors import MlxspecError
 from . import accounting, memory
 from .bandwidth import DEFAULT_MIB, measure_bandwidth
 from .configs import ENGINE, PLAIN, Config, build_configs, parse_drafters
