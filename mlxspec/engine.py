@@ -198,9 +198,11 @@ def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
     """
     import mlx.core as mx
 
-    from .kernels import use_attention_kernel, use_kernels
+    from .kernels import use_attention_kernel, use_kernels, use_pointwise_kernels
 
     models = [target.model] + ([draft.model] if draft is not None and draft is not target else [])
-    on_cpu = mx.default_device().type == mx.cpu  # the attention kernel is CPU-only: no build elsewhere
+    on_cpu = mx.default_device().type == mx.cpu  # attention and pointwise kernels are CPU-only: no build elsewhere
     attention = use_attention_kernel() if on_cpu else {"kernel": "cpu-sdpa", "disabled": "not on the CPU backend"}
-    return {"layers": [use_kernels(m) for m in models], "attention": attention}
+    pointwise = ([use_pointwise_kernels(m) for m in models] if on_cpu
+                 else [{"kernel": "cpu-pointwise", "disabled": "not on the CPU backend"}])
+    return {"layers": [use_kernels(m) for m in models], "attention": attention, "pointwise": pointwise}

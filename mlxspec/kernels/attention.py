@@ -91,7 +91,7 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
         failure = self_check(_kernel(), *signature[:4], queries.dtype)
         _state["checks"][signature] = failure
         if failure:
-            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}")
+            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}", "MLX's attention")
     return _state["checks"][signature] is None
 
 
@@ -111,7 +111,7 @@ def use_attention_kernel() -> dict:
         return report
     if _kernel() is None:
         report["error"] = _state["error"]
-        warn_once(f"mlxspec cpu attention kernel unavailable: {_state['error'].splitlines()[0]}")
+        warn_once(f"mlxspec cpu attention kernel unavailable: {_state['error'].splitlines()[0]}", "MLX's attention")
         return report
     if _state["original"] is None:
         _state["original"] = base.scaled_dot_product_attention

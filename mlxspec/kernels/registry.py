@@ -44,10 +44,10 @@ def disabled() -> str | None:
     return "disabled by MLXSPEC_KERNELS=0" if os.environ.get("MLXSPEC_KERNELS", "1") == "0" else None
 
 
-def warn_once(message: str) -> None:
+def warn_once(message: str, fallback: str = "MLX's quantized_matmul") -> None:
     if message not in _warned:
         _warned.add(message)
-        log.warning("%s; using MLX's quantized_matmul", message)
+        log.warning("%s; using %s", message, fallback)
 
 
 def device_backend_name(device: mx.Device | None = None) -> str:

@@ -5,6 +5,7 @@
 //     the multi-row quantized matmul of qmm_kernel.h; output dtype = promotion of x and scales
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
 //     few-row attention of sdpa_kernel.h, in q's dtype
+//   rms_norm, rope, swiglu: the per-token ops of pointwise.cpp
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -23,6 +24,7 @@
 #include "mlx/primitives.h"
 #include "mlx/utils.h"
 
+#include "mlx_io.h"
 #include "qmm_kernel.h"
 #include "sdpa_kernel.h"
 #include "thread_pool.h"
@@ -66,18 +68,7 @@ static void convert_x(const mx::array& x, int bits, float* out) {
   }
 }
 
-static void store_y(const float* y, mx::array& out) {
-  size_t n = out.size();
-  if (out.dtype() == mx::float32) {
-    std::copy(y, y + n, out.data<float>());
-  } else if (out.dtype() == mx::float16) {
-    auto* o = out.data<mx::float16_t>();
-    for (size_t i = 0; i < n; ++i) o[i] = mx::float16_t(y[i]);
-  } else {
-    auto* o = out.data<mx::bfloat16_t>();
-    for (size_t i = 0; i < n; ++i) o[i] = mx::bfloat16_t(y[i]);
-  }
-}
+static void store_y(const float* y, mx::array& out) { store_f32(y, out.size(), out); }
 
 // Columns in chunks claimed by the caller and the pool's workers; tiny problems run inline.
 static void run(Isa isa, const QmmProblem& p, float* y) {
@@ -260,6 +251,8 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
   return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen)), {q, k, v});
 }
 
+void register_pointwise(nb::module_& m);  // pointwise.cpp
+
 }  // namespace mlxspec
 
 NB_MODULE(_mlxspec_cpu, m) {
@@ -270,6 +263,7 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows), rows independent of M.");
+  mlxspec::register_pointwise(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
   m.def("threads", [] { return mlxspec::pool().size(); });

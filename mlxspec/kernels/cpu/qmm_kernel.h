@@ -42,39 +42,57 @@ struct QmmProblem {
 template <int MR>
 constexpr int cols_for_rows() { return MR == 1 ? 8 : (MR <= 4 ? 4 : 3); }
 
+constexpr int kGroupChunk = 32;  // groups whose scales/biases a tile converts to fp32 at a time (on the stack)
+
 // out[m][j] (fp32, m < MR, j < NB) = sum_k x[m, k] * dequant(w)[n0 + j, k]
-// The FMA sequence of one (m, j) does not depend on MR or NB: that is the exactness rule.
-template <class I, int BITS, int MR, int NB>
+// GB = 32-weight blocks per group when known at compile time (1, 2, 4: group sizes 32, 64, 128), else 0.
+// The FMA sequence of one (m, j) does not depend on MR, NB or GB: that is the exactness rule.
+template <class I, int BITS, int MR, int NB, int GB>
 void tile(const QmmProblem& p, const float* x, int n0, float* out) {
   using V = typename I::V;
   const size_t row_bytes = size_t(p.K) * BITS / 8;
-  const int groups = p.K / p.G;
-  thread_local std::vector<float> sb_buf;  // this tile's scales then biases, fp32: (2*NB, groups)
-  sb_buf.resize(size_t(2) * NB * groups);
-  float* sb = sb_buf.data();
-  for (int j = 0; j < 2 * NB; ++j)
-    load_floats(j < NB ? p.scales : p.biases, size_t(n0 + j % NB) * groups, groups, p.stype, sb + size_t(j) * groups);
+  const int groups = p.K / p.G, gb = GB ? GB : p.G / kBlock;
+  const uint8_t* w[NB];
+  for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  alignas(64) float sb[2 * NB][kGroupChunk];  // scales of the NB columns, then their biases
   V acc[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = I::zero();
-  for (int g = 0; g < groups; ++g) {
-    float s[NB], b[NB];
-    for (int j = 0; j < NB; ++j) s[j] = sb[size_t(j) * groups + g], b[j] = sb[size_t(NB + j) * groups + g];
-    for (int k = g * p.G; k < (g + 1) * p.G; k += kBlock) {
-      V w0[NB], w1[NB];
-      for (int j = 0; j < NB; ++j)
-        I::template dequant32<BITS>(p.w + size_t(n0 + j) * row_bytes + size_t(k) * BITS / 8, s[j], b[j], w0[j], w1[j]);
-      for (int m = 0; m < MR; ++m) {
-        V x0 = I::load_reg(x + size_t(m) * p.K + k), x1 = I::load_reg(x + size_t(m) * p.K + k + I::L);
-        for (int j = 0; j < NB; ++j) {
-          acc[m][j] = I::fma(x0, w0[j], acc[m][j]);
-          acc[m][j] = I::fma(x1, w1[j], acc[m][j]);
+  for (int g0 = 0; g0 < groups; g0 += kGroupChunk) {
+    const int gn = groups - g0 < kGroupChunk ? groups - g0 : kGroupChunk;
+    for (int j = 0; j < NB; ++j) {
+      load_floats(p.scales, size_t(n0 + j) * groups + g0, gn, p.stype, sb[j]);
+      load_floats(p.biases, size_t(n0 + j) * groups + g0, gn, p.stype, sb[NB + j]);
+    }
+    for (int g = 0; g < gn; ++g) {
+      typename I::Dq dq[NB];
+      for (int j = 0; j < NB; ++j) dq[j] = I::template dequantizer<BITS>(sb[j][g], sb[NB + j][g]);
+      for (int blk = 0; blk < gb; ++blk) {
+        const int k = ((g0 + g) * gb + blk) * kBlock;
+        V w0[NB], w1[NB];
+        for (int j = 0; j < NB; ++j) I::template dequant32<BITS>(dq[j], w[j] + size_t(k) * BITS / 8, w0[j], w1[j]);
+        for (int m = 0; m < MR; ++m) {
+          V x0 = I::load_reg(x + size_t(m) * p.K + k), x1 = I::load_reg(x + size_t(m) * p.K + k + I::L);
+          for (int j = 0; j < NB; ++j) {
+            acc[m][j] = I::fma(x0, w0[j], acc[m][j]);
+            acc[m][j] = I::fma(x1, w1[j], acc[m][j]);
+          }
         }
       }
     }
   }
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) out[m * NB + j] = I::reduce(acc[m][j]);
+}
+
+template <class I, int BITS, int MR, int NB>
+void tile(const QmmProblem& p, const float* x, int n0, float* out) {
+  switch (p.G) {
+    case 32: return tile<I, BITS, MR, NB, 1>(p, x, n0, out);
+    case 64: return tile<I, BITS, MR, NB, 2>(p, x, n0, out);
+    case 128: return tile<I, BITS, MR, NB, 4>(p, x, n0, out);
+    default: return tile<I, BITS, MR, NB, 0>(p, x, n0, out);
+  }
 }
 
 // MR rows starting at x, columns [n_begin, n_end) -> y (MR, ldy) fp32.

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "scalar_math.h"
 #include "simd.h"
 
 namespace mlxspec {
@@ -45,39 +46,6 @@ inline const float* row_f32(const void* base, int64_t i, int n, DType t, float* 
   if (t == DType::f32) return static_cast<const float*>(base) + i;
   load_floats(base, size_t(i), n, t == DType::f16 ? SType::f16 : SType::bf16, buf);
   return buf;
-}
-
-// exp(x) for x <= 0 (scores minus their max): Cody-Waite reduction and a degree-6 polynomial,
-// within 2 ulp of std::exp; the same code for every row keeps rows exact. Branch-free, so loops
-// over it vectorise.
-inline float exp_nonpositive(float x) {
-  x = std::max(x, -87.0f);  // exp(-87) ~ 1.6e-38: the smallest normal float, and weights below it vanish
-  float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = std::fma(n, -0.693145751953125f, x);
-  r = std::fma(n, -1.428606765330187045e-06f, r);
-  float p = 1.0f / 720;
-  p = std::fma(p, r, 1.0f / 120);
-  p = std::fma(p, r, 1.0f / 24);
-  p = std::fma(p, r, 1.0f / 6);
-  p = std::fma(p, r, 0.5f);
-  p = std::fma(p, r, 1.0f);
-  p = std::fma(p, r, 1.0f);
-  uint32_t bits = uint32_t(int32_t(n) + 127) << 23;  // 2^n, n in [-126, 0]
-  float two_n;
-  std::memcpy(&two_n, &bits, 4);
-  return p * two_n;
-}
-
-// Sum of n floats in a fixed order (16 lanes, then the lanes pairwise).
-inline float sum16(const float* a, int n) {
-  float lanes[16] = {0};
-  int i = 0;
-  for (; i + 16 <= n; i += 16)
-    for (int l = 0; l < 16; ++l) lanes[l] += a[i + l];
-  for (int l = 0; i < n; ++i, ++l) lanes[l] += a[i];
-  for (int w = 8; w > 0; w /= 2)
-    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-  return lanes[0];
 }
 
 constexpr int kKeys = 16;  // keys per score block (one vector of 16 scores)

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX2__) || defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -58,6 +58,13 @@ inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
     for (; k + 16 <= n; k += 16)
       _mm512_storeu_ps(out + k, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + k))));
 #endif
+#if defined(__F16C__)
+  if (t == SType::f16)
+    for (; k + 8 <= n; k += 8)
+      _mm256_storeu_ps(out + k, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + k))));
+  if (t == SType::f16)
+    for (; k < n; ++k) out[k] = _cvtsh_ss(h[k]);
+#endif
   if (t == SType::f16)
     for (; k < n; ++k) out[k] = half_to_float(h[k]);
   else
@@ -85,19 +92,29 @@ struct GenericIsa {
       for (int i = 0; i < w; ++i) t[i] += t[i + w];
     return t[0];
   }
-  // 32 weights of one row -> two dequantized vectors; at 4 bits: even elements, then odd ones
-  // (the order one 16-byte load unpacks to; qmm_kernel.h permutes x to match).
+  // Dequantizing one group of one row: `dq` is set up once per group (scale, bias; at 4 bits the
+  // 16 possible values fma(q, s, b)), then each 32 weights -> two vectors; at 4 bits: even elements,
+  // then odd ones (the order one 16-byte load unpacks to; qmm_kernel.h permutes x to match).
+  // Every ISA computes each weight as fma(float(q), s, b), so all of them agree bit for bit.
+  struct Dq { float s, b, table[16]; };
   template <int BITS>
-  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
+  static Dq dequantizer(float s, float b) {
+    Dq d{s, b, {}};
+    if (BITS == 4)
+      for (int q = 0; q < 16; ++q) d.table[q] = std::fma(float(q), s, b);
+    return d;
+  }
+  template <int BITS>
+  static void dequant32(const Dq& d, const uint8_t* p, V& w0, V& w1) {
     if (BITS == 4) {
       for (int i = 0; i < L; ++i) {
-        w0.v[i] = std::fma(float(p[i] & 15), s, b);
-        w1.v[i] = std::fma(float(p[i] >> 4), s, b);
+        w0.v[i] = d.table[p[i] & 15];
+        w1.v[i] = d.table[p[i] >> 4];
       }
     } else {
       for (int i = 0; i < L; ++i) {
-        w0.v[i] = std::fma(float(p[i]), s, b);
-        w1.v[i] = std::fma(float(p[i + L]), s, b);
+        w0.v[i] = std::fma(float(p[i]), d.s, d.b);
+        w1.v[i] = std::fma(float(p[i + L]), d.s, d.b);
       }
     }
   }
@@ -121,20 +138,29 @@ struct Avx512Isa {
     q = _mm_add_ss(q, _mm_movehdup_ps(q));
     return _mm_cvtss_f32(q);
   }
+  // 4 bits: a 16-entry table of fma(q, s, b) in one register, looked up by each nibble (vpermps
+  // reads only an index's low 4 bits). 8 bits: widen, convert, fma.
+  struct Dq { V a, b; };
   template <int BITS>
-  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
+  static Dq dequantizer(float s, float b) {
     const V vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
     if (BITS == 4) {
+      const V q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      return {_mm512_fmadd_ps(q, vs, vb), vb};
+    }
+    return {vs, vb};
+  }
+  template <int BITS>
+  static void dequant32(const Dq& d, const uint8_t* p, V& w0, V& w1) {
+    if (BITS == 4) {
       __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-      __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
-      __m512i hi = _mm512_srli_epi32(bytes, 4);
-      w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), vs, vb);
-      w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), vs, vb);
+      w0 = _mm512_permutexvar_ps(bytes, d.a);
+      w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), d.a);
     } else {
       __m512i q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
       __m512i q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)));
-      w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), vs, vb);
-      w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), vs, vb);
+      w0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), d.a, d.b);
+      w1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), d.a, d.b);
     }
   }
 };
@@ -161,10 +187,12 @@ struct Avx2Isa {
   static __m256 widen8(const uint8_t* p) {  // 8 bytes -> 8 ints -> 8 floats
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
+  struct Dq { __m256 s, b; };
   template <int BITS>
-  static void dequant32(const uint8_t* p, float s, float b, V& w0, V& w1) {
-    const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-    auto dq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), vs, vb); };
+  static Dq dequantizer(float s, float b) { return {_mm256_set1_ps(s), _mm256_set1_ps(b)}; }
+  template <int BITS>
+  static void dequant32(const Dq& d, const uint8_t* p, V& w0, V& w1) {
+    auto dq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d.s, d.b); };
     if (BITS == 4) {
       __m256i lo8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
       __m256i hi8 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8)));
@@ -172,8 +200,8 @@ struct Avx2Isa {
       w0 = {dq(_mm256_and_si256(lo8, m)), dq(_mm256_and_si256(hi8, m))};
       w1 = {dq(_mm256_srli_epi32(lo8, 4)), dq(_mm256_srli_epi32(hi8, 4))};
     } else {
-      w0 = {_mm256_fmadd_ps(widen8(p), vs, vb), _mm256_fmadd_ps(widen8(p + 8), vs, vb)};
-      w1 = {_mm256_fmadd_ps(widen8(p + 16), vs, vb), _mm256_fmadd_ps(widen8(p + 24), vs, vb)};
+      w0 = {_mm256_fmadd_ps(widen8(p), d.s, d.b), _mm256_fmadd_ps(widen8(p + 8), d.s, d.b)};
+      w1 = {_mm256_fmadd_ps(widen8(p + 16), d.s, d.b), _mm256_fmadd_ps(widen8(p + 24), d.s, d.b)};
     }
   }
 };

@@ -1,0 +1,62 @@
+// The per-token ops between the matmuls, on fp32 rows: RMSNorm, rotary embedding, SwiGLU.
+//
+// MLX's CPU backend runs these as chains of generic ops (its rope is ~15 ops and ~50 us a call,
+// its sigmoid ~10 ns an element): in a 135M-parameter model they cost more than the matmuls.
+// Each function here is one pass over a row, defined as MLX defines the op (mlx/fast.cpp
+// fallbacks, mlx-lm's swiglu); results agree to rounding (checked on first use, registry-style).
+//
+// Exactness rule, as for the matmul: a row's result depends only on that row (and, for rope, its
+// position), computed the same way whatever the number of rows.
+#pragma once
+
+#include <cmath>
+
+#include "scalar_math.h"
+
+namespace mlxspec {
+
+// 1 / sqrt(mean(x^2) + eps) over one row (MLX: rsqrt(mean(square(x)) + eps) in fp32).
+inline float inv_rms(const float* x, int n, float eps) {
+  float lanes[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int l = 0; l < 16; ++l) lanes[l] += x[i + l] * x[i + l];
+  for (int l = 0; i < n; ++i, ++l) lanes[l] += x[i] * x[i];
+  for (int w = 8; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) lanes[l] += lanes[l + w];
+  return 1.0f / std::sqrt(lanes[0] / float(n) + eps);
+}
+
+// cos/sin of position `pos` times each inverse frequency (MLX: theta = pos * inv_freq, fp32).
+inline void rope_angles(float pos, const float* inv_freq, int half, float* c, float* s) {
+  for (int i = 0; i < half; ++i) {
+    float theta = pos * inv_freq[i];
+    c[i] = std::cos(theta);
+    s[i] = std::sin(theta);
+  }
+}
+
+// One row of D features rotated in its first `dims`: pairs (2i, 2i+1) when traditional, else
+// (i, i + dims/2); the rest is copied. y1 = x1 c - x2 s, y2 = x1 s + x2 c.
+inline void rope_row(const float* x, float* y, int D, int dims, bool traditional, const float* c, const float* s) {
+  const int half = dims / 2;
+  const int step = traditional ? 2 : 1, other = traditional ? 1 : half;
+  for (int i = 0; i < half; ++i) {
+    const int a = i * step, b = a + other;
+    const float x1 = x[a], x2 = x[b];
+    y[a] = x1 * c[i] - x2 * s[i];
+    y[b] = x1 * s[i] + x2 * c[i];
+  }
+  for (int d = dims; d < D; ++d) y[d] = x[d];
+}
+
+// y = silu(g) * u = g * sigmoid(g) * u; sigmoid from exp(-|g|) <= 1, so nothing overflows.
+inline void swiglu_span(const float* g, const float* u, float* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    const float a = g[i], e = exp_nonpositive(-std::fabs(a));
+    const float sig = (a >= 0.0f ? 1.0f : e) / (1.0f + e);
+    y[i] = (a * sig) * u[i];
+  }
+}
+
+}  // namespace mlxspec

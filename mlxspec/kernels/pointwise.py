@@ -1,0 +1,237 @@
+"""RMSNorm, RoPE and SwiGLU on the CPU in one pass each: the per-token ops between the matmuls.
+
+MLX's CPU backend builds these from generic ops (rope ~50 us a call, sigmoid ~10 ns an element):
+with the matmul kernels on, they were half of a SmolLM2 forward, and SwiGLU grew 6x from one row
+to eight. cpu/pointwise.cpp computes each as MLX defines it (mlx/fast.cpp's fallbacks, mlx-lm's
+swiglu) in one pass per row.
+
+    report = use_pointwise_kernels(model)   # swap nn.RMSNorm / nn.RoPE modules, route mlx-lm's swiglu
+    restore_pointwise(model)                # MLX's own ops again
+
+A call goes to the kernel only on the CPU device, for a signature (op, dtype, sizes) that passed
+its self-check against MLX's op in this process; anything else (an array offset for batched
+caches, a failed check, a GPU) runs MLX's op unchanged.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .build import KernelUnavailable, load_cpu_extension
+from .registry import disabled, warn_once
+
+# |kernel - MLX| <= TOL * max|MLX| (MLX rounds some intermediates to the dtype, the kernel does not)
+TOL = {mx.float32: 2.0**-20, mx.float16: 2.0**-9, mx.bfloat16: 2.0**-6}
+
+_state: dict = {"ext": None, "error": None, "checks": {}, "swiglu": None}
+
+
+def _ext():
+    if _state["ext"] is None and _state["error"] is None:
+        try:
+            _state["ext"] = load_cpu_extension()
+        except KernelUnavailable as e:
+            _state["error"] = str(e)
+    return _state["ext"]
+
+
+def _close(y: mx.array, ref: mx.array) -> bool:
+    y32, r32 = y.astype(mx.float32), ref.astype(mx.float32)
+    bound = TOL[ref.dtype] * mx.abs(r32).max() + 1e-30
+    return y.dtype == ref.dtype and y.shape == ref.shape and bool((mx.abs(y32 - r32) <= bound).all().item())
+
+
+def _rows_independent(fn, x: mx.array, *rest) -> bool:
+    """Row i of a call on rows (..., M, D) equals the call on that row alone (what greedy verify needs);
+    arguments shaped like x are sliced with it."""
+    full = fn(x, *rest)
+
+    def row(i):
+        args = [a[..., i : i + 1, :] if a.shape == x.shape else a for a in (x, *rest)]
+        return fn(*args)[..., 0, :]
+
+    return all(mx.array_equal(row(i), full[..., i, :]).item() for i in (0, x.shape[-2] - 1))
+
+
+def _check(signature: tuple, run) -> bool:
+    """Run the self-check of `signature` once per process; True if the kernel may answer it."""
+    if signature not in _state["checks"]:
+        try:
+            failure = run()
+        except Exception as e:  # a kernel that throws is a kernel that failed
+            failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        _state["checks"][signature] = failure
+        if failure:
+            warn_once(f"mlxspec cpu {signature[0]} kernel failed its self-check on {signature[1:]}: {failure}", "MLX's op")
+    return _state["checks"][signature] is None
+
+
+def _usable(*arrays: mx.array) -> bool:
+    return _ext() is not None and mx.default_device().type == mx.cpu and all(a.dtype in TOL for a in arrays)
+
+
+def _random(shape, dtype, seed: int) -> mx.array:
+    """A strided view (not contiguous), as the model hands these ops transposed projections."""
+    big = mx.random.normal((*shape[:-1], shape[-1] + 3), key=mx.random.key(seed)) * 3
+    return big[..., 1 : shape[-1] + 1].astype(dtype)
+
+
+# ---------------------------------------------------------------- RMSNorm
+
+
+class KernelRMSNorm(nn.RMSNorm):
+    """nn.RMSNorm through the kernel (same weight, same eps)."""
+
+    @classmethod
+    def wrap(cls, layer: nn.RMSNorm) -> "KernelRMSNorm":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.weight, new.eps = layer.weight, layer.eps
+        return new
+
+    def __call__(self, x: mx.array) -> mx.array:
+        w = self["weight"]
+        sig = ("rms_norm", x.shape[-1], str(x.dtype), str(w.dtype), self.eps)
+        if _usable(x, w) and _check(sig, lambda: _check_rms_norm(w, self.eps, x.dtype)):
+            return _state["ext"].rms_norm(x, w, self.eps, stream=mx.cpu)
+        return super().__call__(x)
+
+
+def _check_rms_norm(w: mx.array, eps: float, dtype) -> str | None:
+    x = _random((2, 5, w.shape[0]), dtype, 1)
+    w = w * (1 + 0.5 * mx.random.normal(w.shape, key=mx.random.key(2)).astype(w.dtype))
+    kernel = lambda v, w: _state["ext"].rms_norm(v, w, eps, stream=mx.cpu)  # noqa: E731
+    if not _close(kernel(x, w), mx.fast.rms_norm(x, w, eps)):
+        return "disagrees with mx.fast.rms_norm"
+    return None if _rows_independent(kernel, x, w) else "rows depend on the row count"
+
+
+# ---------------------------------------------------------------- RoPE
+
+
+def inverse_frequencies(dims: int, base: float) -> mx.array:
+    """exp(-i log(base) / (dims/2)) for i < dims/2, computed as mx.fast.rope's fallback does (fp32)."""
+    half = dims // 2
+    step = np.float32(np.log(np.float32(base))) / np.float32(half)
+    return mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(step, dtype=mx.float32))
+
+
+class KernelRoPE(nn.RoPE):
+    """nn.RoPE through the kernel for integer offsets (a KV cache's); array offsets keep MLX's op."""
+
+    @classmethod
+    def wrap(cls, layer: nn.RoPE) -> "KernelRoPE":
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.dims, new.traditional, new.base, new.scale = layer.dims, layer.traditional, layer.base, layer.scale
+        new._inv_freq = inverse_frequencies(layer.dims, layer.base)
+        mx.eval(new._inv_freq)
+        return new
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        sig = ("rope", x.shape[-1], self.dims, self.traditional, self.base, self.scale, str(x.dtype))
+        if isinstance(offset, int) and x.ndim >= 3 and _usable(x) and _check(sig, lambda: self._self_check(x)):
+            return self._kernel(x, offset)
+        return super().__call__(x, offset)
+
+    def _kernel(self, x: mx.array, offset: int) -> mx.array:
+        return _state["ext"].rope(x, self._inv_freq, self.dims, self.traditional, self.scale, offset, stream=mx.cpu)
+
+    def _self_check(self, like: mx.array) -> str | None:
+        x = _random((1, 3, 6, like.shape[-1]), like.dtype, 3)
+        for offset in (0, 37, 4099):
+            ref = mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale, offset=offset)
+            if not _close(self._kernel(x, offset), ref):
+                return f"disagrees with mx.fast.rope at offset {offset}"
+        # row i of a call at offset o = a one-row call at offset o + i
+        full = self._kernel(x, 37)
+        for i in (0, 5):
+            if not mx.array_equal(self._kernel(x[..., i : i + 1, :], 37 + i)[..., 0, :], full[..., i, :]).item():
+                return "rows depend on the row count"
+        return None
+
+
+# ---------------------------------------------------------------- SwiGLU
+
+
+def kernel_swiglu(gate: mx.array, x: mx.array) -> mx.array:
+    """mlx-lm's swiglu(gate, x) = silu(gate) * x, through the kernel where it applies."""
+    if gate.shape == x.shape and _usable(gate, x):
+        sig = ("swiglu", str(gate.dtype), str(x.dtype))
+        if _check(sig, lambda: _check_swiglu(gate.dtype, x.dtype)):
+            return _state["ext"].swiglu(gate, x, stream=mx.cpu)
+    return _state["swiglu"](gate, x)
+
+
+def _check_swiglu(gate_dtype, up_dtype) -> str | None:
+    g = _random((2, 5, 96), gate_dtype, 4) * 4  # silu's both tails: large |g| too
+    u = _random((2, 5, 96), up_dtype, 5)
+    kernel = lambda a, b: _state["ext"].swiglu(a, b, stream=mx.cpu)  # noqa: E731
+    if not _close(kernel(g, u), _state["swiglu"](g, u)):
+        return "disagrees with mlx-lm's swiglu"
+    return None if _rows_independent(kernel, g, u) else "rows depend on the row count"
+
+
+# ---------------------------------------------------------------- install / restore
+
+
+def use_pointwise_kernels(model: nn.Module) -> dict:
+    """Swap the model's nn.RMSNorm and nn.RoPE modules and route mlx-lm's swiglu (process-wide)."""
+    from .layers import _set_module
+
+    report = {"kernel": "cpu-pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": [],
+              "disabled": disabled(), "error": None}
+    if report["disabled"]:
+        return report
+    if _ext() is None:
+        report["error"] = _state["error"]
+        warn_once(f"mlxspec cpu pointwise kernels unavailable: {_state['error'].splitlines()[0]}", "MLX's ops")
+        return report
+    swaps = [(p, KernelRMSNorm.wrap(m), "rms_norm") if type(m) is nn.RMSNorm else (p, KernelRoPE.wrap(m), "rope")
+             for p, m in model.named_modules() if type(m) in (nn.RMSNorm, nn.RoPE)]
+    for path, module, kind in swaps:
+        _set_module(model, path, module)
+        report["swapped"][kind] += 1
+    report["swiglu"] = _patch_swiglu()
+    return report
+
+
+def _patch_swiglu() -> list[str]:
+    import mlx_lm.models.activations as activations
+
+    if _state["swiglu"] is None:
+        _state["swiglu"] = activations.swiglu
+    routed = []  # every mlx-lm module whose swiglu is now the kernel's (patched now or before)
+    for name, module in list(sys.modules.items()):  # model modules import swiglu by name
+        if name.startswith("mlx_lm.models") and getattr(module, "swiglu", None) in (_state["swiglu"], kernel_swiglu):
+            module.swiglu = kernel_swiglu
+            routed.append(name)
+    return routed
+
+
+def restore_pointwise(model: nn.Module | None = None) -> None:
+    """MLX's ops again: mlx-lm's swiglu everywhere, and (given a model) its original module types."""
+    from .layers import _set_module
+
+    if _state["swiglu"] is not None:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("mlx_lm.models") and getattr(module, "swiglu", None) is kernel_swiglu:
+                module.swiglu = _state["swiglu"]
+    for path, m in list(model.named_modules()) if model is not None else []:
+        if isinstance(m, KernelRMSNorm):
+            plain = nn.RMSNorm(m.weight.shape[0], eps=m.eps)
+            plain.weight = m.weight
+            _set_module(model, path, plain)
+        elif isinstance(m, KernelRoPE):
+            _set_module(model, path, nn.RoPE(m.dims, traditional=m.traditional, base=m.base, scale=m.scale))
+
+
+def pointwise_status() -> dict:
+    checks = _state["checks"]
+    return {"kernel": "cpu-pointwise", "active": _state["ext"] is not None, "error": _state["error"],
+            "passed": [str(s) for s, f in checks.items() if f is None],
+            "failed": {str(s): f for s, f in checks.items() if f}}

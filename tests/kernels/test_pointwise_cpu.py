@@ -1,0 +1,154 @@
+"""The CPU RMSNorm, RoPE and SwiGLU kernels against MLX's ops, across row counts, and swapped into a model.
+
+Agreement with MLX is to rounding (pointwise.TOL per dtype: MLX rounds some intermediates to the
+dtype); row independence is bit for bit (row i of an M-row call = the call on that row alone).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
+
+from mlxspec.kernels import pointwise
+from mlxspec.kernels.pointwise import (KernelRMSNorm, KernelRoPE, inverse_frequencies, restore_pointwise,
+                                       use_pointwise_kernels)
+
+DTYPES = [mx.float32, mx.float16, mx.bfloat16]
+
+
+def strided(shape, dtype, seed, scale=3.0):
+    """A non-contiguous view, like the transposed projections a model hands these ops."""
+    big = mx.random.normal((*shape[:-1], shape[-1] + 5), key=mx.random.key(seed)) * scale
+    return big[..., 2 : shape[-1] + 2].astype(dtype)
+
+
+def assert_close(y, ref):
+    assert y.dtype == ref.dtype and y.shape == ref.shape
+    err = mx.abs(y.astype(mx.float32) - ref.astype(mx.float32)).max().item()
+    bound = pointwise.TOL[ref.dtype] * mx.abs(ref.astype(mx.float32)).max().item()
+    assert err <= bound, f"max error {err:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_matches_mlx_and_rows_are_independent(cpu_ext, dtype):
+    x = strided((2, 8, 200), dtype, 0)
+    w = (1 + 0.3 * mx.random.normal((200,), key=mx.random.key(1))).astype(dtype)
+    y = cpu_ext.rms_norm(x, w, 1e-5, stream=mx.cpu)
+    assert_close(y, mx.fast.rms_norm(x, w, 1e-5))
+    for m in range(1, 9):
+        ym = cpu_ext.rms_norm(x[:, :m], w, 1e-5, stream=mx.cpu)
+        assert mx.array_equal(ym, y[:, :m]).item(), f"M={m}"
+
+
+def test_rms_norm_promotes_like_mlx(cpu_ext):
+    x, w = strided((1, 3, 64), mx.float16, 2), mx.ones((64,), mx.float32)
+    y = cpu_ext.rms_norm(x, w, 1e-6, stream=mx.cpu)
+    assert y.dtype == mx.float32
+    assert_close(y, mx.fast.rms_norm(x, w, 1e-6))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("traditional", [True, False])
+def test_rope_matches_mlx_at_every_offset(cpu_ext, dtype, traditional):
+    x = strided((1, 8, 4, 96), dtype, 3).transpose(0, 2, 1, 3)  # (B, heads, T, D) view; 64 of 96 dims rotate
+    for base, scale in ((10000.0, 1.0), (500000.0, 0.25)):
+        inv = inverse_frequencies(64, base)
+        for offset in (0, 1, 255, 4099):
+            y = cpu_ext.rope(x, inv, 64, traditional, scale, offset, stream=mx.cpu)
+            ref = mx.fast.rope(x, 64, traditional=traditional, base=base, scale=scale, offset=offset)
+            assert_close(y, ref)
+            assert mx.array_equal(y[..., 64:], x[..., 64:]).item()
+
+
+def test_rope_row_i_equals_a_one_row_call_at_offset_plus_i(cpu_ext):
+    x = strided((1, 9, 8, 64), mx.float32, 4).transpose(0, 2, 1, 3)  # (1, 8, 9, 64) view
+    inv = inverse_frequencies(64, 10000.0)
+    full = cpu_ext.rope(x, inv, 64, True, 1.0, 300, stream=mx.cpu)
+    for i in range(9):
+        one = cpu_ext.rope(x[:, :, i : i + 1], inv, 64, True, 1.0, 300 + i, stream=mx.cpu)
+        assert mx.array_equal(one[:, :, 0], full[:, :, i]).item(), f"row {i}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_swiglu_matches_mlx_lm_including_both_tails(cpu_ext, dtype):
+    g = strided((2, 8, 300), dtype, 5, scale=30.0)  # silu saturates both ways: exp must not overflow
+    u = strided((2, 8, 300), dtype, 6)
+    y = cpu_ext.swiglu(g, u, stream=mx.cpu)
+    assert_close(y, mlx_lm_swiglu(g, u))
+    assert mx.all(mx.isfinite(y)).item()
+    for m in (1, 5):
+        assert mx.array_equal(cpu_ext.swiglu(g[:, :m], u[:, :m], stream=mx.cpu), y[:, :m]).item()
+
+
+def test_bad_arguments_are_refused(cpu_ext):
+    x = mx.ones((1, 2, 8))
+    with pytest.raises(ValueError, match="weight"):
+        cpu_ext.rms_norm(x, mx.ones((7,)), 1e-5, stream=mx.cpu)
+    with pytest.raises(ValueError, match="dims"):
+        cpu_ext.rope(x, mx.ones((5,)), 10, False, 1.0, 0, stream=mx.cpu)
+    with pytest.raises(ValueError, match="inv_freq"):
+        cpu_ext.rope(x, mx.ones((3,)), 8, False, 1.0, 0, stream=mx.cpu)
+    with pytest.raises(ValueError, match="one shape"):
+        cpu_ext.swiglu(x, mx.ones((1, 2, 4)), stream=mx.cpu)
+    with pytest.raises(ValueError, match="float"):
+        cpu_ext.swiglu(x.astype(mx.int32), x.astype(mx.int32), stream=mx.cpu)
+
+
+def test_inverse_frequencies_are_mlx_fallbacks(cpu_ext):
+    """The same fp32 computation as mx.fast.rope's fallback: exp(-i * log(base) / half)."""
+    half = 16
+    ref = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * (math.log(10000.0) / half))
+    assert mx.allclose(inverse_frequencies(32, 10000.0), ref, rtol=1e-6).item()
+
+
+# ---------------------------------------------------------------- in a model
+
+
+def test_model_swap_keeps_logits_and_restores(cpu_ext, tiny_llama):
+    from mlxspec.loading import load
+
+    restore_pointwise()  # swiglu is process-wide: other tests' engines may have routed it already
+    model = load(str(tiny_llama)).model
+    x = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    before = model(x)
+    report = use_pointwise_kernels(model)
+    try:
+        layers = len(model.model.layers)
+        assert report["swapped"] == {"rms_norm": 2 * layers + 1, "rope": layers}
+        assert "mlx_lm.models.llama" in report["swiglu"]
+        after = model(x)
+        assert mx.allclose(after, before, atol=1e-4, rtol=1e-4).item()
+        assert mx.array_equal(after.argmax(-1), before.argmax(-1)).item()
+        assert pointwise.pointwise_status()["passed"], "the calls went to the kernels after their self-checks"
+    finally:
+        restore_pointwise(model)
+    assert not any(isinstance(m, (KernelRMSNorm, KernelRoPE)) for _, m in model.named_modules())
+    import mlx_lm.models.llama as llama
+
+    assert llama.swiglu is mlx_lm_swiglu
+    assert mx.array_equal(model(x), before).item()
+
+
+def test_array_offsets_and_failed_checks_use_mlx(cpu_ext, monkeypatch):
+    rope = KernelRoPE.wrap(nn.RoPE(32, traditional=False, base=10000.0))
+    x = strided((1, 2, 3, 32), mx.float32, 7)
+    offsets = mx.array([5])
+    assert mx.array_equal(rope(x, offset=offsets), mx.fast.rope(x, 32, traditional=False, base=10000.0,
+                                                                 scale=1.0, offset=offsets)).item()
+
+    class Wrong:  # an extension whose rope is off by a lot: its self-check must fail
+        def __getattr__(self, name):
+            return getattr(cpu_ext, name)
+
+        def rope(self, x, *args, **kwargs):
+            return cpu_ext.rope(x, *args, **kwargs) * 1.01
+
+    monkeypatch.setattr(pointwise, "_state", dict(pointwise._state, ext=Wrong(), checks={}))
+    y = rope(x, offset=3)
+    assert mx.array_equal(y, mx.fast.rope(x, 32, traditional=False, base=10000.0, scale=1.0, offset=3)).item()
+    failed = pointwise.pointwise_status()["failed"]
+    assert len(failed) == 1 and "disagrees" in next(iter(failed.values()))
