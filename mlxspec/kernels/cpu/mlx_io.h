@@ -22,10 +22,16 @@ inline int64_t row_offset(const mx::array& a, int64_t r) {
   return off;
 }
 
+inline SType stype(mx::Dtype d) { return d == mx::float32 ? SType::f32 : (d == mx::float16 ? SType::f16 : SType::bf16); }
+
 // Row r of a float32/float16/bfloat16 array -> n fp32 values.
 inline void row_to_f32(const mx::array& a, int64_t r, float* out) {
   const int n = a.shape(-1);
   const int64_t off = row_offset(a, r), s = n > 1 ? a.strides().back() : 1;
+  if (s == 1) {  // contiguous row: the vectorised conversion
+    load_floats(static_cast<const void*>(a.data<uint8_t>()), size_t(off), n, stype(a.dtype()), out);
+    return;
+  }
   if (a.dtype() == mx::float32) {
     const float* p = a.data<float>() + off;
     for (int i = 0; i < n; ++i) out[i] = p[i * s];
@@ -40,15 +46,7 @@ inline void row_to_f32(const mx::array& a, int64_t r, float* out) {
 
 // n fp32 values -> out's elements [i, i + n) in out's dtype (round to nearest even).
 inline void store_f32(const float* y, size_t n, mx::array& out, size_t i = 0) {
-  if (out.dtype() == mx::float32) {
-    std::copy(y, y + n, out.data<float>() + i);
-  } else if (out.dtype() == mx::float16) {
-    auto* o = out.data<mx::float16_t>() + i;
-    for (size_t k = 0; k < n; ++k) o[k] = mx::float16_t(y[k]);
-  } else {
-    auto* o = out.data<mx::bfloat16_t>() + i;
-    for (size_t k = 0; k < n; ++k) o[k] = mx::bfloat16_t(y[k]);
-  }
+  store_floats(y, int(n), stype(out.dtype()), out.data<uint8_t>() + i * out.itemsize());
 }
 
 // x rounded to dtype t and back (what storing an intermediate in t does to it).

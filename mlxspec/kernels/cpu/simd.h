@@ -38,6 +38,28 @@ inline float half_to_float(uint16_t h) {
   return f;
 }
 
+// binary32 -> binary16, round to nearest even (overflow to inf, subnormals, NaN kept).
+inline uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return uint16_t(sign | 0x7e00u);             // NaN
+  if (ax >= 0x477ff000u) return uint16_t(sign | 0x7c00u);            // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {                                            // below 2^-14: subnormal or zero
+    if (ax < 0x33000000u) return uint16_t(sign);                     // below half the smallest subnormal
+    const uint32_t man = (ax & 0x7fffffu) | 0x800000u;
+    const int shift = 126 - int(ax >> 23);                           // 14..24 more bits dropped
+    uint32_t h = man >> (shift);
+    const uint32_t rest = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (h & 1u))) ++h;
+    return uint16_t(sign | h);
+  }
+  uint32_t h = ((ax - 0x38000000u) >> 13);                           // rebias 127 -> 15
+  const uint32_t rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+  return uint16_t(sign | h);
+}
+
 inline float bf16_to_float(uint16_t h) {
   uint32_t bits = uint32_t(h) << 16;
   float f;
@@ -69,6 +91,30 @@ inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
     for (; k < n; ++k) out[k] = half_to_float(h[k]);
   else
     for (; k < n; ++k) out[k] = bf16_to_float(h[k]);
+}
+
+// n fp32 values -> dtype t at out (round to nearest even, as MLX's conversions round).
+inline void store_floats(const float* y, int n, SType t, void* out) {
+  if (t == SType::f32) {
+    std::memcpy(out, y, sizeof(float) * n);
+    return;
+  }
+  uint16_t* h = static_cast<uint16_t*>(out);
+  int k = 0;
+  if (t == SType::f16) {
+#if defined(__F16C__)
+    for (; k + 8 <= n; k += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(h + k), _mm256_cvtps_ph(_mm256_loadu_ps(y + k), _MM_FROUND_TO_NEAREST_INT));
+    for (; k < n; ++k) h[k] = _cvtss_sh(y[k], _MM_FROUND_TO_NEAREST_INT);
+#endif
+    for (; k < n; ++k) h[k] = float_to_half(y[k]);
+    return;
+  }
+  for (; k < n; ++k) {  // bf16: round to nearest even on the top 16 bits; NaN -> MLX's quiet NaN
+    uint32_t bits;
+    std::memcpy(&bits, &y[k], 4);
+    h[k] = (bits & 0x7fffffffu) > 0x7f800000u ? uint16_t(0x7fc0) : uint16_t((bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16);
+  }
 }
 
 // ---------------------------------------------------------------- portable path

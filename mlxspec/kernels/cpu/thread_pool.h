@@ -82,7 +82,7 @@ class ThreadPool {
     }
   }
   uint64_t wait_for_new(uint64_t seen) {
-    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(200);
+    auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
     for (int spins = 0;; ++spins) {
       uint64_t g = wake_.load(std::memory_order_acquire);
       if (g != seen) return g;
