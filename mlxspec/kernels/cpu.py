@@ -13,7 +13,7 @@ import mlx.core as mx
 from .build import KernelUnavailable, load_cpu_extension
 
 SUPPORTED_BITS = (4, 8)
-ISA_NAMES = {0: "generic", 1: "avx512", 2: "avx2"}
+ISA_NAMES = {0: "generic", 1: "avx512", 2: "avx2", 3: "neon"}
 
 
 def cpu_qmm_function(isa: int = -1) -> Callable[..., mx.array]:
@@ -23,9 +23,7 @@ def cpu_qmm_function(isa: int = -1) -> Callable[..., mx.array]:
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
-        lead, k = x.shape[:-1], x.shape[-1]
-        y = ext.qmm(x.reshape(-1, k), w, scales, biases, group_size, bits, isa, stream=mx.cpu)
-        return y.reshape(*lead, w.shape[0])
+        return ext.qmm(x, w, scales, biases, group_size, bits, isa, stream=mx.cpu)  # (..., K) -> (..., N)
 
     qmm.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
     return qmm

@@ -15,7 +15,7 @@ from mlxspec.kernels.cpu import cpu_sdpa_function
 
 
 def isas(ext):
-    return [i for i in (1, 2, 0) if ext.isa_compiled(i)]  # avx512, avx2, generic: those built here
+    return [i for i in (1, 2, 3, 0) if ext.isa_compiled(i)]  # avx512, avx2, neon, generic: those built here
 
 
 def inputs(heads, kv_heads, rows, keys, dim, value_dim, dtype, seed=0):

@@ -17,7 +17,7 @@ ROW_COUNTS = list(range(1, 17)) + [17, 24]
 
 
 def isas(ext):
-    return [i for i in (1, 2, 0) if ext.isa_compiled(i)]  # avx512, avx2, generic: those built here
+    return [i for i in (1, 2, 3, 0) if ext.isa_compiled(i)]  # avx512, avx2, neon, generic: those built here
 
 
 def quantized(n, k, group_size, bits, dtype=mx.float16, seed=0):

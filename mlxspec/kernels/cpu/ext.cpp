@@ -1,7 +1,7 @@
 // MLX extension: mlxspec's CPU kernels as MLX primitives (CPU stream only).
 //
 // Python:
-//   qmm(x (M, K), w, scales, biases, group_size, bits, isa=-1, stream=None) -> (M, N)
+//   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, stream=None) -> (..., N)
 //     the multi-row quantized matmul of qmm_kernel.h; output dtype = promotion of x and scales
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
 //     few-row attention of sdpa_kernel.h, in q's dtype
@@ -55,16 +55,20 @@ static float* aligned64(float* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~uintptr_t(63));
 }
 
-// x (any 2-D view) -> fp32 scratch (M, K) in the kernel's order.
+// x (..., K), any strides -> fp32 scratch (M, K) in the kernel's order, M = all leading dims.
 static void convert_x(const mx::array& x, int bits, float* out) {
-  int M = x.shape(0), K = x.shape(1);
-  int64_t s0 = x.strides()[0], s1 = x.strides()[1];
-  if (x.dtype() == mx::float32) {
-    prepare_x(x.data<float>(), s0, s1, M, K, bits, out, [](float v) { return v; });
-  } else if (x.dtype() == mx::float16) {
-    prepare_x(x.data<uint16_t>(), s0, s1, M, K, bits, out, half_to_float);
-  } else {
-    prepare_x(x.data<uint16_t>(), s0, s1, M, K, bits, out, bf16_to_float);
+  const int K = x.shape(-1);
+  const int64_t M = x.size() / K, s1 = x.strides().back();
+  for (int64_t r = 0; r < M; ++r) {
+    const int64_t off = row_offset(x, r);
+    float* o = out + size_t(r) * K;
+    if (x.dtype() == mx::float32) {
+      prepare_x(x.data<float>() + off, 0, s1, 1, K, bits, o, [](float v) { return v; });
+    } else if (x.dtype() == mx::float16) {
+      prepare_x(x.data<uint16_t>() + off, 0, s1, 1, K, bits, o, half_to_float);
+    } else {
+      prepare_x(x.data<uint16_t>() + off, 0, s1, 1, K, bits, o, bf16_to_float);
+    }
   }
 }
 
@@ -99,7 +103,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
                   s = mx::array::unsafe_weak_copy(s), b = mx::array::unsafe_weak_copy(b),
                   out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
                   isa = Isa(isa_)]() mutable {
-      int M = x.shape(0), K = x.shape(1), N = w.shape(0);
+      int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
       thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
       xbuf.resize(size_t(M) * K + 16);
       yf.resize(size_t(M) * N);
@@ -123,7 +127,9 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {{inputs[0].shape(0), inputs[1].shape(0)}};
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
   }
 
  private:
@@ -134,9 +140,9 @@ static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& sc
                      int group_size, int bits, int isa, mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("mlxspec qmm: bits must be 4 or 8");
   if (group_size % kBlock != 0) throw std::invalid_argument("mlxspec qmm: group_size must be a multiple of 32");
-  if (x.ndim() != 2 || w.ndim() != 2 || w.dtype() != mx::uint32)
-    throw std::invalid_argument("mlxspec qmm: x must be (M, K) and w (N, K*bits/32) uint32");
-  int K = x.shape(1), N = w.shape(0);
+  if (x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32)
+    throw std::invalid_argument("mlxspec qmm: x must be (..., K) and w (N, K*bits/32) uint32");
+  int K = x.shape(-1), N = w.shape(0);
   if (int64_t(w.shape(1)) * 32 / bits != K || K % group_size != 0)
     throw std::invalid_argument("mlxspec qmm: w does not match x's K, or K is not a multiple of group_size");
   if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape() ||
@@ -151,7 +157,9 @@ static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& sc
   if (stream.device != mx::Device::cpu) throw std::invalid_argument("mlxspec qmm: CPU streams only");
   auto out_type = mx::promote_types(x.dtype(), scales.dtype());
   // x may be any strided view; the kernel reads it through its strides (w etc. must be contiguous).
-  return mx::array({x.shape(0), N}, out_type,
+  auto out_shape = x.shape();
+  out_shape.back() = N;
+  return mx::array(std::move(out_shape), out_type,
                    std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen)),
                    {x, w, scales, biases});
 }
@@ -259,7 +267,7 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.doc() = "mlxspec CPU kernels: multi-row quantized matmul, few-row attention";
   m.def("qmm", &mlxspec::qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
-        "y (M, N) = x (M, K) @ dequant(w).T, every row computed as a one-row call would compute it.");
+        "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows), rows independent of M.");

@@ -138,6 +138,9 @@ void run_columns(const QmmProblem& p, int n0, int n1, float* y) {
 }
 
 inline void run_columns(Isa isa, const QmmProblem& p, int n0, int n1, float* y) {
+#if defined(__ARM_NEON) && defined(__aarch64__)
+  if (isa == Isa::neon) return run_columns<NeonIsa>(p, n0, n1, y);
+#endif
 #if defined(__AVX512F__)
   if (isa == Isa::avx512) return run_columns<Avx512Isa>(p, n0, n1, y);
 #endif

@@ -146,6 +146,9 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
 }
 
 inline void sdpa_rows(Isa isa, const SdpaProblem& p, int b, int g, int r0, int r1) {
+#if defined(__ARM_NEON) && defined(__aarch64__)
+  if (isa == Isa::neon) return sdpa_rows<NeonIsa>(p, b, g, r0, r1);
+#endif
 #if defined(__AVX512F__)
   if (isa == Isa::avx512) return sdpa_rows<Avx512Isa>(p, b, g, r0, r1);
 #endif

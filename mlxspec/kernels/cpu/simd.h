@@ -1,7 +1,9 @@
 // Lane types the CPU kernels are written against: 16 fp32 lanes with zero/load/store/set1/fma,
 // a fixed-order reduction, and dequantization of 32 packed weights. One struct per instruction set
-// (portable, AVX2, AVX-512); a kernel instantiated for one of them does the same arithmetic for
-// every row, which is what keeps multi-row calls bit-identical to one-row calls.
+// (portable, AVX2, AVX-512, NEON in simd_neon.h); a kernel instantiated for one of them does the
+// same arithmetic for every row, which is what keeps multi-row calls bit-identical to one-row
+// calls. All of them compute each output with the same fp32 operations in the same order, so
+// they also agree with each other bit for bit.
 #pragma once
 
 #include <cmath>
@@ -16,7 +18,7 @@
 namespace mlxspec {
 
 enum class SType : int { f32 = 0, f16 = 1, bf16 = 2 };  // dtype of scales/biases
-enum class Isa : int { generic = 0, avx512 = 1, avx2 = 2 };
+enum class Isa : int { generic = 0, avx512 = 1, avx2 = 2, neon = 3 };
 
 inline float half_to_float(uint16_t h) {
   // IEEE binary16 -> binary32, exact (subnormals included).
@@ -118,7 +120,7 @@ inline void store_floats(const float* y, int n, SType t, void* out) {
 }
 
 // ---------------------------------------------------------------- portable path
-// 16 float lanes as plain arrays: correct on any CPU (Apple's NEON included); std::fma keeps the
+// 16 float lanes as plain arrays: correct on any CPU (the reference for the others); std::fma keeps the
 // contraction explicit, so results never depend on the optimiser. Speed depends on the compiler
 // vectorising std::fma (GCC 12 on x86 keeps it scalar: the AVX-512 path below is the fast one here).
 
@@ -253,7 +255,18 @@ struct Avx2Isa {
 };
 #endif
 
+}  // namespace mlxspec
+
+#if defined(__ARM_NEON) && defined(__aarch64__)
+#include "simd_neon.h"
+#endif
+
+namespace mlxspec {
+
 inline bool isa_compiled(Isa isa) {
+#if defined(__ARM_NEON) && defined(__aarch64__)
+  if (isa == Isa::neon) return true;
+#endif
 #if defined(__AVX512F__)
   if (isa == Isa::avx512) return true;
 #endif
@@ -264,7 +277,9 @@ inline bool isa_compiled(Isa isa) {
 }
 
 inline Isa best_isa() {
-#if defined(__AVX512F__)
+#if defined(__ARM_NEON) && defined(__aarch64__)
+  return Isa::neon;
+#elif defined(__AVX512F__)
   return Isa::avx512;
 #elif defined(__AVX2__) && defined(__FMA__)
   return Isa::avx2;

@@ -41,29 +41,34 @@ class ThreadPool {
 
   // Run f(i) for every chunk i in [0, chunks); returns when all are done. One job at a time.
   void run(int chunks, const std::function<void(int)>& f) {
-    if (n_ == 1 || chunks <= 1) {
+    if (n_ == 1 || chunks <= 1 || chunks > kMaxChunks) {
       for (int i = 0; i < chunks; ++i) f(i);
       return;
     }
     std::lock_guard<std::mutex> one(job_mu_);
     job_.store(&f, std::memory_order_relaxed);
-    chunks_.store(chunks, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     uint64_t gen = ++gen_;
-    claim_.store(gen << 32, std::memory_order_release);  // publishes job_/chunks_ for this gen
+    // One word holds (generation, chunk count, next chunk): a worker can only claim a chunk of the
+    // job it read, never pair an old job's claim with a new job's count (that ran a chunk twice
+    // and let run() return while a worker still held its stack frame).
+    claim_.store((gen << 32) | (uint64_t(chunks) << 16), std::memory_order_release);  // publishes job_
     wake(gen);
     work(gen);
     while (done_.load(std::memory_order_acquire) < chunks) MLXSPEC_PAUSE();
   }
 
  private:
+  static constexpr int kMaxChunks = 0xffff;
+
   // Claim and run chunks of job `gen` until none is left (or a newer job replaced it).
   void work(uint64_t gen) {
     for (;;) {
       uint64_t c = claim_.load(std::memory_order_acquire);
-      if ((c >> 32) != (gen & 0xffffffffu) || int(c & 0xffffffffu) >= chunks_.load(std::memory_order_relaxed)) return;
+      const uint64_t chunks = (c >> 16) & 0xffffu, next = c & 0xffffu;
+      if ((c >> 32) != (gen & 0xffffffffu) || next >= chunks) return;
       if (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel)) continue;
-      (*job_.load(std::memory_order_relaxed))(int(c & 0xffffffffu));  // valid: our claim holds the job
+      (*job_.load(std::memory_order_relaxed))(int(next));  // valid: our claim holds the job open
       done_.fetch_add(1, std::memory_order_release);
     }
   }
@@ -100,11 +105,10 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mu_, job_mu_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> claim_{0}, wake_{0};  // claim_: (generation << 32) | next chunk
+  std::atomic<uint64_t> claim_{0}, wake_{0};  // claim_: (generation << 32) | (chunks << 16) | next chunk
   std::atomic<int> done_{0}, sleepers_{0};
   std::atomic<bool> stop_{false};
   std::atomic<const std::function<void(int)>*> job_{nullptr};
-  std::atomic<int> chunks_{0};
   uint64_t gen_ = 0;
 };
 
