@@ -25,7 +25,8 @@ def kernel_status(load: bool = False) -> dict:
     """What mlxspec.kernels says about itself, through whichever status function it offers.
 
     Kernels load with a model, so a fresh process has none; `load` builds (first use) and
-    self-checks the device's kernel on one typical shape (SmolLM2's FFN: 1536 x 576, 4-bit g32).
+    self-checks the device's kernels on typical shapes (SmolLM2's FFN: 1536 x 576, 4-bit g32; on the
+    CPU also its attention and RMSNorm/RoPE/SwiGLU).
     """
     if load:
         _load_kernels()
@@ -51,6 +52,9 @@ def _load_kernels() -> None:
 
         registry = importlib.import_module("mlxspec.kernels.registry")
         registry.kernel_for_layer(1536, 576, 32, 4, mx.float16)
+        if mx.default_device().type == mx.cpu:  # attention and pointwise kernels are CPU-only
+            importlib.import_module("mlxspec.kernels.attention").check_signature(9, 3, 64, 64)
+            importlib.import_module("mlxspec.kernels.pointwise").check_typical()
     except Exception:  # status() then reports what failed, or the kernels are simply absent
         pass
 
@@ -154,6 +158,11 @@ def _kernel_line(entry) -> str:
     state = "active" if entry.get("active") else "inactive"
     detail = f" ({entry['detail']})" if entry.get("detail") else ""
     reason = f": {entry['reason']}" if entry.get("reason") else ""
+    if not reason and ("passed" in entry or "failed" in entry):  # attention / pointwise: per-signature checks
+        passed, failed = len(entry.get("passed") or []), len(entry.get("failed") or {})
+        reason = f": self-check passed on {passed} signature(s)" + (f", failed on {failed}" if failed else "")
+    if entry.get("error"):
+        reason = f": {str(entry['error']).splitlines()[0]}"
     return f"{entry.get('kernel', '?')} {state}{detail}{reason}"
 
 

@@ -57,6 +57,15 @@ def test_kernel_status_uses_the_packages_status_function(monkeypatch):
     assert doctor_mod._render_kernels(k) == "cpu-qmm active (avx512): checked"
 
 
+def test_per_signature_kernels_say_how_many_checks_passed_or_why_not():
+    line = doctor_mod._kernel_line({"kernel": "cpu-pointwise", "active": True, "error": None,
+                                    "passed": ["a", "b"], "failed": {"c": "disagrees"}})
+    assert line == "cpu-pointwise active: self-check passed on 2 signature(s), failed on 1"
+    line = doctor_mod._kernel_line({"kernel": "cpu-sdpa", "active": False, "error": "no compiler\nmore",
+                                    "passed": [], "failed": {}})
+    assert line == "cpu-sdpa inactive: no compiler"
+
+
 def test_kernel_status_without_a_status_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlxspec.kernels", types.ModuleType("mlxspec.kernels"))
     monkeypatch.setitem(sys.modules, "mlxspec.kernels.registry", types.ModuleType("mlxspec.kernels.registry"))

@@ -95,6 +95,16 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
     return _state["checks"][signature] is None
 
 
+def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32) -> str | None:
+    """Self-check one signature now (as its first call would) and record it; None if it passed."""
+    if _kernel() is None:
+        return _state["error"]
+    signature = (heads, kv_heads, dim, value_dim, str(dtype))
+    if signature not in _state["checks"]:
+        _state["checks"][signature] = self_check(_kernel(), heads, kv_heads, dim, value_dim, dtype)
+    return _state["checks"][signature]
+
+
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
     if _kernel() is not None and _usable(queries, keys, values, cache, mask, sinks):
@@ -133,6 +143,6 @@ def restore_attention() -> None:
 
 def attention_status() -> dict:
     checks = _state["checks"]
-    return {"kernel": "cpu-sdpa", "active": _state["original"] is not None and _state["kernel"] is not None,
+    return {"kernel": "cpu-sdpa", "active": _state["kernel"] is not None, "hooked": _state["original"] is not None,
             "error": _state["error"], "passed": [str(s) for s, f in checks.items() if f is None],
             "failed": {str(s): f for s, f in checks.items() if f}}

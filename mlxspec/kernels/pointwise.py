@@ -230,6 +230,20 @@ def restore_pointwise(model: nn.Module | None = None) -> None:
             _set_module(model, path, nn.RoPE(m.dims, traditional=m.traditional, base=m.base, scale=m.scale))
 
 
+def check_typical(dims: int = 576, head_dim: int = 64, dtype=mx.float32) -> None:
+    """Self-check each op on one typical signature now (for `mlxspec doctor`); results in pointwise_status()."""
+    if _ext() is None:
+        return
+    x = _random((1, 2, dims), dtype, 8)
+    KernelRMSNorm.wrap(nn.RMSNorm(dims))(x)
+    KernelRoPE.wrap(nn.RoPE(head_dim, traditional=False, base=10000.0))(_random((1, 2, 3, head_dim), dtype, 9), offset=3)
+    if _state["swiglu"] is None:
+        import mlx_lm.models.activations as activations
+
+        _state["swiglu"] = activations.swiglu
+    kernel_swiglu(x, x)
+
+
 def pointwise_status() -> dict:
     checks = _state["checks"]
     return {"kernel": "cpu-pointwise", "active": _state["ext"] is not None, "error": _state["error"],
