@@ -96,10 +96,10 @@ class Runners:
         if config.runner == ENGINE:
             return self._run_engine(config, ids, max_tokens, cold)
         if config.runner == MLX_LM:
-            with mlx_lm_attention():
+            with mlx_lm_own_ops():
                 return self._run_mlx_lm(ids, max_tokens)
         if config.runner == MLX_LM_SPECULATIVE:
-            with mlx_lm_attention():
+            with mlx_lm_own_ops():
                 return self._run_mlx_lm_speculative(config.k, ids, max_tokens)
         raise ValueError(f"unknown runner {config.runner!r}")
 
@@ -156,20 +156,25 @@ class Runners:
 
 
 @contextlib.contextmanager
-def mlx_lm_attention():
-    """Peers run with mlx-lm's own attention: mlxspec's attention kernel hooks it process-wide."""
+def mlx_lm_own_ops():
+    """Peers run with mlx-lm's own attention and swiglu: mlxspec's kernels hook those process-wide."""
     import mlx_lm.models.base as base
 
-    from ..kernels import attention
+    from ..kernels import attention, pointwise
 
-    active = base.scaled_dot_product_attention is attention.few_row_attention
-    if active:
+    attention_hooked = base.scaled_dot_product_attention is attention.few_row_attention
+    swiglu_routed = pointwise.swiglu_routed()
+    if attention_hooked:
         attention.restore_attention()
+    if swiglu_routed:
+        pointwise.restore_pointwise()
     try:
         yield
     finally:
-        if active:
+        if attention_hooked:
             attention.use_attention_kernel()
+        if swiglu_routed:
+            pointwise.route_swiglu()
 
 
 def forget_prefix(engine: Engine) -> None:

@@ -196,11 +196,18 @@ def use_pointwise_kernels(model: nn.Module) -> dict:
     for path, module, kind in swaps:
         _set_module(model, path, module)
         report["swapped"][kind] += 1
-    report["swiglu"] = _patch_swiglu()
+    report["swiglu"] = route_swiglu()
     return report
 
 
-def _patch_swiglu() -> list[str]:
+def swiglu_routed() -> bool:
+    """Does any mlx-lm model module call the kernel's swiglu (use_pointwise_kernels ran in this process)?"""
+    return any(name.startswith("mlx_lm.models") and getattr(m, "swiglu", None) is kernel_swiglu
+               for name, m in list(sys.modules.items()))
+
+
+def route_swiglu() -> list[str]:
+    """Point mlx-lm's model modules at kernel_swiglu (process-wide); returns their names."""
     import mlx_lm.models.activations as activations
 
     if _state["swiglu"] is None:
