@@ -10,7 +10,10 @@ swiglu) in one pass per row.
 
 A call goes to the kernel only on the CPU device, for a signature (op, dtype, sizes) that passed
 its self-check against MLX's op in this process; anything else (an array offset for batched
-caches, a failed check, a GPU) runs MLX's op unchanged.
+caches, a failed check, a GPU) runs MLX's op unchanged. The norm and rope swaps are per model; the
+swiglu route is per process, as for attention (mlx-lm's MLP calls a module-level function), so a
+model loaded with kernels=False next to one with kernels gets it too: MLXSPEC_KERNELS=0 keeps a
+whole process on MLX's ops.
 """
 
 from __future__ import annotations
