@@ -1,6 +1,6 @@
 """The one draft/verify loop. Plain decoding is this loop with a drafter that proposes nothing.
 
-One round:
+One round (plain decoding, k = 0, overlaps consecutive rounds: see _plain_rounds):
   1. drafter.propose(context, k)      -> k drafted ids (lazy) [+ their probabilities]
   2. target(last token + drafts)      -> k+1 rows of logits, one forward pass
   3. verify: (n accepted, next token) -> the round's single host read-back
@@ -30,6 +30,8 @@ from .verify import greedy_accept, rejection_accept
 
 # The fused GPU acceptance kernels are opt-in until measured on a device (they self-check either way).
 FUSED_ACCEPT = os.environ.get("MLXSPEC_FUSED_ACCEPT", "0") == "1"
+# Plain decoding queues each step before reading the previous token (MLXSPEC_PIPELINE=0: one at a time).
+PIPELINE_PLAIN = os.environ.get("MLXSPEC_PIPELINE", "1") != "0"
 
 
 @dataclass
@@ -90,7 +92,7 @@ class Decoder:
         self.kv.tokens = None  # in use; what it holds is recorded once, when the loop ends
         self.in_flight = False
         try:
-            yield from self._rounds(cache, context, decode_start)
+            yield from (self._plain_rounds if self._pipelined() else self._rounds)(cache, context, decode_start)
         finally:
             # Kept for the next request unless a round was cut off half-way (an exception in it).
             self.kv.tokens = None if self.in_flight else context[:-1]
@@ -133,25 +135,86 @@ class Decoder:
             if self.finish_reason is not None:
                 return
 
+    def _pipelined(self) -> bool:
+        """Plain decoding that needs no token history to queue the next step (no drafter, no penalty)."""
+        no_penalty = self.opts.repeat_penalty == 1.0 or self.opts.repeat_last_n == 0
+        return PIPELINE_PLAIN and self.controller is None and self.k == 0 and no_penalty
+
+    def _plain_rounds(self, cache: list, context: list[int], decode_start: float) -> Iterator[Round]:
+        """Plain decoding as _rounds does it (same tokens, keys, stops, one read-back per token), but
+        the step after a token is queued from that token still lazy, before reading it: building the
+        next graph overlaps the device's work on this one (mlx-lm's generate does the same)."""
+        stats, opts = self.stats, self.opts
+        remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
+        nxt, ahead = None, 0  # the queued step's token; tokens the cache holds past context[:-1]
+        try:
+            while True:
+                room = self.num_ctx - len(context)
+                if self.cancel is not None and self.cancel.is_set():
+                    self.finish_reason = "cancelled"
+                    return
+                if remaining <= 0 or room <= 0:
+                    self.finish_reason = "length"
+                    return
+                self.in_flight = True  # a step cut off half-way leaves the cache untrusted
+                if nxt is None:
+                    nxt, ahead = self._plain_step(cache, mx.array(context[-1:], dtype=mx.uint32)), ahead + 1
+                following = None
+                if remaining > 1 and room > 1:  # another step will be wanted unless this token ends it
+                    following, ahead = self._plain_step(cache, nxt.reshape(1).astype(mx.uint32)), ahead + 1
+                token = int(nxt.item())  # the round's one host synchronisation
+                stats.host_syncs += 1
+                stats.record_round(0, 0)
+                context.append(token)
+                nxt, ahead = following, ahead - 1
+                self.in_flight = False
+                if token in self.eos_ids:
+                    self.finish_reason = "stop"
+                else:
+                    remaining -= 1
+                    stats.generated_tokens += 1
+                stats.decode_time = time.perf_counter() - decode_start
+                if self.finish_reason is None:
+                    yield Round([token], [False])
+                else:
+                    return
+        finally:  # the cache holds context[:-1] again however the loop ends (a queued step is dropped)
+            rewind(cache, ahead)
+
+    def _plain_step(self, cache: list, token: mx.array) -> mx.array:
+        """Queue one target step on a (1,) token -> its next token (lazy, already being computed)."""
+        verify_key = self._keys()[1]
+        logits = self.target(token[None], cache=cache)[0]
+        _, nxt = self._accept(logits, Draft.empty(), verify_key)
+        mx.async_eval(nxt)
+        return nxt
+
+    def _keys(self) -> tuple[mx.array | None, mx.array | None]:
+        """This round's (draft key, verify key): one split per round, whatever the round drafts."""
+        if self.sampling.greedy:
+            return None, None
+        self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        return draft_key, verify_key
+
+    def _accept(self, logits: mx.array, draft: Draft, verify_key) -> tuple[mx.array, mx.array]:
+        """(accepted count, next token), lazy: greedy, or rejection sampling against the draft."""
+        greedy, rejection = (
+            (fused_greedy_accept, fused_rejection_accept) if FUSED_ACCEPT else (greedy_accept, rejection_accept)
+        )
+        if self.sampling.greedy:
+            return greedy(logits, draft.tokens)
+        return rejection(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
+
     def _round(self, cache: list, context: list[int], k: int) -> tuple[list[int], int, int]:
         """One draft/verify round -> (drafts[:n] + [next], n, number drafted)."""
-        if self.sampling.greedy:
-            draft_key = verify_key = None
-        else:
-            self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        draft_key, verify_key = self._keys()
         drafter_syncs = self.drafter.syncs
         draft = self.drafter.propose(context, k, self.sampling, draft_key) if k > 0 else Draft.empty()
         self.stats.host_syncs += self.drafter.syncs - drafter_syncs
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
         logits = self.target(x[None], cache=cache)[0]  # (1 + kd, V)
         logits = penalize(logits, context, draft.tokens, self.opts.repeat_penalty, self.opts.repeat_last_n)
-        greedy, rejection = (
-            (fused_greedy_accept, fused_rejection_accept) if FUSED_ACCEPT else (greedy_accept, rejection_accept)
-        )
-        if self.sampling.greedy:
-            n, nxt = greedy(logits, draft.tokens)
-        else:
-            n, nxt = rejection(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
+        n, nxt = self._accept(logits, draft, verify_key)
         mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
         self.stats.host_syncs += 1
         n = int(n.item())

@@ -213,11 +213,12 @@ def route_swiglu() -> list[str]:
     """Point mlx-lm's model modules at kernel_swiglu (process-wide); returns their names."""
     import mlx_lm.models.activations as activations
 
-    if _state["swiglu"] is None:
+    if activations.swiglu is not kernel_swiglu:  # (a re-imported mlx-lm brings a new original)
         _state["swiglu"] = activations.swiglu
+    ours = (_state["swiglu"], kernel_swiglu)
     routed = []  # every mlx-lm module whose swiglu is now the kernel's (patched now or before)
     for name, module in list(sys.modules.items()):  # model modules import swiglu by name
-        if name.startswith("mlx_lm.models") and getattr(module, "swiglu", None) in (_state["swiglu"], kernel_swiglu):
+        if name.startswith("mlx_lm.models") and any(getattr(module, "swiglu", None) is f for f in ours):
             module.swiglu = kernel_swiglu
             routed.append(name)
     return routed
