@@ -102,11 +102,7 @@ class Decoder:
         remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
         while True:
             room = self.num_ctx - len(context)  # tokens the context can still take
-            if self.cancel is not None and self.cancel.is_set():
-                self.finish_reason = "cancelled"
-                return
-            if remaining <= 0 or room <= 0:
-                self.finish_reason = "length"
+            if self._ended(remaining, room):
                 return
             want = self.controller.next_k() if self.controller else self.k
             k = int(max(0, min(want, remaining - 1, room - 1)))
@@ -135,6 +131,14 @@ class Decoder:
             if self.finish_reason is not None:
                 return
 
+    def _ended(self, remaining: float, room: int) -> bool:
+        """Before a round: cancelled, or no token may be added (sets finish_reason)."""
+        if self.cancel is not None and self.cancel.is_set():
+            self.finish_reason = "cancelled"
+        elif remaining <= 0 or room <= 0:
+            self.finish_reason = "length"
+        return self.finish_reason is not None
+
     def _pipelined(self) -> bool:
         """Plain decoding that needs no token history to queue the next step (no drafter, no penalty)."""
         no_penalty = self.opts.repeat_penalty == 1.0 or self.opts.repeat_last_n == 0
@@ -150,11 +154,7 @@ class Decoder:
         try:
             while True:
                 room = self.num_ctx - len(context)
-                if self.cancel is not None and self.cancel.is_set():
-                    self.finish_reason = "cancelled"
-                    return
-                if remaining <= 0 or room <= 0:
-                    self.finish_reason = "length"
+                if self._ended(remaining, room):
                     return
                 self.in_flight = True  # a step cut off half-way leaves the cache untrusted
                 if nxt is None:
