@@ -1,6 +1,6 @@
 """The one draft/verify loop. Plain decoding is this loop with a drafter that proposes nothing.
 
-One round (plain decoding, k = 0, overlaps consecutive rounds: see _plain_rounds):
+One round (consecutive plain rounds, k = 0, overlap: see _rounds):
   1. drafter.propose(context, k)      -> k drafted ids (lazy) [+ their probabilities]
   2. target(last token + drafts)      -> k+1 rows of logits, one forward pass
   3. verify: (n accepted, next token) -> the round's single host read-back
@@ -92,7 +92,7 @@ class Decoder:
         self.kv.tokens = None  # in use; what it holds is recorded once, when the loop ends
         self.in_flight = False
         try:
-            yield from (self._plain_rounds if self._pipelined() else self._rounds)(cache, context, decode_start)
+            yield from self._rounds(cache, context, decode_start)
         finally:
             # Kept for the next request unless a round was cut off half-way (an exception in it).
             self.kv.tokens = None if self.in_flight else context[:-1]
@@ -100,36 +100,61 @@ class Decoder:
     def _rounds(self, cache: list, context: list[int], decode_start: float) -> Iterator[Round]:
         stats, opts = self.stats, self.opts
         remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
-        while True:
-            room = self.num_ctx - len(context)  # tokens the context can still take
-            if self._ended(remaining, room):
-                return
-            want = self.controller.next_k() if self.controller else self.k
-            k = int(max(0, min(want, remaining - 1, room - 1)))
-            round_start = time.perf_counter()
-            self.in_flight = True  # the cache is not trusted until the round completes
-            tokens, n, drafted = self._round(cache, context, k)
-            context.extend(tokens)  # the cache now holds every token of context but the newest
-            self.in_flight = False
-            if self.controller:
-                self.controller.record(drafted, n, time.perf_counter() - round_start)
-                stats.draft_length, stats.backoffs = self.controller.k, self.controller.backoffs
-            out, from_draft = [], []
-            for i, t in enumerate(tokens):
-                if t in self.eos_ids:
-                    self.finish_reason = "stop"
-                    break
-                out.append(t)
-                from_draft.append(i < n)
-                remaining -= 1
-                if remaining <= 0:
-                    break
-            stats.generated_tokens += len(out)
-            stats.decode_time = time.perf_counter() - decode_start
-            if out:
-                yield Round(out, from_draft)
-            if self.finish_reason is not None:
-                return
+        k = None  # this round's draft length, when the round before already planned it
+        queued, ahead = None, 0  # a plain step queued ahead (its lazy token); tokens the cache holds past context[:-1]
+        try:
+            while True:
+                room = self.num_ctx - len(context)  # tokens the context can still take
+                if self._ended(remaining, room):
+                    return
+                k = self._plan(remaining, room) if k is None else k
+                round_start = time.perf_counter()
+                self.in_flight = True  # the cache is not trusted until the round completes
+                if k == 0 and self._can_queue():
+                    # Plain round, pipelined as mlx-lm does: if the next round is plain too, queue it
+                    # from this token still lazy, before reading it, so building the next graph
+                    # overlaps the device's work on this one. Same tokens, keys and read-backs.
+                    if queued is None:
+                        queued, ahead = self._plain_step(cache, mx.array(context[-1:], dtype=mx.uint32)), ahead + 1
+                    nxt, queued = queued, None
+                    k = self._plan(remaining - 1, room - 1)  # the next round's, before this token is known
+                    if k == 0 and remaining > 1 and room > 1:
+                        queued, ahead = self._plain_step(cache, nxt.reshape(1).astype(mx.uint32)), ahead + 1
+                    tokens, n, drafted = [int(nxt.item())], 0, 0  # the round's one host synchronisation
+                    stats.host_syncs += 1
+                    stats.record_round(0, 0)
+                    ahead -= 1
+                else:
+                    tokens, n, drafted = self._round(cache, context, k)
+                    k = None
+                context.extend(tokens)  # the cache now holds every token of context but the newest (+ ahead)
+                self.in_flight = False
+                if self.controller:
+                    self.controller.record(drafted, n, time.perf_counter() - round_start)
+                    stats.draft_length, stats.backoffs = self.controller.k, self.controller.backoffs
+                out, from_draft = [], []
+                for i, t in enumerate(tokens):
+                    if t in self.eos_ids:
+                        self.finish_reason = "stop"
+                        break
+                    out.append(t)
+                    from_draft.append(i < n)
+                    remaining -= 1
+                    if remaining <= 0:
+                        break
+                stats.generated_tokens += len(out)
+                stats.decode_time = time.perf_counter() - decode_start
+                if out:
+                    yield Round(out, from_draft)
+                if self.finish_reason is not None:
+                    return
+        finally:  # a plain step queued past the end (EOS, cancel, the caller leaving) is dropped
+            rewind(cache, ahead)
+
+    def _plan(self, remaining: float, room: int) -> int:
+        """Draft length for a round that may add `remaining` tokens to a context with `room` left."""
+        want = self.controller.next_k() if self.controller else self.k
+        return int(max(0, min(want, remaining - 1, room - 1)))
 
     def _ended(self, remaining: float, room: int) -> bool:
         """Before a round: cancelled, or no token may be added (sets finish_reason)."""
@@ -139,47 +164,10 @@ class Decoder:
             self.finish_reason = "length"
         return self.finish_reason is not None
 
-    def _pipelined(self) -> bool:
-        """Plain decoding that needs no token history to queue the next step (no drafter, no penalty)."""
-        no_penalty = self.opts.repeat_penalty == 1.0 or self.opts.repeat_last_n == 0
-        return PIPELINE_PLAIN and self.controller is None and self.k == 0 and no_penalty
-
-    def _plain_rounds(self, cache: list, context: list[int], decode_start: float) -> Iterator[Round]:
-        """Plain decoding as _rounds does it (same tokens, keys, stops, one read-back per token), but
-        the step after a token is queued from that token still lazy, before reading it: building the
-        next graph overlaps the device's work on this one (mlx-lm's generate does the same)."""
-        stats, opts = self.stats, self.opts
-        remaining = opts.max_tokens if opts.max_tokens >= 0 else float("inf")
-        nxt, ahead = None, 0  # the queued step's token; tokens the cache holds past context[:-1]
-        try:
-            while True:
-                room = self.num_ctx - len(context)
-                if self._ended(remaining, room):
-                    return
-                self.in_flight = True  # a step cut off half-way leaves the cache untrusted
-                if nxt is None:
-                    nxt, ahead = self._plain_step(cache, mx.array(context[-1:], dtype=mx.uint32)), ahead + 1
-                following = None
-                if remaining > 1 and room > 1:  # another step will be wanted unless this token ends it
-                    following, ahead = self._plain_step(cache, nxt.reshape(1).astype(mx.uint32)), ahead + 1
-                token = int(nxt.item())  # the round's one host synchronisation
-                stats.host_syncs += 1
-                stats.record_round(0, 0)
-                context.append(token)
-                nxt, ahead = following, ahead - 1
-                self.in_flight = False
-                if token in self.eos_ids:
-                    self.finish_reason = "stop"
-                else:
-                    remaining -= 1
-                    stats.generated_tokens += 1
-                stats.decode_time = time.perf_counter() - decode_start
-                if self.finish_reason is None:
-                    yield Round([token], [False])
-                else:
-                    return
-        finally:  # the cache holds context[:-1] again however the loop ends (a queued step is dropped)
-            rewind(cache, ahead)
+    def _can_queue(self) -> bool:
+        """Can a plain step be queued before the token before it is known? Not when a repeat penalty
+        needs the whole history (MLXSPEC_PIPELINE=0 turns queueing off)."""
+        return PIPELINE_PLAIN and (self.opts.repeat_penalty == 1.0 or self.opts.repeat_last_n == 0)
 
     def _plain_step(self, cache: list, token: mx.array) -> mx.array:
         """Queue one target step on a (1,) token -> its next token (lazy, already being computed)."""

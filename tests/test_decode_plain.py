@@ -109,3 +109,23 @@ def test_one_read_back_per_token_and_steps_queued_ahead(engine, monkeypatch):
     assert len(tokens) == 20 and last.stats.host_syncs == 20
     assert len(queued) == 20  # every step queued before its token was read
     assert len(reads) == 20 and len(evals) <= 1  # one read per token (plus at most the prompt's prefill)
+
+
+def test_plain_stretches_of_an_adaptive_engine_are_pipelined_too(tiny_llama, engine, monkeypatch):
+    """When adaptation decodes plain, consecutive plain rounds queue ahead as well; output unchanged."""
+    from mlxspec.adaptive import CostModel
+
+    spec = Engine.load(str(tiny_llama), drafter="lookup", draft_length=4)
+    spec.costs = CostModel()
+    spec.costs.add(0, 1e-4)  # plain looks cheap and drafting dear: the controller backs off to plain
+    for k in (1, 4):
+        spec.costs.add(k, 1.0)
+    expected = {p: run(engine, p, max_tokens=30)[0] for p in PROMPTS}
+    queued = []
+    real_async = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: (queued.append(1), real_async(*a))[1])
+    for prompt in PROMPTS:
+        tokens, last = run(spec, prompt, max_tokens=30)
+        assert tokens == expected[prompt]
+        assert last.stats.backoffs > 0 or last.stats.drafted == 0
+    assert len(queued) > len(PROMPTS), "plain rounds were not queued ahead"
