@@ -143,6 +143,7 @@ class Engine:
         options = options or GenerateOptions()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         k = self.draft_length if options.draft_length is None else options.draft_length
+        k = 0 if isinstance(self.drafter, NoDrafter) else k  # nothing to draft: plain rounds (pipelined)
         drafter = self.drafter if k > 0 else NoDrafter()
         stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0)
         with self._lock:

@@ -129,3 +129,9 @@ def test_plain_stretches_of_an_adaptive_engine_are_pipelined_too(tiny_llama, eng
         assert tokens == expected[prompt]
         assert last.stats.backoffs > 0 or last.stats.drafted == 0
     assert len(queued) > len(PROMPTS), "plain rounds were not queued ahead"
+
+
+def test_an_engine_without_a_drafter_decodes_plain_rounds(engine):
+    """drafter 'none' with a nonzero draft length still queues plain rounds ahead."""
+    tokens, last = run(engine, PROMPTS[0], max_tokens=12, draft_length=4)
+    assert last.stats.draft_length == 0 and last.stats.drafted == 0 and len(tokens) == 12
