@@ -20,7 +20,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from .build import KernelUnavailable
+from .build import load_once
 from .registry import disabled, warn_once
 
 ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| (a convex mix of v rows)
@@ -69,14 +69,9 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
 
 
 def _kernel():
-    if _state["kernel"] is None and _state["error"] is None:
-        try:
-            from .cpu import cpu_sdpa_function
+    from .cpu import cpu_sdpa_function
 
-            _state["kernel"] = cpu_sdpa_function()
-        except KernelUnavailable as e:
-            _state["error"] = str(e)
-    return _state["kernel"]
+    return load_once(_state, "kernel", cpu_sdpa_function)
 
 
 def _usable(queries, keys, values, cache, mask, sinks) -> bool:
@@ -86,22 +81,19 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
         return False
     if queries.dtype not in EPS or keys.dtype != queries.dtype or values.dtype != queries.dtype:
         return False
-    signature = (queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], str(queries.dtype))
-    if signature not in _state["checks"]:
-        failure = self_check(_kernel(), *signature[:4], queries.dtype)
-        _state["checks"][signature] = failure
-        if failure:
-            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}", "MLX's attention")
-    return _state["checks"][signature] is None
+    return check_signature(queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype) is None
 
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32) -> str | None:
-    """Self-check one signature now (as its first call would) and record it; None if it passed."""
+    """Self-check one signature once per process (its first call does this); None if it passed."""
     if _kernel() is None:
         return _state["error"]
     signature = (heads, kv_heads, dim, value_dim, str(dtype))
     if signature not in _state["checks"]:
-        _state["checks"][signature] = self_check(_kernel(), heads, kv_heads, dim, value_dim, dtype)
+        failure = self_check(_kernel(), heads, kv_heads, dim, value_dim, dtype)
+        _state["checks"][signature] = failure
+        if failure:
+            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}", "MLX's attention")
     return _state["checks"][signature]
 
 

@@ -32,6 +32,16 @@ class KernelUnavailable(RuntimeError):
     """The kernel cannot be built or loaded here; the message says why (one line)."""
 
 
+def load_once(state: dict, key: str, load):
+    """state[key] = load() on first use; a KernelUnavailable is kept in state["error"] and not retried."""
+    if state[key] is None and state["error"] is None:
+        try:
+            state[key] = load()
+        except KernelUnavailable as e:
+            state["error"] = str(e)
+    return state[key]
+
+
 def cache_root() -> Path:
     if os.environ.get("MLXSPEC_CACHE_DIR"):
         return Path(os.environ["MLXSPEC_CACHE_DIR"]) / "kernels"

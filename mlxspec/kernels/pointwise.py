@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .build import KernelUnavailable, load_cpu_extension
+from .build import load_cpu_extension, load_once
 from .registry import disabled, warn_once
 
 # |kernel - MLX| <= TOL * max|MLX| (MLX rounds some intermediates to the dtype, the kernel does not)
@@ -34,12 +34,7 @@ _state: dict = {"ext": None, "error": None, "checks": {}, "swiglu": None}
 
 
 def _ext():
-    if _state["ext"] is None and _state["error"] is None:
-        try:
-            _state["ext"] = load_cpu_extension()
-        except KernelUnavailable as e:
-            _state["error"] = str(e)
-    return _state["ext"]
+    return load_once(_state, "ext", load_cpu_extension)
 
 
 def _close(y: mx.array, ref: mx.array) -> bool:

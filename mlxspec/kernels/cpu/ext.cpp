@@ -72,8 +72,6 @@ static void convert_x(const mx::array& x, int bits, float* out) {
   }
 }
 
-static void store_y(const float* y, mx::array& out) { store_f32(y, out.size(), out); }
-
 // Columns in chunks claimed by the caller and the pool's workers; tiny problems run inline.
 static void run(Isa isa, const QmmProblem& p, float* y) {
   double work = double(p.N) * p.K * std::max(1, std::min(p.M, 4));
@@ -111,7 +109,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
       convert_x(x, bits, xf);
       QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
       run(isa, p, yf.data());
-      store_y(yf.data(), out);
+      store_f32(yf.data(), out.size(), out);
     });
   }
 
@@ -213,7 +211,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
       buf.resize(out.size());
       p.out = buf.data();
       run_sdpa(isa, p);
-      store_y(buf.data(), out);
+      store_f32(buf.data(), out.size(), out);
     });
   }
 
