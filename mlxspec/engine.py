@@ -12,6 +12,7 @@ leaves the engine ready for the next request: per-request state (KV caches) live
 
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -22,6 +23,7 @@ from .cache import PrefixCache
 from .decode import Decoder
 from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .errors import MlxspecError
+from .exactness import RowInvariance
 from .loading import LoadedModel
 from .options import GenerateOptions
 from .stats import Stats
@@ -56,6 +58,8 @@ class Engine:
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
+        self.rows = RowInvariance(target.model)  # is speculation exact here? measured per row count
+        self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
 
     @classmethod
     def load(
@@ -69,7 +73,7 @@ class Engine:
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         min_confidence: float = 0.0,
         progress=None,
-        kernels: bool = True,
+        kernels: bool | None = None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -77,8 +81,11 @@ class Engine:
         before any generation. `progress`: a tqdm class for repo downloads. `min_confidence` > 0
         makes a draft model stop a proposal after a token it gives less than that probability (one
         extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
-        they pass their self-check on this device (see `use_kernels`).
+        they pass their self-check on this device (mlxspec.kernels.install_timed); None reads
+        MLXSPEC_KERNELS (0 = off), the one place that setting is read.
         """
+        if kernels is None:
+            kernels = os.environ.get("MLXSPEC_KERNELS", "1") != "0"
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
@@ -89,11 +96,12 @@ class Engine:
             same = draft == target and (draft_quantize or None) == (quantize or None)
             dft = tgt if same else loading.load(draft, draft_quantize, progress)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
-        kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels=False"}
+        kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels off"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
         engine = cls(tgt, built, dft, draft_length)
         engine.kernels = kernel_report
+        engine.rows.holds(engine.draft_length + 1)  # measured now, not inside the first request
         return engine
 
     # -- facts -------------------------------------------------------------------------------
@@ -147,6 +155,8 @@ class Engine:
         drafter = self.drafter if k > 0 else NoDrafter()
         stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0)
         with self._lock:
+            # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
+            self.exact = stats.exact = self.rows.holds(k + 1)
             decoder = Decoder(
                 self.target.model,
                 drafter,
@@ -192,18 +202,15 @@ class Engine:
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
-    """Swap in mlxspec's kernels where they passed their self-check on this device.
+    """Install mlxspec's kernels in each model where they passed their self-check on this device.
 
     A kernel that cannot build or disagrees with the pure-MLX reference is reported (one warning)
     and MLX's own op stays: the reference defines the result, kernels only make it faster.
     """
-    import mlx.core as mx
+    from .kernels import install_kernels
+    from .kernels.install import install_timed
 
-    from .kernels import use_attention_kernel, use_kernels, use_pointwise_kernels
-
-    models = [target.model] + ([draft.model] if draft is not None and draft is not target else [])
-    on_cpu = mx.default_device().type == mx.cpu  # attention and pointwise kernels are CPU-only: no build elsewhere
-    attention = use_attention_kernel() if on_cpu else {"kernel": "cpu-sdpa", "disabled": "not on the CPU backend"}
-    pointwise = ([use_pointwise_kernels(m) for m in models] if on_cpu
-                 else [{"kernel": "cpu-pointwise", "disabled": "not on the CPU backend"}])
-    return {"layers": [use_kernels(m) for m in models], "attention": attention, "pointwise": pointwise}
+    report = {"target": install_timed(target.model)}
+    if draft is not None and draft is not target:
+        report["draft"] = install_kernels(draft.model)  # the draft's bits never reach the output
+    return report

@@ -158,8 +158,9 @@ def render_hardware(facts: dict) -> str:
     ]
     if facts.get("blas"):
         lines.append(f"BLAS:              {facts['blas']['kind']} ({facts['blas']['library']})")
-    lines.append(f"memory bandwidth:  {bw['roofline_gbs']:.1f} GB/s (copy {bw['copy_gbs']:.1f} read+write, read "
-                 f"{bw['read_gbs']:.1f}; MLX's own copy {bw['mlx_copy_gbs'] or 0:.1f}) on {bw['buffer_mib']} MiB buffers")
+    lines.append(f"memory bandwidth:  {bw['roofline_gbs']:.1f} GB/s on the {bw.get('device', 'cpu')} (host copy "
+                 f"{bw['copy_gbs']:.1f} read+write, read {bw['read_gbs']:.1f}; MLX's copy on the device "
+                 f"{bw['mlx_copy_gbs'] or 0:.1f}) on {bw['buffer_mib']} MiB buffers")
     r = facts.get("roofline")
     if r:
         lines.append(f"roofline:          {r['model']}: {r['weights_read_per_step'] / 1e6:.1f} MB of weights per token "

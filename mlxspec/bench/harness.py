@@ -78,12 +78,12 @@ def _use_kernels(target, draft, progress: Progress) -> dict:
     progress("loading and self-checking the custom kernels")
     from ..engine import _use_kernels as engine_kernels
 
-    full = engine_kernels(target, draft)
-    report = full["layers"][0]
-    return {"backend": report.get("backend"), "swapped": len(report.get("swapped", {})),
-            "kept": len(report.get("kept", {})), "disabled": report.get("disabled"),
-            "kinds": sorted(set(report.get("swapped", {}).values())),
-            "attention": full["attention"].get("active", full["attention"])}
+    full = engine_kernels(target, draft)["target"]
+    layers, attention = full["layers"], full["attention"]
+    return {"backend": full["backend"], "swapped": len(layers["swapped"]), "kept": len(layers["kept"]),
+            "kinds": sorted(set(layers["swapped"].values())),
+            "attention": attention.get("error") or f"{attention['routed']} modules routed",
+            "timed": full.get("timed")}
 
 
 def _drafter_bytes(runners: Runners, drafters: list[str]) -> dict:
@@ -210,5 +210,7 @@ DEFINITIONS = {
                                "context); roofline_fraction = that / measured memory bandwidth: above 1.0 "
                                "speculation beat what plain decoding can ever reach",
     "identical": "every run's tokens equal plain greedy decoding's on the same prompt",
+    "exact": "the engine measured that its verify rows equal one-row steps on this device (mlxspec.exactness): "
+             "greedy speculation is token-identical to plain decoding by construction, not only on these prompts",
     "peak_memory_bytes": "MLX allocator peak during the run (weights included), or process peak RSS",
 }

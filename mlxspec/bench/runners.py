@@ -12,7 +12,6 @@ Generation stops at an end-of-sequence token (not emitted) or max_tokens, like m
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import time
 from dataclasses import dataclass
@@ -95,12 +94,12 @@ class Runners:
         memory.reset_peak()
         if config.runner == ENGINE:
             return self._run_engine(config, ids, max_tokens, cold)
+        # The peers run their own copies of the models: mlxspec's kernels are installed per model,
+        # so these run mlx-lm's own ops throughout.
         if config.runner == MLX_LM:
-            with mlx_lm_own_ops():
-                return self._run_mlx_lm(ids, max_tokens)
+            return self._run_mlx_lm(ids, max_tokens)
         if config.runner == MLX_LM_SPECULATIVE:
-            with mlx_lm_own_ops():
-                return self._run_mlx_lm_speculative(config.k, ids, max_tokens)
+            return self._run_mlx_lm_speculative(config.k, ids, max_tokens)
         raise ValueError(f"unknown runner {config.runner!r}")
 
     def _run_engine(self, config: Config, ids: list[int], max_tokens: int, cold: bool) -> Run:
@@ -153,28 +152,6 @@ class Runners:
             stats.record_round(min(k, max_tokens - round_start), kept)
         stats.generated_tokens = len(tokens)
         return clock.finish(tokens, stats)
-
-
-@contextlib.contextmanager
-def mlx_lm_own_ops():
-    """Peers run with mlx-lm's own attention and swiglu: mlxspec's kernels hook those process-wide."""
-    import mlx_lm.models.base as base
-
-    from ..kernels import attention, pointwise
-
-    attention_hooked = base.scaled_dot_product_attention is attention.few_row_attention
-    swiglu_routed = pointwise.swiglu_routed()
-    if attention_hooked:
-        attention.restore_attention()
-    if swiglu_routed:
-        pointwise.restore_pointwise()
-    try:
-        yield
-    finally:
-        if attention_hooked:
-            attention.use_attention_kernel()
-        if swiglu_routed:
-            pointwise.route_swiglu()
 
 
 def forget_prefix(engine: Engine) -> None:

@@ -69,6 +69,7 @@ def summarize(configs: list[Config], runs: list[dict], categories: dict[str, str
             "ttft_s": round(statistics.median(medians[(c.label, p)]["ttft"] for p in tps), 3),
             "identical": all(r["identical"] for r in mine),
             "mismatched_prompts": sorted({r["prompt"] for r in mine if not r["identical"]}),
+            "exact": _exact(mine),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in mine),
         }
         row.update(_counts(mine, repeats))
@@ -77,6 +78,12 @@ def summarize(configs: list[Config], runs: list[dict], categories: dict[str, str
         row["roofline_fraction"] = round(eff / bandwidth_gbs, 4) if bandwidth_gbs else None
         rows.append(row)
     return rows
+
+
+def _exact(runs: list[dict]) -> bool | None:
+    """Did the engine report every run exact (verify rows = one-row steps)? None: not reported (peers)."""
+    flags = [r["stats"].get("exact") for r in runs]
+    return None if any(f is None for f in flags) else all(flags)
 
 
 def _counts(runs: list[dict], repeats: int) -> dict:

@@ -27,7 +27,7 @@ def grid(headers: list[str], rows: list[list[str]], markdown: bool = False) -> s
 
 
 CONFIG_HEADERS = ["config", "tok/s", "speedup", "TTFT s", "accept", "tok/pass", "drafted/acc/rej",
-                  "passes", "same as plain", "peak MB", "MB/token", "eff. GB/s", "x roofline"]
+                  "passes", "same as plain", "exact", "peak MB", "MB/token", "eff. GB/s", "x roofline"]
 
 
 def config_rows(result: dict) -> list[list[str]]:
@@ -40,6 +40,7 @@ def config_rows(result: dict) -> list[list[str]]:
             _fmt(r["ttft_s"], ".2f"),
             _fmt(r["acceptance_rate"] * 100, ".0f") + "%" if r["acceptance_rate"] is not None else "-",
             _fmt(r["mean_accepted_length"], ".2f"), counts, _count(r["target_passes"]), same,
+            {True: "yes", False: "no"}.get(r.get("exact"), "-"),
             _fmt(r["peak_memory_bytes"] / MB, ".0f"),
             _fmt(r["bytes_per_token"] / MB if r["bytes_per_token"] else None, ".1f"),
             _fmt(r["effective_bandwidth_gbs"], ".2f"), _fmt(r["roofline_fraction"], ".3f"),
@@ -74,7 +75,8 @@ def header_lines(result: dict) -> list[str]:
         f"tokens, repeats: {result['spec']['repeats']}, greedy; {result['date']}",
         f"machine: {m['cpu']}, {m['cores']} cores, {m['os']}; MLX {v['mlx']} ({v['backend']}), mlx-lm {v['mlx_lm']}, "
         f"mlxspec {v['mlxspec']}" + (f"; BLAS {blas.get('kind')}" if blas else ""),
-        f"memory bandwidth {bw['roofline_gbs']:.1f} GB/s (copy {bw['copy_gbs']:.1f}, read {bw['read_gbs']:.1f}); "
+        f"memory bandwidth {bw['roofline_gbs']:.1f} GB/s on the {bw.get('device', 'cpu')} (host copy "
+        f"{bw['copy_gbs']:.1f}, read {bw['read_gbs']:.1f}, MLX on the device {bw.get('mlx_copy_gbs') or 0:.1f}); "
         f"one plain step reads {roof['plain_step_bytes'] / MB:.1f} MB -> roofline {roof['tokens_per_second']:.1f} tok/s",
     ]
 

@@ -1,39 +1,40 @@
-"""Custom kernels for the verify path: few rows times a quantized matrix, and few-row attention.
+"""Custom kernels for the verify path: few rows times a quantized matrix, few-row attention, pointwise ops.
 
-    from mlxspec.kernels import use_kernels, use_attention_kernel, status
-    report = use_kernels(model)        # swap QuantizedLinear layers where the device's kernel passed its check
-    use_attention_kernel()             # CPU: route mlx-lm's attention through the few-row kernel
-    use_pointwise_kernels(model)       # CPU: RMSNorm, RoPE, SwiGLU in one pass each
-    status()                           # what is active and why (for `mlxspec doctor`)
+    from mlxspec.kernels import install_kernels, remove_kernels, status
+    report = install_kernels(model)    # per model: every family that passed its self-check on this device
+    remove_kernels(model)              # MLX's ops again in this model
+    status()                           # every family tried: active or not, why, timings (for `mlxspec doctor`)
 
-Files: reference.py (the pure-MLX definition and tolerance), cpu/ + build.py + cpu.py (the MLX C++
-extension, built on first use and cached), gpu_source.py + gpu.py (Metal and CUDA kernels through
-mx.fast), registry.py (per-device self-check), layers.py (the swap), attention.py (the attention
-kernel's self-check and mlx-lm hook), pointwise.py (RMSNorm/RoPE/SwiGLU modules and hook), accept*.py (fused acceptance on a GPU: greedy and rejection
-sampling in one kernel; opt-in with MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
+Files: registry.py (one record per kernel family and backend: load, self-check, status), install.py
+(the per-model entry), hooks.py (per-model routing of mlx-lm's module-level functions), timing.py
+(kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definition and
+tolerance), cpu/ + build.py + cpu.py (the MLX C++ extension, built on first use and cached),
+gpu_source.py + gpu.py (Metal and CUDA kernels through mx.fast), layers.py (quantized layer swap),
+attention.py (few-row attention), pointwise.py (RMSNorm/RoPE/SwiGLU), accept*.py (fused acceptance on
+a GPU; opt-in with MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
 """
 
 from . import accept, attention, pointwise, registry
 from .attention import restore_attention, use_attention_kernel
 from .build import KernelUnavailable
-from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, use_kernels
+from .install import install_kernels, installed, remove_kernels
+from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
-
-
-def status() -> list[dict]:
-    """One entry per kernel tried in this process: active or not, and why."""
-    tried = attention._state["kernel"] is not None or attention._state["error"] is not None
-    tried_pointwise = pointwise._state["ext"] is not None or pointwise._state["error"] is not None
-    fused = accept.status()
-    return (registry.status() + ([attention.attention_status()] if tried else [])
-            + ([pointwise.pointwise_status()] if tried_pointwise else []) + ([fused] if fused else []))
-
+from .registry import status
 
 __all__ = [
     "KernelQuantizedEmbedding",
     "KernelQuantizedLinear",
     "KernelUnavailable",
+    "accept",
+    "attention",
+    "install_kernels",
+    "installed",
+    "pointwise",
+    "registry",
+    "remove_kernels",
     "restore_attention",
+    "restore_layers",
     "restore_pointwise",
     "status",
     "use_attention_kernel",

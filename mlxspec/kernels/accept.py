@@ -15,7 +15,6 @@ of Gumbel-max: the same distribution, not the same token.
 
 from __future__ import annotations
 
-import logging
 from typing import Callable
 
 import mlx.core as mx
@@ -24,29 +23,34 @@ from ..verify import _match_vocab, greedy_accept, rejection_accept  # _match_voc
 from . import accept_source as src
 from .accept_check import self_check
 from .build import KernelUnavailable
-from .registry import device_backend_name, disabled
+from . import registry
+from .registry import device_backend_name
 
-log = logging.getLogger("mlxspec.kernels")
 
-_state: dict[str, dict] = {}  # backend name -> {"kernels": (greedy, rejection) | None, "reason": str}
+def _load_accept(backend: str):
+    if backend == "cpu":
+        raise KernelUnavailable("CPU: the MLX ops already cost ~1 ms a round; no kernel")
+    return _kernels(backend), f"mx.fast.{backend}_kernel"
+
+
+registry.register("accept", _load_accept)
+
+
+def _record(device: mx.Device | None = None) -> registry.KernelRecord:
+    return registry.kernel("accept", device_backend_name(device))
 
 
 def fused_accept_available(device: mx.Device | None = None) -> bool:
     """True if the fused kernels are built and passed their self-check on this device (checked once)."""
-    name = device_backend_name(device)
-    if name not in _state:
-        _state[name] = _prove(name)
-        if _state[name]["kernels"] is None and name != "cpu" and not disabled():
-            log.warning("mlxspec fused acceptance unavailable on %s: %s; using the MLX ops",
-                        name, _state[name]["reason"])
-    return _state[name]["kernels"] is not None
+    rec = _record(device)
+    return rec.check(("greedy+rejection",), lambda: self_check(*rec.fn)) is None
 
 
 def fused_greedy_accept(logits: mx.array, drafts: mx.array) -> tuple[mx.array, mx.array]:
     """verify.greedy_accept, in one launch where the kernel is proven: the same (n, next), bit for bit."""
     if logits.ndim != 2 or logits.shape[0] != drafts.shape[0] + 1 or not fused_accept_available():
         return greedy_accept(logits, drafts)
-    out = _state[device_backend_name()]["kernels"][0](logits, drafts)
+    out = _record().fn[0](logits, drafts)
     return out[0], out[1].astype(mx.uint32)
 
 
@@ -63,7 +67,7 @@ def fused_rejection_accept(
                               mx.array(1.0, p.dtype), axis=-1)
     elif q.shape[-1] != p.shape[-1]:
         q = _match_vocab(q, p.shape[-1])
-    out = _state[device_backend_name()]["kernels"][1](p, q.astype(p.dtype), drafts, u)
+    out = _record().fn[1](p, q.astype(p.dtype), drafts, u)
     return out[0], out[1].astype(mx.uint32)
 
 
@@ -71,37 +75,6 @@ def round_uniforms(key: mx.array, k: int) -> mx.array:
     """(k+1,) uniforms: k for acceptance exactly as verify.rejection_accept draws them, one for the draw."""
     accept_key, draw_key = mx.random.split(key)
     return mx.concatenate([mx.random.uniform(shape=(k,), key=accept_key), mx.random.uniform(shape=(1,), key=draw_key)])
-
-
-def status() -> dict | None:
-    """For `mlxspec doctor`: the fused-acceptance entry of the current device, once it was asked for."""
-    name = device_backend_name()
-    if name not in _state:
-        return None
-    s = _state[name]
-    return {"kernel": f"{name}-fused-accept", "active": s["kernels"] is not None, "reason": s["reason"]}
-
-
-def reset() -> None:
-    """Forget built kernels and checks (tests)."""
-    _state.clear()
-
-
-def _prove(name: str) -> dict:
-    if disabled():
-        return {"kernels": None, "reason": disabled()}
-    if name == "cpu":
-        return {"kernels": None, "reason": "CPU: the MLX ops already cost ~1 ms a round; no kernel"}
-    try:
-        kernels = _kernels(name)
-    except KernelUnavailable as e:
-        return {"kernels": None, "reason": str(e)}
-    except Exception as e:  # a broken JIT must not break decoding
-        return {"kernels": None, "reason": f"{type(e).__name__}: {e}"}
-    failure = self_check(*kernels)
-    if failure:
-        return {"kernels": None, "reason": f"self-check failed: {failure}"}
-    return {"kernels": kernels, "reason": "self-check passed"}
 
 
 def _kernels(name: str) -> tuple[Callable, Callable]:

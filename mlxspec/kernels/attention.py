@@ -5,28 +5,29 @@ MLX's CPU attention runs through the BLAS the wheel links (the reference one): w
 cpu/sdpa_kernel.h reads each key and value row once for all query rows and computes every row the
 same way whatever M, so verify rows equal one-token steps bit for bit.
 
-    report = use_attention_kernel()    # patches mlx-lm's scaled_dot_product_attention, process-wide
-    restore_attention()                # undo
+    report = use_attention_kernel(model)   # this model's attention modules call few_row_attention
+    restore_attention(model)               # undo
 
-The patched function routes a call to the kernel only when it can answer it exactly as defined
+Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
+The routed function sends a call to the kernel only when it can answer it exactly as defined
 (CPU device, plain KV cache, mask None or "causal", no sinks, a dtype it handles, and this shape
 signature passed the self-check); anything else goes to mlx-lm's own function unchanged.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Callable
 
 import mlx.core as mx
 
-from .build import load_once
-from .registry import disabled, warn_once
+from . import registry
+from .build import KernelUnavailable
+from .hooks import route_functions, unroute_functions
+
+NAME = "scaled_dot_product_attention"  # the function mlx-lm's attention modules call
 
 ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| (a convex mix of v rows)
 EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
-
-_state: dict = {"original": None, "kernel": None, "error": None, "checks": {}}
 
 
 def attention_reference(q, k, v, scale: float, causal: bool) -> mx.array:
@@ -68,10 +69,20 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
     return None
 
 
-def _kernel():
+def _record():
+    return registry.kernel("sdpa")
+
+
+def _load_sdpa(backend: str):
+    if backend != "cpu":
+        raise KernelUnavailable(f"no few-row attention kernel for {backend} yet")
     from .cpu import cpu_sdpa_function
 
-    return load_once(_state, "kernel", cpu_sdpa_function)
+    fn = cpu_sdpa_function()
+    return fn, fn.isa
+
+
+registry.register("sdpa", _load_sdpa)
 
 
 def _usable(queries, keys, values, cache, mask, sinks) -> bool:
@@ -86,55 +97,40 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32) -> str | None:
     """Self-check one signature once per process (its first call does this); None if it passed."""
-    if _kernel() is None:
-        return _state["error"]
+    rec = _record()
     signature = (heads, kv_heads, dim, value_dim, str(dtype))
-    if signature not in _state["checks"]:
-        failure = self_check(_kernel(), heads, kv_heads, dim, value_dim, dtype)
-        _state["checks"][signature] = failure
-        if failure:
-            warn_once(f"mlxspec cpu attention kernel failed its self-check on {signature}: {failure}", "MLX's attention")
-    return _state["checks"][signature]
+    return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype))
 
 
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
-    if _kernel() is not None and _usable(queries, keys, values, cache, mask, sinks):
-        return _state["kernel"](queries, keys, values, scale, mask is not None)
-    return _state["original"](queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+    if _usable(queries, keys, values, cache, mask, sinks):
+        return _record().fn(queries, keys, values, scale, mask is not None)
+    return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
-def use_attention_kernel() -> dict:
-    """Route mlx-lm's attention through the kernel (process-wide). Returns what was done and why."""
+def _mlx_lm_attention():
     import mlx_lm.models.base as base
 
-    report = {"kernel": "cpu-sdpa", "patched": [], "disabled": disabled(), "error": None}
-    if report["disabled"]:
+    return base.scaled_dot_product_attention
+
+
+def use_attention_kernel(model) -> dict:
+    """Route this model's attention through the kernel (its modules only). Returns what was done and why."""
+    report = {"kernel": "sdpa", "routed": 0, "error": None}
+    rec = _record()
+    if rec.error:
+        report["error"] = rec.error
+        registry.warn_once(f"mlxspec {rec.name} kernel unavailable: {rec.error.splitlines()[0]}", "MLX's attention")
         return report
-    if _kernel() is None:
-        report["error"] = _state["error"]
-        warn_once(f"mlxspec cpu attention kernel unavailable: {_state['error'].splitlines()[0]}", "MLX's attention")
-        return report
-    if _state["original"] is None:
-        _state["original"] = base.scaled_dot_product_attention
-    for name, module in list(sys.modules.items()):  # model modules hold their own reference to it
-        if name.startswith("mlx_lm.models") and getattr(module, "scaled_dot_product_attention", None) is _state["original"]:
-            module.scaled_dot_product_attention = few_row_attention
-            report["patched"].append(name)
+    report["routed"] = route_functions(model, {NAME: (_mlx_lm_attention(), few_row_attention)})
     return report
 
 
-def restore_attention() -> None:
-    """Give mlx-lm its own attention back (everything use_attention_kernel patched)."""
-    if _state["original"] is None:
-        return
-    for name, module in list(sys.modules.items()):
-        if name.startswith("mlx_lm.models") and getattr(module, "scaled_dot_product_attention", None) is few_row_attention:
-            module.scaled_dot_product_attention = _state["original"]
+def restore_attention(model) -> None:
+    """Give this model's modules mlx-lm's own attention back."""
+    unroute_functions(model, [NAME])
 
 
 def attention_status() -> dict:
-    checks = _state["checks"]
-    return {"kernel": "cpu-sdpa", "active": _state["kernel"] is not None, "hooked": _state["original"] is not None,
-            "error": _state["error"], "passed": [str(s) for s, f in checks.items() if f is None],
-            "failed": {str(s): f for s, f in checks.items() if f}}
+    return _record().status()

@@ -15,7 +15,7 @@ from typing import Callable
 import mlx.core as mx
 import mlx.nn as nn
 
-from .registry import device_backend_name, disabled, kernel_for_layer
+from .registry import device_backend_name, kernel_for_layer
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -92,20 +92,19 @@ def _tied_head(model: nn.Module) -> bool:
 def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None) -> dict:
     """Swap in kernel-backed layers where the device's kernel passed its self-check; report what happened.
 
-    On a GPU the Metal/CUDA kernel is used only with gpu=True: it is checked for correctness on the
-    device, but its speed against MLX's own GPU kernels has not been measured yet.
-    Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason},
-             "disabled": reason or None}. Safe to call twice (already swapped layers are left alone).
+    On a GPU the Metal/CUDA kernel is used only with gpu=True (the engine decides by timing it, see
+    install.py). Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel},
+    "kept": {path: reason}}. Safe to call twice (already swapped layers are left alone).
     """
     device = device or mx.default_device()
     device = mx.Device(device) if isinstance(device, mx.DeviceType) else device
     backend = device_backend_name(device)
-    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}, "disabled": disabled()}
+    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}}
     swaps = []
     for path, layer, wrapper in _candidates(model, head):
         why = _why_not(layer)
         if why is None and backend != "cpu" and not gpu:
-            why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True)) until measured on a device"
+            why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True))"
         qmm = None
         if why is None:
             n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
@@ -118,6 +117,16 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
     for path, module in swaps:
         _set_module(model, path, module)
     return report
+
+
+def restore_layers(model: nn.Module) -> int:
+    """MLX's quantized_matmul again in every swapped layer (same parameters); returns how many."""
+    count = 0
+    for _, m in model.named_modules():
+        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding)):
+            m.__class__ = nn.QuantizedLinear if isinstance(m, KernelQuantizedLinear) else nn.QuantizedEmbedding
+            count += 1
+    return count
 
 
 def _set_module(model: nn.Module, path: str, module: nn.Module) -> None:

@@ -10,31 +10,47 @@ swiglu) in one pass per row.
 
 A call goes to the kernel only on the CPU device, for a signature (op, dtype, sizes) that passed
 its self-check against MLX's op in this process; anything else (an array offset for batched
-caches, a failed check, a GPU) runs MLX's op unchanged. The norm and rope swaps are per model; the
-swiglu route is per process, as for attention (mlx-lm's MLP calls a module-level function), so a
-model loaded with kernels=False next to one with kernels gets it too: MLXSPEC_KERNELS=0 keeps a
-whole process on MLX's ops.
+caches, a failed check, a GPU) runs MLX's op unchanged. Everything is per model: norm and rope
+modules are swapped, and the model's MLP modules are routed to kernel_swiglu (hooks.py), so other
+models in the process (mlx-lm's own too) keep MLX's ops.
 """
 
 from __future__ import annotations
 
-import sys
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .build import load_cpu_extension, load_once
-from .registry import disabled, warn_once
+from . import registry
+from .build import KernelUnavailable, load_cpu_extension
+from .hooks import route_functions, unroute_functions
 
 # |kernel - MLX| <= TOL * max|MLX| (MLX rounds some intermediates to the dtype, the kernel does not)
 TOL = {mx.float32: 2.0**-20, mx.float16: 2.0**-9, mx.bfloat16: 2.0**-6}
 
-_state: dict = {"ext": None, "error": None, "checks": {}, "swiglu": None}
+def _load_pointwise(backend: str):
+    if backend != "cpu":
+        raise KernelUnavailable(f"RMSNorm/RoPE/SwiGLU kernels are CPU-only ({backend}: MLX's ops are row-invariant there)")
+    return load_cpu_extension(), "rms_norm, rope, swiglu"
+
+
+registry.register("pointwise", _load_pointwise)
+
+
+def _record() -> registry.KernelRecord:
+    return registry.kernel("pointwise", "cpu")
 
 
 def _ext():
-    return load_once(_state, "ext", load_cpu_extension)
+    rec = _record()
+    return None if rec.error else rec.fn
+
+
+def mlx_lm_swiglu():
+    import mlx_lm.models.activations as activations
+
+    return activations.swiglu
 
 
 def _close(y: mx.array, ref: mx.array) -> bool:
@@ -57,15 +73,7 @@ def _rows_independent(fn, x: mx.array, *rest) -> bool:
 
 def _check(signature: tuple, run) -> bool:
     """Run the self-check of `signature` once per process; True if the kernel may answer it."""
-    if signature not in _state["checks"]:
-        try:
-            failure = run()
-        except Exception as e:  # a kernel that throws is a kernel that failed
-            failure = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-        _state["checks"][signature] = failure
-        if failure:
-            warn_once(f"mlxspec cpu {signature[0]} kernel failed its self-check on {signature[1:]}: {failure}", "MLX's op")
-    return _state["checks"][signature] is None
+    return _record().check(signature, run) is None
 
 
 def _usable(*arrays: mx.array) -> bool:
@@ -95,14 +103,14 @@ class KernelRMSNorm(nn.RMSNorm):
         w = self["weight"]
         sig = ("rms_norm", x.shape[-1], str(x.dtype), str(w.dtype), self.eps)
         if _usable(x, w) and _check(sig, lambda: _check_rms_norm(w, self.eps, x.dtype)):
-            return _state["ext"].rms_norm(x, w, self.eps, stream=mx.cpu)
+            return _ext().rms_norm(x, w, self.eps, stream=mx.cpu)
         return super().__call__(x)
 
 
 def _check_rms_norm(w: mx.array, eps: float, dtype) -> str | None:
     x = _random((2, 5, w.shape[0]), dtype, 1)
     w = w * (1 + 0.5 * mx.random.normal(w.shape, key=mx.random.key(2)).astype(w.dtype))
-    kernel = lambda v, w: _state["ext"].rms_norm(v, w, eps, stream=mx.cpu)  # noqa: E731
+    kernel = lambda v, w: _ext().rms_norm(v, w, eps, stream=mx.cpu)  # noqa: E731
     if not _close(kernel(x, w), mx.fast.rms_norm(x, w, eps)):
         return "disagrees with mx.fast.rms_norm"
     return None if _rows_independent(kernel, x, w) else "rows depend on the row count"
@@ -137,7 +145,7 @@ class KernelRoPE(nn.RoPE):
         return super().__call__(x, offset)
 
     def _kernel(self, x: mx.array, offset: int) -> mx.array:
-        return _state["ext"].rope(x, self._inv_freq, self.dims, self.traditional, self.scale, offset, stream=mx.cpu)
+        return _ext().rope(x, self._inv_freq, self.dims, self.traditional, self.scale, offset, stream=mx.cpu)
 
     def _self_check(self, like: mx.array) -> str | None:
         x = _random((1, 3, 6, like.shape[-1]), like.dtype, 3)
@@ -161,15 +169,15 @@ def kernel_swiglu(gate: mx.array, x: mx.array) -> mx.array:
     if gate.shape == x.shape and _usable(gate, x):
         sig = ("swiglu", str(gate.dtype), str(x.dtype))
         if _check(sig, lambda: _check_swiglu(gate.dtype, x.dtype)):
-            return _state["ext"].swiglu(gate, x, stream=mx.cpu)
-    return _state["swiglu"](gate, x)
+            return _ext().swiglu(gate, x, stream=mx.cpu)
+    return mlx_lm_swiglu()(gate, x)
 
 
 def _check_swiglu(gate_dtype, up_dtype) -> str | None:
     g = _random((2, 5, 96), gate_dtype, 4) * 4  # silu's both tails: large |g| too
     u = _random((2, 5, 96), up_dtype, 5)
-    kernel = lambda a, b: _state["ext"].swiglu(a, b, stream=mx.cpu)  # noqa: E731
-    if not _close(kernel(g, u), _state["swiglu"](g, u)):
+    kernel = lambda a, b: _ext().swiglu(a, b, stream=mx.cpu)  # noqa: E731
+    if not _close(kernel(g, u), mlx_lm_swiglu()(g, u)):
         return "disagrees with mlx-lm's swiglu"
     return None if _rows_independent(kernel, g, u) else "rows depend on the row count"
 
@@ -178,56 +186,29 @@ def _check_swiglu(gate_dtype, up_dtype) -> str | None:
 
 
 def use_pointwise_kernels(model: nn.Module) -> dict:
-    """Swap the model's nn.RMSNorm and nn.RoPE modules and route mlx-lm's swiglu (process-wide)."""
+    """Swap the model's nn.RMSNorm and nn.RoPE modules and route its MLP modules' swiglu."""
     from .layers import _set_module
 
-    report = {"kernel": "cpu-pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": [],
-              "disabled": disabled(), "error": None}
-    if report["disabled"]:
-        return report
+    report = {"kernel": "pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": 0, "error": None}
     if _ext() is None:
-        report["error"] = _state["error"]
-        warn_once(f"mlxspec cpu pointwise kernels unavailable: {_state['error'].splitlines()[0]}", "MLX's ops")
+        report["error"] = _record().error
+        registry.warn_once(f"mlxspec cpu pointwise kernels unavailable: {report['error'].splitlines()[0]}", "MLX's ops")
         return report
     swaps = [(p, KernelRMSNorm.wrap(m), "rms_norm") if type(m) is nn.RMSNorm else (p, KernelRoPE.wrap(m), "rope")
              for p, m in model.named_modules() if type(m) in (nn.RMSNorm, nn.RoPE)]
     for path, module, kind in swaps:
         _set_module(model, path, module)
         report["swapped"][kind] += 1
-    report["swiglu"] = route_swiglu()
+    report["swiglu"] = route_functions(model, {"swiglu": (mlx_lm_swiglu(), kernel_swiglu)})
     return report
 
 
-def swiglu_routed() -> bool:
-    """Does any mlx-lm model module call the kernel's swiglu (use_pointwise_kernels ran in this process)?"""
-    return any(name.startswith("mlx_lm.models") and getattr(m, "swiglu", None) is kernel_swiglu
-               for name, m in list(sys.modules.items()))
-
-
-def route_swiglu() -> list[str]:
-    """Point mlx-lm's model modules at kernel_swiglu (process-wide); returns their names."""
-    import mlx_lm.models.activations as activations
-
-    if activations.swiglu is not kernel_swiglu:  # (a re-imported mlx-lm brings a new original)
-        _state["swiglu"] = activations.swiglu
-    ours = (_state["swiglu"], kernel_swiglu)
-    routed = []  # every mlx-lm module whose swiglu is now the kernel's (patched now or before)
-    for name, module in list(sys.modules.items()):  # model modules import swiglu by name
-        if name.startswith("mlx_lm.models") and any(getattr(module, "swiglu", None) is f for f in ours):
-            module.swiglu = kernel_swiglu
-            routed.append(name)
-    return routed
-
-
-def restore_pointwise(model: nn.Module | None = None) -> None:
-    """MLX's ops again: mlx-lm's swiglu everywhere, and (given a model) its original module types."""
+def restore_pointwise(model: nn.Module) -> None:
+    """MLX's ops again in this model: mlx-lm's swiglu and the original norm and rope modules."""
     from .layers import _set_module
 
-    if _state["swiglu"] is not None:
-        for name, module in list(sys.modules.items()):
-            if name.startswith("mlx_lm.models") and getattr(module, "swiglu", None) is kernel_swiglu:
-                module.swiglu = _state["swiglu"]
-    for path, m in list(model.named_modules()) if model is not None else []:
+    unroute_functions(model, ["swiglu"])
+    for path, m in list(model.named_modules()):
         if isinstance(m, KernelRMSNorm):
             plain = nn.RMSNorm(m.weight.shape[0], eps=m.eps)
             plain.weight = m.weight
@@ -243,15 +224,8 @@ def check_typical(dims: int = 576, head_dim: int = 64, dtype=mx.float32) -> None
     x = _random((1, 2, dims), dtype, 8)
     KernelRMSNorm.wrap(nn.RMSNorm(dims))(x)
     KernelRoPE.wrap(nn.RoPE(head_dim, traditional=False, base=10000.0))(_random((1, 2, 3, head_dim), dtype, 9), offset=3)
-    if _state["swiglu"] is None:
-        import mlx_lm.models.activations as activations
-
-        _state["swiglu"] = activations.swiglu
     kernel_swiglu(x, x)
 
 
 def pointwise_status() -> dict:
-    checks = _state["checks"]
-    return {"kernel": "cpu-pointwise", "active": _state["ext"] is not None, "error": _state["error"],
-            "passed": [str(s) for s, f in checks.items() if f is None],
-            "failed": {str(s): f for s, f in checks.items() if f}}
+    return _record().status()

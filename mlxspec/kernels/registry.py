@@ -1,50 +1,112 @@
-"""Which kernel runs on which device, and whether it has proven itself there.
+"""One registry for every kernel family: which kernel runs on which device, and what it proved there.
 
-    qmm, why_not = kernel_for_layer(n=1536, k=576, group_size=32, bits=4, scale_dtype=mx.float16)
+    rec = kernel("qmm")                    # the KernelRecord of this family on the default device
+    if rec.check(signature, run) is None:  # self-check once per signature and process (None: passed)
+        y = rec.fn(...)
+    status()                               # one list for `mlxspec doctor`: every family tried, why (not)
 
-A kernel is used for a layer shape only after a self-check on this device: random weights of that
-shape, random inputs, the result within `reference.within_tolerance` of MLX's own op, and each row
-of a 4-row call bit-identical to the 1-row call (what greedy speculative decoding relies on).
-Results are cached per process; a failure logs one warning and the caller keeps MLX's op.
-`status()` says what is active and why, for `mlxspec doctor`.
+A record is loaded once per process (build, JIT); `error` says why it is unusable (no such device,
+a failed build). A signature is used only after its self-check on this device: the result within
+tolerance of MLX's op, and each row of a many-row call bit-identical to the one-row call (what greedy
+speculative decoding relies on). A failure logs one warning and the caller keeps MLX's op.
+`timings` holds what timing.py measured for a signature (kernel vs MLX's op, microseconds).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import mlx.core as mx
 
 from .build import KernelUnavailable
-from .reference import random_quantized, within_tolerance
 
 log = logging.getLogger("mlxspec.kernels")
 
-CHECK_ROWS = 4  # rows of the self-check call; rows 0 and 3 are also run alone
+CHECK_ROWS = 4  # rows of the qmm self-check call; rows 0 and 3 are also run alone
 
 
 @dataclass
-class Backend:
-    name: str  # "cpu", "metal", "cuda"
-    qmm: Callable[..., mx.array] | None = None
+class KernelRecord:
+    family: str  # "qmm", "sdpa", "pointwise", "accept", ...
+    backend: str  # "cpu", "metal", "cuda"
+    fn: Any = None  # what the family's loader returned: a function, an extension module, a pair...
     detail: str = ""  # e.g. "avx512, 2 threads"
-    error: str | None = None  # why it is unavailable
+    error: str | None = None  # why it is unusable here
     checks: dict = field(default_factory=dict)  # signature -> None (passed) or the failure
+    timings: dict = field(default_factory=dict)  # signature -> {"kernel_us": .., "mlx_us": ..}
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend}-{self.family}"
+
+    def check(self, signature: tuple, run: Callable[[], str | None]) -> str | None:
+        """Run `run` (the self-check of `signature`) once per process; None if it passed, else why not."""
+        if self.error:
+            return self.error
+        if signature not in self.checks:
+            try:
+                failure = run()
+            except Exception as e:  # a kernel that throws is a kernel that failed
+                failure = one_line(e)
+            self.checks[signature] = failure
+            if failure:
+                warn_once(f"mlxspec {self.name} kernel failed its self-check on {signature}: {failure}")
+        return self.checks[signature]
+
+    def status(self) -> dict:
+        passed = [str(s) for s, f in self.checks.items() if f is None]
+        failed = {str(s): f for s, f in self.checks.items() if f}
+        reason = self.error or (f"self-check passed on {len(passed)} signature(s)" if passed else "not used yet")
+        return {"kernel": self.name, "active": self.error is None and bool(passed), "detail": self.detail,
+                "reason": reason, "passed": passed, "failed": failed,
+                "timings": {str(s): t for s, t in self.timings.items()}}
 
 
-_backends: dict[str, Backend] = {}
+# family -> loader(backend) -> (fn, detail); raises KernelUnavailable where the family has no such kernel
+_loaders: dict[str, Callable[[str], tuple[Any, str]]] = {}
+_records: dict[tuple[str, str], KernelRecord] = {}
 _warned: set[str] = set()
 
 
-def disabled() -> str | None:
-    """MLXSPEC_KERNELS=0 turns every custom kernel off."""
-    return "disabled by MLXSPEC_KERNELS=0" if os.environ.get("MLXSPEC_KERNELS", "1") == "0" else None
+def register(family: str, loader: Callable[[str], tuple[Any, str]]) -> None:
+    _loaders[family] = loader
 
 
-def warn_once(message: str, fallback: str = "MLX's quantized_matmul") -> None:
+def kernel(family: str, backend: str | None = None) -> KernelRecord:
+    """The family's record on `backend` (default: the default device's), loaded on first use."""
+    backend = backend or device_backend_name()
+    key = (family, backend)
+    if key not in _records:
+        rec = KernelRecord(family, backend)
+        try:
+            rec.fn, rec.detail = _loaders[family](backend)
+        except KernelUnavailable as e:
+            rec.error = str(e)
+        except Exception as e:  # a broken toolchain must not break model loading
+            rec.error = f"{type(e).__name__}: {e}"
+        _records[key] = rec
+    return _records[key]
+
+
+def status() -> list[dict]:
+    """One entry per kernel family and backend tried in this process: active or not, and why."""
+    return [r.status() for r in _records.values()]
+
+
+def reset() -> None:
+    """Forget loaded kernels, checks and timings (tests)."""
+    _records.clear()
+    _warned.clear()
+
+
+def one_line(e: BaseException) -> str:
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}"
+
+
+def warn_once(message: str, fallback: str = "MLX's op") -> None:
     if message not in _warned:
         _warned.add(message)
         log.warning("%s; using %s", message, fallback)
@@ -62,95 +124,53 @@ def device_backend_name(device: mx.Device | None = None) -> str:
     return "cuda"
 
 
-def backend(name: str) -> Backend:
-    """Load (build, compile) a backend once per process; its `error` says why it is unusable."""
-    if name in _backends:
-        return _backends[name]
-    b = Backend(name)
-    try:
-        b.qmm, b.detail = _load(name)
-    except KernelUnavailable as e:
-        b.error = str(e)
-    except Exception as e:  # a broken toolchain must not break model loading
-        b.error = f"{type(e).__name__}: {e}"
-    _backends[name] = b
-    return b
+# ---------------------------------------------------------------- the qmm family
 
 
-def _load(name: str):
-    if name == "cpu":
+def _load_qmm(backend: str):
+    if backend == "cpu":
         from .build import load_cpu_extension
         from .cpu import cpu_qmm_function
 
         fn = cpu_qmm_function()
         return fn, f"{fn.isa}, {load_cpu_extension().threads()} threads"
-    if name == "metal":
-        from .gpu import metal_qmm_function
+    from . import gpu
 
-        return metal_qmm_function(), "mx.fast.metal_kernel"
-    if name == "cuda":
-        from .gpu import cuda_qmm_function
+    fn = gpu.metal_qmm_function() if backend == "metal" else gpu.cuda_qmm_function()
+    return fn, f"mx.fast.{backend}_kernel"
 
-        return cuda_qmm_function(), "mx.fast.cuda_kernel"
-    raise KernelUnavailable(f"no kernel backend {name!r}")
+
+register("qmm", _load_qmm)
 
 
 def kernel_for_layer(
     n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, device: mx.Device | None = None
 ) -> tuple[Callable[..., mx.array] | None, str]:
     """(qmm, description) if the device's kernel passed its self-check for this shape, else (None, why)."""
-    if disabled():
-        return None, disabled()
-    b = backend(device_backend_name(device))
-    if b.error:
-        warn_once(f"mlxspec {b.name} kernel unavailable: {b.error.splitlines()[0]}")
-        return None, f"{b.name} kernel unavailable: {b.error}"
+    rec = kernel("qmm", device_backend_name(device))
+    if rec.error:
+        warn_once(f"mlxspec {rec.name} kernel unavailable: {rec.error.splitlines()[0]}")
+        return None, f"{rec.name} kernel unavailable: {rec.error}"
     signature = (n, k, group_size, bits, str(scale_dtype))
-    if signature not in b.checks:
-        b.checks[signature] = self_check(b.qmm, n, k, group_size, bits, scale_dtype)
-    failure = b.checks[signature]
+    failure = rec.check(signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype))
     if failure:
-        warn_once(f"mlxspec {b.name} kernel failed its self-check on {signature}: {failure}")
-        return None, f"{b.name} kernel failed its self-check: {failure}"
-    return b.qmm, f"{b.name} ({b.detail})"
+        return None, f"{rec.name} kernel failed its self-check: {failure}"
+    return rec.fn, f"{rec.backend} ({rec.detail})"
 
 
 def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype) -> str | None:
     """None if `qmm` matches the reference on random inputs of this shape, else what went wrong."""
-    try:
-        key = mx.random.key(n * 7919 + k)
-        w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key)
-        for x_dtype in dict.fromkeys([scale_dtype, mx.float32]):
-            x = mx.random.normal((CHECK_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
-            y = qmm(x, w, s, b, group_size, bits)
-            ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
-            if not ok:
-                return f"x {x_dtype}: error {ratio:.3g}x the tolerance"
-            for i in (0, CHECK_ROWS - 1):
-                if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item():
-                    return f"x {x_dtype}: row {i} of a {CHECK_ROWS}-row call differs from the 1-row call"
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    from .reference import random_quantized, within_tolerance
+
+    key = mx.random.key(n * 7919 + k)
+    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key)
+    for x_dtype in dict.fromkeys([scale_dtype, mx.float32]):
+        x = mx.random.normal((CHECK_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
+        y = qmm(x, w, s, b, group_size, bits)
+        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+        if not ok:
+            return f"x {x_dtype}: error {ratio:.3g}x the tolerance"
+        for i in (0, CHECK_ROWS - 1):
+            if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item():
+                return f"x {x_dtype}: row {i} of a {CHECK_ROWS}-row call differs from the 1-row call"
     return None
-
-
-def status() -> list[dict]:
-    """One entry per backend tried in this process: active or not, and why (for `mlxspec doctor`)."""
-    out = []
-    for b in _backends.values():
-        passed = [s for s, f in b.checks.items() if f is None]
-        failed = {str(s): f for s, f in b.checks.items() if f}
-        out.append({
-            "kernel": f"{b.name}-qmm",
-            "active": b.error is None and bool(passed),
-            "detail": b.detail,
-            "reason": b.error or (f"self-check passed on {len(passed)} shape(s)" if passed else "not used yet"),
-            "failed_checks": failed,
-        })
-    return out
-
-
-def reset() -> None:
-    """Forget loaded backends and checks (tests)."""
-    _backends.clear()
-    _warned.clear()

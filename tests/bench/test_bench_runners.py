@@ -43,25 +43,3 @@ def test_runs_are_timed(runners, ids):
     assert run.decode_tokens == len(run.tokens) - 1  # plain emits one token per event
     assert run.tokens_per_second == pytest.approx(run.decode_tokens / run.decode_seconds)
     assert run.peak_memory > 0
-
-
-def test_peers_run_with_mlx_lms_own_attention_and_swiglu(tiny_llama):
-    """mlxspec's attention and swiglu hooks are process-wide: peers get mlx-lm's own inside the block."""
-    import mlx_lm.models.base as base
-    import mlx_lm.models.llama as llama
-
-    from mlxspec.bench.runners import mlx_lm_own_ops
-    from mlxspec.kernels import attention, pointwise
-
-    model = loading.load(str(tiny_llama)).model
-    report = pointwise.use_pointwise_kernels(model)
-    if attention.use_attention_kernel().get("error") or report["error"] or report["disabled"]:
-        pytest.skip(f"CPU kernels unavailable here: {report}")
-    try:
-        assert llama.swiglu is pointwise.kernel_swiglu and base.scaled_dot_product_attention is attention.few_row_attention
-        with mlx_lm_own_ops():
-            assert llama.swiglu is not pointwise.kernel_swiglu and llama.swiglu is pointwise._state["swiglu"]
-            assert base.scaled_dot_product_attention is not attention.few_row_attention
-        assert llama.swiglu is pointwise.kernel_swiglu and base.scaled_dot_product_attention is attention.few_row_attention
-    finally:
-        pointwise.restore_pointwise(model)

@@ -270,23 +270,23 @@ GOOD = {(src.GREEDY, mx.float32): "metal-greedy-float32", (src.GREEDY, mx.float1
 @pytest.fixture
 def on_fake_gpu(exes, tmp_path, monkeypatch):
     """accept.py believes it runs on a Metal device whose JIT builds `labels`' emulated programs."""
-    from mlxspec.kernels import accept
+    from mlxspec.kernels import accept, registry
 
     def use(labels: dict[tuple, str]):
         make = fake_jit(exes, tmp_path, labels)
         monkeypatch.setattr(accept, "device_backend_name", lambda device=None: "metal")
         monkeypatch.setattr(accept, "_kernels", lambda name: (accept._greedy_call(make(src.GREEDY)),
                                                                 accept._rejection_call(make(src.REJECTION))))
-        accept.reset()
+        registry.reset()
         return accept
 
     yield use
-    accept.reset()
+    registry.reset()
 
 
 def test_wrappers_are_drop_in_replacements_on_a_proven_gpu(on_fake_gpu):
     accept = on_fake_gpu(GOOD)
-    assert accept.fused_accept_available() and accept.status()["reason"] == "self-check passed"
+    assert accept.fused_accept_available() and accept._record().status()["passed"] == ["('greedy+rejection',)"]
     rng, v = np.random.default_rng(3), 50
     for k in (0, 3):
         logits = mx.array(rng.normal(size=(k + 1, v)).astype(np.float32))
@@ -314,14 +314,14 @@ def test_a_failed_self_check_warns_once_and_falls_back(on_fake_gpu, caplog):
         for _ in range(2):
             assert not accept.fused_accept_available()
             assert [a.item() for a in accept.fused_greedy_accept(logits, drafts)] == [1, 0]  # the reference's
-    assert len(caplog.records) == 1 and "self-check failed" in caplog.text
-    assert "greedy" in accept.status()["reason"]
+    assert len(caplog.records) == 1 and "failed its self-check" in caplog.text
+    assert "greedy" in next(iter(accept._record().status()["failed"].values()))
 
 
 def test_cpu_uses_the_reference_without_a_warning(caplog):
-    from mlxspec.kernels import accept
+    from mlxspec.kernels import accept, registry
 
-    accept.reset()
+    registry.reset()
     with caplog.at_level("WARNING", logger="mlxspec.kernels"):
         assert not accept.fused_accept_available(mx.cpu)
     assert not caplog.records
@@ -332,4 +332,4 @@ def test_cpu_uses_the_reference_without_a_warning(caplog):
         want = rejection_accept(p, drafts, None, key)
         assert [a.item() for a in got] == [a.item() for a in want]  # the same function, the same token
         assert [a.item() for a in accept.fused_greedy_accept(p, drafts)] == [a.item() for a in greedy_accept(p, drafts)]
-    accept.reset()
+    registry.reset()

@@ -58,31 +58,34 @@ def test_self_check_passes_and_catches_a_wrong_kernel(cpu_ext):
 
 
 @pytest.fixture
-def patched(cpu_ext):
-    attention.restore_attention()  # an earlier Engine.load (kernels on by default) may have hooked it
-    report = attention.use_attention_kernel()
-    yield report
-    attention.restore_attention()
+def routed_model(cpu_ext, tiny_llama):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama)).model
+    report = attention.use_attention_kernel(model)
+    yield model, report
+    attention.restore_attention(model)
 
 
-def test_patch_routes_plain_calls_and_leaves_the_rest_to_mlx_lm(patched):
+def test_routing_is_per_model_and_leaves_the_rest_to_mlx_lm(routed_model):
     import mlx_lm.models.base as base
     import mlx_lm.models.llama as llama
 
-    # modules imported before the patch are patched in place; later ones import the patched name
-    assert "mlx_lm.models.base" in patched["patched"] and llama.scaled_dot_product_attention is attention.few_row_attention
+    from mlxspec.kernels.hooks import routed
+
+    model, report = routed_model
+    layers = model.model.layers
+    assert report["routed"] == len(layers) and all(routed(b.self_attn, attention.NAME) for b in layers)
+    assert llama.scaled_dot_product_attention is base.scaled_dot_product_attention  # mlx-lm untouched
     q, k, v = inputs(4, 2, 3, 20, 32, 32, mx.float32, seed=2)
-    original = attention._state["original"]
     ours = attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal")
     assert attention.attention_within_tolerance(ours, q, k, v, 0.2, True)[0]
-    array_mask = mx.tril(mx.ones((3, 20), dtype=mx.bool_), k=17)
+    array_mask = mx.tril(mx.ones((3, 20), dtype=mx.bool_), k=17)  # not the kernel's: mlx-lm answers
     assert mx.array_equal(attention.few_row_attention(q, k, v, None, scale=0.2, mask=array_mask),
-                          original(q, k, v, None, scale=0.2, mask=array_mask)).item()
-    attention.restore_attention()
-    assert llama.scaled_dot_product_attention is original and base.scaled_dot_product_attention is original
-
-
-def test_disabled_by_environment(monkeypatch):
-    monkeypatch.setenv("MLXSPEC_KERNELS", "0")
-    report = attention.use_attention_kernel()
-    assert report["disabled"] and not report["patched"]
+                          base.scaled_dot_product_attention(q, k, v, None, scale=0.2, mask=array_mask)).item()
+    x = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with_kernel = model(x)
+    assert attention.attention_status()["passed"], "the model's calls reached the kernel"
+    attention.restore_attention(model)
+    assert not any(routed(b.self_attn, attention.NAME) for b in layers)
+    assert mx.allclose(model(x), with_kernel, atol=1e-4, rtol=1e-4).item()

@@ -58,10 +58,6 @@ def engines(request, tiny_llama, tiny_llama_other, cpu_ext):
     """Engines on a 4-bit target, all with kernels on: plain, and drafting with the target itself
     (accepts all), its 8-bit g64 quantization (accepts some) and other weights (accepts ~none)."""
     registry.reset()
-    attention.restore_attention()  # an earlier Engine.load (kernels on by default) may have hooked it
-    if request.param == "qmm+attention":
-        assert attention.use_attention_kernel()["patched"]
-        request.addfinalizer(attention.restore_attention)
     target = str(tiny_llama)
     plain = Engine.load(target, quantize="q4g32", kernels=False)
     same = Engine.load(target, quantize="q4g32", draft=target, draft_quantize="q4g32", kernels=False)
@@ -71,6 +67,8 @@ def engines(request, tiny_llama, tiny_llama_other, cpu_ext):
         for model in {id(m): m for m in (engine.target.model, engine.draft and engine.draft.model) if m}.values():
             report = use_kernels(model)
             assert report["swapped"] and not report["kept"], report
+            if request.param == "qmm+attention":
+                assert attention.use_attention_kernel(model)["routed"]
     return plain, same, near, other
 
 
@@ -123,7 +121,7 @@ def test_unavailable_kernel_warns_once_and_keeps_mlx(tiny_llama, monkeypatch, ca
     def no_compiler(name):
         raise KernelUnavailable("cannot build the CPU kernel: a C++ compiler not found")
 
-    monkeypatch.setattr(registry, "_load", no_compiler)
+    monkeypatch.setitem(registry._loaders, "qmm", no_compiler)
     with caplog.at_level(logging.WARNING, logger="mlxspec.kernels"):
         reports = [use_kernels(load(str(tiny_llama), "q4g32").model) for _ in range(2)]
     assert all(not r["swapped"] and r["kept"] for r in reports)
@@ -138,7 +136,7 @@ def test_wrong_kernel_fails_self_check_and_is_not_used(tiny_llama, monkeypatch, 
     def wrong(x, w, scales, biases, group_size, bits):
         return mx.zeros((*x.shape[:-1], w.shape[0]), x.dtype)
 
-    monkeypatch.setattr(registry, "_load", lambda name: (wrong, "broken"))
+    monkeypatch.setitem(registry._loaders, "qmm", lambda name: (wrong, "broken"))
     model = load(str(tiny_llama), "q4g32").model
     with caplog.at_level(logging.WARNING, logger="mlxspec.kernels"):
         report = use_kernels(model)
@@ -147,12 +145,14 @@ def test_wrong_kernel_fails_self_check_and_is_not_used(tiny_llama, monkeypatch, 
     assert any("self-check" in r.getMessage() for r in caplog.records)
 
 
-def test_disabled_by_environment(tiny_llama, monkeypatch):
-    from mlxspec.loading import load
+def test_disabled_by_environment_at_engine_load(tiny_llama, monkeypatch):
+    from mlxspec.kernels import installed
 
     monkeypatch.setenv("MLXSPEC_KERNELS", "0")
-    report = use_kernels(load(str(tiny_llama), "q4g32").model)
-    assert not report["swapped"] and report["disabled"]
+    engine = Engine.load(str(tiny_llama), quantize="q4g32")
+    assert engine.kernels == {"disabled": "kernels off"} and not installed(engine.target.model)
+    monkeypatch.setenv("MLXSPEC_KERNELS", "1")
+    assert installed(Engine.load(str(tiny_llama), quantize="q4g32").target.model)
 
 
 def test_unquantized_model_has_nothing_to_swap(tiny_llama):

@@ -1,0 +1,73 @@
+"""Is speculation exact for this model on this device? Measured, not assumed.
+
+Greedy speculative output equals plain decoding only if the target gives row i of an M-row verify
+forward exactly the bits of a one-row decoding step at that position. On MLX's CPU ops (and with
+mlxspec's kernels) that holds; on GPUs MLX's matmul and attention change their arithmetic with the
+row count. So the engine checks the model itself, once per row count:
+
+    check = RowInvariance(model)
+    check.holds(5)      # True if M-row forwards equal one-row steps bit for bit for every M in 2..5
+
+Random tokens after a random prefix (fixed seed), one fresh KV cache: the one-row steps run once,
+each M-row forward starts from the same prefix (the cache rewound in between).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .cache import new_cache, rewind
+
+PREFIX = 24  # tokens of context before the checked rows (so attention reads a real cache)
+
+
+def vocab_size(model: nn.Module) -> int:
+    """Rows of the model's token embedding table (mlx-lm models keep it at model.model.embed_tokens)."""
+    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
+    if embed is not None and "weight" in embed:
+        return int(embed["weight"].shape[0])
+    return int(model.args.vocab_size)
+
+
+class RowInvariance:
+    def __init__(self, model: nn.Module, seed: int = 0):
+        self.model, self.vocab_size, self.seed = model, vocab_size(model), seed
+        self.results: dict[int, str | None] = {}  # M -> None (identical) or how it differed
+
+    def holds(self, rows: int) -> bool:
+        """Do M-row forwards equal one-row steps for every M in 2..rows? (checks what is new)"""
+        todo = [m for m in range(2, rows + 1) if m not in self.results]
+        if todo:
+            self.results.update(self._check(todo))
+        return all(self.results[m] is None for m in range(2, rows + 1))
+
+    def failures(self) -> dict[int, str]:
+        return {m: why for m, why in sorted(self.results.items()) if why}
+
+    def _check(self, counts: list[int]) -> dict[int, str | None]:
+        rng = np.random.default_rng(self.seed)
+        tokens = rng.integers(0, self.vocab_size, size=PREFIX + max(counts)).tolist()
+        cache = new_cache(self.model)
+        self.model(mx.array(tokens[:PREFIX])[None], cache=cache)
+        steps = []  # one-row decoding steps: logits (V,) for each checked position
+        for t in tokens[PREFIX:]:
+            steps.append(self.model(mx.array([[t]]), cache=cache)[0, -1])
+        mx.eval(steps)
+        rewind(cache, len(steps))
+        out = {}
+        for m in counts:
+            rows = self.model(mx.array(tokens[PREFIX : PREFIX + m])[None], cache=cache)[0]  # (m, V)
+            mx.eval(rows)
+            rewind(cache, m)
+            out[m] = _compare(rows, steps[:m])
+        return out
+
+
+def _compare(rows: mx.array, steps: list[mx.array]) -> str | None:
+    for i, step in enumerate(steps):
+        if not mx.array_equal(rows[i], step).item():
+            diff = mx.abs(rows[i].astype(mx.float32) - step.astype(mx.float32)).max().item()
+            return f"row {i} of a {len(steps)}-row forward differs from the one-row step (max |diff| {diff:.3g})"
+    return None

@@ -1,0 +1,67 @@
+"""Put every kernel family that applies into one model, or take them all out again: per model.
+
+    report = install_kernels(model)    # {"backend", "layers": {...}, "attention": {...}, "pointwise": {...}}
+    remove_kernels(model)              # MLX's ops again in this model (others are untouched)
+
+Quantized layers are swapped (layers.py), attention and swiglu calls are routed per module
+(hooks.py), RMSNorm and RoPE modules swapped (pointwise.py). Each family uses its kernel only for
+signatures that passed their self-check on this device; everything else keeps MLX's op.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .attention import restore_attention, use_attention_kernel
+from .layers import restore_layers, use_kernels
+from .pointwise import restore_pointwise, use_pointwise_kernels
+from .registry import device_backend_name
+
+
+def install_kernels(model: nn.Module, device: mx.Device | None = None) -> dict:
+    """Swap/route this model's layers to the device's kernels where they proved themselves."""
+    backend = device_backend_name(device)
+    report = {"backend": backend, "layers": use_kernels(model, gpu=True, device=device)}
+    if backend == "cpu":  # the few-row attention and pointwise kernels are CPU kernels (no GPU build yet)
+        report["attention"] = use_attention_kernel(model)
+        report["pointwise"] = use_pointwise_kernels(model)
+    else:
+        report["attention"] = {"kernel": "sdpa", "routed": 0, "error": f"no {backend} attention kernel yet"}
+        report["pointwise"] = {"kernel": "pointwise", "error": f"MLX's {backend} ops are row-invariant"}
+    return report
+
+
+def remove_kernels(model: nn.Module) -> None:
+    """MLX's own ops again in every layer of this model."""
+    restore_layers(model)
+    restore_attention(model)
+    restore_pointwise(model)
+
+
+def installed(model: nn.Module) -> bool:
+    """Does any layer of this model run one of our kernels?"""
+    from .hooks import routed
+    from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear
+    from .pointwise import KernelRMSNorm, KernelRoPE
+
+    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelRMSNorm, KernelRoPE)
+    return any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
+               for _, m in model.named_modules())
+
+
+def install_timed(model: nn.Module, device: mx.Device | None = None) -> dict:
+    """install_kernels, and on a GPU keep them only if a one-row forward costs at most EXACT_BUDGET
+    times MLX's own (measured here, interleaved). On the CPU the kernels are 5-25x faster than
+    MLX's ops (benchmarks/results/kernels.txt), so they stay without a timing."""
+    from .timing import EXACT_BUDGET, forward_cost_ratio
+
+    report = install_kernels(model, device)
+    if report["backend"] == "cpu" or not installed(model):
+        return report
+    cost = forward_cost_ratio(model, lambda: install_kernels(model, device), lambda: remove_kernels(model))
+    cost["budget"], cost["kept"] = EXACT_BUDGET, cost["ratio"] <= EXACT_BUDGET
+    if cost["kept"]:
+        install_kernels(model, device)
+    report["timed"] = cost
+    return report

@@ -1,0 +1,134 @@
+"""Self-timing next to the self-check: our kernel against MLX's op, on the user's device.
+
+    us = time_call(lambda: qmm(x, w, s, b, 32, 4))            # median microseconds of an evaluated call
+    record_timing(rec, signature, kernel_us, mlx_us)           # kept in the record and on disk
+    slower = forward_cost_ratio(model, install, remove)        # one-row forward: kernels / MLX's ops
+
+Timings are cached on disk per device and MLX version (cache_root()/timings.json), so a kernel is
+timed once per machine, not per process; `mlxspec doctor` shows them. On GPUs the engine keeps
+the kernels (exact mode) only when a one-row forward with them costs at most EXACT_BUDGET times
+MLX's own (see install.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import mlx.core as mx
+
+from .build import cache_root
+from .registry import KernelRecord, device_backend_name
+
+EXACT_BUDGET = 1.10  # exact mode is the default when it costs plain decoding at most 10% more
+
+
+def device_key() -> str:
+    """What a timing depends on: the device, its backend and the MLX version."""
+    backend = device_backend_name()
+    try:
+        name = mx.device_info().get("device_name", "") if backend != "cpu" else platform.processor()
+    except Exception:  # device_info is missing on some builds
+        name = ""
+    return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}"
+
+
+def _path():
+    return cache_root() / "timings.json"
+
+
+def load_timings() -> dict:
+    try:
+        return json.loads(_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(all_timings: dict) -> None:
+    path = _path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(all_timings, indent=1, sort_keys=True))
+        tmp.replace(path)  # atomic: a reader never sees half a file
+    except OSError:
+        pass  # a read-only cache only costs a re-timing
+
+
+def cached_timing(rec: KernelRecord, signature: str) -> dict | None:
+    entry = load_timings().get(device_key(), {}).get(f"{rec.name} {signature}")
+    if entry is not None:
+        rec.timings[signature] = entry
+    return entry
+
+
+def record_timing(rec: KernelRecord, signature: str, kernel_us: float, mlx_us: float) -> dict:
+    entry = {"kernel_us": round(kernel_us, 2), "mlx_us": round(mlx_us, 2), "ratio": round(kernel_us / mlx_us, 3)}
+    rec.timings[signature] = entry
+    all_timings = load_timings()
+    all_timings.setdefault(device_key(), {})[f"{rec.name} {signature}"] = entry
+    _save(all_timings)
+    return entry
+
+
+def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
+    """Median wall microseconds of fn() evaluated (its result forced with mx.eval)."""
+    for _ in range(warmup):
+        mx.eval(fn())
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        mx.eval(fn())
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def forward_cost_ratio(model, install: Callable[[], object], remove: Callable[[], object], context: int = 64) -> dict:
+    """Median one-row forward time with kernels installed vs MLX's ops (interleaved), same cache."""
+    from ..cache import new_cache, rewind
+
+    cache = new_cache(model)
+    model(mx.zeros((1, context), dtype=mx.uint32), cache=cache)
+    token = mx.array([[1]])
+
+    def step():
+        out = model(token, cache=cache)
+        mx.eval(out)
+        rewind(cache, 1)
+        return out
+
+    ours, theirs = [], []
+    for _ in range(3):  # interleaved, so drift in clocks or load hits both alike
+        install()
+        ours.append(time_call(step, repeats=5))
+        remove()
+        theirs.append(time_call(step, repeats=5))
+    kernel_us, mlx_us = statistics.median(ours), statistics.median(theirs)
+    return {"kernels_us": round(kernel_us, 1), "mlx_us": round(mlx_us, 1), "ratio": round(kernel_us / mlx_us, 3)}
+
+
+def time_qmm(n: int, k: int, group_size: int, bits: int, scale_dtype, rows: tuple[int, ...] = (1, 8)) -> dict:
+    """Time the device's qmm kernel against MLX's quantized_matmul on this shape, per row count;
+    cached on disk (a second call, or a later process, reads the cache). {} if the kernel is unusable."""
+    from .reference import random_quantized
+    from .registry import kernel, kernel_for_layer
+
+    qmm, _ = kernel_for_layer(n, k, group_size, bits, scale_dtype)
+    if qmm is None:
+        return {}
+    rec, out = kernel("qmm"), {}
+    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=mx.random.key(n + k))
+    for m in rows:
+        signature = f"{n}x{k} q{bits} g{group_size} {str(scale_dtype).split('.')[-1]} M={m}"
+        entry = cached_timing(rec, signature)
+        if entry is None:
+            x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
+            ours = time_call(lambda: qmm(x, w, s, b, group_size, bits))
+            theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits))
+            entry = record_timing(rec, signature, ours, theirs)
+        out[m] = entry
+    return out

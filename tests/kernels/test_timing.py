@@ -1,0 +1,46 @@
+"""Self-timing: kernel vs MLX's op per shape and row count, cached on disk per device and MLX version;
+and the GPU rule that keeps the kernels only within the exact-mode budget."""
+
+from __future__ import annotations
+
+import json
+
+import mlx.core as mx
+
+from mlxspec.kernels import install, registry, timing
+
+
+def test_qmm_is_timed_once_per_device_and_shown_in_status(cpu_ext, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
+    registry.reset()
+    first = timing.time_qmm(256, 128, 32, 4, mx.float32, rows=(1, 4))
+    assert set(first) == {1, 4} and all(t["kernel_us"] > 0 and t["mlx_us"] > 0 for t in first.values())
+    saved = json.loads((tmp_path / "kernels" / "timings.json").read_text())
+    assert list(saved) == [timing.device_key()] and len(saved[timing.device_key()]) == 2
+    qmm_status = next(s for s in registry.status() if s["kernel"] == "cpu-qmm")
+    assert "256x128 q4 g32 float32 M=4" in qmm_status["timings"]
+    registry.reset()
+    monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
+    assert timing.time_qmm(256, 128, 32, 4, mx.float32, rows=(1, 4)) == first  # from the cache
+
+
+def test_gpu_keeps_kernels_only_within_the_budget(tiny_llama, monkeypatch):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama), "q4g32").model
+    monkeypatch.setattr(install, "device_backend_name", lambda device=None: "cuda")  # as on a GPU
+    monkeypatch.setattr(install, "use_kernels", lambda m, **kw: {"swapped": {}, "kept": {}})
+    for ratio, kept in ((1.05, True), (1.5, False)):
+        monkeypatch.setattr(timing, "forward_cost_ratio", lambda *a, r=ratio, **k: {"ratio": r})
+        monkeypatch.setattr(install, "installed", lambda m: True)
+        report = install.install_timed(model)
+        assert report["timed"]["kept"] is kept and report["timed"]["budget"] == timing.EXACT_BUDGET
+
+
+def test_forward_cost_ratio_measures_both_ways(tiny_llama):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama), "q4g32").model
+    calls = []
+    cost = timing.forward_cost_ratio(model, lambda: calls.append("on"), lambda: calls.append("off"), context=8)
+    assert calls == ["on", "off"] * 3 and cost["kernels_us"] > 0 and cost["mlx_us"] > 0
