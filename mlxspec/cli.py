@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from .client import Client, DaemonUnreachable, parse_host
+from .client import Client, DaemonUnreachable
 from .errors import MlxspecError
 from .options import OptionsError
 
@@ -82,11 +82,11 @@ def serve():
     from .server import Settings, serve as run_server
     from .store import Store
 
-    _, host, port = parse_host()
     try:
         settings = Settings.from_env()
     except ValueError as e:
         raise MlxspecError(str(e)) from None
+    host, port = settings.host, settings.port
     store = Store()
     store.home.mkdir(parents=True, exist_ok=True)
     pid_file = store.home / "serve.pid"

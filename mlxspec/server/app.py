@@ -11,6 +11,7 @@ from aiohttp import web
 from ..errors import MlxspecError
 from ..store import InvalidNameError, ModelNotFoundError, Store
 from . import ollama_models, ollama_routes, openai_routes
+from .hosts import host_allowed
 from .registry import Registry
 from .requests import ApiError
 from .state import STATE, Settings, State
@@ -22,7 +23,7 @@ log = logging.getLogger("mlxspec.server")
 def make_app(store: Store | None = None, settings: Settings | None = None, registry: Registry | None = None) -> web.Application:
     settings = settings or Settings.from_env()
     app = web.Application(
-        middlewares=[errors_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
+        middlewares=[errors_middleware, host_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
     )
     app[STATE] = State(store or Store(), settings, registry)
     app.add_routes(ollama_routes.routes)
@@ -90,7 +91,16 @@ def _http_message(request: web.Request, e: web.HTTPException) -> str:
     return e.text or e.reason
 
 
-# -- CORS and auth -------------------------------------------------------------------------------
+# -- Host, CORS and auth -------------------------------------------------------------------------
+
+
+@web.middleware
+async def host_middleware(request: web.Request, handler):
+    settings = request.app[STATE].settings
+    host = request.headers.get("Host")
+    if not host_allowed(host, settings.host, settings.allowed_hosts):
+        raise ApiError(403, f"host {host!r} is not allowed: add its name to MLXSPEC_ALLOWED_HOSTS")
+    return await handler(request)
 
 
 def _origin_allowed(request: web.Request, origin: str) -> bool:

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import http.client
+import json
 import time
 
 import ollama
 import pytest
 
 from api_helpers import post
+from daemon_harness import ThreadDaemon
+from mlxspec.server import Settings
+from mlxspec.store import Store
 
 
 @pytest.fixture
@@ -34,3 +39,30 @@ def test_keep_alive_durations_as_ollama(daemon, client):
     assert e.value.status_code == 400
     client.generate("tiny-plain", keep_alive=0)  # unload now
     assert all(m.model != "tiny-plain:latest" for m in client.ps().models)
+
+
+def _get(port: int, path: str, host: str) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    conn.request("GET", path, headers={"Host": host})
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read() or b"null")
+
+
+@pytest.mark.parametrize("path", ["/api/tags", "/api/ps", "/api/version", "/v1/models"])
+def test_unknown_host_names_are_refused(daemon, path):
+    for host in ("evil.example", f"evil.example:{daemon.port}", "localhost.evil.example"):
+        status, body = _get(daemon.port, path, host)
+        assert status == 403 and "MLXSPEC_ALLOWED_HOSTS" in json.dumps(body), (host, body)
+    for host in (f"localhost:{daemon.port}", f"127.0.0.1:{daemon.port}", f"[::1]:{daemon.port}", "LocalHost"):
+        assert _get(daemon.port, path, host)[0] == 200, host
+
+
+def test_allowed_host_names_come_from_the_settings(tmp_path):
+    settings = Settings.from_env({"MLXSPEC_ALLOWED_HOSTS": "*.corp.example, box.lan"})
+    d = ThreadDaemon(Store(tmp_path), settings).start()
+    try:
+        assert _get(d.port, "/api/tags", "gpu.corp.example:11435")[0] == 200
+        assert _get(d.port, "/api/tags", "box.lan")[0] == 200
+        assert _get(d.port, "/api/tags", "corp.example.evil")[0] == 403
+    finally:
+        d.stop()
