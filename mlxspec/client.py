@@ -30,6 +30,10 @@ class ApiError(MlxspecError):
         self.status = status
 
 
+class StreamCutOff(MlxspecError):
+    """A streamed answer that ended before its final object: the daemon died or the connection broke."""
+
+
 def parse_host(value: str | None = None) -> tuple[str, str, int]:
     """'host:port', ':port', 'http://host' (MLXSPEC_HOST) -> (scheme, host, port)."""
     value = (value if value is not None else os.environ.get("MLXSPEC_HOST", "")).strip()
@@ -76,7 +80,7 @@ class Client:
         """One JSON answer (or text, or None for an empty body)."""
         conn, resp = self._send(method, path, body, timeout)
         try:
-            data = resp.read()
+            data = b"".join(_lines(resp, self.url))
         finally:
             conn.close()
         if not data:
@@ -87,18 +91,26 @@ class Client:
             return data.decode(errors="replace")
 
     def stream(self, method: str, path: str, body: Any = None) -> Iterator[dict]:
-        """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError."""
+        """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError.
+
+        Every stream ends with a final object (`"done": true`, or `"status": "success"` for pull
+        and create); one that ends without it was cut off (the daemon died) and raises StreamCutOff.
+        """
         conn, resp = self._send(method, path, body)
+        finished = False
         try:
-            for line in resp:
+            for line in _lines(resp, self.url):
                 if not line.strip():
                     continue
-                obj = json.loads(line)
+                obj = _stream_object(line, self.url)
                 if "error" in obj:
                     raise ApiError(str(obj["error"]), resp.status)
+                finished = obj.get("done") is True or obj.get("status") == "success"
                 yield obj
         finally:
             conn.close()  # closing early tells the daemon to stop the generation
+        if not finished:
+            raise StreamCutOff(f"the daemon at {self.url} closed the stream before it finished")
 
     def is_running(self, timeout: float = 2.0) -> bool:
         try:
@@ -107,6 +119,24 @@ class Client:
             return False
         conn.close()
         return True
+
+
+def _lines(resp, url: str) -> Iterator[bytes]:
+    """The response's lines; a connection lost mid-chunk is a StreamCutOff, not a traceback."""
+    try:
+        yield from resp
+    except (http.client.HTTPException, OSError) as e:
+        raise StreamCutOff(f"the connection to the daemon at {url} was lost ({type(e).__name__})") from None
+
+
+def _stream_object(line: bytes, url: str) -> dict:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        raise StreamCutOff(f"the daemon at {url} sent a broken line: {line[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise StreamCutOff(f"the daemon at {url} sent {line[:80]!r}, not a JSON object")
+    return obj
 
 
 def _error_text(data: bytes, status: int) -> str:
