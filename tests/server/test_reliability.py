@@ -66,3 +66,26 @@ def test_allowed_host_names_come_from_the_settings(tmp_path):
         assert _get(d.port, "/api/tags", "corp.example.evil")[0] == 403
     finally:
         d.stop()
+
+
+def _tokens(daemon, options: dict) -> list[int]:
+    body = {"model": "tiny-plain", "prompt": "Once upon a time", "stream": False,
+            "options": {"num_predict": 12, "seed": 1, **options}}
+    status, out = post(daemon.url + "/api/generate", body)
+    assert status == 200, out
+    return out["context"][-out["eval_count"]:]
+
+
+def test_tiny_temperature_is_greedy_not_token_zero(daemon):
+    greedy = _tokens(daemon, {"temperature": 0})
+    assert set(greedy) != {0}
+    for t in (1e-39, 5e-324, 1e-4):
+        assert _tokens(daemon, {"temperature": t}) == greedy, t
+
+
+def test_repeat_penalty_rule(daemon):
+    for bad in (1e-39, 0.001, 0, -1, 11):
+        status, body = post(daemon.url + "/api/generate", {"model": "tiny-plain", "prompt": "hi",
+                                                            "options": {"repeat_penalty": bad}})
+        assert status == 400 and "repeat_penalty" in body["error"] and "0.01" in body["error"], (bad, body)
+    assert set(_tokens(daemon, {"repeat_penalty": 0.01, "temperature": 0.7})) != {0}
