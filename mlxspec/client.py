@@ -13,9 +13,11 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from .errors import MlxspecError
+from .home import LOCAL_KEY_HEADER, read_local_key
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11435
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class DaemonUnreachable(MlxspecError):
@@ -66,6 +68,9 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        local_key = read_local_key() if self.host in LOOPBACK else None  # never sent off this machine
+        if local_key:
+            headers[LOCAL_KEY_HEADER] = local_key
         try:
             conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
             resp = conn.getresponse()

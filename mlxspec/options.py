@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import MlxspecError
+
 
 # Below this temperature logits / T overflow float32 (1e-39 is flushed to 0: 0/0 = NaN, then token 0
 # forever); the distribution is one-hot long before, so such temperatures are greedy decoding.
@@ -20,7 +22,7 @@ MIN_TEMPERATURE = 1e-3
 MIN_REPEAT_PENALTY = 0.01
 
 
-class OptionsError(ValueError):
+class OptionsError(MlxspecError, ValueError):
     """A caller's invalid option: the message names the option and what is allowed."""
 
 

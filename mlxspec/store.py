@@ -23,9 +23,9 @@ from . import loading
 from .drafters import parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError
+from .home import default_home
 from .options import GenerateOptions, OptionsError
 
-HOME_ENV = "MLXSPEC_HOME"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 # The repo's models/ directory: found beside the package in a source checkout or an editable install.
@@ -151,7 +151,7 @@ def is_name(text: str) -> bool:
 
 class Store:
     def __init__(self, home: str | Path | None = None):
-        self.home = Path(home or os.environ.get(HOME_ENV) or "~/.mlxspec").expanduser()
+        self.home = Path(home).expanduser() if home else default_home()
         self.root = self.home / "manifests"
 
     # -- names -> files ------------------------------------------------------------------------
@@ -283,7 +283,15 @@ class Store:
 
 def is_repo_id(ref: str) -> bool:
     """`org/repo`, and no local path of that name."""
-    return bool(loading.REPO_ID.match(ref)) and not Path(ref).expanduser().exists()
+    return bool(loading.REPO_ID.match(ref)) and not _exists(Path(ref).expanduser())
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists(), False for what cannot name a file (too long: ENAMETOOLONG, a NUL byte)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def load_engine(manifest: Manifest) -> Engine:
@@ -311,7 +319,7 @@ def check_reference(ref: str) -> str:
     """A reference that can be loaded later (an existing path, a pypi: file, or a repo id);
     returned absolute when it is a local path, so it means the same from anywhere."""
     path = Path(ref).expanduser()
-    if path.exists():
+    if _exists(path):
         return str(path.resolve())
     if loading.REPO_ID.match(ref):
         return ref

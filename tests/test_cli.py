@@ -33,6 +33,8 @@ def daemon(tiny_llama, tmp_path_factory):
 
 def invoke(daemon, args, input=None):
     env = {"MLXSPEC_HOST": daemon.host if daemon else f"127.0.0.1:{free_port()}"}
+    if daemon:  # the CLI and its daemon share MLXSPEC_HOME: the CLI may then pass local paths
+        env["MLXSPEC_HOME"] = str(daemon.state.store.home)
     return CliRunner().invoke(cli, args, env=env, input=input)
 
 

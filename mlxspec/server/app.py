@@ -9,7 +9,8 @@ import logging
 from aiohttp import web
 
 from ..errors import MlxspecError
-from ..store import InvalidNameError, ModelNotFoundError, Store
+from ..home import write_local_key
+from ..store import ModelNotFoundError, Store
 from . import ollama_models, ollama_routes, openai_routes
 from .hosts import host_allowed
 from .registry import Registry
@@ -30,8 +31,17 @@ def make_app(store: Store | None = None, settings: Settings | None = None, regis
     app.add_routes(ollama_models.routes)
     app.add_routes(openai_routes.routes)
     app.on_response_prepare.append(_cors_headers)
+    app.on_startup.append(_write_local_key)
     app.on_shutdown.append(_close)
     return app
+
+
+async def _write_local_key(app: web.Application) -> None:
+    state = app[STATE]
+    try:
+        write_local_key(state.store.home, state.local_key)
+    except OSError as e:  # a read-only home: the CLI then needs MLXSPEC_MODEL_DIRS for local paths
+        log.warning("cannot write %s/local.key: %s", state.store.home, e)
 
 
 async def _close(app: web.Application) -> None:
@@ -72,7 +82,7 @@ async def errors_middleware(request: web.Request, handler):
         status, message = e.status, _http_message(request, e)
     except ModelNotFoundError as e:
         status, message = 404, str(e)
-    except (InvalidNameError, MlxspecError, ValueError) as e:  # ValueError: OptionsError and kin
+    except MlxspecError as e:  # the caller's mistakes (InvalidNameError, OptionsError, PromptError ...)
         status, message = 400, str(e)
     except (ConnectionError, TimeoutError):
         raise

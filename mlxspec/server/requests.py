@@ -8,6 +8,8 @@ import re
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 
 class ApiError(Exception):
@@ -19,17 +21,40 @@ class ApiError(Exception):
         self.message = message
 
 
+# What aiohttp can decompress; anything else would be read as if it were plain JSON.
+_ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
+
+
 async def read_json(request: web.Request) -> dict:
     """The body as a JSON object; an empty body is {} (GET-like POSTs such as /api/tags)."""
-    raw = await request.read()  # refuses bodies over client_max_size with 413
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in _ENCODINGS:
+        raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
+    try:
+        raw = await request.read()  # refuses bodies over client_max_size with 413
+    except web.HTTPException:
+        raise
+    except (RequestPayloadError, HttpProcessingError) as e:  # Content-Encoding: gzip on a body that is not
+        raise ApiError(400, f"the body is not valid {encoding or 'plain'} data ({type(e).__name__})") from None
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}") from None
+    body = _parse(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        body = json.loads(raw)
+        # A lone surrogate ("\ud800") is valid JSON but not text: tokenizers fail on it later.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}") from None
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid JSON body: a string holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    except RecursionError:
+        raise ApiError(400, "invalid JSON body: nested too deeply") from None
     return body
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +12,7 @@ from aiohttp import web
 
 from ..client import parse_host
 from ..errors import MlxspecError
+from ..home import LOCAL_KEY_HEADER
 from ..store import Manifest, Store, canonical
 from .registry import Registry
 from .requests import ApiError, parse_duration
@@ -82,6 +85,12 @@ class State:
         self.settings = settings
         self.registry = registry or Registry(settings.max_loaded, settings.keep_alive)
         self.scheduler = Scheduler(self.registry, settings.max_queue)
+        self.local_key = secrets.token_urlsafe(32)  # written to MLXSPEC_HOME/local.key at start-up
+
+    def is_local_user(self, request: web.Request) -> bool:
+        """The caller could read our local.key: the same user on this machine (see home.py)."""
+        given = request.headers.get(LOCAL_KEY_HEADER, "")
+        return hmac.compare_digest(given.encode(), self.local_key.encode())
 
     def manifest(self, name: str) -> tuple[str, Manifest]:
         """(canonical name, manifest) of a stored model; 400 for a bad name, 404 for a missing one."""

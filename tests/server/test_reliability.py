@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
+import logging
 import time
 
 import ollama
@@ -11,8 +13,10 @@ import pytest
 
 from api_helpers import post
 from daemon_harness import ThreadDaemon
+from mlxspec.home import LOCAL_KEY_HEADER
 from mlxspec.server import Settings
-from mlxspec.store import Store
+from mlxspec.server.registry import Registry
+from mlxspec.store import Manifest, Store, load_engine
 
 
 @pytest.fixture
@@ -89,3 +93,113 @@ def test_repeat_penalty_rule(daemon):
                                                             "options": {"repeat_penalty": bad}})
         assert status == 400 and "repeat_penalty" in body["error"] and "0.01" in body["error"], (bad, body)
     assert set(_tokens(daemon, {"repeat_penalty": 0.01, "temperature": 0.7})) != {0}
+
+
+def _raw(daemon, path: str, body: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    return resp.status, json.loads(resp.read())
+
+
+@pytest.mark.parametrize(
+    "path, body, headers, status, words",
+    [
+        ("/api/generate", b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, 400, "nested"),
+        ("/api/generate", b'{"model": "tiny", "prompt": "a\\ud800b", "stream": false}', {}, 400, "surrogate"),
+        ("/api/chat", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', {}, 400, "surrogate"),
+        ("/v1/chat/completions", b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udc00"}]}', {}, 400,
+         "surrogate"),
+        ("/api/generate", b'{"model": "tiny"}', {"Content-Encoding": "gzip"}, 400, "not valid gzip"),
+        ("/api/generate", b'{"model": "tiny"}', {"Content-Encoding": "deflate"}, 400, "not valid deflate"),
+        ("/api/generate", b'{"model": "tiny"}', {"Content-Encoding": "bogus"}, 415, "Content-Encoding"),
+    ],
+)
+def test_malformed_bodies_are_4xx_json(daemon, path, body, headers, status, words):
+    got, answer = _raw(daemon, path, body, headers)
+    message = answer["error"]["message"] if path.startswith("/v1/") else answer["error"]
+    assert got == status and words in message, answer
+
+
+def test_a_gzip_body_is_read(daemon):
+    body = gzip.compress(json.dumps({"model": "tiny", "keep_alive": 0}).encode())
+    assert _raw(daemon, "/api/generate", body, {"Content-Encoding": "gzip"})[0] == 200
+
+
+@pytest.mark.parametrize("template", ["{{ 1 / 0 }}", "{{ prompt + 1 }}", "{% for %}", "{{ raise_exception('no') }}"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_template_errors_are_400(daemon, template, stream):
+    status, body = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "hi", "template": template, "stream": stream})
+    assert status == 400 and "template error" in body["error"], body
+
+
+def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):
+    def shape_error(engine):
+        def generate(prompt, options=None, *, cancel=None):
+            raise ValueError("[matmul] Last dimension of first input with shape (1,8) must match ...")
+            yield  # a generator, as the engine's
+
+        engine.generate = generate
+        return engine
+
+    store = Store(tmp_path)
+    store.save("tiny", Manifest(target=str(tiny_llama)))
+    d = ThreadDaemon(store, Settings(), Registry(1, 300, loader=lambda m: shape_error(load_engine(m)))).start()
+    try:
+        with caplog.at_level(logging.ERROR, logger="mlxspec.server"):
+            status, body = post(d.url + "/api/generate", {"model": "tiny", "prompt": "hi", "stream": False})
+        assert status == 500 and "internal error" in body["error"], body
+        assert any(r.exc_info and "matmul" in str(r.exc_info[1]) for r in caplog.records)
+    finally:
+        d.stop()
+
+
+@pytest.mark.parametrize(
+    "source, status, words",
+    [
+        ("/etc/passwd", 403, "MLXSPEC_MODEL_DIRS"),
+        ("/proc/self/environ", 403, "MLXSPEC_MODEL_DIRS"),
+        ("~/.ssh", 403, "MLXSPEC_MODEL_DIRS"),
+        ("pypi:mlxspec/../../../../../../etc/passwd", 400, "inside its package"),
+        ("pypi:mlxspec/options.py", 400, "inside its package"),
+        ("", 400, "must not be empty"),
+        ("   ", 400, "must not be empty"),
+        ("etc", 404, "not found"),
+        ("a" * 300, 404, "not found"),
+        ("/" + "a" * 300 + "/b", 403, "MLXSPEC_MODEL_DIRS"),
+    ],
+)
+def test_create_refuses_server_paths(daemon, source, status, words):
+    for key in ("from", "draft"):
+        body = {"model": "x", "from": "tiny", key: source}
+        got, answer = post(daemon.url + "/api/create", body)
+        assert got == status and words in answer["error"], (key, answer)
+    assert not daemon.state.store.exists("x")
+
+
+def test_create_paths_under_model_dirs_must_be_models(daemon, tiny_llama, tmp_path):
+    (tmp_path / "notes.txt").write_text("secret")
+    (tmp_path / "outside").symlink_to("/etc")
+    for path, status, words in [(tmp_path, 400, "not a model"), (tmp_path / "notes.txt", 400, "not a model"),
+                                (tmp_path / "outside", 403, "MLXSPEC_MODEL_DIRS"), (tmp_path / "nothing", 404, "not found"),
+                                (tmp_path / ("a" * 300), 400, "cannot be read")]:
+        got, answer = post(daemon.url + "/api/create", {"model": "x", "from": str(path)})
+        assert got == status and words in answer["error"], (path, answer)
+    for source in (str(tiny_llama), "tiny", "org/some-repo"):  # a model directory, a store name, a repo id
+        assert post(daemon.url + "/api/create", {"model": "x", "from": source, "stream": False})[0] == 200, source
+    post(daemon.url + "/api/delete", {"model": "x"}, method="DELETE")
+
+
+def test_only_the_local_key_lets_any_local_model_path_through(tmp_path, tiny_llama):
+    d = ThreadDaemon(Store(tmp_path / "home"), Settings()).start()  # no MLXSPEC_MODEL_DIRS
+    try:
+        body = {"model": "x", "from": str(tiny_llama), "stream": False}
+        assert post(d.url + "/api/create", body)[0] == 403
+        assert post(d.url + "/api/create", body, headers={LOCAL_KEY_HEADER: "guess"})[0] == 403
+        key = (tmp_path / "home" / "local.key").read_text()
+        assert oct((tmp_path / "home" / "local.key").stat().st_mode & 0o777) == "0o600"
+        assert post(d.url + "/api/create", body, headers={LOCAL_KEY_HEADER: key})[0] == 200
+        status, answer = post(d.url + "/api/create", {**body, "from": "/etc/passwd"}, headers={LOCAL_KEY_HEADER: key})
+        assert status == 400 and "not a model" in answer["error"]
+    finally:
+        d.stop()
