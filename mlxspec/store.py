@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -221,6 +222,28 @@ class Store:
                 parent.rmdir()
             except OSError:
                 break
+
+    def clean_leftovers(self, min_age: float = 60.0) -> list[Path]:
+        """Remove what a kill -9 during save/create/pull left: temp files older than `min_age`
+        seconds (younger ones may be another process's save in progress) and directories left
+        without any file. Returns what was removed."""
+        removed = []
+        now = time.time()
+        for tmp in [*self.home.glob(".*.tmp"), *self.root.glob("**/.*.tmp")]:
+            try:
+                if tmp.is_file() and now - tmp.stat().st_mtime >= min_age:
+                    tmp.unlink()
+                    removed.append(tmp)
+            except OSError:
+                continue  # gone meanwhile, or not ours to remove
+        for directory in sorted(self.root.glob("**/"), key=lambda p: len(p.parts), reverse=True):  # deepest first
+            try:
+                if directory != self.root and not any(directory.iterdir()):
+                    directory.rmdir()
+                    removed.append(directory)
+            except OSError:
+                continue  # a save just started in it
+        return removed
 
     def copy(self, source: str, destination: str) -> str:
         return self.save(destination, self.get(source))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hmac
 import logging
@@ -31,13 +32,18 @@ def make_app(store: Store | None = None, settings: Settings | None = None, regis
     app.add_routes(ollama_models.routes)
     app.add_routes(openai_routes.routes)
     app.on_response_prepare.append(_cors_headers)
-    app.on_startup.append(_write_local_key)
+    app.on_startup.append(_start)
     app.on_shutdown.append(_close)
     return app
 
 
-async def _write_local_key(app: web.Application) -> None:
+async def _start(app: web.Application) -> None:
     state = app[STATE]
+    try:
+        for path in await asyncio.to_thread(state.store.clean_leftovers):
+            log.info("removed %s, left by an interrupted create or pull", path)
+    except OSError as e:
+        log.warning("cannot clean %s: %s", state.store.home, e)
     try:
         write_local_key(state.store.home, state.local_key)
     except OSError as e:  # a read-only home: the CLI then needs MLXSPEC_MODEL_DIRS for local paths
