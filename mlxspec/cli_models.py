@@ -193,9 +193,13 @@ def _span(seconds: float) -> str:
 
 
 def ago(iso: str) -> str:
-    return f"{_span(-_seconds_from_now(iso))} ago"
+    span = _span(-_seconds_from_now(iso))
+    return "just now" if span == "now" else f"{span} ago"
 
 
 def until(iso: str) -> str:
     seconds = _seconds_from_now(iso)
-    return "Forever" if seconds > 10 * 365 * 86400 else f"{_span(seconds)} from now"
+    if seconds > 10 * 365 * 86400:
+        return "Forever"
+    span = _span(seconds)
+    return span if span == "now" else f"{span} from now"

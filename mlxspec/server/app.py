@@ -20,6 +20,7 @@ from .state import STATE, Settings, State
 from .streams import error_message
 
 log = logging.getLogger("mlxspec.server")
+RETRY_AFTER_S = 2
 
 
 def make_app(store: Store | None = None, settings: Settings | None = None, registry: Registry | None = None) -> web.Application:
@@ -94,7 +95,9 @@ async def errors_middleware(request: web.Request, handler):
         raise
     except Exception as e:
         status, message = 500, error_message(e)
-    return web.json_response(_error_body(request, status, message), status=status)
+    # 503 is "busy, come back": tell clients when (both Ollama's and OpenAI's retry on it)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return web.json_response(_error_body(request, status, message), status=status, headers=headers)
 
 
 def _http_message(request: web.Request, e: web.HTTPException) -> str:
@@ -153,7 +156,8 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
 async def auth_middleware(request: web.Request, handler):
     key = request.app[STATE].settings.api_key
     if key and not (request.method == "HEAD" and request.path == "/"):
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+        # the scheme is case-insensitive (RFC 9110): 'bearer' and 'BEARER' are 'Bearer'
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <MLXSPEC_API_KEY>")
     return await handler(request)

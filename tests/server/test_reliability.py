@@ -203,3 +203,30 @@ def test_only_the_local_key_lets_any_local_model_path_through(tmp_path, tiny_lla
         assert status == 400 and "not a model" in answer["error"]
     finally:
         d.stop()
+
+
+def test_503_says_when_to_retry(tmp_path, tiny_llama):
+    store = Store(tmp_path)
+    for name in ("a", "b"):
+        store.save(name, Manifest(target=str(tiny_llama)))
+    d = ThreadDaemon(store, Settings(max_loaded=1)).start()
+    try:
+        entry, _ = d.call(d.state.registry.acquire("a:latest", store.get("a")))  # a is busy and fills the limit
+        for path, body in (("/api/generate", {"model": "b", "prompt": "hi"}), ("/v1/completions", {"model": "b", "prompt": "hi"})):
+            conn = http.client.HTTPConnection("127.0.0.1", d.port)
+            conn.request("POST", path, body=json.dumps(body))
+            resp = conn.getresponse()
+            assert resp.status == 503 and int(resp.getheader("Retry-After")) > 0 and "busy" in resp.read().decode()
+        d.loop.call_soon_threadsafe(d.state.registry.release, entry, 0)
+    finally:
+        d.stop()
+
+
+def test_the_bearer_scheme_is_case_insensitive(tmp_path):
+    d = ThreadDaemon(Store(tmp_path), Settings(api_key="s3cret")).start()
+    try:
+        for given, status in [("bearer s3cret", 200), ("BEARER  s3cret", 200), ("Bearer s3cret", 200),
+                              ("Basic s3cret", 401), ("bearers3cret", 401), ("bearer S3CRET", 401), ("s3cret", 401)]:
+            assert post(d.url + "/api/tags", b"", method="GET", headers={"Authorization": given})[0] == status, given
+    finally:
+        d.stop()
