@@ -7,6 +7,7 @@ import http.client
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import ollama
 import pytest
@@ -228,5 +229,27 @@ def test_the_bearer_scheme_is_case_insensitive(tmp_path):
         for given, status in [("bearer s3cret", 200), ("BEARER  s3cret", 200), ("Bearer s3cret", 200),
                               ("Basic s3cret", 401), ("bearers3cret", 401), ("bearer S3CRET", 401), ("s3cret", 401)]:
             assert post(d.url + "/api/tags", b"", method="GET", headers={"Authorization": given})[0] == status, given
+    finally:
+        d.stop()
+
+
+def test_max_loaded_models_holds_when_loads_overlap(tmp_path, tiny_llama):
+    store = Store(tmp_path)
+    names = [f"m{i}" for i in range(12)]
+    for name in names:
+        store.save(name, Manifest(target=str(tiny_llama)))
+    seen = []
+
+    def loader(manifest):
+        seen.append(len(d.state.registry.loaded))  # at each load start, the models already loaded
+        time.sleep(0.02)  # the other requests arrive meanwhile
+        return load_engine(manifest)
+
+    d = ThreadDaemon(store, Settings(max_loaded=3), Registry(3, 300, loader=loader)).start()
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda n: post(d.url + "/api/generate", {"model": n, "keep_alive": -1}), names))
+        assert {status for status, _ in answers} <= {200, 503} and any(status == 200 for status, _ in answers)
+        assert len(d.state.registry.loaded) <= 3 and max(seen) <= 2
     finally:
         d.stop()
