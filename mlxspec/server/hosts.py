@@ -9,7 +9,9 @@ would then be that address's own origin), so any IP address is accepted.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import ipaddress
+import socket
 
 LOOPBACK_NAMES = ("localhost", "localhost.localdomain")
 
@@ -27,7 +29,7 @@ def host_allowed(header: str | None, bound: str, allowed: list[str]) -> bool:
     if not header:
         return True
     name = host_name(header)
-    if name in LOOPBACK_NAMES or name.endswith(".localhost") or name == bound.lower():
+    if name in LOOPBACK_NAMES or name.endswith(".localhost") or name in (bound.lower(), _this_machine()):
         return True
     try:
         ipaddress.ip_address(name)
@@ -35,3 +37,9 @@ def host_allowed(header: str | None, bound: str, allowed: list[str]) -> bool:
     except ValueError:
         pass
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed)
+
+
+@functools.cache
+def _this_machine() -> str:
+    """This machine's own name (as Ollama accepts it): for a daemon bound to 0.0.0.0 on a LAN."""
+    return socket.gethostname().lower()

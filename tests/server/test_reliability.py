@@ -6,6 +6,7 @@ import gzip
 import http.client
 import json
 import logging
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -68,6 +69,7 @@ def test_allowed_host_names_come_from_the_settings(tmp_path):
     try:
         assert _get(d.port, "/api/tags", "gpu.corp.example:11435")[0] == 200
         assert _get(d.port, "/api/tags", "box.lan")[0] == 200
+        assert _get(d.port, "/api/tags", f"{socket.gethostname()}:11435")[0] == 200  # as Ollama
         assert _get(d.port, "/api/tags", "corp.example.evil")[0] == 403
     finally:
         d.stop()
