@@ -68,7 +68,8 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
-        local_key = read_local_key() if self.host in LOOPBACK else None  # never sent off this machine
+        # Proof of being this machine's user, for local paths in create: never sent elsewhere.
+        local_key = read_local_key() if path == "/api/create" and self.host in LOOPBACK else None
         if local_key:
             headers[LOCAL_KEY_HEADER] = local_key
         try:

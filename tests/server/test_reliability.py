@@ -38,6 +38,8 @@ def test_keep_alive_durations_as_ollama(daemon, client):
     client.generate("tiny-plain", keep_alive="1h30m")  # load only
     (entry,) = [m for m in client.ps().models if m.model == "tiny-plain:latest"]
     assert 5390 < (entry.expires_at.timestamp() - time.time()) <= 5400
+    client.generate("tiny-plain", keep_alive=9e9)  # ~285 years: within Go's int64 nanoseconds
+    assert [m.expires_at.year > 2300 for m in client.ps().models if m.model == "tiny-plain:latest"] == [True]
     client.generate("tiny-plain", keep_alive=-1)
     assert [m.expires_at.year for m in client.ps().models if m.model == "tiny-plain:latest"] == [9999]
     with pytest.raises(ollama.ResponseError) as e:
