@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from .client import Client, DaemonUnreachable, parse_host
+from .client import LOOPBACK, Client, DaemonUnreachable
 from .errors import MlxspecError
 from .options import OptionsError
 
@@ -82,11 +82,11 @@ def serve():
     from .server import Settings, serve as run_server
     from .store import Store
 
-    _, host, port = parse_host()
     try:
         settings = Settings.from_env()
     except ValueError as e:
         raise MlxspecError(str(e)) from None
+    host, port = settings.host, settings.port
     store = Store()
     store.home.mkdir(parents=True, exist_ok=True)
     pid_file = store.home / "serve.pid"
@@ -107,7 +107,7 @@ def ensure_daemon(c: Client) -> None:
     """Start a daemon in the background when none answers on a local address, and say so."""
     if c.is_running():
         return
-    if c.host not in ("127.0.0.1", "localhost", "::1"):
+    if c.host not in LOOPBACK:
         raise DaemonUnreachable(f"no mlxspec daemon answers at {c.url}")
     from .store import Store
 

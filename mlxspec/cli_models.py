@@ -136,10 +136,17 @@ def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_l
     if not body.get("from"):
         raise click.UsageError("give a target with --from, or a manifest file with -f")
     for key in ("from", "draft"):
-        if body.get(key) and Path(body[key]).expanduser().exists():  # the daemon may run elsewhere
+        if body.get(key) and _is_local_path(body[key]):  # the daemon may run elsewhere
             body[key] = str(Path(body[key]).expanduser().resolve())
     for obj in _client().stream("POST", "/api/create", {"model": name, **body}):
         click.echo(obj.get("status", ""), err=True)
+
+
+def _is_local_path(ref: str) -> bool:
+    try:
+        return Path(ref).expanduser().exists()
+    except (OSError, ValueError):  # too long for a file name, a NUL byte: a name or repo id then
+        return False
 
 
 def _manifest_file(path: Path) -> dict:
@@ -186,9 +193,13 @@ def _span(seconds: float) -> str:
 
 
 def ago(iso: str) -> str:
-    return f"{_span(-_seconds_from_now(iso))} ago"
+    span = _span(-_seconds_from_now(iso))
+    return "just now" if span == "now" else f"{span} ago"
 
 
 def until(iso: str) -> str:
     seconds = _seconds_from_now(iso)
-    return "Forever" if seconds > 10 * 365 * 86400 else f"{_span(seconds)} from now"
+    if seconds > 10 * 365 * 86400:
+        return "Forever"
+    span = _span(seconds)
+    return span if span == "now" else f"{span} from now"

@@ -13,9 +13,11 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from .errors import MlxspecError
+from .home import LOCAL_KEY_HEADER, read_local_key
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 11435
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 class DaemonUnreachable(MlxspecError):
@@ -28,6 +30,10 @@ class ApiError(MlxspecError):
     def __init__(self, message: str, status: int = 0):
         super().__init__(message)
         self.status = status
+
+
+class StreamCutOff(MlxspecError):
+    """A streamed answer that ended before its final object: the daemon died or the connection broke."""
 
 
 def parse_host(value: str | None = None) -> tuple[str, str, int]:
@@ -62,6 +68,10 @@ class Client:
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
+        # Proof of being this machine's user, for local paths in create: never sent elsewhere.
+        local_key = read_local_key() if path == "/api/create" and self.host in LOOPBACK else None
+        if local_key:
+            headers[LOCAL_KEY_HEADER] = local_key
         try:
             conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
             resp = conn.getresponse()
@@ -76,7 +86,7 @@ class Client:
         """One JSON answer (or text, or None for an empty body)."""
         conn, resp = self._send(method, path, body, timeout)
         try:
-            data = resp.read()
+            data = b"".join(_lines(resp, self.url))
         finally:
             conn.close()
         if not data:
@@ -87,18 +97,26 @@ class Client:
             return data.decode(errors="replace")
 
     def stream(self, method: str, path: str, body: Any = None) -> Iterator[dict]:
-        """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError."""
+        """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError.
+
+        Every stream ends with a final object (`"done": true`, or `"status": "success"` for pull
+        and create); one that ends without it was cut off (the daemon died) and raises StreamCutOff.
+        """
         conn, resp = self._send(method, path, body)
+        finished = False
         try:
-            for line in resp:
+            for line in _lines(resp, self.url):
                 if not line.strip():
                     continue
-                obj = json.loads(line)
+                obj = _stream_object(line, self.url)
                 if "error" in obj:
                     raise ApiError(str(obj["error"]), resp.status)
+                finished = obj.get("done") is True or obj.get("status") == "success"
                 yield obj
         finally:
             conn.close()  # closing early tells the daemon to stop the generation
+        if not finished:
+            raise StreamCutOff(f"the daemon at {self.url} closed the stream before it finished")
 
     def is_running(self, timeout: float = 2.0) -> bool:
         try:
@@ -107,6 +125,24 @@ class Client:
             return False
         conn.close()
         return True
+
+
+def _lines(resp, url: str) -> Iterator[bytes]:
+    """The response's lines; a connection lost mid-chunk is a StreamCutOff, not a traceback."""
+    try:
+        yield from resp
+    except (http.client.HTTPException, OSError) as e:
+        raise StreamCutOff(f"the connection to the daemon at {url} was lost ({type(e).__name__})") from None
+
+
+def _stream_object(line: bytes, url: str) -> dict:
+    try:
+        obj = json.loads(line)
+    except ValueError:
+        raise StreamCutOff(f"the daemon at {url} sent a broken line: {line[:80]!r}") from None
+    if not isinstance(obj, dict):
+        raise StreamCutOff(f"the daemon at {url} sent {line[:80]!r}, not a JSON object")
+    return obj
 
 
 def _error_text(data: bytes, status: int) -> str:

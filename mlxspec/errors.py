@@ -1,4 +1,9 @@
-"""Errors a caller can cause and fix: each carries a one-line message fit for a user."""
+"""Errors a caller can cause and fix: each carries a one-line message fit for a user.
+
+MlxspecError is the one family of the caller's mistakes: the daemon answers it with a 4xx and
+the CLI with one line. Anything else (a bare ValueError from MLX's shape checks included) is a
+bug of ours: logged with its traceback, answered with a 500.
+"""
 
 
 class MlxspecError(Exception):

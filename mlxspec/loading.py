@@ -82,18 +82,24 @@ def resolve(reference: str, progress: Any = None) -> Path:
     return Path(download(reference, progress))
 
 
-def _package_file(reference: str) -> Path:
-    """'pypi:package/file' -> a file shipped inside an installed Python package (found, not imported)."""
+def package_dir(reference: str) -> Path:
+    """'pypi:package/file' -> the installed package's directory (found, not imported)."""
     import importlib.util
 
-    package, _, name = reference[len("pypi:") :].partition("/")
+    package = reference[len("pypi:") :].partition("/")[0]
     try:
         spec = importlib.util.find_spec(package) if package else None
     except (ImportError, ValueError):
         spec = None
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(f"model {reference!r} not found: Python package {package!r} is not installed")
-    path = Path(list(spec.submodule_search_locations)[0]) / name
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _package_file(reference: str) -> Path:
+    """'pypi:package/file' -> a file shipped inside an installed Python package."""
+    package, _, name = reference[len("pypi:") :].partition("/")
+    path = package_dir(reference) / name
     if not name or not path.exists():
         raise ModelLoadError(f"model {reference!r} not found: no file {name!r} in package {package!r}")
     return path

@@ -11,8 +11,18 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from .errors import MlxspecError
 
-class OptionsError(ValueError):
+
+# Below this temperature logits / T overflow float32 (1e-39 is flushed to 0: 0/0 = NaN, then token 0
+# forever); the distribution is one-hot long before, so such temperatures are greedy decoding.
+MIN_TEMPERATURE = 1e-3
+# repeat_penalty divides logits (in the model's dtype, float16 included): 0.01 scales them by 100 at
+# most, which stays finite; smaller values overflow to inf/NaN and are refused.
+MIN_REPEAT_PENALTY = 0.01
+
+
+class OptionsError(MlxspecError, ValueError):
     """A caller's invalid option: the message names the option and what is allowed."""
 
 
@@ -33,6 +43,8 @@ class GenerateOptions:
 
     def __post_init__(self) -> None:
         self.validate()
+        if self.temperature < MIN_TEMPERATURE:
+            self.temperature = 0.0  # greedy: see MIN_TEMPERATURE
 
     def validate(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:
@@ -50,7 +62,11 @@ class GenerateOptions:
             "stop",
             "must be a list of non-empty strings",
         )
-        check(_is_num(self.repeat_penalty) and 0 < self.repeat_penalty <= 10, "repeat_penalty", "must be in (0, 10]")
+        check(
+            _is_num(self.repeat_penalty) and MIN_REPEAT_PENALTY <= self.repeat_penalty <= 10,
+            "repeat_penalty",
+            f"must be in [{MIN_REPEAT_PENALTY}, 10] (1 = off)",
+        )
         check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n", "must be an integer >= -1")
         check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be >= 1")
         check(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_repetition_penalty
 
-from .options import GenerateOptions
+from .options import MIN_TEMPERATURE, GenerateOptions
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < MIN_TEMPERATURE  # smaller ones would divide logits into NaN
 
 
 def probabilities(logits: mx.array, s: Sampling) -> mx.array:

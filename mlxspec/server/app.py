@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import hmac
 import logging
@@ -9,28 +10,45 @@ import logging
 from aiohttp import web
 
 from ..errors import MlxspecError
-from ..store import InvalidNameError, ModelNotFoundError, Store
+from ..home import write_local_key
+from ..store import ModelNotFoundError, Store
 from . import ollama_models, ollama_routes, openai_routes
+from .hosts import host_allowed
 from .registry import Registry
 from .requests import ApiError
 from .state import STATE, Settings, State
 from .streams import error_message
 
 log = logging.getLogger("mlxspec.server")
+RETRY_AFTER_S = 2
 
 
 def make_app(store: Store | None = None, settings: Settings | None = None, registry: Registry | None = None) -> web.Application:
     settings = settings or Settings.from_env()
     app = web.Application(
-        middlewares=[errors_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
+        middlewares=[errors_middleware, host_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
     )
     app[STATE] = State(store or Store(), settings, registry)
     app.add_routes(ollama_routes.routes)
     app.add_routes(ollama_models.routes)
     app.add_routes(openai_routes.routes)
     app.on_response_prepare.append(_cors_headers)
+    app.on_startup.append(_start)
     app.on_shutdown.append(_close)
     return app
+
+
+async def _start(app: web.Application) -> None:
+    state = app[STATE]
+    try:
+        for path in await asyncio.to_thread(state.store.clean_leftovers):
+            log.info("removed %s, left by an interrupted create or pull", path)
+    except OSError as e:
+        log.warning("cannot clean %s: %s", state.store.home, e)
+    try:
+        write_local_key(state.store.home, state.local_key)
+    except OSError as e:  # a read-only home: the CLI then needs MLXSPEC_MODEL_DIRS for local paths
+        log.warning("cannot write %s/local.key: %s", state.store.home, e)
 
 
 async def _close(app: web.Application) -> None:
@@ -71,13 +89,15 @@ async def errors_middleware(request: web.Request, handler):
         status, message = e.status, _http_message(request, e)
     except ModelNotFoundError as e:
         status, message = 404, str(e)
-    except (InvalidNameError, MlxspecError, ValueError) as e:  # ValueError: OptionsError and kin
+    except MlxspecError as e:  # the caller's mistakes (InvalidNameError, OptionsError, PromptError ...)
         status, message = 400, str(e)
     except (ConnectionError, TimeoutError):
         raise
     except Exception as e:
         status, message = 500, error_message(e)
-    return web.json_response(_error_body(request, status, message), status=status)
+    # 503 is "busy, come back": tell clients when (both Ollama's and OpenAI's retry on it)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return web.json_response(_error_body(request, status, message), status=status, headers=headers)
 
 
 def _http_message(request: web.Request, e: web.HTTPException) -> str:
@@ -90,7 +110,16 @@ def _http_message(request: web.Request, e: web.HTTPException) -> str:
     return e.text or e.reason
 
 
-# -- CORS and auth -------------------------------------------------------------------------------
+# -- Host, CORS and auth -------------------------------------------------------------------------
+
+
+@web.middleware
+async def host_middleware(request: web.Request, handler):
+    settings = request.app[STATE].settings
+    host = request.headers.get("Host")
+    if not host_allowed(host, settings.host, settings.allowed_hosts):
+        raise ApiError(403, f"host {host!r} is not allowed: add its name to MLXSPEC_ALLOWED_HOSTS")
+    return await handler(request)
 
 
 def _origin_allowed(request: web.Request, origin: str) -> bool:
@@ -127,7 +156,8 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
 async def auth_middleware(request: web.Request, handler):
     key = request.app[STATE].settings.api_key
     if key and not (request.method == "HEAD" and request.path == "/"):
-        given = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+        # the scheme is case-insensitive (RFC 9110): 'bearer' and 'BEARER' are 'Bearer'
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <MLXSPEC_API_KEY>")
     return await handler(request)

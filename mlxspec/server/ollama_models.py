@@ -11,6 +11,7 @@ from aiohttp import web
 
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
+from .references import resolve_for_http
 from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State
 from .streams import ndjson
@@ -173,7 +174,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     for key in ("files", "adapters", "messages"):
         if body.get(key):
             raise ApiError(400, f"{key} is not supported: give 'from' a stored model, a directory, a .gguf file or a repo id")
-    manifest = await asyncio.to_thread(_created_manifest, state, body)
+    manifest = await asyncio.to_thread(_created_manifest, state, request, body)
     saved = await asyncio.to_thread(state.store.save, name, manifest)
     if not field(body, "stream", bool, True):
         return web.json_response({"status": "success"})
@@ -185,13 +186,18 @@ async def create(request: web.Request) -> web.StreamResponse:
     return await ndjson(request, statuses())
 
 
-def _created_manifest(state: State, body: dict) -> Manifest:
+def _reference(state: State, ref: str, what: str, trusted: bool) -> Manifest:
+    return resolve_for_http(state.store, ref, what, state.settings.model_dirs, trusted)
+
+
+def _created_manifest(state: State, request: web.Request, body: dict) -> Manifest:
     """A manifest from `from` (a stored or shipped model, else a reference) and the given fields."""
-    _, base = state.store.resolve(field(body, "from", str, required=True))
+    trusted = state.is_local_user(request)
+    base = _reference(state, field(body, "from", str, required=True), "from", trusted)
     keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system")
     changes = {k: v for k in keys if (v := field(body, k, str)) is not None}
     if "draft" in changes:
-        changes["draft"] = state.store.target_of(changes["draft"])
+        changes["draft"] = _reference(state, changes["draft"], "draft", trusted).target
         changes.setdefault("drafter", "draft-model")
     elif changes.get("drafter") not in (None, "draft-model"):
         changes["draft"] = None  # another drafter replaces the draft model

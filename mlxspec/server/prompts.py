@@ -91,12 +91,14 @@ def render(engine: Engine, template: str, messages: list[dict], **variables) -> 
 
 
 def _apply(engine: Engine, fn):
+    """Render a template; its failures are the caller's: the template (request or create) or the
+    messages it was given. Jinja passes Python's own errors through ({{ 1/0 }}, {{ prompt + 1 }})."""
     from jinja2 import TemplateError
 
     try:
         return fn()
-    except TemplateError as e:
-        raise ApiError(400, f"template error: {e}") from None
+    except (TemplateError, ArithmeticError, LookupError, TypeError) as e:
+        raise ApiError(400, f"template error: {type(e).__name__}: {e}") from None
 
 
 def check_messages(messages, openai: bool = False) -> list[dict]:

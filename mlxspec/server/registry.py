@@ -47,6 +47,8 @@ class Registry:
         self.mlx_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
         self.loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._room = asyncio.Lock()  # making room and reserving it happen as one step
+        self._loading = 0  # loads under way: they hold a slot before they appear in `loaded`
 
     async def run(self, fn, *args):
         """Run `fn(*args)` on the MLX thread."""
@@ -62,17 +64,26 @@ class Registry:
                 entry = None
             seconds = 0.0
             if entry is None:
-                await self._make_room()
-                start = time.perf_counter()
-                engine = await self.run(self.loader, manifest)
-                seconds = time.perf_counter() - start
-                entry = self.loaded[name] = Loaded(name, manifest, engine)
+                entry, seconds = await self._load(name, manifest)
             entry.active += 1
             entry.last_used = time.monotonic()
             if entry.timer:
                 entry.timer.cancel()
                 entry.timer = None
             return entry, seconds
+
+    async def _load(self, name: str, manifest: Manifest) -> tuple[Loaded, float]:
+        # Overlapping loads of different models would each see room and all load: reserve a slot first.
+        async with self._room:
+            await self._make_room()
+            self._loading += 1
+        try:
+            start = time.perf_counter()
+            engine = await self.run(self.loader, manifest)
+            entry = self.loaded[name] = Loaded(name, manifest, engine)
+            return entry, time.perf_counter() - start
+        finally:
+            self._loading -= 1
 
     def release(self, entry: Loaded, keep_alive: float | None) -> None:
         """A request is done with the model: keep it `keep_alive` seconds (0: unload, < 0: forever)."""
@@ -111,11 +122,11 @@ class Registry:
 
     async def _make_room(self) -> None:
         """Unload idle models, least recently used first, until one more fits."""
-        while len(self.loaded) >= self.max_loaded:
+        while len(self.loaded) + self._loading >= self.max_loaded:
             idle = [e for e in self.loaded.values() if not e.active]
             if not idle:
                 raise ApiError(
-                    503, f"all {len(self.loaded)} loaded models are busy (MLXSPEC_MAX_LOADED_MODELS={self.max_loaded})"
+                    503, f"all {self.max_loaded} model slots are busy or loading (MLXSPEC_MAX_LOADED_MODELS)"
                 )
             await self._unload(min(idle, key=lambda e: e.last_used))
 

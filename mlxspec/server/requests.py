@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 
 class ApiError(Exception):
@@ -18,17 +21,40 @@ class ApiError(Exception):
         self.message = message
 
 
+# What aiohttp can decompress; anything else would be read as if it were plain JSON.
+_ENCODINGS = ("", "identity", "gzip", "x-gzip", "deflate")
+
+
 async def read_json(request: web.Request) -> dict:
     """The body as a JSON object; an empty body is {} (GET-like POSTs such as /api/tags)."""
-    raw = await request.read()  # refuses bodies over client_max_size with 413
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding not in _ENCODINGS:
+        raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
+    try:
+        raw = await request.read()  # refuses bodies over client_max_size with 413
+    except web.HTTPException:
+        raise
+    except (RequestPayloadError, HttpProcessingError) as e:  # Content-Encoding: gzip on a body that is not
+        raise ApiError(400, f"the body is not valid {encoding or 'plain'} data ({type(e).__name__})") from None
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"invalid JSON body: {e}") from None
+    body = _parse(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
+    return body
+
+
+def _parse(raw: bytes) -> Any:
+    try:
+        body = json.loads(raw)
+        # A lone surrogate ("\ud800") is valid JSON but not text: tokenizers fail on it later.
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"invalid JSON body: {e}") from None
+    except UnicodeEncodeError:
+        raise ApiError(400, "invalid JSON body: a string holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
+    except RecursionError:
+        raise ApiError(400, "invalid JSON body: nested too deeply") from None
     return body
 
 
@@ -63,23 +89,36 @@ def model_field(body: dict) -> str:
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_BARE_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+")  # digits only: 'nan', 'inf', '1e400' are not durations
+# Go's time.Duration is int64 nanoseconds (~292 years); Ollama refuses longer durations, so do we.
+MAX_DURATION = (2**63 - 1) / 1e9
 
 
 def parse_duration(value: Any, what: str = "keep_alive") -> float:
-    """Seconds from a number (seconds) or a Go-style duration string ('5m', '1h30m', '-1')."""
+    """Seconds from a number (seconds) or a Go-style duration string ('5m', '1h30m', '300ms', '-1').
+
+    As Ollama: negative means forever, 0 unload now; NaN, infinities, overflow and garbage -> 400.
+    """
+    seconds = _duration_seconds(value)
+    if seconds is None or not math.isfinite(seconds) or abs(seconds) > MAX_DURATION:
+        raise ApiError(400, f"invalid {what} {repr(value)[:40]}: use seconds or a duration such as '5m', '1h30m', '-1'")
+    return seconds
+
+
+def _duration_seconds(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if value != value or value in (float("inf"), float("-inf")):
-            raise ApiError(400, f"invalid {what} {value!r}")
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
         try:
-            return sign * float(body)  # a bare number of seconds, as OLLAMA_KEEP_ALIVE allows
-        except ValueError:
-            pass
-        parts = _DURATION.findall(body)
-        if parts and "".join(n + u for n, u in parts) == body:
-            return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-    raise ApiError(400, f"invalid {what} {value!r}: use seconds or a duration such as '5m', '1h', '-1'")
+            return float(value)
+        except OverflowError:  # a JSON integer with hundreds of digits
+            return None
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text[1:] if text[:1] in "+-" else text
+    if _BARE_SECONDS.fullmatch(body):  # a bare number of seconds, as OLLAMA_KEEP_ALIVE allows
+        return sign * float(body)
+    parts = _DURATION.findall(body)
+    if parts and "".join(n + u for n, u in parts) == body:
+        return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    return None

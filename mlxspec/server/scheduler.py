@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Callable
 
 from ..engine import Engine, Event
-from ..errors import MlxspecError
+from ..errors import MlxspecError, PromptError
 from ..options import GenerateOptions
 from ..store import Manifest
 from .registry import Registry
@@ -101,7 +101,7 @@ class Scheduler:
             try:
                 await self._run(job)
             except Exception as e:  # every failure reaches the request that caused it
-                if not isinstance(e, (ApiError, MlxspecError, ValueError)):  # not the caller's doing
+                if not isinstance(e, (ApiError, MlxspecError)):  # not the caller's doing
                     log.exception("generation for %s failed", job.name)
                 job.put("error", e)
 
@@ -114,7 +114,7 @@ class Scheduler:
             try:
                 try:
                     first = await self.registry.run(next, gen, None)
-                except ValueError as e:  # the engine refuses an empty or too long prompt
+                except PromptError as e:  # the engine refuses an empty or too long prompt
                     raise ApiError(400, str(e)) from None
                 job.put("started")
                 event = first

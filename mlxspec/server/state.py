@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import hmac
 import os
+import secrets
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from aiohttp import web
 
+from ..client import parse_host
+from ..errors import MlxspecError
+from ..home import LOCAL_KEY_HEADER
 from ..store import Manifest, Store, canonical
 from .registry import Registry
 from .requests import ApiError, parse_duration
@@ -28,15 +34,24 @@ class Settings:
     max_body: int = 16 * 1024 * 1024  # bytes
     origins: list[str] = field(default_factory=lambda: list(DEFAULT_ORIGINS))
     api_key: str | None = None
+    host: str = "127.0.0.1"  # the address the daemon binds (MLXSPEC_HOST)
+    port: int = 11435
+    allowed_hosts: list[str] = field(default_factory=list)  # Host header names beyond loopback (patterns)
+    model_dirs: list[Path] = field(default_factory=list)  # where /api/create may take local paths from
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Settings":
-        """MLXSPEC_KEEP_ALIVE, MLXSPEC_MAX_LOADED_MODELS, MLXSPEC_MAX_QUEUE, MLXSPEC_MAX_BODY, MLXSPEC_ORIGINS, MLXSPEC_API_KEY."""
+        """MLXSPEC_HOST, MLXSPEC_KEEP_ALIVE, MLXSPEC_MAX_LOADED_MODELS, MLXSPEC_MAX_QUEUE, MLXSPEC_MAX_BODY,
+        MLXSPEC_ORIGINS, MLXSPEC_API_KEY, MLXSPEC_ALLOWED_HOSTS, MLXSPEC_MODEL_DIRS (README: Settings)."""
+        try:
+            _, host, port = parse_host(env.get("MLXSPEC_HOST", ""))
+        except MlxspecError as e:
+            raise ValueError(str(e)) from None
         try:
             keep_alive = parse_duration(env.get("MLXSPEC_KEEP_ALIVE", DEFAULT_KEEP_ALIVE), "MLXSPEC_KEEP_ALIVE")
         except ApiError as e:
             raise ValueError(e.message) from None
-        extra = [o.strip() for o in env.get("MLXSPEC_ORIGINS", "").split(",") if o.strip()]
+        extra = _list(env, "MLXSPEC_ORIGINS", ",")
         return cls(
             keep_alive=keep_alive,
             max_loaded=_positive(env, "MLXSPEC_MAX_LOADED_MODELS", 3),
@@ -44,7 +59,15 @@ class Settings:
             max_body=_positive(env, "MLXSPEC_MAX_BODY", 16 * 1024 * 1024),
             origins=DEFAULT_ORIGINS + extra,
             api_key=env.get("MLXSPEC_API_KEY") or None,
+            host=host,
+            port=port,
+            allowed_hosts=[h.lower() for h in _list(env, "MLXSPEC_ALLOWED_HOSTS", ",")],
+            model_dirs=[Path(d).expanduser().resolve() for d in _list(env, "MLXSPEC_MODEL_DIRS", os.pathsep)],
         )
+
+
+def _list(env, key: str, sep: str) -> list[str]:
+    return [item.strip() for item in env.get(key, "").split(sep) if item.strip()]
 
 
 def _positive(env, key: str, default: int) -> int:
@@ -62,6 +85,12 @@ class State:
         self.settings = settings
         self.registry = registry or Registry(settings.max_loaded, settings.keep_alive)
         self.scheduler = Scheduler(self.registry, settings.max_queue)
+        self.local_key = secrets.token_urlsafe(32)  # written to MLXSPEC_HOME/local.key at start-up
+
+    def is_local_user(self, request: web.Request) -> bool:
+        """The caller could read our local.key: the same user on this machine (see home.py)."""
+        given = request.headers.get(LOCAL_KEY_HEADER, "")
+        return hmac.compare_digest(given.encode(), self.local_key.encode())
 
     def manifest(self, name: str) -> tuple[str, Manifest]:
         """(canonical name, manifest) of a stored model; 400 for a bad name, 404 for a missing one."""

@@ -31,7 +31,7 @@ def error_message(e: BaseException) -> str:
     """The message a caller sees; internal failures are logged with their traceback."""
     if isinstance(e, ApiError):
         return e.message
-    if isinstance(e, (MlxspecError, ValueError)):
+    if isinstance(e, MlxspecError):
         return str(e)
     log.error("request failed", exc_info=e)
     return f"internal error: {type(e).__name__}: {e}"

@@ -50,7 +50,8 @@ def daemon(tiny_llama, base_model, fim_model, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("mlxspec-home"))
     populate(store, tiny_llama, base_model)
     store.save("coder", Manifest(target=str(fim_model), draft=str(fim_model)))
-    d = ThreadDaemon(store, Settings(max_loaded=3)).start()
+    # local paths over HTTP: allowed under the test's temporary directories only
+    d = ThreadDaemon(store, Settings(max_loaded=3, model_dirs=[tmp_path_factory.getbasetemp().resolve()])).start()
     yield d
     d.stop()
 

@@ -13,6 +13,7 @@ import pytest
 
 from api_helpers import instrument, post
 from daemon_harness import ThreadDaemon, wait_until
+from mlxspec.home import LOCAL_KEY_HEADER
 from mlxspec.server import Settings
 from mlxspec.server.registry import Registry
 from mlxspec.store import Manifest, Store, load_engine
@@ -59,7 +60,7 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/copy", {"source": "nothing", "destination": "x"}, 404, "not found"),
         ("/api/copy", {"source": "tiny", "destination": "a/b/c"}, 400, "invalid model name"),
         ("/api/create", {"model": "x"}, 400, "from is required"),
-        ("/api/create", {"model": "x", "from": "/no/such/dir"}, 404, "not found"),
+        ("/api/create", {"model": "x", "from": "/no/such/dir"}, 403, "MLXSPEC_MODEL_DIRS"),
         ("/api/create", {"model": "x", "from": "tiny", "quantize": "q5"}, 400, "unknown quantization"),
         ("/api/create", {"model": "x", "from": "tiny", "drafter": "magic"}, 400, "unknown drafter"),
         ("/api/create", {"model": "x", "from": "tiny", "parameters": {"nope": 1}}, 400, "unknown option"),
@@ -76,7 +77,7 @@ def test_bad_requests_get_clear_json_errors(daemon, path, body, status, words):
 
 def test_a_draft_with_another_tokenizer_is_refused(daemon, tiny_llama, stories):
     status, _ = post(daemon.url + "/api/create", {"model": "mismatch", "from": str(tiny_llama), "draft": str(stories),
-                                                  "stream": False})
+                                                  "stream": False}, headers={LOCAL_KEY_HEADER: daemon.state.local_key})
     assert status == 200
     status, body = post(daemon.url + "/api/generate", {"model": "mismatch", "prompt": "hi"})
     assert status == 400 and "tokenizer differs" in body["error"]
