@@ -68,6 +68,13 @@ inline void run_columns(int columns, const std::function<void(int, int)>& fn) {
   }
 }
 
+// Run fn(lane, y, z) for 32 lanes per (y, z) warp, one warp at a time: our kernels share nothing
+// between warps (no threadgroup memory, no barriers), so any order of warps is a valid schedule.
+inline void run_grid(int ys, int zs, const std::function<void(int, int, int)>& fn) {
+  for (int z = 0; z < zs; ++z)
+    run_columns(ys, [&](int l, int y) { fn(l, y, z); });
+}
+
 struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
   uint16_t bits;
   bf16() = default;
@@ -85,6 +92,8 @@ struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
 };
 }  // namespace emu
 
+struct uint4 { uint32_t x, y, z, w; };  // Metal's and CUDA's 16-byte vector (the qmm kernel's loads)
+
 // ---- Metal
 #define device
 #define constant
@@ -94,6 +103,7 @@ using bfloat16_t = emu::bf16;
 namespace metal {
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
 inline float max(float a, float b) { return std::fmax(a, b); }
+inline float exp(float a) { return std::exp(a); }
 }
 inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
   float s = 0.0f;
@@ -117,6 +127,7 @@ inline int simd_min(int v) {
   for (int w : emu::gather(v)) m = w < m ? w : m;
   return m;
 }
+inline float simd_shuffle(float v, unsigned short src) { return emu::exchange(v, int(src)); }
 inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1), in that order
   const auto all = emu::gather(v);
   float s = 0.0f;
@@ -136,6 +147,7 @@ using Shape = std::array<int32_t, 8>;
 using Strides = std::array<int64_t, 8>;
 inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
+inline float __shfl_sync(unsigned, float v, int src) { return emu::exchange(v, src); }
 inline float __shfl_up_sync(unsigned, float v, int delta) {  // lanes below delta keep their own value
   return emu::exchange(v, emu::lane >= delta ? emu::lane - delta : emu::lane);
 }
