@@ -98,6 +98,7 @@ struct uint4 { uint32_t x, y, z, w; };  // Metal's and CUDA's 16-byte vector (th
 #define device
 #define constant
 struct uint3 { unsigned x, y, z; };
+using ushort = unsigned short;
 using float16_t = _Float16;
 using bfloat16_t = emu::bf16;
 namespace metal {
