@@ -7,8 +7,9 @@
     status()                           # what is active and why (for `mlxspec doctor`)
 
 Files: reference.py (the pure-MLX definition and tolerance), cpu/ + build.py + cpu.py (the MLX C++
-extension, built on first use and cached), gpu_source.py + gpu.py (Metal and CUDA kernels through
-mx.fast), registry.py (per-device self-check), layers.py (the swap), attention.py (the attention
+extension, built on first use and cached), gpu_source.py + gpu.py (Metal and CUDA qmm and dense
+kernels through mx.fast; gpu_codegen.py spells the program MLX generates), gpu_attention_source.py +
+gpu_attention.py (Metal and CUDA few-row attention), registry.py (per-device self-check), layers.py (the swap), attention.py (the attention
 kernel's self-check and mlx-lm hook), pointwise.py (RMSNorm/RoPE/SwiGLU modules and hook), accept*.py (fused acceptance on a GPU: greedy and rejection
 sampling in one kernel; opt-in with MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
 """

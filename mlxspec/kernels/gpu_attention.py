@@ -3,7 +3,8 @@
     sdpa = metal_sdpa_function()   # or cuda_sdpa_function(); KernelUnavailable where there is no such GPU
     o = sdpa(q, k, v, scale, causal)   # q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV) -> (1, H, M, DV)
 
-Non-contiguous k / v (a view of a KV cache) are copied to contiguous first by mx.fast (its default
+Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
+not (the mask is a runtime value: one compiled kernel). Non-contiguous k / v (a view of a KV cache) are copied to contiguous first by mx.fast (its default
 ensure_row_contiguous); reading the cache in place through k_strides is left for later.
 """
 
@@ -41,7 +42,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         if b != 1 or h % hkv or dv > MAX_VALUE_DIM or not (q.dtype == k.dtype == v.dtype) or (causal and m > length):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} unsupported")
         nch, f32 = (length + CHUNK - 1) // CHUNK, mx.float32
-        pmax, psum, pacc = partial(inputs=[q, k, v, mx.array([scale], f32)], template=partial_template(q.dtype, causal),
+        pmax, psum, pacc = partial(inputs=[q, k, v, mx.array([scale, float(causal)], f32)], template=partial_template(q.dtype),
                                    grid=(32, h * m, nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])

@@ -13,7 +13,8 @@ Two kernels:
 Chunk boundaries are multiples of CHUNK from key 0 and each step depends only on the row's own key
 count, so row m of an M-row causal call computes exactly what a 1-row call over L - M + m + 1 keys
 computes: same chunks, same order in each, same combine order.
-Template: T (dtype), CAUSAL (0/1), CHUNK (multiple of 32; 256 in production, smaller in tests).
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests). The mask is a runtime
+value (params = [scale, causal]) so masked and unmasked calls run the very same compiled code.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from .gpu_codegen import cuda_function, cuda_program, metal_function
 
 PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
-PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "scale"], ["pmax", "psum", "pacc"]
+PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "pacc"]
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc"], ["o"]
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 value dims per lane
@@ -35,9 +36,10 @@ PARTIAL_CORE = """
   const int HKV = k_shape[1], L = k_shape[2], DV = v_shape[3];
   const int NCH = (L + CHUNK - 1) / CHUNK;
   const int h = hm / M, m = hm - h * M, hk = h / (H / HKV);
-  const int rows = CAUSAL ? L - M + m + 1 : L;  // keys this row sees: the same in a 1-row call over them
+  const float sc = params[0];
+  const bool causal = params[1] != 0.0f;
+  const int rows = causal ? L - M + m + 1 : L;  // keys this row sees: the same in a 1-row call over them
   const size_t slot = size_t(hm) * NCH + c;
-  const float sc = scale[0];
   float acc[8];  // value dims lane + 32 * i
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
@@ -146,8 +148,8 @@ BODIES = {  # (backend, kernel) -> body
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
-def partial_template(dtype, causal: bool, chunk: int = CHUNK) -> list[tuple]:
-    return [("T", dtype), ("CAUSAL", int(causal)), ("CHUNK", chunk)]
+def partial_template(dtype, chunk: int = CHUNK) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk)]
 
 
 def combine_template(dtype) -> list[tuple]:
@@ -158,20 +160,16 @@ def _kernels(dtype) -> dict:
     f32 = mx.float32
     return {
         "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
-                    {"q": dtype, "k": dtype, "v": dtype, "scale": f32}),
+                    {"q": dtype, "k": dtype, "v": dtype, "params": f32}),
         "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
     }
 
 
 def program(backend: str, dtype, chunk: int = CHUNK) -> tuple[dict, str]:
-    """({'partial0', 'partial1', 'combine'}: function names, one program with all three) as MLX writes them.
-
-    partial0 / partial1: non-causal / causal. For the emulator tests: one compile covers both masks.
-    """
+    """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "scale": 1, "pmax": 99, "psum": 99, "pacc": 99}  # scale: constant space
-    for label, kind, targs in (("partial0", "partial", partial_template(dtype, False, chunk)),
-                               ("partial1", "partial", partial_template(dtype, True, chunk)),
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 2, "pmax": 99, "psum": 99, "pacc": 99}  # params: constant space
+    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk)),
                                ("combine", "combine", combine_template(dtype))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]

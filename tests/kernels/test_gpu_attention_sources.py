@@ -4,7 +4,8 @@ As in test_gpu_sources.py: the program MLX would generate is compiled with g++ a
 per lane. Checked: causal and unmasked results within attention_within_tolerance; row i of a
 16-row causal launch == a 1-row launch over keys [: L - 16 + i + 1] (some rows cross a chunk
 boundary); rows of the unmasked launch == 1-row launches; a 7-row causal launch == the last 7 rows.
-CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks.
+CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
+calls are unmasked: one compiled kernel serves both masks (the mask is a runtime value).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ HARNESS = """
 using T = {T};
 constexpr int CH = {chunk};
 int H, HKV, D, DV;
-float scale;
+float params[2];  // scale, causal
 // q (H, M, D), k (HKV, L, D), v (HKV, L, DV) -> o (H, M, DV)
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, const std::vector<T>& v, int L,
                       bool causal) {{
+  params[1] = causal ? 1.0f : 0.0f;
   const int NCH = (L + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV);
   std::vector<T> o(size_t(HM) * DV);
@@ -56,7 +58,7 @@ int main(int argc, char** argv) {{
   auto q = load<T>(d + "/q", size_t(H) * M * D);
   auto k = load<T>(d + "/k", size_t(HKV) * L * D);
   auto v = load<T>(d + "/v", size_t(HKV) * L * DV);
-  scale = load<float>(d + "/scale", 1)[0];
+  params[0] = load<float>(d + "/scale", 1)[0];
   std::ofstream out(d + "/o", std::ios::binary);
   save(out, attend(q, M, k, v, L, true));
   save(out, attend(q, M, k, v, L, false));
@@ -70,14 +72,12 @@ int main(int argc, char** argv) {{
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] = {{1, HKV, L, DV}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  if (causal) {p1}<T, 1, CH>(q.data(), qs, k.data(), ks, v.data(), vs, &scale, pmax.data(), psum.data(), pacc.data(), at);
-  else {p0}<T, 0, CH>(q.data(), qs, k.data(), ks, v.data(), vs, &scale, pmax.data(), psum.data(), pacc.data(), at);"""
+  {p}<T, CH>(q.data(), qs, k.data(), ks, v.data(), vs, params, pmax.data(), psum.data(), pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T>(pmax.data(), psum.data(), pacc.data(), as, o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
-  if (causal) mlx::core::cu::{p1}(q.data(), qs, k.data(), ks, v.data(), vs, &scale, pmax.data(), psum.data(), pacc.data());
-  else mlx::core::cu::{p0}(q.data(), qs, k.data(), ks, v.data(), vs, &scale, pmax.data(), psum.data(), pacc.data());"""
+  mlx::core::cu::{p}(q.data(), qs, k.data(), ks, v.data(), vs, params, pmax.data(), psum.data(), pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, o.data());"""
@@ -86,7 +86,7 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
 def harness(backend: str, dtype) -> str:
     names, source = src.program(backend, dtype, CHUNK)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
-    fmt = dict(p0=names["partial0"], p1=names["partial1"], c=names["combine"])
+    fmt = dict(p=names["partial"], c=names["combine"])
     return HARNESS.format(source=source, T=C_TYPES[dtype], chunk=CHUNK, odd=ODD,
                           partial=partial.format(**fmt), combine=combine.format(**fmt))
 
