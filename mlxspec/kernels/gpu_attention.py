@@ -4,8 +4,8 @@
     o = sdpa(q, k, v, scale, causal)   # q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV) -> (1, H, M, DV)
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
-not (the mask is a runtime value: one compiled kernel). Non-contiguous k / v (a view of a KV cache) are copied to contiguous first by mx.fast (its default
-ensure_row_contiguous); reading the cache in place through k_strides is left for later.
+not (the mask is a runtime value: one compiled kernel). q, k and v are read in place through their strides (ensure_row_contiguous=False): a KV cache view
+costs no copy.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def cuda_sdpa_function() -> Callable[..., mx.array]:
 
 def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
-                   source=BODIES[(backend, "partial")], header=HEADERS[backend])
+                   source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
     combine = make(name=COMBINE_NAME, input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS,
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 

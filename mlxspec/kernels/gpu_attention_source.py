@@ -1,6 +1,7 @@
 """Row-invariant few-row attention for the GPU (flash-decoding), one source for Metal and CUDA.
 
-    q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV), H % HKV == 0, DV <= 256, all contiguous, dtype T
+    q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV), H % HKV == 0, DV <= 256, dtype T; any strides
+    (read through q/k/v_strides: a KV cache view is read in place)
     causal: row m sees keys [0, L - M + m + 1); else all L. Output (1, H, M, DV) in T.
 
 Two kernels:
@@ -48,9 +49,9 @@ PARTIAL_CORE = """
     const int t = base + lane;
     float s = -3.0e38f;
     if (t < rows) {
-      const size_t qr = size_t(hm) * D, kr = (size_t(hk) * L + t) * D;
+      const int64_t qr = h * q_strides[1] + m * q_strides[2], kr = hk * k_strides[1] + t * k_strides[2];
       float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot = FMA(float(q[qr + d]), float(k[kr + d]), dot);
+      for (int d = 0; d < D; ++d) dot = FMA(float(q[qr + d * q_strides[3]]), float(k[kr + d * k_strides[3]]), dot);
       s = dot * sc;
     }
     const float new_max = MAXF(run_max, lane_max(s));
@@ -63,10 +64,10 @@ PARTIAL_CORE = """
     for (int i = 0; i < 8; ++i) acc[i] *= corr;
     for (int j = 0; j < count; ++j) {
       const float pj = lane_shuffle(p, j);
-      const size_t vr = (size_t(hk) * L + base + j) * DV;
+      const int64_t vr = hk * v_strides[1] + (base + j) * v_strides[2];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + lane + 32 * i]), acc[i]);
+        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + (lane + 32 * i) * v_strides[3]]), acc[i]);
     }
   }
   if (lane == 0) { pmax[slot] = run_max; psum[slot] = run_sum; }

@@ -4,6 +4,8 @@ As in test_gpu_sources.py: the program MLX would generate is compiled with g++ a
 per lane. Checked: causal and unmasked results within attention_within_tolerance; row i of a
 16-row causal launch == a 1-row launch over keys [: L - 16 + i + 1] (some rows cross a chunk
 boundary); rows of the unmasked launch == 1-row launches; a 7-row causal launch == the last 7 rows.
+The M-row launches read k / v as a cache view (capacity L + 5 keys, strided), the 1-row launches
+over fewer keys read contiguous copies.
 CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
 calls are unmasked: one compiled kernel serves both masks (the mask is a runtime value).
 """
@@ -34,9 +36,9 @@ using T = {T};
 constexpr int CH = {chunk};
 int H, HKV, D, DV;
 float params[2];  // scale, causal
-// q (H, M, D), k (HKV, L, D), v (HKV, L, DV) -> o (H, M, DV)
+// q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, const std::vector<T>& v, int L,
-                      bool causal) {{
+                      int cap, bool causal) {{
   params[1] = causal ? 1.0f : 0.0f;
   const int NCH = (L + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV);
@@ -54,30 +56,35 @@ std::vector<T> rows(const std::vector<T>& q, int M, int r0, int n, int E) {{
 int main(int argc, char** argv) {{
   const std::string d = argv[1];
   H = std::atoi(argv[2]); HKV = std::atoi(argv[3]); D = std::atoi(argv[5]); DV = std::atoi(argv[6]);
-  const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), odd = {odd};
+  const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), cap = std::atoi(argv[8]), odd = {odd};
   auto q = load<T>(d + "/q", size_t(H) * M * D);
-  auto k = load<T>(d + "/k", size_t(HKV) * L * D);
-  auto v = load<T>(d + "/v", size_t(HKV) * L * DV);
+  auto k = load<T>(d + "/k", size_t(HKV) * cap * D);
+  auto v = load<T>(d + "/v", size_t(HKV) * cap * DV);
   params[0] = load<float>(d + "/scale", 1)[0];
   std::ofstream out(d + "/o", std::ios::binary);
-  save(out, attend(q, M, k, v, L, true));
-  save(out, attend(q, M, k, v, L, false));
+  save(out, attend(q, M, k, v, L, cap, true));
+  save(out, attend(q, M, k, v, L, cap, false));
   for (int i = 0; i < M; ++i) {{  // causal row i alone: an unmasked call over the keys it sees
     const int seen = L - M + i + 1;
-    save(out, attend(rows(q, M, i, 1, D), 1, rows(k, L, 0, seen, D), rows(v, L, 0, seen, DV), seen, false));
+    save(out, attend(rows(q, M, i, 1, D), 1, rows(k, cap, 0, seen, D), rows(v, cap, 0, seen, DV), seen, seen, false));
   }}
-  for (int i = 0; i < M; ++i) save(out, attend(rows(q, M, i, 1, D), 1, k, v, L, false));
-  save(out, attend(rows(q, M, M - odd, odd, D), odd, k, v, L, true));
+  for (int i = 0; i < M; ++i) save(out, attend(rows(q, M, i, 1, D), 1, k, v, L, cap, false));
+  save(out, attend(rows(q, M, M - odd, odd, D), odd, k, v, L, cap, true));
 }}
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] = {{1, HKV, L, DV}};
+  int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
+      vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH>(q.data(), qs, k.data(), ks, v.data(), vs, params, pmax.data(), psum.data(), pacc.data(), at);"""
+  {p}<T, CH>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T>(pmax.data(), psum.data(), pacc.data(), as, o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
+  Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
+      vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
-  mlx::core::cu::{p}(q.data(), qs, k.data(), ks, v.data(), vs, params, pmax.data(), psum.data(), pacc.data());"""
+  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(),
+                     pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, o.data());"""
@@ -106,11 +113,11 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     backend, dtype, h, hkv, d, dv, length = case
     kq, kk, kv = mx.random.split(mx.random.key(h * 7 + d), 3)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
-    k = mx.random.normal((1, hkv, length, d), key=kk).astype(dtype)
-    v = mx.random.normal((1, hkv, length, dv), key=kv).astype(dtype)
-    scale = d**-0.5
-    save(tmp_path, q=q, k=k, v=v, scale=mx.array([scale], mx.float32))
-    run(exes[(backend, dtype)], tmp_path, h, hkv, M, d, dv, length)
+    cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(dtype)  # a cache with room for 5 more
+    cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(dtype)
+    k, v, scale = cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5
+    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32))
+    run(exes[(backend, dtype)], tmp_path, h, hkv, M, d, dv, length, length + 5)
     raw = (tmp_path / "o").read_bytes()
     size = len(raw) // (4 * M + ODD)  # bytes of one row (H, DV)
 
