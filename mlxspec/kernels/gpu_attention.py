@@ -4,8 +4,8 @@
     o = sdpa(q, k, v, scale, causal)   # q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV) -> (1, H, M, DV)
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
-not (the mask is a runtime value: one compiled kernel). q, k and v are read in place through their strides (ensure_row_contiguous=False): a KV cache view
-costs no copy.
+not (the mask is a runtime value: one compiled kernel). q, k and v are read in place through their
+strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
 from __future__ import annotations
@@ -39,10 +39,12 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
         b, h, m, _ = q.shape
         hkv, length, dv = k.shape[1], k.shape[2], v.shape[3]
-        if b != 1 or h % hkv or dv > MAX_VALUE_DIM or not (q.dtype == k.dtype == v.dtype) or (causal and m > length):
+        same_dtype = q.dtype == k.dtype == v.dtype
+        if b != 1 or h % hkv or dv > MAX_VALUE_DIM or not same_dtype or length == 0 or (causal and m > length):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} unsupported")
         nch, f32 = (length + CHUNK - 1) // CHUNK, mx.float32
-        pmax, psum, pacc = partial(inputs=[q, k, v, mx.array([scale, float(causal)], f32)], template=partial_template(q.dtype),
+        params = mx.array([scale, float(causal)], f32)
+        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype),
                                    grid=(32, h * m, nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])

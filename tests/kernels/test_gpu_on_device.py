@@ -29,8 +29,8 @@ def kernels(backend: str):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n, k, group_size, bits, dtype", [(300, 1024, 64, 4, mx.float16), (130, 2048, 32, 8, mx.bfloat16),
-                                                           (64, 4096, 128, 4, mx.float16)])
+@pytest.mark.parametrize("n, k, group_size, bits, dtype",
+                         [(300, 1024, 64, 4, mx.float16), (130, 2048, 32, 8, mx.bfloat16), (64, 4096, 128, 4, mx.float16)])
 def test_qmm_on_device(backend, n, k, group_size, bits, dtype):
     assert self_check(kernels(backend)[0], n, k, group_size, bits, dtype) is None
 
