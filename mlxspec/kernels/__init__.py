@@ -7,11 +7,13 @@
 
 Files: registry.py (one record per kernel family and backend: load, self-check, status), install.py
 (the per-model entry), hooks.py (per-model routing of mlx-lm's module-level functions), timing.py
-(kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definition and
-tolerance), cpu/ + build.py + cpu.py (the MLX C++ extension, built on first use and cached),
-gpu_source.py + gpu.py (Metal and CUDA kernels through mx.fast), layers.py (quantized layer swap),
-attention.py (few-row attention), pointwise.py (RMSNorm/RoPE/SwiGLU), accept*.py (fused acceptance on
-a GPU; opt-in with MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
+(kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definitions and
+tolerances), cpu/ + build.py + cpu.py (the MLX C++ extension, built on first use and cached),
+gpu_source.py + gpu.py (Metal and CUDA qmm and dense kernels through mx.fast; gpu_codegen.py spells
+the program MLX generates), gpu_attention_source.py + gpu_attention.py (Metal and CUDA few-row
+attention), layers.py (quantized and dense layer swaps), attention.py (few-row attention),
+pointwise.py (RMSNorm/RoPE/SwiGLU), accept*.py (fused acceptance on a GPU; opt-in with
+MLXSPEC_FUSED_ACCEPT=1 until measured on a device).
 """
 
 from . import accept, attention, pointwise, registry

@@ -1,159 +1,206 @@
-"""The GPU kernel's source, shared by Metal (`mx.fast.metal_kernel`) and CUDA (`mx.fast.cuda_kernel`).
+"""Row-invariant few-row matmuls for the GPU, one source shared by Metal and CUDA (mx.fast.*_kernel).
 
-One simdgroup / warp of 32 lanes computes one output column n for all M <= 16 rows: lane l reads
-words l, l+32, ... of weight row n (coalesced), dequantizes each weight once and multiplies it into
-M accumulators; then a fixed 32-lane reduction. The per-(m, n) arithmetic does not depend on M.
+qmm: y (M, N) = x (M, K) @ dequant(w).T, w (N, K*BITS/32) uint32, scales/biases (N, K/G), M <= 16.
+dense: y (M, N) = x (M, K) @ w.T, w (N, K) float32/float16/bfloat16, M <= 16.
 
-    grid (32, N, 1), threadgroup (32, 8, 1); inputs x (M, K), w (N, K*BITS/32), scales, biases (N, K/G)
-    template: T (x), S (scales/biases), O (output), G (group size), BITS (4 or 8)
+One simdgroup / warp of 32 lanes computes COLS = 4 output columns for all M rows, so each x value
+it loads serves 4 columns and each weight it dequantizes serves M rows. A threadgroup holds 2 of them.
+  qmm: lane l owns K-blocks [k0, k0 + VPL) with k0 = l*VPL + i*32*VPL; VPL = 4 words (one 16-byte
+       load per column: 32 values at 4 bits, 16 at 8 bits), one scale/bias per (block, column).
+  dense: lane l owns k = l + 32*j (coalesced 2-4 byte loads).
+Per (m, n): FMA into acc[m][c] in a fixed k order, then a fixed 32-lane reduction; the loop over m
+never reorders additions, so row m's result does not depend on M (nor on the column's slot c).
+M = 1 (plain decoding) runs the very same code.
 
-Each backend adds a prologue (lane, n, M, K, N from its builtins; MLX detects the builtins it must
-pass by finding their names in the body) and a header (FMA, lane_sum). `metal_source` and
-`cuda_source` rebuild the full program exactly as MLX generates it, so the tests can compile and run
-it on the CPU under stand-in definitions of the builtins (tests/kernels/gpu_emulator.h).
+    grid (32, ceil(N / 4), 1), threadgroup (32, 2, 1)
+    qmm template: T (x), S (scales/biases), O (output), G (32/64/128), BITS (4 or 8); needs K % G == 0
+    dense template: T (x), W (weights), O (output); any K
+
+Each backend adds a prologue (lane, warp, shapes from its builtins; MLX passes the builtins whose
+names the body mentions) and a header (FMA, lane_sum, LOAD4). `metal_source` / `cuda_source` rebuild
+the full program as MLX generates it so tests compile and run it under tests/kernels/emulator.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+from .gpu_codegen import CUDA_NAMESPACE, CUDA_PREAMBLE, CUDA_TYPES, METAL_TYPES, cuda_function, cuda_params
+from .gpu_codegen import cuda_program, metal_function, metal_input_names, metal_params
+
+# older names, imported by accept_source.py
+_METAL_TYPES, _CUDA_TYPES = METAL_TYPES, CUDA_TYPES
+__all__ = ["CUDA_NAMESPACE", "CUDA_PREAMBLE", "cuda_params", "metal_input_names", "metal_params"]
+
 NAME = "mlxspec_qmm_rows"
+DENSE_NAME = "mlxspec_dense_rows"
 MAX_ROWS = 16  # rows per launch; more rows run as several launches
-THREADGROUP = (32, 8, 1)  # 8 columns (simdgroups/warps) per threadgroup
+COLS = 4  # output columns per simdgroup / warp
+THREADGROUP = (32, 2, 1)  # 2 simdgroups / warps per threadgroup
 INPUTS = ["x", "w", "scales", "biases"]
+DENSE_INPUTS = ["x", "w"]
 OUTPUTS = ["y"]
 
-CORE = """
-  if (n >= N) return;  // n is the same for the 32 lanes of a simdgroup: they leave together
-  const int PER = 32 / BITS;  // values per uint32 word
-  const int WORDS = K / PER;
-  const int GROUPS = K / G;
-  float acc[16];
-  for (int m = 0; m < 16; ++m) acc[m] = 0.0f;
-  for (int wi = lane; wi < WORDS; wi += 32) {
-    const uint32_t word = w[n * WORDS + wi];
-    const int k0 = wi * PER;
-    const float s = float(scales[n * GROUPS + k0 / G]);
-    const float b = float(biases[n * GROUPS + k0 / G]);
-    for (int j = 0; j < PER; ++j) {
-      const float wv = FMA(float((word >> (BITS * j)) & ((1u << BITS) - 1u)), s, b);
-      for (int m = 0; m < 16; ++m)
-        if (m < M) acc[m] = FMA(float(x[m * K + k0 + j]), wv, acc[m]);
+QMM_CORE = """
+  constexpr int COLS = 4;
+  constexpr int PER = 32 / BITS;  // values per uint32 word
+  constexpr int VPL = 4 * PER;    // values per lane per block: 4 words, one 16-byte load
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const int WORDS = K / PER, GROUPS = K / G;
+  const int n0 = warp * COLS;
+  if (n0 >= N) return;  // uniform over the warp
+  float acc[16][COLS];
+#pragma unroll
+  for (int m = 0; m < 16; ++m)
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
+  for (int k0 = lane * VPL; k0 < K; k0 += 32 * VPL) {  // K % 32 == 0 (G | K): blocks are whole
+    uint4 q[COLS];
+    float s[COLS], b[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+      const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
+      q[c] = LOAD4(w + size_t(n) * WORDS + k0 / PER);
+      s[c] = float(scales[size_t(n) * GROUPS + k0 / G]);  // VPL divides G: one group per block
+      b[c] = float(biases[size_t(n) * GROUPS + k0 / G]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float wv[COLS][PER];  // dequantized once, used by every row
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        const uint32_t word = i == 0 ? q[c].x : i == 1 ? q[c].y : i == 2 ? q[c].z : q[c].w;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) wv[c][j] = FMA(float((word >> (BITS * j)) & MASK), s[c], b[c]);
+      }
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        if (m < M) {
+#pragma unroll
+          for (int j = 0; j < PER; ++j) {
+            const float xv = float(x[size_t(m) * K + k0 + i * PER + j]);
+#pragma unroll
+            for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c][j], acc[m][c]);
+          }
+        }
+      }
     }
   }
+"""
+
+DENSE_CORE = """
+  constexpr int COLS = 4;
+  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const int n0 = warp * COLS;
+  if (n0 >= N) return;  // uniform over the warp
+  float acc[16][COLS];
+#pragma unroll
+  for (int m = 0; m < 16; ++m)
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
+  for (int k = lane; k < K; k += 32) {  // consecutive lanes, consecutive k: coalesced
+    float wv[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+      const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
+      wv[c] = float(w[size_t(n) * K + k]);
+    }
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+      if (m < M) {
+        const float xv = float(x[size_t(m) * K + k]);
+#pragma unroll
+        for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c], acc[m][c]);
+      }
+    }
+  }
+"""
+
+STORE = """
+#pragma unroll
   for (int m = 0; m < 16; ++m) {
-    if (m < M) {  // uniform over the simdgroup: every lane takes part in lane_sum
-      const float total = lane_sum(acc[m]);
-      if (lane == 0) y[m * N + n] = static_cast<O>(total);
+    if (m < M) {  // uniform over the warp: every lane takes part in lane_sum
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        const float total = lane_sum(acc[m][c]);
+        if (lane == c && n0 + c < N) y[size_t(m) * N + n0 + c] = static_cast<O>(total);
+      }
     }
   }
 """
 
 METAL_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
-  const int n = int(thread_position_in_grid.y);
-  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const int warp = int(thread_position_in_grid.y);
 """
 METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
+#define LOAD4(p) (*((const device uint4*)(p)))
 inline float lane_sum(float v) { return simd_sum(v); }
 """
 
 CUDA_PROLOGUE = """
   const int lane = int(threadIdx.x);
-  const int n = int(blockIdx.y * blockDim.y + threadIdx.y);
-  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const int warp = int(blockIdx.y * blockDim.y + threadIdx.y);
 """
 CUDA_HEADER = """
 #define FMA(a, b, c) fmaf(a, b, c)
-__device__ inline float lane_sum(float v) {
+#define LOAD4(p) (*((const uint4*)(p)))
+__device__ inline float lane_sum(float v) {  // xor butterfly: fixed order, every lane gets the same bits
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 """
 
-METAL_BODY = METAL_PROLOGUE + CORE
-CUDA_BODY = CUDA_PROLOGUE + CORE
-
-_METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.uint32: "uint32_t",
-                mx.int32: "int32_t"}
-_CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.uint32: "uint32_t",
-               mx.int32: "int32_t"}
-CUDA_PREAMBLE = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
-                 "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
-CUDA_NAMESPACE = "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
-_METAL_ATTRIBUTES = {"thread_position_in_grid": "uint3"}  # the builtins the body uses
+METAL_BODY = METAL_PROLOGUE + QMM_CORE + STORE
+CUDA_BODY = CUDA_PROLOGUE + QMM_CORE + STORE
+METAL_DENSE_BODY = METAL_PROLOGUE + DENSE_CORE + STORE
+CUDA_DENSE_BODY = CUDA_PROLOGUE + DENSE_CORE + STORE
 
 
 def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -> list[tuple]:
     return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits)]
 
 
-def _uses(body: str, name: str) -> bool:
-    return name in body
+def dense_template_args(x_dtype, w_dtype, out_dtype) -> list[tuple]:
+    return [("T", x_dtype), ("W", w_dtype), ("O", out_dtype)]
 
 
-def metal_input_names(inputs, dtypes: dict, sizes: dict[str, int]) -> str:
-    """The part of MLX's kernel name that spells each input's type (+ 'c' when in constant space)."""
-    return "".join(f"_{_METAL_TYPES[dtypes[i]]}" + ("c" if sizes[i] < 8 else "") for i in inputs)
+def _qmm(x_dtype, scale_dtype, out_dtype):
+    return ((NAME, INPUTS, OUTPUTS, [out_dtype]),
+            {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype})
 
 
-def metal_params(inputs, dtypes: dict, sizes: dict[str, int], body: str) -> tuple[list[str], int]:
-    """MLX's Metal parameter list for the inputs (with the _shape/_strides/_ndim the body uses); next buffer."""
-    params, index = [], 0
-    for i in inputs:
-        space = "constant" if sizes[i] < 8 else "device"  # MLX: inputs of < 8 elements go to constant space
-        params.append(f"  const {space} {_METAL_TYPES[dtypes[i]]}* {i} [[buffer({index})]]")
-        index += 1
-        for suffix, ctype in (("_shape", "int*"), ("_strides", "int64_t*"), ("_ndim", "int&")):
-            if _uses(body, i + suffix):
-                params.append(f"  const constant {ctype} {i}{suffix} [[buffer({index})]]")
-                index += 1
-    return params, index
-
-
-def cuda_params(inputs, dtypes: dict, body: str) -> list[str]:
-    """MLX's CUDA parameter list for the inputs (with the _shape/_strides/_ndim the body uses)."""
-    params = []
-    for i in inputs:
-        params.append(f"    const {_CUDA_TYPES[dtypes[i]]}* {i}")
-        for suffix, ctype in (("_shape", "Shape"), ("_strides", "Strides"), ("_ndim", "int")):
-            if _uses(body, i + suffix):
-                params.append(f"    const __grid_constant__ {ctype} {i}{suffix}")
-    return params
+def _dense(x_dtype, w_dtype, out_dtype):
+    return (DENSE_NAME, DENSE_INPUTS, OUTPUTS, [out_dtype]), {"x": x_dtype, "w": w_dtype}
 
 
 def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int]) -> tuple[str, str]:
-    """(function name, full Metal source) as mx.fast.metal_kernel would generate it (minus MLX's utils).
-
-    `sizes` maps input names to element counts: MLX puts inputs of fewer than 8 elements in the
-    constant address space.
-    """
+    """(function name, full Metal qmm source) as mx.fast.metal_kernel would generate it (minus MLX's utils)."""
+    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype)
     targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits)
-    dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
-    tdef = "<" + ", ".join(_METAL_TYPES[v] if isinstance(v, mx.Dtype) else str(v) for _, v in targs) + ">"
-    name = f"custom_kernel_{NAME}__" + tdef.strip("<>").replace(", ", "_")  # MLX: "_" + "<a, b>" with <, >, ", " -> "_"
-    name += metal_input_names(INPUTS, dtypes, sizes) + f"_{_METAL_TYPES[out_dtype]}"
-    params, index = metal_params(INPUTS, dtypes, sizes, METAL_BODY)
-    params.append(f"  device {_METAL_TYPES[out_dtype]}* y [[buffer({index})]]")
-    params += [f"  {t} {a} [[{a}]]" for a, t in _METAL_ATTRIBUTES.items() if _uses(METAL_BODY, a)]
-    kinds = ", ".join(("typename " if isinstance(v, mx.Dtype) else "int ") + k for k, v in targs)
-    src = (METAL_HEADER + f"template <{kinds}>\n[[kernel]] void {name}(\n" + ",\n".join(params) + ") {\n"
-           + METAL_BODY + "\n}\n")
-    src += f'\ntemplate [[host_name("{name}")]] [[kernel]] decltype({name}{tdef}) {name}{tdef};\n'
-    return name, src
+    name, text = metal_function(kernel, dtypes, sizes, targs, METAL_BODY)
+    return name, METAL_HEADER + text
 
 
 def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -> tuple[str, str]:
-    """(function name, full CUDA source) as mx.fast.cuda_kernel would generate it."""
-    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits)
-    dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
-    name = f"custom_kernel_{NAME}" + "".join(
-        f"_{_METAL_TYPES[v]}" if isinstance(v, mx.Dtype) else f"_{v}" for _, v in targs)
-    params = cuda_params(INPUTS, dtypes, CUDA_BODY) + [f"    {_CUDA_TYPES[out_dtype]}* y"]
-    consts = "".join(f"  using {k} = {_CUDA_TYPES[v]};\n" if isinstance(v, mx.Dtype) else f"  constexpr int {k} = {v};\n"
-                     for k, v in targs)
-    src = (CUDA_PREAMBLE + CUDA_HEADER + CUDA_NAMESPACE
-           + f"__global__ void {name}(\n" + ",\n".join(params) + ") {\n" + consts + "\n" + CUDA_BODY
-           + "\n}\n\n} // namespace mlx::core::cu\n")
-    return name, src
+    """(function name, full CUDA qmm source) as mx.fast.cuda_kernel would generate it."""
+    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype)
+    name, text = cuda_function(kernel, dtypes, template_args(x_dtype, scale_dtype, out_dtype, group_size, bits),
+                               CUDA_BODY)
+    return name, cuda_program(CUDA_HEADER, [text])
+
+
+def metal_dense_source(x_dtype, w_dtype, out_dtype) -> tuple[str, str]:
+    kernel, dtypes = _dense(x_dtype, w_dtype, out_dtype)
+    sizes = dict.fromkeys(DENSE_INPUTS, 1 << 20)
+    name, text = metal_function(kernel, dtypes, sizes, dense_template_args(x_dtype, w_dtype, out_dtype),
+                                METAL_DENSE_BODY)
+    return name, METAL_HEADER + text
+
+
+def cuda_dense_source(x_dtype, w_dtype, out_dtype) -> tuple[str, str]:
+    kernel, dtypes = _dense(x_dtype, w_dtype, out_dtype)
+    name, text = cuda_function(kernel, dtypes, dense_template_args(x_dtype, w_dtype, out_dtype), CUDA_DENSE_BODY)
+    return name, cuda_program(CUDA_HEADER, [text])

@@ -56,3 +56,17 @@ def random_quantized(n: int, k: int, group_size: int, bits: int, dtype=mx.float1
     scales = (mx.random.uniform(0.5, 1.5, (n, k // group_size), key=k2) * (0.02 / 2**bits)).astype(dtype)
     biases = (mx.random.normal((n, k // group_size), key=k3) * 0.01).astype(dtype)
     return w, scales, biases
+
+
+def dense_reference(x: mx.array, w: mx.array) -> mx.array:
+    """x @ w.T computed in float32, in the dtype MLX's matmul would return: the dense kernels' definition."""
+    return (x.astype(mx.float32) @ w.astype(mx.float32).T).astype(output_dtype(x.dtype, w.dtype))
+
+
+def dense_within_tolerance(y: mx.array, x: mx.array, w: mx.array) -> tuple[bool, float]:
+    """(ok, worst error as a fraction of the allowed error), with qmm's tolerance rule (ACC_TOL, EPS)."""
+    ref = dense_reference(x, w).astype(mx.float32)
+    mag = mx.abs(x.astype(mx.float32)) @ mx.abs(w.astype(mx.float32)).T
+    allowed = ACC_TOL * mag + EPS[y.dtype] * mx.abs(ref) + 1e-30
+    ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
+    return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)

@@ -1,132 +1,155 @@
-"""The Metal and CUDA kernels, checked as far as a Linux CPU allows.
+"""The Metal and CUDA qmm / dense kernels, checked as far as a Linux CPU allows.
 
 No GPU here, so the full program MLX would generate (signature, template, body; gpu_source.py) is
 compiled with g++ under stand-ins for the GPU builtins (emulator/gpu_emulator.h) and run with one
 thread per lane. That checks the syntax we share with C++ and the kernel's arithmetic: results
-within the reference tolerance, and each row of an M-row launch bit-identical to a 1-row launch.
-On a real device the registry's self-check repeats the comparison before any layer uses the kernel.
+within the reference tolerance, and each row of a 16-row and of a 7-row launch bit-identical to a
+1-row launch. On a real device the registry's self-check repeats the comparison.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-from pathlib import Path
-
 import mlx.core as mx
-import numpy as np
 import pytest
 
+from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
 from mlxspec.kernels import gpu_source
-from mlxspec.kernels.reference import output_dtype, within_tolerance
+from mlxspec.kernels.reference import dense_within_tolerance, output_dtype, within_tolerance
 
-EMULATOR = Path(__file__).parent / "emulator"
-CXX = shutil.which("g++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
-CASES = [  # (backend, x dtype, scales dtype, group size, bits)
+QMM_CASES = [  # (backend, x dtype, scales dtype, group size, bits)
     ("metal", mx.float32, mx.float16, 32, 4),
     ("metal", mx.float16, mx.float16, 64, 8),
-    ("cuda", mx.bfloat16, mx.bfloat16, 32, 4),
-    ("cuda", mx.float32, mx.float32, 64, 4),
+    ("cuda", mx.bfloat16, mx.bfloat16, 128, 4),
+    ("cuda", mx.float16, mx.float32, 128, 8),
 ]
-C_TYPES = {mx.float32: "float", mx.float16: "_Float16", mx.bfloat16: "emu::bf16"}
-NP_TYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.uint32: np.uint32}
+DENSE_CASES = [  # (backend, x dtype, w dtype)
+    ("metal", mx.float16, mx.float16),
+    ("metal", mx.float32, mx.bfloat16),
+    ("cuda", mx.bfloat16, mx.bfloat16),
+]
+M, ODD = 16, (9, 7)  # a 16-row launch, each row alone, and rows [9, 16) as one 7-row launch
+N = 11  # not a multiple of COLS: the last warp has duplicate columns
+K_QMM, K_DENSE = 1280, 300  # 4-bit: 1.25 blocks of 1024 (8-bit: 2.5 of 512); dense: a partial k sweep
 
 HARNESS = """
-#include <cstdio>
-#include <fstream>
 {source}
-using T = {T}; using S = {S}; using O = {O};
-template <typename V> std::vector<V> load(const char* path, size_t n) {{
-  std::vector<V> v(n); std::ifstream(path, std::ios::binary).read((char*)v.data(), n * sizeof(V)); return v;
-}}
-// y (M, N) for x rows [r0, r0 + M)
-std::vector<O> launch(const T* x, int M, const uint32_t* w, const S* s, const S* b, int N, int K) {{
+using T = {T}; using WT = {W}; using O = {O};
+std::vector<O> launch(const T* x, int M, {wparams}, int N, int K) {{
   std::vector<O> y(size_t(M) * N);
-  emu::run_columns(N, [&](int lane, int n) {{ {call} }});
+  emu::run_grid((N + 3) / 4, 1, [&](int lane, int warp, int) {{ {call} }});
   return y;
 }}
 int main(int argc, char** argv) {{
-  int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]), G = {G}, BITS_ = {BITS};
-  std::string d = argv[1];
-  auto x = load<T>((d + "/x").c_str(), size_t(M) * K);
-  auto w = load<uint32_t>((d + "/w").c_str(), size_t(N) * K * BITS_ / 32);
-  auto s = load<S>((d + "/s").c_str(), size_t(N) * K / G);
-  auto b = load<S>((d + "/b").c_str(), size_t(N) * K / G);
+  const std::string d = argv[1];
+  const int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]), r0 = {r0}, odd = {odd};
+  auto x = load<T>(d + "/x", size_t(M) * K);
+  {wload}
   std::ofstream out(d + "/y", std::ios::binary);
-  auto all = launch(x.data(), M, w.data(), s.data(), b.data(), N, K);
-  out.write((const char*)all.data(), all.size() * sizeof(O));
-  for (int r = 0; r < M; ++r) {{  // each row alone
-    auto one = launch(x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K);
-    out.write((const char*)one.data(), one.size() * sizeof(O));
-  }}
+  save(out, launch(x.data(), M, {wargs}, N, K));
+  for (int r = 0; r < M; ++r) save(out, launch(x.data() + size_t(r) * K, 1, {wargs}, N, K));
+  save(out, launch(x.data() + size_t(r0) * K, odd, {wargs}, N, K));
 }}
 """
-METAL_CALL = """int xs[2] = {{M, K}}, ws[2] = {{N, K * {BITS} / 32}};
-  {name}<T, S, O, {G}, {BITS}>(x, xs, w, ws, s, b, y.data(), uint3{{unsigned(lane), unsigned(n), 0}});"""
-CUDA_CALL = """Shape xs{{M, K}}, ws{{N, K * {BITS} / 32}};
-  threadIdx = dim3{{unsigned(lane), unsigned(n % 8), 0}};
-  blockIdx = dim3{{0, unsigned(n / 8), 0}}; blockDim = dim3{{32, 8, 1}};
-  mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data());"""
+QMM_W = dict(wparams="const uint32_t* w, const WT* s, const WT* b",
+             wload="""auto w = load<uint32_t>(d + "/w", size_t(N) * K * {BITS} / 32);
+  auto s = load<WT>(d + "/s", size_t(N) * K / {G}); auto b = load<WT>(d + "/b", size_t(N) * K / {G});""",
+             wargs="w.data(), s.data(), b.data()", shapes="N, K * {BITS} / 32", inputs="x, xs, w, ws, s, b")
+DENSE_W = dict(wparams="const WT* w", wload="""auto w = load<WT>(d + "/w", size_t(N) * K);""",
+               wargs="w.data()", shapes="N, K", inputs="x, xs, w, ws")
+METAL_CALL = """int xs[2] = {{M, K}}, ws[2] = {{{shapes}}};
+  {name}<{targs}>({inputs}, y.data(), uint3{{unsigned(lane), unsigned(warp), 0}});"""
+CUDA_CALL = """Shape xs{{M, K}}, ws{{{shapes}}};
+  threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
+  blockIdx = dim3{{0, unsigned(warp / 2), 0}}; blockDim = dim3{{32, 2, 1}};
+  mlx::core::cu::{name}({inputs}, y.data());"""
 
 
-def build_harness(tmp: Path, backend: str, x_dtype, s_dtype, group_size: int, bits: int) -> Path:
-    out_dtype = output_dtype(x_dtype, s_dtype)
+def harness(backend: str, name: str, source: str, targs: str, parts: dict, x_dtype, w_dtype, out_dtype, **fmt) -> str:
+    call = (METAL_CALL if backend == "metal" else CUDA_CALL).format(
+        name=name, targs=targs, inputs=parts["inputs"], shapes=parts["shapes"].format(**fmt))
+    return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[w_dtype], O=C_TYPES[out_dtype], call=call,
+                          wparams=parts["wparams"], wload=parts["wload"].format(**fmt), wargs=parts["wargs"],
+                          r0=ODD[0], odd=ODD[1])
+
+
+def qmm_code(backend, x_dtype, s_dtype, group_size, bits) -> str:
+    out = output_dtype(x_dtype, s_dtype)
     if backend == "metal":
-        name, source = gpu_source.metal_source(x_dtype, s_dtype, out_dtype, group_size, bits,
+        name, source = gpu_source.metal_source(x_dtype, s_dtype, out, group_size, bits,
                                                dict.fromkeys(gpu_source.INPUTS, 1 << 20))
-        call = METAL_CALL.format(name=name, G=group_size, BITS=bits)
     else:
-        name, source = gpu_source.cuda_source(x_dtype, s_dtype, out_dtype, group_size, bits)
-        call = CUDA_CALL.format(name=name, BITS=bits)
-    code = HARNESS.format(source=source, T=C_TYPES[x_dtype], S=C_TYPES[s_dtype], O=C_TYPES[out_dtype],
-                          G=group_size, BITS=bits, call=call)
-    (tmp / "harness.cpp").write_text(code)
-    exe = tmp / "harness"
-    cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
-           "-Wno-unused-local-typedefs", "-pthread",  # MLX declares every template argument; we use some
-           "-include", str(EMULATOR / "gpu_emulator.h"), "-I", str(EMULATOR / "include"),
-           str(tmp / "harness.cpp"), "-o", str(exe)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    assert proc.returncode == 0, f"generated {backend} source does not compile:\n{proc.stderr[-3000:]}"
-    return exe
+        name, source = gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits)
+    return harness(backend, name, source, f"T, WT, O, {group_size}, {bits}", QMM_W, x_dtype, s_dtype, out,
+                   G=group_size, BITS=bits)
 
 
-def to_np(a: mx.array) -> np.ndarray:
-    return np.array(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)
+def dense_code(backend, x_dtype, w_dtype) -> str:
+    out = output_dtype(x_dtype, w_dtype)
+    source_fn = gpu_source.metal_dense_source if backend == "metal" else gpu_source.cuda_dense_source
+    name, source = source_fn(x_dtype, w_dtype, out)
+    return harness(backend, name, source, "T, WT, O", DENSE_W, x_dtype, w_dtype, out)
 
 
-def from_np(raw: bytes, dtype, shape) -> mx.array:
-    a = mx.array(np.frombuffer(raw, dtype=NP_TYPES[dtype]).reshape(shape))
-    return a.view(mx.bfloat16) if dtype == mx.bfloat16 else a
+@pytest.fixture(scope="module")
+def exes() -> dict:
+    codes = {("qmm",) + c: qmm_code(*c) for c in QMM_CASES} | {("dense",) + c: dense_code(*c) for c in DENSE_CASES}
+    return dict(zip(codes, build_all(list(codes.values()))))
 
 
-@pytest.mark.parametrize("backend, x_dtype, s_dtype, group_size, bits", CASES,
-                         ids=[f"{c[0]}-{c[1]}-g{c[3]}-{c[4]}bit".replace("mlx.core.", "") for c in CASES])
-def test_generated_source_compiles_and_matches_reference(tmp_path, backend, x_dtype, s_dtype, group_size, bits):
-    m, n, k = 5, 11, 8 * group_size  # 8 groups: every lane gets words, some several
-    exe = build_harness(tmp_path, backend, x_dtype, s_dtype, group_size, bits)
-    w, s, b = mx.quantize(mx.random.normal((n, k), key=mx.random.key(0)).astype(s_dtype), group_size=group_size, bits=bits)
-    x = mx.random.normal((m, k), key=mx.random.key(1)).astype(x_dtype)
-    for name, a in (("x", x), ("w", w), ("s", s), ("b", b)):
-        to_np(a).tofile(tmp_path / name)
-    subprocess.run([str(exe), str(tmp_path), str(m), str(n), str(k)], check=True, timeout=60)
-    out_dtype = output_dtype(x_dtype, s_dtype)
-    raw = (tmp_path / "y").read_bytes()
-    half = len(raw) // 2
-    y, rows = from_np(raw[:half], out_dtype, (m, n)), from_np(raw[half:], out_dtype, (m, n))
+def split_outputs(raw: bytes, out_dtype, n: int):
+    """(16-row launch, the 16 one-row launches stacked, the 7-row launch) from the harness's output file."""
+    size = len(raw) // (2 * M + ODD[1])
+    whole, rows = raw[: M * size], raw[M * size : 2 * M * size]
+    return (from_np(whole, out_dtype, (M, n)), from_np(rows, out_dtype, (M, n)),
+            from_np(raw[2 * M * size :], out_dtype, (ODD[1], n)))
+
+
+def check_rows(label: str, y, rows, odd) -> None:
+    assert mx.array_equal(y, rows).item(), f"{label}: rows of a {M}-row launch differ from 1-row launches"
+    assert mx.array_equal(odd, rows[ODD[0]:]).item(), f"{label}: rows of a {ODD[1]}-row launch differ"
+
+
+def case_id(case) -> str:
+    return "-".join(str(v) for v in case).replace("mlx.core.", "")
+
+
+@pytest.mark.parametrize("case", QMM_CASES, ids=[case_id(c) for c in QMM_CASES])
+def test_qmm_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+    backend, x_dtype, s_dtype, group_size, bits = case
+    w, s, b = mx.quantize(mx.random.normal((N, K_QMM), key=mx.random.key(0)).astype(s_dtype),
+                          group_size=group_size, bits=bits)
+    x = mx.random.normal((M, K_QMM), key=mx.random.key(1)).astype(x_dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b)
+    run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
+    y, rows, odd = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, s_dtype), N)
     ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
-    assert ok, f"{backend}: error {ratio:.3g}x the tolerance"
-    assert mx.array_equal(y, rows).item(), f"{backend}: rows of a {m}-row launch differ from 1-row launches"
+    assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
+    check_rows(case_id(case), y, rows, odd)
+
+
+@pytest.mark.parametrize("case", DENSE_CASES, ids=[case_id(c) for c in DENSE_CASES])
+def test_dense_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+    backend, x_dtype, w_dtype = case
+    w = mx.random.normal((N, K_DENSE), key=mx.random.key(2)).astype(w_dtype)
+    x = mx.random.normal((M, K_DENSE), key=mx.random.key(3)).astype(x_dtype)
+    save(tmp_path, x=x, w=w)
+    run(exes[("dense",) + case], tmp_path, M, N, K_DENSE)
+    y, rows, odd = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, w_dtype), N)
+    ok, ratio = dense_within_tolerance(y, x, w)
+    assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
+    check_rows(case_id(case), y, rows, odd)
 
 
 def test_sources_name_only_builtins_their_backend_has():
     """MLX passes builtins it finds by name in the body: each body must use its own backend's."""
-    assert "thread_position_in_grid" in gpu_source.METAL_BODY and "threadIdx" not in gpu_source.METAL_BODY
-    assert "threadIdx" in gpu_source.CUDA_BODY and "thread_position_in_grid" not in gpu_source.CUDA_BODY
-    for body in (gpu_source.METAL_BODY, gpu_source.CUDA_BODY):
-        assert "x_shape" in body and "w_shape" in body and "scales_shape" not in body
+    for metal, cuda in ((gpu_source.METAL_BODY, gpu_source.CUDA_BODY),
+                        (gpu_source.METAL_DENSE_BODY, gpu_source.CUDA_DENSE_BODY)):
+        assert "thread_position_in_grid" in metal and "threadIdx" not in metal
+        assert "threadIdx" in cuda and "thread_position_in_grid" not in cuda
+        for body in (metal, cuda):
+            assert "x_shape" in body and "w_shape" in body and "scales_shape" not in body
 
 
 @pytest.mark.skipif(not mx.metal.is_available(), reason="no Metal device")

@@ -1,71 +1,120 @@
-// Stand-ins for the Metal and CUDA builtins our GPU kernel uses, so the source MLX would generate
-// compiles as C++ and runs on the CPU: every lane of a simdgroup/warp is a thread, and cross-lane
-// operations meet at a barrier. Only what mlxspec's kernels need; not a general emulator.
+// Stand-ins for the Metal and CUDA builtins our GPU kernels use, so the source MLX would generate
+// compiles as C++ and runs on the CPU: every lane of a simdgroup/warp is a fiber (ucontext) of one
+// thread, and cross-lane operations meet at a barrier: each lane runs until its next meeting, then
+// the next lane runs (round robin), so a meeting completes when all 32 lanes reached it. Lanes that
+// leave while others still meet would deadlock a GPU: the emulator aborts. Only what mlxspec's kernels
+// need; not a general emulator.
 #pragma once
 
+#include <ucontext.h>
+
 #include <array>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>  // system headers before `#define constant` / `device` below
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
+struct dim3 { unsigned x, y, z; };
+inline dim3 threadIdx, blockIdx, blockDim;  // CUDA builtins: saved and restored per lane fiber
+
 namespace emu {
 constexpr int kLanes = 32;
+constexpr size_t kStack = 256 * 1024;
 struct Lanes {
-  std::barrier<> meet{kLanes};
   float values[kLanes];
   int ivalues[kLanes];  // integer exchanges (the fused acceptance kernel's argmin / argmax)
 };
-inline thread_local Lanes* lanes = nullptr;
-inline thread_local int lane = 0;
+struct Fiber {
+  ucontext_t ctx;
+  dim3 tid{}, bid{}, bdim{};
+  bool done = false;
+};
+inline Lanes* lanes = nullptr;
+inline int lane = 0;
+inline ucontext_t scheduler;
+inline Fiber fibers[kLanes];
+inline const std::function<void(int)>* task = nullptr;
 
-// Every lane publishes v, then reads lane `src(lane)`'s value.
-inline float exchange(float v, int src) {
-  lanes->values[lane] = v;
-  lanes->meet.arrive_and_wait();
-  float r = lanes->values[src];
-  lanes->meet.arrive_and_wait();
-  return r;
+inline void meet() { swapcontext(&fibers[lane].ctx, &scheduler); }  // back to the scheduler
+inline void start(int l) {
+  (*task)(l);
+  fibers[l].done = true;  // returning resumes the scheduler (uc_link)
 }
 
-inline int exchange(int v, int src) {
-  lanes->ivalues[lane] = v;
-  lanes->meet.arrive_and_wait();
-  int r = lanes->ivalues[src];
-  lanes->meet.arrive_and_wait();
+// Run fn(l) for the 32 lanes of one warp.
+inline void run_warp(const std::function<void(int)>& fn) {
+  static std::vector<char> stacks(kStack * kLanes);
+  static Lanes group;  // one warp at a time
+  lanes = &group;
+  task = &fn;
+  for (int l = 0; l < kLanes; ++l) {
+    Fiber& f = fibers[l];
+    f = Fiber{};
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = stacks.data() + kStack * l;
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &scheduler;
+    makecontext(&f.ctx, (void (*)())start, 1, l);
+  }
+  for (;;) {  // one round: every unfinished lane runs to its next meeting (or its end)
+    int met = 0, ended = 0, left = 0;
+    for (int l = 0; l < kLanes; ++l) {
+      Fiber& f = fibers[l];
+      if (f.done) continue;
+      ++left;
+      lane = l;
+      threadIdx = f.tid, blockIdx = f.bid, blockDim = f.bdim;
+      swapcontext(&scheduler, &f.ctx);
+      f.tid = threadIdx, f.bid = blockIdx, f.bdim = blockDim;
+      (f.done ? ended : met) += 1;
+    }
+    if (left == 0) break;
+    if (met && ended) {
+      std::fprintf(stderr, "emulator: %d lanes left while %d lanes wait at a lane operation\n", ended, met);
+      std::abort();
+    }
+  }
+}
+
+// Every lane publishes v, then reads lane `src`'s value.
+template <typename V> V exchange_in(V* slots, V v, int src) {
+  slots[lane] = v;
+  meet();
+  V r = slots[src];
+  meet();
   return r;
 }
+inline float exchange(float v, int src) { return exchange_in(lanes->values, v, src); }
+inline int exchange(int v, int src) { return exchange_in(lanes->ivalues, v, src); }
 
 // Every lane publishes v, then reads all 32 values: one meeting for a whole reduction.
-inline std::array<float, kLanes> gather(float v) {
-  lanes->values[lane] = v;
-  lanes->meet.arrive_and_wait();
-  std::array<float, kLanes> all;
-  std::memcpy(all.data(), lanes->values, sizeof(lanes->values));
-  lanes->meet.arrive_and_wait();
+template <typename V> std::array<V, kLanes> gather_in(V* slots, V v) {
+  slots[lane] = v;
+  meet();
+  std::array<V, kLanes> all;
+  std::memcpy(all.data(), slots, sizeof(V) * kLanes);
+  meet();
   return all;
 }
-inline std::array<int, kLanes> gather(int v) {
-  lanes->ivalues[lane] = v;
-  lanes->meet.arrive_and_wait();
-  std::array<int, kLanes> all;
-  std::memcpy(all.data(), lanes->ivalues, sizeof(lanes->ivalues));
-  lanes->meet.arrive_and_wait();
-  return all;
-}
+inline std::array<float, kLanes> gather(float v) { return gather_in(lanes->values, v); }
+inline std::array<int, kLanes> gather(int v) { return gather_in(lanes->ivalues, v); }
 
 // Run fn(lane, column) for 32 lanes per column, one simdgroup at a time.
 inline void run_columns(int columns, const std::function<void(int, int)>& fn) {
-  for (int n = 0; n < columns; ++n) {
-    Lanes group;
-    std::vector<std::thread> threads;
-    for (int l = 0; l < kLanes; ++l)
-      threads.emplace_back([&, l] { lanes = &group; lane = l; fn(l, n); });
-    for (auto& t : threads) t.join();
-  }
+  for (int n = 0; n < columns; ++n) run_warp([&](int l) { fn(l, n); });
+}
+
+// Run fn(lane, y, z) for 32 lanes per (y, z) warp, one warp at a time: our kernels share nothing
+// between warps (no threadgroup memory, no barriers), so any order of warps is a valid schedule.
+inline void run_grid(int ys, int zs, const std::function<void(int, int, int)>& fn) {
+  for (int z = 0; z < zs; ++z)
+    run_columns(ys, [&](int l, int y) { fn(l, y, z); });
 }
 
 struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
@@ -85,15 +134,19 @@ struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
 };
 }  // namespace emu
 
+struct uint4 { uint32_t x, y, z, w; };  // Metal's and CUDA's 16-byte vector (the qmm kernel's loads)
+
 // ---- Metal
 #define device
 #define constant
 struct uint3 { unsigned x, y, z; };
+using ushort = unsigned short;
 using float16_t = _Float16;
 using bfloat16_t = emu::bf16;
 namespace metal {
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
 inline float max(float a, float b) { return std::fmax(a, b); }
+inline float exp(float a) { return std::exp(a); }
 }
 inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
   float s = 0.0f;
@@ -117,6 +170,7 @@ inline int simd_min(int v) {
   for (int w : emu::gather(v)) m = w < m ? w : m;
   return m;
 }
+inline float simd_shuffle(float v, unsigned short src) { return emu::exchange(v, int(src)); }
 inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1), in that order
   const auto all = emu::gather(v);
   float s = 0.0f;
@@ -128,14 +182,13 @@ inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1
 #define __global__
 #define __device__
 #define __grid_constant__
-struct dim3 { unsigned x, y, z; };
-inline thread_local dim3 threadIdx, blockIdx, blockDim;
 using __half = _Float16;
 using __nv_bfloat16 = emu::bf16;
 using Shape = std::array<int32_t, 8>;
 using Strides = std::array<int64_t, 8>;
 inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
+inline float __shfl_sync(unsigned, float v, int src) { return emu::exchange(v, src); }
 inline float __shfl_up_sync(unsigned, float v, int delta) {  // lanes below delta keep their own value
   return emu::exchange(v, emu::lane >= delta ? emu::lane - delta : emu::lane);
 }

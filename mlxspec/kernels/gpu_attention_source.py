@@ -1,0 +1,183 @@
+"""Row-invariant few-row attention for the GPU (flash-decoding), one source for Metal and CUDA.
+
+    q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV), H % HKV == 0, DV <= 256, dtype T; any strides
+    (read through q/k/v_strides: a KV cache view is read in place)
+    causal: row m sees keys [0, L - M + m + 1); else all L. Output (1, H, M, DV) in T.
+
+Two kernels:
+  partial: grid (32, H*M, NCH), threadgroup (32, 1, 1), NCH = ceil(L / CHUNK). Warp (hm, c) covers keys
+    [c*CHUNK, (c+1)*CHUNK) clipped to the row's key count, 32 keys per step: lane j scores key
+    base + j (a sequential float32 dot over D), then an online-softmax step (lane_max, lane_sum) and
+    acc[d] += p_j * v[j][d] for j = 0, 1, ... in order (lane owns dims lane + 32*i).
+    Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
+  combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums.
+Chunk boundaries are multiples of CHUNK from key 0 and each step depends only on the row's own key
+count, so row m of an M-row causal call computes exactly what a 1-row call over L - M + m + 1 keys
+computes: same chunks, same order in each, same combine order.
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests). The mask is a runtime
+value (params = [scale, causal]) so masked and unmasked calls run the very same compiled code.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .gpu_codegen import cuda_function, cuda_program, metal_function
+
+PARTIAL_NAME = "mlxspec_sdpa_partial"
+COMBINE_NAME = "mlxspec_sdpa_combine"
+PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "pacc"]
+COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc"], ["o"]
+CHUNK = 256  # keys per partial warp
+MAX_VALUE_DIM = 256  # 8 value dims per lane
+THREADGROUP = (32, 1, 1)
+
+PARTIAL_CORE = """
+  const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
+  const int HKV = k_shape[1], L = k_shape[2], DV = v_shape[3];
+  const int NCH = (L + CHUNK - 1) / CHUNK;
+  const int h = hm / M, m = hm - h * M, hk = h / (H / HKV);
+  const float sc = params[0];
+  const bool causal = params[1] != 0.0f;
+  const int rows = causal ? L - M + m + 1 : L;  // keys this row sees: the same in a 1-row call over them
+  const size_t slot = size_t(hm) * NCH + c;
+  float acc[8];  // value dims lane + 32 * i
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+  float run_max = -3.0e38f, run_sum = 0.0f;
+  for (int base = c * CHUNK; base < c * CHUNK + CHUNK && base < rows; base += 32) {  // uniform over the warp
+    const int t = base + lane;
+    float s = -3.0e38f;
+    if (t < rows) {
+      const int64_t qr = h * q_strides[1] + m * q_strides[2], kr = hk * k_strides[1] + t * k_strides[2];
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot = FMA(float(q[qr + d * q_strides[3]]), float(k[kr + d * k_strides[3]]), dot);
+      s = dot * sc;
+    }
+    const float new_max = MAXF(run_max, lane_max(s));
+    const float corr = EXP(run_max - new_max);  // 0 on the first step
+    const float p = t < rows ? EXP(s - new_max) : 0.0f;
+    run_sum = FMA(run_sum, corr, lane_sum(p));
+    run_max = new_max;
+    const int count = rows - base < 32 ? rows - base : 32;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] *= corr;
+    for (int j = 0; j < count; ++j) {
+      const float pj = lane_shuffle(p, j);
+      const int64_t vr = hk * v_strides[1] + (base + j) * v_strides[2];
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + (lane + 32 * i) * v_strides[3]]), acc[i]);
+    }
+  }
+  if (lane == 0) { pmax[slot] = run_max; psum[slot] = run_sum; }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[i];
+"""
+
+COMBINE_CORE = """
+  const int NCH = pacc_shape[1], DV = pacc_shape[2];
+  const size_t row = size_t(hm) * NCH;
+  float gmax = -3.0e38f;
+  for (int c = 0; c < NCH; ++c)
+    if (psum[row + c] > 0.0f) gmax = MAXF(gmax, pmax[row + c]);  // empty chunks (psum 0) never count
+  float total = 0.0f, acc[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
+  for (int c = 0; c < NCH; ++c) {
+    if (psum[row + c] > 0.0f) {
+      const float wgt = EXP(pmax[row + c] - gmax);
+      total = FMA(psum[row + c], wgt, total);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (lane + 32 * i < DV) acc[i] = FMA(pacc[(row + c) * DV + lane + 32 * i], wgt, acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+    if (lane + 32 * i < DV) o[size_t(hm) * DV + lane + 32 * i] = static_cast<T>(acc[i] / total);
+"""
+
+METAL_PARTIAL_PROLOGUE = """
+  const int lane = int(thread_position_in_grid.x);
+  const int hm = int(thread_position_in_grid.y), c = int(thread_position_in_grid.z);
+"""
+METAL_COMBINE_PROLOGUE = """
+  const int lane = int(thread_position_in_grid.x);
+  const int hm = int(thread_position_in_grid.y);
+"""
+METAL_HEADER = """
+#define FMA(a, b, c) metal::fma(a, b, c)
+#define MAXF(a, b) metal::max(a, b)
+#define EXP(a) metal::exp(a)
+inline float lane_sum(float v) { return simd_sum(v); }
+inline float lane_max(float v) { return simd_max(v); }
+inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)); }
+"""
+
+CUDA_PARTIAL_PROLOGUE = """
+  const int lane = int(threadIdx.x);
+  const int hm = int(blockIdx.y), c = int(blockIdx.z);
+"""
+CUDA_COMBINE_PROLOGUE = """
+  const int lane = int(threadIdx.x);
+  const int hm = int(blockIdx.y);
+"""
+CUDA_HEADER = """
+#define FMA(a, b, c) fmaf(a, b, c)
+#define MAXF(a, b) fmaxf(a, b)
+#define EXP(a) expf(a)
+// xor butterflies: fixed order, every lane ends with the same bits
+__device__ inline float lane_sum(float v) {
+  for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ inline float lane_max(float v) {
+  for (int o = 16; o > 0; o /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ inline float lane_shuffle(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+"""
+
+BODIES = {  # (backend, kernel) -> body
+    ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE,
+    ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
+    ("cuda", "partial"): CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE,
+    ("cuda", "combine"): CUDA_COMBINE_PROLOGUE + COMBINE_CORE,
+}
+HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
+
+
+def partial_template(dtype, chunk: int = CHUNK) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk)]
+
+
+def combine_template(dtype) -> list[tuple]:
+    return [("T", dtype)]
+
+
+def _kernels(dtype) -> dict:
+    f32 = mx.float32
+    return {
+        "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
+                    {"q": dtype, "k": dtype, "v": dtype, "params": f32}),
+        "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
+    }
+
+
+def program(backend: str, dtype, chunk: int = CHUNK) -> tuple[dict, str]:
+    """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
+    kernels, names, texts = _kernels(dtype), {}, []
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 2, "pmax": 99, "psum": 99, "pacc": 99}  # params: constant space
+    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk)),
+                               ("combine", "combine", combine_template(dtype))):
+        kernel, dtypes = kernels[kind]
+        body = BODIES[(backend, kind)]
+        if backend == "metal":
+            names[label], text = metal_function(kernel, dtypes, sizes, targs, body)
+        else:
+            names[label], text = cuda_function(kernel, dtypes, targs, body)
+        texts.append(text)
+    src = HEADERS["metal"] + "".join(texts) if backend == "metal" else cuda_program(HEADERS["cuda"], texts)
+    return names, src

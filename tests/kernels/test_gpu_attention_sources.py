@@ -1,0 +1,141 @@
+"""The Metal and CUDA few-row attention kernels (gpu_attention_source.py) under the CPU emulator.
+
+As in test_gpu_sources.py: the program MLX would generate is compiled with g++ and run one thread
+per lane. Checked: causal and unmasked results within attention_within_tolerance; row i of a
+16-row causal launch == a 1-row launch over keys [: L - 16 + i + 1] (some rows cross a chunk
+boundary); rows of the unmasked launch == 1-row launches; a 7-row causal launch == the last 7 rows.
+The M-row launches read k / v as a cache view (capacity L + 5 keys, strided), the 1-row launches
+over fewer keys read contiguous copies.
+CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
+calls are unmasked: one compiled kernel serves both masks (the mask is a runtime value).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
+from mlxspec.kernels import gpu_attention_source as src
+from mlxspec.kernels.attention import attention_within_tolerance
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+CHUNK = 64
+M, ODD = 16, 7
+CASES = [  # (backend, dtype, H, HKV, D, DV, L); L - M + 1 <= 128 < L: rows see 2 or 3 chunks
+    ("metal", mx.float32, 4, 2, 64, 64, 140),
+    ("metal", mx.bfloat16, 2, 2, 128, 96, 133),
+    ("cuda", mx.float16, 4, 1, 32, 32, 140),
+    ("cuda", mx.float32, 2, 1, 64, 48, 70),
+]
+
+HARNESS = """
+{source}
+using T = {T};
+constexpr int CH = {chunk};
+int H, HKV, D, DV;
+float params[2];  // scale, causal
+// q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
+std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, const std::vector<T>& v, int L,
+                      int cap, bool causal) {{
+  params[1] = causal ? 1.0f : 0.0f;
+  const int NCH = (L + CH - 1) / CH, HM = H * M;
+  std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV);
+  std::vector<T> o(size_t(HM) * DV);
+  emu::run_grid(HM, NCH, [&](int lane, int y, int z) {{ {partial} }});
+  emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
+  return o;
+}}
+// rows [r0, r0 + n) of q (H, M, D); keys [0, n) of k (HKV, L, E)
+std::vector<T> rows(const std::vector<T>& q, int M, int r0, int n, int E) {{
+  std::vector<T> r;
+  for (int h = 0; h < H; ++h) r.insert(r.end(), q.begin() + (size_t(h) * M + r0) * E, q.begin() + (size_t(h) * M + r0 + n) * E);
+  return r;
+}}
+int main(int argc, char** argv) {{
+  const std::string d = argv[1];
+  H = std::atoi(argv[2]); HKV = std::atoi(argv[3]); D = std::atoi(argv[5]); DV = std::atoi(argv[6]);
+  const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), cap = std::atoi(argv[8]), odd = {odd};
+  auto q = load<T>(d + "/q", size_t(H) * M * D);
+  auto k = load<T>(d + "/k", size_t(HKV) * cap * D);
+  auto v = load<T>(d + "/v", size_t(HKV) * cap * DV);
+  params[0] = load<float>(d + "/scale", 1)[0];
+  std::ofstream out(d + "/o", std::ios::binary);
+  save(out, attend(q, M, k, v, L, cap, true));
+  save(out, attend(q, M, k, v, L, cap, false));
+  for (int i = 0; i < M; ++i) {{  // causal row i alone: an unmasked call over the keys it sees
+    const int seen = L - M + i + 1;
+    save(out, attend(rows(q, M, i, 1, D), 1, rows(k, cap, 0, seen, D), rows(v, cap, 0, seen, DV), seen, seen, false));
+  }}
+  for (int i = 0; i < M; ++i) save(out, attend(rows(q, M, i, 1, D), 1, k, v, L, cap, false));
+  save(out, attend(rows(q, M, M - odd, odd, D), odd, k, v, L, cap, true));
+}}
+"""
+METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] = {{1, HKV, L, DV}};
+  int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
+      vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
+  const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
+  {p}<T, CH>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(), at);"""
+METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
+  {c}<T>(pmax.data(), psum.data(), pacc.data(), as, o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
+CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
+  Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
+      vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
+  threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
+  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(),
+                     pacc.data());"""
+CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
+  threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
+  mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, o.data());"""
+
+
+def harness(backend: str, dtype) -> str:
+    names, source = src.program(backend, dtype, CHUNK)
+    partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
+    fmt = dict(p=names["partial"], c=names["combine"])
+    return HARNESS.format(source=source, T=C_TYPES[dtype], chunk=CHUNK, odd=ODD,
+                          partial=partial.format(**fmt), combine=combine.format(**fmt))
+
+
+def case_id(case) -> str:
+    return "-".join(str(v) for v in case).replace("mlx.core.", "")
+
+
+@pytest.fixture(scope="module")
+def exes() -> dict:
+    labels = sorted({(c[0], c[1]) for c in CASES}, key=str)
+    return dict(zip(labels, build_all([harness(*label) for label in labels])))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+    backend, dtype, h, hkv, d, dv, length = case
+    kq, kk, kv = mx.random.split(mx.random.key(h * 7 + d), 3)
+    q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
+    cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(dtype)  # a cache with room for 5 more
+    cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(dtype)
+    k, v, scale = cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5
+    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32))
+    run(exes[(backend, dtype)], tmp_path, h, hkv, M, d, dv, length, length + 5)
+    raw = (tmp_path / "o").read_bytes()
+    size = len(raw) // (4 * M + ODD)  # bytes of one row (H, DV)
+
+    def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
+        a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
+        return (a.transpose(1, 0, 2) if per_row else a)[None]
+
+    causal, full = part(0, M, False), part(M, M, False)
+    causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
+    for y, is_causal in ((causal, True), (full, False)):
+        ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal)
+        assert ok, f"{case_id(case)} causal={is_causal}: error {ratio:.3g}x the tolerance"
+    assert mx.array_equal(causal, causal_rows).item(), "causal rows differ from 1-row calls over their keys"
+    assert mx.array_equal(full, full_rows).item(), "unmasked rows differ from 1-row calls"
+    assert mx.array_equal(odd, causal[:, :, M - ODD :]).item(), f"a {ODD}-row causal call differs"
+
+
+def test_bodies_name_only_builtins_their_backend_has():
+    for (backend, _), body in src.BODIES.items():
+        assert ("thread_position_in_grid" in body) == (backend == "metal")
+        assert ("threadIdx" in body) == (backend == "cuda")
