@@ -13,7 +13,6 @@ leaves the engine ready for the next request: per-request state (KV caches) live
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import loading
@@ -21,23 +20,15 @@ from .adaptive import CostModel
 from .cache import PrefixCache
 from .decode import Decoder
 from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
-from .errors import MlxspecError
+from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
+from .errors import MlxspecError, PromptError
+from .features import vocabulary_size
 from .loading import LoadedModel
 from .options import GenerateOptions
+from .settings import DecodeSettings
 from .stats import Stats
-from .stops import StopMatcher
 
 DEFAULT_DRAFT_LENGTH = 4
-
-
-@dataclass
-class Event:
-    text: str = ""  # new text since the previous event
-    tokens: list[int] = field(default_factory=list)  # token ids behind it
-    from_draft: list[bool] = field(default_factory=list)  # per token: proposed by the drafter and kept
-    done: bool = False
-    finish_reason: str | None = None  # on the last event: 'stop', 'length' or 'cancelled'
-    stats: Stats | None = None  # on the last event
 
 
 class Engine:
@@ -47,6 +38,7 @@ class Engine:
         drafter: Drafter | None = None,
         draft: LoadedModel | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
+        settings: DecodeSettings | None = None,
     ):
         self.target = target
         self.draft = draft
@@ -56,6 +48,9 @@ class Engine:
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
+        self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
+        self.exact: bool | None = None  # the verify path is token-exact on this device (None: not determined)
+        self.vocab_size = vocabulary_size(target.model)
 
     @classmethod
     def load(
@@ -142,10 +137,11 @@ class Engine:
         """Stream Events; the last one has done=True, the finish reason and the statistics."""
         options = options or GenerateOptions()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
         k = 0 if isinstance(self.drafter, NoDrafter) else k  # nothing to draft: plain rounds (pipelined)
         drafter = self.drafter if k > 0 else NoDrafter()
-        stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0)
+        stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)
         with self._lock:
             decoder = Decoder(
                 self.target.model,
@@ -160,35 +156,20 @@ class Engine:
                 adaptive=options.adaptive,
                 costs=self.costs,
                 kv=self.kv,
+                settings=self.settings,
+                detokenizer=self.tokenizer.detokenizer,
             )
-            detok = self.tokenizer.detokenizer
-            stops = StopMatcher(options.stop)
             try:
-                for rnd in decoder:
-                    text, tokens, from_draft = "", [], []
-                    for t, d in zip(rnd.tokens, rnd.from_draft):
-                        detok.add_token(t)
-                        text += stops.feed(detok.last_segment)
-                        tokens.append(t)
-                        from_draft.append(d)
-                        if stops.hit:
-                            break
-                    if stops.hit:
-                        stats.generated_tokens -= len(rnd.tokens) - len(tokens)
-                        decoder.finish_reason = "stop"
-                    yield Event(text, tokens, from_draft)
-                    if stops.hit:
-                        break
-                if not stops.hit:
-                    detok.finalize()
-                    tail = stops.feed(detok.last_segment)
-                    tail += "" if stops.hit else stops.flush()
-                else:
-                    tail = ""
-                reason = "stop" if stops.hit else decoder.finish_reason or "stop"
-                yield Event(tail, done=True, finish_reason=reason, stats=stats)
+                yield from decoder
             finally:
                 drafter.finish()
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """An id past the embedding table would read outside it (a crash, not an error): refuse it."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"prompt token id {bad} is outside the model's vocabulary: ids are 0..{self.vocab_size - 1}"
+                              f" (vocabulary size {self.vocab_size})")
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:

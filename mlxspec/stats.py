@@ -21,6 +21,7 @@ class Stats:
     generated_tokens: int = 0  # tokens emitted to the caller
     prompt_time: float = 0.0  # seconds: prompt processing (prefill) of target and drafter
     decode_time: float = 0.0  # seconds: from the end of prefill to the last token
+    exact: bool | None = None  # the verify path guarantees token-identical greedy output here (None: unknown)
 
     @property
     def target_passes(self) -> int:
@@ -72,6 +73,7 @@ class Stats:
             f"drafter: {self.drafter} (k={self.draft_length}), target passes: {self.rounds}, "
             f"tokens per pass: {self.mean_accepted_length:.2f}",
             f"drafted: {self.drafted}, accepted: {self.accepted} ({100 * self.acceptance_rate:.1f}%)",
+            f"exact: {'unknown' if self.exact is None else 'yes' if self.exact else 'no'}",
         ]
         if self.drafted_per_position:
             per_pos = " ".join(
