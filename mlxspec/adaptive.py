@@ -117,12 +117,6 @@ class DraftController:
             self.plain_left, self.probing, self.k = plan.wait, True, plan.best
             self.backoffs += 1
 
-    def next_k(self) -> int:
-        """plan() and commit() in one step."""
-        plan = self.plan()
-        self.commit(plan)
-        return plan.k
-
     def _rate(self, k: int) -> float:
         return expected_tokens(self.acceptance, k) / self.costs.round_cost(k)
 

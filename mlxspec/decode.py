@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -48,7 +48,7 @@ class Decoder:
         kv: PrefixCache | None = None,
         settings: DecodeSettings | None = None,
         detokenizer=None,
-        speculative: RoundStrategy | None = None,
+        speculative: Callable[[Verifier], RoundStrategy] = ChainRound,
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
@@ -70,7 +70,7 @@ class Decoder:
         seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
         verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed))
         self.plain = PlainRound(verifier, settings)
-        self.speculative = speculative or ChainRound(verifier)
+        self.speculative = speculative(verifier)  # the strategy of rounds that draft (k > 0)
 
     @property
     def finish_reason(self) -> str | None:

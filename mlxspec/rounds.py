@@ -6,7 +6,7 @@
   ChainRound (k > 0): the drafter proposes k tokens; the target scores last token + drafts
                       (k+1 rows) in one pass; verification keeps a prefix and adds one token.
 Another shape of round (a tree of drafts) is one more class with the same `run(cache, context, k,
-plan_next)`, given to the Decoder as its speculative strategy; the loop does not change.
+plan_next)`, built on the shared Verifier: `Decoder(..., speculative=TreeRound)`; the loop does not change.
 Every round ends in exactly one host read-back.
 """
 
