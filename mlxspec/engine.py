@@ -50,7 +50,8 @@ class Engine:
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         self.exact: bool | None = None  # the verify path is token-exact on this device (None: not determined)
-        self.vocab_size = vocabulary_size(target.model)
+        # Ids a prompt may hold: rows of the embedding table (the draft model's too, if smaller).
+        self.vocab_size = min(vocabulary_size(m.model) for m in (target, draft) if m is not None)
 
     @classmethod
     def load(
@@ -168,8 +169,8 @@ class Engine:
         """An id past the embedding table would read outside it (a crash, not an error): refuse it."""
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:
-            raise PromptError(f"prompt token id {bad} is outside the model's vocabulary: ids are 0..{self.vocab_size - 1}"
-                              f" (vocabulary size {self.vocab_size})")
+            raise PromptError(f"prompt token id {bad} is outside the model's vocabulary: "
+                              f"ids are 0..{self.vocab_size - 1} (vocabulary size {self.vocab_size})")
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
