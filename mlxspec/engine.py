@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Iterator
 
 from . import loading
@@ -22,24 +21,16 @@ from .adaptive import CostModel
 from .cache import PrefixCache
 from .decode import Decoder
 from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
-from .errors import MlxspecError
+from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
+from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
+from .features import vocabulary_size
 from .loading import LoadedModel
 from .options import GenerateOptions
+from .settings import DecodeSettings
 from .stats import Stats
-from .stops import StopMatcher
 
 DEFAULT_DRAFT_LENGTH = 4
-
-
-@dataclass
-class Event:
-    text: str = ""  # new text since the previous event
-    tokens: list[int] = field(default_factory=list)  # token ids behind it
-    from_draft: list[bool] = field(default_factory=list)  # per token: proposed by the drafter and kept
-    done: bool = False
-    finish_reason: str | None = None  # on the last event: 'stop', 'length' or 'cancelled'
-    stats: Stats | None = None  # on the last event
 
 
 class Engine:
@@ -49,6 +40,7 @@ class Engine:
         drafter: Drafter | None = None,
         draft: LoadedModel | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
+        settings: DecodeSettings | None = None,
     ):
         self.target = target
         self.draft = draft
@@ -58,8 +50,11 @@ class Engine:
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
+        self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         self.rows = RowInvariance(target.model)  # is speculation exact here? measured per row count
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
+        # Ids a prompt may hold: rows of the embedding table (the draft model's too, if smaller).
+        self.vocab_size = min(vocabulary_size(m.model) for m in (target, draft) if m is not None)
 
     @classmethod
     def load(
@@ -150,13 +145,14 @@ class Engine:
         """Stream Events; the last one has done=True, the finish reason and the statistics."""
         options = options or GenerateOptions()
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
         k = 0 if isinstance(self.drafter, NoDrafter) else k  # nothing to draft: plain rounds (pipelined)
         drafter = self.drafter if k > 0 else NoDrafter()
-        stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0)
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
-            self.exact = stats.exact = self.rows.holds(k + 1)
+            self.exact = self.rows.holds(k + 1)
+            stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)
             decoder = Decoder(
                 self.target.model,
                 drafter,
@@ -170,35 +166,20 @@ class Engine:
                 adaptive=options.adaptive,
                 costs=self.costs,
                 kv=self.kv,
+                settings=self.settings,
+                detokenizer=self.tokenizer.detokenizer,
             )
-            detok = self.tokenizer.detokenizer
-            stops = StopMatcher(options.stop)
             try:
-                for rnd in decoder:
-                    text, tokens, from_draft = "", [], []
-                    for t, d in zip(rnd.tokens, rnd.from_draft):
-                        detok.add_token(t)
-                        text += stops.feed(detok.last_segment)
-                        tokens.append(t)
-                        from_draft.append(d)
-                        if stops.hit:
-                            break
-                    if stops.hit:
-                        stats.generated_tokens -= len(rnd.tokens) - len(tokens)
-                        decoder.finish_reason = "stop"
-                    yield Event(text, tokens, from_draft)
-                    if stops.hit:
-                        break
-                if not stops.hit:
-                    detok.finalize()
-                    tail = stops.feed(detok.last_segment)
-                    tail += "" if stops.hit else stops.flush()
-                else:
-                    tail = ""
-                reason = "stop" if stops.hit else decoder.finish_reason or "stop"
-                yield Event(tail, done=True, finish_reason=reason, stats=stats)
+                yield from decoder
             finally:
                 drafter.finish()
+
+    def _check_ids(self, ids: list[int]) -> None:
+        """An id past the embedding table would read outside it (a crash, not an error): refuse it."""
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise PromptError(f"prompt token id {bad} is outside the model's vocabulary: "
+                              f"ids are 0..{self.vocab_size - 1} (vocabulary size {self.vocab_size})")
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:

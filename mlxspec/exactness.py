@@ -19,21 +19,14 @@ import mlx.nn as nn
 import numpy as np
 
 from .cache import new_cache, rewind
+from .features import vocabulary_size
 
 PREFIX = 24  # tokens of context before the checked rows (so attention reads a real cache)
 
 
-def vocab_size(model: nn.Module) -> int:
-    """Rows of the model's token embedding table (mlx-lm models keep it at model.model.embed_tokens)."""
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if embed is not None and "weight" in embed:
-        return int(embed["weight"].shape[0])
-    return int(model.args.vocab_size)
-
-
 class RowInvariance:
     def __init__(self, model: nn.Module, seed: int = 0):
-        self.model, self.vocab_size, self.seed = model, vocab_size(model), seed
+        self.model, self.vocab_size, self.seed = model, vocabulary_size(model), seed
         self.results: dict[int, str | None] = {}  # M -> None (identical) or how it differed
 
     def holds(self, rows: int) -> bool:

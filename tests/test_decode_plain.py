@@ -1,7 +1,7 @@
 """Plain decoding, pipelined: step n+1 is queued before step n's token is read.
 
-Against the one-step-at-a-time loop (decode.PIPELINE_PLAIN = False): the same tokens, greedy and
-seeded sampling, whatever ends the run (EOS, max_tokens, the context window, a cancel, the caller
+Against the one-step-at-a-time loop (DecodeSettings(pipeline=False), MLXSPEC_PIPELINE=0): the same
+tokens, greedy and seeded sampling, whatever ends the run (EOS, max_tokens, the context window, a cancel, the caller
 walking away), one host read-back per token, and a KV cache that the next request can trust.
 """
 
@@ -12,9 +12,9 @@ import threading
 import mlx.core as mx
 import pytest
 
-from mlxspec import decode
 from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
+from mlxspec.settings import DecodeSettings
 
 PROMPTS = ["Once upon a time", "def add(a, b):", "a"]
 
@@ -40,7 +40,7 @@ def assert_cache_holds_what_it_says(engine):
 
 def one_at_a_time(engine, prompt, monkeypatch, **options):
     with monkeypatch.context() as m:
-        m.setattr(decode, "PIPELINE_PLAIN", False)
+        m.setattr(engine, "settings", DecodeSettings(pipeline=False))
         return run(engine, prompt, **options)
 
 

@@ -15,7 +15,7 @@ import pytest
 from model_factory import build_model
 from scipy.stats import chisquare
 
-import mlxspec.decode as decode
+import mlxspec.rounds as rounds
 from mlxspec.decode import Decoder
 from mlxspec.drafters import Draft, Drafter, ModelDrafter, NoDrafter
 from mlxspec.options import GenerateOptions
@@ -144,7 +144,7 @@ def test_a_wrong_rule_is_caught(models, monkeypatch):
         n = leading_true(mx.random.uniform(shape=(k,), key=ka) * q_d < p_d)
         return n, sample(p[n], kb)
 
-    monkeypatch.setattr(decode, "rejection_accept", wrong)
+    monkeypatch.setattr(rounds, "rejection_accept", wrong)
     target, draft = models
     pvalue, _ = fit(target, ModelDrafter(draft), {"temperature": 1.0})
     assert pvalue < 1e-3

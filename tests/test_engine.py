@@ -234,10 +234,10 @@ def test_engine_uses_the_verify_kernels_by_default_where_they_pass(tiny_llama):
 
 def test_fused_acceptance_wiring_keeps_output_exact(spec, monkeypatch):
     """MLXSPEC_FUSED_ACCEPT=1 routes acceptance through the fused kernels (here: their CPU fallback)."""
-    import mlxspec.decode as decode
+    from mlxspec.settings import DecodeSettings
 
     expected = run(spec, "Once upon a time", max_tokens=30, adaptive=False)[0]
-    monkeypatch.setattr(decode, "FUSED_ACCEPT", True)
+    monkeypatch.setattr(spec, "settings", DecodeSettings(fused_accept=True))
     tokens, _, last = run(spec, "Once upon a time", max_tokens=30, adaptive=False)
     assert tokens == expected and last.stats.accepted > 0
     sampled = run(spec, "Once upon a time", max_tokens=30, adaptive=False, temperature=1.0, seed=5)[0]

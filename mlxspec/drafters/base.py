@@ -3,6 +3,10 @@
 The engine calls, per request: `start(prompt)`, then per round `propose(context, k, ...)` and
 `accept(n)`, and finally `finish()`. `context` is every token so far (prompt + output); the last one
 has not been fed to the target yet. Plain decoding is the drafter that proposes nothing.
+
+Learned drafters (EAGLE, Medusa) read the target's features: with `wants_hidden = True` the loop
+computes the target's final hidden states and passes them to `accept(n, hidden=...)`. The prompt's
+features are not passed to `start` yet.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ class Draft:
 class Drafter:
     name = "none"
     syncs = 0  # host read-backs the drafter made itself (the loop adds them to the statistics)
+    wants_hidden = False  # True: accept() also gets the target's hidden states (same pass, split before the head)
 
     def start(self, prompt: list[int]) -> None:
         """A new request begins with these prompt tokens (a model drafter prefills here)."""
@@ -36,8 +41,14 @@ class Drafter:
         """Up to k tokens likely to follow `context`; sampled from `sampling` when not greedy."""
         return Draft.empty()
 
-    def accept(self, n: int) -> None:
-        """The target kept the first n tokens of the last proposal."""
+    def accept(self, n: int, hidden: mx.array | None = None) -> None:
+        """The target kept the first n tokens of the last proposal.
+
+        `hidden` (only when `wants_hidden`): the target's final hidden states (n+1, H), lazy, of the
+        tokens it just read: the last context token and the n kept drafts (rows 0..n of the verify
+        pass). A wants_hidden drafter also hears accept(0, hidden) after each plain round (no
+        proposal), so it sees the features of every position.
+        """
 
     def finish(self) -> None:
         """The request ended (done, stopped or cancelled): drop per-request state."""

@@ -69,7 +69,7 @@ class ModelDrafter(Drafter):
         self.syncs += 1
         return confidence.item() < self.min_confidence
 
-    def accept(self, n: int) -> None:
+    def accept(self, n: int, hidden: mx.array | None = None) -> None:
         valid = self.base + min(n, self.fed)
         rewind(self.kv.cache, self.seen - valid)
         self.seen = valid

@@ -1,0 +1,151 @@
+"""Round strategies: each runs one target pass and returns an Outcome, all through one `run`.
+
+  PlainRound (k = 0): one token per pass, pipelined: the next plain step is queued from this
+                      step's still-lazy token before it is read (building the next graph overlaps
+                      the device's work on this one).
+  ChainRound (k > 0): the drafter proposes k tokens; the target scores last token + drafts
+                      (k+1 rows) in one pass; verification keeps a prefix and adds one token.
+Another shape of round (a tree of drafts) is one more class with the same `run(cache, context, k,
+plan_next)`, built on the shared Verifier: `Decoder(..., speculative=TreeRound)`; the loop does not change.
+Every round ends in exactly one host read-back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import rewind
+from .drafters.base import Draft, Drafter
+from .features import target_forward
+from .kernels.accept import fused_greedy_accept, fused_rejection_accept
+from .options import GenerateOptions
+from .sampling import Sampling, penalize, probabilities
+from .settings import DecodeSettings
+from .stats import Stats
+from .verify import greedy_accept, rejection_accept
+
+# tokens this round adds -> the next round's draft length, or None when no round can follow
+PlanNext = Callable[[int], "int | None"]
+
+
+@dataclass
+class Outcome:
+    tokens: list[int]  # the kept drafts, then the target's own token
+    accepted: int  # kept drafts
+    drafted: int
+    planned: int | None = None  # the next round's draft length, when this round had to plan it early
+
+
+class RoundStrategy(Protocol):
+    def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome: ...
+
+    def drop(self, cache: list) -> None:
+        """The run ended: take out of the cache any work queued past the last emitted round."""
+
+
+class Verifier:
+    """What every strategy shares: the target pass, the per-round keys, the acceptance rule."""
+
+    def __init__(self, target: nn.Module, drafter: Drafter, options: GenerateOptions, settings: DecodeSettings,
+                 stats: Stats, key: mx.array):
+        self.target, self.drafter, self.opts, self.stats, self.key = target, drafter, options, stats, key
+        self.sampling = Sampling.from_options(options)
+        self.fused = settings.fused_accept
+
+    def keys(self) -> tuple[mx.array | None, mx.array | None]:
+        """This round's (draft key, verify key): one split per round, whatever the round drafts."""
+        if self.sampling.greedy:
+            return None, None
+        self.key, draft_key, verify_key = mx.random.split(self.key, 3)
+        return draft_key, verify_key
+
+    def forward(self, x: mx.array, cache: list, history: list[int] | None, drafts: mx.array | None):
+        """(R,) ids -> (R, V) logits (repeat-penalised against `history`), (R, H) hidden or None.
+        Hidden states are computed only for a drafter that wants them."""
+        if self.drafter.wants_hidden:
+            logits, hidden = target_forward(self.target, x[None], cache)
+            logits, hidden = logits[0], hidden[0]
+        else:
+            logits, hidden = self.target(x[None], cache=cache)[0], None
+        if history is not None:
+            logits = penalize(logits, history, drafts, self.opts.repeat_penalty, self.opts.repeat_last_n)
+        return logits, hidden
+
+    def accept(self, logits: mx.array, draft: Draft, verify_key) -> tuple[mx.array, mx.array]:
+        """(accepted count, next token), lazy: greedy, or rejection sampling against the draft."""
+        if self.sampling.greedy:
+            return (fused_greedy_accept if self.fused else greedy_accept)(logits, draft.tokens)
+        rule = fused_rejection_accept if self.fused else rejection_accept
+        return rule(probabilities(logits, self.sampling), draft.tokens, draft.probs, verify_key)
+
+
+class PlainRound:
+    """k = 0. Queues the next plain step before reading this one's token when it can: not when a
+    repeat penalty needs the whole history, nor with settings.pipeline off."""
+
+    def __init__(self, v: Verifier, settings: DecodeSettings):
+        self.v = v
+        opts = v.opts
+        self.can_queue = settings.pipeline and (opts.repeat_penalty == 1.0 or opts.repeat_last_n == 0)
+        self.queued: tuple[mx.array, mx.array | None] | None = None  # (next token, hidden), lazy
+
+    def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
+        if self.queued is None:
+            self.queued = self._step(cache, mx.array(context[-1:], dtype=mx.uint32), context)
+        (nxt, hidden), self.queued = self.queued, None
+        planned = plan_next(1) if self.can_queue else None  # the next round's, before this token is known
+        if planned == 0:
+            self.queued = self._step(cache, nxt.reshape(1).astype(mx.uint32), None)
+        token = int(nxt.item())  # the round's one host synchronisation
+        self.v.stats.host_syncs += 1
+        self.v.stats.record_round(0, 0)
+        if hidden is not None:
+            self.v.drafter.accept(0, hidden=hidden)
+        return Outcome([token], 0, 0, planned)
+
+    def drop(self, cache: list) -> None:
+        if self.queued is not None:  # a step queued past the end (EOS, cancel, the caller leaving)
+            rewind(cache, 1)
+            self.queued = None
+
+    def _step(self, cache: list, token: mx.array, history: list[int] | None):
+        """Queue one target step on a (1,) token -> (its next token, hidden row), lazy, computing."""
+        verify_key = self.v.keys()[1]
+        logits, hidden = self.v.forward(token, cache, history, None)
+        _, nxt = self.v.accept(logits, Draft.empty(), verify_key)
+        mx.async_eval(nxt)
+        return nxt, hidden
+
+
+class ChainRound:
+    """k > 0: draft a chain of k tokens, verify k+1 rows in one target pass."""
+
+    def __init__(self, v: Verifier):
+        self.v = v
+
+    def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
+        v, drafter, stats = self.v, self.v.drafter, self.v.stats
+        draft_key, verify_key = v.keys()
+        drafter_syncs = drafter.syncs
+        draft = drafter.propose(context, k, v.sampling, draft_key)
+        stats.host_syncs += drafter.syncs - drafter_syncs
+        x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
+        logits, hidden = v.forward(x, cache, context, draft.tokens)  # (1 + kd, V)
+        n, nxt = v.accept(logits, draft, verify_key)
+        mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
+        stats.host_syncs += 1
+        n = int(n.item())
+        rewind(cache, draft.count - n)
+        if hidden is None:
+            drafter.accept(n)
+        else:  # rows 0..n: the last context token and the kept drafts, whose next tokens are now known
+            drafter.accept(n, hidden=hidden[: n + 1])
+        stats.record_round(draft.count, n)
+        return Outcome(draft.tokens.tolist()[:n] + [int(nxt.item())], n, draft.count)
+
+    def drop(self, cache: list) -> None:
+        """Nothing is queued past a chain round."""
