@@ -49,7 +49,7 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
     """None if the kernel matches the reference on random inputs of this signature, else why not."""
     try:
         kq, kk, kv = mx.random.split(mx.random.key(heads * 131 + dim), 3)
-        rows, keys = 4, 37
+        rows, keys = 4, 300  # past a 256-key chunk boundary of the GPU kernel
         q = mx.random.normal((1, heads, rows, dim), key=kq).astype(dtype)
         k = mx.random.normal((1, kv_heads, keys + 5, dim), key=kk).astype(dtype)[:, :, :keys]  # a cache-like view
         v = mx.random.normal((1, kv_heads, keys + 5, value_dim), key=kv).astype(dtype)[:, :, :keys]
@@ -74,12 +74,15 @@ def _record() -> registry.KernelRecord:
 
 
 def _load_sdpa(backend: str):
-    if backend != "cpu":
-        raise KernelUnavailable(f"no few-row attention kernel for {backend} yet")
-    from .cpu import cpu_sdpa_function
+    if backend == "cpu":
+        from .cpu import cpu_sdpa_function
 
-    fn = cpu_sdpa_function()
-    return fn, fn.isa
+        fn = cpu_sdpa_function()
+        return fn, fn.isa
+    from . import gpu_attention
+
+    fn = gpu_attention.metal_sdpa_function() if backend == "metal" else gpu_attention.cuda_sdpa_function()
+    return fn, f"mx.fast.{backend}_kernel, {gpu_attention.CHUNK}-key chunks"
 
 
 registry.register("sdpa", _load_sdpa)
@@ -88,7 +91,9 @@ registry.register("sdpa", _load_sdpa)
 def _usable(queries, keys, values, cache, mask, sinks) -> bool:
     if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
-    if queries.ndim != 4 or keys.ndim != 4:
+    if queries.ndim != 4 or keys.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
+        return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
+    if mask is not None and queries.shape[2] > keys.shape[2]:
         return False
     if queries.dtype not in EPS or keys.dtype != queries.dtype or values.dtype != queries.dtype:
         return False

@@ -3,8 +3,8 @@
     report = install_kernels(model)    # {"backend", "layers": {...}, "attention": {...}, "pointwise": {...}}
     remove_kernels(model)              # MLX's ops again in this model (others are untouched)
 
-Quantized layers are swapped (layers.py), attention and swiglu calls are routed per module
-(hooks.py), RMSNorm and RoPE modules swapped (pointwise.py). Each family uses its kernel only for
+Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py), attention and
+swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
 """
 
@@ -14,6 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import restore_attention, use_attention_kernel
+from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kernels
 from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .registry import device_backend_name
@@ -28,12 +29,14 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None) -> dict:
         report["pointwise"] = use_pointwise_kernels(model)
     else:
         report["pointwise"] = {"kernel": "pointwise", "error": f"not needed on {backend}: MLX's ops are fused there"}
+        report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
     return report
 
 
 def remove_kernels(model: nn.Module) -> None:
     """MLX's own ops again in every layer of this model."""
     restore_layers(model)
+    restore_dense(model)
     restore_attention(model)
     restore_pointwise(model)
 
@@ -44,7 +47,7 @@ def installed(model: nn.Module) -> bool:
     from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear
     from .pointwise import KernelRMSNorm, KernelRoPE
 
-    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelRMSNorm, KernelRoPE)
+    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelLinear, KernelEmbedding, KernelRMSNorm, KernelRoPE)
     return any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
                for _, m in model.named_modules())
 
