@@ -45,6 +45,7 @@ _PRE_TYPES = {
     "gpt2": ([_GPT2], False),
     "smollm": ([r"\p{N}", _GPT2], False),  # also starcoder, refact, command-r: digits one by one
     "llama3": ([_LLAMA3], True),
+    "dbrx": ([_LLAMA3], False),  # llama-3's regex without its ignore_merges and BOS (dbrx, smaug-bpe)
     "qwen2": ([_QWEN2], False),
 }
 # tokenizer.ggml.pre names -> the types above (llama_vocab::impl::load).
@@ -52,7 +53,8 @@ PRE_TOKENIZERS = {
     "default": "default",
     **dict.fromkeys(["gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4"], "gpt2"),
     **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], "smollm"),
-    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral", "dbrx", "smaug-bpe"], "llama3"),
+    **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"], "llama3"),
+    **dict.fromkeys(["dbrx", "smaug-bpe"], "dbrx"),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], "qwen2"),
 }
 # Pre-tokenizer types after which llama.cpp adds BOS unless the file says otherwise.
@@ -166,7 +168,8 @@ def _merges_from_scores(tokens: list, scores: list, types: list, ids: dict) -> l
     """
     ranked = []
     for i, token in enumerate(tokens):
-        if types[i] not in (NORMAL, USER_DEFINED) or len(token) < 2:
+        # Control, byte and unknown tokens are reached whole (added tokens, byte fallback), never merged.
+        if types[i] not in (NORMAL, USER_DEFINED, UNUSED) or len(token) < 2:
             continue
         for cut in range(1, len(token)):
             left, right = token[:cut], token[cut:]

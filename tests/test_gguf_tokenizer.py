@@ -41,12 +41,12 @@ def llama_cpp_split(text: str, regexes: list[str]) -> list[str]:
     return pieces
 
 
-@pytest.mark.parametrize("pre", ["default", "gpt-2", "smollm", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
 def test_pre_tokenizer_splits_like_llama_cpp(pre):
     backend = build_backend(gpt2_vocab(pre), "t.gguf")
-    spelling = fx._bytes_to_unicode()
+    spelling, regexes = fx._bytes_to_unicode(), _PRE_TYPES[PRE_TOKENIZERS[pre]][0]
     for text in TEXTS:
-        want = ["".join(spelling[b] for b in piece.encode()) for piece in llama_cpp_split(text, _PRE_TYPES[PRE_TOKENIZERS[pre]][0])]
+        want = ["".join(spelling[b] for b in piece.encode()) for piece in llama_cpp_split(text, regexes)]
         assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)] == want, text
 
 
@@ -68,7 +68,8 @@ def test_llama3_takes_whole_tokens_before_merging():
 
 
 def test_byte_level_round_trip_and_control_tokens():
-    backend = build_backend(gpt2_vocab("smollm") | {"token_type": [3] * 3 + [1] * (len(fx.byte_level_vocab()) - 3)}, "t")
+    types = [3] * len(fx.SPECIALS) + [1] * (len(fx.byte_level_vocab()) - len(fx.SPECIALS))  # CONTROL, NORMAL
+    backend = build_backend(gpt2_vocab("smollm") | {"token_type": types}, "t")
     for text in TEXTS:
         assert backend.decode(backend.encode(text).ids) == text
     assert backend.encode("<|im_start|>user<|im_end|>").ids == [1] + backend.encode("user").ids + [2]
@@ -84,7 +85,8 @@ def test_sentencepiece_space_after_special_and_no_prefix():
     vocab = spm_vocab()
     tokens = vocab["tokens"]
     # llama.cpp puts a space before the text and after every special token.
-    assert [tokens[i] for i in build_backend(vocab, "t").encode("the</s>world").ids] == ["\u2581the", "</s>", "\u2581world"]
+    ids = build_backend(vocab, "t").encode("the</s>world").ids
+    assert [tokens[i] for i in ids] == ["\u2581the", "</s>", "\u2581world"]
     plain = build_backend(spm_vocab(add_space_prefix=False), "t")
     assert [tokens[i] for i in plain.encode("the world").ids] == ["t", "he", "\u2581world"]
     assert plain.decode(plain.encode("the world").ids) == "the world"
