@@ -82,9 +82,9 @@ def build_backend(vocab: dict, name: str) -> Tokenizer:
                 f"{name}: tokenizer model {kind!r} (tokenizer.ggml.model) is not supported "
                 f"(supported: {', '.join(MODELS)})"
             )
+    except ModelLoadError:
+        raise
     except Exception as e:  # tokenizers raises plain Exception on a merge naming an absent token
-        if isinstance(e, ModelLoadError):
-            raise
         raise ModelLoadError(f"{name}: cannot build its {kind!r} tokenizer: {e}") from None
     # Longest first, as llama.cpp matches them; `special` ones are dropped by skip_special_tokens.
     whole = sorted((i for i, t in enumerate(types) if t in (CONTROL, USER_DEFINED, UNKNOWN)),
@@ -112,12 +112,13 @@ def set_special_template(tokenizer: Tokenizer, bos: tuple[int, str] | None, eos:
     if bos is None and eos is None:
         return
 
-    def around(seq: str) -> str:
-        return " ".join([*([f"{bos[1]}:{seq[-1]}"] if bos else []), seq, *([f"{eos[1]}:{seq[-1]}"] if eos else [])])
+    def around(seq: str, type_id: int) -> str:  # "<s>:0 $A:0": BOS/EOS take the type id of their text
+        parts = [token for token in (bos and bos[1], seq, eos and eos[1]) if token]
+        return " ".join(f"{part}:{type_id}" for part in parts)
 
     tokenizer.post_processor = TemplateProcessing(
-        single=around("$A:0"),
-        pair=around("$A:0") + " " + around("$B:1"),
+        single=around("$A", 0),
+        pair=around("$A", 0) + " " + around("$B", 1),
         special_tokens=[(token, token_id) for token_id, token in filter(None, (bos, eos))],
     )
 

@@ -13,7 +13,7 @@ import regex
 import gguf_fixtures as fx
 from mlxspec.errors import ModelLoadError
 from mlxspec.gguf import load_gguf
-from mlxspec.gguf_tokenizer import _PRE_TYPES, PRE_TOKENIZERS, build_backend
+from mlxspec.gguf_tokenizer import _PRE_TYPES, PRE_TOKENIZERS, build_backend, set_special_template
 
 TEXTS = [
     "Hello's world!! It'S 12345 apples,\n\n  x+=1 \t",
@@ -130,3 +130,12 @@ def test_bos_follows_the_file_then_llama_cpp_default(tmp_path, pre, add_bos, bos
     _, tokenizer, _ = load_gguf(fx.write_tiny_llama_gguf(tmp_path / "b.gguf", "Q4_0", pre=pre, add_bos=add_bos))
     ids = tokenizer.encode(" the world")
     assert (ids[0] == fx.BOS_ID) is bos and len(ids) == 2 + bos
+
+
+def test_special_template_adds_bos_and_eos_as_asked():
+    backend = build_backend(spm_vocab(), "t")
+    text = backend.encode("the").ids
+    for bos, eos, want in [((1, "<s>"), None, [1, *text]), (None, (2, "</s>"), [*text, 2]),
+                           ((1, "<s>"), (2, "</s>"), [1, *text, 2])]:
+        set_special_template(backend, bos, eos)
+        assert backend.encode("the").ids == want
