@@ -17,6 +17,7 @@ import os
 from .bench import blas as blas_mod
 from .bench import blas_preload
 from .bench.hardware import available_memory_bytes, machine_facts, mlx_facts
+from .versions import version_problems
 
 GB = 1e9
 
@@ -105,6 +106,7 @@ def problems(report: dict) -> list[str]:
         out.append("MLX runs on the CPU on a Mac: install mlx with Metal (pip install mlx) on Apple Silicon")
     if report["blas"].get("advice"):
         out.append(report["blas"]["advice"])
+    out += version_problems()  # MLX / mlx-lm / transformers outside pyproject.toml's tested ranges
     return out
 
 

@@ -8,7 +8,7 @@ ggml types it silently converts or cannot read, so we read the header ourselves 
 them: a K-quant dequantized to float16 would load, run slowly, and not be the model the user chose.
 
 The architecture comes from mlx-lm (llama, qwen2); only the names and the config are mapped here.
-The tokenizer is rebuilt from the `tokenizer.ggml.*` metadata with transformers' GGUF builder.
+The tokenizer is rebuilt from the `tokenizer.ggml.*` metadata by mlxspec.gguf_tokenizer, as llama.cpp reads it.
 """
 
 from __future__ import annotations
@@ -217,7 +217,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     config["gguf_tensor_types"] = dict(type_counts)
 
     model = _build_model(arch, config, weights, path)
-    tokenizer = _build_tokenizer(arch, metadata, path)
+    tokenizer = _build_tokenizer(metadata, path)
     return model, tokenizer, config
 
 
@@ -338,51 +338,43 @@ def _build_model(arch: str, config: dict, weights: dict, path: Path) -> nn.Modul
 # ---------------------------------------------------------------- tokenizer
 
 
-def _build_tokenizer(arch: str, metadata: dict, path: Path):
+def _build_tokenizer(metadata: dict, path: Path):
     """mlx-lm TokenizerWrapper around a PreTrainedTokenizerFast rebuilt from `tokenizer.ggml.*`."""
     from mlx_lm.tokenizer_utils import (
         BPEStreamingDetokenizer,
-        NaiveStreamingDetokenizer,
         SPMStreamingDetokenizer,
         TokenizerWrapper,
     )
     from transformers import PreTrainedTokenizerFast
-    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
 
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    if tokens is None:
-        raise ModelLoadError(f"{path.name} carries no tokenizer (no tokenizer.ggml.tokens)")
-    kind = _value(metadata, "tokenizer.ggml.model")
-    spec = {"tokenizer_type": kind, "pre_tokenizer_type": _value(metadata, "tokenizer.ggml.pre"), "tokens": tokens}
-    for key, name in [
-        ("merges", "merges"),
-        ("token_type", "token_type"),
-        ("scores", "scores"),
-        ("add_space_prefix", "add_prefix_space"),
-    ]:
-        value = metadata.get(f"tokenizer.ggml.{key}")
-        if value is not None:
-            spec[name] = value.tolist() if isinstance(value, mx.array) else value
-    try:
-        backend, _ = convert_gguf_tokenizer(arch, spec)
-    except (ValueError, KeyError) as e:
-        raise ModelLoadError(f"{path.name}: cannot build its tokenizer: {e}") from None
+    from .gguf_tokenizer import BOS_BY_DEFAULT, build_backend, pre_tokenizer_type, set_special_template
+
+    prefix = "tokenizer.ggml."
+    vocab = {
+        key[len(prefix):]: value.tolist() if isinstance(value, mx.array) else value
+        for key, value in metadata.items()
+        if key.startswith(prefix)
+    }
+    backend = build_backend(vocab, path.name)
+    kind, tokens = vocab["model"], vocab["tokens"]
 
     def token(key):
-        token_id = _value(metadata, f"tokenizer.ggml.{key}_token_id")
+        token_id = vocab.get(f"{key}_token_id")
         return (token_id, tokens[token_id]) if token_id is not None and token_id < len(tokens) else (None, None)
 
-    (_, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
-    # llama.cpp's default when the file does not say: BOS for sentencepiece vocabularies only.
-    add_bos = bool(_value(metadata, "tokenizer.ggml.add_bos_token", kind == "llama")) and bos is not None
-    add_eos = bool(_value(metadata, "tokenizer.ggml.add_eos_token", False)) and eos is not None
+    (bos_id, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
+    # llama.cpp's default when the file does not say: BOS for sentencepiece and llama-3 vocabularies.
+    bos_default = kind == "llama" or pre_tokenizer_type(vocab, path.name) in BOS_BY_DEFAULT
+    add_bos = bool(vocab.get("add_bos_token", bos_default)) and bos is not None
+    add_eos = bool(vocab.get("add_eos_token", False)) and eos is not None
+    set_special_template(backend, (bos_id, bos) if add_bos else None, (eos_id, eos) if add_eos else None)
     hf_tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=bos,
         eos_token=eos,
         unk_token=unk,
         pad_token=pad,
-        add_bos_token=add_bos,  # passing these makes transformers rebuild the post-processor
+        add_bos_token=add_bos,  # what the post-processor above does, so the attributes say it too
         add_eos_token=add_eos,
         chat_template=_value(metadata, "tokenizer.chat_template"),
         clean_up_tokenization_spaces=False,  # decode must give back the text, spaces and all
@@ -390,13 +382,11 @@ def _build_tokenizer(arch: str, metadata: dict, path: Path):
 
     if kind == "gpt2":
         detokenizer = BPEStreamingDetokenizer
-    elif kind == "llama":
+    else:  # "llama" (build_backend refused the rest)
         # SPM: strip the leading space only when the tokenizer adds one.
-        trim = bool(_value(metadata, "tokenizer.ggml.add_space_prefix", True))
+        trim = bool(vocab.get("add_space_prefix", True))
         detokenizer = lambda tok: SPMStreamingDetokenizer(tok, trim_space=trim)  # noqa: E731
-    else:
-        detokenizer = NaiveStreamingDetokenizer
     # End of generation: EOS, and the end-of-turn token where the file names one (llama-3's <|eot_id|>).
-    eot_id = _value(metadata, "tokenizer.ggml.eot_token_id")
+    eot_id = vocab.get("eot_token_id")
     eos_ids = [i for i in (eos_id, eot_id) if i is not None]
     return TokenizerWrapper(hf_tokenizer, detokenizer, eos_token_ids=eos_ids)

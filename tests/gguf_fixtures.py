@@ -83,6 +83,7 @@ def write_tiny_llama_gguf(
     type_overrides: dict[str, str] | None = None,
     add_bos: bool | None = False,
     tokenizer: str = "gpt2",
+    pre: str = "smollm",
 ) -> Path:
     """Write a tiny random GGUF model and return its path.
 
@@ -95,6 +96,7 @@ def write_tiny_llama_gguf(
     llama tensors under that architecture name (for refusal tests).
     tokenizer: "gpt2" (byte-level BPE, as SmolLM2) or "llama" (sentencepiece with byte fallback,
     BOS id 1, EOS id 2, no chat template). add_bos=None leaves the flag out of the file.
+    pre: the gpt2 vocabulary's pre-tokenizer name (tokenizer.ggml.pre).
     """
     path = Path(path)
     rng = np.random.default_rng(seed)
@@ -114,7 +116,7 @@ def write_tiny_llama_gguf(
     writer.add_rope_dimension_count(HIDDEN // HEADS)
     if tokenizer == "gpt2":
         writer.add_tokenizer_model("gpt2")
-        writer.add_tokenizer_pre("smollm")
+        writer.add_tokenizer_pre(pre)
         writer.add_token_list(tokens)
         # 3 is CONTROL (the specials), 1 is NORMAL.
         writer.add_token_types([3] * len(SPECIALS) + [1] * (len(tokens) - len(SPECIALS)))

@@ -292,6 +292,7 @@ def test_smollm2_tokenizer_matches_llama_cpp(smollm2):
     assert len(cases) == 8
     for case in cases:
         assert tokenizer.encode(case["text"]) == case["ids"], case["text"]
+        assert tokenizer.decode(case["ids"]) == case["text"]  # and back, special tokens included
 
 
 @pytest.mark.slow

@@ -1,0 +1,141 @@
+"""mlxspec.gguf_tokenizer: GGUF vocabularies rebuilt with `tokenizers`, split as llama.cpp splits.
+
+The pre-tokenizer is checked against an independent reading of llama.cpp's rule (each regex in
+turn over the previous pieces, text between matches kept as pieces) run by the `regex` module,
+a different regex engine from the Oniguruma inside `tokenizers`.
+"""
+
+from __future__ import annotations
+
+import pytest
+import regex
+
+import gguf_fixtures as fx
+from mlxspec.errors import ModelLoadError
+from mlxspec.gguf import load_gguf
+from mlxspec.gguf_tokenizer import _PRE_TYPES, PRE_TOKENIZERS, build_backend, set_special_template
+
+TEXTS = [
+    "Hello's world!! It'S 12345 apples,\n\n  x+=1 \t",
+    "naïve café — “quotes” 🙂 日本語 ١٢٣",
+    "def f(a, b):\n    return a**2 + b  # I'd say so\r\n",
+]
+
+
+def gpt2_vocab(pre: str, extra: tuple[str, ...] = ()) -> dict:
+    return {"model": "gpt2", "pre": pre, "tokens": fx.byte_level_vocab() + list(extra), "merges": fx.MERGES}
+
+
+def llama_cpp_split(text: str, regexes: list[str]) -> list[str]:
+    pieces = [text]
+    for expr in regexes:
+        out = []
+        for piece in pieces:
+            start = 0
+            for m in regex.finditer(expr, piece):
+                out += [piece[start : m.start()]] if m.start() > start else []
+                out.append(m.group())
+                start = m.end()
+            out += [piece[start:]] if start < len(piece) else []
+        pieces = out
+    return pieces
+
+
+@pytest.mark.parametrize("pre", sorted(PRE_TOKENIZERS))
+def test_pre_tokenizer_splits_like_llama_cpp(pre):
+    backend = build_backend(gpt2_vocab(pre), "t.gguf")
+    spelling, regexes = fx._bytes_to_unicode(), _PRE_TYPES[PRE_TOKENIZERS[pre]][0]
+    for text in TEXTS:
+        want = ["".join(spelling[b] for b in piece.encode()) for piece in llama_cpp_split(text, regexes)]
+        assert [p for p, _ in backend.pre_tokenizer.pre_tokenize_str(text)] == want, text
+
+
+def test_pre_tokenizers_differ_where_llama_cpp_says():
+    """Digits: one by one (smollm, qwen2), in threes (llama-3), or whole (gpt-2)."""
+    pieces = {pre: [p for p, _ in build_backend(gpt2_vocab(pre), "t").pre_tokenizer.pre_tokenize_str(" 12345")]
+              for pre in ("gpt-2", "smollm", "llama-bpe", "qwen2")}
+    assert pieces == {"gpt-2": ["Ġ12345"], "smollm": ["Ġ", "1", "2", "3", "4", "5"],
+                      "llama-bpe": ["Ġ", "123", "45"], "qwen2": ["Ġ", "1", "2", "3", "4", "5"]}
+
+
+def test_llama3_takes_whole_tokens_before_merging():
+    """llama.cpp sets ignore_merges for llama-3: a piece that is a token is that token."""
+    vocab = gpt2_vocab("llama-bpe", extra=("Ġxyz",))
+    tokens = vocab["tokens"]
+    assert [tokens[i] for i in build_backend(vocab, "t").encode(" xyz").ids] == ["Ġxyz"]
+    vocab["pre"] = "gpt-2"  # no merge builds it, so BPE alone spells it out
+    assert [tokens[i] for i in build_backend(vocab, "t").encode(" xyz").ids] == ["Ġ", "x", "y", "z"]
+
+
+def test_byte_level_round_trip_and_control_tokens():
+    types = [3] * len(fx.SPECIALS) + [1] * (len(fx.byte_level_vocab()) - len(fx.SPECIALS))  # CONTROL, NORMAL
+    backend = build_backend(gpt2_vocab("smollm") | {"token_type": types}, "t")
+    for text in TEXTS:
+        assert backend.decode(backend.encode(text).ids) == text
+    assert backend.encode("<|im_start|>user<|im_end|>").ids == [1] + backend.encode("user").ids + [2]
+    assert backend.encode("a<|im_end|>b").ids == backend.encode("a").ids + [2] + backend.encode("b").ids
+
+
+def spm_vocab(**extra) -> dict:
+    tokens, scores, types = fx.sentencepiece_vocab()
+    return {"model": "llama", "tokens": tokens, "scores": scores, "token_type": types, "unknown_token_id": 0} | extra
+
+
+def test_sentencepiece_space_after_special_and_no_prefix():
+    vocab = spm_vocab()
+    tokens = vocab["tokens"]
+    # llama.cpp puts a space before the text and after every special token.
+    ids = build_backend(vocab, "t").encode("the</s>world").ids
+    assert [tokens[i] for i in ids] == ["\u2581the", "</s>", "\u2581world"]
+    plain = build_backend(spm_vocab(add_space_prefix=False), "t")
+    assert [tokens[i] for i in plain.encode("the world").ids] == ["t", "he", "\u2581world"]
+    assert plain.decode(plain.encode("the world").ids) == "the world"
+
+
+@pytest.mark.parametrize("ab, bc, want", [(2.0, 1.0, ["ab", "c"]), (1.0, 2.0, ["a", "bc"])])
+def test_sentencepiece_merges_follow_scores(ab, bc, want):
+    """Where two merges overlap ("ab" and "bc" in "abc"), the better-scored token wins."""
+    tokens = ["<unk>", "a", "b", "c", "ab", "bc"]
+    vocab = {"model": "llama", "tokens": tokens, "scores": [0, 0, 0, 0, ab, bc], "token_type": [2] + [1] * 5,
+             "add_space_prefix": False}
+    assert [tokens[i] for i in build_backend(vocab, "t").encode("abc").ids] == want
+
+
+@pytest.mark.parametrize(
+    "vocab, named",
+    [
+        (gpt2_vocab("smollm") | {"model": "t5"}, "'t5'"),
+        (gpt2_vocab("made-up-pre"), "'made-up-pre'"),
+        (gpt2_vocab("smollm") | {"merges": ["Ġ t", "no-space"]}, "'no-space'"),
+        (gpt2_vocab("smollm") | {"merges": ["Ġ zz"]}, "cannot build"),  # a merge naming no token
+        (spm_vocab(scores=[0.0]), "score"),
+        (gpt2_vocab("smollm") | {"tokens": []}, "no tokenizer"),
+    ],
+)
+def test_bad_vocabularies_refused(vocab, named):
+    with pytest.raises(ModelLoadError, match=named):
+        build_backend(vocab, "t.gguf")
+
+
+def test_unknown_pre_tokenizer_refused_on_load(tmp_path):
+    path = fx.write_tiny_llama_gguf(tmp_path / "pre.gguf", "Q4_0", pre="made-up-pre")
+    with pytest.raises(ModelLoadError, match="pre.gguf: pre-tokenizer 'made-up-pre'"):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("pre, add_bos, bos", [("llama-bpe", None, True), ("llama-bpe", False, False),
+                                               ("smollm", None, False), ("smollm", True, True)])
+def test_bos_follows_the_file_then_llama_cpp_default(tmp_path, pre, add_bos, bos):
+    """No add_bos flag: llama.cpp adds BOS for llama-3 vocabularies, not for other byte-level ones."""
+    _, tokenizer, _ = load_gguf(fx.write_tiny_llama_gguf(tmp_path / "b.gguf", "Q4_0", pre=pre, add_bos=add_bos))
+    ids = tokenizer.encode(" the world")
+    assert (ids[0] == fx.BOS_ID) is bos and len(ids) == 2 + bos
+
+
+def test_special_template_adds_bos_and_eos_as_asked():
+    backend = build_backend(spm_vocab(), "t")
+    text = backend.encode("the").ids
+    for bos, eos, want in [((1, "<s>"), None, [1, *text]), (None, (2, "</s>"), [*text, 2]),
+                           ((1, "<s>"), (2, "</s>"), [1, *text, 2])]:
+        set_special_template(backend, bos, eos)
+        assert backend.encode("the").ids == want
