@@ -15,6 +15,7 @@ from .references import resolve_for_http
 from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State
 from .streams import ndjson
+from .template_limits import check_template
 
 routes = web.RouteTableDef()
 
@@ -196,6 +197,8 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
     base = _reference(state, field(body, "from", str, required=True), "from", trusted)
     keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system")
     changes = {k: v for k in keys if (v := field(body, k, str)) is not None}
+    if "template" in changes and (why := check_template(changes["template"])):
+        raise ApiError(400, f"template does not parse: {why}")  # refused now, not at every request
     if "draft" in changes:
         changes["draft"] = _reference(state, changes["draft"], "draft", trusted).target
         changes.setdefault("drafter", "draft-model")

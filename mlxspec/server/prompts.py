@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from ..engine import Engine
 from ..store import Manifest
 from .requests import ApiError
+from .template_limits import TemplateLimitError, limited
 
 FIM_TOKENS = [
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -96,7 +97,9 @@ def _apply(engine: Engine, fn):
     from jinja2 import TemplateError
 
     try:
-        return fn()
+        return limited(fn)
+    except TemplateLimitError as e:
+        raise ApiError(400, f"template error: {e}") from None
     except (TemplateError, ArithmeticError, LookupError, TypeError) as e:
         raise ApiError(400, f"template error: {type(e).__name__}: {e}") from None
 

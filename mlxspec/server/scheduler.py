@@ -109,7 +109,8 @@ class Scheduler:
         entry, job.load_seconds = await self.registry.acquire(job.name, job.manifest)
         try:
             engine = entry.engine
-            job.prompt_ids = await self.registry.run(job.build_prompt, engine)
+            # Templates render on a worker thread, time-limited: a slow one never holds the MLX thread.
+            job.prompt_ids = await asyncio.get_running_loop().run_in_executor(None, job.build_prompt, engine)
             gen = engine.generate(job.prompt_ids, job.options, cancel=job.cancel)
             try:
                 try:
