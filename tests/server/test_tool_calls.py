@@ -80,16 +80,24 @@ def test_parsers_per_family():
         == ["mistral", "hermes", "llama3", None, None]
 
 
-@pytest.mark.parametrize("text, content, calls", [
-    ("".join(CALL), "Let me check. ", [ToolCall("get_weather", {"city": "Paris"})]),
-    ("a <tool time, <tool_call>{oops}</tool_call>", "a <tool time, <tool_call>{oops}</tool_call>", []),
+PARIS = [ToolCall("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [
+    ("hermes", "".join(CALL), "Let me check. ", PARIS),
+    ("hermes", "a <tool time, <tool_call>{oops}</tool_call>", "a <tool time, <tool_call>{oops}</tool_call>", []),
+    ("llama3", ' {"name": "get_weather", "parameters": {"city": "Paris"}}', "", PARIS),
+    ("llama3", 'Sure: <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "Sure: ", PARIS),
+    ("llama3", '{"answer": 42} is JSON, not a call', '{"answer": 42} is JSON, not a call', []),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", PARIS),
+    ("mistral", "[TOOL]S are brackets", "[TOOL]S are brackets", []),
 ])
-def test_splitter_holds_back_markers_at_every_cut(text, content, calls):
+def test_splitter_holds_back_markers_at_every_cut(fmt, text, content, calls):
     """Whatever the streaming pieces, no part of a call leaks out as content, and non-calls survive."""
     for cut in range(len(text) + 1):
-        s = Splitter(FORMATS["hermes"])
+        s = Splitter(FORMATS[fmt])
         out = s.feed(text[:cut]) + s.feed(text[cut:])
-        assert "<tool_call" not in out or not calls
+        assert not calls or out == content, cut  # nothing of the call went out before the end
         rest, got = s.finish()
         assert (out + rest, got) == (content, calls), cut
 
@@ -178,3 +186,18 @@ def test_images_to_a_text_model_are_refused(daemon):
         oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [image]}])
     with pytest.raises(ollama.ResponseError, match="does not support images"):
         ollama.Client(host=daemon.url).chat(model="tiny", messages=[{"role": "user", "content": "x", "images": ["AAAA"]}])
+
+
+def test_gguf_without_template_chats_too(daemon, tmp_path):
+    from gguf_fixtures import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "bare.gguf", qtype="F32", tokenizer="llama")  # no chat template
+    daemon.state.store.save("bare-gguf", Manifest(target=str(path)))
+    client = ollama.Client(host=daemon.url)
+    try:
+        out = client.chat(model="bare-gguf", messages=USER, options={"num_predict": 3})
+        assert out.done and out.prompt_eval_count == client.generate(model="bare-gguf", prompt=USER[0]["content"], raw=True,
+                                                                     options={"num_predict": 1}).prompt_eval_count
+        assert "none came with the model" in post(daemon.url + "/api/show", {"model": "bare-gguf"})[1]["mlxspec"]["template_source"]
+    finally:
+        client.generate(model="bare-gguf", keep_alive=0)
