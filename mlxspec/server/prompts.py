@@ -81,6 +81,8 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
     if manifest.template:
         return manifest.template
     template = getattr(engine.tokenizer, "chat_template", None) if engine.tokenizer.has_chat_template else None
+    if isinstance(template, dict):  # named templates: the one HF uses when tools are given
+        template = template.get("tool_use") or template.get("default")
     return template if isinstance(template, str) else None
 
 
@@ -93,7 +95,8 @@ def chat_ids(
     template = chat_template(engine, manifest)
     extra = {"tools": tools} if tools else {}
     extra.update(think_variables(template, think))
-    if template is None:  # a base model: Ollama's default rendering, its special tokens (BOS) included
+    if not manifest.template and not engine.tokenizer.has_chat_template:  # a base model: Ollama's default
+        # rendering (the tokenizer may have a renderer of its own without template text: hence not `template`)
         text = _apply(engine, lambda: _jinja(DEFAULT_CHAT_TEMPLATE).render(messages=messages))
         return engine.encode(text)
     if manifest.template:
