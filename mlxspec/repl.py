@@ -182,5 +182,6 @@ def show_info(info: dict) -> str:
         ("draft", ours.get("draft") or ""),
         ("draft quantization", ours.get("draft_quantize") or ""),
         ("capabilities", ", ".join(info.get("capabilities", []))),
+        ("template", ours.get("template_source", "")),
     ]
     return "\n".join(f"  {k:<20}{v}" for k, v in rows if v not in ("", None))

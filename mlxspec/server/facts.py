@@ -11,6 +11,7 @@ from pathlib import Path
 from ..engine import Engine
 from ..store import Manifest, local_path
 from .prompts import FIM_TOKENS, supports_insert
+from .tool_calls import detect
 
 
 @dataclass
@@ -30,6 +31,11 @@ class Facts:
         caps = ["completion"]
         if supports_insert(manifest.template, self.added_vocab):
             caps.append("insert")
+        template = manifest.template or self.chat_template
+        if detect(template):  # clients (Zed, Open WebUI) offer tools only to models that list it
+            caps.append("tools")
+        if template and "enable_thinking" in template:
+            caps.append("thinking")
         return caps
 
     def details(self, manifest: Manifest) -> dict:

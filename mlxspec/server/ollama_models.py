@@ -45,6 +45,10 @@ def _loaded_facts(state: State, name: str, manifest: Manifest) -> facts.Facts | 
     return facts.from_engine(loaded.engine, manifest) if loaded and loaded.engine is not None else None
 
 
+# What `show` says of a model that came without a chat template (a base model, a bare GGUF).
+NO_TEMPLATE = "none came with the model: chat uses Ollama's default ({{ .Prompt }}: user messages verbatim)"
+
+
 @routes.post("/api/show")
 async def show(request: web.Request) -> web.Response:
     state, body = request.app[STATE], await read_json(request)
@@ -70,6 +74,7 @@ async def show(request: web.Request) -> web.Response:
                 **{k: v for k, v in dataclasses.asdict(manifest).items() if k not in ("parameters", "template", "system")},
                 "drafter": manifest.drafter_name,
                 "chat": bool(manifest.template or known.chat_template),
+                "template_source": "manifest" if manifest.template else "model" if known.chat_template else NO_TEMPLATE,
             },
         }
     )

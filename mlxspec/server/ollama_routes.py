@@ -10,11 +10,12 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids
+from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
 from .requests import ApiError, field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
+from .tool_calls import Found, ToolCall, detect, pieces
 
 OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
 
@@ -49,7 +50,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         context=context_field(body),
     )
     job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive)
-    return await respond(request, state, job, field(body, "stream", bool, True), lambda t: {"response": t}, not req.raw)
+    return await respond(request, state, job, field(body, "stream", bool, True), lambda t, _: {"response": t}, not req.raw)
 
 
 @routes.post("/api/chat")
@@ -57,13 +58,18 @@ async def chat(request: web.Request) -> web.StreamResponse:
     state, body = request.app[STATE], await read_json(request)
     name, manifest = state.manifest(model_field(body))
     keep_alive = keep_alive_field(body)
-    refuse_unsupported(body)
+    refuse_unsupported(body, chat=True)
     messages = check_messages(field(body, "messages", list, []))
     if not messages:
-        return await load_or_unload(state, name, manifest, keep_alive, _message(""))
-    tools = field(body, "tools", list)
-    job = Job(name, manifest, lambda engine: chat_ids(engine, manifest, messages, tools), options(body, manifest), keep_alive)
-    return await respond(request, state, job, field(body, "stream", bool, True), _message)
+        return await load_or_unload(state, name, manifest, keep_alive, _message("", []))
+    tools, think, found = field(body, "tools", list), think_field(body), Found()
+
+    def build(engine):
+        found.format = detect(chat_template(engine, manifest)) if tools else None
+        return chat_ids(engine, manifest, messages, tools, think)
+
+    job = Job(name, manifest, build, options(body, manifest), keep_alive)
+    return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
 
 
 @routes.post("/api/embed")
@@ -94,19 +100,30 @@ def options(body: dict, manifest: Manifest) -> GenerateOptions:
     return manifest.options(field(body, "options", dict, {}), defaults={"num_predict": -1})
 
 
-def refuse_unsupported(body: dict) -> None:
+def think_field(body: dict) -> bool | str | None:
+    """`think`: a boolean, or an effort level as Ollama accepts for gpt-oss."""
+    think = body.get("think")
+    if think is None or isinstance(think, bool) or think in ("low", "medium", "high", "max"):
+        return think
+    raise ApiError(400, "think must be a boolean or one of low, medium, high, max")
+
+
+def refuse_unsupported(body: dict, chat: bool = False) -> None:
     if body.get("format") not in (None, ""):
         raise ApiError(400, "format (structured output) is not supported by mlxspec")
     if body.get("images"):
         raise ApiError(400, "this model does not support images")
-    if body.get("think") not in (None, False):
-        raise ApiError(400, "this model does not support thinking")
+    if not chat and body.get("think") not in (None, False):  # chat passes it to the template
+        raise ApiError(400, "think: thinking is only supported on /api/chat")
     if body.get("logprobs"):
         raise ApiError(400, "logprobs are not supported by mlxspec")
 
 
-def _message(text: str) -> dict:
-    return {"message": {"role": "assistant", "content": text}}
+def _message(text: str, calls: list[ToolCall]) -> dict:
+    message = {"role": "assistant", "content": text}
+    if calls:
+        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+    return {"message": message}
 
 
 # -- responses ---------------------------------------------------------------------------------
@@ -132,28 +149,35 @@ async def load_or_unload(state: State, name: str, manifest: Manifest, keep_alive
 
 
 async def respond(
-    request: web.Request, state: State, job: Job, stream: bool, piece: Callable[[str], dict], context: bool = False
+    request: web.Request, state: State, job: Job, stream: bool, piece: Callable[[str, list], dict],
+    context: bool = False, found: Found | None = None,
 ) -> web.StreamResponse:
-    """Run the job; NDJSON chunks then a final object, or one object when not streaming."""
+    """Run the job; NDJSON chunks then a final object, or one object when not streaming.
+    `found` holds the tool-call format, known once the prompt is built (after `session` starts)."""
     async with state.scheduler.session(job):
+        events = pieces(job.events(), found.format if found else None)
         if stream:
-            return await ndjson(request, _chunks(job, piece, context))
-        text, tokens, last = [], [], None
-        async for event in job.events():
-            text.append(event.text)
+            return await ndjson(request, _chunks(job, events, piece, context))
+        text, calls, tokens, last = [], [], [], None
+        async for content, new_calls, event in events:
+            text.append(content)
+            calls += new_calls
             tokens += event.tokens
             last = event
-        return web.json_response(final(job, last, piece("".join(text)), tokens if context else None))
+        return web.json_response(final(job, last, piece("".join(text), calls), tokens if context else None))
 
 
-async def _chunks(job: Job, piece: Callable[[str], dict], context: bool):
+async def _chunks(job: Job, events, piece: Callable[[str, list], dict], context: bool):
     tokens: list[int] = []
-    async for event in job.events():
+    async for content, calls, event in events:
         tokens += event.tokens
+        if calls:  # Ollama sends the calls in a chunk of their own, before the final one
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, calls), "done": False}
+            content = ""
         if event.done:
-            yield final(job, event, piece(event.text), tokens if context else None)
-        elif event.text:
-            yield {"model": job.name, "created_at": now_iso(), **piece(event.text), "done": False}
+            yield final(job, event, piece(content, []), tokens if context else None)
+        elif content:
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, []), "done": False}
 
 
 def final(job: Job, event, piece: dict, tokens: list[int] | None) -> dict:

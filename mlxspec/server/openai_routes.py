@@ -6,6 +6,7 @@ Errors on these paths take OpenAI's shape (see app.py). As in Ollama, `temperatu
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 
@@ -13,11 +14,12 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest, parse_name
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids
+from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
 from .requests import ApiError, field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
+from .tool_calls import Found, ToolCall, detect, pieces
 
 routes = web.RouteTableDef()
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -30,9 +32,38 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     messages = check_messages(field(body, "messages", list, required=True), openai=True)
     if not messages:
         raise ApiError(400, "messages must not be empty")
+    tools, think, found = tools_field(body), think_field(body), Found()
+
+    def build(engine):
+        found.format = detect(chat_template(engine, manifest)) if tools else None
+        return chat_ids(engine, manifest, messages, tools, think)
+
+    job = Job(name, manifest, build, options(body, manifest))
+    return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
+
+
+def tools_field(body: dict) -> list | None:
+    """`tools`; `tool_choice` "none" drops them (the model is not told), other choices cannot be forced."""
     tools = field(body, "tools", list)
-    job = Job(name, manifest, lambda engine: chat_ids(engine, manifest, messages, tools), options(body, manifest))
-    return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice)
+    choice = body.get("tool_choice")
+    if choice == "none":
+        return None
+    if choice not in (None, "auto"):
+        raise ApiError(400, "tool_choice: only \"auto\" and \"none\" are supported (a call cannot be forced)")
+    return tools
+
+
+def think_field(body: dict) -> bool | str | None:
+    """OpenAI's reasoning_effort, or Ollama's `think` riding along, as the template's thinking switch."""
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in ("none", "minimal", "low", "medium", "high"):
+            raise ApiError(400, "reasoning_effort must be one of none, minimal, low, medium, high")
+        return False if effort == "none" else effort
+    think = body.get("think")
+    if think is None or isinstance(think, bool):
+        return think
+    raise ApiError(400, "think must be a boolean")
 
 
 @routes.post("/v1/completions")
@@ -102,40 +133,54 @@ def options(body: dict, manifest: Manifest) -> GenerateOptions:
     return manifest.options(opts, defaults={"num_predict": -1, "temperature": 1.0})
 
 
-def _chat_choice(text: str, delta: bool) -> dict:
-    return {"delta" if delta else "message": {"role": "assistant", "content": text}}
+def _chat_choice(text: str, delta: bool, calls: list[ToolCall] = ()) -> dict:
+    message = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = [
+            {**({"index": i} if delta else {}), "id": f"call_{secrets.token_hex(8)}", "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for i, c in enumerate(calls)
+        ]
+    return {"delta" if delta else "message": message}
 
 
-def _text_choice(text: str, delta: bool) -> dict:
+def _text_choice(text: str, delta: bool, calls=()) -> dict:
     return {"text": text, "logprobs": None}
 
 
-async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind: str, choice) -> web.StreamResponse:
+async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind: str, choice,
+                   found: Found | None = None) -> web.StreamResponse:
     state = request.app[STATE]
     stream_options = field(body, "stream_options", dict, {})
     head = {"id": f"{prefix}-{secrets.token_hex(6)}", "created": int(time.time()), "model": job.name,
             "system_fingerprint": "fp_mlxspec"}
     async with state.scheduler.session(job):
+        events = pieces(job.events(), found.format if found else None)
         if field(body, "stream", bool, False):
-            chunks = _chunks(job, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
+            chunks = _chunks(events, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
                              bool(stream_options.get("include_usage")))
             return await sse(request, chunks, _error)
-        text, last = [], None
-        async for event in job.events():
-            text.append(event.text)
+        text, calls, last = [], [], None
+        async for content, new_calls, event in events:
+            text.append(content)
+            calls += new_calls
             last = event
+        reason = "tool_calls" if calls else FINISH[last.finish_reason]
         return web.json_response(
             {**head, "object": kind,
-             "choices": [{"index": 0, **choice("".join(text), False), "finish_reason": FINISH[last.finish_reason]}],
+             "choices": [{"index": 0, **choice("".join(text), False, calls), "finish_reason": reason}],
              "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
         )
 
 
-async def _chunks(job: Job, head: dict, kind: str, choice, include_usage: bool):
-    async for event in job.events():
-        if event.text or event.done:
-            reason = FINISH[event.finish_reason] if event.done else None
-            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(event.text, True), "finish_reason": reason}]}
+async def _chunks(events, head: dict, kind: str, choice, include_usage: bool):
+    async for content, calls, event in events:
+        if calls:  # the calls in a chunk of their own, then the finish chunk says "tool_calls"
+            yield {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, calls), "finish_reason": None}]}
+            content = ""
+        if content or event.done:
+            reason = ("tool_calls" if calls else FINISH[event.finish_reason]) if event.done else None
+            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(content, True), "finish_reason": reason}]}
             if event.done:
                 chunk["speculative"] = event.stats.to_dict()
             yield chunk

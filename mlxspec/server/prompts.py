@@ -8,6 +8,7 @@ These functions run on the MLX thread: they need the tokenizer.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from ..engine import Engine
@@ -70,16 +71,59 @@ def _generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> li
     return engine.encode(f"{system}\n\n{req.prompt}" if system else req.prompt)  # a base model: plain text
 
 
-def chat_ids(engine: Engine, manifest: Manifest, messages: list[dict], tools: list | None = None) -> list[int]:
+# Ollama's default for a model without a template is `{{ .Prompt }}`: each user message verbatim,
+# one after another; system, assistant and tool messages are not rendered (docs/template.md, and
+# template.Execute running a Messages-less template once per turn). We do the same.
+DEFAULT_CHAT_TEMPLATE = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
+
+
+def chat_template(engine: Engine, manifest: Manifest) -> str | None:
+    """The chat template in force: the manifest's, else the model's own; None when neither exists."""
+    if manifest.template:
+        return manifest.template
+    template = getattr(engine.tokenizer, "chat_template", None) if engine.tokenizer.has_chat_template else None
+    if isinstance(template, dict):  # named templates: the one HF uses when tools are given
+        template = template.get("tool_use") or template.get("default")
+    return template if isinstance(template, str) else None
+
+
+def chat_ids(
+    engine: Engine, manifest: Manifest, messages: list[dict], tools: list | None = None, think: bool | str | None = None
+) -> list[int]:
     """/api/chat and /v1/chat/completions: the conversation through the chat template."""
     if manifest.system and not any(m["role"] == "system" for m in messages):
         messages = [{"role": "system", "content": manifest.system}] + messages
+    template = chat_template(engine, manifest)
     extra = {"tools": tools} if tools else {}
+    extra.update(think_variables(template, think))
+    if not manifest.template and not engine.tokenizer.has_chat_template:  # a base model: Ollama's default
+        # rendering (the tokenizer may have a renderer of its own without template text: hence not `template`)
+        text = _apply(engine, lambda: _jinja(DEFAULT_CHAT_TEMPLATE).render(messages=messages))
+        return engine.encode(text)
     if manifest.template:
         return render(engine, manifest.template, messages, **extra)
-    if not engine.tokenizer.has_chat_template:
-        raise ApiError(400, "this model has no chat template: use /api/generate, or create it with a template")
     return _apply(engine, lambda: engine.chat_prompt(messages, **extra))
+
+
+def think_variables(template: str | None, think: bool | str | None) -> dict:
+    """`think` for templates that know it: Qwen3-style `enable_thinking`, gpt-oss `reasoning_effort`.
+    Turning thinking off where a template has no switch is a no-op (as Ollama); asking for it is a 400."""
+    if think is None:
+        return {}
+    template = template or ""
+    if isinstance(think, str) and "reasoning_effort" in template:
+        return {"reasoning_effort": think}
+    if "enable_thinking" in template:
+        return {"enable_thinking": bool(think)}
+    if not think:
+        return {}
+    raise ApiError(400, "think: this model's chat template has no thinking switch (enable_thinking); leave think out")
+
+
+def _jinja(source: str):
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    return ImmutableSandboxedEnvironment().from_string(source)
 
 
 def render(engine: Engine, template: str, messages: list[dict], **variables) -> list[int]:
@@ -108,7 +152,7 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
     """Validate chat messages (on the event loop, before queueing); returns plain dicts."""
     if not isinstance(messages, list):
         raise ApiError(400, "messages must be a list")
-    out = []
+    out, names = [], {}  # names: OpenAI tool_call_id -> function name
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise ApiError(400, f"messages[{i}] must be an object")
@@ -124,10 +168,38 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
         if m.get("images"):
             raise ApiError(400, "this model does not support images")
         msg = {"role": "system" if role == "developer" else role, "content": content}
-        for key in ("tool_calls", "tool_name", "name", "tool_call_id"):
+        for key in ("tool_name", "name", "tool_call_id"):
             if m.get(key) is not None:
                 msg[key] = m[key]
+        if m.get("tool_calls") is not None:
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
+            names.update({c["id"]: c["function"]["name"] for c in msg["tool_calls"] if "id" in c})
+        if role == "tool" and "tool_name" not in msg and msg.get("tool_call_id") in names:
+            msg["tool_name"] = names[msg["tool_call_id"]]  # OpenAI names the call by id; Ollama by tool_name
         out.append(msg)
+    return out
+
+
+def _tool_calls(calls, i: int) -> list[dict]:
+    """An assistant's earlier calls, as HF chat templates expect them: {"function": {"name",
+    "arguments": <object>}} (OpenAI sends the arguments as JSON text), plus OpenAI's id and type."""
+    where = f"messages[{i}].tool_calls"
+    if not isinstance(calls, list):
+        raise ApiError(400, f"{where} must be a list")
+    out = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"{where}[{j}] must be {{\"function\": {{\"name\": ..., \"arguments\": ...}}}}")
+        args = fn.get("arguments") or {}
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except ValueError:
+                raise ApiError(400, f"{where}[{j}].function.arguments is not valid JSON") from None
+        if not isinstance(args, dict):
+            raise ApiError(400, f"{where}[{j}].function.arguments must be an object")
+        out.append({**{k: call[k] for k in ("id", "type") if k in call}, "function": {"name": fn["name"], "arguments": args}})
     return out
 
 
@@ -136,6 +208,7 @@ def _text_parts(parts: list, i: int) -> str:
     texts = []
     for part in parts:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ApiError(400, f"messages[{i}].content: only text parts are supported")
+            what = "this model does not support images" if isinstance(part, dict) and "image" in str(part.get("type")) else "only text parts are supported"
+            raise ApiError(400, f"messages[{i}].content: {what}")
         texts.append(part["text"])
     return "".join(texts)

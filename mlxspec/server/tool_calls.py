@@ -1,0 +1,187 @@
+"""Tool calls in generated text -> structured calls, per model family (a name -> parser table).
+
+The engine only produces text; a model asked to call a tool writes the call in its family's own
+syntax. Which syntax is read from the chat template's text (`detect`). While streaming, `Splitter`
+holds back text from the first call marker on (and a trailing piece that may be the start of one);
+at the end the held text becomes calls, or, if it is not a valid call, plain content again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: dict
+
+
+Parsed = tuple[str, list[ToolCall]]  # (content outside the calls, the calls)
+
+
+def _call(obj, args_key: str = "arguments") -> ToolCall | None:
+    """{"name": str, <args_key>: object or JSON text of one}; None when it is not a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return None
+    args = obj.get(args_key, obj.get("arguments", {}))
+    if isinstance(args, str):  # some models write the arguments as a JSON string, as OpenAI does
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError:
+            return None
+    return ToolCall(obj["name"], args) if isinstance(args, dict) else None
+
+
+def _json_values(text: str, separators: str = " \t\r\n;,") -> list | None:
+    """Consecutive JSON values in `text` (separated by whitespace, ';' or ','); None if anything else."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while True:
+        while i < len(text) and text[i] in separators:
+            i += 1
+        if i == len(text):
+            return values
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except ValueError:
+            return None
+        values.append(value)
+
+
+_HERMES = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.S)
+
+
+def parse_hermes(text: str) -> Parsed | None:
+    """Qwen2.5/Qwen3, Hermes: <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated.
+    A last call cut by the end of generation (no closing tag) still counts if its JSON is whole."""
+    calls = []
+    for body in _HERMES.findall(text):
+        values = _json_values(body)
+        if not values or len(values) != 1 or (call := _call(values[0])) is None:
+            return None
+        calls.append(call)
+    return (_HERMES.sub("", text).strip(), calls) if calls else None
+
+
+def parse_llama3(text: str) -> Parsed | None:
+    """Llama 3.x: {"name": ..., "parameters": {...}} (several separated by ';'), after an optional
+    <|python_tag|>; the JSON must be all that follows, or it is an answer that merely looks like JSON."""
+    content, tag, rest = text.partition("<|python_tag|>")
+    if not tag:
+        content, rest = "", text
+    values = _json_values(rest)
+    calls = [_call(v, "parameters") for v in values or []]
+    return (content.strip(), calls) if calls and all(calls) else None
+
+
+_MISTRAL_V11 = re.compile(r"\[TOOL_CALLS\]([^\[\]{}\s]+)\[ARGS\]")
+
+
+def parse_mistral(text: str) -> Parsed | None:
+    """Mistral: [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]; newer tokenizers (v11) write
+    [TOOL_CALLS]name[ARGS]{...} once per call."""
+    content, _, rest = text.partition("[TOOL_CALLS]")
+    if _MISTRAL_V11.search(text):
+        calls = []
+        for name, args in zip(_MISTRAL_V11.findall(text), _MISTRAL_V11.split(text)[2::2]):
+            values = _json_values(args)
+            call = _call({"name": name, "arguments": values[0]}) if values and len(values) == 1 else None
+            if call is None:
+                return None
+            calls.append(call)
+        return content.strip(), calls
+    values = _json_values(rest)
+    if not values or len(values) != 1 or not isinstance(values[0], list) or not values[0]:
+        return None
+    calls = [_call(v) for v in values[0]]
+    return (content.strip(), calls) if all(calls) else None
+
+
+@dataclass(frozen=True)
+class Format:
+    parse: Callable[[str], Parsed | None]
+    markers: tuple[str, ...]  # a call starts here, anywhere in the output
+    leading: tuple[str, ...] = ()  # a call starts here only at the very start of the output
+
+
+FORMATS = {
+    "hermes": Format(parse_hermes, ("<tool_call>",)),
+    "llama3": Format(parse_llama3, ("<|python_tag|>",), leading=("{",)),
+    "mistral": Format(parse_mistral, ("[TOOL_CALLS]",)),
+}
+
+
+def detect(template: str | None) -> str | None:
+    """The call format a chat template teaches its model; None: no known one (output stays text)."""
+    template = template or ""
+    if "[TOOL_CALLS]" in template:
+        return "mistral"
+    if "<tool_call>" in template:
+        return "hermes"
+    if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "tools" in template):
+        return "llama3"
+    return None
+
+
+class Splitter:
+    """Streamed text -> content that is surely not part of a call; the calls at `finish`."""
+
+    def __init__(self, fmt: Format):
+        self.fmt = fmt
+        self.buf = ""
+        self.holding = False  # a marker was seen: everything from it on waits for the end
+        self.started = False  # some content already went out: `leading` markers no longer apply
+
+    def feed(self, text: str) -> str:
+        self.buf += text
+        if self.holding:
+            return ""
+        head = self.buf.lstrip()
+        if not self.started and self.fmt.leading:
+            if not head:
+                return ""  # only whitespace so far: a leading call may still come
+            if head.startswith(self.fmt.leading):
+                self.holding = True
+                return ""
+        found = [i for i in (self.buf.find(m) for m in self.fmt.markers) if i >= 0]
+        cut = min(found) if found else len(self.buf) - _partial_marker(self.buf, self.fmt.markers)
+        self.holding = bool(found)
+        out, self.buf = self.buf[:cut], self.buf[cut:]
+        self.started = self.started or bool(out)
+        return out
+
+    def finish(self) -> Parsed:
+        """The held text as (content, calls); text that is not a valid call is content."""
+        text, self.buf = self.buf, ""
+        parsed = self.fmt.parse(text) if self.holding else None
+        return parsed if parsed else (text, [])
+
+
+def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins some marker (held back until clear)."""
+    return max((n for m in markers for n in range(1, len(m)) if text.endswith(m[:n])), default=0)
+
+
+async def pieces(events, fmt: str | None):
+    """(content, calls, event) per engine event; with a format, content is held back while it may
+    be a call, and the calls come with the last event."""
+    splitter = Splitter(FORMATS[fmt]) if fmt else None
+    async for event in events:
+        if splitter is None:
+            yield event.text, [], event
+        elif event.done:
+            text = splitter.feed(event.text)
+            rest, calls = splitter.finish()
+            yield text + rest, calls, event
+        else:
+            yield splitter.feed(event.text), [], event
+
+
+class Found:
+    """The call format of a job's model: set while its prompt is built (on the MLX thread), read
+    once the job has started; None: no tools in the request, or no known format."""
+
+    format: str | None = None

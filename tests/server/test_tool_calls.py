@@ -1,0 +1,203 @@
+"""Tool calls, think and template-less chat, through the official `ollama` and `openai` clients.
+
+A tiny random model cannot be made to write a tool call, so the model `tools` runs its real engine
+(drafting included, for the statistics) and then replaces the text it streams with a script: what
+a Qwen-style model asked to call a tool would write. The parsers are also tested on their own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import ollama
+import openai
+import pytest
+
+from api_helpers import post
+from mlxspec.emit import Event
+from mlxspec.server.tool_calls import FORMATS, Splitter, ToolCall, detect, parse_hermes, parse_llama3, parse_mistral
+from mlxspec.store import Manifest, load_engine
+
+# A Qwen/Hermes-like template: the tools, earlier calls (arguments must be objects: `.items()`),
+# tool results by name, and a thinking switch.
+TOOL_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}</tools>"
+    " answer with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n{% endif %}"
+    "{% if enable_thinking is defined %}thinking={{ enable_thinking }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}call {{ c.function.name }}"
+    "{% for k, v in c.function.arguments.items() %} {{ k }}={{ v }}{% endfor %}{% endfor %}"
+    "{% if m.get('tool_name') %} from {{ m['tool_name'] }}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CALL = ['Let me check. <tool', '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+USER = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+def scripted(engine, script: dict, prompts: list):
+    """The engine generates as usual (so speculation runs and counts), but streams script['text']."""
+    original = engine.generate
+
+    def generate(prompt, options=None, *, cancel=None):
+        prompts.append(engine.tokenizer.decode(prompt))
+        last = None
+        for last in original(prompt, dataclasses.replace(options, max_tokens=8), cancel=cancel):  # quick
+            pass
+        *pieces, end = script["text"]
+        for piece in pieces:
+            yield Event(text=piece)
+        yield Event(text=end, done=True, finish_reason="stop", stats=last.stats)
+
+    engine.generate = generate
+    return engine
+
+
+@pytest.fixture(scope="module")
+def tools_model(daemon, tiny_llama):
+    script, prompts = {"text": CALL}, []
+    registry, original = daemon.state.registry, daemon.state.registry.loader
+    registry.loader = lambda m: scripted(original(m), script, prompts) if m.template == TOOL_TEMPLATE else original(m)
+    daemon.state.store.save("tools", Manifest(target=str(tiny_llama), draft=str(tiny_llama), template=TOOL_TEMPLATE))
+    yield script, prompts
+    registry.loader = original
+    post(daemon.url + "/api/generate", {"model": "tools", "keep_alive": 0})
+
+
+def test_parsers_per_family():
+    assert parse_hermes('hi <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call><tool_call>{"name": "g", "arguments": "{}"}') \
+        == ("hi", [ToolCall("f", {"a": 1}), ToolCall("g", {})])
+    assert parse_llama3('<|python_tag|>{"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}}') \
+        == ("", [ToolCall("f", {"a": 1}), ToolCall("g", {})])
+    assert parse_mistral('[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}]') == ("", [ToolCall("f", {"a": 1})])
+    assert parse_mistral('[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}') == ("", [ToolCall("f", {"a": 1}), ToolCall("g", {})])
+    for not_a_call in ('{"a": 1}', '{"name": "f", "parameters": [1]} and more'):
+        assert parse_llama3(not_a_call) is None
+    assert parse_hermes("<tool_call>{broken</tool_call>") is None and parse_mistral("[TOOL_CALLS] nope") is None
+    assert [detect(t) for t in ("x [TOOL_CALLS] y", TOOL_TEMPLATE, "<|python_tag|>", "plain", None)] \
+        == ["mistral", "hermes", "llama3", None, None]
+
+
+PARIS = [ToolCall("get_weather", {"city": "Paris"})]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", [
+    ("hermes", "".join(CALL), "Let me check. ", PARIS),
+    ("hermes", "a <tool time, <tool_call>{oops}</tool_call>", "a <tool time, <tool_call>{oops}</tool_call>", []),
+    ("llama3", ' {"name": "get_weather", "parameters": {"city": "Paris"}}', "", PARIS),
+    ("llama3", 'Sure: <|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}', "Sure: ", PARIS),
+    ("llama3", '{"answer": 42} is JSON, not a call', '{"answer": 42} is JSON, not a call', []),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", PARIS),
+    ("mistral", "[TOOL]S are brackets", "[TOOL]S are brackets", []),
+])
+def test_splitter_holds_back_markers_at_every_cut(fmt, text, content, calls):
+    """Whatever the streaming pieces, no part of a call leaks out as content, and non-calls survive."""
+    for cut in range(len(text) + 1):
+        s = Splitter(FORMATS[fmt])
+        out = s.feed(text[:cut]) + s.feed(text[cut:])
+        assert not calls or out == content, cut  # nothing of the call went out before the end
+        rest, got = s.finish()
+        assert (out + rest, got) == (content, calls), cut
+
+
+def test_ollama_client_gets_tool_calls(daemon, tools_model):
+    client = ollama.Client(host=daemon.url)
+    out = client.chat(model="tools", messages=USER, tools=[WEATHER], options={"temperature": 0})
+    assert out.message.content == "Let me check. " and out.done_reason == "stop"
+    assert [(c.function.name, dict(c.function.arguments)) for c in out.message.tool_calls] == [("get_weather", {"city": "Paris"})]
+    assert "<tools>get_weather;</tools>" in tools_model[1][-1]  # the tools reached the template
+    chunks = list(client.chat(model="tools", messages=USER, tools=[WEATHER], stream=True))
+    assert "".join(c.message.content for c in chunks) == "Let me check. "
+    assert [c.function.name for ch in chunks for c in ch.message.tool_calls or []] == ["get_weather"]
+    assert chunks[-1].done and not chunks[-1].message.tool_calls  # the calls came once, before the final chunk
+
+
+def test_ollama_text_that_is_not_a_call_stays_content(daemon, tools_model):
+    tools_model[0]["text"] = ["<tool_call>{not json", "}</tool_call> sorry"]
+    try:
+        out = ollama.Client(host=daemon.url).chat(model="tools", messages=USER, tools=[WEATHER])
+    finally:
+        tools_model[0]["text"] = CALL
+    assert out.message.content == "<tool_call>{not json}</tool_call> sorry" and not out.message.tool_calls
+
+
+def test_openai_client_gets_tool_calls(daemon, tools_model):
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    out = client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER], extra_body={"options": {"adaptive": False}})
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me check. "
+    call = choice.message.tool_calls[0]
+    assert call.id.startswith("call_") and call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert out.model_extra["speculative"]["drafted"] > 0  # speculation ran under the parsing
+
+    chunks = list(client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER], stream=True))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert "".join(d.content or "" for d in deltas) == "Let me check. "
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert [(t.index, t.function.name, json.loads(t.function.arguments)) for t in calls] == [(0, "get_weather", {"city": "Paris"})]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == ["tool_calls"]
+
+    # The caller sends the call and its result back: JSON-text arguments reach the template as an object.
+    history = USER + [
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    client.chat.completions.create(model="tools", messages=history, tools=[WEATHER])
+    assert "call get_weather city=Paris" in tools_model[1][-1] and "sunny from get_weather" in tools_model[1][-1]
+    with pytest.raises(openai.BadRequestError, match="arguments is not valid JSON"):
+        bad = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{nope"}}
+        client.chat.completions.create(model="tools", messages=USER + [{"role": "assistant", "tool_calls": [bad]}])
+    with pytest.raises(openai.BadRequestError, match="tool_choice"):
+        client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER], tool_choice="required")
+
+
+def test_think_reaches_templates_that_know_it(daemon, tools_model):
+    client = ollama.Client(host=daemon.url)
+    client.chat(model="tools", messages=USER, think=False)
+    assert "thinking=False" in tools_model[1][-1]
+    client.chat(model="tools", messages=USER, think=True)
+    assert "thinking=True" in tools_model[1][-1]
+    caps = post(daemon.url + "/api/show", {"model": "tools"})[1]["capabilities"]
+    assert "tools" in caps and "thinking" in caps
+    with pytest.raises(ollama.ResponseError, match="think: this model"):
+        client.chat(model="tiny", messages=USER, think=True)
+
+
+def test_model_without_template_chats_as_ollama_default(daemon):
+    """Ollama's default template `{{ .Prompt }}`: the user's text verbatim, as a raw generate."""
+    client = ollama.Client(host=daemon.url)
+    chat = client.chat(model="base", messages=[{"role": "system", "content": "Be brief."}] + USER,
+                       options={"temperature": 0, "num_predict": 6})
+    raw = client.generate(model="base", prompt=USER[0]["content"], raw=True, options={"temperature": 0, "num_predict": 6})
+    assert chat.message.content == raw.response and chat.prompt_eval_count == raw.prompt_eval_count
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    assert oa.chat.completions.create(model="base", messages=USER, max_tokens=6, temperature=0).choices[0].message.content == raw.response
+    show = post(daemon.url + "/api/show", {"model": "base"})[1]
+    assert show["template"] == "" and "none came with the model" in show["mlxspec"]["template_source"]
+
+
+def test_images_to_a_text_model_are_refused(daemon):
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError, match="does not support images"):
+        oa.chat.completions.create(model="tiny", messages=[{"role": "user", "content": [image]}])
+    with pytest.raises(ollama.ResponseError, match="does not support images"):
+        ollama.Client(host=daemon.url).chat(model="tiny", messages=[{"role": "user", "content": "x", "images": ["AAAA"]}])
+
+
+def test_gguf_without_template_chats_too(daemon, tmp_path):
+    from gguf_fixtures import write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "bare.gguf", qtype="F32", tokenizer="llama")  # no chat template
+    daemon.state.store.save("bare-gguf", Manifest(target=str(path)))
+    client = ollama.Client(host=daemon.url)
+    try:
+        out = client.chat(model="bare-gguf", messages=USER, options={"num_predict": 3})
+        assert out.done and out.prompt_eval_count == client.generate(model="bare-gguf", prompt=USER[0]["content"], raw=True,
+                                                                     options={"num_predict": 1}).prompt_eval_count
+        assert "none came with the model" in post(daemon.url + "/api/show", {"model": "bare-gguf"})[1]["mlxspec"]["template_source"]
+    finally:
+        client.generate(model="bare-gguf", keep_alive=0)
