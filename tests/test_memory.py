@@ -2,7 +2,7 @@
 
 A model of many thin layers makes a per-load leak large enough to stand out of RSS noise: without
 loading._settle_random_state each load kept MLX's chain of lazy PRNG keys (one per initial weight
-draw), and 20 cycles of this model grew RSS by ~18 MB; with it, by 0. benchmarks/memory.py
+draw), and 15 cycles of this model grew RSS by ~12 MB; with it, by 0. benchmarks/memory.py
 measures SmolLM2 through the daemon's registry over 200 cycles.
 """
 
@@ -17,7 +17,7 @@ from model_factory import make_model_dir
 from mlxspec import loading
 from mlxspec.server.registry import _free_memory
 
-WARMUP, CYCLES = 3, 20
+WARMUP, CYCLES = 3, 15
 
 
 def rss() -> int:

@@ -1,7 +1,7 @@
 """Issue 14: property-based fuzz of every endpoint (strategies in tests/fuzz_bodies.py).
 
 Property: no 5xx, every 4xx a JSON error with a message, no internal error inside a 200 stream,
-and the daemon still answers a normal request afterwards. A bounded, deterministic run (~200
+and the daemon still answers a normal request afterwards. A bounded, deterministic run (~150
 requests, about 10 s); benchmarks/fuzz.py runs thousands against a daemon subprocess.
 MLXSPEC_FUZZ_EXAMPLES=N runs N here instead.
 """
@@ -21,7 +21,7 @@ from mlxspec.server import Settings
 from mlxspec.store import Manifest, Store
 
 MODELS = ["tiny", "tiny-plain", "base", "fim", "broken"]
-EXAMPLES = int(os.environ.get("MLXSPEC_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("MLXSPEC_FUZZ_EXAMPLES", "150"))
 
 
 @pytest.fixture(scope="module")
