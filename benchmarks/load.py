@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import socket
 import statistics
 import subprocess
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from report import write_report
 
 HERE = Path(__file__).parent
 PROMPTS = ["Tell me a short story about a fox.", "Explain what a KV cache is.", "List three prime numbers.",
@@ -159,13 +160,8 @@ def main() -> None:
         if proc is not None:
             proc.terminate()
             proc.wait(timeout=30)
-    report.update(model=args.model, date=time.strftime("%Y-%m-%d"), machine=f"{platform.processor() or platform.machine()}, "
-                  f"{os.cpu_count()} cores, {platform.system()}")
-    print(json.dumps({k: v for k, v in report.items() if k != "errors"}, indent=1))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(f"wrote {args.out}")
-
+    report.update(model=args.model)
+    write_report(report, args.out, hide=("errors",))
 
 if __name__ == "__main__":
     main()
