@@ -60,7 +60,7 @@ def cli():
     """Speculative decoding on MLX, served the way Ollama serves models."""
 
 
-HEAVY_VERBS = ("serve", "generate", "bench")  # verbs that run MLX in this process
+HEAVY_VERBS = ("serve", "generate", "bench", "train-drafter")  # verbs that run MLX in this process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -263,3 +263,7 @@ from .cli_models import register as _register_model_verbs  # noqa: E402  (verbs 
 from .cli_models import pull_with_progress  # noqa: E402
 
 _register_model_verbs(cli)
+
+from .cli_train import register as _register_train_verbs  # noqa: E402
+
+_register_train_verbs(cli)
