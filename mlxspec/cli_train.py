@@ -30,8 +30,8 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
 
     if kind not in KINDS:
         raise MlxspecError(f"--kind {kind!r}: only {', '.join(KINDS)} can be trained")
-    if tokens < 16 or not 1 <= heads <= 8 or epochs <= 0:
-        raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0")
+    if tokens < 16 or not 1 <= heads <= 8 or epochs <= 0 or max_answer < 4:
+        raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0, --max-answer >= 4")
     texts = train.load_prompts(prompts)
     path = output_path(out, model)
     reference = Store().target_of(model)
@@ -62,10 +62,11 @@ def register(cli) -> None:
     @click.option("--heads", type=int, default=4, show_default=True, help="Medusa heads (tokens guessed per pass).")
     @click.option("--epochs", type=float, default=2.0, show_default=True, help="Passes over the recorded positions.")
     @click.option("--seed", type=int, default=0, show_default=True)
+    @click.option("--max-answer", type=int, default=256, show_default=True, help="Tokens at most per answer.")
     @click.option("--out", help="A name (MLXSPEC_HOME/drafters/NAME.safetensors) or a path; default MODEL-medusa.")
-    def train_drafter_command(model, kind, prompts, tokens, heads, epochs, seed, out):
+    def train_drafter_command(model, kind, prompts, tokens, heads, epochs, seed, max_answer, out):
         """Train a learned drafter for MODEL from the model's own answers (self-distillation)."""
-        path, config = train_drafter(model, kind, prompts, tokens, heads, out, epochs, seed)
+        path, config = train_drafter(model, kind, prompts, tokens, heads, out, epochs, seed, max_answer)
         click.echo(f"wrote {path}: {heads} heads, "
                    f"{config['training_tokens']} tokens, loss {config['loss']}, held-out top-1 per head "
                    f"{config['heldout_top1']} (untrained {config['heldout_top1_untrained']}); "

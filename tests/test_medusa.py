@@ -10,7 +10,6 @@ from test_decode_sampling import fit, models  # noqa: F401  (models: the V=4 fix
 
 from mlxspec.bench.configs import parse_drafters
 from mlxspec.cli import cli
-from mlxspec.cli_train import train_drafter
 from mlxspec.drafters import MedusaDrafter, make_drafter, parse_drafter
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
@@ -31,10 +30,20 @@ def random_heads(model, dims: int, count: int, path, seed: int = 0):
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_llama, tmp_path_factory):
-    """(file, config): heads trained on tiny_llama's own answers to the first ~25 shipped prompts."""
-    out = tmp_path_factory.mktemp("medusa") / "tiny.safetensors"
-    return train_drafter(str(tiny_llama), "medusa", None, 1200, 3, str(out), epochs=3, max_answer=48, show=False)
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("medusa-home")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama, home):
+    """(file, config): `mlxspec train-drafter` on tiny_llama's own answers to the first ~25 shipped prompts."""
+    args = ["train-drafter", str(tiny_llama), "--tokens", "1200", "--heads", "3", "--epochs", "3",
+            "--max-answer", "48", "--out", "tiny"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    path = home / "drafters" / "tiny.safetensors"
+    assert f"wrote {path}" in result.output
+    return path, medusa.read(path)[1]
 
 
 @pytest.fixture(scope="module")
@@ -88,14 +97,16 @@ def test_greedy_output_is_token_identical_to_plain(arch, tiny_llama, tiny_qwen2,
 def test_sampling_matches_target_law(models, settings, tmp_path):  # noqa: F811
     target = models[0]
     drafter = MedusaDrafter(target, str(random_heads(target, 32, 2, tmp_path / "s", seed=1)))
-    pvalue, acceptance = fit(target, drafter, settings, k=2, n=1200)
+    pvalue, acceptance = fit(target, drafter, settings, k=2, n=1000)
     assert pvalue > 1e-3
     assert acceptance > 0.1  # drafts were really in play
 
 
-def test_heads_for_another_target_are_refused(trained, tiny_llama_other):
+def test_heads_load_by_name_and_refuse_another_target(trained, home, tiny_llama, tiny_llama_other, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(home))
+    assert Engine.load(str(tiny_llama), drafter="medusa:tiny").drafter.name == "medusa:tiny"
     with pytest.raises(MlxspecError, match="trained for target .* not this target"):
-        Engine.load(str(tiny_llama_other), drafter=f"medusa:{trained[0]}")
+        Engine.load(str(tiny_llama_other), drafter="medusa:tiny")
 
 
 def test_an_interrupted_save_leaves_nothing_that_loads(trained, tmp_path, monkeypatch):
