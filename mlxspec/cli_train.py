@@ -17,7 +17,8 @@ def output_path(out: str | None, model: str) -> Path:
     """--out PATH (has a / or .safetensors) as given; a NAME (or the model's) under MLXSPEC_HOME/drafters."""
     from .drafters.medusa import drafter_path
 
-    name = out or re.sub(r"[^A-Za-z0-9._-]+", "-", Path(model).stem if model.endswith(".gguf") else model).strip("-") + "-medusa"
+    base = Path(model).stem if model.endswith(".gguf") else model
+    name = out or re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-") + "-medusa"
     return drafter_path(name)
 
 

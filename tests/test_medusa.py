@@ -135,7 +135,8 @@ def test_names_and_cli_errors(tmp_path):
         parse_drafter("medusa")
     env = {"MLXSPEC_HOME": str(tmp_path)}
     bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--kind", "eagle"], env=env)
-    assert bad.exit_code == 1 and bad.output.strip().splitlines() == ["Error: --kind 'eagle': only medusa can be trained"]
+    assert bad.exit_code == 1
+    assert bad.output.strip().splitlines() == ["Error: --kind 'eagle': only medusa can be trained"]
     with pytest.raises(MlxspecError, match="no medusa heads at .*nope.safetensors"):
         make_drafter("medusa:nope", None)
 

@@ -34,7 +34,8 @@ class MedusaDrafter(Drafter):
     def __init__(self, target: nn.Module, name_or_path: str):
         path = drafter_path(name_or_path)
         if not path.is_file():
-            raise MlxspecError(f"no medusa heads at {path}: train them with `mlxspec train-drafter MODEL --kind medusa`")
+            raise MlxspecError(f"no medusa heads at {path}: "
+                               "train them with `mlxspec train-drafter MODEL --kind medusa`")
         self.heads, self.config = read(path)
         check_target(self.config, target, path)
         self.target = target
