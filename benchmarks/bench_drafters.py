@@ -1,10 +1,12 @@
 """Drafters on real weights: acceptance, tokens/s and speedup over plain decoding, in one run.
 
     python benchmarks/bench_drafters.py [--model REF] [--max-tokens 96] [--repeats 5] [--no-kernels]
+                                        [--medusa NAME|PATH --prompts FILE --out FILE]
 
 Greedy; every configuration's output is checked token-identical to plain decoding. Medians over
 repeats run interleaved across configurations, warm (one untimed run per configuration first).
-Writes benchmarks/results/drafters.json.
+Writes benchmarks/results/drafters.json. With --medusa (heads from `mlxspec train-drafter`) the
+configurations are plain and Medusa at k=4 and adaptive, for benchmarks/results/medusa.json.
 """
 
 from __future__ import annotations
@@ -38,22 +40,29 @@ def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool):
     return tokens, ev.stats
 
 
-def bench(model: str, max_tokens: int, repeats: int, kernels: bool) -> dict:
-    prompts = json.loads((HERE / "prompts" / "drafters.json").read_text())
-    engines = {d: Engine.load(model, drafter=d, kernels=kernels) for d in {c[1] for c in CONFIGS}}
+def medusa_configs(heads: str) -> list[tuple[str, str, bool]]:
+    return [("plain", "none", False), ("medusa k=4 fixed", f"medusa:{heads}", False),
+            ("medusa adaptive", f"medusa:{heads}", True)]
+
+
+def bench(model: str, max_tokens: int, repeats: int, kernels: bool, prompts_file: Path | None = None,
+          configs: list | None = None) -> dict:
+    configs = configs or CONFIGS
+    prompts = json.loads((prompts_file or HERE / "prompts" / "drafters.json").read_text())
+    engines = {d: Engine.load(model, drafter=d, kernels=kernels) for d in {c[1] for c in configs}}
     rows = []
     for kind in ("input_grounded", "free_form"):
-        for prompt in prompts[kind]:
+        for prompt in prompts.get(kind, []):
             ids = engines["none"].chat_prompt([{"role": "user", "content": prompt}])
-            for label, drafter, adaptive in CONFIGS:  # warm-up (and lets adaptation learn costs)
+            for label, drafter, adaptive in configs:  # warm-up (and lets adaptation learn costs)
                 run_once(engines[drafter], ids, max_tokens, adaptive)
-            runs = {label: [] for label, _, _ in CONFIGS}
+            runs = {label: [] for label, _, _ in configs}
             for _ in range(repeats):  # interleaved, so a burst of load on the machine hits every config
-                for label, drafter, adaptive in CONFIGS:
+                for label, drafter, adaptive in configs:
                     runs[label].append(run_once(engines[drafter], ids, max_tokens, adaptive))
             reference = runs["plain"][-1][0]
             plain_tps = statistics.median(s.tokens_per_second for _, s in runs["plain"])
-            for label, _, _ in CONFIGS:
+            for label, _, _ in configs:
                 tokens, stats = runs[label][-1]
                 tps = statistics.median(s.tokens_per_second for _, s in runs[label])
                 rows.append(
@@ -83,6 +92,7 @@ def bench(model: str, max_tokens: int, repeats: int, kernels: bool) -> dict:
         "max_tokens": max_tokens,
         "repeats": repeats,
         "kernels": kernels,
+        "configs": configs,
         "rows": rows,
     }
 
@@ -102,8 +112,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="MLX's own ops, not mlxspec.kernels")
     ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
+    ap.add_argument("--medusa", help="Medusa heads (name or path): compare plain and medusa instead")
+    ap.add_argument("--prompts", type=Path, help="JSON {input_grounded: [...], free_form: [...]}")
     args = ap.parse_args()
-    result = bench(args.model, args.max_tokens, args.repeats, args.kernels)
+    configs = medusa_configs(args.medusa) if args.medusa else None
+    result = bench(args.model, args.max_tokens, args.repeats, args.kernels, args.prompts, configs)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

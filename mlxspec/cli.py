@@ -60,7 +60,7 @@ def cli():
     """Speculative decoding on MLX, served the way Ollama serves models."""
 
 
-HEAVY_VERBS = ("serve", "generate", "bench")  # verbs that run MLX in this process
+HEAVY_VERBS = ("serve", "generate", "bench", "train-drafter")  # verbs that run MLX in this process
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -233,7 +233,7 @@ def _save_history(readline, path: Path) -> None:
 @click.argument("model")
 @click.argument("prompt")
 @click.option("--draft", help="A draft model reference (same tokenizer as the target).")
-@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS].")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME|PATH.")
 @click.option("--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("-n", "--max-tokens", type=int, help="Tokens to generate (default 256; -1: until EOS or context end).")
@@ -263,3 +263,7 @@ from .cli_models import register as _register_model_verbs  # noqa: E402  (verbs 
 from .cli_models import pull_with_progress  # noqa: E402
 
 _register_model_verbs(cli)
+
+from .cli_train import register as _register_train_verbs  # noqa: E402
+
+_register_train_verbs(cli)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import MlxspecError
 
 ENGINE, MLX_LM, MLX_LM_SPECULATIVE = "mlxspec", "mlx-lm", "mlx-lm-speculative"
-DRAFTER_KINDS = ("lookup", "early-exit", "draft-model")
+DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa")
 PLAIN = "plain"
 
 
@@ -19,7 +19,7 @@ PLAIN = "plain"
 class Config:
     label: str  # unique, shown in the table and chart
     runner: str  # ENGINE, MLX_LM or MLX_LM_SPECULATIVE
-    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model
+    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME
     k: int = 0  # draft length (the maximum, when adaptive)
     adaptive: bool = False
 
@@ -56,8 +56,10 @@ def parse_drafters(text: str | None, has_draft: bool) -> list[str]:
     names = parse_csv(text, "--drafters")
     for name in names:
         kind, _, arg = name.partition(":")
-        if kind not in DRAFTER_KINDS or (arg and (kind != "early-exit" or not arg.isdigit())):
-            raise MlxspecError(f"--drafters: unknown drafter {name!r}: use {', '.join(DRAFTER_KINDS)} (early-exit:LAYERS)")
+        bad_arg = (kind == "medusa" and not arg) or (kind not in ("early-exit", "medusa") and arg)
+        if kind not in DRAFTER_KINDS or bad_arg or (kind == "early-exit" and arg and not arg.isdigit()):
+            raise MlxspecError(f"--drafters: unknown drafter {name!r}: use {', '.join(DRAFTER_KINDS)} "
+                               "(early-exit:LAYERS, medusa:NAME)")
     if "draft-model" in names and not has_draft:
         raise MlxspecError("--drafters draft-model needs a draft model: add --draft REF")
     return list(dict.fromkeys(names))

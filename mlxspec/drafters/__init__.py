@@ -2,21 +2,27 @@
 
 from .base import Draft, Drafter, NoDrafter
 from .lookup import LookupDrafter
+from .medusa import MedusaDrafter
 from .model import ModelDrafter, check_compatible
 from .selfdraft import EarlyExitDrafter
 
-# Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half).
-DRAFTERS = ("none", "draft-model", "lookup", "early-exit")
+# Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half);
+# medusa takes its heads file: "medusa:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "medusa:PATH".
+DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa")
 
 
-
-def parse_drafter(spec: str) -> tuple[str, int | None]:
-    """'lookup' -> ('lookup', None); 'early-exit:12' -> ('early-exit', 12); bad names raise."""
+def parse_drafter(spec: str) -> tuple[str, int | str | None]:
+    """'lookup' -> ('lookup', None); 'early-exit:12' -> ('early-exit', 12);
+    'medusa:NAME' -> ('medusa', 'NAME'); bad names raise."""
     from ..errors import MlxspecError
 
     kind, _, arg = spec.partition(":")
+    if kind == "medusa":
+        if not arg:
+            raise MlxspecError("the medusa drafter needs its heads: medusa:NAME or medusa:PATH")
+        return kind, arg
     if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
-        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS)")
+        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS, medusa:NAME)")
     return kind, int(arg) if arg else None
 
 
@@ -24,16 +30,18 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0) -> 
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model')."""
     from ..errors import MlxspecError
 
-    kind, layers = parse_drafter(spec)
+    kind, arg = parse_drafter(spec)
     if (kind == "draft-model") != (draft is not None):
         raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
     if kind == "lookup":
         return LookupDrafter()
     if kind == "early-exit":
         try:
-            return EarlyExitDrafter(target, layers)
+            return EarlyExitDrafter(target, arg)
         except ValueError as e:
             raise MlxspecError(str(e)) from None
+    if kind == "medusa":
+        return MedusaDrafter(target, arg)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence)
     return NoDrafter()
@@ -47,6 +55,7 @@ __all__ = [
     "Drafter",
     "EarlyExitDrafter",
     "LookupDrafter",
+    "MedusaDrafter",
     "ModelDrafter",
     "NoDrafter",
     "check_compatible",
