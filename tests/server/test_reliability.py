@@ -239,7 +239,7 @@ def test_the_bearer_scheme_is_case_insensitive(tmp_path):
 
 def test_max_loaded_models_holds_when_loads_overlap(tmp_path, tiny_llama):
     store = Store(tmp_path)
-    names = [f"m{i}" for i in range(12)]
+    names = [f"m{i}" for i in range(32)]
     for name in names:
         store.save(name, Manifest(target=str(tiny_llama)))
     seen = []
@@ -251,7 +251,7 @@ def test_max_loaded_models_holds_when_loads_overlap(tmp_path, tiny_llama):
 
     d = ThreadDaemon(store, Settings(max_loaded=3), Registry(3, 300, loader=loader)).start()
     try:
-        with ThreadPoolExecutor(12) as pool:
+        with ThreadPoolExecutor(32) as pool:
             answers = list(pool.map(lambda n: post(d.url + "/api/generate", {"model": n, "keep_alive": -1}), names))
         assert {status for status, _ in answers} <= {200, 503} and any(status == 200 for status, _ in answers)
         assert len(d.state.registry.loaded) <= 3 and max(seen) <= 2
