@@ -65,7 +65,7 @@ def run_preset(name: str) -> None:
 
 
 def hardware() -> None:
-    from mlxspec.bench.cli import _roofline, render_hardware
+    from mlxspec.frontend.bench import _roofline, render_hardware
     from mlxspec.bench.bandwidth import measure_bandwidth
     from mlxspec.bench.blas import blas_report
     from mlxspec.bench.harness import SMOLLM2
@@ -128,7 +128,7 @@ def write_index() -> Path:
             parts.append("\n".join(f"- {n}" for n in data.get("notes", [])) + "\n")
             parts.append(f"Full tables: [{name}.md]({name}.md); chart: [{name}.png]({name}.png)\n")
         elif name == "hardware":
-            from mlxspec.bench.cli import render_hardware
+            from mlxspec.frontend.bench import render_hardware
 
             parts.append("```\n" + render_hardware(data) + "\n```\n")
         else:

@@ -53,7 +53,7 @@ def start_daemon(model: str) -> tuple[subprocess.Popen, str, str]:
         port = s.getsockname()[1]
     home = tempfile.mkdtemp(prefix="mlxspec-load-")
     env = {**os.environ, "MLXSPEC_HOME": home, "MLXSPEC_HOST": f"127.0.0.1:{port}", "MLXSPEC_MAX_QUEUE": "4096"}
-    cli = [sys.executable, "-c", "from mlxspec.cli import main; main()"]
+    cli = [sys.executable, "-m", "mlxspec"]
     proc = subprocess.Popen([*cli, "serve"], env=env,
                             stdout=subprocess.DEVNULL, stderr=open(Path(home) / "serve.err", "w"))
     url = f"http://127.0.0.1:{port}"

@@ -185,11 +185,3 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0] if text else type(e).__name__
 
-
-def __getattr__(name: str):
-    # mlxspec/cli.py loads optional verbs as `mlxspec.<verb>.command`.
-    if name == "command":
-        from .bench.cli import doctor as command
-
-        return command
-    raise AttributeError(name)

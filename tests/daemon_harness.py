@@ -18,7 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from mlxspec.client import Client
+from mlxspec.frontend.client import Client
 from mlxspec.server import Settings, make_app
 from mlxspec.server.state import STATE
 from mlxspec.store import Store
@@ -103,7 +103,7 @@ class ProcessDaemon:
         self.home.mkdir(parents=True, exist_ok=True)
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"],
+                [sys.executable, "-m", "mlxspec", "serve"],
                 env=self.env, stdout=out, stderr=out, stdin=subprocess.DEVNULL,
             )
         client, deadline = Client(self.host), time.monotonic() + timeout

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from test_decode_sampling import fit, models  # noqa: F401  (models: the V=4 fixture fit() samples)
 
 from mlxspec.bench.configs import parse_drafters
-from mlxspec.cli import cli
+from mlxspec.frontend.cli import cli
 from mlxspec.drafters import MedusaDrafter, make_drafter, parse_drafter
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError

@@ -7,16 +7,9 @@ Modules: configs (what is compared), prompts (the shipped prompt sets), runners 
 timed, per engine or mlx-lm peer), harness (warm-up, repeats, medians, identical-output check),
 accounting (bytes read per token), bandwidth (the machine's memory bandwidth), hardware (chip,
 versions, backend), table / chart / results (terminal, PNG, JSON), blas and blas_preload (which
-BLAS MLX's CPU backend uses, and using an installed optimized one), cli (the click commands).
+BLAS MLX's CPU backend uses, and using an installed optimized one). The click commands live in
+mlxspec/frontend/bench.py.
 
-Importing this package is cheap (no MLX): the CLI reaches `command` lazily.
+Importing this package is cheap (no MLX).
 """
 
-
-def __getattr__(name: str):
-    # mlxspec/cli.py loads optional verbs as `mlxspec.<verb>.command`.
-    if name == "command":
-        from .cli import bench
-
-        return bench
-    raise AttributeError(name)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from ..client import parse_host
+from ..address import parse_host
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER
 from ..store import Manifest, Store, canonical

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import signal
@@ -14,10 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from daemon_harness import ThreadDaemon, free_port, wait_until, without_chat_template
-from mlxspec.cli import OPTIONAL_VERBS, cli
-from mlxspec.cli_models import ago, until
-from mlxspec.client import Client, parse_host
-from mlxspec.repl import Session, repl, stats_from
+from mlxspec.frontend.cli import LAZY_VERBS, cli
+from mlxspec.frontend.models import ago, until
+from mlxspec.address import parse_host
+from mlxspec.frontend.client import Client
+from mlxspec.frontend.repl import Session, repl, stats_from
 from mlxspec.server import Settings
 from mlxspec.store import Manifest, Store
 
@@ -210,22 +209,16 @@ def test_stats_from_the_final_object():
     assert stats.acceptance_rate == 0.75 and stats.mean_accepted_length == 2.5
 
 
-def _available(verb: str) -> bool:
-    try:
-        return importlib.util.find_spec(f"mlxspec.{verb}") is not None and bool(importlib.import_module(f"mlxspec.{verb}").command)
-    except (ImportError, AttributeError):
-        return False
-
-
-def test_optional_verbs_are_listed_only_when_present():
+def test_lazy_verbs_are_listed_and_load():
     result = CliRunner().invoke(cli, ["--help"])
     assert result.exit_code == 0 and "generate" in result.stdout
-    for verb in OPTIONAL_VERBS:
-        assert (f"  {verb} " in result.stdout) == _available(verb)
+    for verb in LAZY_VERBS:
+        assert f"  {verb} " in result.stdout
+        assert CliRunner().invoke(cli, [verb, "--help"]).exit_code == 0
 
 
 def test_daemon_install_uninstall_status(tmp_path, monkeypatch):
-    from mlxspec import service
+    from mlxspec.frontend import service
 
     if not sys.platform.startswith("linux"):
         pytest.skip("exercises the systemd path")

@@ -13,8 +13,8 @@ from typing import Callable
 import click
 
 from .client import Client
-from .options import GenerateOptions, OptionsError
-from .stats import Stats
+from ..options import GenerateOptions, OptionsError
+from ..stats import Stats
 
 HELP = """Commands:
   /set parameter <name> <value>   set an option (temperature, num_predict, draft_num_predict, stop, ...)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlxspec import service
+from mlxspec.frontend import service
 
 
 def test_shipped_plist_parses():
@@ -19,7 +19,7 @@ def test_shipped_plist_parses():
 
 
 def test_rendered_plist_runs_this_mlxspec(tmp_path):
-    command = [sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"]
+    command = [sys.executable, "-m", "mlxspec", "serve"]
     data = plistlib.loads(service.render_plist(command, tmp_path / "mlxspec.log"))
     assert data["ProgramArguments"] == command and data["StandardErrorPath"] == str(tmp_path / "mlxspec.log")
 
@@ -32,7 +32,7 @@ def test_shipped_unit_runs_serve():
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_rendered_unit_verifies(tmp_path):
     unit = tmp_path / service.UNIT
-    unit.write_text(service.render_unit([sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"]))
+    unit.write_text(service.render_unit([sys.executable, "-m", "mlxspec", "serve"]))
     result = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     bad = tmp_path / "bad.service"

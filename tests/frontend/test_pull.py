@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from daemon_harness import BackgroundServer, ProcessDaemon
 from fake_hub import FakeHub
-from mlxspec.cli import cli
+from mlxspec.frontend.cli import cli
 from mlxspec.store import Store
 
 QWEN_TARGET = "mlx-community/Qwen2.5-7B-Instruct-4bit"  # what models/qwen2.5-7b-spec.json names

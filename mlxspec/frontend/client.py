@@ -10,14 +10,11 @@ import http.client
 import json
 import os
 from typing import Any, Iterator
-from urllib.parse import urlsplit
 
-from .errors import MlxspecError
-from .home import LOCAL_KEY_HEADER, read_local_key
+from ..errors import MlxspecError
+from ..home import LOCAL_KEY_HEADER, read_local_key
 
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 11435
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+from ..address import LOOPBACK, parse_host
 
 
 class DaemonUnreachable(MlxspecError):
@@ -35,21 +32,6 @@ class ApiError(MlxspecError):
 class StreamCutOff(MlxspecError):
     """A streamed answer that ended before its final object: the daemon died or the connection broke."""
 
-
-def parse_host(value: str | None = None) -> tuple[str, str, int]:
-    """'host:port', ':port', 'http://host' (MLXSPEC_HOST) -> (scheme, host, port)."""
-    value = (value if value is not None else os.environ.get("MLXSPEC_HOST", "")).strip()
-    if not value:
-        return "http", DEFAULT_HOST, DEFAULT_PORT
-    parts = urlsplit(value if "://" in value else f"http://{value}")
-    if parts.scheme not in ("http", "https"):
-        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: use host:port, e.g. 127.0.0.1:11435")
-    try:
-        port = parts.port
-    except ValueError:
-        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: the port must be a number") from None
-    default_port = {"http": 80, "https": 443}[parts.scheme] if "://" in value else DEFAULT_PORT
-    return parts.scheme, parts.hostname or DEFAULT_HOST, port or default_port
 
 
 class Client:

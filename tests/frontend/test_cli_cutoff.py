@@ -9,7 +9,7 @@ from aiohttp import web
 from click.testing import CliRunner
 
 from daemon_harness import BackgroundServer
-from mlxspec.cli import cli
+from mlxspec.frontend.cli import cli
 
 
 def _cut_stream_app(abort: bool) -> web.Application:

@@ -16,26 +16,22 @@ from pathlib import Path
 
 import click
 
-from .client import LOOPBACK, Client, DaemonUnreachable
-from .errors import MlxspecError
-from .options import OptionsError
+from ..address import LOOPBACK
+from .client import Client, DaemonUnreachable
+from ..errors import MlxspecError
+from ..options import OptionsError
 
-# Verbs that live in their own modules (`mlxspec.<name>` with a click command `command`),
-# imported only when present and asked for, so the CLI starts fast and works without them.
-OPTIONAL_VERBS = ("bench", "doctor")
+# Verbs whose modules are heavy (MLX, benchmarks): imported only when asked for, so the CLI starts fast.
+LAZY_VERBS = {"bench": "mlxspec.frontend.bench", "doctor": "mlxspec.frontend.bench"}
 
 
 class Cli(click.Group):
     def list_commands(self, ctx):
-        extra = [v for v in OPTIONAL_VERBS if importlib.util.find_spec(f"mlxspec.{v}") is not None]
-        return sorted(super().list_commands(ctx) + extra)
+        return sorted(super().list_commands(ctx) + list(LAZY_VERBS))
 
     def get_command(self, ctx, name):
-        if name in OPTIONAL_VERBS and importlib.util.find_spec(f"mlxspec.{name}") is not None:
-            try:
-                return importlib.import_module(f"mlxspec.{name}").command
-            except (ImportError, AttributeError):  # present but unfinished: as if absent
-                return None
+        if name in LAZY_VERBS:
+            return getattr(importlib.import_module(LAZY_VERBS[name]), name)
         return super().get_command(ctx, name)
 
     def main(self, *args, **kwargs):
@@ -66,7 +62,7 @@ HEAVY_VERBS = ("serve", "generate", "bench", "train-drafter")  # verbs that run 
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     if argv is None and args[:1] and args[0] in HEAVY_VERBS:
-        from .bench.blas_preload import ensure_fast_blas
+        from ..bench.blas_preload import ensure_fast_blas
 
         ensure_fast_blas()  # Linux: re-exec with an installed OpenBLAS when it is proven to work
     code = cli.main(args=argv, prog_name="mlxspec")
@@ -79,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
 @cli.command()
 def serve():
     """Run the daemon in the foreground (MLXSPEC_HOST, default 127.0.0.1:11435)."""
-    from .server import Settings, serve as run_server
-    from .store import Store
+    from ..server import Settings, serve as run_server
+    from ..store import Store
 
     try:
         settings = Settings.from_env()
@@ -109,14 +105,14 @@ def ensure_daemon(c: Client) -> None:
         return
     if c.host not in LOOPBACK:
         raise DaemonUnreachable(f"no mlxspec daemon answers at {c.url}")
-    from .store import Store
+    from ..store import Store
 
     home = Store().home
     home.mkdir(parents=True, exist_ok=True)
     log = home / "serve.log"
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"],
+            [sys.executable, "-m", "mlxspec", "serve"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
             env={**os.environ, "MLXSPEC_HOST": f"{c.host}:{c.port}"},
         )
@@ -209,7 +205,7 @@ def _load_history() -> None:
         import readline  # noqa: F401  # gives input() line editing and history
     except ImportError:
         return
-    from .store import Store
+    from ..store import Store
 
     path = Store().home / "history"
     try:
@@ -246,7 +242,7 @@ def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens
     """Generate in this process, no daemon: MODEL is a model name or a reference (path, repo id,
     .gguf, pypi:package/file); PROMPT '-' reads stdin. Options left out come from the model's
     parameters, else the engine's defaults."""
-    from .cli_generate import generate_in_process
+    from .generate import generate_in_process
 
     if prompt == "-":
         prompt = sys.stdin.read()
@@ -259,11 +255,11 @@ def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens
 
 # -- model management -------------------------------------------------------------------------------
 
-from .cli_models import register as _register_model_verbs  # noqa: E402  (verbs need `cli` above)
-from .cli_models import pull_with_progress  # noqa: E402
+from .models import register as _register_model_verbs  # noqa: E402  (verbs need `cli` above)
+from .models import pull_with_progress  # noqa: E402
 
 _register_model_verbs(cli)
 
-from .cli_train import register as _register_train_verbs  # noqa: E402
+from .train import register as _register_train_verbs  # noqa: E402
 
 _register_train_verbs(cli)

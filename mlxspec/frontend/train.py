@@ -8,14 +8,14 @@ from pathlib import Path
 
 import click
 
-from .errors import MlxspecError
+from ..errors import MlxspecError
 
 KINDS = ("medusa",)
 
 
 def output_path(out: str | None, model: str) -> Path:
     """--out PATH (has a / or .safetensors) as given; a NAME (or the model's) under MLXSPEC_HOME/drafters."""
-    from .drafters.medusa import drafter_path
+    from ..drafters.medusa import drafter_path
 
     base = Path(model).stem if model.endswith(".gguf") else model
     name = out or re.sub(r"[^A-Za-z0-9._-]+", "-", base).strip("-") + "-medusa"
@@ -25,9 +25,9 @@ def output_path(out: str | None, model: str) -> Path:
 def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads: int, out: str | None,
                   epochs: float = 2.0, seed: int = 0, max_answer: int = 256, show: bool = True) -> tuple[Path, dict]:
     """Everything `mlxspec train-drafter` does; returns the file written and its config."""
-    from .engine import Engine
-    from .heads import medusa, train
-    from .store import Store
+    from ..engine import Engine
+    from ..heads import medusa, train
+    from ..store import Store
 
     if kind not in KINDS:
         raise MlxspecError(f"--kind {kind!r}: only {', '.join(KINDS)} can be trained")

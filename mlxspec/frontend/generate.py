@@ -6,7 +6,7 @@ import dataclasses
 
 import click
 
-from .store import Manifest, Store, load_engine
+from ..store import Manifest, Store, load_engine
 
 
 def with_overrides(store: Store, name: str, manifest: Manifest, draft, drafter, quantize, draft_quantize) -> Manifest:

@@ -13,7 +13,7 @@ import click
 
 from ..errors import MlxspecError
 from ..options import OptionsError
-from .harness import SMOLLM2
+from ..bench.harness import SMOLLM2
 
 DEFAULTS = {"draft_lengths": "4", "prompts": "default", "max_tokens": 64, "repeats": 3}  # ~2-3 min with kernels
 
@@ -78,10 +78,10 @@ def bench(model_ref, quantize, draft, draft_quantize, drafters, draft_lengths, p
 
 
 def _bench(target: str, p: dict) -> None:
-    from .configs import parse_draft_lengths, parse_drafters
-    from .harness import BenchSpec, run_bench
-    from .results import chart_available, write_result
-    from .table import render
+    from ..bench.configs import parse_draft_lengths, parse_drafters
+    from ..bench.harness import BenchSpec, run_bench
+    from ..bench.results import chart_available, write_result
+    from ..bench.table import render
 
     spec = BenchSpec(
         target=target, quantize=p["quantize"], draft=p["draft"], draft_quantize=p["draft_quantize"],
@@ -119,12 +119,12 @@ def command_line(target: str, p: dict) -> str:
 
 
 def _hardware(model_ref: str | None, quantize: str | None, mib: int, json_path: str | None) -> None:
-    from .bandwidth import measure_bandwidth
-    from .hardware import machine_facts, mlx_facts
+    from ..bench.bandwidth import measure_bandwidth
+    from ..bench.hardware import machine_facts, mlx_facts
 
     facts = {"machine": machine_facts(), "versions": mlx_facts()}
     try:
-        from .blas import blas_report
+        from ..bench.blas import blas_report
 
         facts["blas"] = {k: blas_report()[k] for k in ("kind", "library")}
     except Exception:  # a missing diagnostic does not stop the report
@@ -142,7 +142,7 @@ def _hardware(model_ref: str | None, quantize: str | None, mib: int, json_path: 
 
 def _roofline(model_ref: str, quantize: str | None, gbs: float) -> dict:
     from .. import loading
-    from .accounting import model_bytes
+    from ..bench.accounting import model_bytes
 
     loaded = loading.load(model_ref, quantize)
     mb = model_bytes(loaded.model)

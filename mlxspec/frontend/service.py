@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from .errors import MlxspecError
+from ..errors import MlxspecError
 
-DAEMON_DIR = Path(__file__).resolve().parent.parent / "daemon"
+DAEMON_DIR = Path(__file__).resolve().parents[2] / "daemon"
 LABEL = "com.mlxspec.serve"
 UNIT = "mlxspec.service"
 
@@ -28,7 +28,7 @@ Runner = Callable[[list[str]], "subprocess.CompletedProcess"]
 def serve_command() -> list[str]:
     """How to start the daemon from a service manager: the installed script, else this Python."""
     exe = shutil.which("mlxspec")
-    return [exe, "serve"] if exe else [sys.executable, "-c", "from mlxspec.cli import main; main()", "serve"]
+    return [exe, "serve"] if exe else [sys.executable, "-m", "mlxspec", "serve"]
 
 
 def _template(name: str) -> bytes:

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from .client import Client
-from .errors import MlxspecError
+from ..errors import MlxspecError
 from .repl import show_info
 
 
