@@ -4,7 +4,8 @@
     remove_kernels(model)              # MLX's ops again in this model (others are untouched)
 
 Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py), attention and
-swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU). Each family uses its kernel only for
+swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU),
+and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
 """
 
@@ -15,18 +16,22 @@ import mlx.nn as nn
 
 from .attention import restore_attention, use_attention_kernel
 from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kernels
+from .fused_layer import fused, restore_fused_layers, use_fused_layers
 from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .registry import device_backend_name
 
 
-def install_kernels(model: nn.Module, device: mx.Device | None = None) -> dict:
-    """Swap/route this model's layers to the device's kernels where they proved themselves."""
+def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: bool = True) -> dict:
+    """Swap/route this model's layers to the device's kernels where they proved themselves; on the
+    CPU, then fuse each block whose parts all run them into one primitive (fuse=False: keep the ops)."""
     backend = device_backend_name(device)
     report = {"backend": backend, "layers": use_kernels(model, gpu=True, device=device),
               "attention": use_attention_kernel(model)}
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
+        if fuse:
+            report["fused"] = use_fused_layers(model)
     else:
         report["pointwise"] = {"kernel": "pointwise", "error": f"not needed on {backend}: MLX's ops are fused there"}
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
@@ -35,6 +40,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None) -> dict:
 
 def remove_kernels(model: nn.Module) -> None:
     """MLX's own ops again in every layer of this model."""
+    restore_fused_layers(model)
     restore_layers(model)
     restore_dense(model)
     restore_attention(model)
@@ -48,7 +54,7 @@ def installed(model: nn.Module) -> bool:
     from .pointwise import KernelRMSNorm, KernelRoPE
 
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelLinear, KernelEmbedding, KernelRMSNorm, KernelRoPE)
-    return any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
+    return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
                for _, m in model.named_modules())
 
 

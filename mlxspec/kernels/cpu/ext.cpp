@@ -25,9 +25,7 @@
 #include "mlx/utils.h"
 
 #include "mlx_io.h"
-#include "qmm_kernel.h"
-#include "sdpa_kernel.h"
-#include "thread_pool.h"
+#include "parallel.h"
 
 namespace mx = mlx::core;
 namespace nb = nanobind;
@@ -39,7 +37,7 @@ static int default_threads() {
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
-static ThreadPool& pool() {
+ThreadPool& pool() {
   static ThreadPool p(default_threads());
   return p;
 }
@@ -72,15 +70,34 @@ static void convert_x(const mx::array& x, int bits, float* out) {
   }
 }
 
-// Columns in chunks claimed by the caller and the pool's workers; tiny problems run inline.
-static void run(Isa isa, const QmmProblem& p, float* y) {
-  double work = double(p.N) * p.K * std::max(1, std::min(p.M, 4));
-  int threads = work < (1 << 18) ? 1 : pool().size();
-  int per = std::max(kColumnBlock, (p.N / (4 * threads) + kColumnBlock - 1) / kColumnBlock * kColumnBlock);  // ~4 per thread
-  int chunks = (p.N + per - 1) / per;
-  pool().run(threads == 1 ? 1 : chunks, [&](int c) {
-    if (threads == 1) return run_columns(isa, p, 0, p.N, y);
-    run_columns(isa, p, c * per, std::min(p.N, (c + 1) * per), y);
+// Columns per chunk: ~4 chunks per thread (claimed by the caller and the pool's workers).
+static int column_chunk(const QmmProblem& p, int threads) {
+  return std::max(kColumnBlock, (p.N / (4 * threads) + kColumnBlock - 1) / kColumnBlock * kColumnBlock);
+}
+
+static bool tiny(const QmmProblem& p) { return double(p.N) * p.K * std::max(1, std::min(p.M, 4)) < (1 << 18); }
+
+void run_qmm(Isa isa, const QmmProblem& p, float* y) { run_qmm_many(isa, &p, &y, 1); }
+
+void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int count) {
+  bool all_tiny = true;
+  for (int i = 0; i < count; ++i) all_tiny = all_tiny && tiny(problems[i]);
+  if (all_tiny || pool().size() == 1) {
+    for (int i = 0; i < count; ++i) run_columns(isa, problems[i], 0, problems[i].N, y[i]);
+    return;
+  }
+  // chunk c -> (problem, column range): the problems' columns one after another
+  int per[8], first[9] = {0};
+  if (count > 8) throw std::invalid_argument("mlxspec qmm: at most 8 problems per job");
+  for (int i = 0; i < count; ++i) {
+    per[i] = column_chunk(problems[i], pool().size());
+    first[i + 1] = first[i] + (problems[i].N + per[i] - 1) / per[i];
+  }
+  pool().run(first[count], [&](int c) {
+    int i = 0;
+    while (c >= first[i + 1]) ++i;
+    const int n0 = (c - first[i]) * per[i];
+    run_columns(isa, problems[i], n0, std::min(problems[i].N, n0 + per[i]), y[i]);
   });
 }
 
@@ -108,7 +125,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
       float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
       convert_x(x, bits, xf);
       QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
-      run(isa, p, yf.data());
+      run_qmm(isa, p, yf.data());
       store_f32(yf.data(), out.size(), out);
     });
   }
@@ -170,7 +187,7 @@ static DType dtype_of(mx::Dtype d) {
 }
 
 // Work items: (batch, kv head, chunk of query rows); rows of one kv head share key/value reads.
-static void run_sdpa(Isa isa, const SdpaProblem& p) {
+void run_sdpa(Isa isa, const SdpaProblem& p) {
   const int rows = p.H / p.KV * p.M;
   const int per_head = std::max(1, std::min(rows, (2 * pool().size() + p.B * p.KV - 1) / (p.B * p.KV)));
   // at most 64 rows per item: its scores (rows x T floats) stay small even for a long prefill
@@ -258,6 +275,7 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
 }
 
 void register_pointwise(nb::module_& m);  // pointwise.cpp
+void register_fused_layer(nb::module_& m);  // fused_layer.cpp
 
 }  // namespace mlxspec
 
@@ -270,6 +288,7 @@ NB_MODULE(_mlxspec_cpu, m) {
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows), rows independent of M.");
   mlxspec::register_pointwise(m);
+  mlxspec::register_fused_layer(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
   m.def("threads", [] { return mlxspec::pool().size(); });

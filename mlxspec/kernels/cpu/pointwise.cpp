@@ -45,8 +45,7 @@ static void rms_norm_rows(const mx::array& x, const mx::array& w, float eps, mx:
   const mx::Dtype t = out.dtype();
   for (int64_t r = 0; r < rows; ++r) {
     row_to_f32(x, r, xr.data());
-    const float inv = inv_rms(xr.data(), D, eps);
-    for (int d = 0; d < D; ++d) y[d] = round_to(xr[d] * inv, t) * wr[d];  // MLX casts before * weight
+    rms_norm_row(xr.data(), wr.data(), D, eps, [t](float v) { return round_to(v, t); }, y.data());
     store_f32(y.data(), D, out, size_t(r) * D);
   }
 }
@@ -58,11 +57,9 @@ static void rope_rows(const mx::array& x, const mx::array& inv_freq, const PwPar
   std::vector<float> c(size_t(T) * half), s(size_t(T) * half), xr(D), y(D);
   std::vector<float> f(half);
   row_to_f32(inv_freq, 0, f.data());
-  for (int i = 0; i < T; ++i) {  // MLX: positions (arange(T) + offset) * scale; cos/sin cast to x's dtype
-    rope_angles((float(i) + float(p.offset)) * p.scale, f.data(), half, c.data() + size_t(i) * half, s.data() + size_t(i) * half);
-    for (int k = 0; k < half; ++k)
-      c[size_t(i) * half + k] = round_to(c[size_t(i) * half + k], t), s[size_t(i) * half + k] = round_to(s[size_t(i) * half + k], t);
-  }
+  for (int i = 0; i < T; ++i)  // MLX: positions (arange(T) + offset) * scale; cos/sin cast to x's dtype
+    rope_angles_rounded((float(i) + float(p.offset)) * p.scale, f.data(), half, [t](float v) { return round_to(v, t); },
+                        c.data() + size_t(i) * half, s.data() + size_t(i) * half);
   for (int64_t r = 0; r < rows; ++r) {
     const int i = int(r % T);
     row_to_f32(x, r, xr.data());

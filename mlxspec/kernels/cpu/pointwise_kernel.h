@@ -27,6 +27,14 @@ inline float inv_rms(const float* x, int n, float eps) {
   return 1.0f / std::sqrt(lanes[0] / float(n) + eps);
 }
 
+// One row of RMSNorm as MLX computes it: round(x * inv_rms) * w, where `round` casts to the output
+// dtype (MLX casts before multiplying by the weight); the caller rounds the result once more.
+template <class Round>
+inline void rms_norm_row(const float* x, const float* w, int D, float eps, Round round, float* y) {
+  const float inv = inv_rms(x, D, eps);
+  for (int d = 0; d < D; ++d) y[d] = round(x[d] * inv) * w[d];
+}
+
 // cos/sin of position `pos` times each inverse frequency (MLX: theta = pos * inv_freq, fp32).
 inline void rope_angles(float pos, const float* inv_freq, int half, float* c, float* s) {
   for (int i = 0; i < half; ++i) {
@@ -34,6 +42,13 @@ inline void rope_angles(float pos, const float* inv_freq, int half, float* c, fl
     c[i] = std::cos(theta);
     s[i] = std::sin(theta);
   }
+}
+
+// rope_angles, then cos and sin cast to the output dtype (as MLX's fallback does).
+template <class Round>
+inline void rope_angles_rounded(float pos, const float* inv_freq, int half, Round round, float* c, float* s) {
+  rope_angles(pos, inv_freq, half, c, s);
+  for (int k = 0; k < half; ++k) c[k] = round(c[k]), s[k] = round(s[k]);
 }
 
 // One row of D features rotated in its first `dims`: pairs (2i, 2i+1) when traditional, else

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "scalar_math.h"
@@ -31,6 +32,11 @@ struct SdpaProblem {
   float scale;
   bool causal;
   float* out;  // (B, H, M, Dv) fp32
+  // Optional second segment: key/value rows t >= split come from k2/v2 (row t - split), e.g. a
+  // step's new rows not yet written into the cache (fused_layer.cpp). Same values, same arithmetic.
+  int split = 1 << 30;
+  const void *k2 = nullptr, *v2 = nullptr;
+  int64_t k2s[4] = {0, 0, 0, 0}, v2s[4] = {0, 0, 0, 0};
 };
 
 inline float to_float(const void* p, int64_t i, DType t) {
@@ -46,6 +52,16 @@ inline const float* row_f32(const void* base, int64_t i, int n, DType t, float* 
   if (t == DType::f32) return static_cast<const float*>(base) + i;
   load_floats(base, size_t(i), n, t == DType::f16 ? SType::f16 : SType::bf16, buf);
   return buf;
+}
+
+// Key (or value) row t of kv head (b, g) as fp32, from whichever segment holds it.
+inline const float* kv_row(const SdpaProblem& p, bool value, int b, int g, int t, int n, float* buf) {
+  if (t >= p.split) {
+    const int64_t* s = value ? p.v2s : p.k2s;
+    return row_f32(value ? p.v2 : p.k2, b * s[0] + g * s[1] + int64_t(t - p.split) * s[2], n, p.dtype, buf);
+  }
+  const int64_t* s = value ? p.vs : p.ks;
+  return row_f32(value ? p.v : p.k, b * s[0] + g * s[1] + int64_t(t) * s[2], n, p.dtype, buf);
 }
 
 constexpr int kKeys = 16;  // keys per score block (one vector of 16 scores)
@@ -87,9 +103,12 @@ template <class I>
 void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int rep = p.H / p.KV, rows = r1 - r0;
   const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16, R = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
-  std::vector<float> q(size_t(R) * D, 0.0f), scores(size_t(R) * p.T, 0.0f), acc(size_t(R) * Dv16, 0.0f);
-  std::vector<float> kt(size_t(D) * kKeys), vrows(size_t(p.T) * Dv16, 0.0f), buf(std::max(D, p.Dv));
-  std::vector<int> seen(R, 0);  // keys each row attends to (padding rows: none)
+  // scratch per thread, reused across calls (a decoding step calls this ~100 times)
+  thread_local std::vector<float> q, scores, acc, kt, vrows, buf;
+  thread_local std::vector<int> seen;
+  q.assign(size_t(R) * D, 0.0f), scores.assign(size_t(R) * p.T, 0.0f), acc.assign(size_t(R) * Dv16, 0.0f);
+  kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv));
+  seen.assign(R, 0);  // keys each row attends to (padding rows: none)
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
@@ -101,7 +120,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     int nk = std::min(kKeys, t_end - t0);
     std::fill(kt.begin(), kt.end(), 0.0f);
     for (int l = 0; l < nk; ++l) {
-      const float* kr = row_f32(p.k, b * p.ks[0] + g * p.ks[1] + (t0 + l) * p.ks[2], D, p.dtype, buf.data());
+      const float* kr = kv_row(p, false, b, g, t0 + l, D, buf.data());
       for (int d = 0; d < D; ++d) kt[d * kKeys + l] = kr[d];
     }
     for (int r = 0; r < R; r += kRowBlock) {
@@ -117,10 +136,27 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     for (int t = 0; t < seen[r]; ++t) s[t] = exp_nonpositive(s[t] - mx);
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
-  for (int t = 0; t < t_end; ++t) {  // value rows in fp32, padded to 16 lanes
-    const float* vr = row_f32(p.v, b * p.vs[0] + g * p.vs[1] + t * p.vs[2], p.Dv, p.dtype, buf.data());
-    std::copy(vr, vr + p.Dv, vrows.data() + size_t(t) * Dv16);
+  // Value rows in fp32, padded to 16 lanes: each segment's own rows where they already are (fp32, a
+  // multiple of 16 wide), else a copy. Same values, same order of FMAs either way.
+  const bool direct = p.dtype == DType::f32 && p.Dv == Dv16 && p.vs[3] == 1 && (t_end <= p.split || p.v2s[3] == 1);
+  if (!direct) {
+    vrows.assign(size_t(t_end) * Dv16, 0.0f);
+    for (int t = 0; t < t_end; ++t) {
+      const float* vr = kv_row(p, true, b, g, t, p.Dv, buf.data());
+      std::copy(vr, vr + p.Dv, vrows.data() + size_t(t) * Dv16);
+    }
   }
+  // acc rows += p rows . value rows [t0, t1), lanes [d0, d0 + 16): segment by segment, in key order
+  auto values = [&](auto rb, const float* const* pr, int t0, int t1, int d0, float* const* ac) {
+    constexpr int RB = decltype(rb)::value;
+    if (!direct) return value_block<I, RB>(pr, vrows.data() + size_t(t0) * Dv16 + d0, Dv16, t0, t1, ac);
+    const int mid = std::min(std::max(t0, p.split), t1);
+    if (mid > t0)
+      value_block<I, RB>(pr, static_cast<const float*>(p.v) + b * p.vs[0] + g * p.vs[1] + t0 * p.vs[2] + d0, p.vs[2], t0, mid, ac);
+    if (t1 > mid)
+      value_block<I, RB>(pr, static_cast<const float*>(p.v2) + b * p.v2s[0] + g * p.v2s[1] + (mid - p.split) * p.v2s[2] + d0,
+                         p.v2s[2], mid, t1, ac);
+  };
   for (int r = 0; r < R; r += kRowBlock) {
     const float* pr[kRowBlock];
     for (int i = 0; i < kRowBlock; ++i) pr[i] = scores.data() + size_t(r + i) * p.T;
@@ -132,9 +168,9 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     for (int d0 = 0; d0 < Dv16; d0 += 16) {
       float* ac[kRowBlock];
       for (int i = 0; i < kRowBlock; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
-      value_block<I, kRowBlock>(pr, vrows.data() + d0, Dv16, 0, common, ac);
+      values(std::integral_constant<int, kRowBlock>{}, pr, 0, common, d0, ac);
       for (int i = 0; i < kRowBlock && r + i < rows; ++i)
-        value_block<I, 1>(pr + i, vrows.data() + size_t(common) * Dv16 + d0, Dv16, common, seen[r + i], ac + i);
+        values(std::integral_constant<int, 1>{}, pr + i, common, seen[r + i], d0, ac + i);
     }
   }
   for (int r = 0; r < rows; ++r) {

@@ -1,0 +1,215 @@
+"""One MLX primitive per decoder layer on the CPU: a step's graph shrinks from ~850 nodes to ~100.
+
+MLX spends ~6 us dispatching each graph node on these CPUs; a SmolLM2 step through separate ops
+(7 matmuls, 2 norms, 2 ropes, attention, swiglu, reshapes, adds, cache updates per layer) spent
+~5 ms of ~17 there. cpu/fused_layer.cpp runs a whole llama-family block in one node with the same
+kernels and the same roundings.
+
+    report = use_fused_layers(model)    # after the other CPU kernels are installed (install.py)
+    restore_fused_layers(model)
+
+A block is fused only when every part of it already runs mlxspec's CPU kernels (quantized matmul,
+RMSNorm, RoPE, swiglu, attention), and a call goes to the fused primitive only for a signature that
+gave bit-identical results to the module path on first use (one and several rows, the KV cache
+too). Anything else keeps the modules: a GPU, a batch, a mask array, a cache other than mlx-lm's
+KVCache, an architecture other than llama/qwen2's block.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from . import registry
+from .hooks import routed
+from .layers import KernelQuantizedLinear
+from .pointwise import KernelRMSNorm, KernelRoPE, _ext
+
+FUSED_FROM = "_mlxspec_fused_from"  # class attribute of a fused block class: the block class it wraps
+BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock")}
+PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+_classes: dict[type, type] = {}
+
+
+@dataclass
+class LayerPlan:
+    """One block's fused primitive, bound once at install to the block's own weight arrays."""
+
+    layer: object  # the extension's FusedLayer: (x, keys, values, offset) -> [out, keys', values']
+    kv_heads: int
+    head_dim: int
+    key_parts: list  # arrays whose dtypes, with x's, make the keys' dtype (norm, k_proj scales, bias)
+    signature: tuple
+    ok: dict = field(default_factory=dict)  # x dtype -> (self-check passed, the cache's dtype)
+
+
+def _get(block: nn.Module, path: str):
+    node = block
+    for part in path.split("."):
+        node = getattr(node, part, None)
+    return node
+
+
+def _why_not(block: nn.Module) -> str | None:
+    """None if this block is one the fused primitive computes exactly as its modules do."""
+    base = type(block)
+    if (base.__module__, base.__name__) not in BLOCKS:
+        return f"{base.__module__}.{base.__name__} is not a llama/qwen2 block"
+    attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
+    if any(not isinstance(_get(block, p), KernelQuantizedLinear) for p in PROJECTIONS):
+        return "a projection does not run the qmm kernel"
+    if type(block.input_layernorm) is not KernelRMSNorm or type(block.post_attention_layernorm) is not KernelRMSNorm:
+        return "a norm does not run the rms_norm kernel"
+    if type(attn.rope) is not KernelRoPE:
+        return f"rope {type(attn.rope).__name__} does not run the rope kernel"
+    if routed(attn, "scaled_dot_product_attention") is None or routed(mlp, "swiglu") is None:
+        return "attention or swiglu is not routed to the kernels"
+    return None
+
+
+def _plan(block: nn.Module) -> LayerPlan:
+    attn = block.self_attn
+    projs = [_get(block, p) for p in PROJECTIONS]
+    heads, kv_heads = attn.n_heads, attn.n_kv_heads
+    head_dim = projs[0]["scales"].shape[0] // heads
+    bits, groups, bias = [p.bits for p in projs], [p.group_size for p in projs], [int("bias" in p) for p in projs]
+    fixed = [block.input_layernorm.weight, *(p[n] for p in projs for n in ("weight", "scales", "biases")),
+             block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p)]
+    layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
+                              float(attn.rope.scale), float(attn.scale), float(block.input_layernorm.eps),
+                              float(block.post_attention_layernorm.eps), groups, bits, bias)
+    k = projs[1]
+    key_parts = [block.input_layernorm.weight, k["scales"], *([k["bias"]] if "bias" in k else [])]
+    signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
+                 tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs))
+    return LayerPlan(layer, kv_heads, head_dim, key_parts, signature)
+
+
+def _fused_class(base: type) -> type:
+    if base not in _classes:
+        _classes[base] = type(base.__name__, (base,), {FUSED_FROM: base, "__module__": base.__module__,
+                                                       "__call__": _fused_call})
+    return _classes[base]
+
+
+def _fused_call(self, x: mx.array, mask=None, cache=None):
+    base = getattr(type(self), FUSED_FROM)
+    if _applies(self, x, mask, cache):
+        return fused_forward(self._mlxspec_plan, x, cache)
+    return base.__call__(self, x, mask, cache)
+
+
+def _applies(block, x: mx.array, mask, cache) -> bool:
+    if type(cache) is not KVCache or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
+        return False
+    if not (mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
+        return False
+    plan = block._mlxspec_plan
+    if x.dtype not in plan.ok:
+        if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+            return False
+        passed = _record().check((*plan.signature, str(x.dtype)), lambda: _self_check(block, x.dtype)) is None
+        plan.ok[x.dtype] = (passed, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
+    return plan.ok[x.dtype][0]
+
+
+def _reserve(cache: KVCache, rows: int, kv_heads: int, head_dim: int, dtype: mx.Dtype) -> None:
+    """Room for `rows` more positions, allocated as mlx-lm's KVCache.update_and_fetch allocates it."""
+    prev = cache.offset
+    if cache.keys is not None and prev + rows <= cache.keys.shape[2]:
+        return
+    n_steps = (cache.step + rows - 1) // cache.step
+    new_k = mx.zeros((1, kv_heads, n_steps * cache.step, head_dim), dtype)
+    new_v = mx.zeros((1, kv_heads, n_steps * cache.step, head_dim), dtype)
+    if cache.keys is None:
+        cache.keys, cache.values = new_k, new_v
+        return
+    if prev % cache.step != 0:
+        cache.keys, cache.values = cache.keys[..., :prev, :], cache.values[..., :prev, :]
+    cache.keys = mx.concatenate([cache.keys, new_k], axis=2)
+    cache.values = mx.concatenate([cache.values, new_v], axis=2)
+
+
+def fused_forward(plan: LayerPlan, x: mx.array, cache: KVCache) -> mx.array:
+    """The block on x (1, L, D) in one primitive; this step's keys and values go into the cache."""
+    rows, prev = x.shape[1], cache.offset
+    _reserve(cache, rows, plan.kv_heads, plan.head_dim, plan.ok[x.dtype][1])
+    out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev)
+    cache.offset += rows
+    return out
+
+
+def _self_check(block, dtype) -> str | None:
+    """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache too."""
+    base = getattr(type(block), FUSED_FROM)
+    dims = block.input_layernorm.weight.shape[0]
+    x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
+    a, b = KVCache(), KVCache()
+    block._mlxspec_plan.ok[dtype] = (True, mx.result_type(dtype, *(p.dtype for p in block._mlxspec_plan.key_parts)))
+    for lo, hi in ((0, 5), (5, 6), (6, 9)):
+        rows = x[:, lo:hi]
+        mask = "causal" if hi - lo > 1 else None
+        want = base.__call__(block, rows, mask, a)
+        got = fused_forward(block._mlxspec_plan, rows, b)
+        if got.dtype != want.dtype or not mx.array_equal(got, want).item():
+            return f"{hi - lo}-row output differs from the module path"
+        ka, va = a.keys[..., : a.offset, :], a.values[..., : a.offset, :]
+        kb, vb = b.keys[..., : b.offset, :], b.values[..., : b.offset, :]
+        if not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
+            return f"KV cache after {hi - lo} rows differs from the module path"
+    return None
+
+
+def _load(backend: str):
+    if backend != "cpu":
+        from .build import KernelUnavailable
+
+        raise KernelUnavailable(f"the fused layer is CPU-only ({backend} keeps its per-op kernels)")
+    ext = _ext()
+    if ext is None:
+        from .build import KernelUnavailable
+
+        raise KernelUnavailable("the CPU extension is unavailable")
+    return ext, "one primitive per llama/qwen2 block"
+
+
+registry.register("fused_layer", _load)
+
+
+def _record() -> registry.KernelRecord:
+    return registry.kernel("fused_layer", "cpu")
+
+
+def use_fused_layers(model: nn.Module) -> dict:
+    """Fuse every block whose parts all run the CPU kernels; report {"fused": n, "kept": {path: why}}."""
+    report = {"kernel": "fused_layer", "fused": 0, "kept": {}, "error": _record().error}
+    if report["error"]:
+        return report
+    for path, m in model.named_modules():
+        if hasattr(type(m), FUSED_FROM) or (type(m).__module__, type(m).__name__) not in BLOCKS:
+            continue
+        why = _why_not(m)
+        if why:
+            report["kept"][path] = why
+            continue
+        m._mlxspec_plan = _plan(m)
+        m.__class__ = _fused_class(type(m))
+        report["fused"] += 1
+    return report
+
+
+def restore_fused_layers(model: nn.Module) -> None:
+    """The blocks' own classes (their modules) again."""
+    for _, m in model.named_modules():
+        base = getattr(type(m), FUSED_FROM, None)
+        if base is not None:
+            m.__class__ = base
+            del m._mlxspec_plan
+
+
+def fused(model: nn.Module) -> bool:
+    return any(hasattr(type(m), FUSED_FROM) for _, m in model.named_modules())

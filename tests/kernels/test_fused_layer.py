@@ -1,0 +1,153 @@
+"""The fused decoder layer (one primitive per block) against the module path with the same kernels.
+
+The promise: bit-identical logits and KV caches to the per-op kernels (so greedy output cannot
+change), rows independent of the row count (so verification stays exact), far fewer graph nodes,
+and the module path for everything the primitive does not handle.
+"""
+
+from __future__ import annotations
+
+import re
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from mlxspec.exactness import RowInvariance
+from mlxspec.kernels import registry
+from mlxspec.kernels.fused_layer import FUSED_FROM, fused, restore_fused_layers, use_fused_layers
+from mlxspec.kernels.install import install_kernels, remove_kernels
+from mlxspec.loading import load
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry():
+    registry.reset()
+    yield
+    registry.reset()
+
+
+def loaded(path, quantize="q4g32"):
+    model = load(str(path), quantize).model
+    report = install_kernels(model, fuse=False)
+    assert report["backend"] == "cpu"
+    return model
+
+
+def decode(model, prompt, steps, rows=1):
+    """Prefill, then `steps` forwards of `rows` fixed tokens each: every logit row and the caches."""
+    cache = make_prompt_cache(model)
+    outs = [model(mx.array([prompt]), cache=cache)]
+    for i in range(steps):
+        outs.append(model(mx.array([[(7 * i + r) % 97 + 3 for r in range(rows)]]), cache=cache))
+    mx.eval(outs, [c.state for c in cache])
+    return outs, cache
+
+
+@pytest.mark.parametrize("arch,quantize", [("llama", "q4g32"), ("qwen2", "q4g32"), ("llama", "q8g64")])
+def test_fused_equals_the_module_path_bit_for_bit(request, cpu_ext, arch, quantize):
+    model = loaded(request.getfixturevalue(f"tiny_{arch}"), quantize)
+    prompt = [5, 17, 42, 7, 99, 3, 12]
+    for rows in (1, 3):
+        want, want_cache = decode(model, prompt, 6, rows)
+        report = use_fused_layers(model)
+        assert report["fused"] == len(model.model.layers) and not report["kept"], report
+        got, got_cache = decode(model, prompt, 6, rows)
+        restore_fused_layers(model)
+        for w, g in zip(want, got):
+            assert w.dtype == g.dtype and mx.array_equal(w, g).item()
+        for a, b in zip(want_cache, got_cache):
+            assert a.offset == b.offset
+            assert mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+            assert mx.array_equal(a.values[..., : a.offset, :], b.values[..., : b.offset, :]).item()
+
+
+def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):
+    model = loaded(tiny_llama)
+    use_fused_layers(model)
+    assert RowInvariance(model).holds(8), "verify rows must equal one-row steps"
+    assert all(f is None for f in registry.kernel("fused_layer", "cpu").checks.values())
+
+
+def test_a_step_is_a_few_nodes_per_layer(tiny_llama, cpu_ext, tmp_path):
+    model = loaded(tiny_llama)
+
+    def nodes():
+        cache = make_prompt_cache(model)
+        mx.eval(model(mx.array([[1, 2, 3, 4]]), cache=cache))
+        mx.export_to_dot(str(tmp_path / "step.dot"), model(mx.array([[5]]), cache=cache))
+        return re.findall(r'label ="(\w+)"', (tmp_path / "step.dot").read_text())
+
+    per_op = nodes()
+    use_fused_layers(model)
+    fused_nodes = nodes()
+    layers = len(model.model.layers)
+    assert fused_nodes.count("MlxspecFusedDecoderLayer") == layers
+    assert "MlxspecFewRowAttention" not in fused_nodes and "MlxspecFewRowAttention" in per_op
+    assert (len(per_op) - len(fused_nodes)) / layers >= 20  # ~27 nodes a layer become 3 (the layer, 2 cache writes)
+
+
+def test_cache_grows_and_trims_as_mlx_lm_does(tiny_llama, cpu_ext):
+    """Past a 256-row allocation step, after a trim (speculation's rewind), and a fresh cache."""
+    model = loaded(tiny_llama)
+    tokens = [(13 * i) % 200 + 3 for i in range(300)]
+
+    def run():
+        cache = make_prompt_cache(model)
+        model(mx.array([tokens[:250]]), cache=cache)
+        outs = []
+        for i in range(250, 270):
+            outs.append(model(mx.array([[tokens[i]]]), cache=cache))
+            if i == 260:
+                for c in cache:
+                    c.trim(3)
+        mx.eval(outs)
+        return outs, cache
+
+    want, want_cache = run()
+    use_fused_layers(model)
+    got, got_cache = run()
+    assert all(mx.array_equal(w, g).item() for w, g in zip(want, got))
+    assert got_cache[0].keys.shape == want_cache[0].keys.shape and got_cache[0].offset == want_cache[0].offset
+
+
+def test_what_the_primitive_does_not_handle_keeps_the_modules(tiny_llama, cpu_ext):
+    model = loaded(tiny_llama)
+    use_fused_layers(model)
+    block = model.model.layers[0]
+    x = mx.random.normal((2, 3, block.input_layernorm.weight.shape[0]), key=mx.random.key(1))
+    base = getattr(type(block), FUSED_FROM)
+    for cache, mask in ((KVCache(), "causal"), (None, "causal")):  # a batch of 2; no cache
+        want = base.__call__(block, x, mask, None if cache is None else KVCache())
+        assert mx.array_equal(block(x, mask, cache), want).item()
+    arr_mask = mx.ones((3, 3), dtype=mx.bool_)  # an explicit mask array
+    want = base.__call__(block, x[:1], arr_mask, KVCache())
+    assert mx.array_equal(block(x[:1], arr_mask, KVCache()), want).item()
+
+
+def test_a_failed_self_check_keeps_the_modules(tiny_llama, cpu_ext, monkeypatch, caplog):
+    import mlxspec.kernels.fused_layer as fl
+
+    model = loaded(tiny_llama)
+    want, _ = decode(model, [5, 6, 7], 3)
+    use_fused_layers(model)
+    monkeypatch.setattr(fl, "_self_check", lambda block, dtype: "disagrees (simulated)")
+    got, _ = decode(model, [5, 6, 7], 3)
+    assert all(mx.array_equal(w, g).item() for w, g in zip(want, got))
+    assert "disagrees (simulated)" in caplog.text
+    assert not any(ok for plan in (b._mlxspec_plan for b in model.model.layers) for ok, _ in plan.ok.values())
+
+
+def test_blocks_whose_parts_lack_kernels_are_not_fused(tiny_llama, cpu_ext):
+    model = load(str(tiny_llama), "q4g32").model  # no kernels installed
+    report = use_fused_layers(model)
+    assert report["fused"] == 0 and len(report["kept"]) == len(model.model.layers)
+    assert "qmm kernel" in next(iter(report["kept"].values()))
+
+
+def test_remove_kernels_restores_the_blocks(tiny_llama, cpu_ext):
+    model = load(str(tiny_llama), "q4g32").model
+    report = install_kernels(model)
+    assert report["fused"]["fused"] == len(model.model.layers) and fused(model)
+    remove_kernels(model)
+    assert not fused(model) and not hasattr(model.model.layers[0], "_mlxspec_plan")
