@@ -9,6 +9,7 @@ written (digests already checked) lives in MLXSPEC_HOME.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -154,6 +155,20 @@ def default_root(env=os.environ, platform: str = sys.platform) -> Path:
     return user
 
 
+def _readable(method):
+    """OSErrors reading the store (no permission on the service's files, a vanished blob) are the
+    caller's to fix: a ModelLoadError naming the file, not a crash."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as e:
+            raise ModelLoadError(f"cannot read Ollama's store at {self.root}: {e.strerror or e} ({e.filename or ''})") from None
+
+    return wrapper
+
+
 class OllamaStore:
     def __init__(self, root: str | Path, verified_file: Path | None = None):
         self.root = Path(root).expanduser()
@@ -174,10 +189,11 @@ class OllamaStore:
                 name = OllamaName.parse("/".join(path.relative_to(self.root / "manifests").parts[:3]) + ":" + path.name)
                 if path.is_file():
                     models.append(self._read_manifest(name, path))
-            except MlxspecError:
+            except (MlxspecError, OSError):
                 continue
         return sorted(models, key=lambda m: m.modified, reverse=True)
 
+    @_readable
     def find(self, reference: str) -> OllamaModel:
         name = OllamaName.parse(reference)
         path = self._manifest_path(name)
@@ -230,6 +246,7 @@ class OllamaStore:
     def blob_path(self, layer: Layer) -> Path:
         return self.root / "blobs" / ("sha256-" + _DIGEST.match(layer.digest)["hex"])
 
+    @_readable
     def contents(self, model: OllamaModel) -> Contents:
         """Template, system prompt, parameters, license and config, each checked against its digest;
         refuses what mlxspec cannot honour (projector, adapter, ...) and models without one GGUF."""
@@ -267,6 +284,7 @@ class OllamaStore:
             raise ModelLoadError(_mismatch(model, layer, path))
         return data
 
+    @_readable
     def weights_path(self, model: OllamaModel, layer: Layer) -> Path:
         """The GGUF blob, its size and sha256 checked (the hash once per file: remembered by
         size, mtime and inode in MLXSPEC_HOME, never in Ollama's store)."""

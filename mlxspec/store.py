@@ -178,7 +178,7 @@ class Store:
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise ModelNotFoundError(f"model {canonical(name)!r} not found, try pulling it first") from None
+            raise ModelNotFoundError(f"model {canonical(name)!r} not found, try pulling it first{self._ollama_hint(name)}") from None
         return _parse_file(text, path)
 
     def exists(self, name: str) -> bool:
@@ -231,6 +231,14 @@ class Store:
         details = ollama_store.details(model, ollama_store.read_config(self._ollama(), model))
         manifest = Manifest(target=model.name.reference)  # listings read no layer; `named` does
         return Entry(model.name.reference, manifest, modified, "sha256:" + model.digest, "ollama", model.size, details)
+
+    def _ollama_hint(self, name: str) -> str:
+        """'; Ollama's store has it: ollama:NAME' when it does (mlxspec's names never fall through to it)."""
+        ref = ollama_store.PREFIX + name.strip()
+        try:
+            return f"; Ollama's store has it: use {self.ollama.find(ref).name.reference}" if self.ollama else ""
+        except MlxspecError:
+            return ""
 
     def ollama_contents(self, name: str) -> ollama_store.Contents:
         store = self._ollama()
@@ -353,7 +361,9 @@ class Store:
             parse_name(name)  # the store name must be valid too
             return Manifest(target=base)
         known = ", ".join(self.shipped_names()) or "none"
-        raise ModelNotFoundError(f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id")
+        raise ModelNotFoundError(
+            f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id{self._ollama_hint(name)}"
+        )
 
     def pull(self, name: str, progress: Callable[[str, int, int], None] | None = None) -> str:
         """Fetch a model's weights, then write its manifest; returns the stored name.

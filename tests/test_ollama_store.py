@@ -79,9 +79,13 @@ def test_list_marks_ollama_models_and_keeps_mlxspec_names_apart(store, root, ggu
     assert theirs.digest == "sha256:" + __import__("hashlib").sha256(manifest_bytes).hexdigest()  # as Ollama's ID
     assert theirs.size == sum(x["size"] for x in [*json.loads(manifest_bytes)["layers"], json.loads(manifest_bytes)["config"]])
     assert theirs.details["quantization_level"] == "Q4_0" and theirs.details["family"] == "llama"
-    # the explicit prefix decides which store a name means
+    # the explicit prefix decides which store a name means; a bare name never falls through to Ollama's
     assert store.resolve("tiny")[1].target == str(gguf_file)
     assert store.resolve("ollama:tiny")[1].target == "ollama:tiny:latest"
+    with pytest.raises(ModelNotFoundError, match="Ollama's store has it: use ollama:someone/other:v1"):
+        store.get("someone/other:v1")
+    with pytest.raises(ModelNotFoundError, match="Ollama's store has it: use ollama:tiny:bare"):
+        store.pull_manifest("tiny:bare")
 
 
 def test_layers_become_the_manifest(store):
@@ -179,6 +183,21 @@ def test_unsupported_gguf_types_keep_the_loaders_error(root, store, tmp_path):
     with pytest.raises(ModelLoadError) as err:
         store.load_engine(store.get("ollama:iq"))
     assert str(err.value).startswith("ollama:iq:latest: ") and "IQ2_XXS" in str(err.value)
+
+
+def test_the_snapshot_sees_any_change(root):
+    import os
+    import time
+
+    before = snapshot(root)
+    manifest = root / "manifests/registry.ollama.ai/library/tiny/latest"
+    os.utime(manifest, ns=(0, manifest.stat().st_mtime_ns + 1))  # same bytes, rewritten
+    assert snapshot(root) != before
+    before = snapshot(root)
+    time.sleep(0.05)  # past the file system's timestamp tick
+    (root / "blobs" / ".tmp").write_bytes(b"")
+    (root / "blobs" / ".tmp").unlink()  # created and removed: the directory's mtime tells
+    assert snapshot(root) != before
 
 
 def test_mlxspec_never_writes_into_ollamas_store(store, root, gguf_file):

@@ -1,9 +1,10 @@
 """What `from` and `draft` may name in /api/create over HTTP.
 
-Store names, shipped names, `ollama:` names (Ollama's store) and Hugging Face repo ids always work. A local path reads the daemon's
-disk on the caller's behalf, so it must be absolute, lie under MLXSPEC_MODEL_DIRS (or come from
-the CLI of the same user, which proves it by sending the key in MLXSPEC_HOME/local.key), and be a
-model: a .gguf file or a directory with config.json and weights, never /etc/passwd or /proc/...
+Store names, shipped names, `ollama:` names (Ollama's store) and Hugging Face repo ids always work.
+A local path reads the daemon's disk on the caller's behalf, so it must be absolute, lie under
+MLXSPEC_MODEL_DIRS (or come from the CLI of the same user, which proves it by sending the key in
+MLXSPEC_HOME/local.key), and be a model: a .gguf file or a directory with config.json and weights,
+never /etc/passwd or /proc/...
 """
 
 from __future__ import annotations
