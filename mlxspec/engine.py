@@ -69,6 +69,7 @@ class Engine:
         min_confidence: float = 0.0,
         progress=None,
         kernels: bool | None = None,
+        ollama=None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -77,7 +78,8 @@ class Engine:
         makes a draft model stop a proposal after a token it gives less than that probability (one
         extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
         they pass their self-check on this device (mlxspec.kernels.install_timed); None reads
-        MLXSPEC_KERNELS (0 = off), the one place that setting is read.
+        MLXSPEC_KERNELS (0 = off), the one place that setting is read. `ollama`: the OllamaStore
+        `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
         """
         if kernels is None:
             kernels = os.environ.get("MLXSPEC_KERNELS", "1") != "0"
@@ -85,11 +87,11 @@ class Engine:
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
-        tgt = loading.load(target, quantize, progress)
+        tgt = loading.load(target, quantize, progress, ollama)
         dft = None
         if kind == "draft-model":
             same = draft == target and (draft_quantize or None) == (quantize or None)
-            dft = tgt if same else loading.load(draft, draft_quantize, progress)  # one copy when identical
+            dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
         kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels off"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.

@@ -14,6 +14,10 @@ class ModelLoadError(MlxspecError):
     """A model reference that cannot be resolved or loaded (missing, offline, unsupported)."""
 
 
+class ModelNotFoundError(MlxspecError):
+    """A model name the store (mlxspec's or Ollama's) does not have (HTTP 404)."""
+
+
 class PromptError(MlxspecError, ValueError):
     """A prompt the engine cannot run: empty, or longer than the context window."""
 

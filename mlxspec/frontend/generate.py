@@ -6,7 +6,8 @@ import dataclasses
 
 import click
 
-from ..store import Manifest, Store, load_engine
+from ..ollama_store import default_root
+from ..store import Manifest, Store
 
 
 def with_overrides(store: Store, name: str, manifest: Manifest, draft, drafter, quantize, draft_quantize) -> Manifest:
@@ -29,13 +30,13 @@ def with_overrides(store: Store, name: str, manifest: Manifest, draft, drafter, 
 
 
 def generate_in_process(model, prompt, *, draft, drafter, quantize, draft_quantize, options, chat, verbose) -> None:
-    store = Store()
+    store = Store(ollama_models=default_root())  # OLLAMA_MODELS, read here at the command's entry
     name, manifest = store.resolve(model)
     manifest = with_overrides(store, name, manifest, draft, drafter, quantize, draft_quantize)
     opts = manifest.options({k: v for k, v in options.items() if v is not None})
     if verbose:
         click.echo(f"loading {name} ...", err=True)
-    engine = load_engine(manifest)
+    engine = store.load_engine(manifest)
     if chat if chat is not None else engine.tokenizer.has_chat_template:
         system = [{"role": "system", "content": manifest.system}] if manifest.system else []
         ids = engine.chat_prompt(system + [{"role": "user", "content": prompt}])

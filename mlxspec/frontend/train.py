@@ -27,6 +27,7 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
     """Everything `mlxspec train-drafter` does; returns the file written and its config."""
     from ..engine import Engine
     from ..heads import medusa, train
+    from ..ollama_store import default_root
     from ..store import Store
 
     if kind not in KINDS:
@@ -35,9 +36,10 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
         raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0, --max-answer >= 4")
     texts = train.load_prompts(prompts)
     path = output_path(out, model)
-    reference = Store().target_of(model)
+    store = Store(ollama_models=default_root())  # OLLAMA_MODELS, read here at the command's entry
+    reference = store.target_of(model)
     begin = time.perf_counter()
-    engine = Engine.load(reference)
+    engine = Engine.load(reference, ollama=store.ollama)
     samples = train.record(engine, texts, tokens, max_answer, show)
     recorded = time.perf_counter() - begin
     module, report = train.train(engine.target.model, samples, heads, epochs=epochs, seed=seed, show=show)

@@ -28,7 +28,7 @@ def make_app(store: Store | None = None, settings: Settings | None = None, regis
     app = web.Application(
         middlewares=[errors_middleware, host_middleware, cors_middleware, auth_middleware], client_max_size=settings.max_body
     )
-    app[STATE] = State(store or Store(), settings, registry)
+    app[STATE] = State(store or Store(ollama_models=settings.ollama_models), settings, registry)
     app.add_routes(ollama_routes.routes)
     app.add_routes(ollama_models.routes)
     app.add_routes(openai_routes.routes)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import Engine
+from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, local_path
 from .prompts import FIM_TOKENS, supports_insert
 from .tool_calls import detect
@@ -67,7 +68,7 @@ _LEVELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # Ollama's s
 
 
 def _format(ref: str) -> str:
-    return "gguf" if ref.lower().endswith(".gguf") else "safetensors"
+    return "gguf" if ref.lower().endswith(".gguf") or is_ollama(ref) else "safetensors"
 
 
 def from_engine(engine: Engine, manifest: Manifest) -> Facts:

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
+from .. import ollama_store
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
 from .references import resolve_for_http
@@ -28,15 +29,19 @@ async def tags(request: web.Request) -> web.Response:
 
 
 async def _tag(state: State, entry: Entry) -> dict:
-    known = _loaded_facts(state, entry.name, entry.manifest)
-    known = known or await asyncio.to_thread(facts.from_disk, entry.manifest, False) or facts.Facts()
+    """One model of /api/tags; Ollama's models say so in `source` (and in their `ollama:` names)."""
+    if entry.details is None:
+        known = _loaded_facts(state, entry.name, entry.manifest)
+        known = known or await asyncio.to_thread(facts.from_disk, entry.manifest, False) or facts.Facts()
+    size = entry.size if entry.size is not None else await asyncio.to_thread(disk_size, entry.manifest, state.store.ollama)
     return {
         "name": entry.name,
         "model": entry.name,
         "modified_at": entry.modified_at.isoformat(),
-        "size": await asyncio.to_thread(disk_size, entry.manifest),
+        "size": size,
         "digest": entry.digest.removeprefix("sha256:"),
-        "details": known.details(entry.manifest),
+        "details": entry.details if entry.details is not None else known.details(entry.manifest),
+        "source": entry.source,
     }
 
 
@@ -52,8 +57,9 @@ NO_TEMPLATE = "none came with the model: chat uses Ollama's default ({{ .Prompt 
 @routes.post("/api/show")
 async def show(request: web.Request) -> web.Response:
     state, body = request.app[STATE], await read_json(request)
-    name, manifest = state.manifest(model_field(body))
-    entry = state.store.entry(name)
+    name, manifest = await asyncio.to_thread(state.manifest, model_field(body))
+    entry = await asyncio.to_thread(state.store.entry, name)
+    ollama = await asyncio.to_thread(state.store.ollama_contents, name) if entry.source == "ollama" else None
     known = _loaded_facts(state, name, manifest) or await asyncio.to_thread(facts.from_disk, manifest)
     if known is None:  # a GGUF file, or weights not downloaded yet: load to learn what it is
         loaded, _ = await state.registry.acquire(name, manifest)
@@ -65,7 +71,7 @@ async def show(request: web.Request) -> web.Response:
             "parameters": _parameters(manifest.parameters),
             "template": manifest.template or known.chat_template or "",
             "system": manifest.system or "",
-            "license": "",
+            "license": "\n".join(ollama.license) if ollama else "",
             "details": known.details(manifest),
             "model_info": known.model_info(name),
             "capabilities": known.capabilities(manifest),
@@ -75,6 +81,7 @@ async def show(request: web.Request) -> web.Response:
                 "drafter": manifest.drafter_name,
                 "chat": bool(manifest.template or known.chat_template),
                 "template_source": "manifest" if manifest.template else "model" if known.chat_template else NO_TEMPLATE,
+                **({"ollama": ollama_store.describe(state.store.ollama, ollama)} if ollama else {}),
             },
         }
     )
@@ -228,7 +235,7 @@ async def copy(request: web.Request) -> web.Response:
 @routes.delete("/api/delete")
 async def delete(request: web.Request) -> web.Response:
     state, body = request.app[STATE], await read_json(request)
-    name = canonical(model_field(body))
-    await asyncio.to_thread(state.store.delete, name)
-    await state.registry.unload(name)
+    name = model_field(body)
+    await asyncio.to_thread(state.store.delete, name)  # an ollama: name is refused: Ollama's store is read-only
+    await state.registry.unload(canonical(name))
     return web.Response()

@@ -13,6 +13,7 @@ import time
 from aiohttp import web
 
 from ..options import GenerateOptions
+from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
 from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
 from .requests import ApiError, field, read_json
@@ -103,7 +104,8 @@ async def embeddings(request: web.Request) -> web.Response:
 
 
 def _model(name: str, created: float) -> dict:
-    return {"id": name, "object": "model", "created": int(created), "owned_by": parse_name(name)[0]}
+    owner = "ollama" if is_ollama(name) else parse_name(name)[0]
+    return {"id": name, "object": "model", "created": int(created), "owned_by": owner}
 
 
 def options(body: dict, manifest: Manifest) -> GenerateOptions:

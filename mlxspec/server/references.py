@@ -1,9 +1,10 @@
 """What `from` and `draft` may name in /api/create over HTTP.
 
-Store names, shipped names and Hugging Face repo ids always work. A local path reads the daemon's
-disk on the caller's behalf, so it must be absolute, lie under MLXSPEC_MODEL_DIRS (or come from
-the CLI of the same user, which proves it by sending the key in MLXSPEC_HOME/local.key), and be a
-model: a .gguf file or a directory with config.json and weights, never /etc/passwd or /proc/...
+Store names, shipped names, `ollama:` names (Ollama's store) and Hugging Face repo ids always work.
+A local path reads the daemon's disk on the caller's behalf, so it must be absolute, lie under
+MLXSPEC_MODEL_DIRS (or come from the CLI of the same user, which proves it by sending the key in
+MLXSPEC_HOME/local.key), and be a model: a .gguf file or a directory with config.json and weights,
+never /etc/passwd or /proc/...
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from .. import loading
 from ..errors import ModelLoadError
+from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, Store, is_name
 from .requests import ApiError
 
@@ -22,6 +24,8 @@ def resolve_for_http(store: Store, ref: str, what: str, model_dirs: list[Path], 
     """The manifest `ref` stands for, or a 4xx ApiError saying why it may not be used."""
     if not ref.strip():
         raise ApiError(400, f"{what} must not be empty")
+    if is_ollama(ref):  # a name in Ollama's store: its parts cannot leave the store's directory
+        return store.resolve(ref)[1]
     if is_name(ref) and (store.exists(ref) or store.shipped(ref) is not None):
         return store.resolve(ref)[1]
     if ref.startswith("pypi:"):

@@ -13,7 +13,8 @@ from aiohttp import web
 from ..address import parse_host
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER
-from ..store import Manifest, Store, canonical
+from ..ollama_store import default_root
+from ..store import Manifest, Store
 from .registry import Registry
 from .requests import ApiError, parse_duration
 from .scheduler import Scheduler
@@ -38,11 +39,12 @@ class Settings:
     port: int = 11435
     allowed_hosts: list[str] = field(default_factory=list)  # Host header names beyond loopback (patterns)
     model_dirs: list[Path] = field(default_factory=list)  # where /api/create may take local paths from
+    ollama_models: Path | None = None  # Ollama's store, read for `ollama:` names (None: not read)
 
     @classmethod
     def from_env(cls, env=os.environ) -> "Settings":
         """MLXSPEC_HOST, MLXSPEC_KEEP_ALIVE, MLXSPEC_MAX_LOADED_MODELS, MLXSPEC_MAX_QUEUE, MLXSPEC_MAX_BODY,
-        MLXSPEC_ORIGINS, MLXSPEC_API_KEY, MLXSPEC_ALLOWED_HOSTS, MLXSPEC_MODEL_DIRS (README: Settings)."""
+        MLXSPEC_ORIGINS, MLXSPEC_API_KEY, MLXSPEC_ALLOWED_HOSTS, MLXSPEC_MODEL_DIRS, OLLAMA_MODELS (README: Settings)."""
         try:
             _, host, port = parse_host(env.get("MLXSPEC_HOST", ""))
         except MlxspecError as e:
@@ -63,6 +65,7 @@ class Settings:
             port=port,
             allowed_hosts=[h.lower() for h in _list(env, "MLXSPEC_ALLOWED_HOSTS", ",")],
             model_dirs=[Path(d).expanduser().resolve() for d in _list(env, "MLXSPEC_MODEL_DIRS", os.pathsep)],
+            ollama_models=default_root(env),
         )
 
 
@@ -83,7 +86,7 @@ class State:
     def __init__(self, store: Store, settings: Settings, registry: Registry | None = None):
         self.store = store
         self.settings = settings
-        self.registry = registry or Registry(settings.max_loaded, settings.keep_alive)
+        self.registry = registry or Registry(settings.max_loaded, settings.keep_alive, loader=store.load_engine)
         self.scheduler = Scheduler(self.registry, settings.max_queue)
         self.local_key = secrets.token_urlsafe(32)  # written to MLXSPEC_HOME/local.key at start-up
 
@@ -93,8 +96,8 @@ class State:
         return hmac.compare_digest(given.encode(), self.local_key.encode())
 
     def manifest(self, name: str) -> tuple[str, Manifest]:
-        """(canonical name, manifest) of a stored model; 400 for a bad name, 404 for a missing one."""
-        return canonical(name), self.store.get(name)
+        """(canonical name, manifest) of a stored or Ollama model; 400 for a bad name, 404 for a missing one."""
+        return self.store.named(name)
 
     async def close(self) -> None:
         await self.scheduler.close()
