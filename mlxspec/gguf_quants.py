@@ -34,7 +34,7 @@ GROUP = 32  # MLX group size used for every GGUF type
 FLOATS = ("F32", "F16", "BF16")
 EXACT = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 # Bit widths tried in order (group 32, float16 scales); float32 scales at 8 bits as a last resort.
-REQUANTIZED = {"Q6_K": (8,), "Q3_K": (4, 5, 6, 8), "Q2_K": (4, 5, 6, 8)}
+REQUANTIZED = {"Q6_K": (6, 8), "Q3_K": (3, 4, 5, 6, 8), "Q2_K": (2, 3, 4, 5, 6, 8)}
 SUPPORTED = (*FLOATS, *EXACT, *REQUANTIZED)
 CHUNK_WEIGHTS = 1 << 20  # rows are converted a chunk of about this many weights at a time
 
@@ -199,8 +199,8 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 def _requantized(blocks, type_name, shape, rows, cols):
     qtype = GGMLQuantizationType[type_name]
     n_bytes = block_bytes(type_name)[1]
-    source_ss = sum(float(np.sum(_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)) ** 2)) * 16
-                    for a, b in _chunks(rows, cols))
+    source_ss = sum(float(np.sum(_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)).astype(np.float64) ** 2))
+                    for a, b in _chunks(rows, cols)) * 16  # 16 weights per step
     source_rms = math.sqrt(source_ss / (rows * cols) / 12)  # rounding error uniform over a step
     tries = [(bits, np.float16) for bits in REQUANTIZED[type_name]] + [(8, np.float32)]
     for bits, dtype in tries:
