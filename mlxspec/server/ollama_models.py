@@ -75,6 +75,7 @@ async def show(request: web.Request) -> web.Response:
                 "drafter": manifest.drafter_name,
                 "chat": bool(manifest.template or known.chat_template),
                 "template_source": "manifest" if manifest.template else "model" if known.chat_template else NO_TEMPLATE,
+                **({"gguf_conversion": known.gguf_conversion} if known.gguf_conversion else {}),
             },
         }
     )
