@@ -23,6 +23,8 @@ Rows are converted in chunks, so a tensor never exists in float32 all at once.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import mlx.core as mx
@@ -37,6 +39,7 @@ EXACT = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K
 REQUANTIZED = {"Q6_K": (6, 8), "Q3_K": (3, 4, 5, 6, 8), "Q2_K": (2, 3, 4, 5, 6, 8)}
 SUPPORTED = (*FLOATS, *EXACT, *REQUANTIZED)
 CHUNK_WEIGHTS = 1 << 20  # rows are converted a chunk of about this many weights at a time
+THREADS = min(8, os.cpu_count() or 1)  # chunks converted at once (scratch: ~50 bytes a weight each)
 
 
 @dataclass
@@ -85,6 +88,16 @@ def _chunks(rows: int, cols: int):
     return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
 
+def _over_chunks(work, rows: int, cols: int) -> list:
+    """work(a, b) for each chunk of rows, on a few threads (numpy releases the GIL in its loops);
+    results in chunk order, so sums over them do not depend on timing."""
+    chunks = _chunks(rows, cols)
+    if len(chunks) == 1:
+        return [work(*chunks[0])]
+    with ThreadPoolExecutor(max_workers=THREADS) as pool:
+        return list(pool.map(lambda ab: work(*ab), chunks))
+
+
 # ---------------------------------------------------------------- exact mappings
 
 
@@ -94,11 +107,14 @@ def _exact(blocks, type_name, shape, rows, cols):
     scales = np.empty((rows, cols // GROUP), np.float32)
     biases = np.empty_like(scales)
     decode = _DECODERS[type_name]
-    for a, b in _chunks(rows, cols):
+
+    def work(a, b):
         per_block = blocks[a:b].reshape(-1, block_bytes(type_name)[1])
         codes, s, z = decode(np.ascontiguousarray(per_block))
         weight[a:b] = pack(codes.reshape(b - a, cols), bits)
         scales[a:b], biases[a:b] = s.reshape(b - a, -1), z.reshape(b - a, -1)
+
+    _over_chunks(work, rows, cols)
     # float16 when it holds them all exactly (the legacy types), else float32 (K-quant d*sc)
     dtype = np.float16 if _fits_f16(scales) and _fits_f16(biases) else np.float32
     arrays = {
@@ -185,9 +201,10 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
     if bits == 4:
         return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(np.uint32)
     per_unit = 8 // math.gcd(bits, 8)  # codes that fill whole bytes: 2 of 4 bits, 8 of 3/5 bits, ...
-    units = codes.reshape(rows, cols // per_unit, per_unit).astype(np.uint64)
-    shifts = (np.arange(per_unit, dtype=np.uint64) * np.uint64(bits)).reshape(1, 1, -1)
-    words = np.bitwise_or.reduce(units << shifts, axis=-1)
+    units = codes.reshape(rows, cols // per_unit, per_unit)
+    words = units[..., 0].astype(np.uint64)
+    for i in range(1, per_unit):
+        words |= units[..., i].astype(np.uint64) << np.uint64(bits * i)
     unit_bytes = per_unit * bits // 8
     packed = words[..., None].view(np.uint8).reshape(rows, -1, 8)[..., :unit_bytes]  # little-endian
     return np.ascontiguousarray(packed).reshape(rows, -1).view(np.uint32)
@@ -199,8 +216,8 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 def _requantized(blocks, type_name, shape, rows, cols):
     qtype = GGMLQuantizationType[type_name]
     n_bytes = block_bytes(type_name)[1]
-    source_ss = sum(float(np.sum(_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)).astype(np.float64) ** 2))
-                    for a, b in _chunks(rows, cols)) * 16  # 16 weights per step
+    steps = [_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)).astype(np.float64) for a, b in _chunks(rows, cols)]
+    source_ss = sum(float(np.sum(s**2)) for s in steps) * 16  # 16 weights per step
     source_rms = math.sqrt(source_ss / (rows * cols) / 12)  # rounding error uniform over a step
     tries = [(bits, np.float16) for bits in REQUANTIZED[type_name]] + [(8, np.float32)]
     for bits, dtype in tries:
@@ -216,16 +233,18 @@ def _requantize(blocks, qtype, rows, cols, bits, dtype):
     weight = np.empty((rows, cols * bits // 32), np.uint32)
     scales = np.empty((rows, cols // GROUP), dtype)
     biases = np.empty_like(scales)
-    sum_sq, worst = 0.0, 0.0
-    for a, b in _chunks(rows, cols):
+
+    def work(a, b):
         values = dequantize(np.ascontiguousarray(blocks[a:b]), qtype).astype(np.float32)  # gguf-py
-        codes, scales[a:b], biases[a:b], approx = affine(values, bits, dtype)
+        codes, scales[a:b], biases[a:b], err = affine(values, bits, dtype)
         weight[a:b] = pack(codes, bits)
-        err = approx - values
-        sum_sq += float(np.sum(err.astype(np.float64) ** 2))
-        worst = max(worst, float(np.max(np.abs(err))))
+        err -= values  # the dequantized values, less the reference: the error, in place
+        flat = err.ravel()
+        return float(np.dot(flat, flat)), max(float(flat.max()), -float(flat.min()))
+
+    errors = _over_chunks(work, rows, cols)
     arrays = {"weight": mx.array(weight), "scales": mx.array(scales), "biases": mx.array(biases)}
-    return arrays, math.sqrt(sum_sq / (rows * cols)), worst
+    return arrays, math.sqrt(sum(e[0] for e in errors) / (rows * cols)), max(e[1] for e in errors)
 
 
 def affine(values: np.ndarray, bits: int, dtype=np.float16):
@@ -241,11 +260,13 @@ def affine(values: np.ndarray, bits: int, dtype=np.float16):
     scale = np.where(scale.astype(np.float32) * top < hi - lo, np.nextafter(scale, dtype(np.inf)), scale)
     bias = np.where(bias.astype(np.float32) > lo, np.nextafter(bias, dtype(-np.inf)), bias)
     s, z = scale.astype(np.float32)[..., None], bias.astype(np.float32)[..., None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = np.where(s > 0, np.rint((g - z) / s), 0)
-    codes = np.clip(codes, 0, top).astype(np.uint8)
-    approx = (codes * s + z).reshape(rows, cols)
-    return codes.reshape(rows, cols), scale, bias, approx
+    q = g - z  # then in place: codes as floats, then the dequantized values
+    q *= np.divide(1, s, out=np.zeros_like(s), where=s > 0)  # a constant group: scale 0, codes 0
+    np.clip(np.rint(q, out=q), 0, top, out=q)
+    codes = q.astype(np.uint8)
+    q *= s
+    q += z
+    return codes.reshape(rows, cols), scale, bias, q.reshape(rows, cols)
 
 
 def _source_steps(type_name: str, b: np.ndarray) -> np.ndarray:

@@ -117,7 +117,7 @@ def test_chunked_conversion_is_the_same(monkeypatch, type_name):
     monkeypatch.setattr(gguf_quants, "CHUNK_WEIGHTS", COLS * 5)  # 5 rows at a time, a ragged last chunk
     chunked, chunked_report = convert_tensor(raw, type_name, (ROWS, COLS))
     assert chunked_report.mlx == report.mlx and chunked_report.max_error == report.max_error
-    assert chunked_report.rms_error == pytest.approx(report.rms_error, rel=1e-9)  # sums in another order
+    assert chunked_report.rms_error == pytest.approx(report.rms_error, rel=1e-6)  # float32 sums in another order
     assert chunked_report.source_rms == pytest.approx(report.source_rms, rel=1e-9)
     for key in whole:
         assert np.array_equal(np.array(whole[key]), np.array(chunked[key]))
