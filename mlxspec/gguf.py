@@ -97,31 +97,24 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
 
 def _read_weights(header: Header, arch: archs.Arch):
     """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept."""
+    wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES)]
+    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name != "rope_freqs.weight"]
+    if unknown:  # e.g. MoE experts or phi3's long-rope factors: not a model we can run right
+        raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
-    weights, reports, rope_freqs, unknown = {}, {}, None, []
-    for t in header.tensors:
+    weights, reports, rope_freqs = {}, {}, None
+    for t in wanted:
+        arrays, reports[t.name] = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
         target = archs.mlx_name(arch, t.name)
-        if t.name.startswith(archs.IGNORED_PREFIXES):
-            continue
-        if target is None and t.name != "rope_freqs.weight":
-            unknown.append(t.name)
-            continue
-        if t.type not in ("F32", "F16", "BF16") and t.shape[-1] % GROUP:
-            raise ModelLoadError(f"{header.path.name}: tensor {t.name!r} rows of {t.shape[-1]} are not whole groups of {GROUP}")
-        arrays, report = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
-        reports[t.name] = report
-        if target is None:
+        if target is None:  # rope_freqs: applied to the model's rope, not a weight
             rope_freqs = arrays["weight"]
             continue
-        stem = target.rsplit(".", 1)[0]
         arrays["weight"] = archs.adapt_tensor(arch, t.name, arrays["weight"])
+        mx.eval(list(arrays.values()))
+        stem = target.rsplit(".", 1)[0]
         for key, array in arrays.items():
             weights[target if key == "weight" else f"{stem}.{key}"] = array
-        mx.eval(list(arrays.values()))
     del data
-    if unknown:
-        # e.g. MoE experts or phi3's long-rope factors: not a model we can run right
-        raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     return weights, reports, rope_freqs
 
 

@@ -64,8 +64,8 @@ class Arch:
 
 ARCHS = {
     "llama": Arch("llama", "llama", True, rope_freqs=True),  # also Mistral, SmolLM, Llama 3.x
-    "qwen2": Arch("qwen2", "qwen2", False, rope_freqs=True),
-    "qwen3": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS, rope_freqs=True),
+    "qwen2": Arch("qwen2", "qwen2", False),
+    "qwen3": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS),
     "gemma2": Arch("gemma2", "gemma2", False, GEMMA2_BLOCK, norm_plus_one=True),
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),

@@ -113,6 +113,8 @@ def _parse(cur: _Cursor, file_size: int) -> Header:
         raw.append((name, dims, GGML_TYPE_NAMES.get(type_id, f"type {type_id}"), offset))
 
     alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ModelLoadError(f"{cur.path}: general.alignment {alignment!r} is not a positive integer; the header is corrupt")
     data_start = -(-cur.pos // alignment) * alignment
     tensors = [
         TensorInfo(name, tuple(reversed(dims)), type_name, data_start + offset, _n_bytes(type_name, dims))
