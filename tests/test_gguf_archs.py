@@ -31,6 +31,9 @@ CASES = {
     "llama3": dict(arch="llama", metadata={"rope.freq_base": 500000.0},
                    extra_tensors={"rope_freqs.weight": LLAMA3_FACTORS},
                    hp=dict(rope_base=500000.0, freq_factors=LLAMA3_FACTORS)),
+    # Linear rope scaling from the metadata (llama.rope.scaling.type / .factor).
+    "llama-linear": dict(arch="llama", metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0},
+                         hp=dict(rope_scale=4.0)),
     # Mistral / Mistral-Nemo: llama architecture, head_dim != hidden/heads, one KV head, SPM vocabulary.
     "mistral": dict(arch="llama", dims=Dims(kv_heads=1, head_dim=32), tokenizer="llama", output_qtype="Q8_0"),
     "qwen3": dict(arch="qwen3", dims=Dims(head_dim=32), metadata={"rope.freq_base": 1000000.0},
@@ -51,6 +54,7 @@ CASES = {
 # Features each case must exercise: leaving any one out of the reference moves the logits far.
 TEETH = {
     "llama3": [dict(freq_factors=None)],
+    "llama-linear": [dict(rope_scale=1.0)],
     "mistral": [dict(arch="qwen2")],  # NEOX rope instead of llama's interleaved pairs
     "qwen3": [dict(rope_base=10000.0)],
     "gemma2": [dict(attn_softcap=None), dict(final_softcap=None)],
@@ -109,17 +113,19 @@ def test_configs(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "extra, match",
+    "arch, extra, match",
     [
-        (dict(metadata={"rope.scaling.type": "longrope"}), "longrope"),
+        ("phi3", dict(metadata={"rope.scaling.type": "longrope"}), "longrope"),
         # the 128k variants' factor tensors, which mlx-lm's phi3 would apply at every length
-        (dict(extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
+        ("phi3", dict(extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
          "rope_factors_long"),
+        ("llama", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
+        ("qwen3", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
     ],
 )
-def test_phi3_long_rope_refused(tmp_path, extra, match):
-    path = write_tiny_llama_gguf(tmp_path / "phi3-128k.gguf", "Q8_0", arch="phi3", tokenizer="llama",
-                                 dims=Dims(rope_dims=12), **extra)
+def test_unsupported_rope_scaling_refused(tmp_path, arch, extra, match):
+    dims = Dims(rope_dims=12) if arch == "phi3" else Dims()
+    path = write_tiny_llama_gguf(tmp_path / "long.gguf", "Q8_0", arch=arch, tokenizer="llama", dims=dims, **extra)
     with pytest.raises(ModelLoadError, match=match):
         load_gguf(path)
 
