@@ -216,8 +216,10 @@ def pack(codes: np.ndarray, bits: int) -> np.ndarray:
 def _requantized(blocks, type_name, shape, rows, cols):
     qtype = GGMLQuantizationType[type_name]
     n_bytes = block_bytes(type_name)[1]
-    steps = [_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)).astype(np.float64) for a, b in _chunks(rows, cols)]
-    source_ss = sum(float(np.sum(s**2)) for s in steps) * 16  # 16 weights per step
+    source_ss = 16 * sum(  # 16 weights per step
+        float(np.sum(_source_steps(type_name, blocks[a:b].reshape(-1, n_bytes)).astype(np.float64) ** 2))
+        for a, b in _chunks(rows, cols)
+    )
     source_rms = math.sqrt(source_ss / (rows * cols) / 12)  # rounding error uniform over a step
     tries = [(bits, np.float16) for bits in REQUANTIZED[type_name]] + [(8, np.float32)]
     for bits, dtype in tries:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import tracemalloc
 
+import gguf
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -111,6 +112,3 @@ def test_load_converts_tensor_by_tensor(tmp_path, monkeypatch):
     largest = max(int(np.prod(t.shape)) for t in gguf.GGUFReader(str(path)).tensors) * 4
     assert numpy_peak < largest < model_bytes, (numpy_peak, largest, model_bytes)
     assert mx.get_peak_memory() < 1.3 * model_bytes, (mx.get_peak_memory(), model_bytes)
-
-
-import gguf  # noqa: E402  (used by the memory test only)
