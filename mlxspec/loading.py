@@ -199,7 +199,8 @@ def model_info(m: LoadedModel) -> dict:
     cfg = m.config
     arch = cfg.get("model_type", "unknown")
     n_params = _parameter_count(m.model)
-    return {
+    conversion = {"gguf_conversion": cfg["gguf_conversion"]} if cfg.get("gguf_conversion") else {}
+    return conversion | {
         "architecture": arch,
         "parameters": n_params,
         "parameter_size": _human_count(n_params),

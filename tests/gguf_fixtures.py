@@ -8,7 +8,9 @@ reader and dequantizer: float32 numpy weights under mlx-lm names, independent of
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -18,6 +20,23 @@ from gguf import GGMLQuantizationType as QT
 # Shapes: all multiples of 32 (the ggml block size); FFN 256 also fits the 256-wide K-quant blocks.
 HIDDEN, LAYERS, FFN, HEADS, KV_HEADS = 64, 2, 256, 4, 2
 CONTEXT, ROPE_BASE, RMS_EPS = 256, 10000.0, 1e-5
+
+
+@dataclass(frozen=True)
+class Dims:
+    """Model shape; head_dim defaults to hidden / heads, rope_dims to head_dim."""
+
+    hidden: int = HIDDEN
+    layers: int = LAYERS
+    ffn: int = FFN
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int | None = None
+    rope_dims: int | None = None
+
+    @property
+    def hd(self) -> int:
+        return self.head_dim or self.hidden // self.heads
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]  # ids 0, 1, 2 (as in SmolLM2)
 BOS_ID, EOS_ID = 1, 2
@@ -84,6 +103,9 @@ def write_tiny_llama_gguf(
     add_bos: bool | None = False,
     tokenizer: str = "gpt2",
     pre: str = "smollm",
+    dims: Dims = Dims(),
+    metadata: dict[str, Any] | None = None,
+    extra_tensors: dict[str, np.ndarray] | None = None,
 ) -> Path:
     """Write a tiny random GGUF model and return its path.
 
@@ -92,8 +114,14 @@ def write_tiny_llama_gguf(
     `output.weight` of that type; otherwise the head is tied to the embedding.
     type_overrides: {gguf tensor name: type} for any tensor, e.g. {"blk.0.ffn_down.weight": "Q4_K"};
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
-    arch: "llama" or "qwen2" (qwen2 adds q/k/v biases, as Qwen2 does); any other name writes
-    llama tensors under that architecture name (for refusal tests).
+    arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma2", "gemma3" (post
+    norms; gemma3 also q/k norms) or "phi3" (fused attn_qkv and gate+up in ffn_up), with the
+    tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
+    architecture name (for refusal tests).
+    types the `gguf` package cannot quantize (K-quants) get random blocks whose fp16 scales are set
+    so the weights have the same spread as the others.
+    dims: the model's shape. metadata: extra `{arch}.KEY` values (int, float, str).
+    extra_tensors: more F32 tensors by GGUF name, e.g. {"rope_freqs.weight": ...} (Llama 3.x rope scaling).
     tokenizer: "gpt2" (byte-level BPE, as SmolLM2) or "llama" (sentencepiece with byte fallback,
     BOS id 1, EOS id 2, no chat template). add_bos=None leaves the flag out of the file.
     pre: the gpt2 vocabulary's pre-tokenizer name (tokenizer.ggml.pre).
@@ -101,19 +129,25 @@ def write_tiny_llama_gguf(
     path = Path(path)
     rng = np.random.default_rng(seed)
     tokens = byte_level_vocab() if tokenizer == "gpt2" else sentencepiece_vocab()[0]
-    types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {})
+    types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {}, dims)
 
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}-{qtype}")
     writer.add_context_length(CONTEXT)
-    writer.add_embedding_length(HIDDEN)
-    writer.add_block_count(LAYERS)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(KV_HEADS)
+    writer.add_embedding_length(dims.hidden)
+    writer.add_block_count(dims.layers)
+    writer.add_feed_forward_length(dims.ffn)
+    writer.add_head_count(dims.heads)
+    writer.add_head_count_kv(dims.kv_heads)
     writer.add_layer_norm_rms_eps(RMS_EPS)
-    writer.add_rope_freq_base(ROPE_BASE)
-    writer.add_rope_dimension_count(HIDDEN // HEADS)
+    writer.add_rope_dimension_count(dims.rope_dims or dims.hd)
+    if dims.head_dim:
+        writer.add_key_length(dims.head_dim)
+        writer.add_value_length(dims.head_dim)
+    metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
+    for key, value in metadata.items():
+        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
+        add(f"{arch}.{key}", value)
     if tokenizer == "gpt2":
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre)
@@ -134,7 +168,9 @@ def write_tiny_llama_gguf(
     if add_bos is not None:
         writer.add_add_bos_token(add_bos)
 
-    for name, shape in _tensor_shapes(arch, len(tokens), output_qtype is not None).items():
+    for name, data in (extra_tensors or {}).items():
+        writer.add_tensor(name, np.asarray(data, np.float32))
+    for name, shape in _tensor_shapes(arch, len(tokens), output_qtype is not None, dims).items():
         # Scale like a trained model's weights so activations stay O(1) through both layers.
         data = rng.standard_normal(shape).astype(np.float32) * (1.0 if len(shape) == 1 else shape[-1] ** -0.5)
         if name.endswith("norm.weight"):
@@ -161,38 +197,42 @@ def read_gguf_reference(path: str | Path) -> tuple[dict[str, np.ndarray], dict[s
     return weights, types
 
 
-def _tensor_shapes(arch: str, vocab: int, untied: bool) -> dict[str, tuple[int, ...]]:
+def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> dict[str, tuple[int, ...]]:
     """GGUF tensor name -> numpy shape (out_features, in_features) for a tiny model."""
-    head_dim = HIDDEN // HEADS
-    shapes = {"token_embd.weight": (vocab, HIDDEN)}
-    for i in range(LAYERS):
+    hidden, hd, q_rows, kv_rows = dims.hidden, dims.hd, dims.heads * dims.hd, dims.kv_heads * dims.hd
+    shapes = {"token_embd.weight": (vocab, hidden)}
+    for i in range(dims.layers):
         b = f"blk.{i}"
-        shapes |= {
-            f"{b}.attn_norm.weight": (HIDDEN,),
-            f"{b}.attn_q.weight": (HEADS * head_dim, HIDDEN),
-            f"{b}.attn_k.weight": (KV_HEADS * head_dim, HIDDEN),
-            f"{b}.attn_v.weight": (KV_HEADS * head_dim, HIDDEN),
-            f"{b}.attn_output.weight": (HIDDEN, HEADS * head_dim),
-            f"{b}.ffn_norm.weight": (HIDDEN,),
-            f"{b}.ffn_gate.weight": (FFN, HIDDEN),
-            f"{b}.ffn_up.weight": (FFN, HIDDEN),
-            f"{b}.ffn_down.weight": (HIDDEN, FFN),
-        }
+        shapes[f"{b}.attn_norm.weight"] = (hidden,)
+        if arch == "phi3":
+            shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
+        else:
+            shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
+                       f"{b}.attn_v.weight": (kv_rows, hidden)}
+        shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
         if arch == "qwen2":
-            shapes |= {
-                f"{b}.attn_q.bias": (HEADS * head_dim,),
-                f"{b}.attn_k.bias": (KV_HEADS * head_dim,),
-                f"{b}.attn_v.bias": (KV_HEADS * head_dim,),
-            }
-    shapes["output_norm.weight"] = (HIDDEN,)
+            shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
+        if arch in ("qwen3", "gemma3"):
+            shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
+        if arch in ("gemma2", "gemma3"):
+            shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
+        shapes[f"{b}.ffn_norm.weight"] = (hidden,)
+        if arch == "phi3":
+            shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
+        else:
+            shapes |= {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden)}
+        shapes[f"{b}.ffn_down.weight"] = (hidden, dims.ffn)
+        if arch in ("gemma2", "gemma3"):
+            shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
+    shapes["output_norm.weight"] = (hidden,)
     if untied:
-        shapes["output.weight"] = (vocab, HIDDEN)
+        shapes["output.weight"] = (vocab, hidden)
     return shapes
 
 
-def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides) -> dict[str, str]:
+def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides, dims=Dims()) -> dict[str, str]:
     types = {}
-    for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None).items():
+    for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None, dims).items():
         types[name] = "F32" if len(shape) == 1 else qtype
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:
@@ -211,11 +251,33 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, data: np.ndarray, type_name:
     else:
         try:
             raw = gguf.quants.quantize(data, qt)  # uint8 (rows, bytes per row)
-        except NotImplementedError:
-            # No Python quantizer for this type (K-quants): any bytes of the right size will do.
-            raw_shape = gguf.quants.quant_shape_to_byte_shape(data.shape, qt)
-            raw = rng.integers(0, 256, size=raw_shape, dtype=np.uint8)
+        except NotImplementedError:  # no Python quantizer for this type (K-quants, I-quants)
+            raw = random_blocks(type_name, data.shape, rng, std=float(np.std(data)))
         writer.add_tensor(name, raw, raw_dtype=qt)
+
+
+# Byte offsets of the fp16 super-block scales (d, and dmin where there is one) in K-quant blocks.
+K_SCALE_OFFSETS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}
+
+
+def random_blocks(type_name: str, shape: tuple[int, ...], rng, std: float = 0.1) -> np.ndarray:
+    """Random blocks of a type (uint8, gguf's byte shape). Any bytes are valid codes and sub-block
+    scales; the fp16 d/dmin of K-quants are then set (varying +-50% per block) so the weights'
+    RMS is `std`. Other types (I-quants...) keep random bytes: they are only ever refused."""
+    qt = QT[type_name]
+    raw = rng.integers(0, 256, size=gguf.quants.quant_shape_to_byte_shape(shape, qt), dtype=np.uint8)
+    if type_name not in K_SCALE_OFFSETS:
+        return raw
+    block_bytes = gguf.GGML_QUANT_SIZES[qt][1]
+    blocks = raw.reshape(-1, block_bytes)
+    d = (0.5 + rng.random(len(blocks))).astype(np.float16)
+    for offset in K_SCALE_OFFSETS[type_name]:
+        blocks[:, offset : offset + 2] = d.view(np.uint8).reshape(-1, 2)
+    rms = float(np.sqrt(np.mean(gguf.quants.dequantize(raw, qt).astype(np.float64) ** 2)))
+    d = (d.astype(np.float32) * std / rms).astype(np.float16)  # dequantization is linear in d, dmin
+    for offset in K_SCALE_OFFSETS[type_name]:
+        blocks[:, offset : offset + 2] = d.view(np.uint8).reshape(-1, 2)
+    return raw
 
 
 def _mlx_name(gguf_name: str) -> str:

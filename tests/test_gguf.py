@@ -21,6 +21,8 @@ import gguf_fixtures as fx
 from gguf_fixtures import read_gguf_reference, write_tiny_llama_gguf
 from mlx_lm.models import llama, qwen2
 from mlx_lm.models.cache import make_prompt_cache
+import mlxspec.gguf
+from mlxspec import gguf_quants
 from mlxspec.errors import ModelLoadError
 from mlxspec.gguf import gguf_tensor_types, load_gguf
 
@@ -228,17 +230,20 @@ def test_tensor_types_read_from_header(tmp_path):
 @pytest.mark.parametrize(
     "overrides, named",
     [
-        ({"blk.0.ffn_down.weight": "Q4_K"}, ["Q4_K", "blk.0.ffn_down.weight"]),
-        ({"output_norm.weight": "BF16", "blk.1.ffn_down.weight": "Q6_K"}, ["BF16", "output_norm.weight", "Q6_K"]),
+        ({"blk.0.ffn_down.weight": "IQ4_XS"}, ["IQ4_XS", "blk.0.ffn_down.weight", "I-quants"]),
+        ({"blk.0.attn_q.weight": "IQ4_NL", "blk.1.ffn_down.weight": "IQ2_XXS"}, ["IQ4_NL", "IQ2_XXS", "attn_q"]),
+        ({"blk.1.ffn_down.weight": "Q8_K"}, ["Q8_K", "intermediate"]),
+        ({"blk.1.ffn_down.weight": "TQ2_0"}, ["TQ2_0", "blk.1.ffn_down.weight"]),
     ],
 )
 def test_unsupported_types_refused_before_loading(tmp_path, monkeypatch, overrides, named):
     path = write_tiny_llama_gguf(tmp_path / "k.gguf", "Q4_0", type_overrides=overrides)
 
-    def must_not_load(*args, **kwargs):  # mx.load would quietly dequantize these to float16
-        raise AssertionError("mx.load called on a file with unsupported types")
+    def must_not_convert(*args, **kwargs):
+        raise AssertionError("tensor data read from a file with unsupported types")
 
-    monkeypatch.setattr(mx, "load", must_not_load)
+    monkeypatch.setattr(gguf_quants, "convert_tensor", must_not_convert)
+    monkeypatch.setattr(mlxspec.gguf, "convert_tensor", must_not_convert)
     with pytest.raises(ModelLoadError) as err:
         load_gguf(path)
     for word in named:

@@ -8,7 +8,7 @@ import sys
 
 import mlx.nn as nn
 import pytest
-from gguf_fixtures import write_tiny_llama_gguf
+from gguf_fixtures import Dims, write_tiny_llama_gguf
 from test_decode_greedy import run
 
 from mlxspec.engine import Engine
@@ -68,11 +68,23 @@ def test_repo_id_offline_is_a_clear_error_naming_the_repo(tmp_path):
     assert "Traceback" not in out.stderr
 
 
-def test_gguf_file_through_the_engine(tmp_path):
-    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", qtype="Q4_0")
+K_QUANTS = dict(qtype="Q4_K", dims=Dims(hidden=256, ffn=512), output_qtype="Q6_K",
+                type_overrides={"blk.0.attn_v.weight": "Q5_K", "blk.1.ffn_gate.weight": "Q3_K",
+                                "blk.1.ffn_up.weight": "Q5_0"})
+GEMMA3 = dict(qtype="Q8_0", arch="gemma3", tokenizer="llama", dims=Dims(layers=6, head_dim=32),
+              metadata={"attention.sliding_window": 4})
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "k-quants", "gemma3"])
+def test_gguf_file_through_the_engine(tmp_path, kind):
+    """Speculation stays exact on GGUF models of every kind (4/5/8/3-bit layers, float32 scales,
+    gemma3's sliding-window cache)."""
+    args = {"Q4_0": dict(qtype="Q4_0"), "k-quants": K_QUANTS, "gemma3": GEMMA3}[kind]
+    path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", **args)
     plain = Engine.load(str(path))
-    assert plain.info["quantization"] == "q4g32"
+    assert plain.info["quantization"] == {"Q4_0": "q4g32", "k-quants": "q4g32", "gemma3": "q8g32"}[kind]
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"
     tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
     assert tokens == run(plain, prompt, max_tokens=30)[0]
+    assert last.stats.drafted > 0  # verify forwards of several rows did run

@@ -183,5 +183,23 @@ def show_info(info: dict) -> str:
         ("draft quantization", ours.get("draft_quantize") or ""),
         ("capabilities", ", ".join(info.get("capabilities", []))),
         ("template", ours.get("template_source", "")),
+        *gguf_rows(ours.get("gguf_conversion")),
     ]
     return "\n".join(f"  {k:<20}{v}" for k, v in rows if v not in ("", None))
+
+
+def gguf_rows(conversion: dict | None) -> list[tuple[str, str]]:
+    """How a GGUF's tensors loaded: the exact ones by type, the requantized ones by type and width
+    with the worst tensor's error next to the source format's own rounding error."""
+    if not conversion:
+        return []
+    exact = ", ".join(f"{t} x{n}" for t, n in sorted(conversion.get("exact", {}).items()))
+    rows = [("exact tensors", exact or "none")]
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for r in conversion.get("requantized", {}).values():
+        groups.setdefault((r["type"], r["mlx"]), []).append(r)
+    for (source, target), reports in sorted(groups.items()):
+        worst = max(reports, key=lambda r: r["rms_error"] / (r["source_rms"] or 1))
+        rows.append(("requantized", f"{source} -> {target} x{len(reports)}: RMS error {worst['rms_error']:.2g}, "
+                     f"max {worst['max_error']:.2g} (the {source} rounding itself: RMS {worst['source_rms']:.2g})"))
+    return rows

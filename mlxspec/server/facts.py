@@ -27,6 +27,7 @@ class Facts:
     num_layers: int | None = None
     chat_template: str | None = None
     added_vocab: set[str] = field(default_factory=set)
+    gguf_conversion: dict | None = None  # a GGUF's tensors: which loaded exactly, the error of the rest
 
     def capabilities(self, manifest: Manifest) -> list[str]:
         caps = ["completion"]
@@ -85,6 +86,7 @@ def from_engine(engine: Engine, manifest: Manifest) -> Facts:
         num_layers=info.get("num_layers"),
         chat_template=template if isinstance(template, str) else None,
         added_vocab=set(tok.get_added_vocab()),
+        gguf_conversion=info.get("gguf_conversion"),
     )
 
 

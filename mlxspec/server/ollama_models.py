@@ -82,6 +82,7 @@ async def show(request: web.Request) -> web.Response:
                 "chat": bool(manifest.template or known.chat_template),
                 "template_source": "manifest" if manifest.template else "model" if known.chat_template else NO_TEMPLATE,
                 **({"ollama": ollama_store.describe(state.store.ollama, ollama)} if ollama else {}),
+                **({"gguf_conversion": known.gguf_conversion} if known.gguf_conversion else {}),
             },
         }
     )

@@ -62,6 +62,21 @@ def test_run_one_shot_with_verbose_statistics(daemon):
     assert piped.exit_code == 0 and piped.stdout.strip()
 
 
+def test_show_says_how_a_gguf_loaded(daemon, tmp_path):
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "k.gguf", "Q4_K", dims=Dims(hidden=256, ffn=512), output_qtype="Q6_K",
+                                 type_overrides={"blk.1.attn_v.weight": "Q3_K", "blk.0.ffn_up.weight": "Q5_0"})
+    daemon.state.store.save("k-quants", Manifest(target=str(path)))
+    shown = invoke(daemon, ["show", "k-quants"])
+    assert shown.exit_code == 0, shown.output
+    assert "exact tensors       F32 x5, Q4_K x13, Q5_0 x1" in shown.stdout
+    assert "requantized         Q6_K -> q8g32 x1: RMS error" in shown.stdout
+    assert "requantized         Q3_K -> q3g32 x1: RMS error" in shown.stdout
+    report = json.loads(invoke(daemon, ["show", "k-quants", "-v"]).stdout)["mlxspec"]["gguf_conversion"]
+    assert report["requantized"]["output.weight"]["rms_error"] <= report["requantized"]["output.weight"]["source_rms"]
+
+
 def test_model_verbs(daemon, tiny_llama, tmp_path):
     assert "tiny:latest" in invoke(daemon, ["list"]).stdout
     assert invoke(daemon, ["ls"]).stdout.splitlines()[0].split() == ["NAME", "ID", "SIZE", "MODIFIED"]

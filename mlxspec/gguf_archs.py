@@ -1,0 +1,188 @@
+"""GGUF architectures -> mlx-lm model code: tensor names, config from metadata, per-arch quirks.
+
+Each architecture runs on mlx-lm's own model class (mlx_lm.models.<module>); only names, config
+and the conventions llama.cpp's converter applied are mapped here (llama.cpp is the reference for
+what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
+
+- rope: llama.cpp's converter permutes llama's q/k rows for its "normal" (interleaved) rope, which
+  is MLX's rope_traditional=True, so llama-family weights load unpermuted; qwen2/qwen3/gemma*/phi3
+  use NEOX rope (halves), rope_traditional=False.
+- Llama 3.x rope scaling is the `rope_freqs` tensor (a divisor per frequency): it replaces the
+  rope of every layer with one built from it, as llama.cpp applies it.
+- gemma*: the converter stores RMSNorm weights as 1 + w; mlx-lm's Gemma RMSNorm adds the 1 itself.
+- gemma2/gemma3 query scale: 1/sqrt(head_dim), except the 27B sizes' 1/sqrt(hidden/heads), which
+  llama.cpp picks by layer count (46 for gemma2, 62 for gemma3); gemma3's local layers use rope base
+  10000 and every 6th layer is global unless the file says otherwise.
+- phi3: fused qkv and gate_up tensors map onto mlx-lm's fused qkv_proj and gate_up_proj.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import ModelLoadError
+
+TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+LLAMA_BLOCK = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+}
+QK_NORMS = {"attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm"}
+GEMMA2_BLOCK = LLAMA_BLOCK | {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+PHI3_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k not in ("attn_q", "attn_k", "attn_v", "ffn_gate")} | {
+    "attn_qkv": "self_attn.qkv_proj",
+    "ffn_up": "mlp.gate_up_proj",  # gate rows then up rows, as mlx-lm splits them
+}
+# Tensors of a multimodal file's vision tower and projector (Ollama's gemma3): not the text model.
+IGNORED_PREFIXES = ("v.", "mm.")
+
+
+@dataclass(frozen=True)
+class Arch:
+    module: str  # mlx_lm.models.<module>
+    model_type: str
+    rope_traditional: bool
+    block: dict = field(default_factory=lambda: LLAMA_BLOCK)
+    norm_plus_one: bool = False  # GGUF norm weights hold 1 + w (gemma)
+    rope_freqs: bool = False  # a `rope_freqs` tensor can replace the layers' rope
+
+
+ARCHS = {
+    "llama": Arch("llama", "llama", True, rope_freqs=True),  # also Mistral, SmolLM, Llama 3.x
+    "qwen2": Arch("qwen2", "qwen2", False),
+    "qwen3": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS),
+    "gemma2": Arch("gemma2", "gemma2", False, GEMMA2_BLOCK, norm_plus_one=True),
+    "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
+    "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
+}
+
+
+def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
+    name = metadata.get("general.architecture")
+    if name not in ARCHS:
+        raise ModelLoadError(f"{path.name}: architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
+    return name, ARCHS[name]
+
+
+def mlx_name(arch: Arch, gguf_name: str) -> str | None:
+    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None when not a model tensor."""
+    parts = gguf_name.split(".")
+    if len(parts) == 2 and parts[0] in TOP_LEVEL:
+        return f"{TOP_LEVEL[parts[0]]}.{parts[1]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[2] in arch.block:
+        return f"model.layers.{parts[1]}.{arch.block[parts[2]]}.{parts[3]}"
+    return None
+
+
+def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path) -> dict:
+    """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata."""
+
+    def get(key, default=None):
+        value = metadata.get(f"{name}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"{path.name}: metadata key {name}.{key} is missing")
+        return value
+
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    head_dim = get("attention.key_length", hidden // heads)
+    config = {
+        "model_type": arch.model_type,
+        "hidden_size": hidden,
+        "num_hidden_layers": get("block_count"),
+        "intermediate_size": get("feed_forward_length"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": get("attention.head_count_kv", heads),
+        "head_dim": head_dim,
+        "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
+        "vocab_size": vocab_size,
+        "max_position_embeddings": get("context_length"),
+        "rope_theta": get("rope.freq_base", 10000.0),
+        "rope_traditional": arch.rope_traditional,
+        "tie_word_embeddings": tied,
+    }
+    rope_dims = get("rope.dimension_count", head_dim)
+    if name == "phi3":
+        if head_dim != hidden // heads:
+            raise ModelLoadError(f"{path.name}: phi3 with head_dim {head_dim} != hidden/heads is not supported")
+        config["partial_rotary_factor"] = rope_dims / head_dim
+    elif rope_dims != head_dim:
+        raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
+    if name == "qwen2" and head_dim != hidden // heads:
+        raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
+    config |= _rope_scaling(name, get, path)
+    if name in ("gemma2", "gemma3"):
+        config |= _gemma_config(name, get, config)
+    return config
+
+
+def _rope_scaling(name: str, get, path: Path) -> dict:
+    scaling = get("rope.scaling.type", "none")
+    if scaling == "none":
+        return {}
+    if scaling == "linear" and name != "phi3":
+        return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(get("rope.scaling.factor"))}}
+    raise ModelLoadError(f"{path.name}: rope scaling {scaling!r} is not supported for {name}")
+
+
+def _gemma_config(name: str, get, config: dict) -> dict:
+    big = config["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[name]  # the 27B sizes
+    scalar = config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
+    extra = {"query_pre_attn_scalar": scalar}
+    if name == "gemma2":
+        # mlx-lm's gemma2 attends over the whole context (no sliding window): the same as
+        # llama.cpp up to `sliding_window` (4096) tokens.
+        extra["attn_logit_softcapping"] = get("attn_logit_softcapping", 50.0)
+        extra["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
+        extra["sliding_window"] = get("attention.sliding_window", 4096)
+    else:
+        extra["sliding_window"] = get("attention.sliding_window")
+        extra["sliding_window_pattern"] = get("attention.sliding_window_pattern", 6)
+        extra["rope_local_base_freq"] = get("rope.freq_base_swa", 10000.0)
+    return extra
+
+
+def adapt_tensor(arch: Arch, gguf_name: str, array: mx.array) -> mx.array:
+    """Undo the converter's conventions on a loaded tensor (gemma: norms stored as 1 + w)."""
+    if arch.norm_plus_one and gguf_name.endswith("norm.weight") and mx.issubdtype(array.dtype, mx.floating):
+        return array.astype(mx.float32) - 1.0
+    return array
+
+
+class FreqFactorRoPE(nn.Module):
+    """RoPE whose frequency i is divided by factors[i]: llama.cpp's `rope_freqs` tensor, which is
+    how Llama 3.x's rope scaling reaches a GGUF (theta_i = pos * base^(-2i/d) / factors[i])."""
+
+    def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array):
+        super().__init__()
+        self.dims, self.traditional = dims, traditional
+        # mx.fast.rope's `freqs` are periods: theta_i = pos / freqs[i]
+        self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
+
+    def __call__(self, x, offset=0):
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset,
+                            freqs=self._freqs)
+
+
+def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
+    """Give every layer the rope the file's `rope_freqs` tensor describes."""
+    dims = config["head_dim"]
+    if not arch.rope_freqs or factors.size != dims // 2 or "rope_scaling" in config:
+        raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values is not supported here")
+    rope = FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors)
+    for layer in model.layers:
+        layer.self_attn.rope = rope

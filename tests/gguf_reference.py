@@ -1,0 +1,138 @@
+"""An independent reference for GGUF models: a float64 numpy forward pass with llama.cpp's semantics.
+
+    weights = dequantized_weights(path)                  # {gguf name: float32}, via gguf-py alone
+    logits = forward(weights, Hparams(arch="gemma3", ...), tokens)
+
+It shares nothing with mlxspec or mlx-lm: the weights come from gguf-py's reader and reference
+dequantizer under their GGUF names, the hyperparameters from the test that wrote the file, and
+the maths follows llama.cpp's graph (src/models/*.cpp) directly: norms multiply by the stored
+weight (gemma's 1 + w as stored), rope is "normal" (interleaved pairs) for llama and NEOX
+(halves) for the others, phi3's fused tensors are split here, gemma's GELU is the tanh form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import gguf
+
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+
+
+@dataclass
+class Hparams:
+    arch: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    eps: float
+    rope_base: float = 10000.0
+    rope_dims: int | None = None  # partial rotary (phi3)
+    rope_scale: float = 1.0  # linear scaling factor (positions divided by it)
+    freq_factors: np.ndarray | None = None  # llama-3 rope_freqs
+    attn_scale: float | None = None  # default 1/sqrt(head_dim)
+    attn_softcap: float | None = None  # gemma2
+    final_softcap: float | None = None  # gemma2
+    swa_window: int | None = None  # gemma3: sliding layers see this many positions
+    swa_pattern: int = 6  # gemma3: every 6th layer is global
+    swa_rope_base: float = 10000.0  # gemma3 sliding layers' rope base
+
+
+def dequantized_weights(path) -> dict[str, np.ndarray]:
+    """{GGUF tensor name: float32 array (numpy order)} with gguf-py's reader and dequantizer."""
+    reader = gguf.GGUFReader(str(path))
+    out = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))
+        out[t.name] = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).astype(np.float32).reshape(shape)
+    return out
+
+
+def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndarray:
+    """Logits (T, vocab), float64."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    gemma = hp.arch.startswith("gemma")
+    x = w["token_embd.weight"][tokens]
+    if gemma:
+        x = x * np.sqrt(hp.hidden)
+    n_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
+    for i in range(n_layers):
+        x = _block(w, f"blk.{i}.", hp, i, x)
+    x = _rms(x, w["output_norm.weight"], hp.eps)
+    logits = x @ w.get("output.weight", w["token_embd.weight"]).T
+    if hp.final_softcap:
+        logits = np.tanh(logits / hp.final_softcap) * hp.final_softcap
+    return logits
+
+
+def _block(w, p, hp: Hparams, layer: int, x):
+    T, hd = len(x), hp.head_dim
+    h = _rms(x, w[p + "attn_norm.weight"], hp.eps)
+    if p + "attn_qkv.weight" in w:  # phi3: q rows, then k, then v
+        q, k, v = np.split(h @ w[p + "attn_qkv.weight"].T, [hp.heads * hd, (hp.heads + hp.kv_heads) * hd], axis=-1)
+    else:
+        q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+    q, k, v = q.reshape(T, hp.heads, hd), k.reshape(T, hp.kv_heads, hd), v.reshape(T, hp.kv_heads, hd)
+    if p + "attn_q_norm.weight" in w:
+        q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
+
+    sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
+    base, scale = (hp.swa_rope_base, 1.0) if sliding else (hp.rope_base, hp.rope_scale)
+    q, k = (_rope(t, hp, base, scale) for t in (q, k))
+
+    scores = np.einsum("thd,shd->hts", q, np.repeat(k, hp.heads // hp.kv_heads, axis=1))
+    scores *= hp.attn_scale or hd**-0.5
+    if hp.attn_softcap:
+        scores = np.tanh(scores / hp.attn_softcap) * hp.attn_softcap
+    pos = np.arange(T)
+    allowed = pos[None, :] <= pos[:, None]
+    if sliding:
+        allowed &= pos[:, None] - pos[None, :] < hp.swa_window
+    scores = np.where(allowed, scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, np.repeat(v, hp.heads // hp.kv_heads, axis=1)).reshape(T, -1)
+    out = out @ w[p + "attn_output.weight"].T
+    if p + "post_attention_norm.weight" in w:
+        out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
+    x = x + out
+
+    h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
+    if p + "ffn_gate.weight" in w:
+        gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+    else:  # phi3: gate rows, then up rows
+        gate, up = np.split(h @ w[p + "ffn_up.weight"].T, 2, axis=-1)
+    act = _gelu_tanh(gate) if hp.arch.startswith("gemma") else gate / (1 + np.exp(-gate))
+    out = (act * up) @ w[p + "ffn_down.weight"].T
+    if p + "post_ffw_norm.weight" in w:
+        out = _rms(out, w[p + "post_ffw_norm.weight"], hp.eps)
+    return x + out
+
+
+def _rms(x, weight, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+def _rope(x, hp: Hparams, base: float, scale: float):
+    """x (T, heads, head_dim): rotate the first n_rot dims by pos * base^(-2i/n_rot) / factor_i / scale."""
+    n_rot = hp.rope_dims or hp.head_dim
+    theta = base ** (-np.arange(0, n_rot, 2) / n_rot)
+    if hp.freq_factors is not None:
+        theta = theta / hp.freq_factors
+    angles = np.arange(len(x))[:, None] * theta[None, :] / scale  # (T, n_rot/2)
+    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    out = x.copy()
+    if hp.arch in NEOX_ARCHS:  # pairs (i, i + n_rot/2)
+        a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]
+        out[..., : n_rot // 2], out[..., n_rot // 2 : n_rot] = a * cos - b * sin, a * sin + b * cos
+    else:  # pairs (2i, 2i + 1)
+        a, b = x[..., 0:n_rot:2], x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2], out[..., 1:n_rot:2] = a * cos - b * sin, a * sin + b * cos
+    return out

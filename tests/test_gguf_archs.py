@@ -1,0 +1,136 @@
+"""GGUF architectures beyond llama/qwen2, each checked against an independent numpy forward.
+
+Every case writes a tiny GGUF the way llama.cpp's converter lays that architecture out, loads it
+with mlxspec (mlx-lm's model code underneath), and compares the logits with tests/gguf_reference.py:
+a float64 numpy forward with llama.cpp's semantics over gguf-py's own dequantized weights and the
+hyperparameters the test wrote. A wrong name, norm convention, rope style, rope scaling, head split,
+softcap or window shows up as O(0.1..1) logit differences; a right load matches to float32 noise.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import gguf_fixtures as fx
+from gguf_fixtures import Dims, write_tiny_llama_gguf
+from gguf_reference import Hparams, dequantized_weights, forward
+from mlx_lm.models.cache import make_prompt_cache
+from mlxspec.errors import ModelLoadError
+from mlxspec.gguf import load_gguf
+
+TOKENS = [5, 77, 271, 12, 9, 150, 44, 260, 3, 88, 199, 31]
+# Llama 3.x-style per-frequency divisors (1 for high frequencies up to 8 for low ones).
+LLAMA3_FACTORS = np.linspace(1.0, 8.0, 8).astype(np.float32)
+
+CASES = {
+    # Llama 3.x: rope scaling as the rope_freqs tensor, a high rope base.
+    "llama3": dict(arch="llama", metadata={"rope.freq_base": 500000.0},
+                   extra_tensors={"rope_freqs.weight": LLAMA3_FACTORS},
+                   hp=dict(rope_base=500000.0, freq_factors=LLAMA3_FACTORS)),
+    # Linear rope scaling from the metadata (llama.rope.scaling.type / .factor).
+    "llama-linear": dict(arch="llama", metadata={"rope.scaling.type": "linear", "rope.scaling.factor": 4.0},
+                         hp=dict(rope_scale=4.0)),
+    # Mistral / Mistral-Nemo: llama architecture, head_dim != hidden/heads, one KV head, SPM vocabulary.
+    "mistral": dict(arch="llama", dims=Dims(kv_heads=1, head_dim=32), tokenizer="llama", output_qtype="Q8_0"),
+    "qwen3": dict(arch="qwen3", dims=Dims(head_dim=32), metadata={"rope.freq_base": 1000000.0},
+                  hp=dict(rope_base=1000000.0)),
+    "gemma2": dict(arch="gemma2", dims=Dims(head_dim=32), tokenizer="llama",
+                   metadata={"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
+                             "attention.sliding_window": 4096},
+                   hp=dict(attn_softcap=5.0, final_softcap=3.0)),
+    # Six layers: five sliding (window 4, rope base 10000) and a global one (rope base 1e6, linear x8).
+    "gemma3": dict(arch="gemma3", dims=Dims(layers=6, head_dim=32), tokenizer="llama",
+                   metadata={"attention.sliding_window": 4, "rope.freq_base": 1000000.0,
+                             "rope.scaling.type": "linear", "rope.scaling.factor": 8.0},
+                   hp=dict(rope_base=1000000.0, rope_scale=8.0, swa_window=4)),
+    # Phi-3: fused qkv and gate_up, an untied head; partial rotary as Phi-4-mini has it.
+    "phi3": dict(arch="phi3", dims=Dims(rope_dims=12), tokenizer="llama", output_qtype="Q8_0",
+                 hp=dict(rope_dims=12)),
+}
+# Features each case must exercise: leaving any one out of the reference moves the logits far.
+TEETH = {
+    "llama3": [dict(freq_factors=None)],
+    "llama-linear": [dict(rope_scale=1.0)],
+    "mistral": [dict(arch="qwen2")],  # NEOX rope instead of llama's interleaved pairs
+    "qwen3": [dict(rope_base=10000.0)],
+    "gemma2": [dict(attn_softcap=None), dict(final_softcap=None)],
+    "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
+    "phi3": [dict(rope_dims=None)],
+}
+
+
+def write_case(tmp_path, name: str, qtype: str = "Q8_0"):
+    case = dict(CASES[name])
+    hp_extra, dims = case.pop("hp", {}), case.get("dims", Dims())
+    path = write_tiny_llama_gguf(tmp_path / f"{name}.gguf", qtype, seed=7, **case)
+    hp = Hparams(arch=case["arch"], hidden=dims.hidden, heads=dims.heads, kv_heads=dims.kv_heads,
+                 head_dim=dims.hd, eps=fx.RMS_EPS, **hp_extra)
+    return path, hp
+
+
+def mlx_logits(model, tokens):
+    return np.array(model(mx.array([tokens])).astype(mx.float32))[0]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_numpy_reference(tmp_path, name):
+    path, hp = write_case(tmp_path, name)
+    model, _, config = load_gguf(path)
+    reference = forward(dequantized_weights(path), hp, TOKENS)
+    got = mlx_logits(model, TOKENS)
+    np.testing.assert_allclose(got, reference, atol=5e-5, rtol=0)  # measured: ~3e-6
+    assert np.abs(reference).max() > 0.5  # not a degenerate all-zero model
+
+    for change in TEETH[name]:
+        wrong = forward(dequantized_weights(path), dataclasses.replace(hp, **change), TOKENS)
+        assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
+
+
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3"])
+def test_cached_decoding_matches_full_forward(tmp_path, name):
+    """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
+    path, _ = write_case(tmp_path, name)
+    model, _, _ = load_gguf(path)
+    full = mlx_logits(model, TOKENS)
+    cache = make_prompt_cache(model)
+    model(mx.array([TOKENS[:3]]), cache=cache)
+    for i in range(3, len(TOKENS)):
+        step = np.array(model(mx.array([[TOKENS[i]]]), cache=cache))[0, 0]
+        np.testing.assert_allclose(step, full[i], atol=2e-4, rtol=0)
+
+
+def test_configs(tmp_path):
+    _, _, gemma3 = load_gguf(write_case(tmp_path, "gemma3")[0])
+    assert gemma3["model_type"] == "gemma3_text" and gemma3["sliding_window"] == 4
+    assert (gemma3["sliding_window_pattern"], gemma3["rope_local_base_freq"]) == (6, 10000.0)
+    assert gemma3["query_pre_attn_scalar"] == 32 and gemma3["tie_word_embeddings"] is True
+    _, _, phi3 = load_gguf(write_case(tmp_path, "phi3")[0])
+    assert phi3["partial_rotary_factor"] == 0.75 and phi3["tie_word_embeddings"] is False
+
+
+@pytest.mark.parametrize(
+    "arch, extra, match",
+    [
+        ("phi3", dict(metadata={"rope.scaling.type": "longrope"}), "longrope"),
+        # the 128k variants' factor tensors, which mlx-lm's phi3 would apply at every length
+        ("phi3", dict(extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
+         "rope_factors_long"),
+        ("llama", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
+        ("qwen3", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
+    ],
+)
+def test_unsupported_rope_scaling_refused(tmp_path, arch, extra, match):
+    dims = Dims(rope_dims=12) if arch == "phi3" else Dims()
+    path = write_tiny_llama_gguf(tmp_path / "long.gguf", "Q8_0", arch=arch, tokenizer="llama", dims=dims, **extra)
+    with pytest.raises(ModelLoadError, match=match):
+        load_gguf(path)
+
+
+def test_rope_freqs_of_wrong_size_refused(tmp_path):
+    path = write_tiny_llama_gguf(tmp_path / "bad.gguf", "Q8_0", extra_tensors={"rope_freqs.weight": np.ones(5)})
+    with pytest.raises(ModelLoadError, match="rope_freqs"):
+        load_gguf(path)
