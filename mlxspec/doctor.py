@@ -57,6 +57,7 @@ def _load_kernels() -> None:
         if mx.default_device().type == mx.cpu:  # attention and pointwise kernels are CPU-only
             importlib.import_module("mlxspec.kernels.attention").check_signature(9, 3, 64, 64)
             importlib.import_module("mlxspec.kernels.pointwise").check_typical()
+            importlib.import_module("mlxspec.kernels.fused_layer").check_typical()
     except Exception:  # status() then reports what failed, or the kernels are simply absent
         pass
 

@@ -213,3 +213,17 @@ def restore_fused_layers(model: nn.Module) -> None:
 
 def fused(model: nn.Module) -> bool:
     return any(hasattr(type(m), FUSED_FROM) for _, m in model.named_modules())
+
+
+def check_typical(dims: int = 256, heads: int = 4, kv_heads: int = 2, ffn: int = 512) -> None:
+    """Self-check the fused layer on a small 4-bit llama block now (for `mlxspec doctor`)."""
+    from mlx_lm.models import llama
+
+    from .install import install_kernels
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=dims, num_hidden_layers=1, intermediate_size=ffn,
+                           num_attention_heads=heads, num_key_value_heads=kv_heads, rms_norm_eps=1e-5, vocab_size=64)
+    block = llama.TransformerBlock(args)
+    nn.quantize(block, group_size=32, bits=4)
+    install_kernels(block)
+    mx.eval(block(mx.zeros((1, 2, dims)), "causal", KVCache()))

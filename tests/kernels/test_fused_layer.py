@@ -151,3 +151,11 @@ def test_remove_kernels_restores_the_blocks(tiny_llama, cpu_ext):
     assert report["fused"]["fused"] == len(model.model.layers) and fused(model)
     remove_kernels(model)
     assert not fused(model) and not hasattr(model.model.layers[0], "_mlxspec_plan")
+
+
+def test_doctor_check_builds_and_checks_a_block(cpu_ext):
+    from mlxspec.kernels.fused_layer import check_typical
+
+    check_typical()
+    status = registry.kernel("fused_layer", "cpu").status()
+    assert status["active"] and status["passed"] and not status["failed"]
