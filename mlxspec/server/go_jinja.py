@@ -25,7 +25,8 @@ from .go_template import Assign, Call, Field, If, Loop, Print, Range, Str, Templ
 
 # Ollama's template for a model without one (template.DefaultTemplate).
 DEFAULT_GO_TEMPLATE = "{{ .Prompt }}"
-_GO_ACTION = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with|define|template|block)\b)")
+# an action starting with .Field, $var, a comment, a Go keyword, or a function applied to .Field / $var
+_GO_ACTION = re.compile(r"\{\{-?\s*(?:\.|\$|/\*|(?:if|range|with|define|template|block)\b|[A-Za-z_]\w*\s+[.$(])")
 _ARGS = "System, Prompt, Response, Suffix, Messages"
 
 

@@ -105,7 +105,7 @@ _ACTION = re.compile(r"\{\{(-[ \t\r\n])?")
 _TOKEN = re.compile(
     r"""\s*(?:(?P<str>"(?:[^"\\\n]|\\.)*")|(?P<raw>`[^`]*`)|(?P<assign>:=|=)|(?P<punct>[(),|])"""
     r"""|(?P<word>\$?[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*|\$(?:\.[A-Za-z_][A-Za-z0-9_]*)*"""
-    r"""|\.(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)?)|(?P<other>\S+))"""
+    r"""|\.(?:[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*)?)|(?P<other>[^\s()|,]+|\S))"""
 )
 
 
