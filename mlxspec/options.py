@@ -108,6 +108,7 @@ class GenerateOptions:
         if not isinstance(options, dict):
             raise OptionsError("options must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
+        ints = {name: kind is int for name, kind in cls.names().items()}
         kwargs: dict[str, Any] = {}
         for key, value in {**options, **overrides}.items():
             if key in cls.IGNORED:
@@ -121,8 +122,14 @@ class GenerateOptions:
                 value = None  # llama.cpp's and Ollama's "random seed"
             if name == "stop" and isinstance(value, str):
                 value = [value]
+            if _integral_float(value) and ints.get(name):  # JSON has one number type: 4.0 is 4 (as Ollama)
+                value = int(value)
             kwargs[name] = value
         return cls(**kwargs)
+
+
+def _integral_float(x: Any) -> bool:
+    return isinstance(x, float) and x.is_integer()
 
 
 def _is_int(x: Any) -> bool:
