@@ -140,7 +140,9 @@ def _call(op, case, mode: str, models: list[str]) -> Call:
         path = path.replace("{" + key + "}", quote(str(value), safe="/:", errors="surrogatepass"))
     body = None if isinstance(case.body, NotSet) else case.body
     if mode == "valid" and isinstance(body, dict):
-        body = _bounded(op.path, body, models)
+        body = _bounded(op.path, body)
+    if isinstance(body, dict):
+        body = _protected(op.path, body, models)
     return Call(op.method.upper(), path, op.path, body, mode)
 
 
@@ -152,8 +154,8 @@ SMALL_PREDICT = ("num_predict", "max_tokens", "max_completion_tokens")
 MAKES_OR_REMOVES = {"/api/create": "model", "/api/delete": "model", "/api/copy": "destination"}
 
 
-def _bounded(template: str, body: dict, models: list[str]) -> dict:
-    """Keep generation short (at most 8 tokens), and keep create/copy/delete off the models aimed at."""
+def _bounded(template: str, body: dict) -> dict:
+    """Keep generation short: at most 8 tokens."""
     body = dict(body)
     if template in ("/api/generate", "/api/chat"):
         options = dict(body.get("options") or {})
@@ -168,8 +170,16 @@ def _bounded(template: str, body: dict, models: list[str]) -> dict:
         body.setdefault("max_tokens", 4)
         if isinstance(body.get("options"), dict):
             body["options"] = {k: v for k, v in body["options"].items() if k not in SMALL_PREDICT}
-    for key in ("model", "name", MAKES_OR_REMOVES.get(template)):
-        if template in MAKES_OR_REMOVES and body.get(key) in models:
+    return body
+
+
+def _protected(template: str, body: dict, models: list[str]) -> dict:
+    """Create, copy and delete aim at names of their own (fz-...), never at the models the others use."""
+    if template not in MAKES_OR_REMOVES:
+        return body
+    body = dict(body)
+    for key in ("model", "name", MAKES_OR_REMOVES[template]):
+        if isinstance(body.get(key), str) and body[key].split(":")[0] in models:
             body[key] = "fz-" + body[key].replace(":", "-")
     return body
 
