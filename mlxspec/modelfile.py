@@ -24,8 +24,7 @@ from .errors import MlxspecError
 from .options import GenerateOptions, OptionsError
 
 ROLES = ("system", "user", "assistant")
-SINGLE = {"template": "template", "system": "system", "drafter": "drafter", "quantize": "quantize",
-          "draft_quantize": "draft_quantize", "description": "description"}
+SINGLE = ("template", "system", "drafter", "quantize", "draft_quantize", "description")  # one value, the field's name
 REFUSED = {
     "adapter": "ADAPTER (LoRA adapters) is not supported by mlxspec: merge the adapter into the weights first",
     "renderer": "RENDERER (Ollama's built-in prompt renderers) is not supported: give a TEMPLATE",
@@ -57,10 +56,10 @@ def parse(text: str, base_dir: str | Path = ".") -> dict:
                 raise ModelfileError(f"{where} is given twice")
             body[key] = _reference(args, Path(base_dir))
         elif name == "parameter":
-            key, _, value = _split_word(args, where)
+            key, _, value = args.partition(" ")  # commands() wrote "name value"
             _parameter(params, key, value, where)
         elif name == "message":
-            role, _, content = _split_word(args, where)
+            role, _, content = args.partition(" ")
             if role not in ROLES:
                 raise ModelfileError(f"{where} role must be one of {', '.join(ROLES)}, not {role!r}")
             messages.append({"role": role, "content": content})
@@ -71,7 +70,7 @@ def parse(text: str, base_dir: str | Path = ".") -> dict:
                 raise ModelfileError(f"{where} must be an integer, not {args!r}")
             body["draft_length"] = int(args)
         elif name in SINGLE:
-            body[SINGLE[name]] = args
+            body[name] = args
     if "from" not in body:
         raise ModelfileError("Modelfile: no FROM line")
     if params:
@@ -146,10 +145,6 @@ def _quoted(text: str, at: int, quote: str, line: int, name: str) -> tuple[str, 
     if text[after:end].strip(" \t"):
         raise ModelfileError(f"Modelfile line {line}: text after the closing {quote} of {name.upper()}")
     return text[at + len(quote): close], end
-
-
-def _split_word(args: str, where: str) -> tuple[str, str, str]:
-    return args.partition(" ")  # commands() wrote "word value"
 
 
 def _parameter(params: dict, key: str, value: str, where: str) -> None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .go_template import Assign, Call, Field, If, Loop, Print, Range, Str, Template, Text, Var, parse
+from .go_template import Assign, Call, Field, If, Loop, Print, Range, Str, Text, Var, parse
 
 # Ollama's template for a model without one (template.DefaultTemplate).
 DEFAULT_GO_TEMPLATE = "{{ .Prompt }}"
