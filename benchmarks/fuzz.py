@@ -4,10 +4,13 @@
 
 Starts `mlxspec serve` with a temporary MLXSPEC_HOME holding tiny random models (tests/model_factory.py,
 greedy, fast) and the Hugging Face hub switched off (HF_HUB_OFFLINE=1: /api/pull must fail fast, never
-download). Requests come from tests/fuzz_bodies.py (hypothesis strategies for every endpoint). The
-property per request: no 5xx, every 4xx a JSON error with a message, no internal error inside a 200
-stream, and the daemon alive. Every 250 requests, and at the end, a normal generate must still work.
-Writes counts by status, the failures, and whether the daemon crashed to benchmarks/results/fuzz.json.
+download). Requests come from the daemon's own OpenAPI document (GET /api/openapi.json) through
+tests/openapi_fuzz.py, the generator tests/server/test_fuzz.py uses: schema-valid bodies, schemathesis's
+negative ones, hostile mutations and raw bytes. The property per request: no 5xx, the status one the
+document lists, every 4xx the documented JSON error, every 200 the documented schema, a valid body never
+refused for its shape, no internal error inside a stream, and the daemon alive. Every 250 requests, and
+at the end, a normal generate must still work. Writes counts by status and by mode, the failures, and
+whether the daemon crashed to benchmarks/results/fuzz.json.
 """
 
 from __future__ import annotations
@@ -21,16 +24,17 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 # this checkout's mlxspec (not another one installed in the venv), and the tests' helpers
-sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE.parent / "tests" / "server")]
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
+from api_helpers import post  # noqa: E402
 from daemon_harness import ProcessDaemon  # noqa: E402
-from fuzz_bodies import requests, send  # noqa: E402
+from openapi_fuzz import Call, requests, send  # noqa: E402
 from model_factory import make_model_dir  # noqa: E402
 from report import write_report  # noqa: E402
 
-MODELS = ["tiny", "tiny-draft", "tiny-lookup", "base"]
+MODELS = ["tiny", "tiny-draft", "tiny-lookup", "base", "go"]
 NORMAL = {"model": "control", "prompt": "Once upon a time", "stream": False, "options": {"num_predict": 4}}
 
 
@@ -44,6 +48,8 @@ def store_models(home: Path) -> dict:
     store.save("tiny-draft", Manifest(target=str(model), draft=str(model)))
     store.save("tiny-lookup", Manifest(target=str(model), drafter="lookup"))
     store.save("base", Manifest(target=str(model), template="{{ prompt }}"))
+    store.save("go", Manifest(target=str(model), template="{{ if .System }}{{ .System }} {{ end }}{{ .Prompt }}",
+                              system="Be brief.", messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]))
     store.save("control", Manifest(target=str(model)))  # not aimed at: the normal request after hostile ones
     return {"MLXSPEC_MODEL_DIRS": str(home / "models")}
 
@@ -53,13 +59,17 @@ def run(n: int, seed_value: int, home: Path) -> dict:
     daemon = ProcessDaemon(home, env).start()
     statuses: Counter = Counter()
     by_endpoint: Counter = Counter()
+    by_mode: Counter = Counter()
     failures: list[dict] = []
     errors: Counter = Counter()
     sent = {"n": 0, "crashed": False, "normal_failed": 0}
     start = time.monotonic()
 
+    status, doc = post(daemon.url + "/api/openapi.json", None, method="GET")
+    assert status == 200, doc
+
     def normal_ok() -> bool:
-        status, _, raw = send(daemon.url, "POST", "/api/generate", NORMAL)
+        status, _, raw = send(daemon.url, Call("POST", "/api/generate", "/api/generate", NORMAL, "valid"), doc)
         if status != 200:
             failures.append({"why": f"normal request: {status} {raw[:300]!r}"})
         return status == 200
@@ -67,24 +77,24 @@ def run(n: int, seed_value: int, home: Path) -> dict:
     @seed(seed_value)
     @settings(max_examples=n, database=None, deadline=None, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(requests(MODELS))
+    @given(requests(doc, MODELS, [str(home / "models" / "tiny")]))
     def one(call):
         if sent["crashed"]:
             return
-        method, path, body = call
-        status, why, raw = send(daemon.url, method, path, body)
+        status, why, raw = send(daemon.url, call, doc)
         if status and 400 <= status < 500:  # what was refused, to judge how deep the fuzz reaches
-            errors[f"{path} {status} {raw[:70].decode('utf-8', 'replace')}"] += 1
+            errors[f"{call.operation} {status} {raw[:70].decode('utf-8', 'replace')}"] += 1
         sent["n"] += 1
         statuses[str(status)] += 1
-        by_endpoint[f"{method} {path} {status}"] += 1
+        by_endpoint[f"{call.method} {call.operation} {status}"] += 1
+        by_mode[f"{call.mode} {status}"] += 1
         if why:
-            failures.append({"method": method, "path": path, "status": status, "why": why,
-                             "body": repr(body)[:500]})
+            failures.append({"method": call.method, "path": call.path, "mode": call.mode, "status": status, "why": why,
+                             "body": repr(call.body)[:500]})
         if daemon.proc.poll() is not None:
             sent["crashed"] = True
-            failures.append({"method": method, "path": path, "why": f"daemon exited with {daemon.proc.returncode}",
-                             "body": repr(body)[:500]})
+            failures.append({"method": call.method, "path": call.path, "why": f"daemon exited with {daemon.proc.returncode}",
+                             "body": repr(call.body)[:500]})
         elif sent["n"] % 250 == 0:
             sent["normal_failed"] += not normal_ok()
             print(f"{sent['n']} requests, {len(failures)} failures, {time.monotonic() - start:.0f} s", flush=True)
@@ -96,7 +106,7 @@ def run(n: int, seed_value: int, home: Path) -> dict:
         daemon.stop()
     return {
         "requests": sent["n"], "seconds": round(time.monotonic() - start, 1), "seed": seed_value,
-        "statuses": dict(sorted(statuses.items())),
+        "statuses": dict(sorted(statuses.items())), "by_mode": dict(sorted(by_mode.items())),
         "5xx": sum(v for k, v in statuses.items() if k.startswith("5")),
         "failures": len(failures), "crashes": int(sent["crashed"]),
         "normal_request_failed_midway": sent["normal_failed"], "alive_and_answering_at_end": alive,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,8 +83,22 @@ class GenerateOptions:
 
     # Ollama option name -> our field name, where they differ.
     OLLAMA_NAMES = {"num_predict": "max_tokens", "draft_num_predict": "draft_length"}
-    # Ollama runner options we accept and ignore: they tune llama.cpp, not this engine.
-    IGNORED = {"num_keep", "num_batch", "num_gpu", "main_gpu", "num_thread", "use_mmap", "use_mlock", "numa", "low_vram"}
+    # Ollama runner options we accept and ignore (with their types): they tune llama.cpp, not this engine.
+    IGNORED = {"num_keep": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
+               "use_mmap": bool, "use_mlock": bool, "numa": bool, "low_vram": bool}
+
+    @classmethod
+    def names(cls) -> dict[str, type]:
+        """Every option name `from_dict` accepts (Ollama's, ours, the ignored runner ones) -> int, float,
+        bool or list (of strings): what a Modelfile PARAMETER line may set."""
+        hints = typing.get_type_hints(cls)
+        kinds = {}
+        for f in dataclasses.fields(cls):
+            hint = str(hints[f.name])
+            kinds[f.name] = list if "list" in hint else bool if "bool" in hint else float if "float" in hint else int
+        for ours, theirs in ((v, k) for k, v in cls.OLLAMA_NAMES.items()):
+            kinds[theirs] = kinds[ours]
+        return {**kinds, **cls.IGNORED}
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None, **overrides: Any) -> "GenerateOptions":
@@ -93,6 +108,7 @@ class GenerateOptions:
         if not isinstance(options, dict):
             raise OptionsError("options must be a JSON object")
         known = {f.name for f in dataclasses.fields(cls)}
+        ints = {name: kind is int for name, kind in cls.names().items()}
         kwargs: dict[str, Any] = {}
         for key, value in {**options, **overrides}.items():
             if key in cls.IGNORED:
@@ -106,8 +122,14 @@ class GenerateOptions:
                 value = None  # llama.cpp's and Ollama's "random seed"
             if name == "stop" and isinstance(value, str):
                 value = [value]
+            if _integral_float(value) and ints.get(name):  # JSON has one number type: 4.0 is 4 (as Ollama)
+                value = int(value)
             kwargs[name] = value
         return cls(**kwargs)
+
+
+def _integral_float(x: Any) -> bool:
+    return isinstance(x, float) and x.is_integer()
 
 
 def _is_int(x: Any) -> bool:

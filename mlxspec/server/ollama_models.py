@@ -9,9 +9,10 @@ from datetime import datetime, timezone
 
 from aiohttp import web
 
-from .. import ollama_store
+from .. import modelfile, ollama_store
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
+from .go_jinja import DEFAULT_GO_TEMPLATE
 from .references import resolve_for_http
 from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State
@@ -51,7 +52,8 @@ def _loaded_facts(state: State, name: str, manifest: Manifest) -> facts.Facts | 
 
 
 # What `show` says of a model that came without a chat template (a base model, a bare GGUF).
-NO_TEMPLATE = "none came with the model: chat uses Ollama's default ({{ .Prompt }}: user messages verbatim)"
+NO_TEMPLATE = ("none came with the model: chat uses Ollama's default {{ .Prompt }} (each user turn verbatim, "
+               "then the assistant's reply; system messages are not rendered)")
 
 
 @routes.post("/api/show")
@@ -69,15 +71,17 @@ async def show(request: web.Request) -> web.Response:
         {
             "modelfile": _modelfile(name, manifest),
             "parameters": _parameters(manifest.parameters),
-            "template": manifest.template or known.chat_template or "",
+            "template": manifest.template or known.chat_template or DEFAULT_GO_TEMPLATE,
             "system": manifest.system or "",
-            "license": "\n".join(ollama.license) if ollama else "",
+            "license": "\n".join(ollama.license if ollama else manifest.license or []),
+            "messages": manifest.messages or [],
             "details": known.details(manifest),
             "model_info": known.model_info(name),
             "capabilities": known.capabilities(manifest),
             "modified_at": entry.modified_at.isoformat(),
             "mlxspec": {
-                **{k: v for k, v in dataclasses.asdict(manifest).items() if k not in ("parameters", "template", "system")},
+                **{k: v for k, v in dataclasses.asdict(manifest).items()
+                   if k not in ("parameters", "template", "system", "messages", "license")},
                 "drafter": manifest.drafter_name,
                 "chat": bool(manifest.template or known.chat_template),
                 "template_source": "manifest" if manifest.template else "model" if known.chat_template else NO_TEMPLATE,
@@ -88,6 +92,13 @@ async def show(request: web.Request) -> web.Response:
     )
 
 
+def _modelfile(name: str, manifest: Manifest) -> str:
+    try:
+        return modelfile.render(name, manifest)
+    except modelfile.ModelfileError as e:  # a text holding its own closing quotes: say so, show the rest
+        return f"# {e}\n"
+
+
 def _parameters(params: dict) -> str:
     """Ollama's text form: `key value`, one stop string per line."""
     lines = []
@@ -95,15 +106,6 @@ def _parameters(params: dict) -> str:
         for v in value if isinstance(value, list) else [value]:
             lines.append(f'{key} "{v}"' if isinstance(v, str) else f"{key} {v}")
     return "\n".join(lines)
-
-
-def _modelfile(name: str, m: Manifest) -> str:
-    lines = [f"# Modelfile of {name} (mlxspec)", f"FROM {m.target}"]
-    lines += [f"DRAFT {m.draft}"] if m.draft else []
-    lines += [f"PARAMETER {p}" for p in _parameters(m.parameters).splitlines()]
-    lines += [f'TEMPLATE """{m.template}"""'] if m.template else []
-    lines += [f'SYSTEM """{m.system}"""'] if m.system else []
-    return "\n".join(lines) + "\n"
 
 
 @routes.get("/api/ps")
@@ -185,9 +187,9 @@ async def _start_pull(state: State, name: str, cancel: threading.Event):
 async def create(request: web.Request) -> web.StreamResponse:
     state, body = request.app[STATE], await read_json(request)
     name = canonical(model_field(body))
-    for key in ("files", "adapters", "messages"):
+    for key, why in REFUSED.items():
         if body.get(key):
-            raise ApiError(400, f"{key} is not supported: give 'from' a stored model, a directory, a .gguf file or a repo id")
+            raise ApiError(400, why)
     manifest = await asyncio.to_thread(_created_manifest, state, request, body)
     saved = await asyncio.to_thread(state.store.save, name, manifest)
     if not field(body, "stream", bool, True):
@@ -204,24 +206,60 @@ def _reference(state: State, ref: str, what: str, trusted: bool) -> Manifest:
     return resolve_for_http(state.store, ref, what, state.settings.model_dirs, trusted)
 
 
+# What /api/create refuses by name (Ollama fields mlxspec has no counterpart for).
+REFUSED = {
+    "files": "files (blobs uploaded with /api/blobs) are not supported: give 'from' a stored model, an absolute "
+             "path to a model directory or .gguf file, or a repo id",
+    "draft_files": "draft_files are not supported: give 'draft' a model reference",
+    "adapters": "ADAPTER (LoRA adapters) is not supported by mlxspec: merge the adapter into the weights first",
+    "renderer": "RENDERER (Ollama's built-in prompt renderers) is not supported: give a template",
+    "parser": "PARSER (Ollama's built-in output parsers) is not supported",
+    "remote_host": "remote_host (a model on another server) is not supported",
+}
+
+
 def _created_manifest(state: State, request: web.Request, body: dict) -> Manifest:
-    """A manifest from `from` (a stored or shipped model, else a reference) and the given fields."""
+    """A manifest from `from` (a stored or shipped model, else a reference) and the given fields: as
+    Ollama, parameters merge over the base's, messages replace its, licenses add to its."""
     trusted = state.is_local_user(request)
     base = _reference(state, field(body, "from", str, required=True), "from", trusted)
-    keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system")
+    keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system", "description")
     changes = {k: v for k in keys if (v := field(body, k, str)) is not None}
     if "template" in changes and (why := check_template(changes["template"])):
         raise ApiError(400, f"template does not parse: {why}")  # refused now, not at every request
     if "draft" in changes:
         changes["draft"] = _reference(state, changes["draft"], "draft", trusted).target
-        changes.setdefault("drafter", "draft-model")
+        # a draft model means the draft-model drafter (left implicit, as the base had it, for round trips)
+        changes.setdefault("drafter", base.drafter if base.drafter in (None, "draft-model") else "draft-model")
     elif changes.get("drafter") not in (None, "draft-model"):
         changes["draft"] = None  # another drafter replaces the draft model
     if body.get("draft_length") is not None:
         changes["draft_length"] = field(body, "draft_length", int)
     if params := field(body, "parameters", dict):
         changes["parameters"] = {**base.parameters, **params}
+    if messages := field(body, "messages", list):
+        changes["messages"] = [_message(m, i) for i, m in enumerate(messages)]
+    if (licenses := _licenses(body)) is not None:
+        changes["license"] = (base.license or []) + licenses
     return dataclasses.replace(base, **changes)
+
+
+def _message(m, i: int) -> dict:
+    if not isinstance(m, dict) or m.get("role") not in modelfile.ROLES or not isinstance(m.get("content"), str):
+        raise ApiError(400, f"messages[{i}] must be {{\"role\": system|user|assistant, \"content\": text}}")
+    return {"role": m["role"], "content": m["content"]}
+
+
+def _licenses(body: dict) -> list[str] | None:
+    """`license`: a string or a list of strings (Ollama's two forms)."""
+    value = body.get("license")
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return value
+    raise ApiError(400, "license must be a string or a list of strings")
 
 
 @routes.post("/api/copy")

@@ -90,6 +90,7 @@ def keep_alive_field(body: dict) -> float | None:
 
 def context_field(body: dict) -> list[int]:
     context = field(body, "context", list, [])
+    context = [int(t) if isinstance(t, float) and t.is_integer() else t for t in context]  # 4.0 is 4 in JSON
     if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in context):
         raise ApiError(400, "context must be a list of token ids")
     return context

@@ -1,6 +1,7 @@
 """Requests -> prompt token ids, with the model's chat template or the manifest's own template.
 
-A `template` (request or manifest) is a Jinja chat template, as in Hugging Face tokenizers; for
+A `template` (request or manifest) is a Jinja chat template, as in Hugging Face tokenizers, or
+Ollama's Go syntax, translated to one that renders as Ollama does (go_jinja.py); for
 /api/generate it also sees `prompt`, `system` and `suffix`. Fill-in-the-middle (`suffix`) works
 where the template uses `suffix` or the vocabulary has FIM tokens (Qwen-coder, StarCoder, SmolLM).
 These functions run on the MLX thread: they need the tokenizer.
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..store import Manifest
+from .go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
 
@@ -38,12 +40,8 @@ def fim_tokens(added_vocab) -> tuple[str, str, str] | None:
     return next((t for t in FIM_TOKENS if all(x in added_vocab for x in t)), None)
 
 
-def _uses_suffix(template: str | None) -> bool:
-    return bool(template and "suffix" in template)
-
-
 def supports_insert(template: str | None, added_vocab) -> bool:
-    return _uses_suffix(template) or fim_tokens(added_vocab) is not None
+    return uses_suffix(template) or fim_tokens(added_vocab) is not None
 
 
 def generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> list[int]:
@@ -56,25 +54,29 @@ def _generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> li
         return engine.encode(req.prompt)
     template = req.template or manifest.template
     system = req.system if req.system is not None else manifest.system
-    if req.suffix and not _uses_suffix(template):
+    if req.suffix and not uses_suffix(template):
         fim = fim_tokens(engine.tokenizer.get_added_vocab())
         if fim is None:
             raise ApiError(400, "this model does not support insert: no fill-in-the-middle tokens nor a template using suffix")
         prefix, suffix, middle = fim
         text = f"{prefix}{req.prompt}{suffix}{req.suffix}{middle}"
         return engine.encode(text, add_special_tokens=False)
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": req.prompt}]
+    # as Ollama: the system message, the model's MESSAGE lines (unless a context continues), the prompt
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        (list(manifest.messages or []) if not req.context else []) + [{"role": "user", "content": req.prompt}]
     if template:
         return render(engine, template, messages, prompt=req.prompt, system=system or "", suffix=req.suffix or "")
     if engine.tokenizer.has_chat_template:
         return _apply(engine, lambda: engine.chat_prompt(messages))
-    return engine.encode(f"{system}\n\n{req.prompt}" if system else req.prompt)  # a base model: plain text
+    return default_ids(engine, messages)
 
 
-# Ollama's default for a model without a template is `{{ .Prompt }}`: each user message verbatim,
-# one after another; system, assistant and tool messages are not rendered (docs/template.md, and
-# template.Execute running a Messages-less template once per turn). We do the same.
-DEFAULT_CHAT_TEMPLATE = "{% for m in messages %}{% if m['role'] == 'user' %}{{ m['content'] }}{% endif %}{% endfor %}"
+def default_ids(engine: Engine, messages: list[dict]) -> list[int]:
+    """A model without any template: Ollama's default `{{ .Prompt }}` (template.DefaultTemplate), run once
+    per turn with `{{ .Response }}` appended as its Parse does: each user turn then the assistant's reply,
+    consecutive messages of a role joined by a blank line; system and tool messages are not rendered."""
+    text = _apply(engine, lambda: _jinja(to_jinja(DEFAULT_GO_TEMPLATE)).render(messages=messages))
+    return engine.encode(text)
 
 
 def chat_template(engine: Engine, manifest: Manifest) -> str | None:
@@ -90,16 +92,18 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
 def chat_ids(
     engine: Engine, manifest: Manifest, messages: list[dict], tools: list | None = None, think: bool | str | None = None
 ) -> list[int]:
-    """/api/chat and /v1/chat/completions: the conversation through the chat template."""
-    if manifest.system and not any(m["role"] == "system" for m in messages):
+    """/api/chat and /v1/chat/completions: the conversation through the chat template. As Ollama: the
+    model's MESSAGE lines come first, and its system message when the request does not start with one."""
+    first = messages[0]["role"] if messages else None
+    messages = list(manifest.messages or []) + messages
+    if manifest.system and first != "system":
         messages = [{"role": "system", "content": manifest.system}] + messages
     template = chat_template(engine, manifest)
     extra = {"tools": tools} if tools else {}
     extra.update(think_variables(template, think))
     if not manifest.template and not engine.tokenizer.has_chat_template:  # a base model: Ollama's default
-        # rendering (the tokenizer may have a renderer of its own without template text: hence not `template`)
-        text = _apply(engine, lambda: _jinja(DEFAULT_CHAT_TEMPLATE).render(messages=messages))
-        return engine.encode(text)
+        # (the tokenizer may have a renderer of its own without template text: hence not `template`)
+        return default_ids(engine, messages)
     if manifest.template:
         return render(engine, manifest.template, messages, **extra)
     return _apply(engine, lambda: engine.chat_prompt(messages, **extra))
@@ -121,14 +125,16 @@ def think_variables(template: str | None, think: bool | str | None) -> dict:
 
 
 def _jinja(source: str):
+    from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    return ImmutableSandboxedEnvironment().from_string(source)
+    return ImmutableSandboxedEnvironment(extensions=[loopcontrols]).from_string(source)
 
 
 def render(engine: Engine, template: str, messages: list[dict], **variables) -> list[int]:
-    """Token ids of `messages` through a Jinja chat template given as text."""
+    """Token ids of `messages` through a chat template given as text (Jinja, or Go translated to Jinja)."""
     tok = engine.tokenizer
+    template = chat_source(template)  # GoTemplateError (a 400) when outside the subset mlxspec translates
     return _apply(
         engine,
         lambda: list(tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, **variables)),

@@ -69,6 +69,8 @@ def field(body: dict, key: str, kind: type | tuple, default: Any = None, require
             raise ApiError(400, f"{key} is required")
         return default
     kinds = kind if isinstance(kind, tuple) else (kind,)
+    if int in kinds and float not in kinds and isinstance(value, float) and value.is_integer():
+        return int(value)  # JSON has one number type: 4.0 is 4
     if isinstance(value, bool) and bool not in kinds:
         ok = False
     else:

@@ -51,11 +51,19 @@ def limited(render: Callable[[], T], seconds: float | None = None) -> T:
 
 
 def check_template(source: str) -> str | None:
-    """None if `source` parses as a Jinja template (as transformers compiles chat templates), else why not."""
+    """None if `source` parses as a Jinja template (as transformers compiles chat templates) or is a Go
+    template (Ollama's) that mlxspec translates, else why not."""
     from jinja2 import TemplateSyntaxError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+    from .go_jinja import chat_source
+    from .go_template import GoTemplateError
+
+    try:
+        source = chat_source(source)
+    except GoTemplateError as e:
+        return str(e)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     try:
         env.parse(source)

@@ -1,14 +1,17 @@
-"""Issue 14: property-based fuzz of every endpoint (strategies in tests/fuzz_bodies.py).
+"""Issue 14: property-based fuzz of every endpoint, driven by the daemon's own OpenAPI document
+(GET /api/openapi.json; strategies and checks in tests/openapi_fuzz.py).
 
-Property: no 5xx, every 4xx a JSON error with a message, no internal error inside a 200 stream,
-and the daemon still answers a normal request afterwards. A bounded, deterministic run (~150
-requests, about 10 s); benchmarks/fuzz.py runs thousands against a daemon subprocess.
-MLXSPEC_FUZZ_EXAMPLES=N runs N here instead.
+Property: no 5xx, every status one the document lists for the operation, every 4xx the documented
+JSON error, every 200 (each NDJSON line, each SSE event) the documented schema, a schema-valid body
+never refused for a field's shape, and the daemon still answers a normal request afterwards. A
+bounded, deterministic run (~300 requests); benchmarks/fuzz.py runs thousands against a daemon
+subprocess. MLXSPEC_FUZZ_EXAMPLES=N runs N here instead.
 """
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
@@ -16,12 +19,12 @@ from hypothesis import HealthCheck, Phase, given, settings
 from api_helpers import post
 from conftest import populate
 from daemon_harness import ThreadDaemon
-from fuzz_bodies import requests, send
+from openapi_fuzz import requests, send
 from mlxspec.server import Settings
 from mlxspec.store import Manifest, Store
 
 MODELS = ["tiny", "tiny-plain", "base", "fim", "broken"]
-EXAMPLES = int(os.environ.get("MLXSPEC_FUZZ_EXAMPLES", "150"))
+EXAMPLES = int(os.environ.get("MLXSPEC_FUZZ_EXAMPLES", "300"))
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +43,25 @@ def fuzzed(tiny_llama, base_model, tmp_path_factory):
     huggingface_hub.constants.HF_HUB_OFFLINE = offline
 
 
-def test_no_request_gets_a_5xx_or_a_shapeless_error(fuzzed):
-    failures = []
+def test_no_request_breaks_the_documented_contract(fuzzed, tiny_llama):
+    status, doc = post(fuzzed.url + "/api/openapi.json", None, method="GET")
+    assert status == 200 and doc["openapi"].startswith("3.")
+    failures, reached = [], Counter()
 
     @settings(max_examples=EXAMPLES, database=None, deadline=None, derandomize=True, phases=[Phase.generate],
               suppress_health_check=list(HealthCheck))
-    @given(requests(MODELS))
+    @given(requests(doc, MODELS, [str(tiny_llama)]))
     def one(call):
-        method, path, body = call
-        status, why, _ = send(fuzzed.url, method, path, body, timeout=60)
+        status, why, _ = send(fuzzed.url, call, doc, timeout=60)
+        reached[(call.operation, call.mode, status)] += 1
         if why:  # collected, not asserted: one run reports every distinct failure, not the first
-            failures.append((status, method, path, why, repr(body)[:300]))
+            failures.append((status, call.method, call.path, call.mode, why, repr(call.body)[:300]))
 
     one()
     assert not failures, "\n".join(map(str, failures[:10]))
+    # the generated bodies get through to the models, not only to the first check
+    answered = {op for (op, mode, status), n in reached.items() if mode == "valid" and status == 200}
+    assert {"/api/generate", "/api/chat", "/v1/chat/completions"} <= answered, sorted(reached.items())
     status, body = post(fuzzed.url + "/api/generate", {"model": "control", "prompt": "Once upon", "stream": False,
                                                        "options": {"num_predict": 3}})
     assert status == 200 and body["done"], body

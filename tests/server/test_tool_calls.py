@@ -167,16 +167,22 @@ def test_think_reaches_templates_that_know_it(daemon, tools_model):
 
 
 def test_model_without_template_chats_as_ollama_default(daemon):
-    """Ollama's default template `{{ .Prompt }}`: the user's text verbatim, as a raw generate."""
+    """Ollama's default template `{{ .Prompt }}` (plus the `{{ .Response }}` its Parse appends), run once per
+    turn: user turns and replies verbatim, a user's consecutive messages joined by a blank line, no system."""
     client = ollama.Client(host=daemon.url)
-    chat = client.chat(model="base", messages=[{"role": "system", "content": "Be brief."}] + USER,
-                       options={"temperature": 0, "num_predict": 6})
-    raw = client.generate(model="base", prompt=USER[0]["content"], raw=True, options={"temperature": 0, "num_predict": 6})
+    talk = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Once upon"},
+            {"role": "user", "content": "a time"}, {"role": "assistant", "content": " there"},
+            {"role": "user", "content": " was"}]
+    opts = {"temperature": 0, "num_predict": 6}
+    chat = client.chat(model="base", messages=talk, options=opts)
+    raw = client.generate(model="base", prompt="Once upon\n\na time there was", raw=True, options=opts)
     assert chat.message.content == raw.response and chat.prompt_eval_count == raw.prompt_eval_count
     oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-    assert oa.chat.completions.create(model="base", messages=USER, max_tokens=6, temperature=0).choices[0].message.content == raw.response
+    assert oa.chat.completions.create(model="base", messages=talk, max_tokens=6, temperature=0).choices[0].message.content == raw.response
+    one = client.generate(model="base", prompt=USER[0]["content"], system="Be brief.", options=opts)  # no system either
+    assert one.prompt_eval_count == client.generate(model="base", prompt=USER[0]["content"], raw=True, options=opts).prompt_eval_count
     show = post(daemon.url + "/api/show", {"model": "base"})[1]
-    assert show["template"] == "" and "none came with the model" in show["mlxspec"]["template_source"]
+    assert show["template"] == "{{ .Prompt }}" and "none came with the model" in show["mlxspec"]["template_source"]
 
 
 def test_images_to_a_text_model_are_refused(daemon):

