@@ -11,6 +11,7 @@ from api_helpers import post
 from daemon_harness import ThreadDaemon
 from fake_ollama import GO_TEMPLATE, add_model, snapshot
 from gguf_fixtures import CHATML, write_tiny_llama_gguf
+from mlxspec.modelfile import parse
 from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
 from mlxspec.server import Settings
@@ -74,7 +75,7 @@ def test_list_has_both_stores_apart(client, daemon):
 
 def test_show_reports_the_layers(client, daemon):
     shown = client.show("ollama:tiny")
-    assert f'SYSTEM """{SYSTEM}"""' in shown.modelfile and shown.license == "MIT, for tests"
+    assert parse(shown.modelfile)["system"] == SYSTEM and shown.license == "MIT, for tests"
     assert 'stop "<|im_end|>"' in shown.parameters and "num_predict 5" in shown.parameters
     assert shown.template == CHATML  # the GGUF's own chat template is the one in force
     assert "FROM ollama:tiny:latest" in shown.modelfile and shown.details.format == "gguf"
@@ -109,7 +110,7 @@ def test_openai_api_lists_and_answers(daemon):
 def test_create_from_an_ollama_model(client, gguf_file):
     client.create(model="mine", from_="ollama:tiny")
     shown = client.show("mine")
-    assert f'SYSTEM """{SYSTEM}"""' in shown.modelfile and "FROM ollama:tiny:latest" in shown.modelfile
+    assert parse(shown.modelfile)["system"] == SYSTEM and "FROM ollama:tiny:latest" in shown.modelfile
     assert client.generate(model="mine", prompt="Hello there").response == client.generate(model="ollama:tiny", prompt="Hello there").response
     client.delete("mine")
 
