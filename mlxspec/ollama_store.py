@@ -346,8 +346,26 @@ def details(model: OllamaModel, config: dict) -> dict:
     }
 
 
-TEMPLATE_NOTE = ("Ollama's Go template is not translated: chat uses the GGUF's own chat template "
-                 "(tokenizer.chat_template), or Ollama's default {{ .Prompt }} when the GGUF has none")
+def template_problem(template: str | None) -> str | None:
+    """None when Ollama's Go template translates to the Jinja mlxspec renders, else why not."""
+    from .go_jinja import to_jinja
+    from .go_template import GoTemplateError
+
+    try:
+        to_jinja(template or "")
+    except GoTemplateError as e:
+        return str(e)
+    return None
+
+
+def template_note(template: str | None) -> str:
+    if not template:
+        return ""
+    problem = template_problem(template)
+    if problem is None:
+        return "Ollama's Go template, translated to Jinja: chat renders as Ollama renders it"
+    return (f"Ollama's Go template is not translated ({problem}): chat uses the GGUF's own chat template "
+            "(tokenizer.chat_template), or Ollama's default {{ .Prompt }} when the GGUF has none")
 
 
 def describe(store: OllamaStore, contents: Contents) -> dict:
@@ -361,7 +379,7 @@ def describe(store: OllamaStore, contents: Contents) -> dict:
         "read_only": True,
         "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in model.layers],
         "template": contents.template or "",
-        "template_note": TEMPLATE_NOTE if contents.template else "",
+        "template_note": template_note(contents.template),
         "parameters": contents.params,
         "parameters_not_applied": ignored,
         "layers_not_applied": contents.unused,

@@ -257,11 +257,12 @@ class Store:
 
     def ollama_model(self, name: str) -> tuple[str, Manifest]:
         """An Ollama model as a manifest: its GGUF as target, its params as default options, its
-        system prompt. Its Go template is not used: chat goes through the GGUF's own template."""
+        system prompt and its Go template where mlxspec translates it (else the GGUF's own)."""
         contents = self.ollama_contents(name)
         parameters, _ = ollama_store.split_parameters(contents.params)
         ref = contents.model.name.reference
-        return ref, Manifest(target=ref, parameters=parameters, system=contents.system or None)
+        template = contents.template if contents.template and ollama_store.template_problem(contents.template) is None else None
+        return ref, Manifest(target=ref, parameters=parameters, system=contents.system or None, template=template)
 
     # -- writes ---------------------------------------------------------------------------------
 

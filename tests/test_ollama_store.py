@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fake_ollama import IMAGE, add_model, blob_of, snapshot
+from fake_ollama import GO_TEMPLATE, IMAGE, add_model, blob_of, snapshot
 from gguf_fixtures import write_tiny_llama_gguf
 from mlxspec import loading
 from mlxspec.engine import Engine
@@ -91,13 +91,24 @@ def test_list_marks_ollama_models_and_keeps_mlxspec_names_apart(store, root, ggu
 def test_layers_become_the_manifest(store):
     name, manifest = store.named("ollama:registry.ollama.ai/library/tiny:latest")
     assert name == "ollama:tiny:latest" and manifest.target == name
-    assert manifest.system == SYSTEM and manifest.template is None  # the Go template is not run: the GGUF's is
+    assert manifest.system == SYSTEM and manifest.template == GO_TEMPLATE  # translated where it renders
     assert manifest.parameters == {"stop": ["<|im_end|>"], "num_predict": 5, "temperature": 0}
     assert manifest.options().max_tokens == 5 and manifest.options({"num_predict": 2}).max_tokens == 2
     contents = store.ollama_contents("ollama:tiny")
     assert contents.template.startswith("{{- range .Messages }}") and contents.license == ["MIT, for tests"]
     assert store.named("ollama:tiny:bare")[1] == Manifest(target="ollama:tiny:bare")
     assert store.named("ollama:HF.CO/org/tiny-gguf:q4_0")[0] == "ollama:hf.co/org/Tiny-GGUF:Q4_0"  # case as on disk
+
+
+def test_a_template_outside_the_translated_subset_leaves_the_ggufs(tmp_path, gguf_file):
+    from mlxspec.ollama_store import template_note
+
+    root = tmp_path / "ollama"
+    add_model(root, "tools", gguf_file, template="{{ range .Tools }}{{ .Function.Name }}{{ end }}{{ .Prompt }}")
+    manifest = Store(tmp_path / "home", ollama_models=root).named("ollama:tools")[1]
+    assert manifest.template is None  # the GGUF's own chat template stays in force
+    assert "not translated" in template_note("{{ range .Tools }}{{ end }}")
+    assert "translated to Jinja" in template_note(GO_TEMPLATE)
 
 
 def test_parameters_split_into_options_and_the_rest():

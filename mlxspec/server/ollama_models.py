@@ -12,7 +12,7 @@ from aiohttp import web
 from .. import modelfile, ollama_store
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
-from .go_jinja import DEFAULT_GO_TEMPLATE
+from ..go_jinja import DEFAULT_GO_TEMPLATE
 from .references import resolve_for_http
 from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..store import Manifest
-from .go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
+from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
 

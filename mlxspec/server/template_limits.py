@@ -57,8 +57,8 @@ def check_template(source: str) -> str | None:
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from .go_jinja import chat_source
-    from .go_template import GoTemplateError
+    from ..go_jinja import chat_source
+    from ..go_template import GoTemplateError
 
     try:
         source = chat_source(source)

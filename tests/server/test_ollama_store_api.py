@@ -10,7 +10,7 @@ import pytest
 from api_helpers import post
 from daemon_harness import ThreadDaemon
 from fake_ollama import GO_TEMPLATE, add_model, snapshot
-from gguf_fixtures import CHATML, write_tiny_llama_gguf
+from gguf_fixtures import write_tiny_llama_gguf
 from mlxspec.modelfile import parse
 from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
@@ -77,14 +77,14 @@ def test_show_reports_the_layers(client, daemon):
     shown = client.show("ollama:tiny")
     assert parse(shown.modelfile)["system"] == SYSTEM and shown.license == "MIT, for tests"
     assert 'stop "<|im_end|>"' in shown.parameters and "num_predict 5" in shown.parameters
-    assert shown.template == CHATML  # the GGUF's own chat template is the one in force
+    assert shown.template == GO_TEMPLATE  # Ollama's template, translated, is the one in force
     assert "FROM ollama:tiny:latest" in shown.modelfile and shown.details.format == "gguf"
     status, raw = post(daemon.url + "/api/show", {"model": "ollama:tiny"})
     assert status == 200 and raw["system"] == SYSTEM
     extra = raw["mlxspec"]["ollama"]
-    assert extra["template"] == GO_TEMPLATE and "not translated" in extra["template_note"]
+    assert extra["template"] == GO_TEMPLATE and "translated to Jinja" in extra["template_note"]
     assert extra["read_only"] and set(extra["parameters_not_applied"]) == {"mirostat"}
-    assert raw["mlxspec"]["template_source"] == "model"
+    assert raw["mlxspec"]["template_source"] == "manifest"  # the translated Go template
 
 
 def test_generate_and_chat_use_the_blob_system_and_params(client, gguf_file):

@@ -7,8 +7,8 @@ import jinja2.ext
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from mlxspec.server.go_jinja import chat_source, is_go_template, to_jinja, uses_suffix
-from mlxspec.server.go_template import GoTemplateError
+from mlxspec.go_jinja import chat_source, is_go_template, to_jinja, uses_suffix
+from mlxspec.go_template import GoTemplateError
 
 ENVS = [  # transformers renders chat templates with trim_blocks + lstrip_blocks; the output must not depend on it
     ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols]),

@@ -16,7 +16,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from ..errors import MlxspecError
+from .errors import MlxspecError
 
 TOP_FIELDS = ("System", "Prompt", "Response", "Suffix", "Messages")
 MESSAGE_FIELDS = ("Role", "Content")
