@@ -68,7 +68,7 @@ class Engine:
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         min_confidence: float = 0.0,
         progress=None,
-        kernels: bool | None = None,
+        kernels: bool | str | None = None,
         ollama=None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
@@ -78,11 +78,13 @@ class Engine:
         makes a draft model stop a proposal after a token it gives less than that probability (one
         extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
         they pass their self-check on this device (mlxspec.kernels.install_timed); None reads
-        MLXSPEC_KERNELS (0 = off), the one place that setting is read. `ollama`: the OllamaStore
+        MLXSPEC_KERNELS (0 = off; "ops" = the per-op kernels without fused layers), the one place
+        that setting is read. `ollama`: the OllamaStore
         `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
         """
         if kernels is None:
-            kernels = os.environ.get("MLXSPEC_KERNELS", "1") != "0"
+            env = os.environ.get("MLXSPEC_KERNELS", "1")
+            kernels = "ops" if env == "ops" else env != "0"
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
@@ -93,7 +95,7 @@ class Engine:
             same = draft == target and (draft_quantize or None) == (quantize or None)
             dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
-        kernel_report = _use_kernels(tgt, dft) if kernels else {"disabled": "kernels off"}
+        kernel_report = _use_kernels(tgt, dft, fuse=kernels != "ops") if kernels else {"disabled": "kernels off"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
         engine = cls(tgt, built, dft, draft_length)
@@ -184,7 +186,7 @@ class Engine:
                               f"ids are 0..{self.vocab_size - 1} (vocabulary size {self.vocab_size})")
 
 
-def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
+def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True) -> dict:
     """Install mlxspec's kernels in each model where they passed their self-check on this device.
 
     A kernel that cannot build or disagrees with the pure-MLX reference is reported (one warning)
@@ -193,7 +195,7 @@ def _use_kernels(target: LoadedModel, draft: LoadedModel | None) -> dict:
     from .kernels import install_kernels
     from .kernels.install import install_timed
 
-    report = {"target": install_timed(target.model)}
+    report = {"target": install_timed(target.model, fuse=fuse)}
     if draft is not None and draft is not target:
-        report["draft"] = install_kernels(draft.model)  # the draft's bits never reach the output
+        report["draft"] = install_kernels(draft.model, fuse=fuse)  # the draft's bits never reach the output
     return report

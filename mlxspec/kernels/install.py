@@ -58,18 +58,18 @@ def installed(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
-def install_timed(model: nn.Module, device: mx.Device | None = None) -> dict:
+def install_timed(model: nn.Module, device: mx.Device | None = None, fuse: bool = True) -> dict:
     """install_kernels, and on a GPU keep them only if a one-row forward costs at most EXACT_BUDGET
     times MLX's own (measured here, interleaved). On the CPU the kernels are 5-25x faster than
     MLX's ops (benchmarks/results/kernels.txt), so they stay without a timing."""
     from .timing import EXACT_BUDGET, forward_cost_ratio
 
-    report = install_kernels(model, device)
+    report = install_kernels(model, device, fuse)
     if report["backend"] == "cpu" or not installed(model):
         return report
-    cost = forward_cost_ratio(model, lambda: install_kernels(model, device), lambda: remove_kernels(model))
+    cost = forward_cost_ratio(model, lambda: install_kernels(model, device, fuse), lambda: remove_kernels(model))
     cost["budget"], cost["kept"] = EXACT_BUDGET, cost["ratio"] <= EXACT_BUDGET
     if cost["kept"]:
-        install_kernels(model, device)
+        install_kernels(model, device, fuse)
     report["timed"] = cost
     return report

@@ -159,3 +159,14 @@ def test_doctor_check_builds_and_checks_a_block(cpu_ext):
     check_typical()
     status = registry.kernel("fused_layer", "cpu").status()
     assert status["active"] and status["passed"] and not status["failed"]
+
+
+def test_engine_setting_ops_keeps_the_per_op_kernels(tiny_llama, cpu_ext, monkeypatch):
+    from mlxspec.engine import Engine
+
+    monkeypatch.setenv("MLXSPEC_KERNELS", "ops")
+    ops = Engine.load(str(tiny_llama), quantize="q4g32")
+    monkeypatch.setenv("MLXSPEC_KERNELS", "1")
+    fused_engine = Engine.load(str(tiny_llama), quantize="q4g32")
+    assert "fused" not in ops.kernels["target"] and not fused(ops.target.model)
+    assert fused_engine.kernels["target"]["fused"]["fused"] == len(fused_engine.target.model.model.layers)
