@@ -65,6 +65,45 @@ inline const float* kv_row(const SdpaProblem& p, bool value, int b, int g, int t
 }
 
 constexpr int kKeys = 16;  // keys per score block (one vector of 16 scores)
+
+#if defined(__AVX512F__)
+// 16 rows of 16 floats -> 16 columns, in registers (the usual unpack / shuffle / lane-exchange steps).
+inline void transpose16(const float* const* rows, int d0, float* out) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_ps(rows[i] + d0);
+  for (int i = 0; i < 16; i += 2) t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88), t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88), t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; ++i)
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88), r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  for (int i = 0; i < 16; ++i) _mm512_storeu_ps(out + i * kKeys, r[i]);
+}
+#endif
+
+// Key rows (nk of them, D floats each) -> kt (D, 16): kt[d][l] = rows[l][d], zero past nk. Only
+// moves values: the arithmetic that follows is the same whichever way they were moved.
+template <class I>
+inline void transpose_keys(const float* const* rows, int nk, int D, float* kt) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same<I, Avx512Isa>::value) {
+    if (nk == kKeys && D % 16 == 0) {
+      for (int d0 = 0; d0 < D; d0 += 16) transpose16(rows, d0, kt + size_t(d0) * kKeys);
+      return;
+    }
+  }
+#endif
+  std::fill(kt, kt + size_t(D) * kKeys, 0.0f);
+  for (int l = 0; l < nk; ++l)
+    for (int d = 0; d < D; ++d) kt[d * kKeys + l] = rows[l][d];
+}
 constexpr int kRowBlock = 4;  // query rows sharing each key/value load
 
 // scores[r][t] = (q_r . k_t) * scale for t in [t0, t0 + nk), rows rb..rb+RB: kt is the key block
@@ -104,10 +143,10 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int rep = p.H / p.KV, rows = r1 - r0;
   const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16, R = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
   // scratch per thread, reused across calls (a decoding step calls this ~100 times)
-  thread_local std::vector<float> q, scores, acc, kt, vrows, buf;
+  thread_local std::vector<float> q, scores, acc, kt, vrows, buf, keybuf;
   thread_local std::vector<int> seen;
   q.assign(size_t(R) * D, 0.0f), scores.assign(size_t(R) * p.T, 0.0f), acc.assign(size_t(R) * Dv16, 0.0f);
-  kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv));
+  kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv)), keybuf.resize(size_t(kKeys) * D);
   seen.assign(R, 0);  // keys each row attends to (padding rows: none)
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
@@ -118,11 +157,9 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int t_end = *std::max_element(seen.begin(), seen.end());
   for (int t0 = 0; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
     int nk = std::min(kKeys, t_end - t0);
-    std::fill(kt.begin(), kt.end(), 0.0f);
-    for (int l = 0; l < nk; ++l) {
-      const float* kr = kv_row(p, false, b, g, t0 + l, D, buf.data());
-      for (int d = 0; d < D; ++d) kt[d * kKeys + l] = kr[d];
-    }
+    const float* rows_in[kKeys];
+    for (int l = 0; l < nk; ++l) rows_in[l] = kv_row(p, false, b, g, t0 + l, D, keybuf.data() + size_t(l) * D);
+    transpose_keys<I>(rows_in, nk, D, kt.data());
     for (int r = 0; r < R; r += kRowBlock) {
       float* out[kRowBlock];
       for (int i = 0; i < kRowBlock; ++i) out[i] = scores.data() + size_t(r + i) * p.T + t0;
