@@ -103,7 +103,7 @@ CHAT = obj({
 }, **_NAMED)
 NAMED = obj({"model": MODEL, "name": MODEL, "verbose": BOOL, "insecure": BOOL, "stream": BOOL}, **_NAMED)
 EMBED = obj({"model": MODEL, "name": MODEL, "input": {"anyOf": [STR, array(STR)]}, "prompt": STR, "truncate": BOOL,
-             "dimensions": INT, "options": ANY_OBJECT, "keep_alive": DURATION}, **_NAMED)
+             "dimensions": {"type": "integer", "minimum": 1}, "options": ANY_OBJECT, "keep_alive": DURATION}, **_NAMED)
 CREATE = obj({
     "model": MODEL, "name": MODEL, "from": REFERENCE, "draft": REFERENCE, "drafter": DRAFTER,
     "quantize": QUANTIZE, "draft_quantize": QUANTIZE, "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
@@ -132,8 +132,10 @@ CHAT_COMPLETION = obj({
 COMPLETION = obj({
     **_OPENAI_COMMON, "prompt": {"anyOf": [STR, array(STR, minItems=1, maxItems=1)]}, "suffix": STR, "echo": {"enum": [False]},
 }, ("model", "prompt"))
-OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array(STR)]}, "dimensions": INT, "encoding_format": STR},
-                   ("model",))
+_IDS = array({"type": "integer", "minimum": 0}, minItems=1)
+OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array({"anyOf": [STR, _IDS]}, minItems=1), _IDS]},
+                    "dimensions": {"type": "integer", "minimum": 1}, "encoding_format": {"enum": ["float", "base64"]}},
+                   ("model", "input"))
 
 # -- responses -------------------------------------------------------------------------------------
 
@@ -179,6 +181,14 @@ COMPLETED = obj({**_HEAD, "object": {"enum": ["text_completion"]}, "usage": USAG
                 ("id", "object", "choices"))
 MODEL_ENTRY = obj({"id": STR, "object": {"enum": ["model"]}, "created": INT, "owned_by": STR}, ("id", "object"))
 MODELS = obj({"object": {"enum": ["list"]}, "data": array(ref("Model"))}, ("object", "data"))
+VECTOR = array(NUM)
+EMBEDDED = obj({"model": STR, "embeddings": array(VECTOR), "total_duration": INT, "load_duration": INT,
+                "prompt_eval_count": INT}, ("model", "embeddings"))
+EMBEDDING = obj({"embedding": VECTOR}, ("embedding",))
+OPENAI_EMBEDDED = obj({"object": {"enum": ["list"]}, "model": STR, "usage": obj({"prompt_tokens": INT, "total_tokens": INT}),
+                       "data": array(obj({"object": {"enum": ["embedding"]}, "index": INT,
+                                          "embedding": {"anyOf": [VECTOR, STR]}}, ("object", "index", "embedding")))},
+                      ("object", "data"))
 
 SCHEMAS = {
     "Options": options_schema(), "Message": OLLAMA_MESSAGE, "OpenAIMessage": OPENAI_MESSAGE, "Tool": TOOL,
@@ -188,5 +198,6 @@ SCHEMAS = {
     "Error": ERROR, "OpenAIError": OPENAI_ERROR, "Speculative": SPECULATIVE, "GenerateResponse": GENERATED,
     "ChatResponse": CHATTED, "Status": STATUS, "Tags": TAGS, "Ps": PS, "Show": SHOW, "Version": VERSION,
     "ChatCompletion": CHAT_COMPLETED, "ChatCompletionChunk": CHAT_CHUNK, "Completion": COMPLETED,
-    "Model": MODEL_ENTRY, "Models": MODELS,
+    "Model": MODEL_ENTRY, "Models": MODELS, "EmbedResponse": EMBEDDED, "EmbeddingResponse": EMBEDDING,
+    "Embeddings": OPENAI_EMBEDDED,
 }

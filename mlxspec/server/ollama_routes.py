@@ -1,4 +1,4 @@
-"""Ollama's generation API: /, /api/version, /api/generate, /api/chat (and embeddings, refused)."""
+"""Ollama's generation API: /, /api/version, /api/generate, /api/chat (embeddings: embed_routes.py)."""
 
 from __future__ import annotations
 
@@ -70,14 +70,6 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
     job = Job(name, manifest, build, options(body, manifest), keep_alive)
     return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
-
-
-@routes.post("/api/embed")
-@routes.post("/api/embeddings")
-async def embed(request: web.Request) -> web.Response:
-    state, body = request.app[STATE], await read_json(request)
-    name, _ = state.manifest(model_field(body))
-    raise ApiError(400, f"{name} does not support embeddings: mlxspec serves text generation models only")
 
 
 # -- request pieces ----------------------------------------------------------------------------

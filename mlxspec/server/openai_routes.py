@@ -1,4 +1,4 @@
-"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models (embeddings refused).
+"""OpenAI-compatible API: /v1/chat/completions, /v1/completions, /v1/models (embeddings: embed_routes.py).
 
 Errors on these paths take OpenAI's shape (see app.py). As in Ollama, `temperature` defaults to
 1.0 here, and an Ollama `options` object (e.g. {"draft_num_predict": 0}) may ride along.
@@ -94,13 +94,6 @@ async def model(request: web.Request) -> web.Response:
     store = request.app[STATE].store
     entry = store.entry(request.match_info["model"])
     return web.json_response(_model(entry.name, entry.modified_at.timestamp()))
-
-
-@routes.post("/v1/embeddings")
-async def embeddings(request: web.Request) -> web.Response:
-    state, body = request.app[STATE], await read_json(request)
-    name, _ = state.manifest(field(body, "model", str, required=True))
-    raise ApiError(400, f"{name} does not support embeddings: mlxspec serves text generation models only")
 
 
 def _model(name: str, created: float) -> dict:

@@ -83,8 +83,8 @@ def test_models_and_errors(client, daemon):
         client.chat.completions.create(model="nothing-here", messages=MESSAGES)
     assert "not found" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
-        client.embeddings.create(model="tiny", input="hello")
-    assert "does not support embeddings" in e.value.message
+        client.embeddings.create(model="tiny", input=[])
+    assert "input must be" in e.value.message
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="tiny", messages=MESSAGES, n=2)
     assert e.value.body["type"] == "invalid_request_error"
