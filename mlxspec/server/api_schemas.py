@@ -149,7 +149,8 @@ _DONE = {"done_reason": STR, "context": array(INT), "total_duration": INT, "load
          "speculative": ref("Speculative")}
 _PIECE = {"model": STR, "created_at": STR, "done": BOOL}
 GENERATED = obj({**_PIECE, "response": STR, **_DONE}, ("model", "created_at", "response", "done"))
-ANSWER = obj({"role": {"enum": ["assistant"]}, "content": STR, "tool_calls": array(OLLAMA_CALL)}, ("role", "content"))
+ANSWER = obj({"role": {"enum": ["assistant"]}, "content": STR, "thinking": STR, "tool_calls": array(OLLAMA_CALL)},
+             ("role", "content"))
 CHATTED = obj({**_PIECE, "message": ANSWER, **_DONE}, ("model", "created_at", "message", "done"))
 STATUS = obj({"status": STR, "digest": STR, "total": INT, "completed": INT}, ("status",))
 DETAILS = obj({"parent_model": STR, "format": STR, "family": STR, "families": array(STR), "parameter_size": STR,
@@ -167,7 +168,7 @@ SHOW = obj({"modelfile": STR, "parameters": STR, "template": STR, "system": STR,
 VERSION = obj({"version": STR, "mlxspec_version": STR}, ("version",))
 USAGE = obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
 _HEAD = {"id": STR, "created": INT, "model": STR, "system_fingerprint": STR, "speculative": ref("Speculative")}
-OPENAI_ANSWER = obj({"role": {"enum": ["assistant"]}, "content": {"type": ["string", "null"]},
+OPENAI_ANSWER = obj({"role": {"enum": ["assistant"]}, "content": {"type": ["string", "null"]}, "reasoning": STR,
                      "tool_calls": array(obj({"index": INT, "id": STR, "type": STR, "function": obj({"name": STR, "arguments": STR})}))})
 CHAT_COMPLETED = obj({**_HEAD, "object": {"enum": ["chat.completion"]}, "usage": USAGE, "choices": array(obj(
     {"index": INT, "message": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}))},

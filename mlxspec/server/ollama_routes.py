@@ -15,6 +15,7 @@ from .requests import ApiError, field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
+from .thinking import ThinkSplitter, opens_thinking
 from .tool_calls import Found, ToolCall, detect, pieces
 
 OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
@@ -50,7 +51,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
         context=context_field(body),
     )
     job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive)
-    return await respond(request, state, job, field(body, "stream", bool, True), lambda t, _: {"response": t}, not req.raw)
+    return await respond(request, state, job, field(body, "stream", bool, True), lambda t, _, __="": {"response": t}, not req.raw)
 
 
 @routes.post("/api/chat")
@@ -66,7 +67,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
     def build(engine):
         found.format = detect(chat_template(engine, manifest)) if tools else None
-        return chat_ids(engine, manifest, messages, tools, think)
+        ids = chat_ids(engine, manifest, messages, tools, think)
+        if think:  # the reasoning goes to message.thinking
+            found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
+        return ids
 
     job = Job(name, manifest, build, options(body, manifest), keep_alive)
     return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
@@ -112,8 +116,8 @@ def refuse_unsupported(body: dict, chat: bool = False) -> None:
         raise ApiError(400, "logprobs are not supported by mlxspec")
 
 
-def _message(text: str, calls: list[ToolCall]) -> dict:
-    message = {"role": "assistant", "content": text}
+def _message(text: str, calls: list[ToolCall], thinking: str = "") -> dict:
+    message = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
     if calls:
         message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
     return {"message": message}
@@ -148,29 +152,30 @@ async def respond(
     """Run the job; NDJSON chunks then a final object, or one object when not streaming.
     `found` holds the tool-call format, known once the prompt is built (after `session` starts)."""
     async with state.scheduler.session(job):
-        events = pieces(job.events(), found.format if found else None)
+        events = pieces(job.events(), found.format if found else None, found.thinking if found else None)
         if stream:
             return await ndjson(request, _chunks(job, events, piece, context))
-        text, calls, tokens, last = [], [], [], None
-        async for content, new_calls, event in events:
+        text, calls, tokens, thoughts, last = [], [], [], [], None
+        async for content, new_calls, event, thinking in events:
             text.append(content)
+            thoughts.append(thinking)
             calls += new_calls
             tokens += event.tokens
             last = event
-        return web.json_response(final(job, last, piece("".join(text), calls), tokens if context else None))
+        return web.json_response(final(job, last, piece("".join(text), calls, "".join(thoughts)), tokens if context else None))
 
 
-async def _chunks(job: Job, events, piece: Callable[[str, list], dict], context: bool):
+async def _chunks(job: Job, events, piece: Callable[..., dict], context: bool):
     tokens: list[int] = []
-    async for content, calls, event in events:
+    async for content, calls, event, thinking in events:
         tokens += event.tokens
         if calls:  # Ollama sends the calls in a chunk of their own, before the final one
-            yield {"model": job.name, "created_at": now_iso(), **piece(content, calls), "done": False}
-            content = ""
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, calls, thinking), "done": False}
+            content = thinking = ""
         if event.done:
-            yield final(job, event, piece(content, []), tokens if context else None)
-        elif content:
-            yield {"model": job.name, "created_at": now_iso(), **piece(content, []), "done": False}
+            yield final(job, event, piece(content, [], thinking), tokens if context else None)
+        elif content or thinking:
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, [], thinking), "done": False}
 
 
 def final(job: Job, event, piece: dict, tokens: list[int] | None) -> dict:

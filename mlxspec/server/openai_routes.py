@@ -20,6 +20,7 @@ from .requests import ApiError, field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
+from .thinking import ThinkSplitter, opens_thinking
 from .tool_calls import Found, ToolCall, detect, pieces
 
 routes = web.RouteTableDef()
@@ -37,7 +38,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
     def build(engine):
         found.format = detect(chat_template(engine, manifest)) if tools else None
-        return chat_ids(engine, manifest, messages, tools, think)
+        ids = chat_ids(engine, manifest, messages, tools, think)
+        if think and think != "none":  # the reasoning goes to message.reasoning (as Ollama's OpenAI API)
+            found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
+        return ids
 
     job = Job(name, manifest, build, options(body, manifest))
     return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
@@ -128,8 +132,9 @@ def options(body: dict, manifest: Manifest) -> GenerateOptions:
     return manifest.options(opts, defaults={"num_predict": -1, "temperature": 1.0})
 
 
-def _chat_choice(text: str, delta: bool, calls: list[ToolCall] = ()) -> dict:
-    message = {"role": "assistant", "content": text if text or not calls else None}
+def _chat_choice(text: str, delta: bool, calls: list[ToolCall] = (), thinking: str = "") -> dict:
+    message = {"role": "assistant", "content": text if text or not calls else None,
+               **({"reasoning": thinking} if thinking else {})}
     if calls:
         message["tool_calls"] = [
             {**({"index": i} if delta else {}), "id": f"call_{secrets.token_hex(8)}", "type": "function",
@@ -139,7 +144,7 @@ def _chat_choice(text: str, delta: bool, calls: list[ToolCall] = ()) -> dict:
     return {"delta" if delta else "message": message}
 
 
-def _text_choice(text: str, delta: bool, calls=()) -> dict:
+def _text_choice(text: str, delta: bool, calls=(), thinking: str = "") -> dict:
     return {"text": text, "logprobs": None}
 
 
@@ -150,32 +155,33 @@ async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind
     head = {"id": f"{prefix}-{secrets.token_hex(6)}", "created": int(time.time()), "model": job.name,
             "system_fingerprint": "fp_mlxspec"}
     async with state.scheduler.session(job):
-        events = pieces(job.events(), found.format if found else None)
+        events = pieces(job.events(), found.format if found else None, found.thinking if found else None)
         if field(body, "stream", bool, False):
             chunks = _chunks(events, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
                              bool(stream_options.get("include_usage")))
             return await sse(request, chunks, _error)
-        text, calls, last = [], [], None
-        async for content, new_calls, event in events:
+        text, calls, thoughts, last = [], [], [], None
+        async for content, new_calls, event, thinking in events:
             text.append(content)
+            thoughts.append(thinking)
             calls += new_calls
             last = event
         reason = "tool_calls" if calls else FINISH[last.finish_reason]
         return web.json_response(
             {**head, "object": kind,
-             "choices": [{"index": 0, **choice("".join(text), False, calls), "finish_reason": reason}],
+             "choices": [{"index": 0, **choice("".join(text), False, calls, "".join(thoughts)), "finish_reason": reason}],
              "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
         )
 
 
 async def _chunks(events, head: dict, kind: str, choice, include_usage: bool):
-    async for content, calls, event in events:
+    async for content, calls, event, thinking in events:
         if calls:  # the calls in a chunk of their own, then the finish chunk says "tool_calls"
-            yield {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, calls), "finish_reason": None}]}
-            content = ""
-        if content or event.done:
+            yield {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, calls, thinking), "finish_reason": None}]}
+            content = thinking = ""
+        if content or thinking or event.done:
             reason = ("tool_calls" if calls else FINISH[event.finish_reason]) if event.done else None
-            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(content, True), "finish_reason": reason}]}
+            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, (), thinking), "finish_reason": reason}]}
             if event.done:
                 chunk["speculative"] = event.stats.to_dict()
             yield chunk

@@ -165,19 +165,24 @@ def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
     return max((n for m in markers for n in range(1, len(m)) if text.endswith(m[:n])), default=0)
 
 
-async def pieces(events, fmt: str | None):
-    """(content, calls, event) per engine event; with a format, content is held back while it may
-    be a call, and the calls come with the last event."""
+async def pieces(events, fmt: str | None, think=None):
+    """(content, calls, event, thinking) per engine event; with a format, content is held back while
+    it may be a call, and the calls come with the last event. `think`: a thinking.ThinkSplitter
+    that first takes the reasoning out of the text."""
     splitter = Splitter(FORMATS[fmt]) if fmt else None
     async for event in events:
+        thinking, text = think.feed(event.text) if think else ("", event.text)
+        if event.done and think:
+            more, rest = think.finish()
+            thinking, text = thinking + more, text + rest
         if splitter is None:
-            yield event.text, [], event
+            yield text, [], event, thinking
         elif event.done:
-            text = splitter.feed(event.text)
+            text = splitter.feed(text)
             rest, calls = splitter.finish()
-            yield text + rest, calls, event
+            yield text + rest, calls, event, thinking
         else:
-            yield splitter.feed(event.text), [], event
+            yield splitter.feed(text), [], event, thinking
 
 
 class Found:
@@ -185,3 +190,4 @@ class Found:
     once the job has started; None: no tools in the request, or no known format."""
 
     format: str | None = None
+    thinking: object = None  # a ThinkSplitter when the reply's thinking is split off (think requested)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from mlxspec.emit import Event
 
 # A template with fill-in-the-middle: `suffix` makes /api/generate's suffix usable.
 FIM_TEMPLATE = "{% if suffix %}<|im_start|>{{ prompt }}<|im_end|>{{ suffix }}<|im_start|>{% else %}{{ prompt }}{% endif %}"
@@ -50,6 +53,25 @@ def instrument(engine, *, delay: float = 0.0, gate: threading.Event | None = Non
             if event.done and finals is not None:
                 finals.append(event)
             yield event
+
+    engine.generate = generate
+    return engine
+
+
+def scripted(engine, script: dict, prompts: list):
+    """For text a tiny random model cannot be made to write: the engine generates as usual (so
+    speculation runs and counts), then streams script['text'] instead; prompts collects the prompts."""
+    original = engine.generate
+
+    def generate(prompt, options=None, *, cancel=None):
+        prompts.append(engine.tokenizer.decode(prompt))
+        last = None
+        for last in original(prompt, dataclasses.replace(options, max_tokens=8), cancel=cancel):  # quick
+            pass
+        *pieces, end = script["text"]
+        for piece in pieces:
+            yield Event(text=piece)
+        yield Event(text=end, done=True, finish_reason="stop", stats=last.stats)
 
     engine.generate = generate
     return engine

@@ -7,17 +7,15 @@ a Qwen-style model asked to call a tool would write. The parsers are also tested
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import ollama
 import openai
 import pytest
 
-from api_helpers import post
-from mlxspec.emit import Event
+from api_helpers import post, scripted
 from mlxspec.server.tool_calls import FORMATS, Splitter, ToolCall, detect, parse_hermes, parse_llama3, parse_mistral
-from mlxspec.store import Manifest, load_engine
+from mlxspec.store import Manifest
 
 # A Qwen/Hermes-like template: the tools, earlier calls (arguments must be objects: `.items()`),
 # tool results by name, and a thinking switch.
@@ -35,24 +33,6 @@ CALL = ['Let me check. <tool', '_call>\n{"name": "get_weather", ', '"arguments":
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 USER = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-def scripted(engine, script: dict, prompts: list):
-    """The engine generates as usual (so speculation runs and counts), but streams script['text']."""
-    original = engine.generate
-
-    def generate(prompt, options=None, *, cancel=None):
-        prompts.append(engine.tokenizer.decode(prompt))
-        last = None
-        for last in original(prompt, dataclasses.replace(options, max_tokens=8), cancel=cancel):  # quick
-            pass
-        *pieces, end = script["text"]
-        for piece in pieces:
-            yield Event(text=piece)
-        yield Event(text=end, done=True, finish_reason="stop", stats=last.stats)
-
-    engine.generate = generate
-    return engine
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,73 @@
+"""Thinking split off a reasoning model's reply: Ollama's message.thinking, OpenAI's reasoning.
+
+The splitter is checked at every cut of the text; the wiring through the real clients uses a model
+whose engine streams a scripted Qwen3-style reply (a tiny random model cannot be made to think).
+"""
+
+from __future__ import annotations
+
+import ollama
+import openai
+import pytest
+
+from api_helpers import post, scripted
+from mlxspec.server.thinking import ThinkSplitter, opens_thinking
+from mlxspec.store import Manifest
+
+TEMPLATE = (
+    "{% if enable_thinking is defined %}thinking={{ enable_thinking }}\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+REPLY = ["<think>\nTwo and two", " make four.</th", "ink>\n\nThe answer", " is 4."]
+USER = [{"role": "user", "content": "What is 2 + 2?"}]
+
+
+@pytest.mark.parametrize("text, inside, thinking, content", [
+    ("<think>\nTwo and two make four.</think>\n\nThe answer is 4.", False, "\nTwo and two make four.", "The answer is 4."),
+    ("  <think>a</think>b", False, "a", "b"),
+    ("No thinking here, <think> is just text", False, "", "No thinking here, <think> is just text"),
+    ("reasoning</think>answer", True, "reasoning", "answer"),  # the template opened the block
+    ("<think>unfinished", False, "unfinished", ""),
+    ("<thi", False, "", "<thi"),  # a reply that only looks like the start of a tag
+])
+def test_splitter_at_every_cut(text, inside, thinking, content):
+    for cut in range(len(text) + 1):
+        s = ThinkSplitter(inside)
+        parts = [s.feed(text[:cut]), s.feed(text[cut:]), s.finish()]
+        assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == (thinking, content), cut
+
+
+def test_a_prompt_that_opens_the_block():
+    assert opens_thinking("<|im_start|>assistant\n<think>\n") and not opens_thinking("<|im_start|>assistant\n")
+
+
+@pytest.fixture(scope="module")
+def thinker(daemon, tiny_llama):
+    registry, original = daemon.state.registry, daemon.state.registry.loader
+    registry.loader = lambda m: scripted(original(m), {"text": REPLY}, []) if m.template == TEMPLATE else original(m)
+    daemon.state.store.save("thinker", Manifest(target=str(tiny_llama), draft=str(tiny_llama), template=TEMPLATE))
+    yield "thinker"
+    registry.loader = original
+    post(daemon.url + "/api/generate", {"model": "thinker", "keep_alive": 0})
+
+
+def test_ollama_chat_puts_the_reasoning_in_message_thinking(daemon, thinker):
+    client = ollama.Client(host=daemon.url)
+    reply = client.chat(model=thinker, messages=USER, think=True).message
+    assert reply.thinking == "\nTwo and two make four." and reply.content == "The answer is 4."
+    chunks = list(client.chat(model=thinker, messages=USER, think=True, stream=True))
+    assert "".join(c.message.thinking or "" for c in chunks) == reply.thinking
+    assert "".join(c.message.content for c in chunks) == reply.content
+    plain = client.chat(model=thinker, messages=USER).message  # think not asked: the text as written
+    assert plain.content == "".join(REPLY) and not plain.thinking
+
+
+def test_openai_chat_puts_it_in_reasoning(daemon, thinker):
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused")
+    message = client.chat.completions.create(model=thinker, messages=USER, reasoning_effort="low").choices[0].message
+    assert message.content == "The answer is 4." and message.model_extra["reasoning"] == "\nTwo and two make four."
+    stream = client.chat.completions.create(model=thinker, messages=USER, reasoning_effort="low", stream=True)
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert "".join((d.model_extra or {}).get("reasoning", "") for d in deltas) == "\nTwo and two make four."
+    assert "".join(d.content or "" for d in deltas) == "The answer is 4."
