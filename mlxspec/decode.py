@@ -49,6 +49,7 @@ class Decoder:
         settings: DecodeSettings | None = None,
         detokenizer=None,
         speculative: Callable[[Verifier], RoundStrategy] = ChainRound,
+        constraint=None,
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
@@ -68,7 +69,8 @@ class Decoder:
         self.emitter = Emitter(limit, eos_ids, stats, stops=options.stop, detokenizer=detokenizer, cancel=cancel)
         settings = settings or DecodeSettings()
         seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
-        verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed))
+        self.constraint = constraint  # structured output: masks in the rounds, advanced here by what they emit
+        verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint)
         self.plain = PlainRound(verifier, settings)
         self.speculative = speculative(verifier)  # the strategy of rounds that draft (k > 0)
 
@@ -104,6 +106,8 @@ class Decoder:
                 round_start = time.perf_counter()
                 self.in_flight = True  # the cache is not trusted until the round completes
                 out = strategy.run(cache, context, k, self._plan_after)
+                if self.constraint is not None:
+                    self.constraint.commit(out.tokens)
                 context.extend(out.tokens)  # the cache holds all of context but the newest (+ a queued step)
                 self.in_flight = False
                 self._learn(out, time.perf_counter() - round_start)

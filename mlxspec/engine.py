@@ -19,6 +19,7 @@ from typing import Iterator
 from . import loading
 from .adaptive import CostModel
 from .cache import PrefixCache
+from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
@@ -53,6 +54,7 @@ class Engine:
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         self.rows = RowInvariance(target.model)  # is speculation exact here? measured per row count
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
+        self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)
         # Ids a prompt may hold: rows of the embedding table (the draft model's too, if smaller).
         self.vocab_size = min(vocabulary_size(m.model) for m in (target, draft) if m is not None)
 
@@ -145,9 +147,12 @@ class Engine:
         options: GenerateOptions | None = None,
         *,
         cancel: threading.Event | None = None,
+        format: str | dict | None = None,
     ) -> Iterator[Event]:
-        """Stream Events; the last one has done=True, the finish reason and the statistics."""
+        """Stream Events; the last one has done=True, the finish reason and the statistics.
+        `format`: "json" or a JSON schema; the output follows it (constraints.py; FormatError if invalid)."""
         options = options or GenerateOptions()
+        constraint = Constraint(self.grammar_tokenizer(), format_grammar(format)) if format else None
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
@@ -172,11 +177,20 @@ class Engine:
                 kv=self.kv,
                 settings=self.settings,
                 detokenizer=self.tokenizer.detokenizer,
+                constraint=constraint,
             )
             try:
                 yield from decoder
             finally:
                 drafter.finish()
+
+    def grammar_tokenizer(self):
+        """llguidance's tokenizer for this model's vocabulary (built on first use, about a second)."""
+        if self._grammar_tokenizer is None:
+            model = self.target.model
+            size = model.lm_head.weight.shape[0] if "lm_head" in model else vocabulary_size(model)
+            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer._tokenizer, size, self.tokenizer.eos_token_ids)
+        return self._grammar_tokenizer
 
     def _check_ids(self, ids: list[int]) -> None:
         """An id past the embedding table would read outside it (a crash, not an error): refuse it."""

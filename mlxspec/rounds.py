@@ -51,10 +51,11 @@ class Verifier:
     """What every strategy shares: the target pass, the per-round keys, the acceptance rule."""
 
     def __init__(self, target: nn.Module, drafter: Drafter, options: GenerateOptions, settings: DecodeSettings,
-                 stats: Stats, key: mx.array):
+                 stats: Stats, key: mx.array, constraint=None):
         self.target, self.drafter, self.opts, self.stats, self.key = target, drafter, options, stats, key
         self.sampling = Sampling.from_options(options)
         self.fused = settings.fused_accept
+        self.constraint = constraint  # constraints.Constraint: structured output masks every scored row
 
     def keys(self) -> tuple[mx.array | None, mx.array | None]:
         """This round's (draft key, verify key): one split per round, whatever the round drafts."""
@@ -73,6 +74,11 @@ class Verifier:
             logits, hidden = self.target(x[None], cache=cache)[0], None
         if history is not None:
             logits = penalize(logits, history, drafts, self.opts.repeat_penalty, self.opts.repeat_last_n)
+        if self.constraint is not None:  # row i: what the grammar allows after the drafts before it
+            ids = [] if drafts is None else drafts.tolist()  # a read-back: the grammar runs on the host
+            self.stats.host_syncs += drafts is not None
+            allowed = mx.array(self.constraint.masks(ids))
+            logits = mx.where(allowed[:, : logits.shape[-1]], logits, mx.array(-float("inf"), dtype=logits.dtype))
         return logits, hidden
 
     def accept(self, logits: mx.array, draft: Draft, verify_key) -> tuple[mx.array, mx.array]:
@@ -85,12 +91,13 @@ class Verifier:
 
 class PlainRound:
     """k = 0. Queues the next plain step before reading this one's token when it can: not when a
-    repeat penalty needs the whole history, nor with settings.pipeline off."""
+    repeat penalty needs the whole history, nor under a grammar, nor with settings.pipeline off."""
 
     def __init__(self, v: Verifier, settings: DecodeSettings):
         self.v = v
         opts = v.opts
         self.can_queue = settings.pipeline and (opts.repeat_penalty == 1.0 or opts.repeat_last_n == 0)
+        self.can_queue = self.can_queue and v.constraint is None  # a mask needs the grammar state, on the host
         self.queued: tuple[mx.array, mx.array | None] | None = None  # (next token, hidden), lazy
 
     def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:

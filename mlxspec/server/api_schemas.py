@@ -89,7 +89,8 @@ OPENAI_MESSAGE = obj({
 
 _NAMED = {"anyOf": [{"required": ["model"]}, {"required": ["name"]}]}  # `name`: the legacy field some clients send
 _COMMON = {"options": ref("Options"), "stream": BOOL, "keep_alive": DURATION}
-_REFUSED = {"format": {"enum": [""], "description": "structured output is not supported (400)"},
+_REFUSED = {"format": {"anyOf": [{"enum": ["", "json"]}, {"type": "object", "description": "a JSON schema the output follows"}],
+                       "description": "structured output: constrained decoding (400 for a schema it cannot follow)"},
             "logprobs": {"enum": [False]}}
 GENERATE = obj({
     "model": MODEL, "name": MODEL, "prompt": STR, "suffix": STR, "system": STR,
@@ -122,7 +123,9 @@ _OPENAI_COMMON = {
     "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
     "stream": BOOL, "stream_options": obj({"include_usage": BOOL}), "n": {"enum": [1]},
     "frequency_penalty": {"enum": [0]}, "presence_penalty": {"enum": [0]}, "logprobs": {"enum": [False]},
-    "response_format": obj({"type": {"enum": ["text"]}}, ("type",)), "options": ref("Options"),
+    "response_format": obj({"type": {"enum": ["text", "json_object", "json_schema"]},
+                            "json_schema": obj({"name": STR, "schema": {"type": "object"}, "strict": BOOL})}, ("type",)),
+    "options": ref("Options"),
 }
 CHAT_COMPLETION = obj({
     **_OPENAI_COMMON, "messages": array(ref("OpenAIMessage"), minItems=1), "tools": array(ref("Tool")),

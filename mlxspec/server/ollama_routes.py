@@ -11,7 +11,7 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..store import Manifest
 from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
-from .requests import ApiError, field, model_field, parse_duration, read_json
+from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
@@ -50,7 +50,8 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raw=field(body, "raw", bool, False),
         context=context_field(body),
     )
-    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive)
+    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive,
+              format=format_field(body.get("format")))
     return await respond(request, state, job, field(body, "stream", bool, True), lambda t, _, __="": {"response": t}, not req.raw)
 
 
@@ -72,7 +73,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
             found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
         return ids
 
-    job = Job(name, manifest, build, options(body, manifest), keep_alive)
+    job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))
     return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
 
 
@@ -106,8 +107,6 @@ def think_field(body: dict) -> bool | str | None:
 
 
 def refuse_unsupported(body: dict, chat: bool = False) -> None:
-    if body.get("format") not in (None, ""):
-        raise ApiError(400, "format (structured output) is not supported by mlxspec")
     if body.get("images"):
         raise ApiError(400, "this model does not support images")
     if not chat and body.get("think") not in (None, False):  # chat passes it to the template

@@ -16,7 +16,7 @@ from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
 from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
-from .requests import ApiError, field, read_json
+from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
@@ -43,7 +43,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
         return ids
 
-    job = Job(name, manifest, build, options(body, manifest))
+    job = Job(name, manifest, build, options(body, manifest), format=response_format(body))
     return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
 
 
@@ -83,7 +83,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if field(body, "echo", bool, False):
         raise ApiError(400, "echo is not supported")
     req = GeneratePrompt(prompt, suffix=field(body, "suffix", str) or None)
-    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest))
+    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest),
+              format=response_format(body))
     return await _respond(request, job, body, "cmpl", "text_completion", _text_choice)
 
 
@@ -105,6 +106,22 @@ def _model(name: str, created: float) -> dict:
     return {"id": name, "object": "model", "created": int(created), "owned_by": owner}
 
 
+def response_format(body: dict) -> str | dict | None:
+    """OpenAI's response_format -> the engine's format: json_object -> "json", json_schema -> its schema."""
+    fmt = field(body, "response_format", dict)
+    kind = fmt.get("type") if fmt else "text"
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return format_field("json")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+            raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object")
+        return format_field(spec.get("schema") or {"type": "object"})
+    raise ApiError(400, "response_format.type must be text, json_object or json_schema")
+
+
 def options(body: dict, manifest: Manifest) -> GenerateOptions:
     """OpenAI sampling fields -> GenerateOptions; what we cannot honour is a 400, not ignored."""
     if field(body, "n", int, 1) != 1:
@@ -112,9 +129,6 @@ def options(body: dict, manifest: Manifest) -> GenerateOptions:
     for key in ("frequency_penalty", "presence_penalty"):
         if field(body, key, float, 0) != 0:
             raise ApiError(400, f"{key} is not supported; use options.repeat_penalty")
-    fmt = field(body, "response_format", dict)
-    if fmt and fmt.get("type") != "text":
-        raise ApiError(400, "response_format other than text is not supported by mlxspec")
     if body.get("logprobs"):
         raise ApiError(400, "logprobs are not supported by mlxspec")
     opts = field(body, "options", dict, {})

@@ -124,3 +124,13 @@ def _duration_seconds(value: Any) -> float | None:
     if parts and "".join(n + u for n, u in parts) == body:
         return sign * sum(float(n) * _UNITS[u] for n, u in parts)
     return None
+
+
+def format_field(value) -> str | dict | None:
+    """Ollama's `format` ("json" or a JSON schema) checked now, so a bad schema is a 400 before queueing."""
+    from ..constraints import format_grammar
+
+    if value in (None, ""):
+        return None
+    format_grammar(value)  # FormatError (400) naming the problem
+    return value

@@ -33,6 +33,7 @@ class Job:
     build_prompt: Callable[[Engine], list[int]]  # runs on the MLX thread: templates need the tokenizer
     options: GenerateOptions
     keep_alive: float | None = None  # seconds; None: the server's default
+    format: str | dict | None = None  # structured output: "json" or a JSON schema (checked when the request came)
     cancel: threading.Event = field(default_factory=threading.Event)
     received: float = field(default_factory=time.perf_counter)
     load_seconds: float = 0.0
@@ -111,7 +112,7 @@ class Scheduler:
             engine = entry.engine
             # Templates render on a worker thread, time-limited: a slow one never holds the MLX thread.
             job.prompt_ids = await asyncio.get_running_loop().run_in_executor(None, job.build_prompt, engine)
-            gen = engine.generate(job.prompt_ids, job.options, cancel=job.cancel)
+            gen = engine.generate(job.prompt_ids, job.options, cancel=job.cancel, format=job.format)
             try:
                 try:
                     first = await self.registry.run(next, gen, None)

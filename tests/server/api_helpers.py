@@ -41,12 +41,12 @@ def instrument(engine, *, delay: float = 0.0, gate: threading.Event | None = Non
     """Wrap engine.generate to slow it, hold it at a gate, record its last event, or fail mid-way."""
     original = engine.generate
 
-    def generate(prompt, options=None, *, cancel=None):
+    def generate(prompt, options=None, *, cancel=None, format=None):
         if entered is not None:
             entered.set()
         if gate is not None:
             gate.wait(30)
-        for i, event in enumerate(original(prompt, options, cancel=cancel)):
+        for i, event in enumerate(original(prompt, options, cancel=cancel, format=format)):
             if fail_after is not None and i >= fail_after:
                 raise RuntimeError("injected failure")
             time.sleep(delay)
@@ -63,7 +63,7 @@ def scripted(engine, script: dict, prompts: list):
     speculation runs and counts), then streams script['text'] instead; prompts collects the prompts."""
     original = engine.generate
 
-    def generate(prompt, options=None, *, cancel=None):
+    def generate(prompt, options=None, *, cancel=None, format=None):
         prompts.append(engine.tokenizer.decode(prompt))
         last = None
         for last in original(prompt, dataclasses.replace(options, max_tokens=8), cancel=cancel):  # quick

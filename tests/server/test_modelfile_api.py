@@ -33,9 +33,9 @@ def recording(engine, prompts: list):
     """Wrap engine.generate to record the prompt ids it is given."""
     original = engine.generate
 
-    def generate(prompt, options=None, *, cancel=None):
+    def generate(prompt, options=None, *, cancel=None, format=None):
         prompts.append(list(prompt))
-        return original(prompt, options, cancel=cancel)
+        return original(prompt, options, cancel=cancel, format=format)
 
     engine.generate = generate
 

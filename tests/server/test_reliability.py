@@ -140,7 +140,7 @@ def test_template_errors_are_400(daemon, template, stream):
 
 def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):
     def shape_error(engine):
-        def generate(prompt, options=None, *, cancel=None):
+        def generate(prompt, options=None, *, cancel=None, format=None):
             raise ValueError("[matmul] Last dimension of first input with shape (1,8) must match ...")
             yield  # a generator, as the engine's
 
