@@ -14,7 +14,8 @@ from aiohttp import web
 
 from ..embed import embed as embed_inputs
 from ..errors import PromptError
-from .requests import ApiError, field, model_field, parse_duration, read_json
+from .ollama_routes import keep_alive_field
+from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State
 from .streams import ns
 
@@ -36,11 +37,6 @@ async def run(state: State, name: str, manifest, inputs: list, truncate: bool, d
         state.registry.release(entry, keep_alive)
 
 
-def _keep_alive(body: dict) -> float | None:
-    value = body.get("keep_alive")
-    return None if value is None else parse_duration(value)
-
-
 def _dimensions(body: dict) -> int | None:
     value = field(body, "dimensions", int)
     if value is not None and value < 1:
@@ -58,7 +54,7 @@ async def embed(request: web.Request) -> web.Response:
         raise ApiError(400, "input must be a string or a list of strings")
     start = time.perf_counter()
     vectors, count, load = await run(state, name, manifest, inputs, field(body, "truncate", bool, True),
-                                     _dimensions(body), _keep_alive(body))
+                                     _dimensions(body), keep_alive_field(body))
     return web.json_response({"model": name, "embeddings": vectors, "total_duration": ns(time.perf_counter() - start),
                               "load_duration": ns(load), "prompt_eval_count": count})
 
@@ -69,7 +65,7 @@ async def embeddings_legacy(request: web.Request) -> web.Response:
     state, body = request.app[STATE], await read_json(request)
     name, manifest = state.manifest(model_field(body))
     prompt = field(body, "prompt", str, "")
-    vectors, _, _ = await run(state, name, manifest, [prompt] if prompt else [], True, None, _keep_alive(body))
+    vectors, _, _ = await run(state, name, manifest, [prompt] if prompt else [], True, None, keep_alive_field(body))
     return web.json_response({"embedding": vectors[0] if vectors else []})
 
 
