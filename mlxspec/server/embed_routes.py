@@ -69,17 +69,24 @@ async def embeddings_legacy(request: web.Request) -> web.Response:
     return web.json_response({"embedding": vectors[0] if vectors else []})
 
 
+def _ids(value) -> list[int] | None:
+    """A list of token ids (JSON has one number type: 4.0 is 4), else None."""
+    if not isinstance(value, list) or not value:
+        return None
+    ids = [int(t) if isinstance(t, float) and t.is_integer() else t for t in value]
+    return ids if all(isinstance(t, int) and not isinstance(t, bool) for t in ids) else None
+
+
 def _openai_inputs(raw) -> list:
     """OpenAI's input: a string, a list of strings, a list of token ids, or a list of such lists."""
     if isinstance(raw, str):
         return [raw]
-    if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
-        return [raw]
-    if isinstance(raw, list) and raw and all(
-        isinstance(x, str) or (isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x))
-        for x in raw
-    ):
-        return raw
+    if _ids(raw) is not None:
+        return [_ids(raw)]
+    if isinstance(raw, list) and raw:
+        items = [x if isinstance(x, str) else _ids(x) for x in raw]
+        if all(item is not None for item in items):
+            return items
     raise ApiError(400, "input must be a string, a list of strings, a list of token ids or a list of such lists")
 
 
