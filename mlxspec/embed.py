@@ -1,11 +1,11 @@
-"""Embeddings from a generative model: its final hidden states (after the last norm), mean-pooled
-over the input's tokens and L2-normalized.
+"""Embeddings from a generative model: the final hidden state (after the last norm) of the input's
+last token, L2-normalized.
 
     vectors, tokens = embed(engine, ["some text", [1, 2, 3]], truncate=True, dimensions=None)
 
-Mean pooling is llama.cpp's `mean` (what Ollama's runner asks for unless a model says otherwise);
-decoder models have no trained pooling head, and the mean of all positions is steadier than the
-last token's state. Each input runs alone through a fresh KV cache, in chunks of PREFILL_CHUNK
+That is what Ollama's llama.cpp runner returns for a model without a pooling type (every decoder
+model): the last prompt position's hidden state, normalized by the server; under a causal mask
+it is the only position that has seen the whole input. Each input runs alone through a fresh KV cache, in chunks of PREFILL_CHUNK
 tokens, so a batch gives exactly the vectors its inputs give one by one. `dimensions` keeps the
 first n components and normalizes again (as Ollama and OpenAI do for Matryoshka-style truncation).
 """
@@ -41,14 +41,12 @@ def token_ids(engine, item, index: int, truncate: bool) -> list[int]:
 
 
 def pooled(model, ids: list[int]) -> mx.array:
-    """Mean of the final hidden states over `ids` (float32, not normalized)."""
-    cache, total = new_cache(model), None
-    for i in range(0, len(ids), PREFILL_CHUNK):
+    """The final hidden state at the last of `ids` (float32, not normalized)."""
+    cache = new_cache(model)
+    for i in range(0, len(ids), PREFILL_CHUNK):  # chunks bound the attention scratch, as a prefill does
         hidden = model.model(mx.array(ids[i : i + PREFILL_CHUNK])[None], cache=cache)  # (1, L, H)
-        part = hidden[0].astype(mx.float32).sum(axis=0)
-        total = part if total is None else total + part
-        mx.eval(total)
-    return total / len(ids)
+        mx.eval(hidden)
+    return hidden[0, -1].astype(mx.float32)
 
 
 def normalized(v: mx.array, dimensions: int | None) -> mx.array:

@@ -57,7 +57,9 @@ def penalize(logits: mx.array, history: list[int], drafts: mx.array | None, pena
     """
     if penalty == 1.0 or last_n == 0:
         return logits
-    window = len(history) + logits.shape[0] if last_n == -1 else last_n  # -1: the whole context
+    # -1: the whole context; a window past the context is the whole context (MLX slices need int32)
+    whole = len(history) + logits.shape[0]
+    window = whole if last_n == -1 else min(last_n, whole)
     processor = make_repetition_penalty(penalty, window)
     past = mx.array(history[-window:], dtype=mx.uint32)
     rows = []

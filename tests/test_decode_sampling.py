@@ -166,3 +166,12 @@ def test_confidence_cut_drafts_keep_the_target_law(models):
     drafter = ModelDrafter(draft, min_confidence=0.4)
     pvalue, _ = fit(target, drafter, {"temperature": 1.0}, k=3)
     assert pvalue > 1e-3 and drafter.syncs > 0
+
+
+def test_a_repeat_window_past_the_context_is_the_whole_context(models):
+    """repeat_last_n beyond any context (the fuzz test sent 4e17) penalises like -1, no error."""
+    target, _ = models
+    opts = dict(max_tokens=6, repeat_penalty=1.5)
+    huge, _ = generate(target, NoDrafter(), GenerateOptions(**opts, repeat_last_n=403375854678179968), 0)
+    whole, _ = generate(target, NoDrafter(), GenerateOptions(**opts, repeat_last_n=-1), 0)
+    assert huge == whole and len(huge) == 6

@@ -25,7 +25,7 @@ OPERATIONS = [
     ("post", "/api/generate", "ollama", "Complete a prompt (empty prompt: load; keep_alive 0: unload)",
      "GenerateRequest", "ndjson", "GenerateResponse"),
     ("post", "/api/chat", "ollama", "Chat (no messages: load; keep_alive 0: unload)", "ChatRequest", "ndjson", "ChatResponse"),
-    ("post", "/api/embed", "ollama", "Embeddings: mean-pooled final hidden states, L2-normalized, one per input",
+    ("post", "/api/embed", "ollama", "Embeddings: the last token's final hidden state, L2-normalized, one per input",
      "EmbedRequest", "json", "EmbedResponse"),
     ("post", "/api/embeddings", "ollama", "Embeddings (older form): one prompt, one vector", "EmbedRequest", "json",
      "EmbeddingResponse"),
