@@ -114,10 +114,10 @@ def response_format(body: dict) -> str | dict | None:
         return None
     if kind == "json_object":
         return format_field("json")
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
-            raise ApiError(400, "response_format.json_schema.schema must be a JSON schema object")
+    if kind == "json_schema":  # without a schema: any JSON object
+        spec = fmt.get("json_schema") or {}
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema") or {}, dict):
+            raise ApiError(400, "response_format.json_schema.schema is not a JSON schema object")
         return format_field(spec.get("schema") or {"type": "object"})
     raise ApiError(400, "response_format.type must be text, json_object or json_schema")
 
