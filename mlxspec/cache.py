@@ -18,14 +18,22 @@ def trimmable(model: nn.Module) -> bool:
     return can_trim_prompt_cache(make_prompt_cache(model))
 
 
-def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFILL_CHUNK) -> int:
-    """Feed tokens into the cache in chunks; returns how many host syncs it took."""
-    syncs = 0
+def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFILL_CHUNK,
+            features: bool = False) -> mx.array | None:
+    """Feed tokens into the cache in chunks. features=True: through the decoder body alone (no
+    output head) and return its final hidden states (len(tokens), H), as learned drafters need."""
+    rows = []
     for i in range(0, len(tokens), chunk):
-        model(mx.array(tokens[i : i + chunk])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-        syncs += 1
-    return syncs
+        x = mx.array(tokens[i : i + chunk])[None]
+        if features:
+            rows.append(model.model(x, cache=cache)[0])
+            mx.eval(rows[-1], [c.state for c in cache])
+        else:
+            model(x, cache=cache)
+            mx.eval([c.state for c in cache])
+    if not features:
+        return None
+    return mx.concatenate(rows) if rows else None
 
 
 def rewind(cache: list, n: int) -> None:
@@ -40,24 +48,36 @@ class PrefixCache:
     prefills only the rest. `tokens` is None while a request uses the cache; its owner sets it when
     the request ends, and leaves it None if a forward pass was cut off, so the next request rebuilds
     the cache instead of trusting it.
+
+    With `features=True` (a learned drafter's request) it also returns the final hidden states of
+    `tokens`; those of the last prompt it prefilled are kept, so only that prefix is reused then.
     """
 
     def __init__(self, model: nn.Module):
         self.model = model
         self.cache: list | None = None
         self.tokens: list[int] | None = None
+        self.hidden: mx.array | None = None  # (n, H) features of tokens[:n], from the last prefill with them
 
-    def prepare(self, tokens: list[int]) -> int:
-        """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed."""
+    def prepare(self, tokens: list[int], features: bool = False) -> int:
+        """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed.
+        With features, `self.hidden` then holds the hidden states of all of `tokens`."""
         reused = 0
         if self.cache is not None and self.tokens is not None and can_trim_prompt_cache(self.cache):
             reused = _common_prefix(self.tokens, tokens)
+            if features:
+                reused = min(reused, 0 if self.hidden is None else self.hidden.shape[0])
         if reused == 0:
             self.cache = new_cache(self.model)
         else:
             rewind(self.cache, len(self.tokens) - reused)
         self.tokens = None
-        prefill(self.model, self.cache, tokens[reused:])
+        new = prefill(self.model, self.cache, tokens[reused:], features=features)
+        if features:
+            parts = [p for p in (self.hidden[:reused] if reused else None, new) if p is not None]
+            self.hidden = mx.concatenate(parts) if parts else None
+        elif reused < (0 if self.hidden is None else self.hidden.shape[0]):
+            self.hidden = self.hidden[:reused]  # features past the reused prefix belong to other tokens
         self.tokens = list(tokens)
         return reused
 

@@ -81,8 +81,12 @@ class Decoder:
     def __iter__(self) -> Iterator[Event]:
         stats = self.stats
         start = time.perf_counter()
-        stats.cached_tokens = self.kv.prepare(self.prompt[:-1])
-        self.drafter.start(self.prompt)  # prompt features (hidden states) are not passed yet
+        features = self.drafter.wants_hidden  # a learned drafter reads the prompt's hidden states too
+        stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features)
+        if features:
+            self.drafter.start(self.prompt, hidden=self.kv.hidden)
+        else:
+            self.drafter.start(self.prompt)
         stats.prompt_tokens = len(self.prompt)
         decode_start = time.perf_counter()
         stats.prompt_time = decode_start - start

@@ -100,6 +100,11 @@ class Engine:
         kernel_report = _use_kernels(tgt, dft, fuse=kernels != "ops") if kernels else {"disabled": "kernels off"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
+        if kernels:
+            from .kernels import install_kernels
+
+            for i, module in enumerate(built.kernel_modules()):  # a learned drafter's own layers
+                kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops")
         engine = cls(tgt, built, dft, draft_length)
         engine.kernels = kernel_report
         engine.rows.holds(engine.draft_length + 1)  # measured now, not inside the first request

@@ -37,7 +37,7 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(tiny_llama, home):
     """(file, config): `mlxspec train-drafter` on tiny_llama's own answers to the first ~25 shipped prompts."""
-    args = ["train-drafter", str(tiny_llama), "--tokens", "1200", "--heads", "3", "--epochs", "3",
+    args = ["train-drafter", str(tiny_llama), "--kind", "medusa", "--tokens", "1200", "--heads", "3", "--epochs", "3",
             "--max-answer", "48", "--out", "tiny"]
     result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
     assert result.exit_code == 0, result.output
@@ -116,7 +116,7 @@ def test_an_interrupted_save_leaves_nothing_that_loads(trained, tmp_path, monkey
     def interrupted(src, dst):
         raise KeyboardInterrupt  # killed between writing the temp file and the rename
 
-    monkeypatch.setattr(medusa.os, "replace", interrupted)
+    monkeypatch.setattr(medusa.files.os, "replace", interrupted)
     with pytest.raises(KeyboardInterrupt):
         medusa.save(target, heads, config)
     monkeypatch.undo()
@@ -124,7 +124,7 @@ def test_an_interrupted_save_leaves_nothing_that_loads(trained, tmp_path, monkey
     # A file cut short (a copy interrupted some other way) is refused, not half-loaded.
     medusa.save(target, heads, config)
     target.write_bytes(target.read_bytes()[: target.stat().st_size // 2])
-    with pytest.raises(MlxspecError, match="not a medusa heads file"):
+    with pytest.raises(MlxspecError, match="not a medusa drafter file"):
         medusa.read(target)
 
 
@@ -134,9 +134,9 @@ def test_names_and_cli_errors(tmp_path):
     with pytest.raises(MlxspecError, match="medusa:NAME"):
         parse_drafter("medusa")
     env = {"MLXSPEC_HOME": str(tmp_path)}
-    bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--kind", "eagle"], env=env)
+    bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--kind", "medusa", "--heads", "9"], env=env)
     assert bad.exit_code == 1
-    assert bad.output.strip().splitlines() == ["Error: --kind 'eagle': only medusa can be trained"]
+    assert bad.output.strip().splitlines()[-1].startswith("Error: --tokens must be >= 16, --heads 1..8")
     with pytest.raises(MlxspecError, match="no medusa heads at .*nope.safetensors"):
         make_drafter("medusa:nope", None)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import MlxspecError
 
 ENGINE, MLX_LM, MLX_LM_SPECULATIVE = "mlxspec", "mlx-lm", "mlx-lm-speculative"
-DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa")
+DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa", "eagle")
 PLAIN = "plain"
 
 
@@ -19,7 +19,7 @@ PLAIN = "plain"
 class Config:
     label: str  # unique, shown in the table and chart
     runner: str  # ENGINE, MLX_LM or MLX_LM_SPECULATIVE
-    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME
+    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME, eagle:NAME
     k: int = 0  # draft length (the maximum, when adaptive)
     adaptive: bool = False
 
@@ -56,10 +56,11 @@ def parse_drafters(text: str | None, has_draft: bool) -> list[str]:
     names = parse_csv(text, "--drafters")
     for name in names:
         kind, _, arg = name.partition(":")
-        bad_arg = (kind == "medusa" and not arg) or (kind not in ("early-exit", "medusa") and arg)
+        learned = kind in ("medusa", "eagle")  # named by their trained file
+        bad_arg = (learned and not arg) or (kind != "early-exit" and not learned and arg)
         if kind not in DRAFTER_KINDS or bad_arg or (kind == "early-exit" and arg and not arg.isdigit()):
             raise MlxspecError(f"--drafters: unknown drafter {name!r}: use {', '.join(DRAFTER_KINDS)} "
-                               "(early-exit:LAYERS, medusa:NAME)")
+                               "(early-exit:LAYERS, medusa:NAME, eagle:NAME)")
     if "draft-model" in names and not has_draft:
         raise MlxspecError("--drafters draft-model needs a draft model: add --draft REF")
     return list(dict.fromkeys(names))

@@ -1,28 +1,30 @@
 """Drafters: everything that can guess the target's next tokens behind one `propose` interface."""
 
 from .base import Draft, Drafter, NoDrafter
+from .eagle import EagleDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
 from .model import ModelDrafter, check_compatible
 from .selfdraft import EarlyExitDrafter
 
 # Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half);
-# medusa takes its heads file: "medusa:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "medusa:PATH".
-DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa")
+# medusa and eagle take their file: "eagle:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "eagle:PATH".
+DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle")
+LEARNED = ("medusa", "eagle")  # drafters trained by `mlxspec train-drafter`, named by their file
 
 
 def parse_drafter(spec: str) -> tuple[str, int | str | None]:
     """'lookup' -> ('lookup', None); 'early-exit:12' -> ('early-exit', 12);
-    'medusa:NAME' -> ('medusa', 'NAME'); bad names raise."""
+    'medusa:NAME' -> ('medusa', 'NAME'), 'eagle:NAME' likewise; bad names raise."""
     from ..errors import MlxspecError
 
     kind, _, arg = spec.partition(":")
-    if kind == "medusa":
+    if kind in LEARNED:
         if not arg:
-            raise MlxspecError("the medusa drafter needs its heads: medusa:NAME or medusa:PATH")
+            raise MlxspecError(f"the {kind} drafter needs its file: {kind}:NAME or {kind}:PATH")
         return kind, arg
     if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
-        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS, medusa:NAME)")
+        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS, medusa:NAME, eagle:NAME)")
     return kind, int(arg) if arg else None
 
 
@@ -42,6 +44,8 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0) -> 
             raise MlxspecError(str(e)) from None
     if kind == "medusa":
         return MedusaDrafter(target, arg)
+    if kind == "eagle":
+        return EagleDrafter(target, arg)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence)
     return NoDrafter()
@@ -51,8 +55,10 @@ __all__ = [
     "make_drafter",
     "parse_drafter",
     "DRAFTERS",
+    "LEARNED",
     "Draft",
     "Drafter",
+    "EagleDrafter",
     "EarlyExitDrafter",
     "LookupDrafter",
     "MedusaDrafter",

@@ -1,12 +1,12 @@
 """The one drafter interface: propose up to k next tokens, then hear how many were kept.
 
-The engine calls, per request: `start(prompt)`, then per round `propose(context, k, ...)` and
+The engine calls, per request: `start(prompt[, hidden])`, then per round `propose(context, k, ...)` and
 `accept(n)`, and finally `finish()`. `context` is every token so far (prompt + output); the last one
 has not been fed to the target yet. Plain decoding is the drafter that proposes nothing.
 
 Learned drafters (EAGLE, Medusa) read the target's features: with `wants_hidden = True` the loop
-computes the target's final hidden states and passes them to `accept(n, hidden=...)`. The prompt's
-features are not passed to `start` yet.
+computes the target's final hidden states and passes them to `start(prompt, hidden=...)` (the
+prompt's) and `accept(n, hidden=...)` (each round's).
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ class Drafter:
     syncs = 0  # host read-backs the drafter made itself (the loop adds them to the statistics)
     wants_hidden = False  # True: accept() also gets the target's hidden states (same pass, split before the head)
 
-    def start(self, prompt: list[int]) -> None:
-        """A new request begins with these prompt tokens (a model drafter prefills here)."""
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        """A new request begins with these prompt tokens (a model drafter prefills here).
+        `hidden` (only when `wants_hidden`): the target's final hidden states of prompt[:-1], (L-1, H)."""
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
         """Up to k tokens likely to follow `context`; sampled from `sampling` when not greedy."""
@@ -52,6 +53,10 @@ class Drafter:
 
     def finish(self) -> None:
         """The request ended (done, stopped or cancelled): drop per-request state."""
+
+    def kernel_modules(self) -> list:
+        """The drafter's own nn.Modules the engine may install mlxspec's kernels into (speed only)."""
+        return []
 
 
 class NoDrafter(Drafter):

@@ -26,7 +26,7 @@ class LookupDrafter(Drafter):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.start([])
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         # n -> {n-gram: end position of its most recent occurrence}; ends < len(context) only,
         # so the context's own suffix never matches itself.
         self.index: dict[int, dict[tuple, int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}

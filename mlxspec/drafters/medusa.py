@@ -8,24 +8,14 @@ its token was drawn from and rejection sampling stays exact. Heads are trained p
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import MlxspecError
+from ..heads.files import drafter_path
 from ..heads.medusa import check_target, logits, read
-from ..home import default_home
 from ..sampling import Sampling, probabilities, sample
 from .base import Draft, Drafter
-
-
-def drafter_path(name_or_path: str) -> Path:
-    """A file path as given, else a name in MLXSPEC_HOME/drafters/NAME.safetensors."""
-    given = Path(name_or_path).expanduser()
-    if given.is_file() or "/" in name_or_path or name_or_path.endswith(".safetensors"):
-        return given
-    return default_home() / "drafters" / f"{name_or_path}.safetensors"
 
 
 class MedusaDrafter(Drafter):
@@ -42,8 +32,8 @@ class MedusaDrafter(Drafter):
         self.name = f"medusa:{name_or_path}"
         self.last: mx.array | None = None  # (D,) hidden state of the newest position the target read
 
-    def start(self, prompt: list[int]) -> None:
-        self.last = None  # the prompt's features are not passed: the first round drafts nothing
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        self.last = None if hidden is None or hidden.shape[0] == 0 else hidden[-1]  # h of prompt[-2]
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
         if self.last is None or k <= 0:

@@ -32,7 +32,7 @@ class ModelDrafter(Drafter):
         self.proposing = False
         self.context: list[int] = []
 
-    def start(self, prompt: list[int]) -> None:
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.kv.prepare(prompt[:-1])
         self.seen = len(prompt) - 1
         self.context = prompt  # the loop's token list (only ever appended to): no copy per round

@@ -1,6 +1,5 @@
-"""Self-distillation: the target answers a prompt set greedily; heads learn to guess its tokens.
+"""Medusa self-distillation: heads learn to guess the target's own tokens (record.py records them).
 
-    record   chat prompts -> the target's own greedy answers (ids) and final hidden states
     train    Medusa heads on those positions: head i at position t predicts token t+i+2
              (cross-entropy against the target's own tokens; AdamW, fixed seed, tqdm progress)
 
@@ -12,7 +11,6 @@ which is what makes training fit a 2-core CPU with a reference BLAS. Inference u
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass
@@ -25,60 +23,8 @@ from tqdm import tqdm
 
 from ..errors import MlxspecError
 from ..features import head as target_head
-from ..features import target_forward
 from .medusa import MedusaHeads
-
-PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
-
-
-@dataclass
-class Recorded:
-    ids: list[int]  # prompt + the target's greedy answer
-    answer_start: int  # index of the first answer token
-    hidden: mx.array  # (len(ids), D) final hidden states, float32
-
-
-def load_prompts(path: str | Path | None = None) -> list[str]:
-    """A JSON list of strings (or of {"prompt": ...}); the shipped set when no path is given."""
-    path = Path(path) if path else PROMPTS_FILE
-    try:
-        data = json.loads(path.read_text())
-        prompts = [p["prompt"] if isinstance(p, dict) else p for p in data]
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise MlxspecError(f"cannot read prompts from {path}: {e}") from None
-    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise MlxspecError(f"{path}: expected a non-empty JSON list of prompt strings")
-    return prompts
-
-
-def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show: bool = True) -> list[Recorded]:
-    """Greedy answers to `prompts` (chat template when the model has one) until `tokens` answer tokens."""
-    from ..options import GenerateOptions
-
-    chat = getattr(engine.tokenizer, "has_chat_template", False)
-    out, total = [], 0
-    bar = tqdm(total=tokens, desc="recording answers", unit="tok", disable=not show)
-    for prompt in prompts:
-        if total >= tokens:
-            break
-        ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
-        opts = GenerateOptions(max_tokens=min(max_answer, tokens - total), temperature=0.0, draft_length=0)
-        answer = [t for event in engine.generate(ids, opts) for t in event.tokens]
-        if len(answer) < 3:
-            continue
-        seq = ids + answer
-        # One pass over the whole sequence: the features each position had while decoding.
-        _, hidden = target_forward(engine.target.model, mx.array(seq, dtype=mx.uint32)[None])
-        hidden = hidden[0].astype(mx.float32)
-        mx.eval(hidden)
-        out.append(Recorded(seq, len(ids), hidden))
-        total += len(answer)
-        bar.update(len(answer))
-    bar.close()
-    if not out:
-        raise MlxspecError("the target produced no usable answers for these prompts")
-    return out
-
+from .record import Recorded, load_prompts, record  # noqa: F401  (recording is shared by every kind)
 
 def positions(samples: list[Recorded], heads: int) -> tuple[mx.array, mx.array]:
     """(P, D) hidden rows whose next token is an answer token, (P, heads) targets (-1: past the end)."""

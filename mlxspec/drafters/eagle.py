@@ -1,0 +1,106 @@
+"""EAGLE drafting: a one-layer draft model running on the target's own features (heads/eagle.py).
+
+The head keeps a KV cache of its own. Entry t holds (c_t, h_{t-1}): the token at t and the target's
+feature of the position before. The target's features arrive with each round's verify pass
+(`accept(n, hidden)`), and the prompt's with `start`; they wait in `pending` until the next
+proposal feeds them (one short prefill of the head), which also yields f_T, the feature the first
+draft is read from. Draft steps then feed (d_i, f) with the head's own predicted feature; their
+cache entries are taken out again after verification, since the target's real features replace
+them. Nothing here reads back to the host: the drafts stay lazy until the verify pass is read.
+
+Greedy: each draft is the argmax over the draft vocabulary. Sampling: each draft is drawn from q_i,
+the sampling law over the draft vocabulary (zero elsewhere), which is exactly what rejection
+sampling needs to keep the target's distribution.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+
+from ..cache import PREFILL_CHUNK, rewind
+from ..errors import MlxspecError
+from ..heads.eagle import DraftHead, read
+from ..heads.files import check_target, drafter_path
+from ..sampling import Sampling, probabilities, sample
+from .base import Draft, Drafter
+
+
+class EagleDrafter(Drafter):
+    wants_hidden = True
+
+    def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8):
+        path = drafter_path(name_or_path)
+        if not path.is_file():
+            raise MlxspecError(f"no eagle drafter at {path}: train one with `mlxspec train-drafter MODEL --kind eagle`")
+        self.head, vocab, self.config = read(path)
+        check_target(self.config, target, path)
+        self.name = f"eagle:{name_or_path}"
+        self.embed = target.model.embed_tokens
+        self.draft_head = DraftHead(target, vocab)
+        self.vocab = self.draft_head.vocab  # (V',) draft index -> token id
+        self.vocab_size = int(self.draft_head.module_rows)
+        dtype = self.embed(mx.array([0])).dtype  # run in the target's activation dtype
+        self.head.set_dtype(dtype)
+        group = next((g for g in (64, 32) if self.head.dims % g == 0), None)
+        if bits and group:  # its bits never reach the output: only speed and acceptance
+            nn.quantize(self.head, group_size=group, bits=bits)
+        self.cache: list = []
+        self.pending: list[mx.array] = []  # target features (m, D) not yet fed to the head
+        self.next = 1  # the token paired with pending[0][0]: pending rows pair with context[next:]
+        self.drafted = 0  # cache entries written from predicted features, past the real ones
+
+    def kernel_modules(self) -> list[nn.Module]:
+        return [self.head]
+
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        self.cache, self.drafted, self.next = [KVCache()], 0, 1
+        self.pending = [] if hidden is None or hidden.shape[0] == 0 else [hidden]
+        if self.pending and hidden.shape[0] > 1:  # prefill the head now, all but the newest row
+            self._feed(prompt[1 : hidden.shape[0]], hidden[:-1])
+            mx.eval([c.state for c in self.cache])
+            self.pending, self.next = [hidden[-1:]], hidden.shape[0]
+
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+        rows = sum(p.shape[0] for p in self.pending)
+        if rows == 0 or k <= 0:
+            return Draft.empty()
+        assert self.next + rows == len(context), (self.next, rows, len(context))  # features up to c_T's
+        features = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending)
+        f = self._feed(context[self.next :], features)[-1]  # (D,) f_T
+        self.pending, self.next = [], len(context)
+        keys = mx.random.split(key, k) if not sampling.greedy else [None] * k
+        tokens, probs = [], []
+        for i in range(k):
+            logits = self.draft_head(f)  # (V',)
+            if sampling.greedy:
+                index = mx.argmax(logits)
+            else:
+                q = probabilities(logits[None], sampling)[0]  # (V',): the law this draft is drawn from
+                index = sample(q[None], keys[i])[0]
+                probs.append(mx.zeros((self.vocab_size,), q.dtype).at[self.vocab].add(q))
+            tokens.append(self.vocab[index])
+            if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
+                f = self._feed(None, f[None], token=tokens[-1])[-1]
+                self.drafted += 1
+        return Draft(mx.stack(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+
+    def accept(self, n: int, hidden: mx.array | None = None) -> None:
+        rewind(self.cache, self.drafted)  # predicted-feature entries; the real features follow
+        self.drafted = 0
+        if hidden is not None:  # (n+1, D): features of c_T and the n kept drafts
+            self.pending.append(hidden)
+
+    def finish(self) -> None:
+        self.cache, self.pending, self.drafted = [], [], 0
+
+    def _feed(self, tokens: list[int] | None, features: mx.array, token: mx.array | None = None) -> mx.array:
+        """(m, D) features of positions t-1 with the tokens at t -> (m, D) predicted features at t."""
+        ids = mx.array(tokens, dtype=mx.uint32) if token is None else token.reshape(1)
+        out = []
+        for i in range(0, ids.shape[0], PREFILL_CHUNK):
+            e = self.embed(ids[i : i + PREFILL_CHUNK])[None]  # (1, m, D)
+            h = features[i : i + PREFILL_CHUNK][None]
+            out.append(self.head(e, h, self.cache[0], "causal" if e.shape[1] > 1 else None)[0])
+        return out[0] if len(out) == 1 else mx.concatenate(out)

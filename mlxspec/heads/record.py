@@ -1,0 +1,112 @@
+"""Recording for self-distillation: the target answers chat prompts greedily; we keep its features.
+
+    record(engine, prompts, tokens)   -> [Recorded(ids, answer_start, hidden)], one per prompt
+
+Each answer is the target's own greedy continuation, so a drafter trained on it learns exactly what
+verification will accept. One forward pass over prompt + answer records the final hidden states
+(the features each position had while decoding). With `keep=DIR` each sample is written there as it
+is recorded (one file each, atomically), and a later run with the same target and settings picks
+them up: an interrupted `train-drafter` resumes instead of starting over.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+from tqdm import tqdm
+
+from ..errors import MlxspecError
+from ..features import target_forward
+
+PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
+
+
+@dataclass
+class Recorded:
+    ids: list[int]  # prompt + the target's greedy answer
+    answer_start: int  # index of the first answer token
+    hidden: mx.array  # (len(ids), D) final hidden states, float32
+
+
+def load_prompts(path: str | Path | None = None) -> list[str]:
+    """A JSON list of strings (or of {"prompt": ...}); the shipped set when no path is given."""
+    path = Path(path) if path else PROMPTS_FILE
+    try:
+        data = json.loads(path.read_text())
+        prompts = [p["prompt"] if isinstance(p, dict) else p for p in data]
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise MlxspecError(f"cannot read prompts from {path}: {e}") from None
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise MlxspecError(f"{path}: expected a non-empty JSON list of prompt strings")
+    return prompts
+
+
+def recording_dir(root: Path, target_sha256: str, max_answer: int) -> Path:
+    """Where one target's recordings at one answer length are kept (a sample per prompt)."""
+    return Path(root) / f"{target_sha256[:16]}-a{max_answer}"
+
+
+def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show: bool = True,
+           keep: Path | None = None) -> list[Recorded]:
+    """Greedy answers to `prompts` (chat template when the model has one) until `tokens` answer tokens."""
+    from ..options import GenerateOptions
+
+    chat = getattr(engine.tokenizer, "has_chat_template", False)
+    out, total = [], 0
+    bar = tqdm(total=tokens, desc="recording answers", unit="tok", disable=not show)
+    for prompt in prompts:
+        if total >= tokens:
+            break
+        ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+        budget = min(max_answer, tokens - total)
+        sample = _load(keep, ids, budget) if keep else None
+        if sample is None:
+            opts = GenerateOptions(max_tokens=budget, temperature=0.0, draft_length=0)
+            answer = [t for event in engine.generate(ids, opts) for t in event.tokens]
+            if len(answer) < 3:
+                continue
+            seq = ids + answer
+            _, hidden = target_forward(engine.target.model, mx.array(seq, dtype=mx.uint32)[None])
+            sample = Recorded(seq, len(ids), hidden[0].astype(mx.float32))
+            mx.eval(sample.hidden)
+            if keep:
+                _store(keep, sample, budget)
+        out.append(sample)
+        total += len(sample.ids) - sample.answer_start
+        bar.update(len(sample.ids) - sample.answer_start)
+    bar.close()
+    if not out:
+        raise MlxspecError("the target produced no usable answers for these prompts")
+    return out
+
+
+def _key(ids: list[int], budget: int) -> str:
+    return hashlib.sha256(json.dumps([ids, budget]).encode()).hexdigest()[:24]
+
+
+def _load(keep: Path, ids: list[int], budget: int) -> Recorded | None:
+    path = Path(keep) / f"{_key(ids, budget)}.safetensors"
+    if not path.is_file():
+        return None
+    try:
+        tensors = mx.load(str(path))
+        seq = tensors["ids"].tolist()
+        if seq[: len(ids)] != ids:
+            return None
+        return Recorded(seq, len(ids), tensors["hidden"])
+    except (OSError, RuntimeError, ValueError, KeyError):
+        return None  # a damaged file is recorded again
+
+
+def _store(keep: Path, sample: Recorded, budget: int) -> None:
+    keep = Path(keep)
+    keep.mkdir(parents=True, exist_ok=True)
+    path = keep / f"{_key(sample.ids[: sample.answer_start], budget)}.safetensors"
+    tmp = path.with_name(f".{path.stem}.tmp.safetensors")
+    mx.save_safetensors(str(tmp), {"ids": mx.array(sample.ids, dtype=mx.int32), "hidden": sample.hidden})
+    os.replace(tmp, path)

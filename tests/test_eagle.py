@@ -1,0 +1,189 @@
+"""EAGLE heads trained from the target alone: they learn, speculation with them is exact (greedy
+token-identical, sampling the target's law), the prompt's features reach them, files are refused
+for other targets."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from click.testing import CliRunner
+from test_decode_sampling import fit, models  # noqa: F401  (models: the V=4 fixture fit() samples)
+
+from mlxspec.bench.configs import parse_drafters
+from mlxspec.cache import PrefixCache
+from mlxspec.drafters import EagleDrafter, parse_drafter
+from mlxspec.engine import Engine
+from mlxspec.errors import MlxspecError
+from mlxspec.features import target_forward
+from mlxspec.frontend.cli import cli
+from mlxspec.heads import eagle, files
+from mlxspec.heads.eagle_train import forward_two
+from mlxspec.heads.record import load_prompts
+from mlxspec.options import GenerateOptions
+
+HELD_OUT = load_prompts()[-6:]  # the fixture records answers to the first prompts only
+
+
+def random_head(model, path, seed: int = 0, vocab: int | None = None):
+    """An untrained head (random weights) for `model`: exactness must not depend on training."""
+    mx.random.seed(seed)
+    head = eagle.EagleHead(eagle.block_config(model))
+    rows = eagle.DraftHead(model, mx.arange(1)).module_rows
+    ids = mx.arange(rows if vocab is None else vocab, dtype=mx.int32)
+    config = {"target_sha256": files.identity(model), "target": "test", "block": eagle.block_config(model)}
+    return eagle.save(path, head, ids, config)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    return tmp_path_factory.mktemp("eagle-home")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_llama, home):
+    """(file, config): `mlxspec train-drafter --kind eagle` on tiny_llama's answers to the first prompts."""
+    args = ["train-drafter", str(tiny_llama), "--kind", "eagle", "--tokens", "1200", "--epochs", "6",
+            "--max-answer", "48", "--out", "tiny"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    path = home / "drafters" / "tiny.safetensors"
+    assert f"wrote {path}" in result.output
+    return path, eagle.read(path)[2]
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_llama):
+    return Engine.load(str(tiny_llama))
+
+
+def tokens_per_pass(engine, prompts, k: int = 3) -> float:
+    tokens = passes = 0
+    for text in prompts:
+        ids = engine.chat_prompt([{"role": "user", "content": text}])
+        *_, last = engine.generate(ids, GenerateOptions(max_tokens=40, temperature=0, draft_length=k, adaptive=False))
+        tokens, passes = tokens + last.stats.generated_tokens, passes + last.stats.rounds
+    return tokens / passes
+
+
+def test_training_learns_and_beats_an_untrained_head(tiny_llama, trained, tmp_path):
+    path, config = trained
+    assert config["loss"] < 0.7 * config["loss_start"]
+    first, second = config["heldout_top1"]
+    assert first > config["heldout_top1_untrained"][0] + 0.2 and second > config["heldout_top1_untrained"][1] + 0.2
+    assert 16 <= config["draft_vocab"] <= 4096 and config["coverage"] > 0.9
+    untrained = random_head(Engine.load(str(tiny_llama)).target.model, tmp_path / "u")
+    learned = tokens_per_pass(Engine.load(str(tiny_llama), drafter=f"eagle:{path}"), HELD_OUT)
+    baseline = tokens_per_pass(Engine.load(str(tiny_llama), drafter=f"eagle:{untrained}"), HELD_OUT)
+    assert learned > baseline + 0.5 and learned > 1.8, (learned, baseline)
+
+
+def test_the_unrolled_training_pass_is_the_drafters_chain(tiny_llama, trained):
+    """forward_two's step one equals the head over a sequence; its step two at t equals what the
+    drafter computes there: the cache holding the real entries < t, fed (c_t, f_{t-1})."""
+    head = eagle.read(trained[0])[0]
+    dims = head.dims
+    mx.random.seed(5)
+    e, h = mx.random.normal((1, 7, dims)), mx.random.normal((1, 7, dims))
+    f, g = forward_two(head, e, h)
+    assert mx.allclose(f, head(e, h, mask="causal"), atol=1e-5)
+    from mlx_lm.models.cache import KVCache
+
+    for t in (1, 3, 6):
+        cache = KVCache()
+        head(e[:, :t], h[:, :t], cache, "causal" if t > 1 else None)
+        step = head(e[:, t : t + 1], f[:, t - 1 : t], cache)
+        assert mx.allclose(step[0, 0], g[0, t], atol=1e-4), t
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_output_is_token_identical_to_plain(arch, tiny_llama, tiny_qwen2, trained, tmp_path):
+    ref = str(tiny_llama if arch == "llama" else tiny_qwen2)
+    plain = Engine.load(ref)
+    # llama: the trained head; qwen2 (tied head): a random head over part of the vocabulary
+    path = trained[0] if arch == "llama" else random_head(plain.target.model, tmp_path / "q", vocab=40)
+    spec = Engine.load(ref, drafter=f"eagle:{path}")
+    drafted = 0
+    for text in ["Tell a story about a fox.", HELD_OUT[0], "def add(a, b):"]:
+        ids = plain.encode(text)
+        want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=40, temperature=0)) for t in e.tokens]
+        for k in (1, 2, 4, 6):
+            for adaptive in (False, True):
+                opts = GenerateOptions(max_tokens=40, temperature=0, draft_length=k, adaptive=adaptive)
+                events = list(spec.generate(ids, opts))
+                assert [t for e in events for t in e.tokens] == want, (text, k, adaptive)
+                drafted += events[-1].stats.drafted
+    assert drafted > 0
+
+
+def test_a_chat_turn_reuses_the_prefix_and_stays_exact(plain, tiny_llama, trained):
+    spec = Engine.load(str(tiny_llama), drafter=f"eagle:{trained[0]}")
+    history = [{"role": "user", "content": HELD_OUT[1]}]
+    for turn in range(2):
+        ids = plain.chat_prompt(history)
+        opts = GenerateOptions(max_tokens=30, temperature=0, draft_length=3)
+        want = [t for e in plain.generate(ids, opts) for t in e.tokens]
+        events = list(spec.generate(ids, opts))
+        assert [t for e in events for t in e.tokens] == want
+        assert events[-1].stats.accepted > 0  # drafting from the first round: the prompt's features arrived
+        if turn:
+            assert events[-1].stats.cached_tokens > 0
+        history += [{"role": "assistant", "content": plain.tokenizer.decode(want)}, {"role": "user", "content": "More."}]
+
+
+def test_prefix_cache_features_are_the_targets_hidden_states(tiny_llama):
+    model = Engine.load(str(tiny_llama), kernels=False).target.model
+    ids = list(range(5, 40))
+    want = target_forward(model, mx.array(ids)[None])[1][0]
+    kv = PrefixCache(model)
+    assert kv.prepare(ids, features=True) == 0
+    assert mx.allclose(kv.hidden, want, atol=1e-5)
+    other = ids[:20] + [3, 4, 5]
+    assert kv.prepare(other, features=True) == 20  # the shared prefix's features are kept
+    assert mx.allclose(kv.hidden, target_forward(model, mx.array(other)[None])[1][0], atol=1e-5)
+    kv.prepare(ids[:10])  # a request without features keeps only features of tokens it holds
+    assert kv.hidden.shape[0] == 10
+
+
+@pytest.mark.parametrize("settings", [{"temperature": 1.0}, {"temperature": 0.8, "top_k": 3}], ids=["plain", "top-k"])
+def test_sampling_matches_target_law(models, settings, tmp_path):  # noqa: F811
+    target = models[0]
+    drafter = EagleDrafter(target, str(random_head(target, tmp_path / "s", seed=1, vocab=3)))
+    pvalue, acceptance = fit(target, drafter, settings, k=2, n=1000)
+    assert pvalue > 1e-3
+    assert acceptance > 0.1  # drafts were really in play
+
+
+def test_heads_load_by_name_and_refuse_another_target(trained, home, tiny_llama, tiny_llama_other, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_HOME", str(home))
+    assert Engine.load(str(tiny_llama), drafter="eagle:tiny").drafter.name == "eagle:tiny"
+    with pytest.raises(MlxspecError, match="trained for target .* not this target"):
+        Engine.load(str(tiny_llama_other), drafter="eagle:tiny")
+    with pytest.raises(MlxspecError, match="holds a 'eagle' drafter, not medusa"):
+        Engine.load(str(tiny_llama), drafter="medusa:tiny")
+
+
+def test_recording_resumes_from_kept_samples(tiny_llama, home, trained):
+    """A second run finds the first run's recordings: nothing is generated again."""
+    kept = list((home / "drafters" / ".recordings").glob("*/*.safetensors"))
+    assert len(kept) >= 10
+    args = ["train-drafter", str(tiny_llama), "--kind", "eagle", "--tokens", "1200", "--epochs", "6",
+            "--max-answer", "48", "--out", "again"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    assert sorted((home / "drafters" / ".recordings").glob("*/*.safetensors")) == sorted(kept)
+    again = eagle.read(home / "drafters" / "again.safetensors")
+    assert again[2]["heldout_top1"] == trained[1]["heldout_top1"]  # same data, same seed: same head
+    assert mx.array_equal(again[0].fc.weight, eagle.read(trained[0])[0].fc.weight)
+
+
+def test_names_and_cli_errors(tmp_path):
+    assert parse_drafter("eagle:mine") == ("eagle", "mine")
+    assert parse_drafters("lookup,eagle:mine", False) == ["lookup", "eagle:mine"]
+    with pytest.raises(MlxspecError, match="eagle:NAME"):
+        parse_drafter("eagle")
+    env = {"MLXSPEC_HOME": str(tmp_path)}
+    bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--kind", "hydra"], env=env)
+    assert bad.exit_code == 1
+    assert bad.output.strip().splitlines() == ["Error: --kind 'hydra': only eagle, medusa can be trained"]
+    with pytest.raises(MlxspecError, match="no eagle drafter at .*nope.safetensors"):
+        EagleDrafter(None, "nope")
