@@ -120,11 +120,11 @@ def test_a_chat_turn_reuses_the_prefix_and_stays_exact(plain, tiny_llama, traine
     history = [{"role": "user", "content": HELD_OUT[1]}]
     for turn in range(2):
         ids = plain.chat_prompt(history)
-        opts = GenerateOptions(max_tokens=30, temperature=0, draft_length=3)
+        opts = GenerateOptions(max_tokens=30, temperature=0, draft_length=3, adaptive=False)  # timing-free
         want = [t for e in plain.generate(ids, opts) for t in e.tokens]
         events = list(spec.generate(ids, opts))
         assert [t for e in events for t in e.tokens] == want
-        assert events[-1].stats.accepted > 0  # drafting from the first round: the prompt's features arrived
+        assert events[-1].stats.accepted > 0  # the prompt's features arrived (the cached prefix's too)
         if turn:
             assert events[-1].stats.cached_tokens > 0
         history += [{"role": "assistant", "content": plain.tokenizer.decode(want)}, {"role": "user", "content": "More."}]

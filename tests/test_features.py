@@ -44,8 +44,8 @@ class HiddenRecorder(ModelDrafter):
 
     wants_hidden = True
 
-    def start(self, prompt):
-        super().start(prompt)
+    def start(self, prompt, hidden=None):
+        super().start(prompt, hidden)
         self.heard = []  # (n, hidden rows) per accept
 
     def accept(self, n, hidden=None):
