@@ -1,12 +1,13 @@
 """Drafters on real weights: acceptance, tokens/s and speedup over plain decoding, in one run.
 
     python benchmarks/bench_drafters.py [--model REF] [--max-tokens 96] [--repeats 5] [--no-kernels]
-                                        [--medusa NAME|PATH --prompts FILE --out FILE]
+                                        [--learned eagle:NAME,medusa:NAME --k 4 --prompts FILE --out FILE]
 
 Greedy; every configuration's output is checked token-identical to plain decoding. Medians over
 repeats run interleaved across configurations, warm (one untimed run per configuration first).
-Writes benchmarks/results/drafters.json. With --medusa (heads from `mlxspec train-drafter`) the
-configurations are plain and Medusa at k=4 and adaptive, for benchmarks/results/medusa.json.
+Writes benchmarks/results/drafters.json. With --learned (drafters from `mlxspec train-drafter`) the
+configurations are plain, lookup adaptive, and each learned drafter at fixed k and adaptive, with
+acceptance per draft depth (benchmarks/results/learned.json, learned.md).
 """
 
 from __future__ import annotations
@@ -33,36 +34,43 @@ CONFIGS = [  # (label, drafter, adaptive)
 ]
 
 
-def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool):
+def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool, k: int | None = None):
     tokens = []
-    for ev in engine.generate(ids, GenerateOptions(max_tokens=max_tokens, adaptive=adaptive)):
+    opts = GenerateOptions(max_tokens=max_tokens, adaptive=adaptive, temperature=0.0,
+                           **({"draft_length": k} if k is not None else {}))
+    for ev in engine.generate(ids, opts):
         tokens += ev.tokens
     return tokens, ev.stats
 
 
-def medusa_configs(heads: str) -> list[tuple[str, str, bool]]:
-    return [("plain", "none", False), ("medusa k=4 fixed", f"medusa:{heads}", False),
-            ("medusa adaptive", f"medusa:{heads}", True)]
+def learned_configs(specs: list[str], k: int) -> list[tuple]:
+    """plain, lookup adaptive, then each learned drafter (eagle:NAME, medusa:NAME) at k fixed and adaptive."""
+    configs = [("plain", "none", False), ("lookup adaptive", "lookup", True)]
+    for spec in specs:
+        kind = spec.partition(":")[0]
+        configs += [(f"{kind} k={k} fixed", spec, False, k), (f"{kind} adaptive", spec, True, k)]
+    return configs
 
 
 def bench(model: str, max_tokens: int, repeats: int, kernels: bool, prompts_file: Path | None = None,
           configs: list | None = None) -> dict:
     configs = configs or CONFIGS
     prompts = json.loads((prompts_file or HERE / "prompts" / "drafters.json").read_text())
+    configs = [tuple(c) + (None,) * (4 - len(c)) for c in configs]  # (label, drafter, adaptive, k)
     engines = {d: Engine.load(model, drafter=d, kernels=kernels) for d in {c[1] for c in configs}}
     rows = []
     for kind in ("input_grounded", "free_form"):
         for prompt in prompts.get(kind, []):
             ids = engines["none"].chat_prompt([{"role": "user", "content": prompt}])
-            for label, drafter, adaptive in configs:  # warm-up (and lets adaptation learn costs)
-                run_once(engines[drafter], ids, max_tokens, adaptive)
-            runs = {label: [] for label, _, _ in configs}
+            for label, drafter, adaptive, k in configs:  # warm-up (and lets adaptation learn costs)
+                run_once(engines[drafter], ids, max_tokens, adaptive, k)
+            runs = {label: [] for label, *_ in configs}
             for _ in range(repeats):  # interleaved, so a burst of load on the machine hits every config
-                for label, drafter, adaptive in configs:
-                    runs[label].append(run_once(engines[drafter], ids, max_tokens, adaptive))
+                for label, drafter, adaptive, k in configs:
+                    runs[label].append(run_once(engines[drafter], ids, max_tokens, adaptive, k))
             reference = runs["plain"][-1][0]
             plain_tps = statistics.median(s.tokens_per_second for _, s in runs["plain"])
-            for label, _, _ in configs:
+            for label, *_ in configs:
                 tokens, stats = runs[label][-1]
                 tps = statistics.median(s.tokens_per_second for _, s in runs[label])
                 rows.append(
@@ -77,6 +85,8 @@ def bench(model: str, max_tokens: int, repeats: int, kernels: bool, prompts_file
                         "drafted": stats.drafted,
                         "accepted": stats.accepted,
                         "backoffs": stats.backoffs,
+                        "accepted_per_depth": [round(a / d, 3) for a, d in zip(
+                            stats.accepted_per_position + [0] * 64, stats.drafted_per_position)],
                         "identical_to_plain": all(t == reference for t, _ in runs[label]),
                         "generated": len(tokens),
                     }
@@ -112,13 +122,32 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--no-kernels", dest="kernels", action="store_false", help="MLX's own ops, not mlxspec.kernels")
     ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
-    ap.add_argument("--medusa", help="Medusa heads (name or path): compare plain and medusa instead")
+    ap.add_argument("--learned", help="eagle:NAME,medusa:NAME (trained drafters): compare them with plain and lookup")
+    ap.add_argument("--k", type=int, default=4, help="the fixed draft length of learned drafters")
     ap.add_argument("--prompts", type=Path, help="JSON {input_grounded: [...], free_form: [...]}")
     args = ap.parse_args()
-    configs = medusa_configs(args.medusa) if args.medusa else None
+    configs = learned_configs(args.learned.split(","), args.k) if args.learned else None
     result = bench(args.model, args.max_tokens, args.repeats, args.kernels, args.prompts, configs)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
+    if args.learned:
+        md = Path(args.out).with_suffix(".md")
+        md.write_text(markdown(result))
+        print(f"wrote {md}")
+
+
+def markdown(result: dict) -> str:
+    """One table: per prompt and configuration, tok/s, speedup, tokens per pass, acceptance per depth."""
+    lines = [f"# Learned drafters, {result['model']}", "",
+             f"{result['machine']}, MLX {result['mlx']} ({result['backend']}), mlxspec {result['mlxspec']}, "
+             f"{result['date']}; greedy, {result['max_tokens']} tokens, median of {result['repeats']} interleaved runs.",
+             "", "| prompt | config | tok/s | speedup | tokens/pass | accepted per depth | same as plain |",
+             "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        depth = " ".join(f"{x:.2f}" for x in r["accepted_per_depth"]) or "-"
+        lines.append(f"| {r['prompt']} | {r['config']} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+                     f"{r['mean_accepted_length']:.2f} | {depth} | {r['identical_to_plain']} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
