@@ -28,6 +28,7 @@ from .options import GenerateOptions
 from .rounds import ChainRound, Outcome, PlainRound, RoundStrategy, Verifier
 from .settings import DecodeSettings
 from .stats import Stats
+from .tree import MAX_TREE_NODES, can_tree, tree_round
 
 
 class Decoder:
@@ -50,11 +51,17 @@ class Decoder:
         detokenizer=None,
         speculative: Callable[[Verifier], RoundStrategy] = ChainRound,
         constraint=None,
+        width: int = 1,
+        tree_costs: dict[int, CostModel] | None = None,
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt = target, drafter, list(prompt)
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
+        tree = draft_length > 0 and can_tree(target, drafter, options, constraint, width)  # tree.py
+        if tree:  # tree rounds cost what trees of this width cost, not what chains cost
+            draft_length = min(draft_length, MAX_TREE_NODES // width)
+            costs = (tree_costs if tree_costs is not None else {}).setdefault(width, CostModel())
         self.k, self.stats = draft_length, stats
         # Timing decisions are left out of seeded sampling runs so they stay reproducible.
         timing = options.greedy or options.seed is None
@@ -72,7 +79,8 @@ class Decoder:
         self.constraint = constraint  # structured output: masks in the rounds, advanced here by what they emit
         verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint)
         self.plain = PlainRound(verifier, settings)
-        self.speculative = speculative(verifier)  # the strategy of rounds that draft (k > 0)
+        # the strategy of rounds that draft (k > 0): a tree of drafts per round where it applies
+        self.speculative = tree_round(width)(verifier) if tree else speculative(verifier)
 
     @property
     def finish_reason(self) -> str | None:

@@ -49,6 +49,8 @@ class Engine:
         self.draft_length = draft_length if not isinstance(self.drafter, NoDrafter) else 0
         self._lock = threading.Lock()
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
+        self.tree_costs: dict[int, CostModel] = {}  # the same for tree rounds, per width
+        self.draft_width = 1  # candidates per draft depth (options.draft_width overrides): > 1 verifies trees
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
@@ -165,7 +167,8 @@ class Engine:
         drafter = self.drafter if k > 0 else NoDrafter()
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
-            self.exact = self.rows.holds(k + 1)
+            width = self.draft_width if options.draft_width is None else options.draft_width
+            self.exact = self.rows.holds(k * width + 1)
             stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)
             decoder = Decoder(
                 self.target.model,
@@ -179,6 +182,8 @@ class Engine:
                 cancel=cancel,
                 adaptive=options.adaptive,
                 costs=self.costs,
+                width=width,
+                tree_costs=self.tree_costs,
                 kv=self.kv,
                 settings=self.settings,
                 detokenizer=self.tokenizer.detokenizer,

@@ -41,6 +41,9 @@ class GenerateOptions:
     num_ctx: int | None = None  # context window; None = the model's own
     draft_length: int | None = None  # tokens drafted per round; 0 = no speculation; None = engine default
     adaptive: bool = True  # adapt the draft length and back off to plain decoding when it does not pay
+    # candidates per draft depth: > 1 verifies a tree of drafts (greedy, a drafter that drafts trees,
+    # the CPU's fused kernels); None = the engine's default
+    draft_width: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -76,6 +79,8 @@ class GenerateOptions:
             "must be an integer in [0, 32]",
         )
         check(isinstance(self.adaptive, bool), "adaptive", "must be true or false")
+        check(self.draft_width is None or (_is_int(self.draft_width) and 1 <= self.draft_width <= 8),
+              "draft_width", "must be an integer in [1, 8]")
 
     @property
     def greedy(self) -> bool:

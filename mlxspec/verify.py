@@ -78,3 +78,32 @@ def _match_vocab(q: mx.array, size: int) -> mx.array:
     if q.shape[-1] > size:
         return q[:, :size]
     return mx.concatenate([q, mx.zeros((q.shape[0], size - q.shape[-1]), q.dtype)], axis=-1)
+
+
+def ancestry(parents: list[int]) -> list[list[bool]]:
+    """(N, N): row m marks m and its ancestors, for a tree given as parent rows (-1 for row 0)."""
+    rows = []
+    for m, up in enumerate(parents):
+        row = list(rows[up]) if up >= 0 else [False] * len(parents)
+        row[m] = True
+        rows.append(row)
+    return rows
+
+
+def tree_greedy_accept(target_logits: mx.array, drafts: mx.array, parents: list[int]) -> tuple[mx.array, mx.array]:
+    """Greedy acceptance over a draft tree -> (deepest node on the accepted path, next token).
+
+    Node 0 is the last context token; node m > 0 holds drafts[m-1] and hangs under parents[m].
+    A node is kept when every node on its path equals the target's argmax at its parent; siblings
+    hold distinct tokens, so the kept nodes form one path and its deepest node ends it.
+    """
+    n = len(parents)
+    assert target_logits.shape[0] == n and drafts.shape[0] == n - 1, (target_logits.shape, drafts.shape, n)
+    best = mx.argmax(target_logits, axis=-1)  # (N,)
+    up = mx.array([max(p, 0) for p in parents], dtype=mx.int32)
+    ok = mx.concatenate([mx.array([True]), drafts.astype(best.dtype) == best[up[1:]]])  # (N,)
+    path = mx.array(ancestry(parents))  # (N, N)
+    kept = ~(path & ~ok[None, :]).any(axis=1)  # every node on m's path agrees
+    depth = path.astype(mx.int32).sum(axis=1)  # 1 for node 0
+    node = mx.argmax(mx.where(kept, depth, 0))
+    return node, best[node]

@@ -23,6 +23,9 @@ class Draft:
     tokens: mx.array  # (n,) drafted ids; may be lazy (still computing on the device)
     probs: mx.array | None  # (n, V) distribution each token was drawn from; None = deterministic
     count: int  # n, known on the host without reading `tokens` back
+    # A tree of drafts (from `propose(..., width > 1)`): parents[i] is the node draft i hangs under,
+    # 0 for the last context token, j for draft j-1 (always < i + 1). None: a chain.
+    parents: list[int] | None = None
 
     @classmethod
     def empty(cls) -> "Draft":
@@ -33,17 +36,21 @@ class Drafter:
     name = "none"
     syncs = 0  # host read-backs the drafter made itself (the loop adds them to the statistics)
     wants_hidden = False  # True: accept() also gets the target's hidden states (same pass, split before the head)
+    trees = False  # True: propose(..., width=w) may return a tree of up to w candidates per depth
 
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         """A new request begins with these prompt tokens (a model drafter prefills here).
         `hidden` (only when `wants_hidden`): the target's final hidden states of prompt[:-1], (L-1, H)."""
 
-    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
-        """Up to k tokens likely to follow `context`; sampled from `sampling` when not greedy."""
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array, width: int = 1) -> Draft:
+        """Up to k tokens likely to follow `context`; sampled from `sampling` when not greedy.
+        `width` > 1 (asked only of a drafter with `trees`, greedy): a tree of depth k, up to `width`
+        candidates per depth (Draft.parents)."""
         return Draft.empty()
 
     def accept(self, n: int, hidden: mx.array | None = None) -> None:
-        """The target kept the first n tokens of the last proposal.
+        """The target kept the first n tokens of the last proposal (of a tree: the n tokens of the
+        path it kept, which the context now ends with).
 
         `hidden` (only when `wants_hidden`): the target's final hidden states (n+1, H), lazy, of the
         tokens it just read: the last context token and the n kept drafts (rows 0..n of the verify

@@ -29,6 +29,7 @@ from .base import Draft, Drafter
 
 class EagleDrafter(Drafter):
     wants_hidden = True
+    trees = True
 
     def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8):
         path = drafter_path(name_or_path)
@@ -62,7 +63,7 @@ class EagleDrafter(Drafter):
             mx.eval([c.state for c in self.cache])
             self.pending, self.next = [hidden[-1:]], hidden.shape[0]
 
-    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array, width: int = 1) -> Draft:
         rows = sum(p.shape[0] for p in self.pending)
         if rows == 0 or k <= 0:
             return Draft.empty()
@@ -70,21 +71,32 @@ class EagleDrafter(Drafter):
         features = self.pending[0] if len(self.pending) == 1 else mx.concatenate(self.pending)
         f = self._feed(context[self.next :], features)[-1]  # (D,) f_T
         self.pending, self.next = [], len(context)
+        tree = width > 1 and sampling.greedy
         keys = mx.random.split(key, k) if not sampling.greedy else [None] * k
         tokens, probs = [], []
         for i in range(k):
             logits = self.draft_head(f)  # (V',)
-            if sampling.greedy:
+            if tree:  # the favourite continues the chain; the runners-up are leaves beside it
+                ranked = mx.argsort(-logits)[:width]
+                index = ranked[0]
+                tokens.append(self.vocab[ranked])
+            elif sampling.greedy:
                 index = mx.argmax(logits)
+                tokens.append(self.vocab[index][None])
             else:
                 q = probabilities(logits[None], sampling)[0]  # (V',): the law this draft is drawn from
                 index = sample(q[None], keys[i])[0]
                 probs.append(mx.zeros((self.vocab_size,), q.dtype).at[self.vocab].add(q))
-            tokens.append(self.vocab[index])
+                tokens.append(self.vocab[index][None])
             if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
-                f = self._feed(None, f[None], token=tokens[-1])[-1]
+                f = self._feed(None, f[None], token=self.vocab[index])[-1]
                 self.drafted += 1
-        return Draft(mx.stack(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+        drafts = mx.concatenate(tokens).astype(mx.uint32)
+        if not tree:
+            return Draft(drafts, mx.stack(probs) if probs else None, k)
+        w = min(width, self.vocab.size)
+        parents = [0 if i == 0 else (i - 1) * w + 1 for i in range(k) for _ in range(w)]  # under the favourite before
+        return Draft(drafts, None, k * w, parents)
 
     def accept(self, n: int, hidden: mx.array | None = None) -> None:
         rewind(self.cache, self.drafted)  # predicted-feature entries; the real features follow

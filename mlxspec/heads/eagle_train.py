@@ -149,8 +149,8 @@ def evaluate(head: EagleHead, w, b, batches: Batches) -> list[float]:
 
 
 def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epochs: float = 8.0,
-          batch: int = 8, lr: float = 1e-3, noise: float = 0.1, cls_weight: float = 1.0, seed: int = 0,
-          show: bool = True) -> tuple[EagleHead, mx.array, dict]:
+          batch: int = 2, lr: float = 3e-4, noise: float = 0.1, cls_weight: float = 1.0, seed: int = 0,
+          warmup: int = 20, clip: float = 1.0, show: bool = True) -> tuple[EagleHead, mx.array, dict]:
     """Fit an EAGLE head on the recorded sequences (the last ~10% held out for the report)."""
     mx.random.seed(seed)
     ys = [next_tokens(model, s) for s in samples]
@@ -166,6 +166,9 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
     before = evaluate(head, w, b, held)
     steps = max(1, math.ceil(epochs * len(data.groups)))
     schedule = optim.cosine_decay(lr, steps, lr * 0.05)
+    if 0 < warmup < steps:  # a linear ramp first: Adam's early steps on a fresh block are erratic
+        schedule = optim.join_schedules([optim.linear_schedule(lr * 0.01, lr, warmup),
+                                         optim.cosine_decay(lr, steps - warmup, lr * 0.05)], [warmup])
     opt = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
     key = mx.random.key(seed)
     step_fn = nn.value_and_grad(head, lambda bt, k: losses(head, w, b, bt, noise, k, cls_weight)[0])
@@ -176,6 +179,8 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
             order = mx.random.permutation(len(data.groups)).tolist()  # a fresh order each epoch (seeded)
         key, sub = mx.random.split(key)
         value, grads = step_fn(data.batch(data.groups[order[step % len(data.groups)]]), sub)
+        if clip > 0:  # a bad batch must not throw the block off (losses spiked 10x without it)
+            grads, _ = optim.clip_grad_norm(grads, clip)
         opt.update(head, grads)
         mx.eval(head.parameters(), opt.state, value)
         first = float(value) if first is None else first

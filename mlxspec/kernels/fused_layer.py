@@ -96,8 +96,36 @@ def _fused_class(base: type) -> type:
     return _classes[base]
 
 
+@dataclass(frozen=True)
+class TreeMask:
+    """The mask of a verify pass over a draft tree: row m's parent row (-1 for row 0, else < m).
+    Row m sits at position offset + depth(m) and sees the cache, its ancestors and itself. Only the
+    fused block computes it (each row with the bits of a one-row step over the cache and its path)."""
+
+    parents: tuple[int, ...]
+
+
+def tree_ready(model: nn.Module, dtype: mx.Dtype) -> bool:
+    """Can every block of this model run a TreeMask pass (fused, self-checked for `dtype`)?"""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers or mx.default_device() != mx.cpu:
+        return False
+    probe = mx.zeros((1, 1, 1), dtype)
+    for layer in layers:
+        if not hasattr(type(layer), FUSED_FROM):
+            return False
+        dims = layer.input_layernorm.weight.shape[0]
+        if not _applies(layer, mx.broadcast_to(probe, (1, 1, dims)), None, KVCache()):
+            return False
+    return True
+
+
 def _fused_call(self, x: mx.array, mask=None, cache=None):
     base = getattr(type(self), FUSED_FROM)
+    if isinstance(mask, TreeMask):  # callers check tree_ready first: the module path has no tree masks
+        if not _applies(self, x, "causal" if x.shape[1] > 1 else None, cache):
+            raise RuntimeError("a tree pass reached a block the fused kernel cannot run")
+        return fused_forward(self._mlxspec_plan, x, cache, mask.parents)
     if _applies(self, x, mask, cache):
         return fused_forward(self._mlxspec_plan, x, cache)
     return base.__call__(self, x, mask, cache)
@@ -134,11 +162,12 @@ def _reserve(cache: KVCache, rows: int, kv_heads: int, head_dim: int, dtype: mx.
     cache.values = mx.concatenate([cache.values, new_v], axis=2)
 
 
-def fused_forward(plan: LayerPlan, x: mx.array, cache: KVCache) -> mx.array:
-    """The block on x (1, L, D) in one primitive; this step's keys and values go into the cache."""
+def fused_forward(plan: LayerPlan, x: mx.array, cache: KVCache, parents: tuple[int, ...] = ()) -> mx.array:
+    """The block on x (1, L, D) in one primitive; this step's keys and values go into the cache.
+    `parents`: a tree pass (TreeMask), else the rows are a causal chain."""
     rows, prev = x.shape[1], cache.offset
     _reserve(cache, rows, plan.kv_heads, plan.head_dim, plan.ok[x.dtype][1])
-    out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev)
+    out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev, list(parents))
     cache.offset += rows
     return out
 

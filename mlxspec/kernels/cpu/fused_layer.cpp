@@ -44,12 +44,19 @@ enum Proj : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kProjs };
 constexpr int kX = 0, kNorm1 = 1, kW0 = 2, kNorm2 = kW0 + 3 * kProjs, kInvFreq = kNorm2 + 1, kKeys_ = kInvFreq + 1,
               kValues = kKeys_ + 1, kBias0 = kValues + 1;
 
+constexpr int kMaxTree = 64;  // rows of a tree pass (one bit each in a visibility mask)
+
 struct LayerParams {
   int offset = 0, heads = 0, kv_heads = 0, head_dim = 0, rope_dims = 0, isa = 0;
   bool traditional = false;
   float rope_scale = 1, attn_scale = 1, eps1 = 0, eps2 = 0;
   int group[kProjs] = {}, bits[kProjs] = {};
   bool bias[kProjs] = {};
+  // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
+  // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
+  bool tree = false;
+  int depth[kMaxTree] = {};
+  uint64_t visible[kMaxTree] = {};
 };
 
 // The dtype of every intermediate, as the module path's ops promote them.
@@ -155,12 +162,13 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   finish_projection(in, p, t, kK, k, L, KV * Dh, sc);
   finish_projection(in, p, t, kV, v, L, KV * Dv, sc);
 
-  // 3. rope on q and k at positions offset + m (cos/sin rounded to the dtype, as MLX does)
+  // 3. rope on q and k at positions offset + m, or offset + depth[m] in a tree (cos/sin rounded to
+  //    the dtype, as MLX does)
   const int half = p.rope_dims / 2;
   sc.f.resize(half), sc.c.resize(size_t(L) * half), sc.s.resize(size_t(L) * half);
   row_to_f32(in[kInvFreq], 0, sc.f.data());
   for (int m = 0; m < L; ++m)
-    rope_angles_rounded((float(m) + float(p.offset)) * p.rope_scale, sc.f.data(), half, rounder(at),
+    rope_angles_rounded((float(p.tree ? p.depth[m] : m) + float(p.offset)) * p.rope_scale, sc.f.data(), half, rounder(at),
                         sc.c.data() + size_t(m) * half, sc.s.data() + size_t(m) * half);
   rope_rows_f32(q, L, H, Dh, p, sc.c.data(), sc.s.data(), sc.tmp);
   rope_rows_f32(k, L, KV, Dh, p, sc.c.data(), sc.s.data(), sc.tmp);
@@ -187,6 +195,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
                  {int64_t(H) * L * Dh, int64_t(L) * Dh, Dh, 1}, {}, {}, 1, H, KV, L, T, Dh, Dv, p.attn_scale, L > 1, att};
   for (int i = 0; i < 4; ++i) sp.ks[i] = kc.strides()[i], sp.vs[i] = vc.strides()[i];
   sp.split = p.offset;
+  if (p.tree) sp.visible = p.visible;
   sp.k2 = k_out.data<uint8_t>(), sp.v2 = v_out.data<uint8_t>();
   const int64_t k2s[4] = {int64_t(KV) * L * Dh, int64_t(L) * Dh, Dh, 1}, v2s[4] = {int64_t(KV) * L * Dv, int64_t(L) * Dv, Dv, 1};
   std::copy(k2s, k2s + 4, sp.k2s), std::copy(v2s, v2s + 4, sp.v2s);
@@ -337,6 +346,19 @@ static void check_shapes(const std::vector<mx::array>& in, const LayerParams& p)
   if (slot != int(in.size())) throw std::invalid_argument("mlxspec fused layer: more inputs than biases declared");
 }
 
+static void set_tree(LayerParams& p, const std::vector<int>& parents, int L) {
+  if (int(parents.size()) != L || L > kMaxTree || parents[0] != -1)
+    throw std::invalid_argument("mlxspec fused layer: a tree needs one parent per row (<= 64 rows), -1 for row 0");
+  p.tree = true;
+  p.depth[0] = 0, p.visible[0] = 1;
+  for (int m = 1; m < L; ++m) {
+    const int up = parents[m];
+    if (up < 0 || up >= m) throw std::invalid_argument("mlxspec fused layer: a tree row's parent must come before it");
+    p.depth[m] = p.depth[up] + 1;
+    p.visible[m] = p.visible[up] | (uint64_t(1) << m);
+  }
+}
+
 // A layer's fixed inputs and sizes, bound once; each call adds x, the KV cache and the offset.
 class FusedLayer {
  public:
@@ -359,7 +381,9 @@ class FusedLayer {
 
   // x (1, L, D), cache keys/values (1, KV, >= offset + L, Dh) -> [out (1, L, D), keys', values'] where
   // keys' = keys with this step's rows written at [offset, offset + L) (a SliceUpdate, as mlx-lm's).
-  std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values, int offset) {
+  // parents (optional, L entries): row m's parent row (-1 for row 0, else < m): a tree pass.
+  std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values, int offset,
+                                    const std::vector<int>& parents) {
     std::vector<mx::array> in;
     in.reserve(fixed_.size() + 3);
     in.push_back(x);
@@ -370,6 +394,7 @@ class FusedLayer {
     LayerParams p = p_;
     if (offset < 0) throw std::invalid_argument("mlxspec fused layer: negative offset");
     p.offset = offset;
+    if (!parents.empty()) set_tree(p, parents, x.shape(1));
     check_shapes(in, p);
     LayerTypes t = layer_types(in, p);
     const int L = x.shape(1), D = x.shape(2), KV = p.kv_heads, Dh = p.head_dim;
@@ -394,6 +419,7 @@ void register_fused_layer(nb::module_& m) {
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
            nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1)
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
+           nb::arg("parents") = std::vector<int>{},
            "[out, keys with this step's rows written, values likewise]");
 }
 

@@ -2,6 +2,9 @@
 //
 // q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv); head h reads kv head h / (H / KV) (GQA).
 // Causal: query row m sees keys t < T - M + m + 1 (the new rows are the last M positions).
+// Tree (`visible` set): row m sees keys t < T - M and tail key T - M + j iff bit j of visible[m]
+// (its ancestors and itself): its softmax, sum and value FMAs run over exactly those keys in
+// order, so a tree row equals a one-row step over the cache holding the prefix and its path.
 // All query rows of one kv head (H/KV heads x M rows) share each read of a key and value row.
 //
 // Exactness rule, as for the matmul: a row's result depends only on its own query and the keys it
@@ -37,7 +40,14 @@ struct SdpaProblem {
   int split = 1 << 30;
   const void *k2 = nullptr, *v2 = nullptr;
   int64_t k2s[4] = {0, 0, 0, 0}, v2s[4] = {0, 0, 0, 0};
+  const uint64_t* visible = nullptr;  // (M,) tree rows' visible tail keys (M <= 64), or causal/full
 };
+
+// Does query row m (of M) see key t? (every row sees the keys before the tail)
+inline bool sees(const SdpaProblem& p, int m, int t) {
+  const int tail = p.T - p.M;
+  return t < tail || ((p.visible[m] >> (t - tail)) & 1u);
+}
 
 inline float to_float(const void* p, int64_t i, DType t) {
   switch (t) {
@@ -144,15 +154,19 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16, R = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
   // scratch per thread, reused across calls (a decoding step calls this ~100 times)
   thread_local std::vector<float> q, scores, acc, kt, vrows, buf, keybuf;
-  thread_local std::vector<int> seen;
+  thread_local std::vector<int> seen, row_m;
+  thread_local std::vector<float> compact;
   q.assign(size_t(R) * D, 0.0f), scores.assign(size_t(R) * p.T, 0.0f), acc.assign(size_t(R) * Dv16, 0.0f);
   kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv)), keybuf.resize(size_t(kKeys) * D);
   seen.assign(R, 0);  // keys each row attends to (padding rows: none)
+  row_m.assign(R, 0);
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
     for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(p.q, qi + d, p.dtype);
     seen[r] = p.causal ? p.T - p.M + m + 1 : p.T;
+    if (p.visible) seen[r] = p.T - p.M + (p.visible[m] ? 64 - __builtin_clzll(p.visible[m]) : 0);  // last seen + 1
+    row_m[r] = m;
   }
   const int t_end = *std::max_element(seen.begin(), seen.end());
   for (int t0 = 0; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
@@ -169,8 +183,14 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   for (int r = 0; r < rows; ++r) {  // softmax numerators; scores past a row's keys become 0
     float* s = scores.data() + size_t(r) * p.T;
     float mx = -INFINITY;
-    for (int t = 0; t < seen[r]; ++t) mx = std::max(mx, s[t]);
-    for (int t = 0; t < seen[r]; ++t) s[t] = exp_nonpositive(s[t] - mx);
+    if (p.visible) {  // a tree row: keys it does not see score 0 and are skipped below
+      for (int t = 0; t < seen[r]; ++t)
+        if (sees(p, row_m[r], t)) mx = std::max(mx, s[t]);
+      for (int t = 0; t < seen[r]; ++t) s[t] = sees(p, row_m[r], t) ? exp_nonpositive(s[t] - mx) : 0.0f;
+    } else {
+      for (int t = 0; t < seen[r]; ++t) mx = std::max(mx, s[t]);
+      for (int t = 0; t < seen[r]; ++t) s[t] = exp_nonpositive(s[t] - mx);
+    }
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
   // Value rows in fp32, padded to 16 lanes: each segment's own rows where they already are (fp32, a
@@ -202,17 +222,33 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     int common = p.T;
     for (int i = 0; i < kRowBlock; ++i) common = std::min(common, r + i < rows ? seen[r + i] : p.T);
     common = std::min(common, t_end);
+    if (p.visible) common = std::min(common, p.T - p.M);  // the tail: each row its own keys, one at a time
     for (int d0 = 0; d0 < Dv16; d0 += 16) {
       float* ac[kRowBlock];
       for (int i = 0; i < kRowBlock; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
       values(std::integral_constant<int, kRowBlock>{}, pr, 0, common, d0, ac);
-      for (int i = 0; i < kRowBlock && r + i < rows; ++i)
-        values(std::integral_constant<int, 1>{}, pr + i, common, seen[r + i], d0, ac + i);
+      for (int i = 0; i < kRowBlock && r + i < rows; ++i) {
+        if (!p.visible) {
+          values(std::integral_constant<int, 1>{}, pr + i, common, seen[r + i], d0, ac + i);
+          continue;
+        }
+        for (int t = common; t < seen[r + i]; ++t)
+          if (sees(p, row_m[r + i], t)) values(std::integral_constant<int, 1>{}, pr + i, t, t + 1, d0, ac + i);
+      }
     }
   }
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
-    float total = sum16(scores.data() + size_t(r) * p.T, seen[r]);
+    const float* s = scores.data() + size_t(r) * p.T;
+    float total;
+    if (p.visible) {  // the sum over the row's own keys, packed in order as a one-row step holds them
+      compact.clear();
+      for (int t = 0; t < seen[r]; ++t)
+        if (sees(p, m, t)) compact.push_back(s[t]);
+      total = sum16(compact.data(), int(compact.size()));
+    } else {
+      total = sum16(s, seen[r]);
+    }
     float* o = p.out + ((size_t(b) * p.H + h) * p.M + m) * p.Dv;
     for (int d = 0; d < p.Dv; ++d) o[d] = acc[size_t(r) * Dv16 + d] / total;
   }

@@ -1,0 +1,112 @@
+"""Tree rounds: verify a tree of drafts in one target pass and keep its longest agreeing path.
+
+A chain of k drafts is lost at its first miss; a tree also offers the drafter's runner-up guesses
+(`width` candidates per depth), so a miss on the favourite can still be kept through a sibling. The
+target reads every node in one pass (kernels/fused_layer.py: row m at position offset + depth(m),
+seeing the cache, its ancestors and itself, with the bits of a one-row step), greedy acceptance
+picks the deepest node whose whole path agrees (verify.tree_greedy_accept), and the KV cache keeps
+that path only, moved into place. Greedy output is token-identical to plain decoding; sampling and
+anything that reads the drafts as one history (repeat penalty, grammars) keep the chain round.
+
+    strategy = tree_round(width)          # a Decoder's `speculative` factory
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import rewind
+from .features import head
+from .kernels.fused_layer import TreeMask, tree_ready
+from .options import GenerateOptions
+from .rounds import Outcome, PlanNext, Verifier
+from .verify import tree_greedy_accept
+
+MAX_TREE_NODES = 63  # drafts per tree (+ the root: one bit each in the kernel's 64-bit row masks)
+
+
+def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool):
+    """(N,) ids of a tree's nodes -> (logits (N, V), final hidden states (N, H) or None).
+    mlx-lm's decoder body with a TreeMask in place of the causal mask."""
+    body = model.model
+    h = body.embed_tokens(x[None])
+    mask = TreeMask(tuple(parents))
+    for layer, c in zip(body.layers, cache):
+        h = layer(h, mask, cache=c)
+    h = body.norm(h)
+    return head(model)(h)[0], (h[0] if hidden else None)
+
+
+def path_to(parents: list[int], node: int) -> list[int]:
+    """The nodes from the root (0) down to `node`."""
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def tree_depth(parents: list[int]) -> int:
+    depth = [0] * len(parents)
+    for m in range(1, len(parents)):
+        depth[m] = depth[parents[m]] + 1
+    return max(depth)
+
+
+def keep_path(cache: list, start: int, path: list[int]) -> None:
+    """The cache held the tree's nodes at [start, start + N): keep the path's, in order, at start."""
+    if path != list(range(len(path))):  # a sibling was kept: move its entries into place
+        idx = mx.array([start + p for p in path], dtype=mx.int32)
+        end = start + len(path)
+        for c in cache:
+            c.keys[..., start:end, :] = c.keys[..., idx, :]
+            c.values[..., start:end, :] = c.values[..., idx, :]
+    rewind(cache, cache[0].offset - start - len(path))
+
+
+def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int) -> bool:
+    """Tree rounds apply: width > 1, a drafter that drafts trees, greedy, no repeat penalty or
+    grammar (they read the drafts as one history), and a target whose every block runs the fused kernel."""
+    if width <= 1 or not drafter.trees or not opts.greedy or constraint is not None:
+        return False
+    if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
+        return False
+    return tree_ready(target, target.model.embed_tokens(mx.array([0])).dtype)
+
+
+class TreeRound:
+    """k > 0: draft a tree of depth k (up to `width` candidates per depth), verify every node in one pass."""
+
+    def __init__(self, v: Verifier, width: int):
+        self.v, self.width = v, width
+
+    def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
+        v, drafter, stats = self.v, self.v.drafter, self.v.stats
+        drafter_syncs = drafter.syncs
+        draft = drafter.propose(context, k, v.sampling, None, width=self.width)
+        stats.host_syncs += drafter.syncs - drafter_syncs
+        parents = [-1] + (draft.parents or list(range(draft.count)))  # (N,): a chain when no tree came
+        x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (N,)
+        start = cache[0].offset
+        logits, hidden = tree_forward(v.target, x, cache, parents, drafter.wants_hidden)  # (N, V)
+        node, nxt = tree_greedy_accept(logits, draft.tokens, parents)
+        mx.eval(node, nxt, draft.tokens)  # the round's one host synchronisation
+        stats.host_syncs += 1
+        path = path_to(parents, int(node.item()))
+        keep_path(cache, start, path)
+        n, drafts = len(path) - 1, draft.tokens.tolist()
+        if hidden is None:
+            drafter.accept(n)
+        else:  # the path's rows: the last context token and the kept drafts
+            drafter.accept(n, hidden=hidden[mx.array(path, dtype=mx.int32)])
+        depth = tree_depth(parents)
+        stats.record_round(depth, n)  # counted by depth: drafted positions, as a chain of `depth`
+        return Outcome([drafts[m - 1] for m in path[1:]] + [int(nxt.item())], n, depth)
+
+    def drop(self, cache: list) -> None:
+        """Nothing is queued past a tree round."""
+
+
+def tree_round(width: int):
+    """A Decoder `speculative` factory: TreeRound of this width."""
+    return lambda v: TreeRound(v, width)

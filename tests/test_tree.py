@@ -1,0 +1,161 @@
+"""Tree verification: every node of a tree pass has the bits of a one-row step over its path, the
+cache keeps the accepted path, greedy output with tree rounds is token-identical to plain decoding."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from click.testing import CliRunner
+from mlx_lm import convert
+from mlx_lm.models.cache import make_prompt_cache
+from test_eagle import HELD_OUT, random_head
+
+from mlxspec.frontend.cli import cli
+
+from mlxspec.decode import Decoder
+from mlxspec.engine import Engine
+from mlxspec.kernels.fused_layer import tree_ready
+from mlxspec.options import GenerateOptions
+from mlxspec.stats import Stats
+from mlxspec.tree import TreeRound, keep_path, path_to, tree_forward
+from mlxspec.verify import ancestry, tree_greedy_accept
+
+TREES = {  # parents per row; row 0 is the last context token
+    "chain": [-1, 0, 1, 2],
+    "siblings": [-1, 0, 0, 0, 1, 1, 4],
+    "bushy": [-1, 0, 0, 1, 1, 2, 3, 3, 6, 2],
+}
+
+
+@pytest.fixture(scope="module")
+def q4(tiny_llama, tiny_qwen2, tmp_path_factory):
+    """4-bit copies of the tiny models: the fused CPU kernel (the tree pass) runs quantized blocks."""
+    out = {}
+    for arch, src in (("llama", tiny_llama), ("qwen2", tiny_qwen2)):
+        out[arch] = tmp_path_factory.mktemp(f"q4-{arch}") / "model"
+        convert(str(src), mlx_path=str(out[arch]), quantize=True, q_group_size=32, q_bits=4)
+    return out
+
+
+@pytest.fixture(scope="module")
+def head(q4, tmp_path_factory):
+    """An EAGLE head trained by `mlxspec train-drafter` for the 4-bit tiny llama."""
+    home = tmp_path_factory.mktemp("tree-home")
+    args = ["train-drafter", str(q4["llama"]), "--kind", "eagle", "--tokens", "1200", "--epochs", "6",
+            "--max-answer", "48", "--out", "tiny"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    return home / "drafters" / "tiny.safetensors"
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def engine(request, q4):
+    e = Engine.load(str(q4[request.param]))
+    assert tree_ready(e.target.model, mx.float32), e.kernels
+    return e
+
+
+def prefilled(model, prompt: list[int]) -> list:
+    cache = make_prompt_cache(model)
+    mx.eval(model(mx.array(prompt)[None], cache=cache))
+    return cache
+
+
+@pytest.mark.parametrize("shape", TREES)
+def test_every_node_equals_a_one_row_step_over_its_path(engine, shape):
+    model, parents = engine.target.model, TREES[shape]
+    prompt = engine.encode("Once upon a time there was")
+    nodes = [prompt[-1]] + [(7 * m + 3) % 200 + 5 for m in range(1, len(parents))]
+    cache = prefilled(model, prompt[:-1])
+    logits, hidden = tree_forward(model, mx.array(nodes, dtype=mx.uint32), cache, parents, hidden=True)
+    mx.eval(logits, hidden)
+    for m in range(len(parents)):
+        path = path_to(parents, m)
+        step_cache = prefilled(model, prompt[:-1])
+        for node in path:  # plain decoding steps, one row each, along the path
+            want = model(mx.array([[nodes[node]]]), cache=step_cache)[0, -1]
+        assert mx.array_equal(logits[m], want).item(), (shape, m, path)
+
+
+def test_the_cache_keeps_the_accepted_path_in_order(engine):
+    model, parents = engine.target.model, TREES["bushy"]
+    prompt = engine.encode("The little fox")
+    nodes = [prompt[-1]] + [(11 * m + 2) % 200 + 5 for m in range(1, len(parents))]
+    for node in (8, 5, 3):  # paths through siblings, not the first branch
+        cache = prefilled(model, prompt[:-1])
+        start = cache[0].offset
+        mx.eval(tree_forward(model, mx.array(nodes, dtype=mx.uint32), cache, parents, hidden=False)[0])
+        path = path_to(parents, node)
+        keep_path(cache, start, path)
+        want = prefilled(model, prompt[:-1] + [nodes[m] for m in path])
+        for got, ref in zip(cache, want):
+            assert got.offset == ref.offset
+            assert mx.array_equal(got.keys[..., : got.offset, :], ref.keys[..., : ref.offset, :]).item()
+            assert mx.array_equal(got.values[..., : got.offset, :], ref.values[..., : ref.offset, :]).item()
+
+
+def test_tree_acceptance_keeps_the_deepest_agreeing_path():
+    parents = [-1, 0, 0, 1, 1, 2]  # drafts (nodes 1..5): a, b under the root; c, d under a; e under b
+    V = 10
+    best = [2, 5, 7, 1, 1, 4]  # the target's argmax at each node
+    logits = mx.eye(V)[mx.array(best)]
+    assert ancestry(parents)[4] == [True, True, False, False, True, False]
+    cases = {  # drafts -> (deepest kept node, next token)
+        (2, 3, 9, 5, 0): (4, 1),  # a == best[0], d == best[a]
+        (3, 2, 9, 9, 7): (5, 4),  # a misses, its sibling b is kept, then e == best[b]
+        (3, 4, 9, 9, 9): (0, 2),  # nothing kept: the target's own token
+        (2, 3, 5, 9, 9): (3, 1),  # c kept (d is c's sibling)
+    }
+    for drafts, want in cases.items():
+        node, nxt = tree_greedy_accept(logits, mx.array(drafts), parents)
+        assert (node.item(), nxt.item()) == want, drafts
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_tree_rounds_are_token_identical_to_plain(arch, q4, head, tmp_path):
+    ref = str(q4[arch])
+    plain = Engine.load(ref)
+    path = head if arch == "llama" else random_head(plain.target.model, tmp_path / "q", vocab=40)
+    spec = Engine.load(ref, drafter=f"eagle:{path}")
+    trees = 0
+    for text in ["Tell a story about a fox.", HELD_OUT[0], "def add(a, b):"]:
+        ids = plain.encode(text)
+        want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=40)) for t in e.tokens]
+        for k, width, adaptive in ((1, 2, False), (3, 2, False), (4, 3, False), (6, 4, False), (4, 3, True)):
+            opts = GenerateOptions(max_tokens=40, draft_length=k, draft_width=width, adaptive=adaptive)
+            events = list(spec.generate(ids, opts))
+            assert [t for e in events for t in e.tokens] == want, (text, k, width, adaptive)
+            trees += events[-1].stats.drafted
+    assert trees > 0
+
+
+def test_trees_keep_more_than_chains_with_a_trained_head(q4, head):
+    spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+    kept = {}
+    for width in (1, 3):
+        tokens = passes = 0
+        for text in HELD_OUT:
+            ids = spec.chat_prompt([{"role": "user", "content": text}])
+            *_, last = spec.generate(ids, GenerateOptions(max_tokens=40, draft_length=3, draft_width=width, adaptive=False))
+            tokens, passes = tokens + last.stats.generated_tokens, passes + last.stats.rounds
+        kept[width] = tokens / passes
+    assert kept[3] > kept[1], kept  # the runners-up are kept where the favourite misses
+
+
+def test_trees_apply_only_where_they_stay_exact(q4, head):
+    def strategy(engine, **options):
+        ids = engine.encode("Once upon a time")
+        decoder = Decoder(engine.target.model, engine.drafter, ids, GenerateOptions(max_tokens=4, **options),
+                          draft_length=3, eos_ids=set(), context_length=512, stats=Stats(), width=3)
+        return type(decoder.speculative)
+
+    spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+    assert strategy(spec) is TreeRound
+    assert strategy(spec, temperature=0.8) is not TreeRound  # sampling: the chain's rejection sampling
+    assert strategy(spec, repeat_penalty=1.2) is not TreeRound  # a penalty reads the drafts as one history
+    no_kernels = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}", kernels=False)
+    assert strategy(no_kernels) is not TreeRound  # MLX's own ops have no tree mask with one-row bits
+    ids = no_kernels.encode("Once upon a time")
+    opts = GenerateOptions(max_tokens=24, draft_length=3, draft_width=3)
+    want = [t for e in Engine.load(str(q4["llama"]), kernels=False).generate(ids, GenerateOptions(max_tokens=24)) for t in e.tokens]
+    assert [t for e in no_kernels.generate(ids, opts) for t in e.tokens] == want
