@@ -34,21 +34,24 @@ CONFIGS = [  # (label, drafter, adaptive)
 ]
 
 
-def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool, k: int | None = None):
+def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool, k: int | None = None, width: int = 1):
     tokens = []
-    opts = GenerateOptions(max_tokens=max_tokens, adaptive=adaptive, temperature=0.0,
+    opts = GenerateOptions(max_tokens=max_tokens, adaptive=adaptive, temperature=0.0, draft_width=width,
                            **({"draft_length": k} if k is not None else {}))
     for ev in engine.generate(ids, opts):
         tokens += ev.tokens
     return tokens, ev.stats
 
 
-def learned_configs(specs: list[str], k: int) -> list[tuple]:
-    """plain, lookup adaptive, then each learned drafter (eagle:NAME, medusa:NAME) at k fixed and adaptive."""
+def learned_configs(specs: list[str], k: int, widths: list[int]) -> list[tuple]:
+    """plain, lookup adaptive, then each learned drafter (eagle:NAME, medusa:NAME) at k fixed and
+    adaptive, and EAGLE's trees of each width > 1 likewise."""
     configs = [("plain", "none", False), ("lookup adaptive", "lookup", True)]
     for spec in specs:
         kind = spec.partition(":")[0]
-        configs += [(f"{kind} k={k} fixed", spec, False, k), (f"{kind} adaptive", spec, True, k)]
+        for w in [1] + ([x for x in widths if x > 1] if kind == "eagle" else []):
+            name = kind if w == 1 else f"{kind} tree w={w}"
+            configs += [(f"{name} k={k} fixed", spec, False, k, w), (f"{name} adaptive", spec, True, k, w)]
     return configs
 
 
@@ -56,18 +59,18 @@ def bench(model: str, max_tokens: int, repeats: int, kernels: bool, prompts_file
           configs: list | None = None) -> dict:
     configs = configs or CONFIGS
     prompts = json.loads((prompts_file or HERE / "prompts" / "drafters.json").read_text())
-    configs = [tuple(c) + (None,) * (4 - len(c)) for c in configs]  # (label, drafter, adaptive, k)
+    configs = [tuple(c) + (None, 1)[len(c) - 3 :] for c in configs]  # (label, drafter, adaptive, k, width)
     engines = {d: Engine.load(model, drafter=d, kernels=kernels) for d in {c[1] for c in configs}}
     rows = []
     for kind in ("input_grounded", "free_form"):
         for prompt in prompts.get(kind, []):
             ids = engines["none"].chat_prompt([{"role": "user", "content": prompt}])
-            for label, drafter, adaptive, k in configs:  # warm-up (and lets adaptation learn costs)
-                run_once(engines[drafter], ids, max_tokens, adaptive, k)
+            for label, drafter, adaptive, k, width in configs:  # warm-up (and lets adaptation learn costs)
+                run_once(engines[drafter], ids, max_tokens, adaptive, k, width)
             runs = {label: [] for label, *_ in configs}
             for _ in range(repeats):  # interleaved, so a burst of load on the machine hits every config
-                for label, drafter, adaptive, k in configs:
-                    runs[label].append(run_once(engines[drafter], ids, max_tokens, adaptive, k))
+                for label, drafter, adaptive, k, width in configs:
+                    runs[label].append(run_once(engines[drafter], ids, max_tokens, adaptive, k, width))
             reference = runs["plain"][-1][0]
             plain_tps = statistics.median(s.tokens_per_second for _, s in runs["plain"])
             for label, *_ in configs:
@@ -124,9 +127,11 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
     ap.add_argument("--learned", help="eagle:NAME,medusa:NAME (trained drafters): compare them with plain and lookup")
     ap.add_argument("--k", type=int, default=4, help="the fixed draft length of learned drafters")
+    ap.add_argument("--widths", default="1", help="EAGLE tree widths to compare, e.g. 1,2,3 (1: the chain)")
     ap.add_argument("--prompts", type=Path, help="JSON {input_grounded: [...], free_form: [...]}")
     args = ap.parse_args()
-    configs = learned_configs(args.learned.split(","), args.k) if args.learned else None
+    widths = [int(w) for w in args.widths.split(",")]
+    configs = learned_configs(args.learned.split(","), args.k, widths) if args.learned else None
     result = bench(args.model, args.max_tokens, args.repeats, args.kernels, args.prompts, configs)
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")

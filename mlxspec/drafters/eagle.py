@@ -53,7 +53,7 @@ class EagleDrafter(Drafter):
         self.drafted = 0  # cache entries written from predicted features, past the real ones
 
     def kernel_modules(self) -> list[nn.Module]:
-        return [self.head]
+        return [self.head, self.draft_head]
 
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.cache, self.drafted, self.next = [KVCache()], 0, 1

@@ -67,32 +67,35 @@ class EagleHead(nn.Module):
         return self.layer(x, mask, cache)
 
 
-class DraftHead:
+class DraftHead(nn.Module):
     """The target's output head restricted to the draft vocabulary: its own rows, same storage
-    (quantized rows are gathered as they are), so a draft logit is the target's logit on f."""
+    (quantized rows are gathered as they are), so a draft logit is the target's logit on f. The
+    rows sit in an nn.QuantizedLinear / nn.Linear so mlxspec's kernels can run it (kernel_modules)."""
 
     def __init__(self, model: nn.Module, vocab: mx.array):
+        super().__init__()
         head = target_head(model)
         module = getattr(head, "__self__", head)  # tied: embed_tokens.as_linear
         self.vocab = vocab.astype(mx.uint32)
         self.module_rows = module["weight"].shape[0]  # V: the target's logits have this many columns
-        self.bias = module["bias"][self.vocab] if "bias" in module else None
+        rows = module["weight"][self.vocab]
         if "scales" in module:
-            self.quant = dict(group_size=module.group_size, bits=module.bits, mode=getattr(module, "mode", "affine"))
-            self.weight = module["weight"][self.vocab]
-            self.scales = module["scales"][self.vocab]
-            self.biases = module["biases"][self.vocab] if "biases" in module else None
+            bits, group = module.bits, module.group_size
+            self.proj = nn.QuantizedLinear(rows.shape[1] * 32 // bits, rows.shape[0], "bias" in module, group, bits)
+            self.proj.weight, self.proj.scales = rows, module["scales"][self.vocab]
+            if "biases" in module:
+                self.proj.biases = module["biases"][self.vocab]
         else:
-            self.quant, self.weight = None, module["weight"][self.vocab]
-        mx.eval(self.weight)
+            self.proj = nn.Linear(rows.shape[1], rows.shape[0], bias="bias" in module)
+            self.proj.weight = rows
+        if "bias" in module:
+            self.proj.bias = module["bias"][self.vocab]
+        self.freeze()
+        mx.eval(self.parameters())
 
     def __call__(self, f: mx.array) -> mx.array:
         """(..., D) -> (..., V') logits over the draft vocabulary."""
-        if self.quant is None:
-            out = f @ self.weight.T
-        else:
-            out = mx.quantized_matmul(f, self.weight, self.scales, self.biases, transpose=True, **self.quant)
-        return out if self.bias is None else out + self.bias
+        return self.proj(f)
 
 
 def save(path: Path, head: EagleHead, vocab: mx.array, config: dict) -> Path:
