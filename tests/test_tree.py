@@ -159,3 +159,14 @@ def test_trees_apply_only_where_they_stay_exact(q4, head):
     opts = GenerateOptions(max_tokens=24, draft_length=3, draft_width=3)
     want = [t for e in Engine.load(str(q4["llama"]), kernels=False).generate(ids, GenerateOptions(max_tokens=24)) for t in e.tokens]
     assert [t for e in no_kernels.generate(ids, opts) for t in e.tokens] == want
+
+
+def test_draft_width_reaches_the_engine_and_bad_values_are_one_line_errors(q4, head, tmp_path):
+    env = {"MLXSPEC_HOME": str(tmp_path)}
+    args = ["generate", str(q4["llama"]), "Once upon a time", "-n", "12", "--drafter", f"eagle:{head}", "--draft-length", "3"]
+    wide = CliRunner().invoke(cli, args + ["--draft-width", "3"], env=env)
+    narrow = CliRunner().invoke(cli, args + ["--draft-width", "1"], env=env)
+    assert wide.exit_code == 0 and narrow.exit_code == 0, wide.output + narrow.output
+    assert wide.output.splitlines()[0] == narrow.output.splitlines()[0]  # the same text
+    bad = CliRunner().invoke(cli, args + ["--draft-width", "9"], env=env)
+    assert bad.exit_code != 0 and "draft_width" in bad.output and "Traceback" not in bad.output

@@ -236,9 +236,11 @@ def _save_history(readline, path: Path) -> None:
 @click.option("--temperature", type=float, help="0 (the default) is greedy decoding.")
 @click.option("--seed", type=int)
 @click.option("--draft-length", type=int, help="Tokens drafted per round (0: no speculation).")
+@click.option("--draft-width", type=int, help="Candidates per draft depth: > 1 verifies a tree (EAGLE, greedy).")
 @click.option("--chat/--no-chat", default=None, help="Apply the chat template (default: when the model has one).")
 @click.option("--verbose/--quiet", default=True, help="Print the statistics at the end.")
-def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens, temperature, seed, draft_length, chat, verbose):
+def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens, temperature, seed, draft_length, draft_width,
+             chat, verbose):
     """Generate in this process, no daemon: MODEL is a model name or a reference (path, repo id,
     .gguf, pypi:package/file, ollama:NAME[:TAG]); PROMPT '-' reads stdin. Options left out come from the model's
     parameters, else the engine's defaults."""
@@ -248,7 +250,8 @@ def generate(model, prompt, draft, drafter, quantize, draft_quantize, max_tokens
         prompt = sys.stdin.read()
     generate_in_process(
         model, prompt, draft=draft, drafter=drafter, quantize=quantize, draft_quantize=draft_quantize,
-        options={"num_predict": max_tokens, "temperature": temperature, "seed": seed, "draft_num_predict": draft_length},
+        options={"num_predict": max_tokens, "temperature": temperature, "seed": seed, "draft_num_predict": draft_length,
+                 "draft_width": draft_width},
         chat=chat, verbose=verbose,
     )
 

@@ -45,7 +45,8 @@ def draft_vocabulary(ys: list[list[int]], size: int) -> mx.array:
 class Batches:
     """Sequences padded to a common length: inputs (B, L, D) x2, targets (B, L, D), labels (B, L)."""
 
-    def __init__(self, model: nn.Module, samples: list[Recorded], ys: list[list[int]], vocab: mx.array, size: int):
+    def __init__(self, model: nn.Module, samples: list[Recorded], ys: list[list[int]], vocab: mx.array, size: int,
+                 answers_only: bool = False):
         remap = mx.full((target_head_rows(model),), -1, dtype=mx.int32)
         remap[vocab] = mx.arange(vocab.size, dtype=mx.int32)
         embed = model.model.embed_tokens
@@ -54,6 +55,8 @@ class Batches:
             ids = mx.array(s.ids[1:], dtype=mx.uint32)  # c_1..c_{n-1}
             labels = remap[mx.array(y[1:] + [0], dtype=mx.int32)]  # y_1..y_{n-2}, then none for t = n-1
             labels[-1] = -1
+            if answers_only:  # score answers only: a chat template's fixed system prompt is learned by heart
+                labels = mx.where(mx.arange(labels.size) >= s.answer_start - 2, labels, -1)
             self.items.append((embed(ids).astype(mx.float32), s.hidden[:-1], s.hidden[1:], labels))
         self.size = size
         self.groups = [self.items[i : i + size] for i in range(0, len(self.items), size)]
@@ -150,7 +153,8 @@ def evaluate(head: EagleHead, w, b, batches: Batches) -> list[float]:
 
 def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epochs: float = 8.0,
           batch: int = 2, lr: float = 3e-4, noise: float = 0.1, cls_weight: float = 1.0, seed: int = 0,
-          warmup: int = 20, clip: float = 1.0, show: bool = True) -> tuple[EagleHead, mx.array, dict]:
+          warmup: int = 20, clip: float = 1.0, weight_decay: float = 0.0, intermediate: int | None = None,
+          show: bool = True) -> tuple[EagleHead, mx.array, dict]:
     """Fit an EAGLE head on the recorded sequences (the last ~10% held out for the report)."""
     mx.random.seed(seed)
     ys = [next_tokens(model, s) for s in samples]
@@ -161,15 +165,19 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
     w_full, b_full = frozen_head(model, dims)
     w, b = w_full[:, vocab], b_full[vocab]
     data = Batches(model, train_set, ys[: len(train_set)], vocab, batch)
-    held = Batches(model, samples[len(samples) - hold :], ys[len(train_set) :], vocab, batch) if hold else data
-    head = EagleHead(block_config(model))
+    held = Batches(model, samples[len(samples) - hold :] if hold else train_set, ys[len(train_set) :] if hold else ys,
+                   vocab, batch, answers_only=True)
+    config = block_config(model)
+    if intermediate:  # a narrower MLP than the target's: fewer weights to learn the data by heart
+        config["intermediate_size"] = intermediate
+    head = EagleHead(config)
     before = evaluate(head, w, b, held)
     steps = max(1, math.ceil(epochs * len(data.groups)))
     schedule = optim.cosine_decay(lr, steps, lr * 0.05)
     if 0 < warmup < steps:  # a linear ramp first: Adam's early steps on a fresh block are erratic
         schedule = optim.join_schedules([optim.linear_schedule(lr * 0.01, lr, warmup),
                                          optim.cosine_decay(lr, steps - warmup, lr * 0.05)], [warmup])
-    opt = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
+    opt = optim.AdamW(learning_rate=schedule, weight_decay=weight_decay)
     key = mx.random.key(seed)
     step_fn = nn.value_and_grad(head, lambda bt, k: losses(head, w, b, bt, noise, k, cls_weight)[0])
     start, first = time.perf_counter(), None
@@ -186,7 +194,7 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
         first = float(value) if first is None else first
         bar.set_postfix(loss=f"{float(value):.3f}")
     after = evaluate(head, w, b, held)
-    report = {"block": block_config(model), "dims": int(dims), "draft_vocab": int(vocab.size),
+    report = {"block": config, "dims": int(dims), "draft_vocab": int(vocab.size),
               "coverage": _coverage(ys[len(train_set):] or ys, vocab),
               "loss_start": round(first, 4), "loss": round(float(value), 4), "steps": steps,
               "positions": sum(len(s.ids) - 1 for s in train_set), "train_seconds": round(time.perf_counter() - start, 1),

@@ -57,6 +57,8 @@ _OPTION_RANGES = {
     "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
     "draft_num_predict": {"type": "integer", "minimum": 0, "maximum": 32, "description": "draft length; 0: no speculation"},
     "adaptive": BOOL,
+    "draft_width": {"type": "integer", "minimum": 1, "maximum": 8,
+                    "description": "candidates per draft depth; > 1 verifies a tree of drafts (greedy)"},
 }
 
 
