@@ -9,6 +9,8 @@ position after the last draft; draft probabilities (k, V) or None for a determin
 
 from __future__ import annotations
 
+import functools
+
 import mlx.core as mx
 
 from .sampling import sample
@@ -99,11 +101,17 @@ def tree_greedy_accept(target_logits: mx.array, drafts: mx.array, parents: list[
     """
     n = len(parents)
     assert target_logits.shape[0] == n and drafts.shape[0] == n - 1, (target_logits.shape, drafts.shape, n)
+    up, path, depth = _tree_arrays(tuple(parents))
     best = mx.argmax(target_logits, axis=-1)  # (N,)
-    up = mx.array([max(p, 0) for p in parents], dtype=mx.int32)
-    ok = mx.concatenate([mx.array([True]), drafts.astype(best.dtype) == best[up[1:]]])  # (N,)
-    path = mx.array(ancestry(parents))  # (N, N)
+    ok = mx.concatenate([mx.array([True]), drafts.astype(best.dtype) == best[up]])  # (N,)
     kept = ~(path & ~ok[None, :]).any(axis=1)  # every node on m's path agrees
-    depth = path.astype(mx.int32).sum(axis=1)  # 1 for node 0
     node = mx.argmax(mx.where(kept, depth, 0))
     return node, best[node]
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_arrays(parents: tuple[int, ...]) -> tuple[mx.array, mx.array, mx.array]:
+    """A tree's constants, built once per shape (a drafter repeats its shapes): the parent of each
+    draft (N-1,), the ancestry matrix (N, N) and each node's depth + 1 (N,)."""
+    path = mx.array(ancestry(list(parents)))
+    return mx.array(parents[1:], dtype=mx.int32), path, path.astype(mx.int32).sum(axis=1)
