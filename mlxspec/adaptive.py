@@ -8,7 +8,8 @@ The expected number of tokens a round yields with per-draft acceptance a and k d
     neighbours; when it looks best it is tried, which measures it;
   - acceptance a (per request, recent rounds weigh more), which is a property of the prompt.
 It picks the k with the best expected tokens per second, or plain decoding when no k beats a plain
-step. While plain, it probes one speculative round now and then, spaced so that a probe that
+step. Offered a tree width too (`tree=(width, costs)`, tree.py), it runs a few tree rounds first,
+then weighs trees against chains the same way, with a cost table and an acceptance per width. While plain, it probes one speculative round now and then, spaced so that a probe that
 loses costs at most ~2% (acceptance can rise later, e.g. when the answer starts quoting the input).
 
 Driving it: `plan()` is pure (the next round's Plan from the state), `commit(plan)` adopts it
@@ -67,17 +68,24 @@ class Plan:
     why: str  # 'off', 'acceptance' (no timing), 'measure', 'wait' (plain until a probe), 'speculate', 'back-off'
     best: int = 0  # the draft length the estimates favour ('speculate', 'back-off')
     wait: int = 0  # 'back-off': plain rounds before the next probe
+    width: int = 1  # 1: a chain of k drafts; > 1: a tree of depth k (tree.py)
 
 
 class DraftController:
     MARGIN = 0.93  # speculate only when it promises >= 7% more than plain: timing noise must not make it lose
     PROBE_BUDGET = 0.02  # fraction of time a losing probe may cost
     DECAY = 0.9  # weight of older rounds in the acceptance estimate
+    TREE_TRIALS = 4  # tree rounds run first, so the tree's acceptance is measured before it is judged
 
-    def __init__(self, k_max: int, costs: CostModel | None = None, prior: float = 0.5):
+    def __init__(self, k_max: int, costs: CostModel | None = None, prior: float = 0.5,
+                 tree: tuple[int, CostModel] | None = None):
         self.k_max = k_max
         self.costs = costs  # None: no timing, k follows acceptance only
-        self.hits, self.trials = 2 * prior, 2.0  # pseudo-counts of a prior acceptance
+        # (width, its cost table): tree rounds may be chosen too, when they promise more per second
+        self.tree = tree if tree is not None and costs is not None else None
+        self.seen = {1: [2 * prior, 2.0]} | ({self.tree[0]: [2 * prior, 2.0]} if self.tree else {})  # width -> hits, trials
+        self.width = 1
+        self.tree_rounds = 0
         self.k = k_max
         self.plain_left = 0  # plain rounds before the next probe
         self.probing = False  # the next speculative round is a probe, whatever the estimate says
@@ -85,7 +93,29 @@ class DraftController:
 
     @property
     def acceptance(self) -> float:
-        return self.hits / self.trials
+        """Per-draft acceptance of chain rounds (of tree rounds: `acceptance_of(width)`)."""
+        return self.acceptance_of(1)
+
+    @property
+    def hits(self) -> float:
+        return self.seen[1][0]
+
+    @hits.setter
+    def hits(self, value: float) -> None:
+        self.seen[1][0] = value
+
+    @property
+    def trials(self) -> float:
+        return self.seen[1][1]
+
+    @trials.setter
+    def trials(self, value: float) -> None:
+        self.seen[1][1] = value
+
+    def acceptance_of(self, width: int) -> float:
+        """A tree's favourite path is the chain, so its per-depth acceptance is at least the chain's."""
+        hits, trials = self.seen[width]
+        return hits / trials if width == 1 else max(hits / trials, self.acceptance_of(1))
 
     def plan(self) -> Plan:
         """The next round's plan from the current state; changes nothing."""
@@ -99,37 +129,44 @@ class DraftController:
         for k in (self.k_max, 1):  # then two draft lengths, so the table has something to interpolate
             if len(costs.rounds) < 2 and k not in costs.rounds:
                 return Plan(k, "measure")
+        if self.tree and self.tree_rounds < self.TREE_TRIALS:  # and a few tree rounds, at the full depth
+            return Plan(self.k_max, "measure", width=self.tree[0])
         if self.plain_left > 0:
             return Plan(0, "wait")
-        best = max(range(1, self.k_max + 1), key=self._rate)
-        if self.probing or self._rate(best) * costs.plain >= 1.0 / self.MARGIN:
-            return Plan(best, "speculate", best)
+        width, best = max(((w, k) for w in self.seen for k in range(1, self.k_max + 1)), key=lambda o: self._rate(*o))
+        if self.probing or self._rate(width, best) * costs.plain >= 1.0 / self.MARGIN:
+            return Plan(best, "speculate", best, width=width)
         # Losing: go plain, and come back for one probe once it costs at most PROBE_BUDGET.
-        loss = costs.round_cost(best) - expected_tokens(self.acceptance, best) * costs.plain
-        return Plan(0, "back-off", best, max(4, int(loss / (self.PROBE_BUDGET * costs.plain))))
+        loss = self._table(width).round_cost(best) - expected_tokens(self.acceptance_of(width), best) * costs.plain
+        return Plan(0, "back-off", best, max(4, int(loss / (self.PROBE_BUDGET * costs.plain))), width)
 
     def commit(self, plan: Plan) -> None:
         """The next round runs `plan`: a speculative round consumes a pending probe; backing off
         schedules the next one."""
         if plan.why == "speculate":
-            self.probing, self.k = False, plan.best
+            self.probing, self.k, self.width = False, plan.best, plan.width
         elif plan.why == "back-off":
-            self.plain_left, self.probing, self.k = plan.wait, True, plan.best
+            self.plain_left, self.probing, self.k, self.width = plan.wait, True, plan.best, plan.width
             self.backoffs += 1
 
-    def _rate(self, k: int) -> float:
-        return expected_tokens(self.acceptance, k) / self.costs.round_cost(k)
+    def _table(self, width: int) -> CostModel:
+        return self.tree[1] if width > 1 else self.costs
 
-    def record(self, drafted: int, accepted: int, seconds: float) -> None:
-        """A round finished: `drafted` proposed, `accepted` kept, in `seconds` wall time."""
+    def _rate(self, width: int, k: int) -> float:
+        return expected_tokens(self.acceptance_of(width), k) / self._table(width).round_cost(k)
+
+    def record(self, drafted: int, accepted: int, seconds: float, width: int = 1) -> None:
+        """A round finished: `drafted` proposed (a tree: its depth), `accepted` kept, in `seconds`."""
         if self.costs is not None:
-            self.costs.add(drafted, seconds)
+            (self._table(width) if drafted else self.costs).add(drafted, seconds)
         if drafted == 0:
             self.plain_left = max(0, self.plain_left - 1)
             return
         # Each kept draft is a success; the first rejected one (if any) a failure.
-        self.hits = self.DECAY * self.hits + accepted
-        self.trials = self.DECAY * self.trials + accepted + (accepted < drafted)
+        seen = self.seen[width]
+        self.tree_rounds += width > 1
+        seen[0] = self.DECAY * seen[0] + accepted
+        seen[1] = self.DECAY * seen[1] + accepted + (accepted < drafted)
         if self.costs is None:  # acceptance-only rule
             if accepted == drafted:
                 self.k = min(self.k + 1, self.k_max)

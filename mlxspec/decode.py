@@ -1,7 +1,8 @@
 """The one decode loop: plan a round, run its strategy, learn from it, emit its tokens.
 
     plan      draft length k for the next round (adaptive controller, capped by what may follow)
-    run       PlainRound (k = 0, pipelined) or the speculative strategy (ChainRound by default):
+    run       PlainRound (k = 0, pipelined) or a speculative strategy (ChainRound, or TreeRound at
+              the width the controller chose, where trees apply):
               one target pass, one host read-back, the cache rewound to the tokens kept
     learn     the controller records what the round cost and kept
     emit      the Emitter cuts at EOS / limits / stop strings / cancel and counts tokens
@@ -59,14 +60,18 @@ class Decoder:
         self.target, self.drafter, self.prompt = target, drafter, list(prompt)
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
         tree = draft_length > 0 and can_tree(target, drafter, options, constraint, width)  # tree.py
-        if tree:  # tree rounds cost what trees of this width cost, not what chains cost
+        tree_table = None
+        if tree:  # trees of this width have a cost table of their own (engine-wide, as the chains')
             draft_length = min(draft_length, MAX_TREE_NODES // width)
-            costs = (tree_costs if tree_costs is not None else {}).setdefault(width, CostModel())
+            tree_table = (tree_costs if tree_costs is not None else {}).setdefault(width, CostModel())
         self.k, self.stats = draft_length, stats
         # Timing decisions are left out of seeded sampling runs so they stay reproducible.
         timing = options.greedy or options.seed is None
         costs = (costs or CostModel()) if timing else None
-        self.controller = DraftController(draft_length, costs) if adaptive and draft_length > 0 else None
+        self.controller = None
+        if adaptive and draft_length > 0:  # it chooses chain or tree, and the length, per round
+            self.controller = DraftController(draft_length, costs, tree=(width, tree_table) if tree else None)
+        self.width = width if tree else 1  # of the next speculative round (the controller may change it)
         num_ctx = min(options.num_ctx or context_length, context_length)
         if len(self.prompt) >= num_ctx:
             raise PromptError(f"the prompt is {len(self.prompt)} tokens; the context window is {num_ctx}")
@@ -79,8 +84,8 @@ class Decoder:
         self.constraint = constraint  # structured output: masks in the rounds, advanced here by what they emit
         verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint)
         self.plain = PlainRound(verifier, settings)
-        # the strategy of rounds that draft (k > 0): a tree of drafts per round where it applies
-        self.speculative = tree_round(width)(verifier) if tree else speculative(verifier)
+        # the strategies of rounds that draft (k > 0), by width: the chain, and a tree where it applies
+        self.speculative = {1: speculative(verifier)} | ({width: tree_round(width)(verifier)} if tree else {})
 
     @property
     def finish_reason(self) -> str | None:
@@ -114,7 +119,8 @@ class Decoder:
         try:
             while not self.emitter.ended():
                 k = self._plan(self.emitter.left) if k is None else k
-                strategy = self.plain if k == 0 else self.speculative
+                width = self.width if k else 1
+                strategy = self.plain if k == 0 else self.speculative[width]
                 round_start = time.perf_counter()
                 self.in_flight = True  # the cache is not trusted until the round completes
                 out = strategy.run(cache, context, k, self._plan_after)
@@ -122,7 +128,7 @@ class Decoder:
                     self.constraint.commit(out.tokens)
                 context.extend(out.tokens)  # the cache holds all of context but the newest (+ a queued step)
                 self.in_flight = False
-                self._learn(out, time.perf_counter() - round_start)
+                self._learn(out, time.perf_counter() - round_start, width)
                 k = out.planned
                 event = self.emitter.emit(out.tokens, out.accepted)
                 self.stats.decode_time = time.perf_counter() - decode_start
@@ -130,7 +136,8 @@ class Decoder:
                     yield event
         finally:
             self.plain.drop(cache)
-            self.speculative.drop(cache)
+            for strategy in self.speculative.values():
+                strategy.drop(cache)
 
     def _plan(self, budget: int) -> int:
         """Draft length for a round that may emit `budget` more tokens (it yields up to k+1)."""
@@ -140,6 +147,8 @@ class Decoder:
             plan = self.controller.plan()
             self.controller.commit(plan)
             want = plan.k
+            if plan.k:
+                self.width = plan.width
         return int(max(0, min(want, budget - 1)))
 
     def _plan_after(self, produced: int) -> int | None:
@@ -147,7 +156,7 @@ class Decoder:
         budget = self.emitter.left - produced
         return self._plan(budget) if budget > 0 else None
 
-    def _learn(self, out: Outcome, seconds: float) -> None:
+    def _learn(self, out: Outcome, seconds: float, width: int) -> None:
         if self.controller is not None:
-            self.controller.record(out.drafted, out.accepted, seconds)
+            self.controller.record(out.drafted, out.accepted, seconds, width)
             self.stats.draft_length, self.stats.backoffs = self.controller.k, self.controller.backoffs

@@ -201,3 +201,32 @@ def test_plan_changes_nothing_and_commit_schedules_the_probe():
     assert probe.why == "speculate" and probe.k == plan.best  # the probe, though the estimate still loses
     ctl.commit(probe)
     assert not ctl.probing and ctl.plan().why == "back-off"
+
+
+def simulate_widths(chain_a: float, tree_a: float, tree_cost, rounds: int = 400, seed: int = 0) -> dict:
+    """Rounds run per width by a controller offered chains (a round of k costs 1 + 0.2 k) and trees
+    of width 2 (costing tree_cost(k)), drafts kept with the given per-draft acceptance."""
+    rng = random.Random(seed)
+    ctl = DraftController(4, CostModel(), tree=(2, CostModel()))
+    ran = {0: 0, 1: 0, 2: 0}
+    for _ in range(rounds):
+        plan = ctl.plan()
+        ctl.commit(plan)
+        width = plan.width if plan.k else 0
+        a = tree_a if width == 2 else chain_a
+        n = 0
+        while n < plan.k and rng.random() < a:
+            n += 1
+        cost = 1.0 if plan.k == 0 else (tree_cost(plan.k) if width == 2 else 1.0 + 0.2 * plan.k)
+        ctl.record(plan.k, n, cost, max(width, 1))
+        ran[width] += 1
+    return ran
+
+
+def test_the_controller_chooses_trees_where_they_pay_and_chains_where_they_do_not():
+    cheap = simulate_widths(0.5, 0.85, lambda k: 1.0 + 0.25 * k)  # a tree costs little more and keeps more
+    assert cheap[2] > 0.8 * sum(cheap.values()), cheap
+    dear = simulate_widths(0.6, 0.85, lambda k: 1.0 + 1.5 * k)  # on a 2-core CPU extra rows cost a lot
+    assert dear[1] > 0.8 * sum(dear.values()) and dear[2] <= 6, dear  # measured a few times, then left
+    neither = simulate_widths(0.05, 0.1, lambda k: 1.0 + 0.25 * k)  # nothing is kept: plain decoding
+    assert neither[0] > 0.8 * sum(neither.values()), neither
