@@ -96,22 +96,6 @@ class DraftController:
         """Per-draft acceptance of chain rounds (of tree rounds: `acceptance_of(width)`)."""
         return self.acceptance_of(1)
 
-    @property
-    def hits(self) -> float:
-        return self.seen[1][0]
-
-    @hits.setter
-    def hits(self, value: float) -> None:
-        self.seen[1][0] = value
-
-    @property
-    def trials(self) -> float:
-        return self.seen[1][1]
-
-    @trials.setter
-    def trials(self, value: float) -> None:
-        self.seen[1][1] = value
-
     def acceptance_of(self, width: int) -> float:
         """A tree's favourite path is the chain, so its per-depth acceptance is at least the chain's."""
         hits, trials = self.seen[width]

@@ -146,7 +146,7 @@ def test_unmeasured_costs_interpolate_between_measured_neighbours_and_stay_flat_
 
 
 def accepting(ctl: DraftController, a: float) -> DraftController:
-    ctl.hits, ctl.trials = 100 * a, 100.0  # as after many rounds keeping a fraction a of the drafts
+    ctl.seen[1] = [100 * a, 100.0]  # (hits, trials) as after many rounds keeping a fraction a of the drafts
     return ctl
 
 
