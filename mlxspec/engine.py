@@ -30,6 +30,7 @@ from .loading import LoadedModel
 from .options import GenerateOptions
 from .settings import DecodeSettings
 from .stats import Stats
+from .tree import MAX_TREE_NODES
 
 DEFAULT_DRAFT_LENGTH = 4
 
@@ -168,7 +169,8 @@ class Engine:
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
             width = self.draft_width if options.draft_width is None else options.draft_width
-            self.exact = self.rows.holds(k * width + 1)
+            rows = min(k * width, MAX_TREE_NODES) if width > 1 and drafter.trees else k  # drafts per pass
+            self.exact = self.rows.holds(rows + 1)
             stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)
             decoder = Decoder(
                 self.target.model,

@@ -5,8 +5,8 @@
                       the device's work on this one).
   ChainRound (k > 0): the drafter proposes k tokens; the target scores last token + drafts
                       (k+1 rows) in one pass; verification keeps a prefix and adds one token.
-Another shape of round (a tree of drafts) is one more class with the same `run(cache, context, k,
-plan_next)`, built on the shared Verifier: `Decoder(..., speculative=TreeRound)`; the loop does not change.
+  TreeRound (tree.py): a tree of drafts, every node scored in one pass; the same `run(cache,
+                      context, k, plan_next)` on the shared Verifier, chosen per round by width.
 Every round ends in exactly one host read-back.
 """
 
