@@ -45,11 +45,11 @@ def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool, k:
 
 def learned_configs(specs: list[str], k: int, widths: list[int]) -> list[tuple]:
     """plain, lookup adaptive, then each learned drafter (eagle:NAME, medusa:NAME) at k fixed and
-    adaptive, and EAGLE's trees of each width > 1 likewise."""
+    adaptive, and their trees of each width > 1 likewise."""
     configs = [("plain", "none", False), ("lookup adaptive", "lookup", True)]
     for spec in specs:
         kind = spec.partition(":")[0]
-        for w in [1] + ([x for x in widths if x > 1] if kind == "eagle" else []):
+        for w in [1] + [x for x in widths if x > 1]:  # eagle and medusa both draft trees
             name = kind if w == 1 else f"{kind} tree w={w}"
             configs += [(f"{name} k={k} fixed", spec, False, k, w), (f"{name} adaptive", spec, True, k, w)]
     return configs
@@ -127,7 +127,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(HERE / "results" / "drafters.json"))
     ap.add_argument("--learned", help="eagle:NAME,medusa:NAME (trained drafters): compare them with plain and lookup")
     ap.add_argument("--k", type=int, default=4, help="the fixed draft length of learned drafters")
-    ap.add_argument("--widths", default="1", help="EAGLE tree widths to compare, e.g. 1,2,3 (1: the chain)")
+    ap.add_argument("--widths", default="1", help="tree widths of the learned drafters, e.g. 1,2,3 (1: the chain)")
     ap.add_argument("--prompts", type=Path, help="JSON {input_grounded: [...], free_form: [...]}")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]

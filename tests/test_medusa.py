@@ -155,3 +155,24 @@ def test_proposals_read_the_newest_hidden_row(engine, trained):
     want = mx.argmax(medusa.logits(drafter.heads, model, hidden[2]), axis=-1)
     assert draft.count == 3 and draft.tokens.tolist() == want.tolist() != mx.argmax(
         medusa.logits(drafter.heads, model, hidden[0]), axis=-1).tolist()
+
+
+def test_tree_proposals_put_each_heads_favourite_first(engine, trained):
+    """width w: per head its w best tokens, best first; the favourites are the chain's drafts."""
+    from mlxspec.sampling import Sampling
+
+    model, greedy = engine.target.model, Sampling()
+    drafter = MedusaDrafter(model, str(trained[0]))
+    drafter.start([1, 2, 3])
+    hidden = mx.random.normal((3, 64), key=mx.random.key(6))
+    drafter.accept(2, hidden)
+    chain = drafter.propose([1, 2, 3], 3, greedy, None)
+    tree = drafter.propose([1, 2, 3], 3, greedy, None, width=3)
+    assert tree.count == 9 and tree.parents == [0, 0, 0, 1, 1, 1, 4, 4, 4]
+    ranked = tree.tokens.reshape(3, 3)
+    assert ranked[:, 0].tolist() == chain.tokens.tolist()
+    rows = medusa.logits(drafter.heads, model, hidden[2], 3)
+    for depth in range(3):
+        assert sorted(ranked[depth].tolist()) == sorted(mx.argsort(-rows[depth])[:3].tolist())
+        picked = rows[depth][ranked[depth]].tolist()
+        assert picked == sorted(picked, reverse=True)

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 from mlx_lm import convert
 from mlx_lm.models.cache import make_prompt_cache
 from test_eagle import HELD_OUT, random_head
+from test_medusa import random_heads
 
 from mlxspec.frontend.cli import cli
 
@@ -42,6 +43,17 @@ def head(q4, tmp_path_factory):
     """An EAGLE head trained by `mlxspec train-drafter` for the 4-bit tiny llama."""
     home = tmp_path_factory.mktemp("tree-home")
     args = ["train-drafter", str(q4["llama"]), "--kind", "eagle", "--tokens", "1200", "--epochs", "6",
+            "--max-answer", "48", "--out", "tiny"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    return home / "drafters" / "tiny.safetensors"
+
+
+@pytest.fixture(scope="module")
+def medusa_heads(q4, tmp_path_factory):
+    """Medusa heads trained by `mlxspec train-drafter` for the 4-bit tiny llama."""
+    home = tmp_path_factory.mktemp("medusa-tree-home")
+    args = ["train-drafter", str(q4["llama"]), "--kind", "medusa", "--tokens", "1200", "--heads", "3", "--epochs", "3",
             "--max-answer", "48", "--out", "tiny"]
     result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
     assert result.exit_code == 0, result.output
@@ -111,26 +123,43 @@ def test_tree_acceptance_keeps_the_deepest_agreeing_path():
         assert (node.item(), nxt.item()) == want, drafts
 
 
+def trees_match_plain(plain: Engine, spec: Engine, cases) -> int:
+    """Greedy output of `spec` with each (k, width, adaptive) equals plain's; returns drafts made."""
+    drafted = 0
+    for text in ["Tell a story about a fox.", HELD_OUT[0], "def add(a, b):"]:
+        ids = plain.encode(text)
+        want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=40)) for t in e.tokens]
+        for k, width, adaptive in cases:
+            opts = GenerateOptions(max_tokens=40, draft_length=k, draft_width=width, adaptive=adaptive)
+            events = list(spec.generate(ids, opts))
+            assert [t for e in events for t in e.tokens] == want, (text, k, width, adaptive)
+            drafted += events[-1].stats.drafted
+    return drafted
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_tree_rounds_are_token_identical_to_plain(arch, q4, head, tmp_path):
     ref = str(q4[arch])
     plain = Engine.load(ref)
     path = head if arch == "llama" else random_head(plain.target.model, tmp_path / "q", vocab=40)
     spec = Engine.load(ref, drafter=f"eagle:{path}")
-    trees = 0
-    for text in ["Tell a story about a fox.", HELD_OUT[0], "def add(a, b):"]:
-        ids = plain.encode(text)
-        want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=40)) for t in e.tokens]
-        for k, width, adaptive in ((1, 2, False), (3, 2, False), (4, 3, False), (6, 4, False), (4, 3, True)):
-            opts = GenerateOptions(max_tokens=40, draft_length=k, draft_width=width, adaptive=adaptive)
-            events = list(spec.generate(ids, opts))
-            assert [t for e in events for t in e.tokens] == want, (text, k, width, adaptive)
-            trees += events[-1].stats.drafted
-    assert trees > 0
+    cases = ((1, 2, False), (3, 2, False), (4, 3, False), (6, 4, False), (4, 3, True))
+    assert trees_match_plain(plain, spec, cases) > 0
 
 
-def test_trees_keep_more_than_chains_with_a_trained_head(q4, head):
-    spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_greedy_medusa_trees_are_token_identical_to_plain(arch, q4, medusa_heads, tmp_path):
+    ref = str(q4[arch])
+    plain = Engine.load(ref)
+    model = plain.target.model
+    path = medusa_heads if arch == "llama" else random_heads(model, model.args.hidden_size, 3, tmp_path / "m")
+    spec = Engine.load(ref, drafter=f"medusa:{path}")
+    assert trees_match_plain(plain, spec, ((1, 2, False), (3, 3, False), (5, 2, False), (3, 4, True))) > 0
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_trees_keep_more_than_chains_with_a_trained_head(q4, head, medusa_heads, kind):
+    spec = Engine.load(str(q4["llama"]), drafter=f"{kind}:{head if kind == 'eagle' else medusa_heads}")
     kept = {}
     for width in (1, 3):
         tokens = passes = 0

@@ -31,6 +31,15 @@ class Draft:
     def empty(cls) -> "Draft":
         return cls(mx.array([], dtype=mx.uint32), None, 0)
 
+    @classmethod
+    def favourites_tree(cls, ranked: mx.array) -> "Draft":
+        """ranked (k, w): per depth, the drafter's w best candidates, its favourite first. The
+        favourites form a chain; each depth's runners-up hang beside its favourite (under the
+        favourite one depth up), so the tree holds the chain and w - 1 alternatives per depth."""
+        k, w = ranked.shape
+        parents = [0 if i == 0 else (i - 1) * w + 1 for i in range(k) for _ in range(w)]
+        return cls(ranked.reshape(-1).astype(mx.uint32), None, k * w, parents)
+
 
 class Drafter:
     name = "none"

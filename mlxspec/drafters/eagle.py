@@ -91,12 +91,9 @@ class EagleDrafter(Drafter):
             if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
                 f = self._feed(None, f[None], token=self.vocab[index])[-1]
                 self.drafted += 1
-        drafts = mx.concatenate(tokens).astype(mx.uint32)
-        if not tree:
-            return Draft(drafts, mx.stack(probs) if probs else None, k)
-        w = min(width, self.vocab.size)
-        parents = [0 if i == 0 else (i - 1) * w + 1 for i in range(k) for _ in range(w)]  # under the favourite before
-        return Draft(drafts, None, k * w, parents)
+        if tree:
+            return Draft.favourites_tree(mx.stack(tokens))  # (k, w): favourite first at every depth
+        return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
 
     def accept(self, n: int, hidden: mx.array | None = None) -> None:
         rewind(self.cache, self.drafted)  # predicted-feature entries; the real features follow

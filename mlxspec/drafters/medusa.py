@@ -20,6 +20,7 @@ from .base import Draft, Drafter
 
 class MedusaDrafter(Drafter):
     wants_hidden = True
+    trees = True  # greedy: each head's top candidates, verified as one tree
 
     def __init__(self, target: nn.Module, name_or_path: str):
         path = drafter_path(name_or_path)
@@ -35,11 +36,13 @@ class MedusaDrafter(Drafter):
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.last = None if hidden is None or hidden.shape[0] == 0 else hidden[-1]  # h of prompt[-2]
 
-    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
+    def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array, width: int = 1) -> Draft:
         if self.last is None or k <= 0:
             return Draft.empty()
         count = min(k, self.heads.count)
         rows = logits(self.heads, self.target, self.last, count)  # (count, V)
+        if width > 1 and sampling.greedy:  # head i's top `width` at depth i, its favourite first
+            return Draft.favourites_tree(top_candidates(rows, min(width, rows.shape[-1])))
         if sampling.greedy:
             return Draft(mx.argmax(rows, axis=-1).astype(mx.uint32), None, count)
         q = probabilities(rows, sampling)  # (count, V): each head's draft distribution
@@ -51,3 +54,11 @@ class MedusaDrafter(Drafter):
 
     def finish(self) -> None:
         self.last = None
+
+
+def top_candidates(rows: mx.array, w: int) -> mx.array:
+    """(k, V) logits -> (k, w) ids of each row's w largest, largest first (a partition, then a
+    sort of the w: a full sort of a 49K vocabulary per head costs more than the heads)."""
+    top = mx.argpartition(-rows, w - 1, axis=-1)[:, :w]  # (k, w), unordered
+    order = mx.argsort(-mx.take_along_axis(rows, top, axis=-1), axis=-1)
+    return mx.take_along_axis(top, order, axis=-1)
