@@ -5,7 +5,9 @@
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
-machine state. Per mlxspec variant it also reports where a step's time goes: Python graph
+machine state. The "fused" and "per-op" rows step the model one synchronous step at a time (as
+the llama.cpp row does); the "engine" row is Engine.generate's plain decoding, pipelined as users
+get it. Per mlxspec variant it also reports where a step's time goes: Python graph
 building, MLX evaluation (the kernels plus MLX's dispatch), graph nodes per step, and the
 weights' effective read rate; and the plain-decoding roofline from the measured memory bandwidth.
 
@@ -83,6 +85,25 @@ class MlxspecRunner:
             return len(re.findall(r'label ="', Path(f"{d}/step.dot").read_text()))
 
 
+class EngineRunner:
+    """The engine's own plain decoding, as `mlxspec run` and the server decode: rounds pipelined (the
+    next step's graph is built while this one computes), detokenizing and stop checks included.
+    tok/s from its statistics (prefill excluded); it stops early at an end-of-sequence token."""
+
+    def __init__(self, reference: str):
+        from mlxspec.engine import Engine
+
+        self.engine = Engine.load(reference)
+
+    def run(self, ids: list[int], tokens: int) -> dict:
+        from mlxspec.options import GenerateOptions
+
+        events = list(self.engine.generate(ids, GenerateOptions(max_tokens=tokens)))
+        out = [t for e in events for t in e.tokens]
+        # the other rows list the tokens after the prefill's own (their first step's input)
+        return {"tok_s": events[-1].stats.tokens_per_second, "tokens": out[1:]}
+
+
 class LlamaCppRunner:
     def __init__(self, path: Path, threads: int):
         from llama_cpp import Llama
@@ -121,7 +142,8 @@ def main() -> None:
     loaded = load(args.model)
     model, tokenizer = loaded.model, loaded.tokenizer
     prompts = [prompt_ids(tokenizer, p) for p in load_prompt_set(args.prompts).prompts]
-    runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False)}
+    runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False),
+               "mlxspec engine (pipelined)": EngineRunner(args.model)}
     if not args.no_llama_cpp:
         runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads)
     bw = measure_bandwidth()
@@ -137,14 +159,16 @@ def main() -> None:
     for name, runs in results.items():
         tok_s = statistics.median(x["tok_s"] for x in runs)
         row = {"tok_s": round(tok_s, 1), "runs": len(runs), "pct_roofline": round(100 * tok_s * step_bytes / (bw.roofline_gbs * 1e9), 1)}
-        if name.startswith("mlxspec"):
+        if isinstance(runners[name], MlxspecRunner):  # the per-step breakdown
             row.update(build_ms=round(statistics.median(x["build_ms"] for x in runs), 2),
                        eval_ms=round(statistics.median(x["eval_ms"] for x in runs), 2),
                        nodes_per_step=runners[name].nodes(prompts[0]),
                        weights_gbs=round(step_bytes / (statistics.median(x["eval_ms"] for x in runs) / 1e3) / 1e9, 1))
         summary[name] = row
     base = summary.get("llama.cpp", {}).get("tok_s")
-    same = {n: results[n][0]["tokens"] == results["mlxspec fused"][0]["tokens"] for n in results}
+    first = results["mlxspec fused"][0]["tokens"]
+    # the engine may stop early, at an end-of-sequence token
+    same = {n: results[n][0]["tokens"] == first[: len(results[n][0]["tokens"])] for n in results}
     report = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats,
               "bytes_per_step": int(step_bytes), "bandwidth": bw.to_dict(),
               "roofline_tok_s": round(bw.roofline_gbs * 1e9 / step_bytes, 1), "engines": summary,
