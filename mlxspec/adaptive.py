@@ -8,7 +8,8 @@ The expected number of tokens a round yields with per-draft acceptance a and k d
     neighbours; when it looks best it is tried, which measures it;
   - acceptance a (per request, recent rounds weigh more), which is a property of the prompt.
 It picks the k with the best expected tokens per second, or plain decoding when no k beats a plain
-step. Offered a tree width too (`tree=(width, costs)`, tree.py), it runs a few tree rounds first,
+step. Offered a tree width too (`tree=(width, costs)`, tree.py), it runs a few tree rounds first (only
+if a tree could pay: w times the chain's acceptance at the cost of a chain as many rows long),
 then weighs trees against chains the same way, with a cost table and an acceptance per width. While plain, it probes one speculative round now and then, spaced so that a probe that
 loses costs at most ~2% (acceptance can rise later, e.g. when the answer starts quoting the input).
 
@@ -42,15 +43,20 @@ class CostModel:
             old = self.rounds.get(k)
             self.rounds[k] = seconds if old is None else (1 - self.ALPHA) * old + self.ALPHA * seconds
 
-    def round_cost(self, k: int) -> float | None:
+    def round_cost(self, k: int, extrapolate: bool = False) -> float | None:
         """Measured cost of a k-round; else interpolated between the nearest measured k below and
-        above (flat beyond the ends); None before any round was measured."""
+        above (flat beyond the ends, or with `extrapolate` growing past the largest measured k as
+        between the two largest, never less than flat); None before any round was measured."""
         if k in self.rounds:
             return self.rounds[k]
         if not self.rounds:
             return None
         ks = sorted(self.rounds)
         i = bisect.bisect_left(ks, k)
+        if i == len(ks) and extrapolate and len(ks) > 1:
+            lo, hi = ks[-2], ks[-1]
+            slope = max(0.0, (self.rounds[hi] - self.rounds[lo]) / (hi - lo))
+            return self.rounds[hi] + slope * (k - hi)
         if i == 0 or i == len(ks):
             return self.rounds[ks[0] if i == 0 else ks[-1]]
         lo, hi = ks[i - 1], ks[i]
@@ -113,11 +119,12 @@ class DraftController:
         for k in (self.k_max, 1):  # then two draft lengths, so the table has something to interpolate
             if len(costs.rounds) < 2 and k not in costs.rounds:
                 return Plan(k, "measure")
-        if self.tree and self.tree_rounds < self.TREE_TRIALS:  # and a few tree rounds, at the full depth
-            return Plan(self.k_max, "measure", width=self.tree[0])
+        if self.tree and self.tree_rounds < self.TREE_TRIALS and self._tree_may_pay():
+            return Plan(self.k_max, "measure", width=self.tree[0])  # a few tree rounds, at the full depth
         if self.plain_left > 0:
             return Plan(0, "wait")
-        width, best = max(((w, k) for w in self.seen for k in range(1, self.k_max + 1)), key=lambda o: self._rate(*o))
+        widths = [w for w in self.seen if w == 1 or self.tree_rounds >= self.TREE_TRIALS]  # trees once measured
+        width, best = max(((w, k) for w in widths for k in range(1, self.k_max + 1)), key=lambda o: self._rate(*o))
         if self.probing or self._rate(width, best) * costs.plain >= 1.0 / self.MARGIN:
             return Plan(best, "speculate", best, width=width)
         # Losing: go plain, and come back for one probe once it costs at most PROBE_BUDGET.
@@ -132,6 +139,15 @@ class DraftController:
         elif plan.why == "back-off":
             self.plain_left, self.probing, self.k, self.width = plan.wait, True, plan.best, plan.width
             self.backoffs += 1
+
+    def _tree_may_pay(self) -> bool:
+        """Could the tree pay at all, given what chains showed? Taken at w times the chain's acceptance
+        (capped at 1) and at the cost of a chain as many rows long (extrapolated from the chain
+        table): where even that loses (a CPU, where rows cost), its trial rounds would only cost."""
+        w, k = self.tree[0], self.k_max
+        cost = self.costs.round_cost(k * w, extrapolate=True)
+        rate = expected_tokens(min(1.0, w * self.acceptance_of(1)), k) / cost
+        return rate * self.costs.plain >= 1.0 / self.MARGIN
 
     def _table(self, width: int) -> CostModel:
         return self.tree[1] if width > 1 else self.costs

@@ -9,6 +9,7 @@ import random
 import time
 
 import mlx.core as mx
+import pytest
 from test_decode_greedy import run
 
 from mlxspec.adaptive import CostModel, DraftController, Plan, expected_tokens
@@ -230,3 +231,22 @@ def test_the_controller_chooses_trees_where_they_pay_and_chains_where_they_do_no
     assert dear[1] > 0.8 * sum(dear.values()) and dear[2] <= 6, dear  # measured a few times, then left
     neither = simulate_widths(0.05, 0.1, lambda k: 1.0 + 0.25 * k)  # nothing is kept: plain decoding
     assert neither[0] > 0.8 * sum(neither.values()), neither
+
+
+def test_tree_trials_are_skipped_where_no_tree_could_pay():
+    # a CPU-like case: the chain loses (12% kept), rows cost; even twice the chain's acceptance at a
+    # chain's cost per row would lose, so no tree round is tried (each would cost ~2 plain steps)
+    cpu = simulate_widths(0.12, 0.24, lambda k: 1.0 + 0.6 * k)
+    assert cpu[2] == 0 and cpu[0] > 0.8 * sum(cpu.values()), cpu
+    # where the chain nearly pays, the trials run (and trees are kept if they pay: see above)
+    near = simulate_widths(0.45, 0.8, lambda k: 1.0 + 0.25 * k)
+    assert near[2] > 0.5 * sum(near.values()), near
+
+
+def test_extrapolated_round_costs_grow_past_the_table():
+    costs = CostModel()
+    costs.add(1, 1.2)
+    costs.add(3, 1.6)
+    assert costs.round_cost(9) == 1.6  # flat by default
+    assert costs.round_cost(9, extrapolate=True) == pytest.approx(1.6 + 0.2 * 6)
+    assert costs.round_cost(2, extrapolate=True) == pytest.approx(1.4)
