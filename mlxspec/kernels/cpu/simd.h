@@ -238,6 +238,19 @@ struct Avx2Isa {
   struct Dq { __m256 s, b; };
   template <int BITS>
   static Dq dequantizer(float s, float b) { return {_mm256_set1_ps(s), _mm256_set1_ps(b)}; }
+  // Half h of dequant32 (h = 0: lanes 0-7 of w0 and w1, h = 1: lanes 8-15): the same values, for a
+  // kernel that keeps each half's accumulators in registers of their own (qmm_kernel.h tile_avx2).
+  template <int BITS>
+  static void dequant16(const Dq& d, const uint8_t* p, int h, __m256& w0, __m256& w1) {
+    if (BITS == 4) {
+      __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * h)));
+      w0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(q, _mm256_set1_epi32(15))), d.s, d.b);
+      w1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(q, 4)), d.s, d.b);
+    } else {
+      w0 = _mm256_fmadd_ps(widen8(p + 8 * h), d.s, d.b);
+      w1 = _mm256_fmadd_ps(widen8(p + 16 + 8 * h), d.s, d.b);
+    }
+  }
   template <int BITS>
   static void dequant32(const Dq& d, const uint8_t* p, V& w0, V& w1) {
     auto dq = [&](__m256i q) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), d.s, d.b); };
