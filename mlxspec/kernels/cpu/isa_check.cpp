@@ -1,6 +1,6 @@
 // Standalone check of the kernels' instruction-set paths, without MLX (tests/kernels/test_isa_paths.py):
 // every ISA compiled for this target against the portable one, bit for bit, on the quantized
-// matmul (4/8 bits, group sizes 32/64/128, f32/f16 scales, odd row and column counts) and on the
+// matmul (4/8 bits, group sizes 32/64/128, f32/f16 scales, 1-5, 8 and 11 rows, odd column counts) and on the
 // few-row attention; then a digest of the portable results, which must be the same on every
 // machine (the arithmetic is fixed), so an arm64 build run under qemu is compared with this one.
 //
@@ -64,7 +64,7 @@ int main() {
   for (int bits : {4, 8})
     for (int G : {32, 64, 128})
       for (SType st : {SType::f32, SType::f16})
-        for (int M : {1, 3, 8, 11}) {
+        for (int M : {1, 2, 3, 4, 5, 8, 11}) {  // every row-tile size of every ISA
           std::vector<uint8_t> w(size_t(N) * K * bits / 8);
           for (auto& b : w) b = uint8_t(next() >> 24);
           std::vector<float> sf(size_t(N) * K / G), bf(sf.size()), xr(size_t(M) * K), x(xr.size());
