@@ -59,6 +59,28 @@ constexpr int cols_for_rows() {
 
 constexpr int kGroupChunk = 32;  // groups whose scales/biases a tile converts to fp32 at a time (on the stack)
 
+// Scales and biases of groups [g0, g0 + gn) of NB columns from n0, as fp32: sb[j] and sb[NB + j]
+// point into the problem's own arrays when they are fp32 (no copy: a tied head's f32 scales cost
+// a memcpy per column otherwise), else into `buf`, converted.
+template <int NB>
+#if defined(__GNUC__) || defined(__clang__)
+__attribute__((always_inline))
+#endif
+inline void group_params(const QmmProblem& p, int n0, int groups, int g0, int gn, float (*buf)[kGroupChunk],
+                  const float** sb) {
+  for (int j = 0; j < NB; ++j) {
+    const size_t i = size_t(n0 + j) * groups + g0;
+    if (p.stype == SType::f32) {
+      sb[j] = static_cast<const float*>(p.scales) + i;
+      sb[NB + j] = static_cast<const float*>(p.biases) + i;
+    } else {
+      load_floats(p.scales, i, gn, p.stype, buf[j]);
+      load_floats(p.biases, i, gn, p.stype, buf[NB + j]);
+      sb[j] = buf[j], sb[NB + j] = buf[NB + j];
+    }
+  }
+}
+
 // out[m][j] (fp32, m < MR, j < NB) = sum_k x[m, k] * dequant(w)[n0 + j, k]
 // GB = 32-weight blocks per group when known at compile time (1, 2, 4: group sizes 32, 64, 128), else 0.
 // The FMA sequence of one (m, j) does not depend on MR, NB or GB: that is the exactness rule.
@@ -69,16 +91,14 @@ void tile(const QmmProblem& p, const float* x, int n0, float* out) {
   const int groups = p.K / p.G, gb = GB ? GB : p.G / kBlock;
   const uint8_t* w[NB];
   for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
-  alignas(64) float sb[2 * NB][kGroupChunk];  // scales of the NB columns, then their biases
+  alignas(64) float buf[2 * NB][kGroupChunk];
+  const float* sb[2 * NB];  // scales of the NB columns, then their biases
   V acc[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = I::zero();
   for (int g0 = 0; g0 < groups; g0 += kGroupChunk) {
     const int gn = groups - g0 < kGroupChunk ? groups - g0 : kGroupChunk;
-    for (int j = 0; j < NB; ++j) {
-      load_floats(p.scales, size_t(n0 + j) * groups + g0, gn, p.stype, sb[j]);
-      load_floats(p.biases, size_t(n0 + j) * groups + g0, gn, p.stype, sb[NB + j]);
-    }
+    group_params<NB>(p, n0, groups, g0, gn, buf, sb);
     for (int g = 0; g < gn; ++g) {
       typename I::Dq dq[NB];
       for (int j = 0; j < NB; ++j) dq[j] = I::template dequantizer<BITS>(sb[j][g], sb[NB + j][g]);
@@ -114,17 +134,15 @@ void tile_avx2(const QmmProblem& p, const float* x, int n0, float* out) {
   const int groups = p.K / p.G, gb = GB ? GB : p.G / kBlock;
   const uint8_t* w[NB];
   for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
-  alignas(64) float sb[2 * NB][kGroupChunk];  // scales of the NB columns, then their biases
+  alignas(64) float buf[2 * NB][kGroupChunk];
+  const float* sb[2 * NB];  // scales of the NB columns, then their biases
   __m256 acc[2][MR][NB];                       // [half][row][column]
   for (int h = 0; h < 2; ++h)
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NB; ++j) acc[h][m][j] = _mm256_setzero_ps();
   for (int g0 = 0; g0 < groups; g0 += kGroupChunk) {
     const int gn = groups - g0 < kGroupChunk ? groups - g0 : kGroupChunk;
-    for (int j = 0; j < NB; ++j) {
-      load_floats(p.scales, size_t(n0 + j) * groups + g0, gn, p.stype, sb[j]);
-      load_floats(p.biases, size_t(n0 + j) * groups + g0, gn, p.stype, sb[NB + j]);
-    }
+    group_params<NB>(p, n0, groups, g0, gn, buf, sb);
     for (int g = 0; g < gn; ++g)
       for (int blk = 0; blk < gb; ++blk) {
         const int k = ((g0 + g) * gb + blk) * kBlock;
