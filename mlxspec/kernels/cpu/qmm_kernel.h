@@ -59,6 +59,18 @@ constexpr int cols_for_rows() {
 
 constexpr int kGroupChunk = 32;  // groups whose scales/biases a tile converts to fp32 at a time (on the stack)
 
+// The weight rows of the NB columns a tile reads, and the problem's group counts.
+template <int BITS, int NB, int GB>
+struct TileRows {
+  size_t row_bytes;
+  int groups, gb;  // groups per row; 32-weight blocks per group
+  const uint8_t* w[NB];
+  TileRows(const QmmProblem& p, int n0)
+      : row_bytes(size_t(p.K) * BITS / 8), groups(p.K / p.G), gb(GB ? GB : p.G / kBlock) {
+    for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  }
+};
+
 // Scales and biases of groups [g0, g0 + gn) of NB columns from n0, as fp32: sb[j] and sb[NB + j]
 // point into the problem's own arrays when they are fp32 (no copy: a tied head's f32 scales cost
 // a memcpy per column otherwise), else into `buf`, converted.
@@ -87,10 +99,10 @@ inline void group_params(const QmmProblem& p, int n0, int groups, int g0, int gn
 template <class I, int BITS, int MR, int NB, int GB>
 void tile(const QmmProblem& p, const float* x, int n0, float* out) {
   using V = typename I::V;
-  const size_t row_bytes = size_t(p.K) * BITS / 8;
-  const int groups = p.K / p.G, gb = GB ? GB : p.G / kBlock;
-  const uint8_t* w[NB];
-  for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  const TileRows<BITS, NB, GB> t(p, n0);
+  const size_t row_bytes = t.row_bytes;
+  const int groups = t.groups, gb = t.gb;
+  const uint8_t* const* w = t.w;
   alignas(64) float buf[2 * NB][kGroupChunk];
   const float* sb[2 * NB];  // scales of the NB columns, then their biases
   V acc[MR][NB];
@@ -130,10 +142,10 @@ void tile(const QmmProblem& p, const float* x, int n0, float* out) {
 template <int BITS, int MR, int NB, int GB>
 void tile_avx2(const QmmProblem& p, const float* x, int n0, float* out) {
   using I = Avx2Isa;
-  const size_t row_bytes = size_t(p.K) * BITS / 8;
-  const int groups = p.K / p.G, gb = GB ? GB : p.G / kBlock;
-  const uint8_t* w[NB];
-  for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  const TileRows<BITS, NB, GB> t(p, n0);
+  const size_t row_bytes = t.row_bytes;
+  const int groups = t.groups, gb = t.gb;
+  const uint8_t* const* w = t.w;
   alignas(64) float buf[2 * NB][kGroupChunk];
   const float* sb[2 * NB];  // scales of the NB columns, then their biases
   __m256 acc[2][MR][NB];                       // [half][row][column]
