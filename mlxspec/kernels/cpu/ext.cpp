@@ -191,7 +191,10 @@ void run_sdpa(Isa isa, const SdpaProblem& p) {
   const int rows = p.H / p.KV * p.M;
   const int per_head = std::max(1, std::min(rows, (2 * pool().size() + p.B * p.KV - 1) / (p.B * p.KV)));
   // at most 64 rows per item: its scores (rows x T floats) stay small even for a long prefill
-  const int chunk = std::min(64, (rows + per_head - 1) / per_head), chunks = (rows + chunk - 1) / chunk;
+  // and at least a row block (kRowBlock rows share each key read): a smaller chunk only transposes
+  // the same keys again and pads its block (one-row steps: 3 query heads per kv head, one item each)
+  const int chunk = std::max(std::min(64, (rows + per_head - 1) / per_head), std::min(rows, kRowBlock));
+  const int chunks = (rows + chunk - 1) / chunk;
   const double work = double(p.B) * p.H * p.M * p.T * (p.D + p.Dv);
   pool().run(work < (1 << 16) ? 1 : p.B * p.KV * chunks, [&](int i) {
     if (work < (1 << 16) && i == 0) {  // tiny: everything inline

@@ -1,7 +1,7 @@
 // Standalone check of the kernels' instruction-set paths, without MLX (tests/kernels/test_isa_paths.py):
 // every ISA compiled for this target against the portable one, bit for bit, on the quantized
 // matmul (4/8 bits, group sizes 32/64/128, f32/f16 scales, 1-5, 8 and 11 rows, odd column counts) and on the
-// few-row attention; then a digest of the portable results, which must be the same on every
+// few-row attention, and the vectorised exp / swiglu spans against their scalar loops; then a digest of the portable results, which must be the same on every
 // machine (the arithmetic is fixed), so an arm64 build run under qemu is compared with this one.
 //
 //   g++ -O2 -std=c++17 -ffp-contract=off isa_check.cpp && ./a.out
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "pointwise_kernel.h"
 #include "qmm_kernel.h"
 #include "sdpa_kernel.h"
 
@@ -83,17 +84,34 @@ int main() {
           for (Isa isa : kIsas)
             if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_qmm(isa, p), "qmm", isa);
         }
-  for (bool causal : {false, true}) {
-    const int H = 4, KV = 2, M = 3, T = 29, D = 32, Dv = 16;
-    std::vector<float> q(size_t(H) * M * D), k(size_t(KV) * T * D), v(size_t(KV) * T * Dv);
-    for (auto* a : {&q, &k, &v})
-      for (auto& f : *a) f = uniform() * 4;
-    SdpaProblem p{q.data(), k.data(), v.data(), DType::f32, {H * M * D, M * D, D, 1}, {KV * T * D, T * D, D, 1},
-                  {KV * T * Dv, T * Dv, Dv, 1}, 1, H, KV, M, T, D, Dv, 0.125f, causal, nullptr};
-    std::vector<float> ref = run_sdpa(Isa::generic, p);
-    digest.add(ref);
-    for (Isa isa : kIsas)
-      if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_sdpa(isa, p), "sdpa", isa);
+  struct Shape { int H, KV, M, T, D, Dv; };
+  for (const Shape& sh : {Shape{4, 2, 3, 29, 32, 16}, Shape{9, 3, 1, 70, 64, 64}})  // the second: a SmolLM2 step
+    for (bool causal : {false, true}) {
+      const int H = sh.H, KV = sh.KV, M = sh.M, T = sh.T, D = sh.D, Dv = sh.Dv;
+      std::vector<float> q(size_t(H) * M * D), k(size_t(KV) * T * D), v(size_t(KV) * T * Dv);
+      for (auto* a : {&q, &k, &v})
+        for (auto& f : *a) f = uniform() * 4;
+      SdpaProblem p{q.data(), k.data(), v.data(), DType::f32, {H * M * D, M * D, D, 1}, {KV * T * D, T * D, D, 1},
+                    {KV * T * Dv, T * Dv, Dv, 1}, 1, H, KV, M, T, D, Dv, 0.125f, causal, nullptr};
+      std::vector<float> ref = run_sdpa(Isa::generic, p);
+      digest.add(ref);
+      for (Isa isa : kIsas)
+        if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_sdpa(isa, p), "sdpa", isa);
+    }
+  {  // exp over softmax-like inputs and swiglu, span (vector bodies where compiled) vs scalar loops
+    const int n = 1 << 16;
+    std::vector<float> s(n), e(n), es(n), a(n), u(n), y(n), ys(n);
+    for (int i = 0; i < n; ++i) s[i] = -90.0f * float(i) / n + uniform() * 1e-3f, a[i] = uniform() * 40, u[i] = uniform();
+    s[0] = 0.0f, s[1] = -0.0f, s[2] = -87.0f, s[3] = -200.0f, a[0] = 0.0f, a[1] = -0.0f, a[2] = 95.0f, a[3] = -95.0f;
+    e = s;
+    exp_shifted_span(e.data(), 0.5f, n);
+    for (int i = 0; i < n; ++i) es[i] = exp_nonpositive(s[i] - 0.5f);
+    swiglu_span(a.data(), u.data(), y.data(), n);
+    for (int i = 0; i < n; ++i) swiglu_span(a.data() + i, u.data() + i, ys.data() + i, 1);  // the scalar loop
+    digest.add(es);
+    digest.add(ys);
+    compare(es, e, "exp span", best_isa());
+    compare(ys, y, "swiglu span", best_isa());
   }
   std::printf("best=%s checked=%d mismatches=%d digest=%016llx\n", kNames[int(best_isa())], checked, mismatches,
               static_cast<unsigned long long>(digest.h));

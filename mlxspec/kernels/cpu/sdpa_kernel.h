@@ -98,6 +98,25 @@ inline void transpose16(const float* const* rows, int d0, float* out) {
 }
 #endif
 
+#if defined(__AVX2__) && defined(__FMA__)
+// 8 rows of 8 floats (rows[i] + d0) -> 8 columns: out[j * kKeys + i] = rows[i][d0 + j].
+inline void transpose8(const float* const* rows, int d0, float* out) {
+  __m256 r[8], t[8];
+  for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(rows[i] + d0);
+  for (int i = 0; i < 8; i += 2) t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]), t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+  for (int i = 0; i < 8; i += 4) {
+    r[i] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; ++i) {
+    _mm256_storeu_ps(out + i * kKeys, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+    _mm256_storeu_ps(out + (i + 4) * kKeys, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+  }
+}
+#endif
+
 // Key rows (nk of them, D floats each) -> kt (D, 16): kt[d][l] = rows[l][d], zero past nk. Only
 // moves values: the arithmetic that follows is the same whichever way they were moved.
 template <class I>
@@ -106,6 +125,17 @@ inline void transpose_keys(const float* const* rows, int nk, int D, float* kt) {
   if constexpr (std::is_same<I, Avx512Isa>::value) {
     if (nk == kKeys && D % 16 == 0) {
       for (int d0 = 0; d0 < D; d0 += 16) transpose16(rows, d0, kt + size_t(d0) * kKeys);
+      return;
+    }
+  }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  if constexpr (std::is_same<I, Avx2Isa>::value) {
+    if (nk == kKeys && D % 8 == 0) {  // two 8x8 blocks per 8 dims: keys 0-7, then 8-15
+      for (int d0 = 0; d0 < D; d0 += 8) {
+        transpose8(rows, d0, kt + size_t(d0) * kKeys);
+        transpose8(rows + 8, d0, kt + size_t(d0) * kKeys + 8);
+      }
       return;
     }
   }
@@ -189,7 +219,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
       for (int t = 0; t < seen[r]; ++t) s[t] = sees(p, row_m[r], t) ? exp_nonpositive(s[t] - mx) : 0.0f;
     } else {
       for (int t = 0; t < seen[r]; ++t) mx = std::max(mx, s[t]);
-      for (int t = 0; t < seen[r]; ++t) s[t] = exp_nonpositive(s[t] - mx);
+      exp_shifted_span(s, mx, seen[r]);
     }
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
