@@ -21,7 +21,7 @@ from .adaptive import CostModel
 from .cache import PrefixCache
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
-from .drafters import Drafter, NoDrafter, check_compatible, make_drafter, parse_drafter
+from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
@@ -156,16 +156,18 @@ class Engine:
         *,
         cancel: threading.Event | None = None,
         format: str | dict | None = None,
+        tap: FeatureTap | None = None,
     ) -> Iterator[Event]:
         """Stream Events; the last one has done=True, the finish reason and the statistics.
-        `format`: "json" or a JSON schema; the output follows it (constraints.py; FormatError if invalid)."""
+        `format`: "json" or a JSON schema; the output follows it (constraints.py; FormatError if invalid).
+        `tap`: plain decoding that hands the target's hidden states to `tap` (heads/record.py)."""
         options = options or GenerateOptions()
         constraint = Constraint(self.grammar_tokenizer(), format_grammar(format)) if format else None
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
-        k = 0 if isinstance(self.drafter, NoDrafter) else k  # nothing to draft: plain rounds (pipelined)
-        drafter = self.drafter if k > 0 else NoDrafter()
+        k = 0 if isinstance(self.drafter, NoDrafter) or tap is not None else k  # nothing to draft: plain rounds
+        drafter = self.drafter if k > 0 else (tap or NoDrafter())
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
             width = self.draft_width if options.draft_width is None else options.draft_width

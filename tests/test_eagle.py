@@ -18,7 +18,7 @@ from mlxspec.features import target_forward
 from mlxspec.frontend.cli import cli
 from mlxspec.heads import eagle, files
 from mlxspec.heads.eagle_train import forward_two
-from mlxspec.heads.record import load_prompts
+from mlxspec.heads.record import load_prompts, record
 from mlxspec.options import GenerateOptions
 
 HELD_OUT = load_prompts()[-6:]  # the fixture records answers to the first prompts only
@@ -128,6 +128,20 @@ def test_a_chat_turn_reuses_the_prefix_and_stays_exact(plain, tiny_llama, traine
         if turn:
             assert events[-1].stats.cached_tokens > 0
         history += [{"role": "assistant", "content": plain.tokenizer.decode(want)}, {"role": "user", "content": "More."}]
+
+
+def test_recording_keeps_the_features_the_target_decoded_with(plain):
+    """Recorded during decoding (no second pass): each row is the target's hidden state there, the
+    answer is its own greedy continuation, and only the last answer token (never read) is left out."""
+    samples = record(plain, load_prompts()[:2], tokens=40, max_answer=20, show=False)
+    for s in samples:
+        answer = s.ids[s.answer_start :]
+        assert s.hidden.shape == (len(s.ids), plain.target.model.args.hidden_size) and len(answer) >= 3
+        want = target_forward(plain.target.model, mx.array(s.ids)[None])[1][0]
+        assert mx.allclose(s.hidden, want, atol=1e-5).item()
+        greedy = [t for e in plain.generate(s.ids[: s.answer_start], GenerateOptions(max_tokens=20, temperature=0))
+                  for t in e.tokens]
+        assert greedy[: len(answer)] == answer and len(greedy) in (len(answer), len(answer) + 1)
 
 
 def test_prefix_cache_features_are_the_targets_hidden_states(tiny_llama):

@@ -37,7 +37,7 @@ def home(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(tiny_llama, home):
     """(file, config): `mlxspec train-drafter` on tiny_llama's own answers to the first ~25 shipped prompts."""
-    args = ["train-drafter", str(tiny_llama), "--kind", "medusa", "--tokens", "1200", "--heads", "3", "--epochs", "3",
+    args = ["train-drafter", str(tiny_llama), "--kind", "medusa", "--tokens", "2400", "--heads", "3", "--epochs", "3",
             "--max-answer", "48", "--out", "tiny"]
     result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
     assert result.exit_code == 0, result.output

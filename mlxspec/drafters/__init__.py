@@ -1,6 +1,6 @@
 """Drafters: everything that can guess the target's next tokens behind one `propose` interface."""
 
-from .base import Draft, Drafter, NoDrafter
+from .base import Draft, Drafter, FeatureTap, NoDrafter
 from .eagle import EagleDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter

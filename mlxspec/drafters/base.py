@@ -77,3 +77,26 @@ class Drafter:
 
 class NoDrafter(Drafter):
     """Plain decoding: one target pass per token."""
+
+
+class FeatureTap(NoDrafter):
+    """Plain decoding that keeps the target's final hidden states of every position it reads: the
+    prompt's, then one row per step (`Engine.generate(..., tap=...)`). heads/record.py trains
+    learned drafters on them without a second forward pass over the answer (a quarter of the
+    recording time). The rows equal a full-sequence forward's: each is a one-row step's."""
+
+    wants_hidden = True
+
+    def __init__(self):
+        self.rows: list[mx.array] = []
+
+    def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
+        self.rows = [] if hidden is None or hidden.shape[0] == 0 else [hidden]
+
+    def accept(self, n: int, hidden: mx.array | None = None) -> None:
+        if hidden is not None:
+            self.rows.append(hidden)
+
+    def features(self) -> mx.array | None:
+        """(rows, H): positions 0, 1, ... of the last request, as far as the target read them."""
+        return mx.concatenate(self.rows) if self.rows else None

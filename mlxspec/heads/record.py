@@ -3,8 +3,9 @@
     record(engine, prompts, tokens)   -> [Recorded(ids, answer_start, hidden)], one per prompt
 
 Each answer is the target's own greedy continuation, so a drafter trained on it learns exactly what
-verification will accept. One forward pass over prompt + answer records the final hidden states
-(the features each position had while decoding). With `keep=DIR` each sample is written there as it
+verification will accept. The final hidden states (the features each position had while decoding)
+are kept as the target decodes (drafters.base.FeatureTap): the answer's last token, never read
+back, is left out. With `keep=DIR` each sample is written there as it
 is recorded (one file each, atomically), and a later run with the same target and settings picks
 them up: an interrupted `train-drafter` resumes instead of starting over.
 """
@@ -20,8 +21,8 @@ from pathlib import Path
 import mlx.core as mx
 from tqdm import tqdm
 
+from ..drafters.base import FeatureTap
 from ..errors import MlxspecError
-from ..features import target_forward
 
 PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
 
@@ -67,12 +68,13 @@ def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show:
         sample = _load(keep, ids, budget) if keep else None
         if sample is None:
             opts = GenerateOptions(max_tokens=budget, temperature=0.0, draft_length=0)
-            answer = [t for event in engine.generate(ids, opts) for t in event.tokens]
-            if len(answer) < 3:
+            tap = FeatureTap()  # the features of every position the target read, as it decoded
+            answer = [t for event in engine.generate(ids, opts, tap=tap) for t in event.tokens]
+            hidden = tap.features()
+            rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
+            if rows - len(ids) < 3:  # the answer's last token was never read back: its row is not kept
                 continue
-            seq = ids + answer
-            _, hidden = target_forward(engine.target.model, mx.array(seq, dtype=mx.uint32)[None])
-            sample = Recorded(seq, len(ids), hidden[0].astype(mx.float32))
+            sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
             mx.eval(sample.hidden)
             if keep:
                 _store(keep, sample, budget)
