@@ -82,8 +82,8 @@ class NoDrafter(Drafter):
 class FeatureTap(NoDrafter):
     """Plain decoding that keeps the target's final hidden states of every position it reads: the
     prompt's, then one row per step (`Engine.generate(..., tap=...)`). heads/record.py trains
-    learned drafters on them without a second forward pass over the answer (a quarter of the
-    recording time). The rows equal a full-sequence forward's: each is a one-row step's."""
+    learned drafters on them without a second forward pass over the answer (about a fifth of
+    the recording time). The rows equal a full-sequence forward's: each is a one-row step's."""
 
     wants_hidden = True
 

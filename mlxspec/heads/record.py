@@ -5,9 +5,9 @@
 Each answer is the target's own greedy continuation, so a drafter trained on it learns exactly what
 verification will accept. The final hidden states (the features each position had while decoding)
 are kept as the target decodes (drafters.base.FeatureTap): the answer's last token, never read
-back, is left out. With `keep=DIR` each sample is written there as it
-is recorded (one file each, atomically), and a later run with the same target and settings picks
-them up: an interrupted `train-drafter` resumes instead of starting over.
+back, is left out. With `keep=DIR` each sample is written there as it is recorded (one file each,
+atomically), and a later run with the same target and settings picks them up: an interrupted
+`train-drafter` resumes instead of starting over.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
 
 @dataclass
 class Recorded:
-    ids: list[int]  # prompt + the target's greedy answer
+    ids: list[int]  # prompt + the target's greedy answer (but its last token, see above)
     answer_start: int  # index of the first answer token
     hidden: mx.array  # (len(ids), D) final hidden states, float32
 
