@@ -24,13 +24,6 @@
 
 namespace mlxspec {
 
-// A hint to load a cache line soon (no effect on results).
-inline void prefetch(const void* p) {
-#if defined(__GNUC__) || defined(__clang__)
-  __builtin_prefetch(p, 0, 3);
-#endif
-}
-
 constexpr int kBlock = 32;   // weights per unpack step (one 16-byte load at 4 bits)
 constexpr int kMaxRows = 8;  // rows of x per register tile (more rows: more chunks)
 

@@ -74,6 +74,19 @@ inline const float* kv_row(const SdpaProblem& p, bool value, int b, int g, int t
   return row_f32(value ? p.v : p.k, b * s[0] + g * s[1] + int64_t(t) * s[2], n, p.dtype, buf);
 }
 
+// Hints to load key (or value) rows [t0, t1) of kv head (b, g) soon, a cache line at a time: the
+// kernel reads rows in blocks and lane slices, which the hardware prefetchers follow badly (one
+// thread streamed a long cache at ~3.5 GB/s without these). No effect on results.
+inline void prefetch_kv_rows(const SdpaProblem& p, bool value, int b, int g, int t0, int t1) {
+  const int64_t* s = value ? p.vs : p.ks;
+  const int n = value ? p.Dv : p.D, size = p.dtype == DType::f32 ? 4 : 2;
+  const char* base = static_cast<const char*>(value ? p.v : p.k);
+  for (int t = t0; t < std::min(t1, std::min(p.T, p.split)); ++t) {
+    const char* row = base + (b * s[0] + g * s[1] + int64_t(t) * s[2]) * size;
+    for (int i = 0; i < n * size; i += 64) prefetch(row + i);
+  }
+}
+
 constexpr int kKeys = 16;  // keys per score block (one vector of 16 scores)
 
 #if defined(__AVX512F__)
@@ -145,6 +158,7 @@ inline void transpose_keys(const float* const* rows, int nk, int D, float* kt) {
     for (int d = 0; d < D; ++d) kt[d * kKeys + l] = rows[l][d];
 }
 constexpr int kRowBlock = 4;  // query rows sharing each key/value load
+constexpr int kValueChunk = 64;  // keys whose value rows one pass over the lanes keeps in L1
 
 // scores[r][t] = (q_r . k_t) * scale for t in [t0, t0 + nk), rows rb..rb+RB: kt is the key block
 // transposed (D, 16), so each score is one lane of a 16-wide FMA chain over d = 0..D-1.
@@ -177,6 +191,18 @@ inline void value_block(const float* const* p, const float* v, int64_t v_stride,
   for (int r = 0; r < RB; ++r) I::store(acc[r], a[r]);
 }
 
+// f(std::integral_constant<int, n>) for a row block of n = 1..kRowBlock rows (a block is never
+// padded with empty rows: their FMAs were a quarter of a one-token step's attention).
+template <class F>
+inline void with_row_block(int n, F&& f) {
+  switch (n) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, kRowBlock>{});
+  }
+}
+
 // Rows [r0, r1) of kv head (b, g); row r is query head g * (H/KV) + r / M, query row r % M.
 template <class I>
 void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
@@ -201,14 +227,17 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int t_end = *std::max_element(seen.begin(), seen.end());
   for (int t0 = 0; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
     int nk = std::min(kKeys, t_end - t0);
+    prefetch_kv_rows(p, false, b, g, t0 + 2 * kKeys, t0 + 3 * kKeys);
     const float* rows_in[kKeys];
     for (int l = 0; l < nk; ++l) rows_in[l] = kv_row(p, false, b, g, t0 + l, D, keybuf.data() + size_t(l) * D);
     transpose_keys<I>(rows_in, nk, D, kt.data());
-    for (int r = 0; r < R; r += kRowBlock) {
-      float* out[kRowBlock];
-      for (int i = 0; i < kRowBlock; ++i) out[i] = scores.data() + size_t(r + i) * p.T + t0;
-      score_block<I, kRowBlock>(q.data() + size_t(r) * D, D, kt.data(), nk, p.scale, out);
-    }
+    for (int r = 0; r < rows; r += kRowBlock)
+      with_row_block(std::min(kRowBlock, rows - r), [&](auto rb) {
+        constexpr int RB = decltype(rb)::value;
+        float* out[RB];
+        for (int i = 0; i < RB; ++i) out[i] = scores.data() + size_t(r + i) * p.T + t0;
+        score_block<I, RB>(q.data() + size_t(r) * D, D, kt.data(), nk, p.scale, out);
+      });
   }
   for (int r = 0; r < rows; ++r) {  // softmax numerators; scores past a row's keys become 0
     float* s = scores.data() + size_t(r) * p.T;
@@ -218,7 +247,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
         if (sees(p, row_m[r], t)) mx = std::max(mx, s[t]);
       for (int t = 0; t < seen[r]; ++t) s[t] = sees(p, row_m[r], t) ? exp_nonpositive(s[t] - mx) : 0.0f;
     } else {
-      for (int t = 0; t < seen[r]; ++t) mx = std::max(mx, s[t]);
+      mx = max_span(s, seen[r], mx);
       exp_shifted_span(s, mx, seen[r]);
     }
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
@@ -244,20 +273,32 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
       value_block<I, RB>(pr, static_cast<const float*>(p.v2) + b * p.v2s[0] + g * p.v2s[1] + (mid - p.split) * p.v2s[2] + d0,
                          p.v2s[2], mid, t1, ac);
   };
-  for (int r = 0; r < R; r += kRowBlock) {
-    const float* pr[kRowBlock];
-    for (int i = 0; i < kRowBlock; ++i) pr[i] = scores.data() + size_t(r + i) * p.T;
+  for (int r = 0; r < rows; r += kRowBlock) with_row_block(std::min(kRowBlock, rows - r), [&](auto rb) {
+    constexpr int RB = decltype(rb)::value;
+    const float* pr[RB];
+    for (int i = 0; i < RB; ++i) pr[i] = scores.data() + size_t(r + i) * p.T;
     // Keys every row of the block sees, then the causal tail one row at a time (each row's own
     // sequence of FMAs over its keys, whatever rows share its block).
     int common = p.T;
-    for (int i = 0; i < kRowBlock; ++i) common = std::min(common, r + i < rows ? seen[r + i] : p.T);
+    for (int i = 0; i < RB; ++i) common = std::min(common, seen[r + i]);
     common = std::min(common, t_end);
     if (p.visible) common = std::min(common, p.T - p.M);  // the tail: each row its own keys, one at a time
+    // Keys the whole block sees, kValueChunk at a time with every lane block of the chunk before the
+    // next chunk: its value rows are read from memory once and then from L1 (lane block by lane block
+    // over all keys re-streamed the cache from memory at long context: 4x slower). Each lane's FMAs
+    // still run over the keys in order.
+    for (int c0 = 0; c0 < common; c0 += kValueChunk)
+      for (int d0 = 0; d0 < Dv16; d0 += 16) {
+        const int ahead = c0 + kValueChunk + d0 / 16 * (kValueChunk * 16 / Dv16);  // the next chunk's rows, spread
+        prefetch_kv_rows(p, true, b, g, ahead, std::min(common, ahead + kValueChunk * 16 / Dv16));
+        float* ac[RB];
+        for (int i = 0; i < RB; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
+        values(rb, pr, c0, std::min(common, c0 + kValueChunk), d0, ac);
+      }
     for (int d0 = 0; d0 < Dv16; d0 += 16) {
-      float* ac[kRowBlock];
-      for (int i = 0; i < kRowBlock; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
-      values(std::integral_constant<int, kRowBlock>{}, pr, 0, common, d0, ac);
-      for (int i = 0; i < kRowBlock && r + i < rows; ++i) {
+      float* ac[RB];
+      for (int i = 0; i < RB; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
+      for (int i = 0; i < RB; ++i) {
         if (!p.visible) {
           values(std::integral_constant<int, 1>{}, pr + i, common, seen[r + i], d0, ac + i);
           continue;
@@ -266,7 +307,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
           if (sees(p, row_m[r + i], t)) values(std::integral_constant<int, 1>{}, pr + i, t, t + 1, d0, ac + i);
       }
     }
-  }
+  });
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     const float* s = scores.data() + size_t(r) * p.T;

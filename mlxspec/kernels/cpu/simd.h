@@ -17,6 +17,13 @@
 
 namespace mlxspec {
 
+// A hint to load a cache line soon (no effect on results).
+inline void prefetch(const void* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#endif
+}
+
 enum class SType : int { f32 = 0, f16 = 1, bf16 = 2 };  // dtype of scales/biases
 enum class Isa : int { generic = 0, avx512 = 1, avx2 = 2, neon = 3 };
 
