@@ -1,7 +1,7 @@
 // Standalone check of the kernels' instruction-set paths, without MLX (tests/kernels/test_isa_paths.py):
 // every ISA compiled for this target against the portable one, bit for bit, on the quantized
 // matmul (4/8 bits, group sizes 32/64/128, f32/f16 scales, 1-5, 8 and 11 rows, odd column counts) and on the
-// few-row attention, and the vectorised exp / swiglu spans against their scalar loops; then a digest of the portable results, which must be the same on every
+// few-row attention (fp32, and fp16 against fp32 holding the same values), and the vectorised exp / swiglu spans against their scalar loops; then a digest of the portable results, which must be the same on every
 // machine (the arithmetic is fixed), so an arm64 build run under qemu is compared with this one.
 //
 //   g++ -O2 -std=c++17 -ffp-contract=off isa_check.cpp && ./a.out
@@ -97,6 +97,15 @@ int main() {
       digest.add(ref);
       for (Isa isa : kIsas)
         if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_sdpa(isa, p), "sdpa", isa);
+      // fp16 q, k, v (converted as they are read) against fp32 ones holding the same values
+      std::vector<uint16_t> qh(q.size()), kh(k.size()), vh(v.size());
+      for (auto [a, h] : {std::pair{&q, &qh}, std::pair{&k, &kh}, std::pair{&v, &vh}})
+        for (size_t i = 0; i < a->size(); ++i) (*h)[i] = float_to_half((*a)[i]), (*a)[i] = half_to_float((*h)[i]);
+      std::vector<float> ref16 = run_sdpa(Isa::generic, p);
+      SdpaProblem ph = p;
+      ph.q = qh.data(), ph.k = kh.data(), ph.v = vh.data(), ph.dtype = DType::f16;
+      for (Isa isa : kIsas)
+        if (isa_compiled(isa)) compare(ref16, run_sdpa(isa, ph), "sdpa f16", isa);
     }
   {  // exp over softmax-like inputs and swiglu, span (vector bodies where compiled) vs scalar loops
     const int n = 1 << 16;

@@ -178,14 +178,23 @@ inline void score_block(const float* q, int D, const float* kt, int nk, float sc
   }
 }
 
-// acc[r][0..16) += sum over t in [t0, t1) of p[r][t] * v[t][0..16), in key order.
-template <class I, int RB>
-inline void value_block(const float* const* p, const float* v, int64_t v_stride, int t0, int t1, float* const* acc) {
+// acc[r][0..16) += sum over t in [t0, t1) of p[r][t] * v[t][0..16), in key order. v: fp32, or fp16 /
+// bf16 (T = uint16_t, st says which) converted 16 at a time as they are read (exact conversions).
+template <class I, int RB, class T = float>
+inline void value_block(const float* const* p, const T* v, int64_t v_stride, int t0, int t1, float* const* acc,
+                        SType st = SType::f32) {
   using V = typename I::V;
   V a[RB];
+  alignas(64) float row[16];
   for (int r = 0; r < RB; ++r) a[r] = I::load(acc[r]);
   for (int t = t0; t < t1; ++t) {
-    V vr = I::load(v + (t - t0) * v_stride);
+    V vr;
+    if constexpr (std::is_same<T, float>::value) {
+      vr = I::load(v + (t - t0) * v_stride);
+    } else {
+      load_floats(v + (t - t0) * v_stride, 0, 16, st, row);
+      vr = I::load(row);
+    }
     for (int r = 0; r < RB; ++r) a[r] = I::fma(I::set1(p[r][t]), vr, a[r]);
   }
   for (int r = 0; r < RB; ++r) I::store(acc[r], a[r]);
@@ -252,9 +261,10 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     }
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
-  // Value rows in fp32, padded to 16 lanes: each segment's own rows where they already are (fp32, a
-  // multiple of 16 wide), else a copy. Same values, same order of FMAs either way.
-  const bool direct = p.dtype == DType::f32 && p.Dv == Dv16 && p.vs[3] == 1 && (t_end <= p.split || p.v2s[3] == 1);
+  // Value rows in fp32, padded to 16 lanes: each segment's own rows where they already are (a
+  // multiple of 16 wide, contiguous; fp16/bf16 converted as they are read), else a copy. Same
+  // values, same order of FMAs either way.
+  const bool direct = p.Dv == Dv16 && p.vs[3] == 1 && (t_end <= p.split || p.v2s[3] == 1);
   if (!direct) {
     vrows.assign(size_t(t_end) * Dv16, 0.0f);
     for (int t = 0; t < t_end; ++t) {
@@ -267,11 +277,14 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     constexpr int RB = decltype(rb)::value;
     if (!direct) return value_block<I, RB>(pr, vrows.data() + size_t(t0) * Dv16 + d0, Dv16, t0, t1, ac);
     const int mid = std::min(std::max(t0, p.split), t1);
-    if (mid > t0)
-      value_block<I, RB>(pr, static_cast<const float*>(p.v) + b * p.vs[0] + g * p.vs[1] + t0 * p.vs[2] + d0, p.vs[2], t0, mid, ac);
-    if (t1 > mid)
-      value_block<I, RB>(pr, static_cast<const float*>(p.v2) + b * p.v2s[0] + g * p.v2s[1] + (mid - p.split) * p.v2s[2] + d0,
-                         p.v2s[2], mid, t1, ac);
+    auto segment = [&](const void* v, const int64_t* s, int row0, int n0, int n1) {  // rows [n0, n1), row0 first
+      const int64_t i = b * s[0] + g * s[1] + int64_t(row0) * s[2] + d0;
+      if (p.dtype == DType::f32) return value_block<I, RB>(pr, static_cast<const float*>(v) + i, s[2], n0, n1, ac);
+      value_block<I, RB>(pr, static_cast<const uint16_t*>(v) + i, s[2], n0, n1, ac,
+                         p.dtype == DType::f16 ? SType::f16 : SType::bf16);
+    };
+    if (mid > t0) segment(p.v, p.vs, t0, t0, mid);
+    if (t1 > mid) segment(p.v2, p.v2s, mid - p.split, mid, t1);
   };
   for (int r = 0; r < rows; r += kRowBlock) with_row_block(std::min(kRowBlock, rows - r), [&](auto rb) {
     constexpr int RB = decltype(rb)::value;
