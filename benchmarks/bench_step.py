@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step.py                 # SmolLM2-135M-Instruct Q4_1, default prompts
     python benchmarks/bench_step.py --no-llama-cpp  # without llama-cpp-python installed
+    python benchmarks/bench_step.py --context 1024  # each prompt after filler text: 1024 tokens before decoding
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
@@ -48,6 +49,13 @@ def prompt_ids(tokenizer, prompt) -> list[int]:
     if prompt.messages:
         return list(tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True))
     return list(tokenizer.encode(prompt.text))
+
+
+def with_context(ids: list[int], filler: list[int], n: int) -> list[int]:
+    """ids after as many filler tokens as make n tokens before decoding (a long conversation's
+    attention cost); unchanged when ids are already that long."""
+    need = n - len(ids)
+    return (filler * (need // len(filler) + 1))[:need] + ids if need > 0 else ids
 
 
 class MlxspecRunner:
@@ -105,10 +113,11 @@ class EngineRunner:
 
 
 class LlamaCppRunner:
-    def __init__(self, path: Path, threads: int):
+    def __init__(self, path: Path, threads: int, n_ctx: int = 2048):
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048, verbose=False)
+        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
+                         n_batch=n_ctx, verbose=False)  # n_batch: llama-cpp-python keeps that many rows of scores
 
     def run(self, ids: list[int], tokens: int) -> dict:
         llm = self.llm
@@ -135,17 +144,23 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
+    ap.add_argument("--context", type=int, default=0, help="tokens before decoding (filler text + prompt)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
 
     loaded = load(args.model)
     model, tokenizer = loaded.model, loaded.tokenizer
-    prompts = [prompt_ids(tokenizer, p) for p in load_prompt_set(args.prompts).prompts]
+    prompt_set = load_prompt_set(args.prompts).prompts
+    prompts = [prompt_ids(tokenizer, p) for p in prompt_set]
+    if args.context:
+        filler = list(tokenizer.encode(" ".join(p.text or p.messages[-1]["content"] for p in prompt_set)))
+        prompts = [with_context(ids, filler, args.context) for ids in prompts]
     runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False),
                "mlxspec engine (pipelined)": EngineRunner(args.model)}
     if not args.no_llama_cpp:
-        runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads)
+        runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads,
+                                              max(2048, max(map(len, prompts)) + args.tokens + 16))
     bw = measure_bandwidth()
     step_bytes = model_bytes(model).step_bytes(statistics.mean(len(p) for p in prompts) + args.tokens / 2)
     results = {name: [] for name in runners}
@@ -169,7 +184,8 @@ def main() -> None:
     first = results["mlxspec fused"][0]["tokens"]
     # the engine may stop early, at an end-of-sequence token
     same = {n: results[n][0]["tokens"] == first[: len(results[n][0]["tokens"])] for n in results}
-    report = {"model": args.model, "prompts": args.prompts, "tokens": args.tokens, "repeats": args.repeats,
+    report = {"model": args.model, "prompts": args.prompts, "context": args.context, "tokens": args.tokens,
+              "repeats": args.repeats,
               "bytes_per_step": int(step_bytes), "bandwidth": bw.to_dict(),
               "roofline_tok_s": round(bw.roofline_gbs * 1e9 / step_bytes, 1), "engines": summary,
               "vs_llama_cpp": {n: round(s["tok_s"] / base, 2) for n, s in summary.items()} if base else None,
