@@ -43,6 +43,22 @@ def test_every_row_count_matches_reference_and_one_row_calls(cpu_ext, dtype):
                 assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"isa {sdpa.isa}, M={m}, row {i}"
 
 
+@pytest.mark.parametrize("kv_dtype", [mx.float16, mx.bfloat16])
+def test_fp32_queries_over_a_half_cache_equal_fp32_attention_over_the_same_values(cpu_ext, kv_dtype):
+    """fp32 queries with fp16/bf16 keys and values (read as fp32, exactly): the bits of an all-fp32 call."""
+    q, k, v = inputs(9, 3, 4, 300, 64, 64, mx.float32, seed=3)
+    kh, vh = k.astype(kv_dtype), v.astype(kv_dtype)
+    for isa in isas(cpu_ext):
+        sdpa = cpu_sdpa_function(isa)
+        for causal in (False, True):
+            mixed = sdpa(q, kh, vh, 0.125, causal)
+            assert mixed.dtype == mx.float32
+            same = sdpa(q, kh.astype(mx.float32), vh.astype(mx.float32), 0.125, causal)
+            assert mx.array_equal(mixed, same).item(), f"isa {sdpa.isa}, causal={causal}"
+    with pytest.raises(ValueError, match="one dtype for k and v"):
+        cpu_sdpa_function()(q, kh, v, 0.125, False)
+
+
 def test_long_prefill_and_batches(cpu_ext):
     """More rows than one work item (64) and a batch of 2: still the reference."""
     q, k, v = inputs(4, 4, 100, 130, 32, 32, mx.float32, seed=1)

@@ -4,7 +4,7 @@
 //   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, stream=None) -> (..., N)
 //     the multi-row quantized matmul of qmm_kernel.h; output dtype = promotion of x and scales
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
-//     few-row attention of sdpa_kernel.h, in q's dtype
+//     few-row attention of sdpa_kernel.h, in q's dtype (k and v share one, q may differ)
 //   rms_norm, rope, swiglu: the per-token ops of pointwise.cpp
 #include <algorithm>
 #include <cstdlib>
@@ -223,9 +223,10 @@ class FewRowAttention : public mx::UnaryPrimitive {
     enc.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                   v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
                   scale = scale_, causal = causal_, isa = Isa(isa_)]() mutable {
-      SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(q.dtype()), {}, {}, {},
+      SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(k.dtype()), {}, {}, {},
                     q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3),
                     scale, causal, nullptr};
+      if (q.dtype() != k.dtype()) p.qdtype = int(dtype_of(q.dtype()));
       for (int i = 0; i < 4; ++i) p.qs[i] = q.strides()[i], p.ks[i] = k.strides()[i], p.vs[i] = v.strides()[i];
       thread_local std::vector<float> buf;
       buf.resize(out.size());
@@ -262,8 +263,8 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
                       int isa, mx::StreamOrDevice s) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
-  if (k.dtype() != q.dtype() || v.dtype() != q.dtype()) throw std::invalid_argument("mlxspec sdpa: one dtype for q, k, v");
-  dtype_of(q.dtype());
+  if (v.dtype() != k.dtype()) throw std::invalid_argument("mlxspec sdpa: one dtype for k and v");
+  dtype_of(q.dtype()), dtype_of(k.dtype());
   if (k.shape(0) != q.shape(0) || v.shape(0) != q.shape(0) || k.shape(1) != v.shape(1) || q.shape(1) % k.shape(1) ||
       k.shape(2) != v.shape(2) || k.shape(3) != q.shape(3))
     throw std::invalid_argument("mlxspec sdpa: shapes do not match (GQA needs heads % kv heads == 0)");

@@ -1,6 +1,7 @@
 // Attention for a few query rows against a KV cache, on the CPU: out = softmax(q k^T * scale) v.
 //
-// q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv); head h reads kv head h / (H / KV) (GQA).
+// q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv); head h reads kv head h / (H / KV) (GQA). k and v
+// share a dtype; q may have another (fp32 queries over an fp16 cache): all are read as fp32, exactly.
 // Causal: query row m sees keys t < T - M + m + 1 (the new rows are the last M positions).
 // Tree (`visible` set): row m sees keys t < T - M and tail key T - M + j iff bit j of visible[m]
 // (its ancestors and itself): its softmax, sum and value FMAs run over exactly those keys in
@@ -41,6 +42,7 @@ struct SdpaProblem {
   const void *k2 = nullptr, *v2 = nullptr;
   int64_t k2s[4] = {0, 0, 0, 0}, v2s[4] = {0, 0, 0, 0};
   const uint64_t* visible = nullptr;  // (M,) tree rows' visible tail keys (M <= 64), or causal/full
+  int qdtype = -1;  // q's DType where it differs from k's and v's (fp32 queries over an fp16 cache), else -1
 };
 
 // Does query row m (of M) see key t? (every row sees the keys before the tail)
@@ -228,7 +230,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
-    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(p.q, qi + d, p.dtype);
+    for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(p.q, qi + d, p.qdtype < 0 ? p.dtype : DType(p.qdtype));
     seen[r] = p.causal ? p.T - p.M + m + 1 : p.T;
     if (p.visible) seen[r] = p.T - p.M + (p.visible[m] ? 64 - __builtin_clzll(p.visible[m]) : 0);  // last seen + 1
     row_m[r] = m;
