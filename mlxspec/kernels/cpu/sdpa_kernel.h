@@ -218,15 +218,15 @@ inline void with_row_block(int n, F&& f) {
 template <class I>
 void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int rep = p.H / p.KV, rows = r1 - r0;
-  const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16, R = (rows + kRowBlock - 1) / kRowBlock * kRowBlock;
+  const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16;
   // scratch per thread, reused across calls (a decoding step calls this ~100 times)
   thread_local std::vector<float> q, scores, acc, kt, vrows, buf, keybuf;
   thread_local std::vector<int> seen, row_m;
   thread_local std::vector<float> compact;
-  q.assign(size_t(R) * D, 0.0f), scores.assign(size_t(R) * p.T, 0.0f), acc.assign(size_t(R) * Dv16, 0.0f);
+  q.assign(size_t(rows) * D, 0.0f), scores.assign(size_t(rows) * p.T, 0.0f), acc.assign(size_t(rows) * Dv16, 0.0f);
   kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv)), keybuf.resize(size_t(kKeys) * D);
-  seen.assign(R, 0);  // keys each row attends to (padding rows: none)
-  row_m.assign(R, 0);
+  seen.assign(rows, 0);  // keys each row attends to
+  row_m.assign(rows, 0);
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
@@ -305,7 +305,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     for (int c0 = 0; c0 < common; c0 += kValueChunk)
       for (int d0 = 0; d0 < Dv16; d0 += 16) {
         const int ahead = c0 + kValueChunk + d0 / 16 * (kValueChunk * 16 / Dv16);  // the next chunk's rows, spread
-        prefetch_kv_rows(p, true, b, g, ahead, std::min(common, ahead + kValueChunk * 16 / Dv16));
+        if (direct) prefetch_kv_rows(p, true, b, g, ahead, std::min(common, ahead + kValueChunk * 16 / Dv16));
         float* ac[RB];
         for (int i = 0; i < RB; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
         values(rb, pr, c0, std::min(common, c0 + kValueChunk), d0, ac);
