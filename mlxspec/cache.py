@@ -4,9 +4,44 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
+KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
+
+
+class HalfKVCache(KVCache):
+    """mlx-lm's KVCache that stores float32 keys and values as float16 (llama.cpp's default cache
+    type): half the memory and half the reads per step of a float32 model's cache (GGUF models
+    compute in float32). Attention then reads float16 keys and values against float32 queries,
+    exactly as if they were float32. Half-precision keys and values are stored as they come."""
+
+    @staticmethod
+    def stored_dtype(dtype: mx.Dtype) -> mx.Dtype:
+        """The dtype keys and values computed in `dtype` are kept in (the fused CPU block asks)."""
+        return mx.float16 if dtype == mx.float32 else dtype
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        return super().update_and_fetch(keys.astype(self.stored_dtype(keys.dtype)),
+                                        values.astype(self.stored_dtype(values.dtype)))
+
+
+def store_kv_in_half(model: nn.Module) -> None:
+    """Make this model's caches (every make_prompt_cache(model), mlx-lm's included) HalfKVCaches where
+    they would be plain KVCaches; other kinds (rotating, quantized) stay. Per model: mlx-lm's
+    `make_cache` hook, set on this instance only."""
+    own = getattr(model, "make_cache", None)
+
+    def make_cache() -> list:
+        caches = own() if own is not None else [KVCache() for _ in model.layers]
+        return [HalfKVCache() if type(c) is KVCache else c for c in caches]
+
+    model.make_cache = make_cache
+
+
+def kv_cache_type(model: nn.Module) -> str:
+    """'f16' if this model's float32 keys and values are stored as float16, else 'f32' (as computed)."""
+    return "f16" if any(isinstance(c, HalfKVCache) for c in make_prompt_cache(model)) else "f32"
 
 
 def new_cache(model: nn.Module) -> list:

@@ -75,6 +75,7 @@ class Engine:
         progress=None,
         kernels: bool | str | None = None,
         ollama=None,
+        kv_cache: str | None = None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -86,19 +87,22 @@ class Engine:
         MLXSPEC_KERNELS (0 = off; "ops" = the per-op kernels without fused layers), the one place
         that setting is read. `ollama`: the OllamaStore
         `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
+        `kv_cache`: how a GGUF model's float32 keys and values are stored on the CPU, 'f16' (default,
+        as llama.cpp) or 'f32' (loading.load); None reads MLXSPEC_KV_CACHE_TYPE, here only.
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
             kernels = "ops" if env == "ops" else env != "0"
+        kv_cache = kv_cache or os.environ.get("MLXSPEC_KV_CACHE_TYPE") or "f16"
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
-        tgt = loading.load(target, quantize, progress, ollama)
+        tgt = loading.load(target, quantize, progress, ollama, kv_cache)
         dft = None
         if kind == "draft-model":
             same = draft == target and (draft_quantize or None) == (quantize or None)
-            dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama)  # one copy when identical
+            dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
         kernel_report = _use_kernels(tgt, dft, fuse=kernels != "ops") if kernels else {"disabled": "kernels off"}
         # Drafters are built after the swap: an early-exit view copies the target's module tree.

@@ -19,7 +19,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import ollama_store
-from .errors import ModelLoadError
+from .cache import KV_CACHE_TYPES, kv_cache_type, store_kv_in_half
+from .errors import MlxspecError, ModelLoadError
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -137,13 +138,20 @@ def download(repo_id: str, progress: Any = None) -> str:
 
 
 def load(
-    reference: str, quantize: str | None = None, progress: Any = None, ollama: ollama_store.OllamaStore | None = None
+    reference: str, quantize: str | None = None, progress: Any = None, ollama: ollama_store.OllamaStore | None = None,
+    kv_cache: str = "f16",
 ) -> LoadedModel:
     """Load a model reference, quantizing on load when asked (e.g. quantize='q4').
 
     `progress`: a tqdm class huggingface-hub reports a repo download to. `ollama`: Ollama's store for
     `ollama:` references; None reads OLLAMA_MODELS here (this is then the Python API's entry point).
+    `kv_cache`: 'f16' stores a GGUF model's float32 keys and values as float16 on the CPU (llama.cpp's
+    and Ollama's default; the CPU kernels read them directly), 'f32' keeps them as computed. MLX
+    models keep mlx-lm's cache (their activations are already half precision), and so do GPUs,
+    whose attention kernels take one dtype.
     """
+    if kv_cache not in KV_CACHE_TYPES:
+        raise MlxspecError(f"unknown KV cache type {kv_cache!r} (one of {', '.join(KV_CACHE_TYPES)})")
     quant = parse_quantize(quantize)
     from_ollama = ollama_store.is_reference(reference)
     if from_ollama and ollama is None:
@@ -154,6 +162,8 @@ def load(
             from .gguf import load_gguf
 
             model, tokenizer, config = load_gguf(path)
+            if kv_cache == "f16" and mx.default_device() == mx.cpu:
+                store_kv_in_half(model)
         elif path.is_dir() and (path / "config.json").exists():
             model, tokenizer, config = _load_directory(path)
         else:
@@ -210,6 +220,7 @@ def model_info(m: LoadedModel) -> dict:
         "vocab_size": cfg.get("vocab_size"),
         "num_layers": cfg.get("num_hidden_layers"),
         "hidden_size": cfg.get("hidden_size"),
+        "kv_cache_type": kv_cache_type(m.model),
     }
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import rewind
+from .cache import new_cache, rewind
 from .features import head
 from .kernels.fused_layer import TreeMask, tree_ready
 from .options import GenerateOptions
@@ -71,7 +71,7 @@ def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, widt
         return False
     if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
         return False
-    return tree_ready(target, target.model.embed_tokens(mx.array([0])).dtype)
+    return tree_ready(target, target.model.embed_tokens(mx.array([0])).dtype, new_cache(target)[0])
 
 
 class TreeRound:

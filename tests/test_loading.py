@@ -6,13 +6,14 @@ import os
 import subprocess
 import sys
 
+import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from test_decode_greedy import run
 
 from mlxspec.engine import Engine
-from mlxspec.errors import ModelLoadError
+from mlxspec.errors import MlxspecError, ModelLoadError
 from mlxspec.loading import load, parse_quantize
 
 
@@ -59,7 +60,7 @@ def test_repo_id_offline_is_a_clear_error_naming_the_repo(tmp_path):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     code = (
         "from mlxspec.loading import load\n"
-        "from mlxspec.errors import ModelLoadError\n"
+        "from mlxspec.errors import MlxspecError, ModelLoadError\n"
         "try:\n    load('mlx-community/NoSuchModel-4bit')\n"
         "except ModelLoadError as e:\n    print('ERROR', e)\n"
     )
@@ -83,8 +84,28 @@ def test_gguf_file_through_the_engine(tmp_path, kind):
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", **args)
     plain = Engine.load(str(path))
     assert plain.info["quantization"] == {"Q4_0": "q4g32", "k-quants": "q4g32", "gemma3": "q8g32"}[kind]
+    assert plain.info["kv_cache_type"] == "f16"  # float32 keys and values kept as float16, as llama.cpp
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"
     tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
     assert tokens == run(plain, prompt, max_tokens=30)[0]
     assert last.stats.drafted > 0  # verify forwards of several rows did run
+
+
+def test_kv_cache_type_of_gguf_models(tmp_path, tiny_llama, monkeypatch):
+    """GGUF models store float32 keys and values as float16 unless asked for f32; MLX models keep mlx-lm's
+    cache; MLXSPEC_KV_CACHE_TYPE is read by Engine.load; an unknown type is a one-line error."""
+    path = str(write_tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_0"))
+    assert load(path).info["kv_cache_type"] == "f16"
+    assert load(path, kv_cache="f32").info["kv_cache_type"] == "f32"
+    assert load(str(tiny_llama)).info["kv_cache_type"] == "f32"
+    prompt = "the world and the world and the"
+    half, full = Engine.load(path), Engine.load(path, kv_cache="f32")
+    for engine, dtype in ((half, mx.float16), (full, mx.float32)):
+        assert run(engine, prompt, max_tokens=12)[0]
+        assert engine.kv.cache[0].keys.dtype == dtype  # the cache the request decoded with
+    monkeypatch.setenv("MLXSPEC_KV_CACHE_TYPE", "f32")
+    assert Engine.load(path).info["kv_cache_type"] == "f32" == full.info["kv_cache_type"]
+    monkeypatch.setenv("MLXSPEC_KV_CACHE_TYPE", "q4_0")
+    with pytest.raises(MlxspecError, match="unknown KV cache type 'q4_0' \\(one of f16, f32\\)"):
+        Engine.load(path)

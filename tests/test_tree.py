@@ -13,6 +13,7 @@ from test_medusa import random_heads
 
 from mlxspec.frontend.cli import cli
 
+from mlxspec.cache import HalfKVCache, new_cache, store_kv_in_half
 from mlxspec.decode import Decoder
 from mlxspec.engine import Engine
 from mlxspec.kernels.fused_layer import tree_ready
@@ -60,10 +61,16 @@ def medusa_heads(q4, tmp_path_factory):
     return home / "drafters" / "tiny.safetensors"
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2"])
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half-cache"])
 def engine(request, q4):
-    e = Engine.load(str(q4[request.param]))
-    assert tree_ready(e.target.model, mx.float32), e.kernels
+    """The 4-bit tiny models; "half-cache": float32 keys and values stored as float16 (GGUF models' default)."""
+    arch, _, half = request.param.partition("-")
+    e = Engine.load(str(q4[arch]))
+    if half:
+        store_kv_in_half(e.target.model)
+    cache = new_cache(e.target.model)[0]
+    assert isinstance(cache, HalfKVCache) == bool(half)
+    assert tree_ready(e.target.model, mx.float32, cache), e.kernels
     return e
 
 
@@ -101,7 +108,7 @@ def test_the_cache_keeps_the_accepted_path_in_order(engine):
         keep_path(cache, start, path)
         want = prefilled(model, prompt[:-1] + [nodes[m] for m in path])
         for got, ref in zip(cache, want):
-            assert got.offset == ref.offset
+            assert got.offset == ref.offset and got.keys.dtype == ref.keys.dtype
             assert mx.array_equal(got.keys[..., : got.offset, :], ref.keys[..., : ref.offset, :]).item()
             assert mx.array_equal(got.values[..., : got.offset, :], ref.values[..., : ref.offset, :]).item()
 

@@ -10,8 +10,9 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
-(CPU device, plain KV cache, mask None or "causal", no sinks, a dtype it handles, and this shape
-signature passed the self-check); anything else goes to mlx-lm's own function unchanged.
+(CPU device, plain KV cache, mask None or "causal", no sinks, dtypes it handles, and this shape
+signature passed the self-check); anything else goes to mlx-lm's own function unchanged. Keys and
+values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
 """
 
 from __future__ import annotations
@@ -45,14 +46,17 @@ def attention_within_tolerance(y, q, k, v, scale: float, causal: bool) -> tuple[
     return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)
 
 
-def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: int, dtype) -> str | None:
-    """None if the kernel matches the reference on random inputs of this signature, else why not."""
+def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: int, dtype,
+               kv_dtype=None) -> str | None:
+    """None if the kernel matches the reference on random inputs of this signature (queries in
+    `dtype`, keys and values in `kv_dtype`, default the same), else why not."""
+    kv_dtype = kv_dtype or dtype
     try:
         kq, kk, kv = mx.random.split(mx.random.key(heads * 131 + dim), 3)
         rows, keys = 4, 300  # past a 256-key chunk boundary of the GPU kernel
         q = mx.random.normal((1, heads, rows, dim), key=kq).astype(dtype)
-        k = mx.random.normal((1, kv_heads, keys + 5, dim), key=kk).astype(dtype)[:, :, :keys]  # a cache-like view
-        v = mx.random.normal((1, kv_heads, keys + 5, value_dim), key=kv).astype(dtype)[:, :, :keys]
+        k = mx.random.normal((1, kv_heads, keys + 5, dim), key=kk).astype(kv_dtype)[:, :, :keys]  # a cache-like view
+        v = mx.random.normal((1, kv_heads, keys + 5, value_dim), key=kv).astype(kv_dtype)[:, :, :keys]
         scale = dim**-0.5
         for causal in (False, True):
             y = sdpa(q, k, v, scale, causal)
@@ -95,16 +99,25 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
         return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
     if mask is not None and queries.shape[2] > keys.shape[2]:
         return False
-    if queries.dtype not in EPS or keys.dtype != queries.dtype or values.dtype != queries.dtype:
+    if queries.dtype not in EPS or values.dtype != keys.dtype:
         return False
-    return check_signature(queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype) is None
+    if keys.dtype != queries.dtype and not (_mixed_ok() and queries.dtype == mx.float32 and keys.dtype == mx.float16):
+        return False
+    return check_signature(queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype,
+                           keys.dtype) is None
 
 
-def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32) -> str | None:
+def _mixed_ok() -> bool:
+    """Float32 queries over a float16 cache: the CPU kernel reads them exactly; the GPU kernels take one dtype."""
+    return mx.default_device() == mx.cpu
+
+
+def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32, kv_dtype=None) -> str | None:
     """Self-check one signature on the default device's kernel, once per process; None if it passed."""
     rec = _record()
-    signature = (heads, kv_heads, dim, value_dim, str(dtype))
-    return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype))
+    kv_dtype = kv_dtype or dtype
+    signature = (heads, kv_heads, dim, value_dim, str(dtype)) + ((str(kv_dtype),) if kv_dtype != dtype else ())
+    return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype, kv_dtype))
 
 
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):

@@ -12,7 +12,8 @@ A block is fused only when every part of it already runs mlxspec's CPU kernels (
 RMSNorm, RoPE, swiglu, attention), and a call goes to the fused primitive only for a signature that
 gave bit-identical results to the module path on first use (one and several rows, the KV cache
 too). Anything else keeps the modules: a GPU, a batch, a mask array, a cache other than mlx-lm's
-KVCache, an architecture other than llama/qwen2's block.
+KVCache (or a subclass that only changes the stored dtype, `stored_dtype`: mlxspec's HalfKVCache),
+an architecture other than llama/qwen2's block.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class LayerPlan:
     head_dim: int
     key_parts: list  # arrays whose dtypes, with x's, make the keys' dtype (norm, k_proj scales, bias)
     signature: tuple
-    ok: dict = field(default_factory=dict)  # x dtype -> (self-check passed, the cache's dtype)
+    ok: dict = field(default_factory=dict)  # (x dtype, cache class) -> (self-check passed, the cache's dtype)
 
 
 def _get(block: nn.Module, path: str):
@@ -105,8 +106,9 @@ class TreeMask:
     parents: tuple[int, ...]
 
 
-def tree_ready(model: nn.Module, dtype: mx.Dtype) -> bool:
-    """Can every block of this model run a TreeMask pass (fused, self-checked for `dtype`)?"""
+def tree_ready(model: nn.Module, dtype: mx.Dtype, cache: KVCache) -> bool:
+    """Can every block of this model run a TreeMask pass (fused, self-checked for `dtype` and the
+    kind of cache the model decodes with: `cache`, a fresh one of that kind)?"""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers or mx.default_device() != mx.cpu:
         return False
@@ -115,7 +117,7 @@ def tree_ready(model: nn.Module, dtype: mx.Dtype) -> bool:
         if not hasattr(type(layer), FUSED_FROM):
             return False
         dims = layer.input_layernorm.weight.shape[0]
-        if not _applies(layer, mx.broadcast_to(probe, (1, 1, dims)), None, KVCache()):
+        if not _applies(layer, mx.broadcast_to(probe, (1, 1, dims)), None, cache):
             return False
     return True
 
@@ -131,18 +133,31 @@ def _fused_call(self, x: mx.array, mask=None, cache=None):
     return base.__call__(self, x, mask, cache)
 
 
+def _stored_dtype(cache, keys: mx.Dtype) -> mx.Dtype | None:
+    """The dtype this cache keeps keys computed in `keys` in, None for a cache the block cannot write
+    (the C++ side takes a cache in the keys' dtype, or float16 under float32 keys)."""
+    if type(cache) is KVCache:
+        return keys
+    stored = getattr(cache, "stored_dtype", None)
+    if not isinstance(cache, KVCache) or stored is None:
+        return None
+    kv = stored(keys)
+    return kv if kv == keys or (keys == mx.float32 and kv == mx.float16) else None
+
+
 def _applies(block, x: mx.array, mask, cache) -> bool:
-    if type(cache) is not KVCache or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
+    if not isinstance(cache, KVCache) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
         return False
     if not (mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
         return False
-    plan = block._mlxspec_plan
-    if x.dtype not in plan.ok:
-        if x.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+    plan, key = block._mlxspec_plan, (x.dtype, type(cache))
+    if key not in plan.ok:
+        kv = _stored_dtype(cache, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
+        if x.dtype not in (mx.float32, mx.float16, mx.bfloat16) or kv is None:
             return False
-        passed = _record().check((*plan.signature, str(x.dtype)), lambda: _self_check(block, x.dtype)) is None
-        plan.ok[x.dtype] = (passed, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
-    return plan.ok[x.dtype][0]
+        check = lambda: _self_check(block, x.dtype, type(cache), kv)  # noqa: E731
+        plan.ok[key] = (_record().check((*plan.signature, str(x.dtype), str(kv)), check) is None, kv)
+    return plan.ok[key][0]
 
 
 def _reserve(cache: KVCache, rows: int, kv_heads: int, head_dim: int, dtype: mx.Dtype) -> None:
@@ -166,19 +181,20 @@ def fused_forward(plan: LayerPlan, x: mx.array, cache: KVCache, parents: tuple[i
     """The block on x (1, L, D) in one primitive; this step's keys and values go into the cache.
     `parents`: a tree pass (TreeMask), else the rows are a causal chain."""
     rows, prev = x.shape[1], cache.offset
-    _reserve(cache, rows, plan.kv_heads, plan.head_dim, plan.ok[x.dtype][1])
+    _reserve(cache, rows, plan.kv_heads, plan.head_dim, plan.ok[x.dtype, type(cache)][1])
     out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev, list(parents))
     cache.offset += rows
     return out
 
 
-def _self_check(block, dtype) -> str | None:
-    """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache too."""
+def _self_check(block, dtype, cache_class: type, kv: mx.Dtype) -> str | None:
+    """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache
+    (of `cache_class`, holding `kv`) too."""
     base = getattr(type(block), FUSED_FROM)
     dims = block.input_layernorm.weight.shape[0]
     x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
-    a, b = KVCache(), KVCache()
-    block._mlxspec_plan.ok[dtype] = (True, mx.result_type(dtype, *(p.dtype for p in block._mlxspec_plan.key_parts)))
+    a, b = cache_class(), cache_class()
+    block._mlxspec_plan.ok[dtype, cache_class] = (True, kv)
     for lo, hi in ((0, 5), (5, 6), (6, 9)):
         rows = x[:, lo:hi]
         mask = "causal" if hi - lo > 1 else None
@@ -188,7 +204,7 @@ def _self_check(block, dtype) -> str | None:
             return f"{hi - lo}-row output differs from the module path"
         ka, va = a.keys[..., : a.offset, :], a.values[..., : a.offset, :]
         kb, vb = b.keys[..., : b.offset, :], b.values[..., : b.offset, :]
-        if not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
+        if kb.dtype != ka.dtype or not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
             return f"KV cache after {hi - lo} rows differs from the module path"
     return None
 

@@ -13,6 +13,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxspec.cache import HalfKVCache, store_kv_in_half
 from mlxspec.exactness import RowInvariance
 from mlxspec.kernels import registry
 from mlxspec.kernels.fused_layer import FUSED_FROM, fused, restore_fused_layers, use_fused_layers
@@ -60,6 +61,33 @@ def test_fused_equals_the_module_path_bit_for_bit(request, cpu_ext, arch, quanti
             assert a.offset == b.offset
             assert mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
             assert mx.array_equal(a.values[..., : a.offset, :], b.values[..., : b.offset, :]).item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_fused_equals_the_module_path_over_a_half_cache(request, cpu_ext, arch):
+    """float32 blocks writing a float16 cache (HalfKVCache, GGUF models' default): the same bits as
+    the module path, where the cache rounds the keys and attention reads them back as float32."""
+    model = loaded(request.getfixturevalue(f"tiny_{arch}"))
+    store_kv_in_half(model)
+    prompt = [5, 17, 42, 7, 99, 3, 12]
+    for rows in (1, 3):
+        want, want_cache = decode(model, prompt, 6, rows)
+        assert want[-1].dtype == mx.float32 and want_cache[0].keys.dtype == mx.float16
+        use_fused_layers(model)
+        got, got_cache = decode(model, prompt, 6, rows)
+        plans = [b._mlxspec_plan.ok for b in model.model.layers]
+        restore_fused_layers(model)
+        assert all(ok[mx.float32, HalfKVCache] == (True, mx.float16) for ok in plans), plans  # the primitive ran
+        for w, g in zip(want, got):
+            assert w.dtype == g.dtype and mx.array_equal(w, g).item()
+        for a, b in zip(want_cache, got_cache):
+            assert a.offset == b.offset and b.keys.dtype == b.values.dtype == mx.float16
+            assert mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+            assert mx.array_equal(a.values[..., : a.offset, :], b.values[..., : b.offset, :]).item()
+    sdpa_checks = registry.kernel("sdpa").checks
+    assert any("mlx.core.float16" in sig and why is None for sig, why in sdpa_checks.items()), sdpa_checks
+    use_fused_layers(model)
+    assert RowInvariance(model).holds(8), "verify rows over a half cache must equal one-row steps"
 
 
 def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):
@@ -131,7 +159,7 @@ def test_a_failed_self_check_keeps_the_modules(tiny_llama, cpu_ext, monkeypatch,
     model = loaded(tiny_llama)
     want, _ = decode(model, [5, 6, 7], 3)
     use_fused_layers(model)
-    monkeypatch.setattr(fl, "_self_check", lambda block, dtype: "disagrees (simulated)")
+    monkeypatch.setattr(fl, "_self_check", lambda block, dtype, cache_class, kv: "disagrees (simulated)")
     got, _ = decode(model, [5, 6, 7], 3)
     assert all(mx.array_equal(w, g).item() for w, g in zip(want, got))
     assert "disagrees (simulated)" in caplog.text

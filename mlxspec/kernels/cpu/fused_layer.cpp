@@ -62,9 +62,14 @@ struct LayerParams {
 // The dtype of every intermediate, as the module path's ops promote them.
 struct LayerTypes {
   mx::Dtype n1 = mx::float32, h = mx::float32, n2 = mx::float32, act = mx::float32, out = mx::float32;
+  mx::Dtype kv = mx::float32;  // the KV cache's: the keys' dtype, or float16 under float32 keys (a half cache)
   mx::Dtype qmm[kProjs] = {mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32};
   mx::Dtype proj[kProjs] = {mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32};
 };
+
+static DType attention_dtype(mx::Dtype d) {
+  return d == mx::float32 ? DType::f32 : (d == mx::float16 ? DType::f16 : DType::bf16);
+}
 
 static void round_span(float* y, size_t n, mx::Dtype t) {
   if (t == mx::float32) return;
@@ -136,7 +141,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   const int L = x.shape(1), D = x.shape(2), H = p.heads, KV = p.kv_heads, Dh = p.head_dim;
   const int Dv = in[kW0 + 3 * kV].shape(0) / KV, I = in[kW0 + 3 * kGate].shape(0);
   const mx::Dtype at = t.proj[kQ];  // q, k, v and the attention output share it (checked at build)
-  const SType ast = stype(at);
+  const SType ast = stype(at), kvst = stype(t.kv);
 
   // 1. n1 = rms_norm(x), rounded to its dtype
   float* xf = aligned(sc.x, size_t(L) * D);
@@ -175,11 +180,12 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   round_span(q, size_t(L) * H * Dh, at);
   round_span(k, size_t(L) * KV * Dh, at);
 
-  // 4. the step's keys/values in the cache layout (1, KV, L, D): the outputs the caller writes into its cache
+  // 4. the step's keys/values in the cache layout (1, KV, L, D), in the cache's dtype (a half cache
+  //    rounds them here, as its astype does): the outputs the caller writes into its cache
   for (int m = 0; m < L; ++m)
     for (int g = 0; g < KV; ++g) {
-      store_floats(k + (size_t(m) * KV + g) * Dh, Dh, ast, k_out.data<uint8_t>() + ((size_t(g) * L + m) * Dh) * k_out.itemsize());
-      store_floats(v + (size_t(m) * KV + g) * Dv, Dv, ast, v_out.data<uint8_t>() + ((size_t(g) * L + m) * Dv) * v_out.itemsize());
+      store_floats(k + (size_t(m) * KV + g) * Dh, Dh, kvst, k_out.data<uint8_t>() + ((size_t(g) * L + m) * Dh) * k_out.itemsize());
+      store_floats(v + (size_t(m) * KV + g) * Dv, Dv, kvst, v_out.data<uint8_t>() + ((size_t(g) * L + m) * Dv) * v_out.itemsize());
     }
   // q as (1, H, L, Dh) in the attention dtype
   sc.qt.resize(size_t(L) * H * Dh * at.size());
@@ -187,12 +193,14 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
     for (int h = 0; h < H; ++h)
       store_floats(q + (size_t(m) * H + h) * Dh, Dh, ast, sc.qt.data() + ((size_t(h) * L + m) * Dh) * at.size());
 
-  // 5. attention over cache rows [0, offset) and this step's rows
+  // 5. attention over cache rows [0, offset) and this step's rows (queries in their own dtype
+  //    where the cache has another)
   const mx::array &kc = in[kKeys_], &vc = in[kValues];
   const int T = p.offset + L;
   float* att = aligned(sc.att, size_t(H) * L * Dv);
-  SdpaProblem sp{sc.qt.data(), kc.data<uint8_t>(), vc.data<uint8_t>(), at == mx::float32 ? DType::f32 : (at == mx::float16 ? DType::f16 : DType::bf16),
+  SdpaProblem sp{sc.qt.data(), kc.data<uint8_t>(), vc.data<uint8_t>(), attention_dtype(t.kv),
                  {int64_t(H) * L * Dh, int64_t(L) * Dh, Dh, 1}, {}, {}, 1, H, KV, L, T, Dh, Dv, p.attn_scale, L > 1, att};
+  if (t.kv != at) sp.qdtype = int(attention_dtype(at));
   for (int i = 0; i < 4; ++i) sp.ks[i] = kc.strides()[i], sp.vs[i] = vc.strides()[i];
   sp.split = p.offset;
   if (p.tree) sp.visible = p.visible;
@@ -297,8 +305,11 @@ static LayerTypes layer_types(const std::vector<mx::array>& in, const LayerParam
   for (int i : {kQ, kK, kV}) t.proj[i] = proj_type(t.n1, i);
   if (t.proj[kQ] != t.proj[kK] || t.proj[kQ] != t.proj[kV])
     throw std::invalid_argument("mlxspec fused layer: q, k and v projections have different dtypes");
-  if (in[kKeys_].dtype() != t.proj[kK] || in[kValues].dtype() != t.proj[kV])
-    throw std::invalid_argument("mlxspec fused layer: the KV cache's dtype differs from the keys'");
+  t.kv = float_type(in[kKeys_], "the KV cache");
+  if (in[kValues].dtype() != t.kv)
+    throw std::invalid_argument("mlxspec fused layer: the cache's keys and values have different dtypes");
+  if (t.kv != t.proj[kK] && !(t.proj[kK] == mx::float32 && t.kv == mx::float16))
+    throw std::invalid_argument("mlxspec fused layer: the KV cache's dtype differs from the keys' (and is not a float16 cache of float32 keys)");
   t.proj[kO] = proj_type(t.proj[kQ], kO);
   t.h = mx::promote_types(t.proj[kO], in[kX].dtype());
   t.n2 = mx::promote_types(t.h, float_type(in[kNorm2], "norm weights"));
@@ -400,7 +411,7 @@ class FusedLayer {
     const int L = x.shape(1), D = x.shape(2), KV = p.kv_heads, Dh = p.head_dim;
     if (keys.shape(2) < offset + L) throw std::invalid_argument("mlxspec fused layer: no room in the cache");
     auto stream = mx::default_stream(mx::Device::cpu);
-    auto outs = mx::array::make_arrays({{1, L, D}, {1, KV, L, Dh}, {1, KV, L, Dh}}, {t.out, t.proj[kK], t.proj[kV]},
+    auto outs = mx::array::make_arrays({{1, L, D}, {1, KV, L, Dh}, {1, KV, L, Dh}}, {t.out, t.kv, t.kv},
                                        std::make_shared<FusedDecoderLayer>(stream, p, t), in);
     const mx::Shape start{0, 0, offset, 0}, stop{1, KV, offset + L, Dh};
     return {outs[0], mx::slice_update(keys, outs[1], start, stop, stream), mx::slice_update(values, outs[2], start, stop, stream)};
