@@ -23,6 +23,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.rope_utils import Llama3RoPE
 
 from .errors import ModelLoadError
 
@@ -163,19 +164,17 @@ def adapt_tensor(arch: Arch, gguf_name: str, array: mx.array) -> mx.array:
     return array
 
 
-class FreqFactorRoPE(nn.Module):
+class FreqFactorRoPE(Llama3RoPE):
     """RoPE whose frequency i is divided by factors[i]: llama.cpp's `rope_freqs` tensor, which is
-    how Llama 3.x's rope scaling reaches a GGUF (theta_i = pos * base^(-2i/d) / factors[i])."""
+    how Llama 3.x's rope scaling reaches a GGUF (theta_i = pos * base^(-2i/d) / factors[i]).
+    mlx-lm's Llama3RoPE with the periods read from the file instead of derived from the config:
+    its call (mx.fast.rope over `_freqs`) is inherited, so the CPU kernels treat both alike."""
 
     def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array):
-        super().__init__()
-        self.dims, self.traditional = dims, traditional
+        nn.Module.__init__(self)
+        self.dims, self.traditional, self.max_position_embeddings = dims, traditional, None
         # mx.fast.rope's `freqs` are periods: theta_i = pos / freqs[i]
         self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
-
-    def __call__(self, x, offset=0):
-        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None, scale=1.0, offset=offset,
-                            freqs=self._freqs)
 
 
 def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:

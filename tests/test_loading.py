@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import mlx.core as mx
+import numpy as np
 import mlx.nn as nn
 import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
@@ -72,18 +73,24 @@ def test_repo_id_offline_is_a_clear_error_naming_the_repo(tmp_path):
 K_QUANTS = dict(qtype="Q4_K", dims=Dims(hidden=256, ffn=512), output_qtype="Q6_K",
                 type_overrides={"blk.0.attn_v.weight": "Q5_K", "blk.1.ffn_gate.weight": "Q3_K",
                                 "blk.1.ffn_up.weight": "Q5_0"})
+LLAMA3 = dict(qtype="Q4_0", metadata={"rope.freq_base": 500000.0},
+              extra_tensors={"rope_freqs.weight": np.linspace(1.0, 8.0, 8).astype(np.float32)})
+QWEN3 = dict(qtype="Q4_0", arch="qwen3", dims=Dims(head_dim=32), metadata={"rope.freq_base": 1000000.0})
 GEMMA3 = dict(qtype="Q8_0", arch="gemma3", tokenizer="llama", dims=Dims(layers=6, head_dim=32),
               metadata={"attention.sliding_window": 4})
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "k-quants", "gemma3"])
+@pytest.mark.parametrize("kind", ["Q4_0", "k-quants", "gemma3", "llama3", "qwen3"])
 def test_gguf_file_through_the_engine(tmp_path, kind):
     """Speculation stays exact on GGUF models of every kind (4/5/8/3-bit layers, float32 scales,
-    gemma3's sliding-window cache)."""
-    args = {"Q4_0": dict(qtype="Q4_0"), "k-quants": K_QUANTS, "gemma3": GEMMA3}[kind]
+    gemma3's sliding-window cache; Llama 3's rope_freqs scaling and qwen3's head norms on the fused CPU blocks)."""
+    args = {"Q4_0": dict(qtype="Q4_0"), "k-quants": K_QUANTS, "gemma3": GEMMA3, "llama3": LLAMA3, "qwen3": QWEN3}[kind]
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", **args)
     plain = Engine.load(str(path))
-    assert plain.info["quantization"] == {"Q4_0": "q4g32", "k-quants": "q4g32", "gemma3": "q8g32"}[kind]
+    assert plain.info["quantization"] == {"k-quants": "q4g32", "gemma3": "q8g32"}.get(kind, "q4g32")
+    if kind in ("Q4_0", "llama3", "qwen3"):
+        fused = plain.kernels["target"]["fused"]
+        assert fused["fused"] == len(plain.target.model.model.layers) and not fused["kept"], fused
     assert plain.info["kv_cache_type"] == "f16"  # float32 keys and values kept as float16, as llama.cpp
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"

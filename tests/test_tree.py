@@ -61,15 +61,23 @@ def medusa_heads(q4, tmp_path_factory):
     return home / "drafters" / "tiny.safetensors"
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half-cache"])
-def engine(request, q4):
-    """The 4-bit tiny models; "half-cache": float32 keys and values stored as float16 (GGUF models' default)."""
+@pytest.fixture(scope="module", params=["llama", "qwen2", "llama-half-cache", "qwen3-gguf"])
+def engine(request, q4, tmp_path_factory):
+    """The 4-bit tiny models; "half-cache": float32 keys and values stored as float16 (GGUF models'
+    default); a qwen3 GGUF (per-head q/k norms in the fused block, a half cache)."""
     arch, _, half = request.param.partition("-")
-    e = Engine.load(str(q4[arch]))
-    if half:
+    if arch == "qwen3":
+        from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+        path = write_tiny_llama_gguf(tmp_path_factory.mktemp("qwen3") / "tiny.gguf", "Q4_0", arch="qwen3",
+                                     dims=Dims(head_dim=32))
+        e = Engine.load(str(path))
+    else:
+        e = Engine.load(str(q4[arch]))
+    if half == "half-cache":
         store_kv_in_half(e.target.model)
     cache = new_cache(e.target.model)[0]
-    assert isinstance(cache, HalfKVCache) == bool(half)
+    assert isinstance(cache, HalfKVCache) == bool(half)  # GGUF models get it at load
     assert tree_ready(e.target.model, mx.float32, cache), e.kernels
     return e
 

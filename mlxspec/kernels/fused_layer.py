@@ -2,8 +2,9 @@
 
 MLX spends ~6 us dispatching each graph node on these CPUs; a SmolLM2 step through separate ops
 (7 matmuls, 2 norms, 2 ropes, attention, swiglu, reshapes, adds, cache updates per layer) spent
-~5 ms of ~17 there. cpu/fused_layer.cpp runs a whole llama-family block in one node with the same
-kernels and the same roundings.
+~5 ms of ~17 there. cpu/fused_layer.cpp runs a whole llama-family block (llama, mistral, qwen2,
+qwen3's per-head q/k norms; plain or Llama 3 scaled RoPE) in one node with the same kernels and the
+same roundings.
 
     report = use_fused_layers(model)    # after the other CPU kernels are installed (install.py)
     restore_fused_layers(model)
@@ -13,7 +14,7 @@ RMSNorm, RoPE, swiglu, attention), and a call goes to the fused primitive only f
 gave bit-identical results to the module path on first use (one and several rows, the KV cache
 too). Anything else keeps the modules: a GPU, a batch, a mask array, a cache other than mlx-lm's
 KVCache (or a subclass that only changes the stored dtype, `stored_dtype`: mlxspec's HalfKVCache),
-an architecture other than llama/qwen2's block.
+an architecture other than llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from .layers import KernelQuantizedLinear
 from .pointwise import KernelRMSNorm, KernelRoPE, _ext
 
 FUSED_FROM = "_mlxspec_fused_from"  # class attribute of a fused block class: the block class it wraps
-BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock")}
+BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock"),
+          ("mlx_lm.models.qwen3", "TransformerBlock")}
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _classes: dict[type, type] = {}
@@ -59,12 +61,18 @@ def _why_not(block: nn.Module) -> str | None:
     """None if this block is one the fused primitive computes exactly as its modules do."""
     base = type(block)
     if (base.__module__, base.__name__) not in BLOCKS:
-        return f"{base.__module__}.{base.__name__} is not a llama/qwen2 block"
+        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3 block"
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     if any(not isinstance(_get(block, p), KernelQuantizedLinear) for p in PROJECTIONS):
         return "a projection does not run the qmm kernel"
     if type(block.input_layernorm) is not KernelRMSNorm or type(block.post_attention_layernorm) is not KernelRMSNorm:
         return "a norm does not run the rms_norm kernel"
+    head_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
+    if any(n is not None for n in head_norms):
+        if any(type(n) is not KernelRMSNorm for n in head_norms):
+            return "q_norm/k_norm do not run the rms_norm kernel"
+        if head_norms[0].eps != head_norms[1].eps:
+            return "q_norm and k_norm have different eps"
     if type(attn.rope) is not KernelRoPE:
         return f"rope {type(attn.rope).__name__} does not run the rope kernel"
     if routed(attn, "scaled_dot_product_attention") is None or routed(mlp, "swiglu") is None:
@@ -78,15 +86,20 @@ def _plan(block: nn.Module) -> LayerPlan:
     heads, kv_heads = attn.n_heads, attn.n_kv_heads
     head_dim = projs[0]["scales"].shape[0] // heads
     bits, groups, bias = [p.bits for p in projs], [p.group_size for p in projs], [int("bias" in p) for p in projs]
+    head_norms = [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []  # qwen3
     fixed = [block.input_layernorm.weight, *(p[n] for p in projs for n in ("weight", "scales", "biases")),
-             block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p)]
+             block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p),
+             *(n.weight for n in head_norms)]
+    qk_eps = float(head_norms[0].eps) if head_norms else -1.0
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
                               float(attn.rope.scale), float(attn.scale), float(block.input_layernorm.eps),
-                              float(block.post_attention_layernorm.eps), groups, bits, bias)
+                              float(block.post_attention_layernorm.eps), groups, bits, bias, qk_norm_eps=qk_eps)
     k = projs[1]
-    key_parts = [block.input_layernorm.weight, k["scales"], *([k["bias"]] if "bias" in k else [])]
+    key_parts = [block.input_layernorm.weight, k["scales"], *([k["bias"]] if "bias" in k else []),
+                 *([attn.k_norm.weight] if head_norms else [])]
     signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
-                 tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs))
+                 tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs),
+                 qk_eps)
     return LayerPlan(layer, kv_heads, head_dim, key_parts, signature)
 
 
@@ -219,7 +232,7 @@ def _load(backend: str):
         from .build import KernelUnavailable
 
         raise KernelUnavailable("the CPU extension is unavailable")
-    return ext, "one primitive per llama/qwen2 block"
+    return ext, "one primitive per llama/qwen2/qwen3 block"
 
 
 registry.register("fused_layer", _load)

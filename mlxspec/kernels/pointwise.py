@@ -126,23 +126,45 @@ def inverse_frequencies(dims: int, base: float) -> mx.array:
     return mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(step, dtype=mx.float32))
 
 
+def _period_rope(m: nn.Module) -> bool:
+    """mlx-lm's Llama3RoPE, or a subclass keeping its call: mx.fast.rope over stored periods `_freqs`
+    (Llama 3.x's rope scaling; mlxspec's GGUF `rope_freqs` rope is one)."""
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    return isinstance(m, Llama3RoPE) and type(m).__call__ is Llama3RoPE.__call__
+
+
 class KernelRoPE(nn.RoPE):
-    """nn.RoPE through the kernel for integer offsets (a KV cache's); array offsets keep MLX's op."""
+    """nn.RoPE (or a Llama 3 rope: frequencies from stored periods) through the kernel for integer
+    offsets (a KV cache's); array offsets keep MLX's op."""
 
     @classmethod
-    def wrap(cls, layer: nn.RoPE) -> "KernelRoPE":
+    def wrap(cls, layer: nn.Module) -> "KernelRoPE":
         new = cls.__new__(cls)
         nn.Module.__init__(new)
-        new.dims, new.traditional, new.base, new.scale = layer.dims, layer.traditional, layer.base, layer.scale
-        new._inv_freq = inverse_frequencies(layer.dims, layer.base)
+        new.dims, new.traditional = layer.dims, layer.traditional
+        # a period rope is given back by restore_pointwise (a plain attribute: not a child module)
+        object.__setattr__(new, "_origin", None if type(layer) is nn.RoPE else layer)
+        if new._origin is None:
+            new.base, new.scale, new._freqs = layer.base, layer.scale, None
+            new._inv_freq = inverse_frequencies(layer.dims, layer.base)
+        else:
+            new.base, new.scale, new._freqs = None, 1.0, layer._freqs.astype(mx.float32)
+            new._inv_freq = mx.reciprocal(new._freqs)  # theta_i = position / period_i
         mx.eval(new._inv_freq)
+        new._key = new.base if new._freqs is None else hash(tuple(new._freqs.tolist()))  # what a self-check covers
         return new
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
-        sig = ("rope", x.shape[-1], self.dims, self.traditional, self.base, self.scale, str(x.dtype))
+        sig = ("rope", x.shape[-1], self.dims, self.traditional, self._key, self.scale, str(x.dtype))
         if isinstance(offset, int) and x.ndim >= 3 and _usable(x) and _check(sig, lambda: self._self_check(x)):
             return self._kernel(x, offset)
-        return super().__call__(x, offset)
+        return self._mlx(x, offset)
+
+    def _mlx(self, x: mx.array, offset) -> mx.array:
+        """MLX's op, as the wrapped module calls it."""
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
+                            offset=offset, freqs=self._freqs)
 
     def _kernel(self, x: mx.array, offset: int) -> mx.array:
         return _ext().rope(x, self._inv_freq, self.dims, self.traditional, self.scale, offset, stream=mx.cpu)
@@ -150,7 +172,7 @@ class KernelRoPE(nn.RoPE):
     def _self_check(self, like: mx.array) -> str | None:
         x = _random((1, 3, 6, like.shape[-1]), like.dtype, 3)
         for offset in (0, 37, 4099):
-            ref = mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale, offset=offset)
+            ref = self._mlx(x, offset)
             if not _close(self._kernel(x, offset), ref):
                 return f"disagrees with mx.fast.rope at offset {offset}"
         # row i of a call at offset o = a one-row call at offset o + i
@@ -186,7 +208,7 @@ def _check_swiglu(gate_dtype, up_dtype) -> str | None:
 
 
 def use_pointwise_kernels(model: nn.Module) -> dict:
-    """Swap the model's nn.RMSNorm and nn.RoPE modules and route its MLP modules' swiglu."""
+    """Swap the model's nn.RMSNorm and nn.RoPE (and Llama 3 rope) modules and route its MLP modules' swiglu."""
     from .layers import _set_module
 
     report = {"kernel": "pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": 0, "error": None}
@@ -195,7 +217,7 @@ def use_pointwise_kernels(model: nn.Module) -> dict:
         registry.warn_once(f"mlxspec cpu pointwise kernels unavailable: {report['error'].splitlines()[0]}", "MLX's ops")
         return report
     swaps = [(p, KernelRMSNorm.wrap(m), "rms_norm") if type(m) is nn.RMSNorm else (p, KernelRoPE.wrap(m), "rope")
-             for p, m in model.named_modules() if type(m) in (nn.RMSNorm, nn.RoPE)]
+             for p, m in model.named_modules() if type(m) in (nn.RMSNorm, nn.RoPE) or _period_rope(m)]
     for path, module, kind in swaps:
         _set_module(model, path, module)
         report["swapped"][kind] += 1
@@ -214,7 +236,7 @@ def restore_pointwise(model: nn.Module) -> None:
             plain.weight = m.weight
             _set_module(model, path, plain)
         elif isinstance(m, KernelRoPE):
-            _set_module(model, path, nn.RoPE(m.dims, traditional=m.traditional, base=m.base, scale=m.scale))
+            _set_module(model, path, m._origin or nn.RoPE(m.dims, traditional=m.traditional, base=m.base, scale=m.scale))
 
 
 def check_typical(dims: int = 576, head_dim: int = 64, dtype=mx.float32) -> None:

@@ -90,6 +90,58 @@ def test_fused_equals_the_module_path_over_a_half_cache(request, cpu_ext, arch):
     assert RowInvariance(model).holds(8), "verify rows over a half cache must equal one-row steps"
 
 
+@pytest.mark.parametrize("which", ["mlx-lm", "gguf"])
+def test_llama3_rope_blocks_are_fused_bit_for_bit(tiny_llama, cpu_ext, which):
+    """Llama 3.x rope scaling (mlx-lm's Llama3RoPE from a config, or a GGUF's rope_freqs tensor) runs
+    the rope kernel, so its blocks fuse; logits and cache stay the module path's bits."""
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    from mlxspec.gguf_archs import FreqFactorRoPE
+
+    model = load(str(tiny_llama), "q4g32").model
+    dims, traditional = model.model.layers[0].self_attn.rope.dims, model.model.layers[0].self_attn.rope.traditional
+    scaling = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    rope = (Llama3RoPE(dims, 2048, traditional, 500000.0, scaling) if which == "mlx-lm"
+            else FreqFactorRoPE(dims, 500000.0, traditional, mx.linspace(1.0, 8.0, dims // 2)))
+    for layer in model.model.layers:
+        layer.self_attn.rope = rope
+    reference, _ = decode(model, [5, 17, 42, 7], 2)  # MLX's own ops
+    install_kernels(model, fuse=False)
+    want, want_cache = decode(model, [5, 17, 42, 7], 5, rows=2)
+    report = use_fused_layers(model)
+    assert report["fused"] == len(model.model.layers) and not report["kept"], report
+    got, got_cache = decode(model, [5, 17, 42, 7], 5, rows=2)
+    assert all(w.dtype == g.dtype and mx.array_equal(w, g).item() for w, g in zip(want, got))
+    assert all(mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+               for a, b in zip(want_cache, got_cache))
+    assert mx.allclose(want[0], reference[0], atol=1e-3, rtol=1e-3).item()  # and near MLX's ops throughout
+    remove_kernels(model)
+    assert all(layer.self_attn.rope is rope for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("kv_cache", ["f16", "f32"])
+def test_qwen3_blocks_with_head_norms_are_fused_bit_for_bit(tmp_path, cpu_ext, kv_cache):
+    """qwen3's RMSNorm of each q and k head runs inside the fused block: the module path's bits, over
+    either cache a GGUF model may have, and rows that equal one-row steps."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "qwen3.gguf", "Q4_0", arch="qwen3", dims=Dims(head_dim=32))
+    model = load(str(path), kv_cache=kv_cache).model
+    install_kernels(model, fuse=False)
+    prompt = [5, 17, 42, 7, 99, 3]
+    want, want_cache = decode(model, prompt, 5, rows=3)
+    report = use_fused_layers(model)
+    assert report["fused"] == len(model.model.layers) and not report["kept"], report
+    got, got_cache = decode(model, prompt, 5, rows=3)
+    kv = mx.float16 if kv_cache == "f16" else mx.float32
+    oks = [b._mlxspec_plan.ok for b in model.model.layers]
+    assert all(list(ok.values()) == [(True, kv)] for ok in oks), oks  # the primitive ran: its self-check passed
+    assert all(w.dtype == g.dtype and mx.array_equal(w, g).item() for w, g in zip(want, got))
+    assert all(mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+               for a, b in zip(want_cache, got_cache))
+    assert RowInvariance(model).holds(6)
+
+
 def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):
     model = loaded(tiny_llama)
     use_fused_layers(model)

@@ -108,6 +108,42 @@ def test_inverse_frequencies_are_mlx_fallbacks(cpu_ext):
 # ---------------------------------------------------------------- in a model
 
 
+def llama3_rope(which: str):
+    """Llama 3.x rope scaling as mlx-lm builds it from a config, or as a GGUF's rope_freqs tensor gives it."""
+    from mlx_lm.models.rope_utils import Llama3RoPE
+
+    from mlxspec.gguf_archs import FreqFactorRoPE
+
+    if which == "mlx-lm":
+        scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": 8192}
+        return Llama3RoPE(64, 131072, False, 500000.0, scaling)
+    return FreqFactorRoPE(64, 500000.0, True, mx.linspace(1.0, 8.0, 32))
+
+
+@pytest.mark.parametrize("which", ["mlx-lm", "gguf"])
+def test_llama3_rope_runs_the_kernel_and_is_given_back(cpu_ext, which):
+    class Holder(nn.Module):
+        def __init__(self, rope):
+            super().__init__()
+            self.rope = rope
+
+    original = llama3_rope(which)
+    holder = Holder(original)
+    assert use_pointwise_kernels(holder)["swapped"]["rope"] == 1 and isinstance(holder.rope, KernelRoPE)
+    x = strided((1, 9, 4, 64), mx.float32, 5).transpose(0, 2, 1, 3)
+    for offset in (0, 300, 9000):
+        assert_close(holder.rope(x, offset=offset), original(x, offset=offset))
+    sig = ("rope", 64, 64, original.traditional, holder.rope._key, 1.0, str(mx.float32))
+    assert pointwise._record().checks.get(sig, "never checked") is None  # these periods' self-check ran and passed
+    full = holder.rope(x, offset=300)
+    for i in (0, 4, 8):  # rows independent of the row count, bit for bit
+        assert mx.array_equal(holder.rope(x[:, :, i : i + 1], offset=300 + i)[:, :, 0], full[:, :, i]).item()
+    assert mx.array_equal(holder.rope(x, offset=mx.array([7])), original(x, offset=mx.array([7]))).item()  # MLX's op
+    restore_pointwise(holder)
+    assert holder.rope is original
+
+
 def test_model_swap_keeps_logits_and_restores(cpu_ext, tiny_llama):
     from mlxspec.loading import load
 

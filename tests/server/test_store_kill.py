@@ -8,6 +8,7 @@ so that case is checked on every run, not only when the timing happens to hit it
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import threading
@@ -25,7 +26,7 @@ def _create_until_stopped(url: str, stop: threading.Event, answered: list) -> No
             status, _ = post(url + "/api/create", {"model": f"kill/m{i}", "from": "seed", "system": "x" * 5000,
                                                   "stream": i % 2 == 0})
             answered.append((i, status))
-        except OSError:  # the daemon died under this request
+        except (OSError, http.client.HTTPException):  # the daemon died under this request (mid-stream: IncompleteRead)
             return
         i += 1
 

@@ -1,6 +1,7 @@
 // One decoder layer of a llama-family model (llama, mistral, qwen2, SmolLM) as ONE MLX primitive:
 //
 //   n1 = rms_norm(x);  q, k, v = rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)
+//                      (qwen3: rope(q_norm(q_proj(n1))), rope(k_norm(k_proj(n1))), RMSNorm per head)
 //   h  = x + o_proj(attention(q, [cache keys ; k], [cache values ; v]))
 //   out = h + down_proj(swiglu(gate_proj(n2), up_proj(n2)))        n2 = rms_norm(h)
 //
@@ -40,7 +41,8 @@ namespace mlxspec {
 enum Proj : int { kQ = 0, kK, kV, kO, kGate, kUp, kDown, kProjs };
 
 // Inputs: x, norm1 weight, (w, scales, biases) for each projection in Proj order, norm2 weight,
-// inv_freq, cache keys, cache values, then the bias vector of each projection that has one.
+// inv_freq, cache keys, cache values, then the bias vector of each projection that has one, then
+// (qwen3's per-head norms) the q_norm and k_norm weights.
 constexpr int kX = 0, kNorm1 = 1, kW0 = 2, kNorm2 = kW0 + 3 * kProjs, kInvFreq = kNorm2 + 1, kKeys_ = kInvFreq + 1,
               kValues = kKeys_ + 1, kBias0 = kValues + 1;
 
@@ -52,6 +54,8 @@ struct LayerParams {
   float rope_scale = 1, attn_scale = 1, eps1 = 0, eps2 = 0;
   int group[kProjs] = {}, bits[kProjs] = {};
   bool bias[kProjs] = {};
+  bool qk_norm = false;  // RMSNorm of each q and k head (qwen3) before rope, with eps_qk
+  float eps_qk = 0;
   // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
   // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
   bool tree = false;
@@ -84,8 +88,27 @@ static void prepare(const float* x, int M, int K, int bits, float* out) {
 struct Scratch {  // per stream thread, reused across calls
   std::vector<float> x, n, xp4, xp8, q, k, v, att, o, h, g, u, a, d;
   std::vector<uint8_t> qt, kt, vt;  // q, k, v in the attention dtype
-  std::vector<float> c, s, f, w1, w2, tmp;
+  std::vector<float> c, s, f, w1, w2, tmp, hw, hrow;  // hw, hrow: a per-head norm's weights and input row
 };
+
+// The input slot of the q_norm weight (k_norm's is the next): after the biases.
+static int qk_norm_slot(const LayerParams& p) {
+  int slot = kBias0;
+  for (int i = 0; i < kProjs; ++i) slot += p.bias[i];
+  return slot;
+}
+
+// rms_norm over each Dh-wide row of y (rows of L * heads), rounded to t: the per-op kernel's arithmetic.
+static void head_norm(float* y, int rows, int Dh, const mx::array& w, float eps, mx::Dtype t, Scratch& sc) {
+  sc.hw.resize(Dh), sc.hrow.resize(Dh);
+  row_to_f32(w, 0, sc.hw.data());
+  for (int r = 0; r < rows; ++r) {
+    float* row = y + size_t(r) * Dh;
+    std::copy(row, row + Dh, sc.hrow.begin());
+    rms_norm_row(sc.hrow.data(), sc.hw.data(), Dh, eps, [t](float v) { return round_to(v, t); }, row);
+  }
+  round_span(y, size_t(rows) * Dh, t);
+}
 
 static float* aligned(std::vector<float>& v, size_t n) {
   v.resize(n + 16);
@@ -166,6 +189,10 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   finish_projection(in, p, t, kQ, q, L, H * Dh, sc);
   finish_projection(in, p, t, kK, k, L, KV * Dh, sc);
   finish_projection(in, p, t, kV, v, L, KV * Dv, sc);
+  if (p.qk_norm) {  // qwen3: each head of q and k RMS-normed (dtype unchanged: checked at build)
+    head_norm(q, L * H, Dh, in[qk_norm_slot(p)], p.eps_qk, at, sc);
+    head_norm(k, L * KV, Dh, in[qk_norm_slot(p) + 1], p.eps_qk, at, sc);
+  }
 
   // 3. rope on q and k at positions offset + m, or offset + depth[m] in a tree (cos/sin rounded to
   //    the dtype, as MLX does)
@@ -305,6 +332,9 @@ static LayerTypes layer_types(const std::vector<mx::array>& in, const LayerParam
   for (int i : {kQ, kK, kV}) t.proj[i] = proj_type(t.n1, i);
   if (t.proj[kQ] != t.proj[kK] || t.proj[kQ] != t.proj[kV])
     throw std::invalid_argument("mlxspec fused layer: q, k and v projections have different dtypes");
+  if (p.qk_norm && (mx::promote_types(t.proj[kQ], float_type(in[qk_norm_slot(p)], "q_norm")) != t.proj[kQ] ||
+                    mx::promote_types(t.proj[kK], float_type(in[qk_norm_slot(p) + 1], "k_norm")) != t.proj[kK]))
+    throw std::invalid_argument("mlxspec fused layer: q_norm/k_norm would change the attention dtype");
   t.kv = float_type(in[kKeys_], "the KV cache");
   if (in[kValues].dtype() != t.kv)
     throw std::invalid_argument("mlxspec fused layer: the cache's keys and values have different dtypes");
@@ -354,7 +384,12 @@ static void check_shapes(const std::vector<mx::array>& in, const LayerParams& p)
   for (int i = 0; i < kProjs; ++i)
     if (p.bias[i] && (slot >= int(in.size()) || in[slot++].shape() != mx::Shape{cols(i)}))
       throw std::invalid_argument("mlxspec fused layer: a bias does not match its projection");
-  if (slot != int(in.size())) throw std::invalid_argument("mlxspec fused layer: more inputs than biases declared");
+  if (p.qk_norm) {
+    for (int i = 0; i < 2; ++i)
+      if (slot >= int(in.size()) || in[slot++].shape() != mx::Shape{Dh})
+        throw std::invalid_argument("mlxspec fused layer: q_norm/k_norm weights must be (head_dim,)");
+  }
+  if (slot != int(in.size())) throw std::invalid_argument("mlxspec fused layer: more inputs than biases and norms declared");
 }
 
 static void set_tree(LayerParams& p, const std::vector<int>& parents, int L) {
@@ -375,18 +410,19 @@ class FusedLayer {
  public:
   FusedLayer(std::vector<mx::array> fixed, int heads, int kv_heads, int head_dim, int rope_dims, bool traditional,
              float rope_scale, float attn_scale, float eps1, float eps2, const std::vector<int>& groups,
-             const std::vector<int>& bits, const std::vector<int>& bias, int isa)
+             const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps)
       : fixed_(std::move(fixed)) {
     if (groups.size() != kProjs || bits.size() != kProjs || bias.size() != kProjs)
       throw std::invalid_argument("mlxspec fused layer: 7 projections (q, k, v, o, gate, up, down)");
     if (heads <= 0 || kv_heads <= 0 || head_dim <= 0) throw std::invalid_argument("mlxspec fused layer: bad sizes");
     p_.heads = heads, p_.kv_heads = kv_heads, p_.head_dim = head_dim, p_.rope_dims = rope_dims;
     p_.traditional = traditional, p_.rope_scale = rope_scale, p_.attn_scale = attn_scale, p_.eps1 = eps1, p_.eps2 = eps2;
+    p_.qk_norm = qk_norm_eps >= 0, p_.eps_qk = qk_norm_eps;
     for (int i = 0; i < kProjs; ++i) p_.group[i] = groups[i], p_.bits[i] = bits[i], p_.bias[i] = bias[i] != 0;
     Isa chosen = isa < 0 ? best_isa() : Isa(isa);
     if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec fused layer: that ISA is not compiled in");
     p_.isa = int(chosen);
-    // fixed = norm1, (w, scales, biases) x 7, norm2, inv_freq, biases: x and the cache go in between
+    // fixed = norm1, (w, scales, biases) x 7, norm2, inv_freq, biases, q/k norms: x and the cache go in between
     if (int(fixed_.size()) < kKeys_ - 1) throw std::invalid_argument("mlxspec fused layer: too few fixed inputs");
   }
 
@@ -425,10 +461,11 @@ class FusedLayer {
 void register_fused_layer(nb::module_& m) {
   nb::class_<FusedLayer>(m, "FusedLayer", "One llama-family decoder layer in one primitive (see fused_layer.cpp).")
       .def(nb::init<std::vector<mx::array>, int, int, int, int, bool, float, float, float, float, const std::vector<int>&,
-                    const std::vector<int>&, const std::vector<int>&, int>(),
+                    const std::vector<int>&, const std::vector<int>&, int, float>(),
            nb::arg("fixed"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rope_dims"),
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
-           nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1)
+           nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1, nb::arg("qk_norm_eps") = -1.0f,
+           "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`)")
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
            nb::arg("parents") = std::vector<int>{},
            "[out, keys with this step's rows written, values likewise]");
