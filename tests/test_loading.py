@@ -88,9 +88,10 @@ def test_gguf_file_through_the_engine(tmp_path, kind):
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", **args)
     plain = Engine.load(str(path))
     assert plain.info["quantization"] == {"k-quants": "q4g32", "gemma3": "q8g32"}.get(kind, "q4g32")
-    if kind in ("Q4_0", "llama3", "qwen3"):
+    if kind != "gemma3":  # every llama/qwen3 block fuses; the 3/5-bit k-quant layers after widening to bytes
         fused = plain.kernels["target"]["fused"]
         assert fused["fused"] == len(plain.target.model.model.layers) and not fused["kept"], fused
+        assert bool(plain.kernels["target"]["layers"]["widened"]) == (kind == "k-quants")
     assert plain.info["kv_cache_type"] == "f16"  # float32 keys and values kept as float16, as llama.cpp
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"

@@ -1,11 +1,13 @@
 """Swap a model's quantized linear layers for kernel-backed ones, where the kernel proved itself.
 
-    report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, ...}
+    report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, "widened": ...}
 
-Only `nn.QuantizedLinear` layers change (same parameters, same names, so saving and loading are
-unaffected). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
-`as_linear` (the output head of tied models) also uses the kernel. Everything the kernel cannot do
-or did not pass its self-check for keeps MLX's op, with the reason in the report.
+Only `nn.QuantizedLinear` layers change (same parameters, same names). Embedding lookups stay
+MLX's; with head=True a tied `nn.QuantizedEmbedding`'s `as_linear` (the output head of tied
+models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
+per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits.
+Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
+in the report.
 """
 
 from __future__ import annotations
@@ -61,6 +63,29 @@ def _copy_params(old: nn.Module, new: nn.Module) -> None:
     new.freeze()
 
 
+WIDENED_BITS = (2, 3, 5, 6)  # on the CPU, codes of these widths are re-packed one per byte (8-bit)
+
+
+def widen_to_8bit(layer: nn.Module) -> None:
+    """Re-pack a 2/3/5/6-bit affine layer's codes one per byte: the same codes, scales and biases,
+    so the same weights bit for bit, now in the 8-bit layout the CPU kernels (4 and 8 bits) and the
+    fused block read. GGUF Q5_0/Q5_1/Q5_K and requantized Q3_K/Q2_K tensors load at those widths;
+    MLX's own CPU matmul for them is ~10x slower than the kernel. Costs memory: 8 bits per weight."""
+    w, bits, group = layer["weight"], layer.bits, layer.group_size
+    k = w.shape[1] * 32 // bits
+    step = max(1, (1 << 22) // k)  # rows per chunk: ~16 MB of float32 codes at a time
+    parts = []
+    for a in range(0, w.shape[0], step):
+        rows = w[a : a + step]
+        ones = mx.ones((rows.shape[0], k // group), mx.float32)
+        codes = mx.dequantize(rows, ones, mx.zeros_like(ones), group_size=group, bits=bits)  # the codes, exactly
+        parts.append(codes.astype(mx.uint8).view(mx.uint32))
+        mx.eval(parts[-1])
+    layer["weight"] = mx.concatenate(parts) if len(parts) > 1 else parts[0]
+    layer.bits = 8
+    mx.eval(layer["weight"])
+
+
 def _why_not(layer) -> str | None:
     """None if the layer's layout is one the kernels handle."""
     if getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
@@ -99,9 +124,12 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
     device = device or mx.default_device()
     device = mx.Device(device) if isinstance(device, mx.DeviceType) else device
     backend = device_backend_name(device)
-    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}}
+    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}, "widened": {}}
     swaps = []
     for path, layer, wrapper in _candidates(model, head):
+        if backend == "cpu" and _widen(layer, device):
+            report["widened"][path] = f"{layer.bits}-bit codes re-packed as 8-bit (the same weights)"
+            widen_to_8bit(layer)
         why = _why_not(layer)
         if why is None and backend != "cpu" and not gpu:
             why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True))"
@@ -119,8 +147,19 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
     return report
 
 
+def _widen(layer, device) -> bool:
+    """Should this layer's codes be widened to bytes for the CPU kernel (which then passed its check)?"""
+    if layer.bits not in WIDENED_BITS or getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
+        return False
+    if layer.group_size % 32:
+        return False
+    n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
+    return kernel_for_layer(n, k, layer.group_size, 8, layer["scales"].dtype, device)[0] is not None
+
+
 def restore_layers(model: nn.Module) -> int:
-    """MLX's quantized_matmul again in every swapped layer (same parameters); returns how many."""
+    """MLX's quantized_matmul again in every swapped layer (same parameters; widened layers stay
+    8-bit, the same weights); returns how many."""
     count = 0
     for _, m in model.named_modules():
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding)):

@@ -109,6 +109,30 @@ def test_tied_head_goes_through_the_kernel_and_lookups_do_not(tiny_qwen2, cpu_ex
     assert mx.allclose(model(ids), logits, atol=1e-4, rtol=1e-4).item()
 
 
+@pytest.mark.parametrize("bits", [3, 5, 6])
+def test_other_widths_are_widened_to_bytes_with_the_same_weights(tiny_qwen2, cpu_ext, bits):
+    """2/3/5/6-bit layers (GGUF Q5_*, requantized Q3_K) get their codes re-packed one per byte: the
+    dequantized weights are identical, the kernel runs them (the tied head too), and blocks fuse."""
+    from mlxspec.kernels.install import install_kernels
+    from mlxspec.loading import load
+
+    model = load(str(tiny_qwen2)).model
+    nn.quantize(model, group_size=32, bits=bits)  # as a GGUF Q5_0 or a requantized Q3_K/Q6_K loads
+    layers = {p: m for p, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    weights = {p: mx.dequantize(m["weight"], m["scales"], m["biases"], group_size=32, bits=bits) for p, m in layers.items()}
+    ids = mx.array([[3, 9, 27, 4]])
+    before = model(ids)
+    report = use_kernels(model)
+    assert set(report["widened"]) == set(layers) and not report["kept"], report
+    assert set(report["swapped"]) == set(layers)  # the tied head included
+    for path, m in model.named_modules():
+        if path in weights:
+            assert m.bits == 8 and mx.array_equal(
+                mx.dequantize(m["weight"], m["scales"], m["biases"], group_size=32, bits=8), weights[path]).item()
+    assert mx.allclose(model(ids), before, atol=1e-4, rtol=1e-4).item()
+    assert install_kernels(model)["fused"]["fused"] == len(model.model.layers)
+
+
 def test_plain_decoding_equals_one_token_loop(engines):
     plain = engines[0]
     for prompt in PROMPTS:
