@@ -105,6 +105,8 @@ class Engine:
             dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
         kernel_report = _use_kernels(tgt, dft, fuse=kernels != "ops") if kernels else {"disabled": "kernels off"}
+        for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
+            m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
         if kernels:

@@ -92,6 +92,8 @@ def test_gguf_file_through_the_engine(tmp_path, kind):
         fused = plain.kernels["target"]["fused"]
         assert fused["fused"] == len(plain.target.model.model.layers) and not fused["kept"], fused
         assert bool(plain.kernels["target"]["layers"]["widened"]) == (kind == "k-quants")
+        loaded = load(str(path)).info["weight_bytes"]  # as stored; the engine reports what it holds
+        assert (plain.info["weight_bytes"] > loaded) == (kind == "k-quants")
     assert plain.info["kv_cache_type"] == "f16"  # float32 keys and values kept as float16, as llama.cpp
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"
