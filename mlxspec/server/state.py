@@ -11,6 +11,7 @@ from pathlib import Path
 from aiohttp import web
 
 from ..address import parse_host
+from ..cache import KV_CACHE_TYPES
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER
 from ..ollama_store import default_root
@@ -54,6 +55,7 @@ class Settings:
         except ApiError as e:
             raise ValueError(e.message) from None
         extra = _list(env, "MLXSPEC_ORIGINS", ",")
+        _check_engine_settings(env)
         return cls(
             keep_alive=keep_alive,
             max_loaded=_positive(env, "MLXSPEC_MAX_LOADED_MODELS", 3),
@@ -67,6 +69,14 @@ class Settings:
             model_dirs=[Path(d).expanduser().resolve() for d in _list(env, "MLXSPEC_MODEL_DIRS", os.pathsep)],
             ollama_models=default_root(env),
         )
+
+
+def _check_engine_settings(env) -> None:
+    """Engine settings are read where each Engine loads (Engine.load); a daemon checks them at start,
+    so a typo stops `serve` with one line instead of failing every model load later."""
+    kv = env.get("MLXSPEC_KV_CACHE_TYPE")
+    if kv and kv not in KV_CACHE_TYPES:
+        raise ValueError(f"MLXSPEC_KV_CACHE_TYPE must be one of {', '.join(KV_CACHE_TYPES)}, not {kv!r}")
 
 
 def _list(env, key: str, sep: str) -> list[str]:
