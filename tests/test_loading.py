@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import mlx.core as mx
-import numpy as np
 import mlx.nn as nn
+import numpy as np
 import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from test_decode_greedy import run
@@ -61,7 +61,7 @@ def test_repo_id_offline_is_a_clear_error_naming_the_repo(tmp_path):
     env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"}
     code = (
         "from mlxspec.loading import load\n"
-        "from mlxspec.errors import MlxspecError, ModelLoadError\n"
+        "from mlxspec.errors import ModelLoadError\n"
         "try:\n    load('mlx-community/NoSuchModel-4bit')\n"
         "except ModelLoadError as e:\n    print('ERROR', e)\n"
     )
