@@ -67,17 +67,21 @@ def _why_not(block: nn.Module) -> str | None:
         return "a projection does not run the qmm kernel"
     if type(block.input_layernorm) is not KernelRMSNorm or type(block.post_attention_layernorm) is not KernelRMSNorm:
         return "a norm does not run the rms_norm kernel"
-    head_norms = [getattr(attn, n, None) for n in ("q_norm", "k_norm")]
-    if any(n is not None for n in head_norms):
-        if any(type(n) is not KernelRMSNorm for n in head_norms):
-            return "q_norm/k_norm do not run the rms_norm kernel"
-        if head_norms[0].eps != head_norms[1].eps:
-            return "q_norm and k_norm have different eps"
+    head_norms = _head_norms(attn)
+    if any(type(n) is not KernelRMSNorm for n in head_norms):
+        return "q_norm/k_norm do not run the rms_norm kernel"
+    if head_norms and head_norms[0].eps != head_norms[1].eps:
+        return "q_norm and k_norm have different eps"
     if type(attn.rope) is not KernelRoPE:
         return f"rope {type(attn.rope).__name__} does not run the rope kernel"
     if routed(attn, "scaled_dot_product_attention") is None or routed(mlp, "swiglu") is None:
         return "attention or swiglu is not routed to the kernels"
     return None
+
+
+def _head_norms(attn: nn.Module) -> list:
+    """qwen3's RMSNorm of each q and k head, [q_norm, k_norm]; [] for llama/qwen2."""
+    return [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []
 
 
 def _plan(block: nn.Module) -> LayerPlan:
@@ -86,7 +90,7 @@ def _plan(block: nn.Module) -> LayerPlan:
     heads, kv_heads = attn.n_heads, attn.n_kv_heads
     head_dim = projs[0]["scales"].shape[0] // heads
     bits, groups, bias = [p.bits for p in projs], [p.group_size for p in projs], [int("bias" in p) for p in projs]
-    head_norms = [attn.q_norm, attn.k_norm] if hasattr(attn, "q_norm") else []  # qwen3
+    head_norms = _head_norms(attn)
     fixed = [block.input_layernorm.weight, *(p[n] for p in projs for n in ("weight", "scales", "biases")),
              block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p),
              *(n.weight for n in head_norms)]

@@ -86,12 +86,13 @@ def widen_to_8bit(layer: nn.Module) -> None:
     mx.eval(layer["weight"])
 
 
-def _why_not(layer) -> str | None:
-    """None if the layer's layout is one the kernels handle."""
+def _why_not(layer, bits: int | None = None) -> str | None:
+    """None if the layer's layout (with `bits`-bit codes, default its own) is one the kernels handle."""
+    bits = bits or layer.bits
     if getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
         return f"quantization mode {getattr(layer, 'mode', '?')!r} (kernels do affine)"
-    if layer.bits not in (4, 8):
-        return f"{layer.bits}-bit weights (kernels do 4 and 8)"
+    if bits not in (4, 8):
+        return f"{bits}-bit weights (kernels do 4 and 8)"
     if layer.group_size % 32:
         return f"group size {layer.group_size} (kernels need a multiple of 32)"
     return None
@@ -149,9 +150,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
 
 def _widen(layer, device) -> bool:
     """Should this layer's codes be widened to bytes for the CPU kernel (which then passed its check)?"""
-    if layer.bits not in WIDENED_BITS or getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
-        return False
-    if layer.group_size % 32:
+    if layer.bits not in WIDENED_BITS or _why_not(layer, bits=8):
         return False
     n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
     return kernel_for_layer(n, k, layer.group_size, 8, layer["scales"].dtype, device)[0] is not None
