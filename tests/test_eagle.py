@@ -17,9 +17,13 @@ from mlxspec.errors import MlxspecError
 from mlxspec.features import target_forward
 from mlxspec.frontend.cli import cli
 from mlxspec.heads import eagle, files
+from mlxspec.heads import eagle_train
 from mlxspec.heads.eagle_train import forward_two
 from mlxspec.heads.record import load_prompts, record
+from mlxspec.heads.record_batch import record_wave
+from mlxspec.heads.train import frozen_head
 from mlxspec.options import GenerateOptions
+from mlxspec.sampling import Sampling
 
 HELD_OUT = load_prompts()[-6:]  # the fixture records answers to the first prompts only
 
@@ -75,6 +79,34 @@ def test_training_learns_and_beats_an_untrained_head(tiny_llama, trained, tmp_pa
     learned = tokens_per_pass(Engine.load(str(tiny_llama), drafter=f"eagle:{path}"), HELD_OUT)
     baseline = tokens_per_pass(Engine.load(str(tiny_llama), drafter=f"eagle:{untrained}"), HELD_OUT)
     assert learned > baseline + 0.5 and learned > 1.8, (learned, baseline)
+
+
+def test_the_reported_top1_is_what_the_drafter_drafts(plain, trained, tmp_path):
+    """The held-out top-1 that training reports is the share of depth-1 drafts the drafter gets right
+    at run time, fed the target's real features at every answer position: a token outside the
+    draft vocabulary counts as a miss in both (the report once left those out and read 5 points
+    high on SmolLM2). The trained head gets half its draft vocabulary, so that some answer tokens
+    are outside it."""
+    model = plain.target.model
+    samples = record(plain, HELD_OUT, tokens=400, max_answer=40, show=False)
+    head, vocab, config = eagle.read(trained[0])
+    vocab = vocab[::2]
+    path = eagle.save(tmp_path / "half.safetensors", head, vocab, config)
+    w, b = frozen_head(model, samples[0].hidden.shape[-1])
+    ys = [eagle_train.next_tokens(model, s) for s in samples]
+    reported = eagle_train.evaluate(head, w[:, vocab], b[vocab], eagle_train.Batches(model, samples, ys, vocab, 2, True))[0]
+    drafter, greedy = EagleDrafter(model, str(path), bits=None), Sampling.from_options(GenerateOptions(temperature=0))
+    hits = total = 0
+    for s in samples:
+        drafter.start(s.ids[: s.answer_start], hidden=s.hidden[: s.answer_start - 1])
+        for t in range(s.answer_start - 1, len(s.ids) - 1):  # the context ends at t, not yet read
+            hits += drafter.propose(s.ids[: t + 1], 1, greedy, None).tokens.item() == s.ids[t + 1]
+            total += 1
+            drafter.accept(0, hidden=s.hidden[t : t + 1])  # as if the draft missed: the next round reads t+1
+        drafter.finish()
+    outside = sum(t not in set(vocab.tolist()) for s in samples for t in s.ids[s.answer_start :])
+    assert outside > 0  # the held-out answers hold tokens the draft vocabulary lacks
+    assert abs(hits / total - reported) <= 1.5 / total, (hits, total, reported)
 
 
 def test_the_unrolled_training_pass_is_the_drafters_chain(tiny_llama, trained):
@@ -144,6 +176,30 @@ def test_recording_keeps_the_features_the_target_decoded_with(plain):
         assert greedy[: len(answer)] == answer and len(greedy) in (len(answer), len(answer) + 1)
 
 
+def test_batched_recording_gives_the_targets_answers_and_features(plain):
+    """Answers decoded side by side (left-padded prompts of different lengths, one leaving the
+    batch early at its end token) are the target's own greedy answers, with its hidden states."""
+    prompts = [plain.chat_prompt([{"role": "user", "content": p}]) for p in load_prompts()[:4]]
+    assert len(set(map(len, prompts))) > 1
+    greedy = [[t for e in plain.generate(ids, GenerateOptions(max_tokens=12, temperature=0)) for t in e.tokens]
+              for ids in prompts]
+    def cut(stop):
+        return [g[: g.index(stop)] if stop in g else g for g in greedy]
+
+    # an end token that one answer writes mid-way and another later or not at: the batch shrinks
+    stop = next(t for g in greedy for t in g if 0 < min(map(len, cut(t))) < max(map(len, cut(t))))
+    want = cut(stop)
+    waves = record_wave(plain, prompts, 12, eos={stop})
+    assert [answer for answer, _ in waves] == want
+    for ids, (answer, hidden) in zip(prompts, waves):
+        rows = min(hidden.shape[0], len(ids) + len(answer))
+        reference = target_forward(plain.target.model, mx.array(ids + answer)[None])[1][0]
+        assert rows >= len(ids) + len(answer) - 1
+        assert mx.allclose(hidden[:rows], reference[:rows], atol=1e-4).item()
+    batched = record(plain, load_prompts()[:4], tokens=10_000, max_answer=12, show=False, batch=3)
+    assert [s.ids for s in batched] == [s.ids for s in record(plain, load_prompts()[:4], 10_000, 12, False)]
+
+
 def test_prefix_cache_features_are_the_targets_hidden_states(tiny_llama):
     model = Engine.load(str(tiny_llama), kernels=False).target.model
     ids = list(range(5, 40))
@@ -199,5 +255,7 @@ def test_names_and_cli_errors(tmp_path):
     bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--kind", "hydra"], env=env)
     assert bad.exit_code == 1
     assert bad.output.strip().splitlines() == ["Error: --kind 'hydra': only eagle, medusa can be trained"]
+    bad = CliRunner().invoke(cli, ["train-drafter", "some-model", "--batch", "0"], env=env)
+    assert bad.exit_code == 1 and "--batch 1..64" in bad.output and len(bad.output.strip().splitlines()) == 1
     with pytest.raises(MlxspecError, match="no eagle drafter at .*nope.safetensors"):
         EagleDrafter(None, "nope")

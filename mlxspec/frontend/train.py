@@ -11,6 +11,7 @@ import click
 from ..errors import MlxspecError
 
 KINDS = ("eagle", "medusa")
+BATCH = 1  # answers recorded side by side; on this CPU batches are slower (measured), see record_batch.py
 
 
 def output_path(out: str | None, model: str, kind: str = "medusa") -> Path:
@@ -24,7 +25,7 @@ def output_path(out: str | None, model: str, kind: str = "medusa") -> Path:
 
 def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads: int, out: str | None,
                   epochs: float | None = None, seed: int = 0, max_answer: int = 256, show: bool = True,
-                  vocab: int = 4096) -> tuple[Path, dict]:
+                  vocab: int = 4096, batch: int = 1) -> tuple[Path, dict]:
     """Everything `mlxspec train-drafter` does; returns the file written and its config."""
     from ..engine import Engine
     from ..heads import eagle, eagle_train, files, medusa, record, train
@@ -35,8 +36,9 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
     if kind not in KINDS:
         raise MlxspecError(f"--kind {kind!r}: only {', '.join(KINDS)} can be trained")
     epochs = epochs if epochs is not None else (8.0 if kind == "eagle" else 2.0)
-    if tokens < 16 or not 1 <= heads <= 8 or epochs <= 0 or max_answer < 4 or vocab < 16:
-        raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0, --max-answer >= 4, --vocab >= 16")
+    if tokens < 16 or not 1 <= heads <= 8 or epochs <= 0 or max_answer < 4 or vocab < 16 or not 1 <= batch <= 64:
+        raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0, --max-answer >= 4, --vocab >= 16, "
+                           "--batch 1..64")
     texts = record.load_prompts(prompts)
     path = output_path(out, model, kind)
     store = Store(ollama_models=default_root())  # OLLAMA_MODELS, read here at the command's entry
@@ -46,7 +48,7 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
     target = engine.target.model
     sha = files.identity(target)
     keep = record.recording_dir(default_home() / "drafters" / ".recordings", sha, max_answer)
-    samples = record.record(engine, texts, tokens, max_answer, show, keep=keep)  # resumes from `keep`
+    samples = record.record(engine, texts, tokens, max_answer, show, keep=keep, batch=batch)  # resumes from `keep`
     recorded = time.perf_counter() - begin
     config = {
         "target": reference,
@@ -76,12 +78,15 @@ def register(cli) -> None:
     @click.option("--epochs", type=float, help="Passes over the recorded data [default: eagle 8, medusa 2].")
     @click.option("--seed", type=int, default=0, show_default=True)
     @click.option("--max-answer", type=int, default=256, show_default=True, help="Tokens at most per answer.")
+    @click.option("--batch", type=int, default=BATCH, show_default=True,
+                  help="Answers recorded side by side (1: one at a time through the engine).")
     @click.option("--out", help="A name (MLXSPEC_HOME/drafters/NAME.safetensors) or a path; default MODEL-KIND.")
-    def train_drafter_command(model, kind, prompts, tokens, heads, vocab, epochs, seed, max_answer, out):
+    def train_drafter_command(model, kind, prompts, tokens, heads, vocab, epochs, seed, max_answer, batch, out):
         """Train a learned drafter for MODEL from the model's own answers (self-distillation).
 
         Recordings are kept under MLXSPEC_HOME/drafters/.recordings: an interrupted run resumes."""
-        path, config = train_drafter(model, kind, prompts, tokens, heads, out, epochs, seed, max_answer, vocab=vocab)
+        path, config = train_drafter(model, kind, prompts, tokens, heads, out, epochs, seed, max_answer, vocab=vocab,
+                                     batch=batch)
         what = f"{heads} heads" if kind == "medusa" else f"one layer, {config['draft_vocab']}-token draft vocabulary"
         per = "per head" if kind == "medusa" else "at draft steps 1 and 2"
         click.echo(f"wrote {path}: {what}, "

@@ -42,12 +42,15 @@ def draft_vocabulary(ys: list[list[int]], size: int) -> mx.array:
     return mx.array(sorted(t for t, _ in counts.most_common(size)), dtype=mx.int32)
 
 
+OUTSIDE = -2  # label of a token outside the draft vocabulary: never trained on, scored as a miss (-1: no label)
+
+
 class Batches:
     """Sequences padded to a common length: inputs (B, L, D) x2, targets (B, L, D), labels (B, L)."""
 
     def __init__(self, model: nn.Module, samples: list[Recorded], ys: list[list[int]], vocab: mx.array, size: int,
                  answers_only: bool = False):
-        remap = mx.full((target_head_rows(model),), -1, dtype=mx.int32)
+        remap = mx.full((target_head_rows(model),), OUTSIDE, dtype=mx.int32)
         remap[vocab] = mx.arange(vocab.size, dtype=mx.int32)
         embed = model.model.embed_tokens
         self.items = []
@@ -139,13 +142,14 @@ def losses(head: EagleHead, w: mx.array, b: mx.array, batch: tuple, noise: float
 
 
 def evaluate(head: EagleHead, w, b, batches: Batches) -> list[float]:
-    """Top-1 of the target's next token at draft steps one and two (held-out sequences)."""
+    """Top-1 of the target's next token at draft steps one and two (held-out sequences), over every
+    labelled position: a token outside the draft vocabulary counts as a miss, as it is at run time."""
     hits, known, known2 = mx.zeros((2,)), 0, 0
     for group in batches.groups:
         batch = batches.batch(group)
         hits = hits + losses(head, w, b, batch, 0.0, None, 1.0)[1]
         y, valid = batch[3], batch[4]
-        k = (y >= 0) & valid
+        k = (y != -1) & valid
         known += int(k.sum())
         known2 += int((k & (mx.arange(y.shape[1]) > 0)[None]).sum())
     return [round(float(hits[0]) / max(known, 1), 4), round(float(hits[1]) / max(known2, 1), 4)]

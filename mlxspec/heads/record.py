@@ -5,15 +5,18 @@
 Each answer is the target's own greedy continuation, so a drafter trained on it learns exactly what
 verification will accept. The final hidden states (the features each position had while decoding)
 are kept as the target decodes (drafters.base.FeatureTap): the answer's last token, never read
-back, is left out. With `keep=DIR` each sample is written there as it is recorded (one file each,
-atomically), and a later run with the same target and settings picks them up: an interrupted
-`train-drafter` resumes instead of starting over.
+back, is left out. With `batch` > 1, that many answers are decoded side by side in one target pass
+per step instead (record_batch.py: meant for GPUs; slower on a 2-core CPU). With `keep=DIR` each
+sample is written there as it is recorded (one file each, atomically), and a later run with the
+same target and settings picks them up: an interrupted `train-drafter` resumes instead of starting
+over.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +26,7 @@ from tqdm import tqdm
 
 from ..drafters.base import FeatureTap
 from ..errors import MlxspecError
+from .record_batch import record_wave
 
 PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
 
@@ -53,37 +57,56 @@ def recording_dir(root: Path, target_sha256: str, max_answer: int) -> Path:
 
 
 def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show: bool = True,
-           keep: Path | None = None) -> list[Recorded]:
-    """Greedy answers to `prompts` (chat template when the model has one) until `tokens` answer tokens."""
-    from ..options import GenerateOptions
-
+           keep: Path | None = None, batch: int = 1) -> list[Recorded]:
+    """Greedy answers to `prompts` (chat template when the model has one) until `tokens` answer
+    tokens, in the prompts' order. `batch` > 1 decodes that many answers side by side
+    (record_batch.py); the last wave takes about as many prompts as the tokens left need."""
     chat = getattr(engine.tokenizer, "has_chat_template", False)
-    out, total = [], 0
+    out, total, i = [], 0, 0
     bar = tqdm(total=tokens, desc="recording answers", unit="tok", disable=not show)
-    for prompt in prompts:
-        if total >= tokens:
-            break
-        ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+    while i < len(prompts) and total < tokens:
         budget = min(max_answer, tokens - total)
-        sample = _load(keep, ids, budget) if keep else None
-        if sample is None:
-            opts = GenerateOptions(max_tokens=budget, temperature=0.0, draft_length=0)
-            tap = FeatureTap()  # the features of every position the target read, as it decoded
-            answer = [t for event in engine.generate(ids, opts, tap=tap) for t in event.tokens]
-            hidden = tap.features()
-            rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
-            if rows - len(ids) < 3:  # the answer's last token was never read back: its row is not kept
-                continue
-            sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
-            mx.eval(sample.hidden)
-            if keep:
-                _store(keep, sample, budget)
-        out.append(sample)
-        total += len(sample.ids) - sample.answer_start
-        bar.update(len(sample.ids) - sample.answer_start)
+        mean = total / len(out) if out else max_answer  # answer tokens per prompt so far
+        size = min(max(1, batch), math.ceil(budget / max(mean, 1)))  # the last wave: about what is left
+        wave = []  # (prompt ids, a kept sample or None): answered together
+        for prompt in prompts[i : i + size]:
+            ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+            wave.append((ids, _load(keep, ids, budget) if keep else None))
+        i += len(wave)
+        fresh = iter(_answer(engine, [ids for ids, s in wave if s is None], budget))
+        for ids, sample in wave:
+            if sample is None:
+                answer, hidden = next(fresh)
+                rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
+                if rows - len(ids) < 3:  # the answer's last token was never read back: its row is not kept
+                    continue
+                sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
+                mx.eval(sample.hidden)
+                if keep:
+                    _store(keep, sample, budget)
+            if total < tokens:  # a wave's answers past the total asked are kept on disk only
+                out.append(sample)
+                total += len(sample.ids) - sample.answer_start
+                bar.update(len(sample.ids) - sample.answer_start)
     bar.close()
     if not out:
         raise MlxspecError("the target produced no usable answers for these prompts")
+    return out
+
+
+def _answer(engine, prompts: list[list[int]], budget: int) -> list[tuple[list[int], mx.array | None]]:
+    """(greedy answer, hidden rows of every position read) per prompt: one at a time through the
+    engine (the features it decoded with), or side by side."""
+    from ..options import GenerateOptions
+
+    if len(prompts) > 1:
+        return record_wave(engine, prompts, budget)
+    out = []
+    for ids in prompts:
+        opts = GenerateOptions(max_tokens=budget, temperature=0.0, draft_length=0)
+        tap = FeatureTap()  # the features of every position the target read, as it decoded
+        answer = [t for event in engine.generate(ids, opts, tap=tap) for t in event.tokens]
+        out.append((answer, tap.features()))
     return out
 
 
