@@ -176,9 +176,12 @@ def test_recording_keeps_the_features_the_target_decoded_with(plain):
         assert greedy[: len(answer)] == answer and len(greedy) in (len(answer), len(answer) + 1)
 
 
-def test_batched_recording_gives_the_targets_answers_and_features(plain):
+@pytest.mark.parametrize("chunk", [512, 5], ids=["one-chunk", "chunked-prefill"])
+def test_batched_recording_gives_the_targets_answers_and_features(plain, chunk, monkeypatch):
     """Answers decoded side by side (left-padded prompts of different lengths, one leaving the
-    batch early at its end token) are the target's own greedy answers, with its hidden states."""
+    batch early at its end token) are the target's own greedy answers, with its hidden states;
+    whether the prompts are read in one pass or in chunks."""
+    monkeypatch.setattr("mlxspec.heads.record_batch.PREFILL_CHUNK", chunk)
     prompts = [plain.chat_prompt([{"role": "user", "content": p}]) for p in load_prompts()[:4]]
     assert len(set(map(len, prompts))) > 1
     greedy = [[t for e in plain.generate(ids, GenerateOptions(max_tokens=12, temperature=0)) for t in e.tokens]

@@ -21,6 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import BatchKVCache
 
+from ..cache import PREFILL_CHUNK
 from ..features import head as target_head
 
 
@@ -36,7 +37,11 @@ def record_wave(engine, prompts: list[list[int]], max_answer: int,
     pads = [max(map(len, prompts)) - len(p) for p in prompts]
     x = mx.array([[0] * pad + p for p, pad in zip(prompts, pads)], dtype=mx.uint32)  # (B, L) left-padded
     cache = [BatchKVCache(pads) for _ in body.layers]
-    hidden = body(x, cache=cache)  # (B, L, D)
+    hidden = []  # the prompts, a chunk at a time (bounds the attention scratch, as the engine's prefill)
+    for start in range(0, x.shape[1], PREFILL_CHUNK):
+        hidden.append(body(x[:, start : start + PREFILL_CHUNK], cache=cache))
+        mx.eval(hidden[-1], [c.state for c in cache])
+    hidden = mx.concatenate(hidden, axis=1)  # (B, L, D)
     nxt = mx.argmax(head(hidden[:, -1]), axis=-1)  # (B,)
     rows = [[hidden[i, pad:]] for i, pad in enumerate(pads)]  # per answer: (m, D) blocks
     answers: list[list[int]] = [[] for _ in prompts]
