@@ -16,8 +16,7 @@ from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
 from mlxspec.features import target_forward
 from mlxspec.frontend.cli import cli
-from mlxspec.heads import eagle, files
-from mlxspec.heads import eagle_train
+from mlxspec.heads import eagle, eagle_train, files
 from mlxspec.heads.eagle_train import forward_two
 from mlxspec.heads.record import load_prompts, record
 from mlxspec.heads.record_batch import record_wave
@@ -104,7 +103,8 @@ def test_the_reported_top1_is_what_the_drafter_drafts(plain, trained, tmp_path):
             total += 1
             drafter.accept(0, hidden=s.hidden[t : t + 1])  # as if the draft missed: the next round reads t+1
         drafter.finish()
-    outside = sum(t not in set(vocab.tolist()) for s in samples for t in s.ids[s.answer_start :])
+    inside = set(vocab.tolist())
+    outside = sum(t not in inside for s in samples for t in s.ids[s.answer_start :])
     assert outside > 0  # the held-out answers hold tokens the draft vocabulary lacks
     assert abs(hits / total - reported) <= 1.5 / total, (hits, total, reported)
 
@@ -186,6 +186,7 @@ def test_batched_recording_gives_the_targets_answers_and_features(plain, chunk, 
     assert len(set(map(len, prompts))) > 1
     greedy = [[t for e in plain.generate(ids, GenerateOptions(max_tokens=12, temperature=0)) for t in e.tokens]
               for ids in prompts]
+
     def cut(stop):
         return [g[: g.index(stop)] if stop in g else g for g in greedy]
 

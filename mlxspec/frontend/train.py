@@ -25,7 +25,7 @@ def output_path(out: str | None, model: str, kind: str = "medusa") -> Path:
 
 def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads: int, out: str | None,
                   epochs: float | None = None, seed: int = 0, max_answer: int = 256, show: bool = True,
-                  vocab: int = 4096, batch: int = 1) -> tuple[Path, dict]:
+                  vocab: int = 4096, batch: int = BATCH) -> tuple[Path, dict]:
     """Everything `mlxspec train-drafter` does; returns the file written and its config."""
     from ..engine import Engine
     from ..heads import eagle, eagle_train, files, medusa, record, train

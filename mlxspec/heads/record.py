@@ -76,12 +76,9 @@ def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show:
         fresh = iter(_answer(engine, [ids for ids, s in wave if s is None], budget))
         for ids, sample in wave:
             if sample is None:
-                answer, hidden = next(fresh)
-                rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
-                if rows - len(ids) < 3:  # the answer's last token was never read back: its row is not kept
+                sample = _sample(ids, *next(fresh))
+                if sample is None:
                     continue
-                sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
-                mx.eval(sample.hidden)
                 if keep:
                     _store(keep, sample, budget)
             if total < tokens:  # a wave's answers past the total asked are kept on disk only
@@ -108,6 +105,17 @@ def _answer(engine, prompts: list[list[int]], budget: int) -> list[tuple[list[in
         answer = [t for event in engine.generate(ids, opts, tap=tap) for t in event.tokens]
         out.append((answer, tap.features()))
     return out
+
+
+def _sample(ids: list[int], answer: list[int], hidden: mx.array | None) -> Recorded | None:
+    """Prompt + answer with the rows the target read (an answer cut at its budget has no row for
+    its last token, which is then left out); None for an answer too short to train on."""
+    rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
+    if rows - len(ids) < 3:
+        return None
+    sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
+    mx.eval(sample.hidden)
+    return sample
 
 
 def _key(ids: list[int], budget: int) -> str:
