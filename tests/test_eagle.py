@@ -80,6 +80,51 @@ def test_training_learns_and_beats_an_untrained_head(tiny_llama, trained, tmp_pa
     assert learned > baseline + 0.5 and learned > 1.8, (learned, baseline)
 
 
+def test_hard_labels_learn_the_targets_argmax(tiny_llama, trained, home):
+    """--labels hard: the same recordings (resumed), the token term against the target's argmax
+    instead of its distribution (the default, `trained`); the head learns, and says how it was trained."""
+    args = ["train-drafter", str(tiny_llama), "--kind", "eagle", "--tokens", "1200", "--epochs", "6",
+            "--max-answer", "48", "--labels", "hard", "--out", "tiny-hard"]
+    result = CliRunner().invoke(cli, args, env={"MLXSPEC_HOME": str(home)})
+    assert result.exit_code == 0, result.output
+    config = eagle.read(home / "drafters" / "tiny-hard.safetensors")[2]
+    assert config["labels"] == "hard" and trained[1]["labels"] == "soft"
+    assert config["training_tokens"] == trained[1]["training_tokens"]  # the same answers, not re-recorded
+    first, second = config["heldout_top1"]
+    assert first > config["heldout_top1_untrained"][0] + 0.2 and second > config["heldout_top1_untrained"][1] + 0.2
+    bad = CliRunner().invoke(cli, args[:-4] + ["--labels", "fuzzy"], env={"MLXSPEC_HOME": str(home)})
+    assert bad.exit_code == 1 and "fuzzy" in bad.output and "Traceback" not in bad.output
+
+
+def test_soft_loss_is_the_cross_entropy_against_the_targets_law(tiny_llama):
+    """The soft token term: KL from softmax(target head on h_t) at every position (a
+    label outside the draft vocabulary, -2, too; step two from t = 1); the hard one against y_t where
+    y_t is known. The feature terms are shared, so the two losses differ by exactly these terms."""
+    model = Engine.load(str(tiny_llama)).target.model
+    dims = eagle.block_config(model)["hidden_size"]
+    w, b = frozen_head(model, dims)
+    mx.random.seed(1)
+    head = eagle.EagleHead(eagle.block_config(model))
+    e, h_in, h = (mx.random.normal((1, 5, dims)) for _ in range(3))
+    y = mx.array([[1, 2, -2, 3, -1]])
+    batch = (e, h_in, h, y, mx.ones((1, 5), dtype=mx.bool_))
+    soft, _ = eagle_train.losses(head, w, b, batch, 0.0, None, 1.0, soft=True)
+    hard, _ = eagle_train.losses(head, w, b, batch, 0.0, None, 1.0, soft=False)
+    f, g = forward_two(head, e, h_in)
+    teacher = mx.softmax(h @ w + b, axis=-1)[0]  # (5, V)
+    entropy = -(teacher * mx.log(teacher)).sum(-1)  # (5,)
+
+    def log_probs(x):
+        logits = (x @ w + b)[0]
+        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+    lf, lg = log_probs(f), log_probs(g)
+    soft_terms = (-(teacher * lf).sum(-1) - entropy).mean() + 0.5 * (-(teacher[1:] * lg[1:]).sum(-1) - entropy[1:]).mean()
+    hard_terms = -mx.mean(mx.stack([lf[t, int(y[0, t])] for t in (0, 1, 3)])) \
+        - 0.5 * mx.mean(mx.stack([lg[t, int(y[0, t])] for t in (1, 3)]))
+    assert abs(float(soft - hard) - float(soft_terms - hard_terms)) < 1e-3 * max(1.0, abs(float(soft_terms)))
+
+
 def test_the_reported_top1_is_what_the_drafter_drafts(plain, trained, tmp_path):
     """The held-out top-1 that training reports is the share of depth-1 drafts the drafter gets right
     at run time, fed the target's real features at every answer position: a token outside the

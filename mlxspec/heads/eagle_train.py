@@ -117,8 +117,10 @@ def forward_two(head: EagleHead, e: mx.array, h_in: mx.array) -> tuple[mx.array,
 
 
 def losses(head: EagleHead, w: mx.array, b: mx.array, batch: tuple, noise: float, key: mx.array | None,
-           cls_weight: float) -> tuple[mx.array, mx.array]:
-    """Total loss (scalar) and hits (2,) of steps one and two on one padded batch."""
+           cls_weight: float, soft: bool = False) -> tuple[mx.array, mx.array]:
+    """Total loss (scalar) and hits (2,) of steps one and two on one padded batch. soft: the token
+    term is the KL divergence from the target's own distribution over the draft vocabulary (its
+    head on h_t), at every position, instead of the cross-entropy against its argmax y_t."""
     e, h_in, h_out, y, valid = batch
     if key is not None and noise > 0:
         scale = noise * mx.sqrt(mx.mean(h_in * h_in, axis=-1, keepdims=True))
@@ -132,12 +134,20 @@ def losses(head: EagleHead, w: mx.array, b: mx.array, batch: tuple, noise: float
     reg2 = (nn.losses.smooth_l1_loss(g, h_out, reduction="none") * later[..., None]).sum() / (
         mx.maximum(later.sum(), 1) * f.shape[-1])
     known = (y >= 0) & valid
+    if soft:  # (B, L, V') the target's law over the draft vocabulary, and its log
+        log_teacher = nn.log_softmax(mx.stop_gradient(h_out @ w + b), axis=-1)
+        teacher = mx.exp(log_teacher)
     total, hits = reg + 0.5 * reg2, []
-    for feats, where, weight in ((f, known, 1.0), (g, known & later, 0.5)):
+    for feats, where, weight in ((f, valid, 1.0), (g, later, 0.5)):
         logits = feats @ w + b
-        ce = nn.losses.cross_entropy(logits, mx.maximum(y, 0), reduction="none") * where
-        total = total + weight * cls_weight * ce.sum() / mx.maximum(where.sum(), 1)
-        hits.append(((mx.argmax(logits, axis=-1) == y) & where).sum())
+        labelled = known & where
+        if soft:  # every position has a soft label, one whose argmax lies outside the draft vocabulary too
+            # KL(teacher || head): the cross-entropy less the teacher's own entropy, so 0 is a perfect fit
+            ce, counted = (teacher * (log_teacher - nn.log_softmax(logits, axis=-1))).sum(axis=-1), where
+        else:
+            ce, counted = nn.losses.cross_entropy(logits, mx.maximum(y, 0), reduction="none"), labelled
+        total = total + weight * cls_weight * (ce * counted).sum() / mx.maximum(counted.sum(), 1)
+        hits.append(((mx.argmax(logits, axis=-1) == y) & labelled).sum())
     return total, mx.stack(hits)
 
 
@@ -158,8 +168,9 @@ def evaluate(head: EagleHead, w, b, batches: Batches) -> list[float]:
 def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epochs: float = 8.0,
           batch: int = 2, lr: float = 3e-4, noise: float = 0.1, cls_weight: float = 1.0, seed: int = 0,
           warmup: int = 20, clip: float = 1.0, weight_decay: float = 0.0, intermediate: int | None = None,
-          show: bool = True) -> tuple[EagleHead, mx.array, dict]:
-    """Fit an EAGLE head on the recorded sequences (the last ~10% held out for the report)."""
+          soft: bool = False, show: bool = True) -> tuple[EagleHead, mx.array, dict]:
+    """Fit an EAGLE head on the recorded sequences (the last ~10% held out for the report).
+    soft: learn the target's distribution over the draft vocabulary, not only its argmax."""
     mx.random.seed(seed)
     ys = [next_tokens(model, s) for s in samples]
     hold = len(samples) // 10
@@ -183,7 +194,7 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
                                          optim.cosine_decay(lr, steps - warmup, lr * 0.05)], [warmup])
     opt = optim.AdamW(learning_rate=schedule, weight_decay=weight_decay)
     key = mx.random.key(seed)
-    step_fn = nn.value_and_grad(head, lambda bt, k: losses(head, w, b, bt, noise, k, cls_weight)[0])
+    step_fn = nn.value_and_grad(head, lambda bt, k: losses(head, w, b, bt, noise, k, cls_weight, soft)[0])
     start, first = time.perf_counter(), None
     bar = tqdm(range(steps), desc="training eagle head", unit="step", disable=not show)
     for step in bar:
@@ -202,7 +213,8 @@ def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epo
               "coverage": _coverage(ys[len(train_set):] or ys, vocab),
               "loss_start": round(first, 4), "loss": round(float(value), 4), "steps": steps,
               "positions": sum(len(s.ids) - 1 for s in train_set), "train_seconds": round(time.perf_counter() - start, 1),
-              "heldout_top1_untrained": before, "heldout_top1": after}  # [step one, step two]
+              "heldout_top1_untrained": before, "heldout_top1": after,
+              "labels": "soft" if soft else "hard"}  # [step one, step two]
     return head, vocab, report
 
 
