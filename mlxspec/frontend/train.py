@@ -12,7 +12,8 @@ from ..errors import MlxspecError
 
 KINDS = ("eagle", "medusa")
 BATCH = 1  # answers recorded side by side; on this CPU batches are slower (measured), see record_batch.py
-LABELS = "soft"  # EAGLE's token target: the target's distribution over the draft vocabulary (soft, measured better) or its argmax (hard)
+LABELS = ("soft", "hard")  # EAGLE's token target: the target's distribution over the draft vocabulary (the default,
+# measured better) or its argmax
 
 
 def output_path(out: str | None, model: str, kind: str = "medusa") -> Path:
@@ -26,7 +27,7 @@ def output_path(out: str | None, model: str, kind: str = "medusa") -> Path:
 
 def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads: int, out: str | None,
                   epochs: float | None = None, seed: int = 0, max_answer: int = 256, show: bool = True,
-                  vocab: int = 4096, batch: int = BATCH, labels: str = LABELS) -> tuple[Path, dict]:
+                  vocab: int = 4096, batch: int = BATCH, labels: str = LABELS[0]) -> tuple[Path, dict]:
     """Everything `mlxspec train-drafter` does; returns the file written and its config."""
     from ..engine import Engine
     from ..heads import eagle, eagle_train, files, medusa, record, train
@@ -36,8 +37,8 @@ def train_drafter(model: str, kind: str, prompts: str | None, tokens: int, heads
 
     if kind not in KINDS:
         raise MlxspecError(f"--kind {kind!r}: only {', '.join(KINDS)} can be trained")
-    if labels not in ("soft", "hard"):
-        raise MlxspecError(f"--labels {labels!r}: soft or hard")
+    if labels not in LABELS:
+        raise MlxspecError(f"--labels {labels!r}: one of {', '.join(LABELS)}")
     epochs = epochs if epochs is not None else (8.0 if kind == "eagle" else 2.0)
     if tokens < 16 or not 1 <= heads <= 8 or epochs <= 0 or max_answer < 4 or vocab < 16 or not 1 <= batch <= 64:
         raise MlxspecError("--tokens must be >= 16, --heads 1..8, --epochs > 0, --max-answer >= 4, --vocab >= 16, "
@@ -84,7 +85,7 @@ def register(cli) -> None:
     @click.option("--max-answer", type=int, default=256, show_default=True, help="Tokens at most per answer.")
     @click.option("--batch", type=int, default=BATCH, show_default=True,
                   help="Answers recorded side by side (1: one at a time through the engine).")
-    @click.option("--labels", type=click.Choice(["soft", "hard"]), default=LABELS, show_default=True,
+    @click.option("--labels", type=click.Choice(LABELS), default=LABELS[0], show_default=True,
                   help="EAGLE learns the target's distribution over its draft vocabulary (soft) or its argmax (hard).")
     @click.option("--out", help="A name (MLXSPEC_HOME/drafters/NAME.safetensors) or a path; default MODEL-KIND.")
     def train_drafter_command(model, kind, prompts, tokens, heads, vocab, epochs, seed, max_answer, batch, labels, out):

@@ -168,9 +168,9 @@ def evaluate(head: EagleHead, w, b, batches: Batches) -> list[float]:
 def train(model: nn.Module, samples: list[Recorded], vocab_size: int = 4096, epochs: float = 8.0,
           batch: int = 2, lr: float = 3e-4, noise: float = 0.1, cls_weight: float = 1.0, seed: int = 0,
           warmup: int = 20, clip: float = 1.0, weight_decay: float = 0.0, intermediate: int | None = None,
-          soft: bool = False, show: bool = True) -> tuple[EagleHead, mx.array, dict]:
+          soft: bool = True, show: bool = True) -> tuple[EagleHead, mx.array, dict]:
     """Fit an EAGLE head on the recorded sequences (the last ~10% held out for the report).
-    soft: learn the target's distribution over the draft vocabulary, not only its argmax."""
+    soft: learn the target's distribution over the draft vocabulary (False: only its argmax)."""
     mx.random.seed(seed)
     ys = [next_tokens(model, s) for s in samples]
     hold = len(samples) // 10
