@@ -4,6 +4,7 @@
     python benchmarks/bench_step.py --no-llama-cpp  # without llama-cpp-python installed
     python benchmarks/bench_step.py --context 1024  # each prompt after filler text: 1024 tokens before decoding
     python benchmarks/bench_step.py --kv-cache f32  # a GGUF model's keys and values kept in float32
+    python benchmarks/bench_step.py --activations q8,f32 --verify-rows 2,4,8   # int8 vs fp32 activations, verify costs
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
@@ -12,6 +13,9 @@ the llama.cpp row does); the "engine" row is Engine.generate's plain decoding, p
 get it. Per mlxspec variant it also reports where a step's time goes: Python graph
 building, MLX evaluation (the kernels plus MLX's dispatch), graph nodes per step, and the
 weights' effective read rate; and the plain-decoding roofline from the measured memory bandwidth.
+With --verify-rows, the fused rows also time forwards of that many rows (a verify pass of k drafts
+is k+1 rows) as a multiple of their own one-row step. mlxspec rows are measured per activation
+kind (--activations: q8 = int8 activations as llama.cpp computes, f32).
 
 llama.cpp comes from llama-cpp-python (not a dependency of mlxspec; building it takes minutes:
 on these VMs `CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=ON -DGGML_AVX2=ON -DGGML_FMA=ON
@@ -61,14 +65,15 @@ def with_context(ids: list[int], filler: list[int], n: int) -> list[int]:
 
 
 class MlxspecRunner:
-    """Greedy steps through the model as the engine's plain rounds run it, timed per step."""
+    """Greedy steps through the model as the engine's plain rounds run it, timed per step; then
+    forwards of each of verify_rows rows (trimmed off the cache again), timed."""
 
-    def __init__(self, model, fuse: bool):
-        self.model, self.fuse = model, fuse
+    def __init__(self, model, fuse: bool, activations: str = "f32", verify_rows: tuple[int, ...] = ()):
+        self.model, self.fuse, self.activations, self.verify_rows = model, fuse, activations, verify_rows
 
     def run(self, ids: list[int], tokens: int) -> dict:
         remove_kernels(self.model)
-        install_kernels(self.model, fuse=self.fuse)
+        install_kernels(self.model, fuse=self.fuse, activations=self.activations)
         cache = make_prompt_cache(self.model)
         y = mx.argmax(self.model(mx.array([ids]), cache=cache)[:, -1], axis=-1, keepdims=True)
         mx.eval(y)
@@ -82,12 +87,23 @@ class MlxspecRunner:
             t2 = time.perf_counter()
             build.append(t1 - t0), evals.append(t2 - t1), out.append(y.item())
         total = time.perf_counter() - start
+        verify = {}
+        for rows in self.verify_rows:
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                mx.eval(self.model(mx.array([out[-rows:] + out[:max(0, rows - len(out))]]), cache=cache))
+                times.append(time.perf_counter() - t0)
+                for c in cache:
+                    c.trim(rows)
+            verify[rows] = 1e3 * statistics.median(times)
         return {"tok_s": tokens / total, "build_ms": 1e3 * statistics.median(build),
-                "eval_ms": 1e3 * statistics.median(evals), "tokens": out}
+                "eval_ms": 1e3 * statistics.median(evals), "tokens": out, "verify_ms": verify,
+                "step_ms": 1e3 * statistics.median(b + e for b, e in zip(build, evals))}
 
     def nodes(self, ids: list[int]) -> int:
         remove_kernels(self.model)
-        install_kernels(self.model, fuse=self.fuse)
+        install_kernels(self.model, fuse=self.fuse, activations=self.activations)
         cache = make_prompt_cache(self.model)
         mx.eval(self.model(mx.array([ids]), cache=cache))
         with tempfile.TemporaryDirectory() as d:
@@ -100,10 +116,10 @@ class EngineRunner:
     next step's graph is built while this one computes), detokenizing and stop checks included.
     tok/s from its statistics (prefill excluded); it stops early at an end-of-sequence token."""
 
-    def __init__(self, reference: str, kv_cache: str):
+    def __init__(self, reference: str, kv_cache: str, activations: str = "f32"):
         from mlxspec.engine import Engine
 
-        self.engine = Engine.load(reference, kv_cache=kv_cache)
+        self.engine = Engine.load(reference, kv_cache=kv_cache, activations=activations)
 
     def run(self, ids: list[int], tokens: int) -> dict:
         from mlxspec.options import GenerateOptions
@@ -149,6 +165,9 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=0, help="tokens before decoding (filler text + prompt)")
     ap.add_argument("--kv-cache", default="f16", choices=KV_CACHE_TYPES,
                     help="how mlxspec stores a GGUF model's keys and values (llama.cpp: f16)")
+    ap.add_argument("--activations", default="q8,f32",
+                    help="mlxspec rows per activation kind: q8 (int8, llama.cpp's arithmetic), f32")
+    ap.add_argument("--verify-rows", default="", help="e.g. 2,4,8: time forwards of that many rows (fused rows)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
@@ -160,8 +179,13 @@ def main() -> None:
     if args.context:
         filler = list(tokenizer.encode(" ".join(p.text or p.messages[-1]["content"] for p in prompt_set)))
         prompts = [with_context(ids, filler, args.context) for ids in prompts]
-    runners = {"mlxspec fused": MlxspecRunner(model, True), "mlxspec per-op": MlxspecRunner(model, False),
-               "mlxspec engine (pipelined)": EngineRunner(args.model, args.kv_cache)}
+    kinds = [a for a in args.activations.split(",") if a]
+    verify_rows = tuple(int(r) for r in args.verify_rows.split(",") if r)
+    runners = {}
+    for act in kinds:
+        runners[f"mlxspec fused {act}"] = MlxspecRunner(model, True, act, verify_rows)
+        runners[f"mlxspec engine {act} (pipelined)"] = EngineRunner(args.model, args.kv_cache, act)
+    runners["mlxspec per-op f32"] = MlxspecRunner(model, False)
     if not args.no_llama_cpp:
         runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads,
                                               max(2048, max(map(len, prompts)) + args.tokens + 16))
@@ -183,13 +207,16 @@ def main() -> None:
                        eval_ms=round(statistics.median(x["eval_ms"] for x in runs), 2),
                        nodes_per_step=runners[name].nodes(prompts[0]),
                        weights_gbs=round(step_bytes / (statistics.median(x["eval_ms"] for x in runs) / 1e3) / 1e9, 1))
+            step = statistics.median(x["step_ms"] for x in runs)
+            row.update({f"verify_{r}_rows": {"ms": round(v, 2), "x_step": round(v / step, 2)} for r in runners[name].verify_rows
+                        for v in [statistics.median(x["verify_ms"][r] for x in runs)]})
         summary[name] = row
     base = summary.get("llama.cpp", {}).get("tok_s")
-    first = results["mlxspec fused"][0]["tokens"]
+    first = results[f"mlxspec fused {kinds[0]}"][0]["tokens"]
     # the engine may stop early, at an end-of-sequence token
     same = {n: results[n][0]["tokens"] == first[: len(results[n][0]["tokens"])] for n in results}
     report = {"model": args.model, "prompts": args.prompts, "context": args.context, "tokens": args.tokens,
-              "kv_cache": loaded.info["kv_cache_type"],
+              "kv_cache": loaded.info["kv_cache_type"], "activations": kinds,
               "repeats": args.repeats,
               "bytes_per_step": int(step_bytes), "bandwidth": bw.to_dict(),
               "roofline_tok_s": round(bw.roofline_gbs * 1e9 / step_bytes, 1), "engines": summary,

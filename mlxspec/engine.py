@@ -16,6 +16,8 @@ import os
 import threading
 from typing import Iterator
 
+import mlx.core as mx
+
 from . import loading
 from .adaptive import CostModel
 from .cache import PrefixCache
@@ -26,6 +28,7 @@ from .emit import Event  # noqa: F401  (streamed by generate; the server imports
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
 from .features import vocabulary_size
+from .kernels.cpu import ACTIVATION_SETTINGS
 from .loading import LoadedModel
 from .options import GenerateOptions
 from .settings import DecodeSettings
@@ -76,6 +79,7 @@ class Engine:
         kernels: bool | str | None = None,
         ollama=None,
         kv_cache: str | None = None,
+        activations: str | None = None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -89,11 +93,18 @@ class Engine:
         `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
         `kv_cache`: how a GGUF model's float32 keys and values are stored on the CPU, 'f16' (default,
         as llama.cpp) or 'f32' (loading.load); None reads MLXSPEC_KV_CACHE_TYPE, here only.
+        `activations`: what the CPU matmuls multiply 4/8-bit weights by: 'f32', or 'q8' (each 32 values
+        rounded to int8, integer dot products: llama.cpp's arithmetic); 'auto' (default) is q8 for GGUF
+        models where the CPU has int8 dot products (AVX-512 VNNI), else f32; None reads
+        MLXSPEC_ACTIVATIONS, here only. Either way speculation keeps plain decoding's tokens.
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
             kernels = "ops" if env == "ops" else env != "0"
         kv_cache = kv_cache or os.environ.get("MLXSPEC_KV_CACHE_TYPE") or "f16"
+        activations = activations or os.environ.get("MLXSPEC_ACTIVATIONS") or "auto"
+        if activations not in ACTIVATION_SETTINGS:
+            raise MlxspecError(f"unknown activations {activations!r} (one of {', '.join(ACTIVATION_SETTINGS)})")
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
@@ -104,7 +115,8 @@ class Engine:
             same = draft == target and (draft_quantize or None) == (quantize or None)
             dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
-        kernel_report = _use_kernels(tgt, dft, fuse=kernels != "ops") if kernels else {"disabled": "kernels off"}
+        kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations) if kernels
+                         else {"disabled": "kernels off"})
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
@@ -138,6 +150,7 @@ class Engine:
             "draft_length": self.draft_length,
             **self.target.info,
             "draft_weight_bytes": self.draft.info["weight_bytes"] if self.draft and self.draft is not self.target else 0,
+            "activations": self.kernels.get("target", {}).get("layers", {}).get("activations", "f32"),
         }
 
     # -- prompts -----------------------------------------------------------------------------
@@ -220,16 +233,27 @@ class Engine:
                               f"ids are 0..{self.vocab_size - 1} (vocabulary size {self.vocab_size})")
 
 
-def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True) -> dict:
+def resolve_activations(setting: str, model: LoadedModel) -> str:
+    """'auto' -> 'q8' for a GGUF model where the CPU kernels multiply int8 on VNNI (llama.cpp runs
+    those files with int8 activations too), else 'f32'; 'f32'/'q8' as given."""
+    if setting != "auto":
+        return setting
+    from .kernels.cpu import q8_fast
+
+    gguf = model.path.is_file() and model.path.suffix.lower() == ".gguf"
+    return "q8" if gguf and mx.default_device() == mx.cpu and q8_fast() else "f32"
+
+
+def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32") -> dict:
     """Install mlxspec's kernels in each model where they passed their self-check on this device.
 
-    A kernel that cannot build or disagrees with the pure-MLX reference is reported (one warning)
-    and MLX's own op stays: the reference defines the result, kernels only make it faster.
+    A kernel that cannot build or disagrees with its reference is reported (one warning) and MLX's
+    own op stays: the reference defines the result, kernels only make it faster.
     """
     from .kernels import install_kernels
     from .kernels.install import install_timed
 
-    report = {"target": install_timed(target.model, fuse=fuse)}
-    if draft is not None and draft is not target:
-        report["draft"] = install_kernels(draft.model, fuse=fuse)  # the draft's bits never reach the output
+    report = {"target": install_timed(target.model, fuse=fuse, activations=resolve_activations(activations, target))}
+    if draft is not None and draft is not target:  # the draft's bits never reach the output
+        report["draft"] = install_kernels(draft.model, fuse=fuse, activations=resolve_activations(activations, draft))
     return report

@@ -102,6 +102,37 @@ def test_gguf_file_through_the_engine(tmp_path, kind):
     assert last.stats.drafted > 0  # verify forwards of several rows did run
 
 
+@pytest.mark.parametrize("activations", ["q8", "f32"])
+def test_activations_of_gguf_engines_keep_speculation_exact(tmp_path, activations, monkeypatch):
+    """Int8 activations (llama.cpp's arithmetic) or fp32 ones: every block fuses, the engine says
+    which it runs, and lookup drafting gives plain decoding's tokens either way."""
+    path = str(write_tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_0"))
+    plain = Engine.load(path, activations=activations)
+    assert plain.info["activations"] == activations
+    assert plain.kernels["target"]["fused"]["fused"] == len(plain.target.model.model.layers)
+    lookup = Engine.load(path, drafter="lookup", activations=activations)
+    prompt = "the world and the world and the"
+    tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
+    assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0
+    monkeypatch.setenv("MLXSPEC_ACTIVATIONS", activations)
+    assert Engine.load(path).info["activations"] == activations
+
+
+def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
+    """'auto' is q8 for GGUF files where the CPU has int8 dot products, f32 for MLX models (their
+    reference is MLX's fp16/bf16 arithmetic); an unknown value is a one-line error."""
+    from mlxspec.kernels.cpu import q8_fast
+
+    path = str(write_tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_0"))
+    assert Engine.load(path).info["activations"] == ("q8" if q8_fast() else "f32")
+    assert Engine.load(str(tiny_llama), quantize="q4g32").info["activations"] == "f32"
+    with pytest.raises(MlxspecError, match="unknown activations 'int4' \\(one of auto, f32, q8\\)"):
+        Engine.load(path, activations="int4")
+    monkeypatch.setenv("MLXSPEC_ACTIVATIONS", "int4")
+    with pytest.raises(MlxspecError, match="unknown activations"):
+        Engine.load(path)
+
+
 def test_kv_cache_type_of_gguf_models(tmp_path, tiny_llama, monkeypatch):
     """GGUF models store float32 keys and values as float16 unless asked for f32; MLX models keep mlx-lm's
     cache; MLXSPEC_KV_CACHE_TYPE is read by Engine.load; an unknown type is a one-line error."""

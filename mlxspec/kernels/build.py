@@ -24,7 +24,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 SOURCES = ("CMakeLists.txt", "ext.cpp", "pointwise.cpp", "fused_layer.cpp", "mlx_io.h", "parallel.h",
-           "pointwise_kernel.h", "qmm_kernel.h", "scalar_math.h", "sdpa_kernel.h", "simd.h", "simd_neon.h",
+           "pointwise_kernel.h", "qmm_kernel.h", "qmm_q8_kernel.h", "scalar_math.h", "sdpa_kernel.h", "simd.h", "simd_neon.h",
            "thread_pool.h")
 MODULE = "_mlxspec_cpu"
 

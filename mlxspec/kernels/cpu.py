@@ -16,17 +16,34 @@ SUPPORTED_BITS = (4, 8)
 ISA_NAMES = {0: "generic", 1: "avx512", 2: "avx2", 3: "neon"}
 
 
-def cpu_qmm_function(isa: int = -1) -> Callable[..., mx.array]:
-    """The kernel as a function of (x, w, scales, biases, group_size, bits); isa=-1 picks the best."""
+ACTIVATIONS = ("f32", "q8")  # what the CPU matmuls multiply the weights by
+ACTIVATION_SETTINGS = ("auto", *ACTIVATIONS)  # Engine.load(activations=...) / MLXSPEC_ACTIVATIONS
+
+
+def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., mx.array]:
+    """The kernel as a function of (x, w, scales, biases, group_size, bits); isa=-1 picks the best.
+
+    activations='q8': x is rounded to int8 per 32-element block and multiplied by the codes in
+    integer dot products (qmm_q8_kernel.h, llama.cpp's arithmetic), else x is used in fp32."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
+    q8 = activations == "q8"
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
-        return ext.qmm(x, w, scales, biases, group_size, bits, isa, stream=mx.cpu)  # (..., K) -> (..., N)
+        return ext.qmm(x, w, scales, biases, group_size, bits, isa, q8=q8, stream=mx.cpu)  # (..., K) -> (..., N)
 
     qmm.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
+    qmm.activations = activations
     return qmm
+
+
+def q8_fast() -> bool:
+    """Do int8 activations run on integer dot products here (AVX-512 VNNI), not the portable emulation?"""
+    try:
+        return bool(load_cpu_extension().q8_vector_path())
+    except KernelUnavailable:
+        return False
 
 
 def cpu_supports(group_size: int, bits: int) -> str | None:

@@ -65,6 +65,8 @@ def _why_not(block: nn.Module) -> str | None:
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     if any(not isinstance(_get(block, p), KernelQuantizedLinear) for p in PROJECTIONS):
         return "a projection does not run the qmm kernel"
+    if _activations([_get(block, p) for p in PROJECTIONS]) is None:
+        return "projections take different activations (f32 and q8)"
     if type(block.input_layernorm) is not KernelRMSNorm or type(block.post_attention_layernorm) is not KernelRMSNorm:
         return "a norm does not run the rms_norm kernel"
     head_norms = _head_norms(attn)
@@ -77,6 +79,12 @@ def _why_not(block: nn.Module) -> str | None:
     if routed(attn, "scaled_dot_product_attention") is None or routed(mlp, "swiglu") is None:
         return "attention or swiglu is not routed to the kernels"
     return None
+
+
+def _activations(projs: list) -> str | None:
+    """'f32' or 'q8' when every projection's kernel takes that kind of activations, else None."""
+    kinds = {getattr(p._qmm, "activations", "f32") for p in projs}
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def _head_norms(attn: nn.Module) -> list:
@@ -95,15 +103,16 @@ def _plan(block: nn.Module) -> LayerPlan:
              block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p),
              *(n.weight for n in head_norms)]
     qk_eps = float(head_norms[0].eps) if head_norms else -1.0
+    q8 = _activations(projs) == "q8"
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
                               float(attn.rope.scale), float(attn.scale), float(block.input_layernorm.eps),
-                              float(block.post_attention_layernorm.eps), groups, bits, bias, qk_norm_eps=qk_eps)
+                              float(block.post_attention_layernorm.eps), groups, bits, bias, qk_norm_eps=qk_eps, q8=q8)
     k = projs[1]
     key_parts = [block.input_layernorm.weight, k["scales"], *([k["bias"]] if "bias" in k else []),
                  *([attn.k_norm.weight] if head_norms else [])]
     signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
                  tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs),
-                 qk_eps)
+                 qk_eps, q8)
     return LayerPlan(layer, kv_heads, head_dim, key_parts, signature)
 
 

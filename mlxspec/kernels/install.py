@@ -22,11 +22,13 @@ from .pointwise import restore_pointwise, use_pointwise_kernels
 from .registry import device_backend_name
 
 
-def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: bool = True) -> dict:
+def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: bool = True,
+                    activations: str = "f32") -> dict:
     """Swap/route this model's layers to the device's kernels where they proved themselves; on the
-    CPU, then fuse each block whose parts all run them into one primitive (fuse=False: keep the ops)."""
+    CPU, then fuse each block whose parts all run them into one primitive (fuse=False: keep the ops).
+    activations='q8': the CPU matmuls take int8 activations (llama.cpp's arithmetic, kernels/cpu.py)."""
     backend = device_backend_name(device)
-    report = {"backend": backend, "layers": use_kernels(model, gpu=True, device=device),
+    report = {"backend": backend, "layers": use_kernels(model, gpu=True, device=device, activations=activations),
               "attention": use_attention_kernel(model)}
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
@@ -58,13 +60,14 @@ def installed(model: nn.Module) -> bool:
                for _, m in model.named_modules())
 
 
-def install_timed(model: nn.Module, device: mx.Device | None = None, fuse: bool = True) -> dict:
+def install_timed(model: nn.Module, device: mx.Device | None = None, fuse: bool = True,
+                  activations: str = "f32") -> dict:
     """install_kernels, and on a GPU keep them only if a one-row forward costs at most EXACT_BUDGET
     times MLX's own (measured here, interleaved). On the CPU the kernels are 5-25x faster than
     MLX's ops (benchmarks/results/kernels.txt), so they stay without a timing."""
     from .timing import EXACT_BUDGET, forward_cost_ratio
 
-    report = install_kernels(model, device, fuse)
+    report = install_kernels(model, device, fuse, activations)
     if report["backend"] == "cpu" or not installed(model):
         return report
     cost = forward_cost_ratio(model, lambda: install_kernels(model, device, fuse), lambda: remove_kernels(model))

@@ -115,17 +115,22 @@ def _tied_head(model: nn.Module) -> bool:
     return bool(getattr(args, "tie_word_embeddings", False)) and not hasattr(model, "lm_head")
 
 
-def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None) -> dict:
+def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None,
+                activations: str = "f32") -> dict:
     """Swap in kernel-backed layers where the device's kernel passed its self-check; report what happened.
 
     On a GPU the Metal/CUDA kernel is used only with gpu=True (the engine decides by timing it, see
-    install.py). Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel},
-    "kept": {path: reason}}. Safe to call twice (already swapped layers are left alone).
+    install.py). activations='q8' (CPU): the int8-activation kernel, llama.cpp's arithmetic.
+    Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason}}.
+    Safe to call twice (already swapped layers are left alone).
     """
     device = device or mx.default_device()
     device = mx.Device(device) if isinstance(device, mx.DeviceType) else device
     backend = device_backend_name(device)
-    report = {"device": str(device), "backend": backend, "swapped": {}, "kept": {}, "widened": {}}
+    if backend != "cpu":
+        activations = "f32"  # int8 activations are a CPU kernel; GPUs keep their own
+    report = {"device": str(device), "backend": backend, "activations": activations, "swapped": {}, "kept": {},
+              "widened": {}}
     swaps = []
     for path, layer, wrapper in _candidates(model, head):
         if backend == "cpu" and _widen(layer, device):
@@ -137,7 +142,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         qmm = None
         if why is None:
             n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
-            qmm, why = kernel_for_layer(n, k, layer.group_size, layer.bits, layer["scales"].dtype, device)
+            qmm, why = kernel_for_layer(n, k, layer.group_size, layer.bits, layer["scales"].dtype, device, activations)
         if qmm is None:
             report["kept"][path] = why
             continue

@@ -32,6 +32,27 @@ def qmm_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, 
     return y.astype(out_dtype)
 
 
+def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+    """The int8-activation kernel's definition (qmm_q8_kernel.h), in float32 MLX ops over exact
+    integer sums: each 32-block of x -> d = amax / 127, q = round_half_even(x * (127 / amax));
+    y = sum_b scale * d * (codes . q) + bias * d * sum(q). Returned as float32."""
+    f32 = mx.float32
+    k = x.shape[-1]
+    xb = x.astype(f32).reshape(-1, k // 32, 32)
+    amax = mx.abs(xb).max(axis=-1, keepdims=True)
+    inv = mx.where(amax > 0, mx.array(127.0, f32) / mx.where(amax > 0, amax, 1), 0)
+    q = mx.round(xb * inv)  # MLX rounds half to even, as the kernel's conversion does
+    d = amax / 127.0
+    ones = mx.ones(scales.shape, f32)
+    codes = mx.dequantize(w, ones, mx.zeros_like(ones), group_size=group_size, bits=bits)  # (N, K), exact integers
+    codes = codes.reshape(codes.shape[0], k // 32, 32)
+    dots = mx.einsum("rbi,nbi->rnb", q, codes)  # exact: integer-valued float32 below 2^24
+    per_block = lambda a: mx.repeat(a.astype(f32), group_size // 32, axis=-1)  # (N, K/32)
+    y = (dots * (per_block(scales)[None] * d[..., 0][:, None, :])).sum(-1)
+    y = y + (per_block(biases)[None] * (d[..., 0] * q.sum(-1))[:, None, :]).sum(-1)
+    return y.reshape(*x.shape[:-1], w.shape[0])
+
+
 def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
     """|x| @ |dequant(w)|.T in float32: the scale of the rounding error of a dot product."""
     dq = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits)
@@ -39,9 +60,11 @@ def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, grou
 
 
 def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                     group_size: int, bits: int) -> tuple[bool, float]:
-    """(ok, worst error as a fraction of the allowed error) for a kernel result y."""
-    ref = qmm_reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
+                     group_size: int, bits: int, activations: str = "f32") -> tuple[bool, float]:
+    """(ok, worst error as a fraction of the allowed error) for a kernel result y (activations
+    'q8': against q8_reference, the same statement of float32 accumulation error)."""
+    reference = q8_reference if activations == "q8" else qmm_reference
+    ref = reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
     allowed = ACC_TOL * magnitude(x, w, scales, biases, group_size, bits) + EPS[y.dtype] * mx.abs(ref) + 1e-30
     ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
     finite = mx.all(mx.isfinite(y)).item()

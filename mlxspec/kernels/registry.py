@@ -143,23 +143,42 @@ def _load_qmm(backend: str):
 register("qmm", _load_qmm)
 
 
+def _load_qmm_q8(backend: str):
+    """int8 activations (llama.cpp's arithmetic): the CPU kernel only."""
+    if backend != "cpu":
+        raise KernelUnavailable(f"int8 activations are a CPU kernel ({backend} keeps its own)")
+    from .build import load_cpu_extension
+    from .cpu import cpu_qmm_function, q8_fast
+
+    fn = cpu_qmm_function(activations="q8")
+    how = "avx512-vnni int8 dot products" if q8_fast() else "portable lane emulation (no VNNI: slow)"
+    return fn, f"{how}, {load_cpu_extension().threads()} threads"
+
+
+register("qmm-q8", _load_qmm_q8)
+
+
 def kernel_for_layer(
-    n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, device: mx.Device | None = None
+    n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, device: mx.Device | None = None,
+    activations: str = "f32",
 ) -> tuple[Callable[..., mx.array] | None, str]:
-    """(qmm, description) if the device's kernel passed its self-check for this shape, else (None, why)."""
-    rec = kernel("qmm", device_backend_name(device))
+    """(qmm, description) if the device's kernel passed its self-check for this shape, else (None, why).
+    activations='q8': the int8-activation kernel (CPU), checked against its own definition."""
+    rec = kernel("qmm-q8" if activations == "q8" else "qmm", device_backend_name(device))
     if rec.error:
         warn_once(f"mlxspec {rec.name} kernel unavailable: {rec.error.splitlines()[0]}")
         return None, f"{rec.name} kernel unavailable: {rec.error}"
     signature = (n, k, group_size, bits, str(scale_dtype))
-    failure = rec.check(signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype))
+    failure = rec.check(signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations))
     if failure:
         return None, f"{rec.name} kernel failed its self-check: {failure}"
     return rec.fn, f"{rec.backend} ({rec.detail})"
 
 
-def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype) -> str | None:
-    """None if `qmm` matches the reference on random inputs of this shape, else what went wrong."""
+def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,
+               activations: str = "f32") -> str | None:
+    """None if `qmm` matches the reference (q8_reference for activations='q8') on random inputs of
+    this shape, else what went wrong."""
     from .reference import random_quantized, within_tolerance
 
     key = mx.random.key(n * 7919 + k)
@@ -167,7 +186,7 @@ def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.
     for x_dtype in dict.fromkeys([scale_dtype, mx.float32]):
         x = mx.random.normal((CHECK_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
         y = qmm(x, w, s, b, group_size, bits)
-        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits, activations)
         if not ok:
             return f"x {x_dtype}: error {ratio:.3g}x the tolerance"
         for i in (0, CHECK_ROWS - 1):

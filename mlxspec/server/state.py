@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..address import parse_host
 from ..cache import KV_CACHE_TYPES
+from ..kernels.cpu import ACTIVATION_SETTINGS
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER
 from ..ollama_store import default_root
@@ -74,9 +75,10 @@ class Settings:
 def _check_engine_settings(env) -> None:
     """Engine settings are read where each Engine loads (Engine.load); a daemon checks them at start,
     so a typo stops `serve` with one line instead of failing every model load later."""
-    kv = env.get("MLXSPEC_KV_CACHE_TYPE")
-    if kv and kv not in KV_CACHE_TYPES:
-        raise ValueError(f"MLXSPEC_KV_CACHE_TYPE must be one of {', '.join(KV_CACHE_TYPES)}, not {kv!r}")
+    for key, allowed in (("MLXSPEC_KV_CACHE_TYPE", KV_CACHE_TYPES), ("MLXSPEC_ACTIVATIONS", ACTIVATION_SETTINGS)):
+        value = env.get(key)
+        if value and value not in allowed:
+            raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
 
 
 def _list(env, key: str, sep: str) -> list[str]:

@@ -28,9 +28,9 @@ def fresh_registry():
     registry.reset()
 
 
-def loaded(path, quantize="q4g32"):
+def loaded(path, quantize="q4g32", activations="f32"):
     model = load(str(path), quantize).model
-    report = install_kernels(model, fuse=False)
+    report = install_kernels(model, fuse=False, activations=activations)
     assert report["backend"] == "cpu"
     return model
 
@@ -147,6 +147,27 @@ def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):
     use_fused_layers(model)
     assert RowInvariance(model).holds(8), "verify rows must equal one-row steps"
     assert all(f is None for f in registry.kernel("fused_layer", "cpu").checks.values())
+
+
+@pytest.mark.parametrize("quantize", ["q4g32", "q8g64"])
+def test_int8_activation_blocks_are_fused_bit_for_bit(request, cpu_ext, quantize):
+    """activations='q8': the fused block quantizes each projection's input as the q8 qmm does, so
+    logits and caches equal the module path's, and verify rows equal one-row steps."""
+    model = loaded(request.getfixturevalue("tiny_llama"), quantize, activations="q8")
+    assert {m._qmm.activations for _, m in model.named_modules() if hasattr(m, "_qmm")} == {"q8"}
+    prompt = [5, 17, 42, 7, 99, 3, 12]
+    for rows in (1, 3):
+        want, _ = decode(model, prompt, 6, rows)
+        report = use_fused_layers(model)
+        assert report["fused"] == len(model.model.layers), report
+        got, _ = decode(model, prompt, 6, rows)
+        assert RowInvariance(model).holds(8)
+        restore_fused_layers(model)
+        assert all(w.dtype == g.dtype and mx.array_equal(w, g).item() for w, g in zip(want, got))
+    q8_logits, _ = decode(model, prompt, 2)
+    f32_logits, _ = decode(loaded(request.getfixturevalue("tiny_llama"), quantize), prompt, 2)
+    assert not mx.array_equal(q8_logits[0], f32_logits[0]).item(), "q8 activations changed nothing"
+    assert mx.allclose(q8_logits[0], f32_logits[0], atol=0.1, rtol=0.05).item()  # int8 rounding, not a bug
 
 
 def test_a_step_is_a_few_nodes_per_layer(tiny_llama, cpu_ext, tmp_path):

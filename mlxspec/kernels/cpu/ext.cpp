@@ -1,8 +1,9 @@
 // MLX extension: mlxspec's CPU kernels as MLX primitives (CPU stream only).
 //
 // Python:
-//   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, stream=None) -> (..., N)
-//     the multi-row quantized matmul of qmm_kernel.h; output dtype = promotion of x and scales
+//   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, q8=False, stream=None) -> (..., N)
+//     the multi-row quantized matmul of qmm_kernel.h (q8: x rounded to int8 blocks, qmm_q8_kernel.h);
+//     output dtype = promotion of x and scales
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
 //     few-row attention of sdpa_kernel.h, in q's dtype (k and v share one, q may differ)
 //   rms_norm, rope, swiglu: the per-token ops of pointwise.cpp
@@ -77,13 +78,19 @@ static int column_chunk(const QmmProblem& p, int threads) {
 
 static bool tiny(const QmmProblem& p) { return double(p.N) * p.K * std::max(1, std::min(p.M, 4)) < (1 << 18); }
 
+// Columns [n0, n1) of one problem: the fp32 kernel, or the int8-activation one where x is quantized.
+static void columns(Isa isa, const QmmProblem& p, int n0, int n1, float* y) {
+  if (p.q8) run_columns_q8(isa, p, *p.q8, n0, n1, y);
+  else run_columns(isa, p, n0, n1, y);
+}
+
 void run_qmm(Isa isa, const QmmProblem& p, float* y) { run_qmm_many(isa, &p, &y, 1); }
 
 void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int count) {
   bool all_tiny = true;
   for (int i = 0; i < count; ++i) all_tiny = all_tiny && tiny(problems[i]);
   if (all_tiny || pool().size() == 1) {
-    for (int i = 0; i < count; ++i) run_columns(isa, problems[i], 0, problems[i].N, y[i]);
+    for (int i = 0; i < count; ++i) columns(isa, problems[i], 0, problems[i].N, y[i]);
     return;
   }
   // chunk c -> (problem, column range): the problems' columns one after another
@@ -97,14 +104,14 @@ void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int coun
     int i = 0;
     while (c >= first[i + 1]) ++i;
     const int n0 = (c - first[i]) * per[i];
-    run_columns(isa, problems[i], n0, std::min(problems[i].N, n0 + per[i]), y[i]);
+    columns(isa, problems[i], n0, std::min(problems[i].N, n0 + per[i]), y[i]);
   });
 }
 
 class QuantizedMatmulRows : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa)
-      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa) {}
+  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), q8_(q8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto &x = inputs[0], &w = inputs[1], &s = inputs[2], &b = inputs[3];
@@ -117,14 +124,16 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
     enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
                   s = mx::array::unsafe_weak_copy(s), b = mx::array::unsafe_weak_copy(b),
                   out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
-                  isa = Isa(isa_)]() mutable {
+                  isa = Isa(isa_), q8 = q8_]() mutable {
       int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
       thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
       xbuf.resize(size_t(M) * K + 16);
       yf.resize(size_t(M) * N);
       float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
-      convert_x(x, bits, xf);
+      convert_x(x, q8 ? 8 : bits, xf);  // q8: natural order, then quantized per 32-block
       QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
+      thread_local Q8Buffer xq;
+      if (q8) quantize_rows(xf, K, M, K, bits, isa, xq), p.q8 = &xq.rows;
       run_qmm(isa, p, yf.data());
       store_f32(yf.data(), out.size(), out);
     });
@@ -138,7 +147,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QuantizedMatmulRows&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ && q8_ == o.q8_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -149,10 +158,11 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
  private:
   int group_size_, bits_, isa_;
+  bool q8_;
 };
 
 static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                     int group_size, int bits, int isa, mx::StreamOrDevice s) {
+                     int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
   if (bits != 4 && bits != 8) throw std::invalid_argument("mlxspec qmm: bits must be 4 or 8");
   if (group_size % kBlock != 0) throw std::invalid_argument("mlxspec qmm: group_size must be a multiple of 32");
   if (x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32)
@@ -175,7 +185,7 @@ static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& sc
   auto out_shape = x.shape();
   out_shape.back() = N;
   return mx::array(std::move(out_shape), out_type,
-                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen)),
+                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8),
                    {x, w, scales, biases});
 }
 
@@ -286,7 +296,8 @@ void register_fused_layer(nb::module_& m);  // fused_layer.cpp
 NB_MODULE(_mlxspec_cpu, m) {
   m.doc() = "mlxspec CPU kernels: multi-row quantized matmul, few-row attention";
   m.def("qmm", &mlxspec::qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
-        nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
+        nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("q8") = false,
+        nb::arg("stream") = nb::none(),
         "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
@@ -296,4 +307,6 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
   m.def("threads", [] { return mlxspec::pool().size(); });
+  m.def("q8_vector_path", [] { return mlxspec::q8_vector_path(); },
+        "True where int8 activations run on VNNI integer dot products (else the portable lane emulation)");
 }

@@ -55,6 +55,7 @@ struct LayerParams {
   int group[kProjs] = {}, bits[kProjs] = {};
   bool bias[kProjs] = {};
   bool qk_norm = false;  // RMSNorm of each q and k head (qwen3) before rope, with eps_qk
+  bool q8 = false;       // projections take int8 activations (qmm_q8_kernel.h), as the module path's q8 kernel
   float eps_qk = 0;
   // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
   // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
@@ -89,6 +90,7 @@ struct Scratch {  // per stream thread, reused across calls
   std::vector<float> x, n, xp4, xp8, q, k, v, att, o, h, g, u, a, d;
   std::vector<uint8_t> qt, kt, vt;  // q, k, v in the attention dtype
   std::vector<float> c, s, f, w1, w2, tmp, hw, hrow;  // hw, hrow: a per-head norm's weights and input row
+  Q8Buffer q84, q88;  // rows quantized for 4-bit and 8-bit projections (q8 layers)
 };
 
 // The input slot of the q_norm weight (k_norm's is the next): after the biases.
@@ -128,6 +130,20 @@ static QmmProblem problem(const std::vector<mx::array>& in, int proj, const Laye
   const int K = int(int64_t(w.shape(1)) * 32 / p.bits[proj]);
   return QmmProblem{x, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype(s.dtype()), M, w.shape(0), K,
                     p.group[proj], p.bits[proj]};
+}
+
+// A projection's problem over `rows` (M, K), natural order: their fp32 kernel input or, in a q8
+// layer, their int8 blocks; prepared once per distinct bit width (r4/r8 say which are ready).
+static QmmProblem input_problem(const std::vector<mx::array>& in, int proj, const LayerParams& p, const float* rows,
+                                int M, int K, Scratch& sc, bool& r4, bool& r8) {
+  const int bits = p.bits[proj];
+  if (!p.q8) return problem(in, proj, p, input_for(bits, rows, M, K, sc, r4, r8), M);
+  bool& ready = bits == 4 ? r4 : r8;
+  Q8Buffer& buf = bits == 4 ? sc.q84 : sc.q88;
+  if (!ready) quantize_rows(rows, K, M, K, bits, Isa(p.isa), buf), ready = true;
+  QmmProblem q = problem(in, proj, p, nullptr, M);
+  q.q8 = &buf.rows;
+  return q;
 }
 
 // y (M, N) fp32 from the kernel -> rounded to the projection's dtype, plus its bias (rounded again).
@@ -183,7 +199,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   float* k = aligned(sc.k, size_t(L) * KV * Dh);
   float* v = aligned(sc.v, size_t(L) * KV * Dv);
   QmmProblem qkv[3];
-  for (int i = 0; i < 3; ++i) qkv[i] = problem(in, kQ + i, p, input_for(p.bits[kQ + i], n, L, D, sc, r4, r8), L);
+  for (int i = 0; i < 3; ++i) qkv[i] = input_problem(in, kQ + i, p, n, L, D, sc, r4, r8);
   float* ys[3] = {q, k, v};
   run_qmm_many(isa, qkv, ys, 3);
   finish_projection(in, p, t, kQ, q, L, H * Dh, sc);
@@ -243,7 +259,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
 
   // 6. h = x + o_proj(attention)
   r4 = r8 = false;
-  QmmProblem op = problem(in, kO, p, input_for(p.bits[kO], o_in, L, H * Dv, sc, r4, r8), L);
+  QmmProblem op = input_problem(in, kO, p, o_in, L, H * Dv, sc, r4, r8);
   float* h = aligned(sc.h, size_t(L) * D);
   run_qmm(isa, op, h);
   finish_projection(in, p, t, kO, h, L, D, sc);
@@ -255,8 +271,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   r4 = r8 = false;
   float* g = aligned(sc.g, size_t(L) * I);
   float* u = aligned(sc.u, size_t(L) * I);
-  QmmProblem gu[2] = {problem(in, kGate, p, input_for(p.bits[kGate], n, L, D, sc, r4, r8), L),
-                      problem(in, kUp, p, input_for(p.bits[kUp], n, L, D, sc, r4, r8), L)};
+  QmmProblem gu[2] = {input_problem(in, kGate, p, n, L, D, sc, r4, r8), input_problem(in, kUp, p, n, L, D, sc, r4, r8)};
   float* gus[2] = {g, u};
   run_qmm_many(isa, gu, gus, 2);
   finish_projection(in, p, t, kGate, g, L, I, sc);
@@ -267,7 +282,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
 
   // 8. out = h + down_proj(a)
   r4 = r8 = false;
-  QmmProblem dp = problem(in, kDown, p, input_for(p.bits[kDown], a, L, I, sc, r4, r8), L);
+  QmmProblem dp = input_problem(in, kDown, p, a, L, I, sc, r4, r8);
   float* d = aligned(sc.d, size_t(L) * D);
   run_qmm(isa, dp, d);
   finish_projection(in, p, t, kDown, d, L, D, sc);
@@ -410,14 +425,14 @@ class FusedLayer {
  public:
   FusedLayer(std::vector<mx::array> fixed, int heads, int kv_heads, int head_dim, int rope_dims, bool traditional,
              float rope_scale, float attn_scale, float eps1, float eps2, const std::vector<int>& groups,
-             const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps)
+             const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps, bool q8)
       : fixed_(std::move(fixed)) {
     if (groups.size() != kProjs || bits.size() != kProjs || bias.size() != kProjs)
       throw std::invalid_argument("mlxspec fused layer: 7 projections (q, k, v, o, gate, up, down)");
     if (heads <= 0 || kv_heads <= 0 || head_dim <= 0) throw std::invalid_argument("mlxspec fused layer: bad sizes");
     p_.heads = heads, p_.kv_heads = kv_heads, p_.head_dim = head_dim, p_.rope_dims = rope_dims;
     p_.traditional = traditional, p_.rope_scale = rope_scale, p_.attn_scale = attn_scale, p_.eps1 = eps1, p_.eps2 = eps2;
-    p_.qk_norm = qk_norm_eps >= 0, p_.eps_qk = qk_norm_eps;
+    p_.qk_norm = qk_norm_eps >= 0, p_.eps_qk = qk_norm_eps, p_.q8 = q8;
     for (int i = 0; i < kProjs; ++i) p_.group[i] = groups[i], p_.bits[i] = bits[i], p_.bias[i] = bias[i] != 0;
     Isa chosen = isa < 0 ? best_isa() : Isa(isa);
     if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec fused layer: that ISA is not compiled in");
@@ -461,11 +476,13 @@ class FusedLayer {
 void register_fused_layer(nb::module_& m) {
   nb::class_<FusedLayer>(m, "FusedLayer", "One llama-family decoder layer in one primitive (see fused_layer.cpp).")
       .def(nb::init<std::vector<mx::array>, int, int, int, int, bool, float, float, float, float, const std::vector<int>&,
-                    const std::vector<int>&, const std::vector<int>&, int, float>(),
+                    const std::vector<int>&, const std::vector<int>&, int, float, bool>(),
            nb::arg("fixed"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rope_dims"),
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
            nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1, nb::arg("qk_norm_eps") = -1.0f,
-           "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`)")
+           nb::arg("q8") = false,
+           "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`); "
+           "q8: int8 activations in every projection (as the q8 qmm)")
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
            nb::arg("parents") = std::vector<int>{},
            "[out, keys with this step's rows written, values likewise]");

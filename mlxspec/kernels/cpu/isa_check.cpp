@@ -1,7 +1,8 @@
 // Standalone check of the kernels' instruction-set paths, without MLX (tests/kernels/test_isa_paths.py):
 // every ISA compiled for this target against the portable one, bit for bit, on the quantized
 // matmul (4/8 bits, group sizes 32/64/128, f32/f16 scales, 1-5, 8 and 11 rows, odd column counts) and on the
-// few-row attention (fp32, and fp16 against fp32 holding the same values), and the vectorised exp / swiglu spans against their scalar loops; then a digest of the portable results, which must be the same on every
+// few-row attention (fp32, and fp16 against fp32 holding the same values), the int8-activation
+// matmul (x quantized and multiplied by each ISA's path; rows of a many-row call against a 4-row call), and the vectorised exp / swiglu spans against their scalar loops; then a digest of the portable results, which must be the same on every
 // machine (the arithmetic is fixed), so an arm64 build run under qemu is compared with this one.
 //
 //   g++ -O2 -std=c++17 -ffp-contract=off isa_check.cpp && ./a.out
@@ -12,6 +13,7 @@
 
 #include "pointwise_kernel.h"
 #include "qmm_kernel.h"
+#include "qmm_q8_kernel.h"
 #include "sdpa_kernel.h"
 
 using namespace mlxspec;
@@ -39,6 +41,15 @@ const char* kNames[] = {"generic", "avx512", "avx2", "neon"};
 std::vector<float> run_qmm(Isa isa, const QmmProblem& p) {
   std::vector<float> y(size_t(p.M) * p.N);
   run_columns(isa, p, 0, p.N, y.data());
+  return y;
+}
+
+// The int8-activation matmul on one ISA: x quantized by that ISA's path, then its tiles.
+std::vector<float> run_qmm_q8(Isa isa, QmmProblem p, const std::vector<float>& x) {
+  std::vector<float> y(size_t(p.M) * p.N);
+  Q8Buffer buf;
+  quantize_rows(x.data(), p.K, p.M, p.K, p.bits, isa, buf);
+  run_columns_q8(isa, p, buf.rows, 0, p.N, y.data());
   return y;
 }
 
@@ -83,6 +94,40 @@ int main() {
           digest.add(ref);
           for (Isa isa : kIsas)
             if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_qmm(isa, p), "qmm", isa);
+        }
+  // int8 activations: K with partial 128-chunks (96: 3 blocks, 160: 5, 576: 18), group sizes 32-128
+  // and 96 (not a divisor of a chunk: the portable path on every ISA), 1-11 rows, f32/f16 scales
+  struct KG { int K, G; };
+  for (int bits : {4, 8})
+    for (const KG& kg : {KG{256, 32}, KG{256, 64}, KG{256, 128}, KG{96, 32}, KG{160, 32}, KG{576, 64}, KG{192, 96}})
+      for (SType st : {SType::f32, SType::f16})
+        for (int M : {1, 2, 3, 4, 5, 8, 11}) {
+          const int Kq = kg.K, G = kg.G;
+          std::vector<uint8_t> w(size_t(N) * Kq * bits / 8);
+          for (auto& b : w) b = uint8_t(next() >> 24);
+          std::vector<float> sf(size_t(N) * Kq / G), bf(sf.size()), xr(size_t(M) * Kq);
+          std::vector<uint16_t> sh(sf.size()), bh(sf.size());
+          for (size_t i = 0; i < sf.size(); ++i) {
+            sh[i] = uint16_t(0x2000 + (next() >> 22)), bh[i] = uint16_t(0xa000 + (next() >> 22));
+            sf[i] = half_to_float(sh[i]), bf[i] = half_to_float(bh[i]);
+          }
+          for (auto& v : xr) v = uniform() * 3;
+          xr[0] = 0.f;  // a block with a zero and (below) an all-zero block
+          if (M > 1) std::fill(xr.begin() + Kq, xr.begin() + Kq + 32, 0.f);
+          const void* s = st == SType::f32 ? static_cast<const void*>(sf.data()) : sh.data();
+          const void* b = st == SType::f32 ? static_cast<const void*>(bf.data()) : bh.data();
+          QmmProblem p{nullptr, w.data(), s, b, st, M, N, Kq, G, bits};
+          std::vector<float> ref = run_qmm_q8(Isa::generic, p, xr);
+          digest.add(ref);
+          for (Isa isa : kIsas)
+            if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_qmm_q8(isa, p, xr), "qmm q8", isa);
+          if (M == 11) {  // rows 3-6 alone give the rows of the 11-row call
+            QmmProblem p4 = p;
+            p4.M = 4;
+            std::vector<float> x4(xr.begin() + 3 * Kq, xr.begin() + 7 * Kq), y4 = run_qmm_q8(best_isa(), p4, x4);
+            std::vector<float> want(ref.begin() + 3 * N, ref.begin() + 7 * N);
+            compare(want, y4, "qmm q8 rows", best_isa());
+          }
         }
   struct Shape { int H, KV, M, T, D, Dv; };
   for (const Shape& sh : {Shape{4, 2, 3, 29, 32, 16}, Shape{9, 3, 1, 70, 64, 64}})  // the second: a SmolLM2 step

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "qmm_kernel.h"
+#include "qmm_q8_kernel.h"
 #include "sdpa_kernel.h"
 #include "thread_pool.h"
 

@@ -27,7 +27,10 @@ namespace mlxspec {
 constexpr int kBlock = 32;   // weights per unpack step (one 16-byte load at 4 bits)
 constexpr int kMaxRows = 8;  // rows of x per register tile (more rows: more chunks)
 
-// One problem; x is already fp32 (and permuted for 4 bits), rows of length K.
+struct Q8Rows;  // qmm_q8_kernel.h: x quantized to int8 blocks
+
+// One problem; x is already fp32 (and permuted for 4 bits), rows of length K; or, with q8 set,
+// x quantized for the int8-activation kernel (qmm_q8_kernel.h) and x unused.
 struct QmmProblem {
   const float* x;      // (M, K)
   const uint8_t* w;    // (N, K*bits/8) bytes
@@ -35,6 +38,7 @@ struct QmmProblem {
   const void* biases;  // (N, K/G)
   SType stype;
   int M, N, K, G, bits;
+  const Q8Rows* q8 = nullptr;
 };
 
 // Columns per tile for a row tile of MR rows: MR*NB accumulators stay in registers, each x vector

@@ -1,0 +1,317 @@
+// Quantized matmul with int8 activations: llama.cpp's arithmetic for 4/8-bit weights times Q8 rows.
+//
+// Each 32-element block of a row of x is quantized to int8 with its own scale (d = amax / 127,
+// q = nearbyint(x * 127 / amax), ties to even), as llama.cpp's Q8_0/Q8_1 do. The weight codes
+// (MLX's affine layout, unchanged: no second copy) are multiplied by those int8 values with
+// integer dot products (AVX-512 VNNI `vpdpbusd`: 64 u8 x s8 products a cycle), then scaled:
+//
+//   y[m, n] = sum_b  s[n, b] * d[m, b] * sum_i q_w[n, b, i] * q_x[m, b, i]   +   sum_b bias[n, b] * d[m, b] * sum_i q_x[m, b, i]
+//
+// Why: at one row a fp32 dequantize-and-FMA tile is compute-bound on 2 cores (~8 cycles per 32
+// weights); integer products are ~4x fewer instructions, so one row streams the weights at the
+// memory's pace and a verify pass of 4-8 rows costs far less than 4-8 rows of fp32 FMAs.
+//
+// Exactness rule (as qmm_kernel.h): the integer sums are exact; the float operations of one output
+// (m, n) are a fixed sequence per 128-weight chunk and lane, the same whatever M, the tile or the
+// thread, and the same on every ISA (the portable path below emulates the lanes), so a verify pass
+// gives each row the bits of a one-row call. The numerics differ from the fp32 kernel's (x is
+// rounded to 8 bits), as llama.cpp's do from a float reference.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "qmm_kernel.h"
+
+namespace mlxspec {
+
+constexpr int kChunk = 128;      // weights per step: 4 blocks of 32
+constexpr int kChunkLanes = 48;  // floats per chunk and row: 32 lane scales, then 16 bias-term inputs
+
+// x quantized for one weight width. Row m: q + m * q_stride: C chunks of 128 int8 (4-bit: the 64
+// even elements of the chunk's 4 blocks, 16 per block, then the 64 odd ones, the order a 64-byte
+// load of packed nibbles splits into; 8-bit: natural order). d + m * d_stride: per chunk 48 floats:
+// [0, 32) the block scale each int32 lane of the dot products reads (4-bit lane l <- block l / 4,
+// 8-bit lane l <- block l / 8), [32, 48) the bias term's input, d * sum of q of block j in lane 4j
+// (other lanes 0). Blocks past K are zero everywhere.
+struct Q8Rows {
+  const int8_t* q;
+  const float* d;
+  size_t q_stride, d_stride;
+};
+
+// Owns the buffers of a Q8Rows (per thread, reused).
+struct Q8Buffer {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  Q8Rows rows{};
+};
+
+inline int q8_chunks(int K) { return (K + kChunk - 1) / kChunk; }
+
+// One 32-block of fp32 -> int8 codes (natural order); returns the block scale, sets *sum.
+inline float quantize_block_ref(const float* x, int8_t* q, int* sum) {
+  float amax = 0.f;
+  for (int i = 0; i < kBlock; ++i) amax = std::fmax(amax, std::fabs(x[i]));
+  const float id = amax > 0.f ? 127.f / amax : 0.f;
+  int s = 0;
+  for (int i = 0; i < kBlock; ++i) {
+    const float v = std::nearbyint(x[i] * id);  // |v| <= 127: x * 127/amax rounds to at most 127
+    const int c = v == v ? int(v) : -128;       // NaN as the vector conversion saturates it
+    q[i] = int8_t(c < -128 ? -128 : (c > 127 ? 127 : c));
+    s += q[i];
+  }
+  *sum = s;
+  return amax / 127.f;
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same codes, scale and sum as quantize_block_ref, 16 lanes at a time (the conversion rounds
+// to nearest even under the default MXCSR, as nearbyint does; max and the products are exact/IEEE).
+inline float quantize_block_avx512(const float* x, int8_t* q, int* sum) {
+  const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(qa, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128)),
+                                                  _mm512_max_epi32(_mm512_min_epi32(qb, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128))));
+  return amax / 127.f;
+}
+#endif
+
+// fp32 rows (M, K), natural order, row stride ldx -> the Q8Rows layout for `bits` in buf.
+inline void quantize_rows(const float* x, size_t ldx, int M, int K, int bits, Isa isa, Q8Buffer& buf) {
+  const int C = q8_chunks(K), B = K / kBlock;
+  buf.q.assign(size_t(M) * C * kChunk, 0);
+  buf.d.assign(size_t(M) * C * kChunkLanes, 0.f);
+  int8_t codes[kBlock];
+  for (int m = 0; m < M; ++m) {
+    int8_t* q = buf.q.data() + size_t(m) * C * kChunk;
+    float* d = buf.d.data() + size_t(m) * C * kChunkLanes;
+    for (int b = 0; b < B; ++b) {
+      int sum = 0;
+      float scale;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      if (isa == Isa::avx512) scale = quantize_block_avx512(x + size_t(m) * ldx + size_t(b) * kBlock, codes, &sum);
+      else
+#endif
+        scale = quantize_block_ref(x + size_t(m) * ldx + size_t(b) * kBlock, codes, &sum);
+      (void)isa;
+      const int c = b / 4, j = b % 4;
+      int8_t* qc = q + size_t(c) * kChunk;
+      float* dc = d + size_t(c) * kChunkLanes;
+      if (bits == 4) {
+        for (int i = 0; i < kBlock / 2; ++i) qc[16 * j + i] = codes[2 * i], qc[64 + 16 * j + i] = codes[2 * i + 1];
+        for (int l = 4 * j; l < 4 * j + 4; ++l) dc[l] = scale;
+      } else {
+        for (int i = 0; i < kBlock; ++i) qc[32 * j + i] = codes[i];
+        for (int l = 8 * j; l < 8 * j + 8; ++l) dc[l] = scale;
+      }
+      dc[32 + 4 * j] = scale * float(sum);
+    }
+  }
+  buf.rows = Q8Rows{buf.q.data(), buf.d.data(), size_t(C) * kChunk, size_t(C) * kChunkLanes};
+}
+
+// ---------------------------------------------------------------- portable path (the reference)
+// One column, all rows; emulates the vector path's 16 lanes operation for operation. Per chunk and
+// lane l: acc[l] = fma(dot, scale * d, acc[l]) (8-bit: both halves in turn), then
+// acc[l] = fma(bias lane, bias input lane, acc[l]); the output is the fixed-tree sum of acc.
+template <int BITS>
+void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ldy) {
+  const int B = p.K / kBlock, gb = p.G / kBlock, groups = p.K / p.G, C = q8_chunks(p.K);
+  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const uint8_t* w = p.w + size_t(n) * row_bytes;
+  std::vector<float> s(groups), bias(groups);
+  load_floats(p.scales, size_t(n) * groups, groups, p.stype, s.data());
+  load_floats(p.biases, size_t(n) * groups, groups, p.stype, bias.data());
+  for (int m = 0; m < p.M; ++m) {
+    GenericIsa::V acc = GenericIsa::zero();
+    for (int c = 0; c < C; ++c) {
+      const int nblk = B - 4 * c < 4 ? B - 4 * c : 4;
+      const int8_t* xc = x.q + m * x.q_stride + size_t(c) * kChunk;
+      const float* dc = x.d + m * x.d_stride + size_t(c) * kChunkLanes;
+      auto sw = [&](int blk) { return blk < nblk ? s[(4 * c + blk) / gb] : 0.f; };
+      for (int half = 0; half < (BITS == 4 ? 1 : 2); ++half)
+        for (int l = 0; l < 16; ++l) {
+          int32_t dot = 0;
+          for (int i = 0; i < 4; ++i) {
+            if (BITS == 4) {
+              const int v = 4 * l + i, byte = v / 16 < nblk ? w[size_t(c) * 64 + v] : 0;
+              dot += (byte & 15) * int(xc[v]) + (byte >> 4) * int(xc[64 + v]);
+            } else {
+              const int v = 64 * half + 4 * l + i;
+              dot += (v / 32 < nblk ? int(w[size_t(c) * 128 + v]) : 0) * int(xc[v]);
+            }
+          }
+          const float scale = BITS == 4 ? sw(l / 4) : sw(2 * half + l / 8);
+          acc.v[l] = std::fma(float(dot), scale * dc[16 * half + l], acc.v[l]);
+        }
+      for (int l = 0; l < 16; ++l) {
+        const float b = l % 4 == 0 && l / 4 < nblk ? bias[(4 * c + l / 4) / gb] : 0.f;
+        acc.v[l] = std::fma(b, dc[32 + l], acc.v[l]);
+      }
+    }
+    y[size_t(m) * ldy + n] = GenericIsa::reduce(acc);
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define MLXSPEC_Q8_VNNI 1
+// Up to 16 consecutive scales or biases from index i as fp32 lanes (the rest 0): the values
+// load_floats gives (f16 and bf16 widen exactly).
+inline __m512 load_params16(const void* base, size_t i, int n, SType t) {
+  const __mmask16 k = __mmask16((1u << n) - 1);
+  if (t == SType::f32) return _mm512_maskz_loadu_ps(k, static_cast<const float*>(base) + i);
+  const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(base) + i);
+  if (t == SType::f16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// lane l -> index of its group among those loaded for a chunk: (first_block + l / per) / gb
+inline __m512i lane_index(int per, int first_block, int gb) {
+  alignas(64) int32_t v[16];
+  for (int l = 0; l < 16; ++l) v[l] = (first_block + l / per) / gb;
+  return _mm512_load_si512(v);
+}
+
+// Lane -> group index vectors for a group size of gb blocks (gb divides 4: a chunk starts on a group).
+struct ChunkScales {
+  __m512i i4, i8a, i8b;
+  explicit ChunkScales(int gb) : i4(lane_index(4, 0, gb)), i8a(lane_index(8, 0, gb)), i8b(lane_index(8, 2, gb)) {}
+};
+
+// MR rows x NB columns from n0, one 128-weight chunk at a time: the codes times the int8 rows in
+// integer dot products, scaled per lane, plus the bias term; MR*NB accumulators in registers.
+template <int BITS, int MR, int NB>
+void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScales& cs, float* out) {
+  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
+  const uint8_t* w[NB];
+  for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  __m512 acc[MR][NB];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
+  const __m512i nib = _mm512_set1_epi8(15);
+  for (int c = 0; c < C; ++c) {
+    const int nblk = B - 4 * c < 4 ? B - 4 * c : 4, ng = (nblk + gb - 1) / gb;
+    const size_t g = size_t(4 * c) / gb;
+    __m512i wa[NB], wb[NB];
+    __m512 sa[NB], sbv[NB], bl[NB];
+#pragma GCC unroll 8
+    for (int j = 0; j < NB; ++j) {
+      const __m512 s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
+      bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4,
+                                          load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype));
+      const uint8_t* wp = w[j] + size_t(c) * kChunk * BITS / 8;
+      prefetch(wp + NB * row_bytes);
+      if (BITS == 4) {
+        const __m512i v = nblk == 4 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 16 * nblk), wp);
+        wa[j] = _mm512_and_si512(v, nib);
+        wb[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        sa[j] = _mm512_maskz_permutexvar_ps(__mmask16((1u << (4 * nblk)) - 1), cs.i4, s16);
+      } else {
+        prefetch(wp + 64 + NB * row_bytes);
+        const int na = nblk < 2 ? nblk : 2, nb = nblk - na;
+        wa[j] = na == 2 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 32 * na), wp);
+        wb[j] = nb == 2 ? _mm512_loadu_si512(wp + 64) : (nb ? _mm512_maskz_loadu_epi8((~0ull) >> (64 - 32 * nb), wp + 64) : _mm512_setzero_si512());
+        sa[j] = _mm512_maskz_permutexvar_ps(__mmask16((1u << (8 * na)) - 1), cs.i8a, s16);
+        sbv[j] = _mm512_maskz_permutexvar_ps(__mmask16((1u << (8 * nb)) - 1), cs.i8b, s16);
+      }
+    }
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const int8_t* xc = x.q + m * x.q_stride + size_t(c) * kChunk;
+      const float* dc = x.d + m * x.d_stride + size_t(c) * kChunkLanes;
+      const __m512i x0 = _mm512_loadu_si512(xc), x1 = _mm512_loadu_si512(xc + 64);
+      const __m512 d0 = _mm512_loadu_ps(dc), sxb = _mm512_loadu_ps(dc + 32);
+      if (BITS == 4) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) {
+          __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa[j], x0);
+          dot = _mm512_dpbusd_epi32(dot, wb[j], x1);
+          acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(sa[j], d0), acc[m][j]);
+          acc[m][j] = _mm512_fmadd_ps(bl[j], sxb, acc[m][j]);
+        }
+      } else {
+        const __m512 d1 = _mm512_loadu_ps(dc + 16);
+#pragma GCC unroll 8
+        for (int j = 0; j < NB; ++j) {
+          const __m512i da = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa[j], x0);
+          const __m512i db = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wb[j], x1);
+          acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(da), _mm512_mul_ps(sa[j], d0), acc[m][j]);
+          acc[m][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(db), _mm512_mul_ps(sbv[j], d1), acc[m][j]);
+          acc[m][j] = _mm512_fmadd_ps(bl[j], sxb, acc[m][j]);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) out[m * NB + j] = Avx512Isa::reduce(acc[m][j]);
+}
+
+// Columns per tile for MR rows: registers for MR*NB accumulators plus the weights.
+template <int MR>
+constexpr int q8_cols_for_rows() { return MR <= 2 ? 4 : 2; }
+
+template <int BITS, int MR>
+void block_q8(const QmmProblem& p, const Q8Rows& x, int n_begin, int n_end, float* y, int ldy) {
+  constexpr int NB = q8_cols_for_rows<MR>();
+  const ChunkScales cs(p.G / kBlock);
+  float out[MR * NB];
+  int n = n_begin;
+  for (; n + NB <= n_end; n += NB) {
+    tile_q8_vnni<BITS, MR, NB>(p, x, n, cs, out);
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NB; ++j) y[size_t(m) * ldy + n + j] = out[m * NB + j];
+  }
+  for (; n < n_end; ++n) {
+    tile_q8_vnni<BITS, MR, 1>(p, x, n, cs, out);
+    for (int m = 0; m < MR; ++m) y[size_t(m) * ldy + n] = out[m];
+  }
+}
+
+template <int BITS, int MR = kMaxRows>
+void block_rows_q8(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n1, float* y, int ldy) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return block_rows_q8<BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
+  }
+  block_q8<BITS, MR>(p, x, n0, n1, y, ldy);
+}
+#endif
+
+inline bool q8_vector_path() {
+#if defined(MLXSPEC_Q8_VNNI)
+  return true;
+#else
+  return false;
+#endif
+}
+
+// Columns [n0, n1) of a q8 problem for all rows (p.x is unused; x holds the quantized rows).
+inline void run_columns_q8(Isa isa, const QmmProblem& p, const Q8Rows& x, int n0, int n1, float* y) {
+#if defined(MLXSPEC_Q8_VNNI)
+  if (isa == Isa::avx512 && 4 % (p.G / kBlock) == 0) {  // group sizes 32, 64, 128 (others: the portable path)
+    for (int c = n0; c < n1; c += kColumnBlock) {
+      const int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
+      for (int r = 0; r < p.M; r += kMaxRows) {
+        const int rows = p.M - r < kMaxRows ? p.M - r : kMaxRows;
+        const Q8Rows xr{x.q + r * x.q_stride, x.d + r * x.d_stride, x.q_stride, x.d_stride};
+        if (p.bits == 4) block_rows_q8<4>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
+        else block_rows_q8<8>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
+      }
+    }
+    return;
+  }
+#endif
+  (void)isa;
+  for (int n = n0; n < n1; ++n) {
+    if (p.bits == 4) column_q8_ref<4>(p, x, n, y, p.N);
+    else column_q8_ref<8>(p, x, n, y, p.N);
+  }
+}
+
+}  // namespace mlxspec
