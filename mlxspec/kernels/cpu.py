@@ -38,12 +38,18 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
     return qmm
 
 
-def q8_fast() -> bool:
-    """Do int8 activations run on integer dot products here (AVX-512 VNNI), not the portable emulation?"""
+def q8_path() -> str:
+    """The int8-activation path this CPU runs: 'avx512-vnni', 'avx2' or 'portable' (a lane-by-lane
+    emulation: exact, slow); 'unavailable' without the extension."""
     try:
-        return bool(load_cpu_extension().q8_vector_path())
+        return str(load_cpu_extension().q8_path())
     except KernelUnavailable:
-        return False
+        return "unavailable"
+
+
+def q8_fast() -> bool:
+    """Do int8 activations run on AVX-512 VNNI dot products here (where they beat fp32: measured)?"""
+    return q8_path() == "avx512-vnni"
 
 
 def cpu_supports(group_size: int, bits: int) -> str | None:

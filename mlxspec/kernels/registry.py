@@ -148,10 +148,11 @@ def _load_qmm_q8(backend: str):
     if backend != "cpu":
         raise KernelUnavailable(f"int8 activations are a CPU kernel ({backend} keeps its own)")
     from .build import load_cpu_extension
-    from .cpu import cpu_qmm_function, q8_fast
+    from .cpu import cpu_qmm_function, q8_path
 
     fn = cpu_qmm_function(activations="q8")
-    how = "avx512-vnni int8 dot products" if q8_fast() else "portable lane emulation (no VNNI: slow)"
+    how = {"avx512-vnni": "avx512-vnni int8 dot products", "avx2": "avx2 int8 dot products"}.get(
+        q8_path(), "portable lane emulation (slow)")
     return fn, f"{how}, {load_cpu_extension().threads()} threads"
 
 

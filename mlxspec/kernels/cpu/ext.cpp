@@ -307,6 +307,6 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
   m.def("threads", [] { return mlxspec::pool().size(); });
-  m.def("q8_vector_path", [] { return mlxspec::q8_vector_path(); },
-        "True where int8 activations run on VNNI integer dot products (else the portable lane emulation)");
+  m.def("q8_path", [] { return std::string(mlxspec::q8_path()); },
+        "the int8-activation path the best ISA runs: avx512-vnni, avx2 or portable (a lane-by-lane emulation)");
 }

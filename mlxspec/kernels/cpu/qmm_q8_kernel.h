@@ -20,6 +20,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "qmm_kernel.h"
@@ -283,31 +284,181 @@ void block_rows_q8(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n
 }
 #endif
 
-inline bool q8_vector_path() {
-#if defined(MLXSPEC_Q8_VNNI)
-  return true;
+#if defined(__AVX2__) && defined(__FMA__)
+#define MLXSPEC_Q8_AVX2 1
+// The same 16 lanes as two 8-lane halves (lanes 0-7, 8-15) for CPUs without VNNI: u8 x s8 pairs
+// with vpmaddubsw (no int16 saturation: 4-bit codes times |x| <= 128, twice, is at most 3840;
+// 8-bit codes go in as their two nibbles, 16 * hi + lo) and vpmaddwd into the lanes' int32 sums,
+// exactly vpdpbusd's; then the same fp32 operations per lane in the same order.
+
+// n (1, 2 or 4) consecutive params from index i as fp32 lanes (the values load_floats gives), the rest 0.
+inline __m128 load_params4(const void* base, size_t i, int n, SType t) {
+  if (t == SType::f32) {
+    const float* f = static_cast<const float*>(base) + i;
+    return n == 4 ? _mm_loadu_ps(f) : (n == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_load_ss(f));
+  }
+  const uint16_t* h = static_cast<const uint16_t*>(base) + i;
+  __m128i raw;
+  if (n == 4) raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(h));
+  else if (n == 2) raw = _mm_cvtsi32_si128(*reinterpret_cast<const int32_t*>(h));
+  else raw = _mm_cvtsi32_si128(h[0]);
+  if (t == SType::bf16) return _mm_castsi128_ps(_mm_slli_epi32(_mm_cvtepu16_epi32(raw), 16));
+#if defined(__F16C__)
+  return _mm_cvtph_ps(raw);
 #else
-  return false;
+  alignas(16) float v[4] = {};
+  load_floats(base, i, n, t, v);
+  return _mm_load_ps(v);
 #endif
+}
+
+// int32 lanes (4 bytes each) of codes (u8, <= 15) times x (s8)
+inline __m256i dot4_avx2(__m256i codes, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
+}
+
+// 32 bytes of a chunk's codes from p (bytes past `valid` read as 0: a chunk cut short).
+inline __m256i load32_avx2(const uint8_t* p, int valid) {
+  if (valid >= 32) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  alignas(32) uint8_t tmp[32] = {};
+  for (int i = 0; i < valid; ++i) tmp[i] = p[i];
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
+}
+
+template <int BITS, int MR, int NB>
+void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
+  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
+  const __m256i nib = _mm256_set1_epi8(15);
+  const __m256i blk01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blk23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
+  __m256 acc[MR][NB][2];
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
+  for (int c = 0; c < C; ++c) {
+    const int nblk = B - 4 * c < 4 ? B - 4 * c : 4;
+    // per block of the chunk: its group's param (group index block / gb), 0 past nblk
+    const __m128i by_group = _mm_setr_epi32(0, 1 / gb, 2 / gb, 3 / gb);
+    const __m128 live = _mm_castsi128_ps(_mm_cmplt_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32(nblk)));
+    const int ng = nblk == 4 ? 4 / gb : (nblk + gb - 1) / gb, ngl = ng == 3 ? 4 : ng;  // 3 groups: load 4 (within the row)
+#pragma GCC unroll 4
+    for (int j = 0; j < NB; ++j) {
+      const size_t g = size_t(n0 + j) * groups + size_t(4 * c) / gb;
+      auto per_block = [&](const void* base) {
+        const __m128 v = ngl == 4 && g + 4 > size_t(n0 + j + 1) * groups ? load_params4(base, g, 2, p.stype) : load_params4(base, g, ngl, p.stype);
+        return _mm_and_ps(_mm_permutevar_ps(v, by_group), live);
+      };
+      __m128 s4x = per_block(p.scales), b4x = per_block(p.biases);
+      if (ng == 3) {  // a 3-block tail at group size 32: the third value alone (never read past the row)
+        const __m128 third = load_params4(p.scales, g + 2, 1, p.stype), thirdb = load_params4(p.biases, g + 2, 1, p.stype);
+        s4x = _mm_and_ps(_mm_insert_ps(s4x, third, 0x20), live), b4x = _mm_and_ps(_mm_insert_ps(b4x, thirdb, 0x20), live);
+      }
+      const __m256 s4 = _mm256_castps128_ps256(s4x), b4 = _mm256_castps128_ps256(b4x);
+      const __m256 bl[2] = {_mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk01), 0x11),
+                            _mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk23), 0x11)};
+      const uint8_t* wp = p.w + size_t(n0 + j) * row_bytes + size_t(c) * kChunk * BITS / 8;
+      const int valid = nblk * kBlock * BITS / 8;
+      prefetch(wp + NB * row_bytes);
+      __m256i lo[4], hi[4];  // 4-bit: halves 0, 1 of the 64 code bytes; 8-bit: quarters 0-3 of 128
+#pragma GCC unroll 4
+      for (int q = 0; q < (BITS == 4 ? 2 : 4); ++q) {
+        const __m256i v = load32_avx2(wp + 32 * q, valid - 32 * q);
+        lo[q] = _mm256_and_si256(v, nib), hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+      }
+      __m256 sl[4];  // lane scales: 4-bit halves 0, 1; 8-bit quarters (A lanes 0-7, 8-15, B lanes 0-7, 8-15)
+      if (BITS == 4) sl[0] = _mm256_permutevar8x32_ps(s4, blk01), sl[1] = _mm256_permutevar8x32_ps(s4, blk23);
+      else
+        for (int q = 0; q < 4; ++q) sl[q] = _mm256_permutevar8x32_ps(s4, _mm256_set1_epi32(q));
+#pragma GCC unroll 4
+      for (int m = 0; m < MR; ++m) {
+        const int8_t* xc = x.q + m * x.q_stride + size_t(c) * kChunk;
+        const float* dc = x.d + m * x.d_stride + size_t(c) * kChunkLanes;
+        auto xv = [&](int off) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xc + off)); };
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          __m256& a = acc[m][j][h];
+          if (BITS == 4) {
+            const __m256i dot = _mm256_add_epi32(dot4_avx2(lo[h], xv(32 * h)), dot4_avx2(hi[h], xv(64 + 32 * h)));
+            a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sl[h], _mm256_loadu_ps(dc + 8 * h)), a);
+          } else {
+            for (int half = 0; half < 2; ++half) {  // A (bytes 0-63), then B (64-127), as the VNNI path
+              const int q = 2 * half + h;
+              const __m256i xq = xv(32 * q);
+              const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(dot4_avx2(hi[q], xq), 4), dot4_avx2(lo[q], xq));
+              a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sl[q], _mm256_loadu_ps(dc + 16 * half + 8 * h)), a);
+            }
+          }
+          a = _mm256_fmadd_ps(bl[h], _mm256_loadu_ps(dc + 32 + 8 * h), a);
+        }
+      }
+    }
+  }
+  for (int m = 0; m < MR; ++m)
+    for (int j = 0; j < NB; ++j) out[m * NB + j] = Avx2Isa::reduce(Avx2Isa::V{acc[m][j][0], acc[m][j][1]});
+}
+
+template <int BITS, int MR>
+void block_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n_begin, int n_end, float* y, int ldy) {
+  constexpr int NB = MR == 1 ? 2 : 1;
+  float out[MR * NB];
+  int n = n_begin;
+  for (; n + NB <= n_end; n += NB) {
+    tile_q8_avx2<BITS, MR, NB>(p, x, n, out);
+    for (int m = 0; m < MR; ++m)
+      for (int j = 0; j < NB; ++j) y[size_t(m) * ldy + n + j] = out[m * NB + j];
+  }
+  for (; n < n_end; ++n) {
+    tile_q8_avx2<BITS, MR, 1>(p, x, n, out);
+    for (int m = 0; m < MR; ++m) y[size_t(m) * ldy + n] = out[m];
+  }
+}
+
+template <int BITS, int MR = 4>
+void block_rows_q8_avx2(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n1, float* y, int ldy) {
+  if constexpr (MR > 1) {
+    if (rows < MR) return block_rows_q8_avx2<BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
+  }
+  block_q8_avx2<BITS, MR>(p, x, n0, n1, y, ldy);
+}
+#endif
+
+// Which int8 path the best ISA compiled here runs: "avx512-vnni", "avx2" or "portable".
+inline const char* q8_path(Isa isa = best_isa()) {
+#if defined(MLXSPEC_Q8_VNNI)
+  if (isa == Isa::avx512) return "avx512-vnni";
+#endif
+#if defined(MLXSPEC_Q8_AVX2)
+  if (isa == Isa::avx512 || isa == Isa::avx2) return "avx2";
+#endif
+  (void)isa;
+  return "portable";
 }
 
 // Columns [n0, n1) of a q8 problem for all rows (p.x is unused; x holds the quantized rows).
 inline void run_columns_q8(Isa isa, const QmmProblem& p, const Q8Rows& x, int n0, int n1, float* y) {
-#if defined(MLXSPEC_Q8_VNNI)
-  if (isa == Isa::avx512 && 4 % (p.G / kBlock) == 0) {  // group sizes 32, 64, 128 (others: the portable path)
+  const std::string_view path = q8_path(isa);
+  if (path != "portable" && 4 % (p.G / kBlock) == 0) {  // group sizes 32, 64, 128 (others: the portable path)
+    const int chunk_rows = path == "avx2" ? 4 : kMaxRows;
     for (int c = n0; c < n1; c += kColumnBlock) {
       const int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
-      for (int r = 0; r < p.M; r += kMaxRows) {
-        const int rows = p.M - r < kMaxRows ? p.M - r : kMaxRows;
+      for (int r = 0; r < p.M; r += chunk_rows) {
+        const int rows = p.M - r < chunk_rows ? p.M - r : chunk_rows;
         const Q8Rows xr{x.q + r * x.q_stride, x.d + r * x.d_stride, x.q_stride, x.d_stride};
-        if (p.bits == 4) block_rows_q8<4>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
-        else block_rows_q8<8>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
+        float* yr = y + size_t(r) * p.N;
+#if defined(MLXSPEC_Q8_VNNI)
+        if (path == "avx512-vnni") {
+          if (p.bits == 4) block_rows_q8<4>(p, xr, rows, c, c1, yr, p.N);
+          else block_rows_q8<8>(p, xr, rows, c, c1, yr, p.N);
+          continue;
+        }
+#endif
+#if defined(MLXSPEC_Q8_AVX2)
+        if (p.bits == 4) block_rows_q8_avx2<4>(p, xr, rows, c, c1, yr, p.N);
+        else block_rows_q8_avx2<8>(p, xr, rows, c, c1, yr, p.N);
+#endif
       }
     }
     return;
   }
-#endif
-  (void)isa;
   for (int n = n0; n < n1; ++n) {
     if (p.bits == 4) column_q8_ref<4>(p, x, n, y, p.N);
     else column_q8_ref<8>(p, x, n, y, p.N);
