@@ -197,9 +197,10 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(15);
+  const int sh = gb == 1 ? 0 : (gb == 2 ? 1 : 2);  // gb is 1, 2 or 4 here: shifts, not divisions, per chunk
   for (int c = 0; c < C; ++c) {
-    const int nblk = B - 4 * c < 4 ? B - 4 * c : 4, ng = (nblk + gb - 1) / gb;
-    const size_t g = size_t(4 * c) / gb;
+    const int nblk = B - 4 * c < 4 ? B - 4 * c : 4, ng = (nblk + gb - 1) >> sh;
+    const size_t g = size_t(4 * c) >> sh;
     __m512i wa[NB], wb[NB];
     __m512 sa[NB], sbv[NB], bl[NB];
 #pragma GCC unroll 8
