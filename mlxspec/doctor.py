@@ -58,6 +58,8 @@ def _load_kernels() -> None:
             importlib.import_module("mlxspec.kernels.attention").check_signature(9, 3, 64, 64)
             importlib.import_module("mlxspec.kernels.pointwise").check_typical()
             importlib.import_module("mlxspec.kernels.fused_layer").check_typical()
+            registry = importlib.import_module("mlxspec.kernels.registry")  # int8 activations: which path, checked
+            registry.kernel_for_layer(1536, 576, 32, 4, mx.float16, mx.cpu, activations="q8")
     except Exception:  # status() then reports what failed, or the kernels are simply absent
         pass
 
