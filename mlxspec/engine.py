@@ -240,7 +240,7 @@ def resolve_activations(setting: str, model: LoadedModel) -> str:
         return setting
     from .kernels.cpu import q8_fast
 
-    gguf = model.path.is_file() and model.path.suffix.lower() == ".gguf"
+    gguf = "gguf_conversion" in model.config  # a .gguf file or an Ollama blob (gguf.load_gguf)
     return "q8" if gguf and mx.default_device() == mx.cpu and q8_fast() else "f32"
 
 
