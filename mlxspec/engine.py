@@ -124,8 +124,9 @@ class Engine:
         if kernels:
             from .kernels import install_kernels
 
+            act = kernel_report["target"].get("layers", {}).get("activations", "f32")  # as the target runs
             for i, module in enumerate(built.kernel_modules()):  # a learned drafter's own layers
-                kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops")
+                kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops", activations=act)
         engine = cls(tgt, built, dft, draft_length)
         engine.kernels = kernel_report
         engine.rows.holds(engine.draft_length + 1)  # measured now, not inside the first request
