@@ -207,3 +207,23 @@ def test_gpu_kernels_are_opt_in_and_fall_back_without_a_gpu(tiny_llama, caplog):
         report = use_kernels(model, device=mx.gpu, gpu=True)
     assert not report["swapped"] and all("unavailable" in why for why in report["kept"].values())
     assert len([r for r in caplog.records if "unavailable" in r.getMessage()]) == 1
+
+
+def test_a_q8_0_tied_head_reads_exact_half_copies_of_its_scales(tmp_path, cpu_ext):
+    """A GGUF Q8_0 token table keeps float32 scales and biases (lookups return float32); the head
+    reads float16 copies holding the same values: half the bytes, the same logits."""
+    from gguf_fixtures import write_tiny_llama_gguf
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxspec.loading import load
+
+    model = load(str(write_tiny_llama_gguf(tmp_path / "t.gguf", "Q4_0", embed_qtype="Q8_0"))).model
+    use_kernels(model, device=mx.cpu)
+    table = model.model.embed_tokens
+    assert isinstance(table, KernelQuantizedEmbedding) and table["scales"].dtype == mx.float32
+    assert table._head_params is not None and table._head_params[0].dtype == mx.float16
+    assert "_head_params" not in table.parameters()  # not saved, not counted as a parameter
+    ids = mx.array([[1, 5, 9, 17, 33]])
+    with_half = model(ids, cache=make_prompt_cache(model))
+    object.__setattr__(table, "_head_params", None)
+    assert mx.array_equal(with_half, model(ids, cache=make_prompt_cache(model))).item()
