@@ -47,9 +47,9 @@ def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, g
     codes = mx.dequantize(w, ones, mx.zeros_like(ones), group_size=group_size, bits=bits)  # (N, K), exact integers
     codes = codes.reshape(codes.shape[0], k // 32, 32)
     dots = mx.einsum("rbi,nbi->rnb", q, codes)  # exact: integer-valued float32 below 2^24
-    per_block = lambda a: mx.repeat(a.astype(f32), group_size // 32, axis=-1)  # (N, K/32)
-    y = (dots * (per_block(scales)[None] * d[..., 0][:, None, :])).sum(-1)
-    y = y + (per_block(biases)[None] * (d[..., 0] * q.sum(-1))[:, None, :]).sum(-1)
+    s, b = (mx.repeat(a.astype(f32), group_size // 32, axis=-1) for a in (scales, biases))  # (N, K/32) per block
+    y = (dots * (s[None] * d[..., 0][:, None, :])).sum(-1)
+    y = y + (b[None] * (d[..., 0] * q.sum(-1))[:, None, :]).sum(-1)
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
