@@ -8,7 +8,8 @@
 Files: registry.py (one record per kernel family and backend: load, self-check, status), install.py
 (the per-model entry), hooks.py (per-model routing of mlx-lm's module-level functions), timing.py
 (kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definitions and
-tolerances), cpu/ + build.py + cpu.py (the MLX C++ extension, built on first use and cached),
+tolerances, q8_reference for int8 activations), cpu/ + build.py + cpu.py (the MLX C++ extension, built
+on first use and cached; cpu/qmm_q8_kernel.h: matmuls with int8 activations, the `qmm-q8` family),
 gpu_source.py + gpu.py (Metal and CUDA qmm and dense kernels through mx.fast; gpu_codegen.py spells
 the program MLX generates), gpu_attention_source.py + gpu_attention.py (Metal and CUDA few-row
 attention), layers.py (quantized and dense layer swaps), attention.py (few-row attention),
