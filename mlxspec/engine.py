@@ -124,7 +124,7 @@ class Engine:
         if kernels:
             from .kernels import install_kernels
 
-            act = kernel_report["target"].get("layers", {}).get("activations", "f32")  # as the target runs
+            act = _activations_run(kernel_report)  # as the target runs
             for i, module in enumerate(built.kernel_modules()):  # a learned drafter's own layers
                 kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops", activations=act)
         engine = cls(tgt, built, dft, draft_length)
@@ -151,7 +151,7 @@ class Engine:
             "draft_length": self.draft_length,
             **self.target.info,
             "draft_weight_bytes": self.draft.info["weight_bytes"] if self.draft and self.draft is not self.target else 0,
-            "activations": self.kernels.get("target", {}).get("layers", {}).get("activations", "f32"),
+            "activations": _activations_run(self.kernels),
         }
 
     # -- prompts -----------------------------------------------------------------------------
@@ -243,6 +243,11 @@ def resolve_activations(setting: str, model: LoadedModel) -> str:
 
     gguf = "gguf_conversion" in model.config  # a .gguf file or an Ollama blob (gguf.load_gguf)
     return "q8" if gguf and mx.default_device() == mx.cpu and q8_fast() else "f32"
+
+
+def _activations_run(kernel_report: dict) -> str:
+    """What the target's matmuls multiply by, from its kernel report ('f32' with kernels off)."""
+    return kernel_report.get("target", {}).get("layers", {}).get("activations", "f32")
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32") -> dict:

@@ -307,6 +307,6 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });
   m.def("threads", [] { return mlxspec::pool().size(); });
-  m.def("q8_path", [] { return std::string(mlxspec::q8_path()); },
+  m.def("q8_path", [] { return std::string(mlxspec::q8_path_name()); },
         "the int8-activation path the best ISA runs: avx512-vnni, avx2 or portable (a lane-by-lane emulation)");
 }

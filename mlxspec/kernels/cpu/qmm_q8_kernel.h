@@ -20,7 +20,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string_view>
 #include <vector>
 
 #include "qmm_kernel.h"
@@ -255,34 +254,21 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
     for (int j = 0; j < NB; ++j) out[m * NB + j] = Avx512Isa::reduce(acc[m][j]);
 }
 
-// Columns per tile for MR rows: registers for MR*NB accumulators plus the weights.
-template <int MR>
-constexpr int q8_cols_for_rows() { return MR <= 2 ? 4 : 2; }
-
-template <int BITS, int MR>
-void block_q8(const QmmProblem& p, const Q8Rows& x, int n_begin, int n_end, float* y, int ldy) {
-  constexpr int NB = q8_cols_for_rows<MR>();
-  const ChunkScales cs(p.G / kBlock);
-  float out[MR * NB];
-  int n = n_begin;
-  for (; n + NB <= n_end; n += NB) {
-    tile_q8_vnni<BITS, MR, NB>(p, x, n, cs, out);
-    for (int m = 0; m < MR; ++m)
-      for (int j = 0; j < NB; ++j) y[size_t(m) * ldy + n + j] = out[m * NB + j];
+// The VNNI tiles for the shared drivers below: rows per chunk, columns per tile for MR rows
+// (registers for MR*NB accumulators plus the weights), per-call context.
+struct VnniTiles {
+  static constexpr int kRows = kMaxRows;
+  template <int MR>
+  static constexpr int cols() { return MR <= 2 ? 4 : 2; }
+  struct Ctx {
+    ChunkScales cs;
+    explicit Ctx(const QmmProblem& p) : cs(p.G / kBlock) {}
+  };
+  template <int BITS, int MR, int NB>
+  static void tile(const QmmProblem& p, const Q8Rows& x, int n0, const Ctx& c, float* out) {
+    tile_q8_vnni<BITS, MR, NB>(p, x, n0, c.cs, out);
   }
-  for (; n < n_end; ++n) {
-    tile_q8_vnni<BITS, MR, 1>(p, x, n, cs, out);
-    for (int m = 0; m < MR; ++m) y[size_t(m) * ldy + n] = out[m];
-  }
-}
-
-template <int BITS, int MR = kMaxRows>
-void block_rows_q8(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n1, float* y, int ldy) {
-  if constexpr (MR > 1) {
-    if (rows < MR) return block_rows_q8<BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
-  }
-  block_q8<BITS, MR>(p, x, n0, n1, y, ldy);
-}
+};
 #endif
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -397,69 +383,91 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
     for (int j = 0; j < NB; ++j) out[m * NB + j] = Avx2Isa::reduce(Avx2Isa::V{acc[m][j][0], acc[m][j][1]});
 }
 
-template <int BITS, int MR>
-void block_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n_begin, int n_end, float* y, int ldy) {
-  constexpr int NB = MR == 1 ? 2 : 1;
+struct Avx2Tiles {  // as VnniTiles: 16 registers hold fewer rows and columns
+  static constexpr int kRows = 4;
+  template <int MR>
+  static constexpr int cols() { return MR == 1 ? 2 : 1; }
+  struct Ctx {
+    explicit Ctx(const QmmProblem&) {}
+  };
+  template <int BITS, int MR, int NB>
+  static void tile(const QmmProblem& p, const Q8Rows& x, int n0, const Ctx&, float* out) {
+    tile_q8_avx2<BITS, MR, NB>(p, x, n0, out);
+  }
+};
+#endif
+
+// Columns [n_begin, n_end) for MR rows, NB columns a tile (the last ones one at a time).
+template <class T, int BITS, int MR>
+void block_q8(const QmmProblem& p, const Q8Rows& x, int n_begin, int n_end, float* y, int ldy) {
+  constexpr int NB = T::template cols<MR>();
+  const typename T::Ctx ctx(p);
   float out[MR * NB];
   int n = n_begin;
   for (; n + NB <= n_end; n += NB) {
-    tile_q8_avx2<BITS, MR, NB>(p, x, n, out);
+    T::template tile<BITS, MR, NB>(p, x, n, ctx, out);
     for (int m = 0; m < MR; ++m)
       for (int j = 0; j < NB; ++j) y[size_t(m) * ldy + n + j] = out[m * NB + j];
   }
   for (; n < n_end; ++n) {
-    tile_q8_avx2<BITS, MR, 1>(p, x, n, out);
+    T::template tile<BITS, MR, 1>(p, x, n, ctx, out);
     for (int m = 0; m < MR; ++m) y[size_t(m) * ldy + n] = out[m];
   }
 }
 
-template <int BITS, int MR = 4>
-void block_rows_q8_avx2(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n1, float* y, int ldy) {
+template <class T, int BITS, int MR = T::kRows>
+void block_rows_q8(const QmmProblem& p, const Q8Rows& x, int rows, int n0, int n1, float* y, int ldy) {
   if constexpr (MR > 1) {
-    if (rows < MR) return block_rows_q8_avx2<BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
+    if (rows < MR) return block_rows_q8<T, BITS, MR - 1>(p, x, rows, n0, n1, y, ldy);
   }
-  block_q8_avx2<BITS, MR>(p, x, n0, n1, y, ldy);
+  block_q8<T, BITS, MR>(p, x, n0, n1, y, ldy);
 }
-#endif
 
-// Which int8 path the best ISA compiled here runs: "avx512-vnni", "avx2" or "portable".
-inline const char* q8_path(Isa isa = best_isa()) {
+// Columns [n0, n1) for all rows with tiles T: column blocks that stay in cache across row chunks.
+template <class T>
+void columns_q8(const QmmProblem& p, const Q8Rows& x, int n0, int n1, float* y) {
+  for (int c = n0; c < n1; c += kColumnBlock) {
+    const int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
+    for (int r = 0; r < p.M; r += T::kRows) {
+      const int rows = p.M - r < T::kRows ? p.M - r : T::kRows;
+      const Q8Rows xr{x.q + r * x.q_stride, x.d + r * x.d_stride, x.q_stride, x.d_stride};
+      if (p.bits == 4) block_rows_q8<T, 4>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
+      else block_rows_q8<T, 8>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
+    }
+  }
+}
+
+enum class Q8Path { portable, avx2, vnni };
+
+// Which int8 path an ISA runs here.
+inline Q8Path q8_path_of(Isa isa) {
 #if defined(MLXSPEC_Q8_VNNI)
-  if (isa == Isa::avx512) return "avx512-vnni";
+  if (isa == Isa::avx512) return Q8Path::vnni;
 #endif
 #if defined(MLXSPEC_Q8_AVX2)
-  if (isa == Isa::avx512 || isa == Isa::avx2) return "avx2";
+  if (isa == Isa::avx512 || isa == Isa::avx2) return Q8Path::avx2;
 #endif
   (void)isa;
-  return "portable";
+  return Q8Path::portable;
 }
 
-// Columns [n0, n1) of a q8 problem for all rows (p.x is unused; x holds the quantized rows).
+// The best ISA's int8 path by name: "avx512-vnni", "avx2" or "portable".
+inline const char* q8_path_name() {
+  const Q8Path path = q8_path_of(best_isa());
+  return path == Q8Path::vnni ? "avx512-vnni" : (path == Q8Path::avx2 ? "avx2" : "portable");
+}
+
+// Columns [n0, n1) of a q8 problem for all rows (p.x is unused; x holds the quantized rows). Group
+// sizes 32, 64 and 128 take the vector tiles; others the portable path.
 inline void run_columns_q8(Isa isa, const QmmProblem& p, const Q8Rows& x, int n0, int n1, float* y) {
-  const std::string_view path = q8_path(isa);
-  if (path != "portable" && 4 % (p.G / kBlock) == 0) {  // group sizes 32, 64, 128 (others: the portable path)
-    const int chunk_rows = path == "avx2" ? 4 : kMaxRows;
-    for (int c = n0; c < n1; c += kColumnBlock) {
-      const int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
-      for (int r = 0; r < p.M; r += chunk_rows) {
-        const int rows = p.M - r < chunk_rows ? p.M - r : chunk_rows;
-        const Q8Rows xr{x.q + r * x.q_stride, x.d + r * x.d_stride, x.q_stride, x.d_stride};
-        float* yr = y + size_t(r) * p.N;
+  const Q8Path path = 4 % (p.G / kBlock) == 0 ? q8_path_of(isa) : Q8Path::portable;
 #if defined(MLXSPEC_Q8_VNNI)
-        if (path == "avx512-vnni") {
-          if (p.bits == 4) block_rows_q8<4>(p, xr, rows, c, c1, yr, p.N);
-          else block_rows_q8<8>(p, xr, rows, c, c1, yr, p.N);
-          continue;
-        }
+  if (path == Q8Path::vnni) return columns_q8<VnniTiles>(p, x, n0, n1, y);
 #endif
 #if defined(MLXSPEC_Q8_AVX2)
-        if (p.bits == 4) block_rows_q8_avx2<4>(p, xr, rows, c, c1, yr, p.N);
-        else block_rows_q8_avx2<8>(p, xr, rows, c, c1, yr, p.N);
+  if (path == Q8Path::avx2) return columns_q8<Avx2Tiles>(p, x, n0, n1, y);
 #endif
-      }
-    }
-    return;
-  }
+  (void)path;
   for (int n = n0; n < n1; ++n) {
     if (p.bits == 4) column_q8_ref<4>(p, x, n, y, p.N);
     else column_q8_ref<8>(p, x, n, y, p.N);
