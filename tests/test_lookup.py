@@ -1,0 +1,97 @@
+"""Prompt lookup and its memory of earlier answers (drafters/lookup.py, drafters/ngram_memory.py)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxspec.drafters.lookup import LookupDrafter
+from mlxspec.drafters.ngram_memory import NgramMemory
+from mlxspec.engine import Engine
+from mlxspec.options import GenerateOptions
+from mlxspec.sampling import Sampling
+
+GREEDY = Sampling(temperature=0.0)
+KEY = mx.random.key(0)
+
+
+def test_memory_continues_a_remembered_answer():
+    memory = NgramMemory()
+    memory.remember([5, 6, 7, 8, 9, 10, 11])
+    assert memory.continue_([1, 5, 6, 7], 3) == [8, 9, 10]  # the 3-gram, then longer ones, seen once
+    assert memory.continue_([1, 2, 3, 6, 7, 8, 9, 10], 4) == [11]  # the answer ends: nothing follows 11
+    assert memory.continue_([1, 2, 3], 4) == []  # never seen
+    assert memory.tokens == 7
+
+
+def test_memory_drafts_only_when_its_counts_are_confident():
+    memory = NgramMemory()
+    memory.remember([0, 1, 40, 2, 3])
+    assert memory.continue_([9, 40], 1) == []  # a 1-gram seen once is not enough (needs 2)
+    memory.remember([7, 40, 2, 8])
+    assert memory.continue_([9, 40], 1) == [2]  # seen twice, always followed by 2
+    memory.remember([6, 40, 5, 8])
+    memory.remember([4, 40, 3, 8])
+    assert memory.continue_([9, 40], 1) == []  # 2 leads with 2 of 4: below the 66% a 1-gram needs
+    assert memory.continue_([0, 1, 40], 1) == [2]  # a 3-gram seen once is enough
+
+
+def test_memory_forgets_its_oldest_answers_past_its_size():
+    memory = NgramMemory(max_tokens=10)
+    memory.remember([1, 2, 3, 4, 5, 6])
+    memory.remember([7, 8, 9, 10, 11, 12])
+    assert memory.tokens == 6 and len(memory.answers) == 1  # the first answer made room
+    assert memory.continue_([2, 3, 4], 2) == [] and memory.continue_([8, 9, 10], 2) == [11, 12]
+    memory.remember([20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31])  # longer than the memory: its end
+    assert memory.tokens == 10 and memory.continue_([8, 9, 10], 2) == []
+    assert all(t >= 22 for table in memory.counts.values() for key in table for t in key)  # only its end
+    off = NgramMemory(max_tokens=0)
+    off.remember([1, 2, 3, 4])
+    assert off.tokens == 0 and not any(off.counts.values())
+
+
+def test_the_drafter_remembers_outputs_not_prompts():
+    drafter = LookupDrafter()
+    prompt = [100, 101, 102, 103]
+    drafter.start(prompt)
+    context = list(prompt)
+    drafter.propose(context, 4, GREEDY, KEY)
+    context += [7, 8, 9, 10, 11]  # the decoder extends the same list as the answer is written
+    drafter.finish()
+    assert list(drafter.memory.answers) == [[7, 8, 9, 10, 11]]
+    drafter.start([50, 7, 8, 9])  # a new request whose prompt ends as the old answer began
+    draft = drafter.propose([50, 7, 8, 9], 3, GREEDY, KEY)
+    assert draft.tokens.tolist() == [10, 11]
+
+
+def test_the_context_comes_first_and_the_memory_continues_it():
+    drafter = LookupDrafter()
+    drafter.memory.remember([1, 2, 3, 4, 5, 6])
+    context = [9, 2, 3, 4, 30, 9, 2, 3, 4]  # (2, 3, 4) was followed by 30 in this context
+    drafter.start(context)
+    assert drafter.propose(context, 1, GREEDY, KEY).tokens.tolist() == [30]
+    # the context's guess [30, 9, 2, 3] ... is k long here, so the memory is not asked
+    assert drafter.propose(context, 4, GREEDY, KEY).tokens.tolist() == [30, 9, 2, 3]
+    tail = [8, 1, 2, 3]  # nothing to copy in the context: the memory's 3-gram (1, 2, 3) drafts
+    drafter.start(tail)
+    assert drafter.propose(tail, 4, GREEDY, KEY).tokens.tolist() == [4, 5, 6]
+    drafter.memory.remember([5, 7, 4, 60, 61])
+    short = [4, 5, 7, 4, 5]  # the context's 2-gram match guesses 2 tokens; the memory goes on
+    drafter.start(short)
+    assert drafter.propose(short, 4, GREEDY, KEY).tokens.tolist() == [7, 4, 60, 61]
+
+
+def test_a_remembered_answer_is_drafted_again_and_output_stays_plain(tiny_llama):
+    plain = Engine.load(str(tiny_llama))
+    lookup = Engine.load(str(tiny_llama), drafter="lookup")
+    prompts = ["Once upon a time", "def add(a, b):", "The quick brown fox"]
+    options = GenerateOptions(max_tokens=40, draft_length=4, adaptive=False)
+    expected = {p: [t for ev in plain.generate(p, GenerateOptions(max_tokens=40)) for t in ev.tokens] for p in prompts}
+    accepted = {}
+    for rep in range(2):
+        for p in prompts:
+            events = list(lookup.generate(p, options))
+            assert [t for ev in events for t in ev.tokens] == expected[p]
+            accepted[rep, p] = events[-1].stats.accepted
+    assert lookup.drafter.memory.tokens == 2 * sum(len(v) for v in expected.values())
+    for p in prompts:  # asked again, the answer is in memory: more of its drafts are kept
+        assert accepted[1, p] > accepted[0, p]
