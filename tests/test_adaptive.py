@@ -142,8 +142,11 @@ def test_unmeasured_costs_interpolate_between_measured_neighbours_and_stay_flat_
     costs.add(5, 9.0)
     assert costs.round_cost(3) == 5.0 and costs.round_cost(4) == 7.0
     assert costs.round_cost(1) == 3.0 and costs.round_cost(8) == 9.0  # flat beyond the ends
-    costs.add(5, 4.0)  # a moving average: 0.8 * 9 + 0.2 * 4
-    assert abs(costs.round_cost(5) - 8.0) < 1e-12
+    costs.add(5, 4.0)  # one of its first few rounds: the fastest stands (noise only adds time)
+    costs.add(5, 6.0)
+    assert costs.round_cost(5) == 4.0
+    costs.add(5, 9.0)  # timed enough: a moving average, 0.8 * 4 + 0.2 * 9
+    assert abs(costs.round_cost(5) - 5.0) < 1e-12
 
 
 def accepting(ctl: DraftController, a: float) -> DraftController:
@@ -250,3 +253,83 @@ def test_extrapolated_round_costs_grow_past_the_table():
     assert costs.round_cost(9) == 1.6  # flat by default
     assert costs.round_cost(9, extrapolate=True) == pytest.approx(1.6 + 0.2 * 6)
     assert costs.round_cost(2, extrapolate=True) == pytest.approx(1.4)
+
+
+def test_a_draft_length_timed_slow_once_is_priced_by_its_well_timed_neighbours_until_timed_again():
+    costs = CostModel()
+    for _ in range(CostModel.TRUSTED):
+        costs.add(1, 8.0)
+        costs.add(2, 9.0)
+    costs.add(4, 16.0)  # one slow first round (SmolLM2, this CPU: 16.3 ms once, 11.5 steadily)
+    assert costs.round_cost(4) == 11.0  # the well-timed ones' line says 11: it will be tried again
+    assert costs.round_cost(3) == 10.0  # unmeasured: between 2 and 4 as 4 is priced
+    for _ in range(CostModel.TRUSTED - 1):
+        costs.add(4, 11.5)
+    assert costs.round_cost(4) == 11.5  # timed enough: the fastest of its first rounds, then averaged
+    costs.add(4, 12.5)
+    assert abs(costs.round_cost(4) - 11.7) < 1e-12
+
+
+def test_acceptance_is_estimated_per_draft_position_for_chains():
+    """A drafter that is often wrong on its first guess and right after it (lookup continuing a match)."""
+    ctl = DraftController(4, CostModel())
+    for _ in range(50):
+        ctl.record(4, 0, 1.0)
+        ctl.record(4, 4, 1.0)
+    hits, trials = ctl.seen[1]
+    pooled = expected_tokens(hits / trials, 4)
+    assert 2.8 < ctl.expected(1, 4) < 3.2 < pooled  # ~1 + 0.5 x 4, where one rate for all says more
+    assert abs(ctl.expected(1, 1) - 1.5) < 0.1
+
+
+def test_a_hint_ends_a_back_off_with_a_probe():
+    costs = CostModel()
+    for k, t in ((0, 1.0), (1, 2.0), (6, 7.0)):
+        costs.add(k, t)
+    ctl = accepting(DraftController(6, costs), 0.3)
+    ctl.hint()
+    assert ctl.hints == 0  # not waiting: nothing to cut short
+    ctl.commit(ctl.plan())
+    assert ctl.plain_left > 0
+    ctl.hint()
+    assert ctl.hints == 1 and ctl.plain_left == 0
+    plan = ctl.plan()
+    assert plan.why == "speculate" and plan.k > 0  # the probe, whatever the estimate says
+
+
+class NoHints(Drafter):
+    """Wraps a drafter and never hints (the timer alone schedules probes)."""
+
+    def __init__(self, inner):
+        self.inner, self.name = inner, inner.name
+
+    def start(self, prompt, hidden=None):
+        self.inner.start(prompt, hidden)
+
+    def propose(self, context, k, sampling, key, width=1):
+        return self.inner.propose(context, k, sampling, key)
+
+    def accept(self, n, hidden=None):
+        self.inner.accept(n, hidden)
+
+    def finish(self):
+        self.inner.finish()
+
+
+def test_lookup_hints_probe_where_the_timer_would_wait_and_output_stays_plain(tiny_llama):
+    prompt = "The quick brown fox"
+    plain = run(Engine.load(str(tiny_llama)), prompt, max_tokens=40)[0]
+    kept = {}
+    for hints in (True, False):
+        engine = Engine.load(str(tiny_llama), drafter="lookup", draft_length=4)
+        run(engine, prompt, max_tokens=40)  # the answer is now in the lookup drafter's memory
+        if not hints:
+            engine.drafter = NoHints(engine.drafter)
+        engine.costs = CostModel()
+        engine.costs.add(0, 1e-4)  # plain looks cheap and drafting dear: every estimate says back off
+        for k in (1, 4):
+            engine.costs.add(k, 1.0)
+        tokens, _, last = run(engine, prompt, max_tokens=40)
+        assert tokens == plain
+        kept[hints] = last.stats.accepted
+    assert kept[True] > kept[False] + 4  # remembered guesses were probed, not waited out

@@ -67,6 +67,12 @@ class Drafter:
         proposal), so it sees the features of every position.
         """
 
+    def has_guess(self, context: list[int]) -> bool:
+        """A look on the host, cheap enough for every plain round: would `propose` now offer a
+        guess worth a verify row? Only drafters that know (lookup) say yes; while adaptive
+        speculation waits out a back-off, a yes ends the wait early (adaptive.py)."""
+        return False
+
     def finish(self) -> None:
         """The request ended (done, stopped or cancelled): drop per-request state."""
 

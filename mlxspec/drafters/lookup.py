@@ -57,6 +57,13 @@ class LookupDrafter(Drafter):
             return Draft.empty()
         return Draft(mx.array(guess, dtype=mx.uint32), None, len(guess))
 
+    def has_guess(self, context: list[int]) -> bool:
+        """Two or more tokens to propose (a match of 2+ tokens here, or the memory going on)."""
+        guess = self._from_context(context, 2)
+        if len(guess) < 2 and self.memory.max_tokens > 0:
+            guess += self.memory.continue_(context[-MAX_N:] + guess, 2 - len(guess))
+        return len(guess) >= 2
+
     def _from_context(self, context: list[int], k: int) -> list[int]:
         """What followed the longest recent match of the context's last tokens (maybe nothing)."""
         self._index_until(context, len(context) - 1)
