@@ -38,6 +38,7 @@ def run_once(engine: Engine, ids: list[int], max_tokens: int, adaptive: bool, k:
     tokens = []
     opts = GenerateOptions(max_tokens=max_tokens, adaptive=adaptive, temperature=0.0, draft_width=width,
                            **({"draft_length": k} if k is not None else {}))
+    engine.drafter.forget()  # a repeat must not be drafted from its own earlier answer (lookup's memory)
     for ev in engine.generate(ids, opts):
         tokens += ev.tokens
     return tokens, ev.stats

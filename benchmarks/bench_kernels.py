@@ -238,6 +238,7 @@ def end_to_end(max_tokens: int, repeats: int) -> dict:
                 ids = engine.chat_prompt([{"role": "user", "content": prompt}])
                 runs = []
                 for rep in range(repeats + 1):  # the first run warms up
+                    engine.drafter.forget()  # no repeat drafted from its own earlier answer
                     t = time.perf_counter()
                     tokens = [tok for ev in engine.generate(ids, opts) for tok in ev.tokens]
                     if rep:

@@ -31,6 +31,7 @@ PROMPTS = [
 
 
 def run(engine, ids, fmt, k) -> tuple[float, str]:
+    engine.drafter.forget()  # no repeat drafted from its own earlier answer (lookup's memory)
     events = list(engine.generate(ids, GenerateOptions(max_tokens=96, draft_length=k), format=fmt))
     return events[-1].stats.tokens_per_second, "".join(e.text for e in events)
 

@@ -4,6 +4,8 @@ Timing is the same for every runner, mlx-lm peers included, measured here on the
   - time to first token (TTFT): from the call to the first emitted token (prompt processing + the
     first round);
   - decode tokens/s: tokens emitted after the first emission / time from the first to the last.
+Every run starts with the drafter's memory of earlier answers empty (lookup's: a repeat would
+otherwise be drafted from its own first answer; benchmarks/bench_memory.py measures that memory).
 A cold run drops mlxspec's prefix cache first, so it processes the whole prompt as mlx-lm's
 functions always do: TTFT comes from cold runs. Later repeats may run warm (the engine reuses the
 prompt's KV cache), which changes nothing after the prompt and saves minutes on a CPU.
@@ -106,6 +108,7 @@ class Runners:
         engine = self.engine(config.drafter if config.speculative else "none")
         if cold:
             forget_prefix(engine)
+        engine.drafter.forget()  # no run drafts from an earlier run's answer (lookup's memory)
         opts = GenerateOptions(max_tokens=max_tokens, draft_length=config.k, adaptive=config.adaptive)
         clock, tokens, stats = Clock(), [], None
         for event in engine.generate(ids, opts):

@@ -76,6 +76,10 @@ class Drafter:
     def finish(self) -> None:
         """The request ended (done, stopped or cancelled): drop per-request state."""
 
+    def forget(self) -> None:
+        """Drop what was learned across requests (lookup's memory of earlier answers): a benchmark
+        repeating a prompt must not be drafted from that prompt's own earlier answer."""
+
     def kernel_modules(self) -> list:
         """The drafter's own nn.Modules the engine may install mlxspec's kernels into (speed only)."""
         return []

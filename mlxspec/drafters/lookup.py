@@ -75,6 +75,9 @@ class LookupDrafter(Drafter):
                 return context[end : end + min(k, self.SHORT_MATCH_BUDGET.get(n, k))]
         return []
 
+    def forget(self) -> None:
+        self.memory.clear()
+
     def finish(self) -> None:
         if self.context is not None:  # the request's output: what the target wrote after the prompt
             self.memory.remember(self.context[self.prompt_length :])

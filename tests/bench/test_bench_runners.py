@@ -43,3 +43,14 @@ def test_runs_are_timed(runners, ids):
     assert run.decode_tokens == len(run.tokens) - 1  # plain emits one token per event
     assert run.tokens_per_second == pytest.approx(run.decode_tokens / run.decode_seconds)
     assert run.peak_memory > 0
+
+
+def test_no_run_is_drafted_from_an_earlier_runs_answer(runners, ids):
+    """Lookup remembers answers across requests; a benchmark repeat must not draft from its own."""
+    config = Config("lookup", ENGINE, "lookup", 4, adaptive=False)
+    first = runners.run(config, ids, 24)
+    engine = runners.engine("lookup")
+    assert engine.drafter.memory.tokens > 0  # the answer was remembered after the run...
+    again = runners.run(config, ids, 24)
+    assert again.tokens == first.tokens
+    assert (again.stats.drafted, again.stats.accepted) == (first.stats.drafted, first.stats.accepted)  # ...not used
