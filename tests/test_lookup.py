@@ -95,3 +95,14 @@ def test_a_remembered_answer_is_drafted_again_and_output_stays_plain(tiny_llama)
     assert lookup.drafter.memory.tokens == 2 * sum(len(v) for v in expected.values())
     for p in prompts:  # asked again, the answer is in memory: more of its drafts are kept
         assert accepted[1, p] > accepted[0, p]
+
+
+def test_a_strong_guess_is_a_3_token_match_or_a_confident_memory():
+    drafter = LookupDrafter()
+    assert not drafter.has_guess([1, 2, 9, 1, 2])  # a 2-token match: mostly wrong in prose
+    drafter.start([])  # a new request (the context index grows with one request's context)
+    assert drafter.has_guess([1, 2, 3, 9, 1, 2, 3])
+    drafter.start([])
+    drafter.memory.remember([4, 5, 6, 7, 8])
+    assert drafter.has_guess([0, 4, 5, 6])  # the memory goes on for two tokens: 7, 8
+    assert not drafter.has_guess([0, 5, 6, 7])  # only one (8) follows

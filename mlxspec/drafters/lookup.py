@@ -58,11 +58,13 @@ class LookupDrafter(Drafter):
         return Draft(mx.array(guess, dtype=mx.uint32), None, len(guess))
 
     def has_guess(self, context: list[int]) -> bool:
-        """Two or more tokens to propose (a match of 2+ tokens here, or the memory going on)."""
-        guess = self._from_context(context, 2)
-        if len(guess) < 2 and self.memory.max_tokens > 0:
-            guess += self.memory.continue_(context[-MAX_N:] + guess, 2 - len(guess))
-        return len(guess) >= 2
+        """A strong guess: a 3-token match in the context (3.4 of 4 drafts kept on average, above)
+        or two tokens the memory is confident of. Shorter matches are mostly wrong in prose."""
+        self._index_until(context, len(context) - 1)
+        n = self.max_ngram
+        if n >= 3 and len(context) > n and tuple(context[-n:]) in self.index[n]:
+            return True
+        return self.memory.max_tokens > 0 and len(self.memory.continue_(context[-MAX_N:], 2)) == 2
 
     def _from_context(self, context: list[int], k: int) -> list[int]:
         """What followed the longest recent match of the context's last tokens (maybe nothing)."""
