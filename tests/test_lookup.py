@@ -63,21 +63,21 @@ def test_the_drafter_remembers_outputs_not_prompts():
     assert draft.tokens.tolist() == [10, 11]
 
 
-def test_the_context_comes_first_and_the_memory_continues_it():
+def test_a_3_token_match_comes_first_and_a_confident_memory_beats_a_shorter_one():
     drafter = LookupDrafter()
     drafter.memory.remember([1, 2, 3, 4, 5, 6])
     context = [9, 2, 3, 4, 30, 9, 2, 3, 4]  # (2, 3, 4) was followed by 30 in this context
     drafter.start(context)
-    assert drafter.propose(context, 1, GREEDY, KEY).tokens.tolist() == [30]
-    # the context's guess [30, 9, 2, 3] ... is k long here, so the memory is not asked
-    assert drafter.propose(context, 4, GREEDY, KEY).tokens.tolist() == [30, 9, 2, 3]
-    tail = [8, 1, 2, 3]  # nothing to copy in the context: the memory's 3-gram (1, 2, 3) drafts
-    drafter.start(tail)
-    assert drafter.propose(tail, 4, GREEDY, KEY).tokens.tolist() == [4, 5, 6]
-    drafter.memory.remember([5, 7, 4, 60, 61])
-    short = [4, 5, 7, 4, 5]  # the context's 2-gram match guesses 2 tokens; the memory goes on
-    drafter.start(short)
-    assert drafter.propose(short, 4, GREEDY, KEY).tokens.tolist() == [7, 4, 60, 61]
+    assert drafter.propose(context, 4, GREEDY, KEY).tokens.tolist() == [30, 9, 2, 3]  # not the memory's 5
+    near_end = [2, 3, 4, 2, 3, 4]  # the context's guess runs out after 3: the memory goes on
+    drafter.start(near_end)
+    assert drafter.propose(near_end, 4, GREEDY, KEY).tokens.tolist() == [2, 3, 4, 5]
+    weak = [3, 9, 1, 2, 3]  # the context matches only (3,), guessing 9; the memory knows (1, 2, 3)
+    drafter.start(weak)
+    assert drafter.propose(weak, 4, GREEDY, KEY).tokens.tolist() == [4, 5, 6]
+    alone = [3, 9, 7, 3]  # nothing in memory: the weak guess is still offered
+    drafter.start(alone)
+    assert drafter.propose(alone, 4, GREEDY, KEY).tokens.tolist() == [9]
 
 
 def test_a_remembered_answer_is_drafted_again_and_output_stays_plain(tiny_llama):
