@@ -175,3 +175,31 @@ def test_a_repeat_window_past_the_context_is_the_whole_context(models):
     huge, _ = generate(target, NoDrafter(), GenerateOptions(**opts, repeat_last_n=403375854678179968), 0)
     whole, _ = generate(target, NoDrafter(), GenerateOptions(**opts, repeat_last_n=-1), 0)
     assert huge == whole and len(huge) == 6
+
+
+class Remembering(Drafter):
+    """Prompt lookup whose memory keeps every earlier run's sample (finish() runs at the next start)."""
+
+    name = "lookup"
+
+    def __init__(self):
+        from mlxspec.drafters.lookup import LookupDrafter
+
+        self.inner, self.runs = LookupDrafter(), 0
+
+    def start(self, prompt, hidden=None):
+        if self.runs:
+            self.inner.finish()
+        self.runs += 1
+        self.inner.start(prompt)
+
+    def propose(self, context, k, sampling, key):
+        return self.inner.propose(context, k, sampling, key)
+
+
+def test_lookup_drafting_from_its_memory_of_earlier_samples_keeps_the_target_law(models):
+    """The memory changes with every run (drafts depend on earlier samples, never on this run's)."""
+    drafter = Remembering()
+    pvalue, acceptance = fit(models[0], drafter, {"temperature": 1.0})
+    assert drafter.inner.memory.tokens > 1000  # ~1500 samples of 3 tokens, remembered
+    assert pvalue > 1e-3 and acceptance > 0.05
