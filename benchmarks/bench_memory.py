@@ -15,6 +15,11 @@ prose.json, chat.json; each once) in order under four configurations:
   lookup, asked before   warm, and each conversation answered once, untimed, just before: the
                    same request again (a retry, an editor re-asking) is drafted from its answer
 Every repeat starts from the same memory, so no answer is drafted from its own earlier copy.
+
+Then an editor's case (code.json's 3 raw code prefixes, no chat template): the editor asks for a
+completion (untimed), the user accepts its first 16 tokens, and the editor asks again from the
+longer prefix (timed): plain, lookup with no memory, lookup with its memory (which holds the first
+completion).
 Reports tok/s (generated tokens / decode time over the 10 conversations), medians over repeats, speedup
 over plain in the same repeat, tokens per target pass, acceptance per draft position, and whether
 every output equals plain decoding's.
@@ -73,6 +78,30 @@ def run_config(engine: Engine, config: str, prompts: list[str], tokens: int, war
             "accepted_per_position": [round(k / d, 3) for k, d in zip(kept, drafted) if d]}
 
 
+def editor_rows(engine: Engine, tokens: int, repeats: int, accepted: int = 16) -> list[dict]:
+    """An editor asking again from prefix + the first `accepted` tokens of its last completion."""
+    prefixes = [engine.encode(p["text"]) for p in json.loads((HERE / "prompts" / "code.json").read_text())["prompts"]]
+    configs = ("plain", "lookup, no memory", "lookup, memory")
+    runs = {c: [] for c in configs}
+    for _ in range(repeats):
+        for config in configs:
+            engine.drafter.memory = NgramMemory(0 if config == "lookup, no memory" else 100_000)
+            outputs, generated, seconds, passes = [], 0, 0.0, 0
+            for ids in prefixes:
+                first = [t for ev in engine.generate(ids, GenerateOptions(max_tokens=tokens)) for t in ev.tokens]
+                opts = GenerateOptions(max_tokens=tokens, draft_length=0 if config == "plain" else None)
+                events = list(engine.generate(ids + first[:accepted], opts))
+                stats = events[-1].stats
+                outputs.append([t for ev in events for t in ev.tokens])
+                generated, seconds, passes = generated + stats.generated_tokens, seconds + stats.decode_time, passes + stats.rounds
+            runs[config].append({"tok_s": generated / seconds, "tokens_per_pass": generated / max(passes, 1), "outputs": outputs})
+    plain = runs["plain"]
+    return [{"config": c, "tok_s": round(statistics.median(x["tok_s"] for x in runs[c]), 1),
+             "speedup": round(statistics.median(x["tok_s"] / p["tok_s"] for x, p in zip(runs[c], plain)), 3),
+             "tokens_per_pass": round(statistics.median(x["tokens_per_pass"] for x in runs[c]), 3),
+             "same_as_plain": all(x["outputs"] == p["outputs"] for x, p in zip(runs[c], plain))} for c in configs]
+
+
 def _add(a: list[int], b: list[int]) -> list[int]:
     return [x + y for x, y in zip(a + [0] * (len(b) - len(a)), b + [0] * (len(a) - len(b)))]
 
@@ -112,12 +141,17 @@ def main() -> None:
     for row in rows:
         print(f"| {row['config']} | {row['tok_s']} | {row['speedup']:.2f}x | {row['tokens_per_pass']:.2f} | "
               f"{' '.join(f'{a:.2f}' for a in row['accepted_per_position'])} | {row['same_as_plain']} |")
+    editor = editor_rows(engine, args.tokens, args.repeats)
+    print("\n| editor re-asks after 16 accepted tokens | tok/s | speedup | tokens/pass | same as plain |")
+    print("|---|---|---|---|---|")
+    for row in editor:
+        print(f"| {row['config']} | {row['tok_s']} | {row['speedup']:.2f}x | {row['tokens_per_pass']:.2f} | {row['same_as_plain']} |")
     if args.out:
         meta = {"model": args.model, "machine": f"{platform.system()} {platform.machine()}", "mlx": mx.__version__,
                 "date": time.strftime("%Y-%m-%d"), "warm_requests": args.warm, "warm_tokens": warm.tokens,
                 "tokens": args.tokens, "repeats": args.repeats, "prompts": prompts,
                 "activations": engine.info.get("activations")}
-        args.out.write_text(json.dumps({**meta, "rows": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({**meta, "rows": rows, "editor": editor}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
