@@ -11,6 +11,7 @@ from api_helpers import ndjson_lines, post
 from daemon_harness import wait_until
 from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
+from mlxspec.store import Manifest
 
 GREEDY = {"temperature": 0, "num_predict": 12, "adaptive": False}  # keep drafting even where it does not pay
 
@@ -189,3 +190,21 @@ def test_create_from_references_and_models(client, daemon, tiny_llama):
 def test_pull_of_unknown_name_is_404_before_streaming(daemon):
     status, body = post(daemon.url + "/api/pull", {"model": "no-such-model"})
     assert status == 404 and "cannot pull" in body["error"]
+
+
+def test_a_lookup_model_drafts_a_repeated_request_from_its_earlier_answer(client, daemon, tiny_llama):
+    """The loaded model's lookup drafter remembers answers across requests (editors asking again)."""
+    daemon.state.store.save("tiny-lookup", Manifest(target=str(tiny_llama), drafter="lookup"))
+    try:
+        body = {"model": "tiny-lookup", "prompt": "The quick brown fox", "raw": True,
+                "options": {"temperature": 0, "num_predict": 40, "adaptive": False, "draft_length": 4}}
+        status, first = post(daemon.url + "/api/generate", {**body, "stream": False})
+        assert status == 200
+        again = client.generate(**{k: v for k, v in body.items() if k != "options"}, options=body["options"])
+        assert again.response == first["response"]
+        status, third = post(daemon.url + "/api/generate", {**body, "stream": False})
+        assert third["response"] == first["response"]
+        assert third["speculative"]["accepted"] > first["speculative"]["accepted"] + 4
+    finally:
+        client.generate(model="tiny-lookup", keep_alive=0)
+        daemon.state.store.delete("tiny-lookup")
