@@ -25,6 +25,7 @@ from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
+from .drafters.ngram_memory import lookup_memory_setting
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
 from .features import vocabulary_size
@@ -80,6 +81,7 @@ class Engine:
         ollama=None,
         kv_cache: str | None = None,
         activations: str | None = None,
+        lookup_memory: int | None = None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -97,6 +99,9 @@ class Engine:
         rounded to int8, integer dot products: llama.cpp's arithmetic); 'auto' (default) is q8 for GGUF
         models where the CPU has int8 dot products (AVX-512 VNNI), else f32; None reads
         MLXSPEC_ACTIVATIONS, here only. Either way speculation keeps plain decoding's tokens.
+        `lookup_memory`: output tokens of earlier requests the lookup drafter remembers (n-gram
+        counts in memory, drafts/ngram_memory.py; 0 = none); None reads MLXSPEC_LOOKUP_MEMORY, here
+        only (default 100000).
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
@@ -105,6 +110,9 @@ class Engine:
         activations = activations or os.environ.get("MLXSPEC_ACTIVATIONS") or "auto"
         if activations not in ACTIVATION_SETTINGS:
             raise MlxspecError(f"unknown activations {activations!r} (one of {', '.join(ACTIVATION_SETTINGS)})")
+        lookup_memory = lookup_memory_setting(os.environ) if lookup_memory is None else lookup_memory
+        if lookup_memory < 0:
+            raise MlxspecError(f"lookup_memory must be 0 or more tokens, not {lookup_memory}")
         drafter = drafter or ("draft-model" if draft else "none")
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
@@ -120,7 +128,7 @@ class Engine:
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence)
+        built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory)
         if kernels:
             from .kernels import install_kernels
 

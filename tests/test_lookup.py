@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 
 from mlxspec.drafters.lookup import LookupDrafter
 from mlxspec.drafters.ngram_memory import NgramMemory
 from mlxspec.engine import Engine
+from mlxspec.errors import MlxspecError
 from mlxspec.options import GenerateOptions
 from mlxspec.sampling import Sampling
 
@@ -106,3 +108,17 @@ def test_a_strong_guess_is_a_3_token_match_or_a_confident_memory():
     drafter.memory.remember([4, 5, 6, 7, 8])
     assert drafter.has_guess([0, 4, 5, 6])  # the memory goes on for two tokens: 7, 8
     assert not drafter.has_guess([0, 5, 6, 7])  # only one (8) follows
+
+
+def test_the_memory_size_is_a_load_setting(tiny_llama, monkeypatch):
+    assert Engine.load(str(tiny_llama), drafter="lookup").drafter.memory.max_tokens == 100_000
+    assert Engine.load(str(tiny_llama), drafter="lookup", lookup_memory=500).drafter.memory.max_tokens == 500
+    monkeypatch.setenv("MLXSPEC_LOOKUP_MEMORY", "0")  # off: the drafter copies from the context only
+    off = Engine.load(str(tiny_llama), drafter="lookup")
+    list(off.generate("Once upon a time", GenerateOptions(max_tokens=8, draft_length=2, adaptive=False)))
+    assert off.drafter.memory.max_tokens == 0 and off.drafter.memory.tokens == 0
+    monkeypatch.setenv("MLXSPEC_LOOKUP_MEMORY", "-3")
+    with pytest.raises(MlxspecError, match="MLXSPEC_LOOKUP_MEMORY"):
+        Engine.load(str(tiny_llama), drafter="lookup")
+    with pytest.raises(MlxspecError, match="0 or more"):
+        Engine.load(str(tiny_llama), drafter="lookup", lookup_memory=-1)

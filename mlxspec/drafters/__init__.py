@@ -4,6 +4,7 @@ from .base import Draft, Drafter, FeatureTap, NoDrafter
 from .eagle import EagleDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
+from .ngram_memory import NgramMemory
 from .model import ModelDrafter, check_compatible
 from .selfdraft import EarlyExitDrafter
 
@@ -28,15 +29,16 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
     return kind, int(arg) if arg else None
 
 
-def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0) -> Drafter:
-    """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model')."""
+def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, lookup_memory: int | None = None) -> Drafter:
+    """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `lookup_memory`:
+    output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS)."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
     if (kind == "draft-model") != (draft is not None):
         raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
     if kind == "lookup":
-        return LookupDrafter()
+        return LookupDrafter(memory=None if lookup_memory is None else NgramMemory(lookup_memory))
     if kind == "early-exit":
         try:
             return EarlyExitDrafter(target, arg)

@@ -26,13 +26,26 @@ from __future__ import annotations
 
 from collections import deque
 
+from ..errors import MlxspecError
+
 MIN_SEEN = {1: 2, 2: 2, 3: 1, 4: 1}  # n -> times the n-gram was seen before it may draft
 MIN_SHARE = {1: 0.66, 2: 0.5, 3: 0.5, 4: 0.5}  # n -> the favourite's share of what followed it
 MAX_N = 4
+DEFAULT_TOKENS = 100_000  # remembered output tokens (Engine.load's lookup_memory, MLXSPEC_LOOKUP_MEMORY)
+
+
+def lookup_memory_setting(env) -> int:
+    """MLXSPEC_LOOKUP_MEMORY: tokens the lookup drafter remembers (default 100000, 0 = none)."""
+    value = env.get("MLXSPEC_LOOKUP_MEMORY", "").strip()
+    if not value:
+        return DEFAULT_TOKENS
+    if not value.isdigit():
+        raise MlxspecError(f"MLXSPEC_LOOKUP_MEMORY must be a number of tokens (0 = none), not {value!r}")
+    return int(value)
 
 
 class NgramMemory:
-    def __init__(self, max_tokens: int = 100_000):
+    def __init__(self, max_tokens: int = DEFAULT_TOKENS):
         self.max_tokens = max_tokens
         # n -> {n-gram: {next token: count}}
         self.counts: dict[int, dict[tuple, dict[int, int]]] = {n: {} for n in range(1, MAX_N + 1)}

@@ -13,6 +13,7 @@ from aiohttp import web
 from ..address import parse_host
 from ..cache import KV_CACHE_TYPES
 from ..kernels.cpu import ACTIVATION_SETTINGS
+from ..drafters.ngram_memory import lookup_memory_setting
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER
 from ..ollama_store import default_root
@@ -79,6 +80,10 @@ def _check_engine_settings(env) -> None:
         value = env.get(key)
         if value and value not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")
+    try:
+        lookup_memory_setting(env)
+    except MlxspecError as e:
+        raise ValueError(str(e)) from None
 
 
 def _list(env, key: str, sep: str) -> list[str]:

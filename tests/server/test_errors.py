@@ -142,11 +142,12 @@ def test_settings_from_environment():
     assert Settings.from_env({"MLXSPEC_KEEP_ALIVE": "-1"}).keep_alive == -1
     assert Settings.from_env({}).keep_alive == 300 and Settings.from_env({}).api_key is None
     for env in ({"MLXSPEC_KEEP_ALIVE": "soon"}, {"MLXSPEC_MAX_LOADED_MODELS": "0"}, {"MLXSPEC_MAX_QUEUE": "x"},
-                {"MLXSPEC_KV_CACHE_TYPE": "q8_0"}, {"MLXSPEC_ACTIVATIONS": "int8"}):
+                {"MLXSPEC_KV_CACHE_TYPE": "q8_0"}, {"MLXSPEC_ACTIVATIONS": "int8"}, {"MLXSPEC_LOOKUP_MEMORY": "lots"}):
         with pytest.raises(ValueError):
             Settings.from_env(env)
     assert Settings.from_env({"MLXSPEC_KV_CACHE_TYPE": "f32"}).keep_alive == 300  # a valid engine setting passes
     assert Settings.from_env({"MLXSPEC_ACTIVATIONS": "q8"}).keep_alive == 300
+    assert Settings.from_env({"MLXSPEC_LOOKUP_MEMORY": "0"}).keep_alive == 300
 
 
 def _gated_daemon(tmp_path, tiny_llama, **settings):
