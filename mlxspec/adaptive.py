@@ -8,9 +8,9 @@ The expected number of tokens a round yields with per-draft acceptance a and k d
     neighbours; when it looks best it is tried, which measures it;
   - acceptance a (per request, recent rounds weigh more), which is a property of the prompt; for
     chains also per draft position (the share of drafts kept at position i when position i-1 was),
-    since a drafter right once is often right again (lookup with its memory on SmolLM2 free-form:
-    0.55, 0.64, 0.72 at positions 1-3), which a single a underrates. Positions with few rounds
-    lean on the single estimate.
+    since a drafter right once is often right again (lookup on SmolLM2 free-form: about 0.5 kept
+    at position 1, 0.65-0.9 after), which a single a underrates. Positions with few rounds lean
+    on the single estimate.
 It picks the k with the best expected tokens per second, or plain decoding when no k beats a plain
 step. Offered a tree width too (`tree=(width, costs)`, tree.py), it runs a few tree rounds first (only
 if a tree could pay: w times the chain's acceptance at the cost of a chain as many rows long),
@@ -35,9 +35,10 @@ class CostModel:
     """Seconds per plain step and per speculative round, as moving averages per draft length.
 
     A draft length timed fewer than TRUSTED times is not believed when it looks dearer than the
-    well-timed lengths (two at least) say, interpolated or extended as a line: one slow first round (a new row count's first pass, a noisy moment;
-    SmolLM2 on this CPU: a 4-draft round once timed 16.3 ms, steadily 11.5) would otherwise price
-    that length out for good, since a length that is never chosen is never timed again."""
+    well-timed lengths (two at least) say, interpolated or extended as a line: one slow first
+    round (a new row count's first pass, a noisy moment; SmolLM2 on this CPU: a 4-draft round once
+    timed 16.3 ms, steadily 11.5) would otherwise price that length out for good, since a length
+    that is never chosen is never timed again."""
 
     ALPHA = 0.2
     TRUSTED = 3  # rounds timed before a draft length's own average is taken as it is
