@@ -176,10 +176,15 @@ class DraftController:
             self.plain_left, self.probing, self.k, self.width = plan.wait, True, plan.best, plan.width
             self.backoffs += 1
 
+    @property
+    def waiting(self) -> bool:
+        """Plain rounds are waiting out a back-off (a hint may cut the wait short)."""
+        return self.plain_left > 0
+
     def hint(self) -> None:
         """The drafter has a guess ready (Drafter.has_guess) while plain rounds wait out a back-off:
         probe now rather than on the timer. A losing probe backs off again, as any probe."""
-        if self.plain_left > 0:
+        if self.waiting:
             self.plain_left, self.probing = 0, True
             self.hints += 1
 

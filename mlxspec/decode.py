@@ -129,7 +129,7 @@ class Decoder:
                 context.extend(out.tokens)  # the cache holds all of context but the newest (+ a queued step)
                 self.in_flight = False
                 self._learn(out, time.perf_counter() - round_start, width)
-                if self.controller is not None and self.controller.plain_left > 0 and self.drafter.has_guess(context):
+                if self.controller is not None and self.controller.waiting and self.drafter.has_guess(context):
                     self.controller.hint()  # takes effect at the round after the one already queued
                 k = out.planned
                 event = self.emitter.emit(out.tokens, out.accepted)

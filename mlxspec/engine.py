@@ -24,8 +24,8 @@ from .cache import PrefixCache
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
-from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
 from .drafters.ngram_memory import lookup_memory_setting
+from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
 from .features import vocabulary_size

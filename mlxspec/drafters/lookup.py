@@ -52,9 +52,9 @@ class LookupDrafter(Drafter):
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
         self.context = context  # grows in place as the answer is written: remembered at finish()
         guess, n = self._from_context(context, k)
-        if n < 3 and self.memory.max_tokens > 0:  # a short match is a weak guess: a confident memory first
+        if n < 3:  # a short match is a weak guess: a confident memory first
             guess = self.memory.continue_(context[-MAX_N:], k) or guess
-        elif len(guess) < k and self.memory.max_tokens > 0:
+        elif len(guess) < k:
             guess += self.memory.continue_(context[-MAX_N:] + guess, k - len(guess))
         if not guess:
             return Draft.empty()
@@ -63,11 +63,7 @@ class LookupDrafter(Drafter):
     def has_guess(self, context: list[int]) -> bool:
         """A strong guess: a 3-token match in the context (3.4 of 4 drafts kept on average, above)
         or two tokens the memory is confident of. Shorter matches are mostly wrong in prose."""
-        self._index_until(context, len(context) - 1)
-        n = self.max_ngram
-        if n >= 3 and len(context) > n and tuple(context[-n:]) in self.index[n]:
-            return True
-        return self.memory.max_tokens > 0 and len(self.memory.continue_(context[-MAX_N:], 2)) == 2
+        return self._from_context(context, 1)[1] >= 3 or len(self.memory.continue_(context[-MAX_N:], 2)) == 2
 
     def _from_context(self, context: list[int], k: int) -> tuple[list[int], int]:
         """What followed the longest recent match of the context's last tokens, and the match's
