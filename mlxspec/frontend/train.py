@@ -76,7 +76,10 @@ def register(cli) -> None:
     @cli.command("train-drafter")
     @click.argument("model")
     @click.option("--kind", default="eagle", show_default=True, help="What to train: eagle or medusa.")
-    @click.option("--prompts", type=click.Path(dir_okay=False), help="JSON list of prompts (default: the shipped set).")
+    @click.option("--prompts", type=click.Path(dir_okay=False),
+                  help="Prompts or your own chat logs: JSON or JSON Lines of strings, {\"prompt\": ...}, "
+                       "{\"messages\": [...]} or ShareGPT {\"conversations\": [...]}; the target answers each user "
+                       "turn of a log itself (default: the shipped set).")
     @click.option("--tokens", type=int, default=16000, show_default=True, help="Answer tokens to record in all.")
     @click.option("--heads", type=int, default=4, show_default=True, help="Medusa heads (tokens guessed per pass).")
     @click.option("--vocab", type=int, default=4096, show_default=True, help="EAGLE's draft vocabulary (most frequent tokens).")

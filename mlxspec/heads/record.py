@@ -1,4 +1,5 @@
 """Recording for self-distillation: the target answers chat prompts greedily; we keep its features.
+Prompts are strings or chats (a user's own logs, up to a user turn: prompt_files.py).
 
     record(engine, prompts, tokens)   -> [Recorded(ids, answer_start, hidden)], one per prompt
 
@@ -26,9 +27,8 @@ from tqdm import tqdm
 
 from ..drafters.base import FeatureTap
 from ..errors import MlxspecError
+from .prompt_files import PROMPTS_FILE, Prompt, load_prompts  # noqa: F401  (what callers read prompts with)
 from .record_batch import record_wave
-
-PROMPTS_FILE = Path(__file__).parent.parent / "data" / "drafter_prompts.json"
 
 
 @dataclass
@@ -38,25 +38,12 @@ class Recorded:
     hidden: mx.array  # (len(ids), D) final hidden states, float32
 
 
-def load_prompts(path: str | Path | None = None) -> list[str]:
-    """A JSON list of strings (or of {"prompt": ...}); the shipped set when no path is given."""
-    path = Path(path) if path else PROMPTS_FILE
-    try:
-        data = json.loads(path.read_text())
-        prompts = [p["prompt"] if isinstance(p, dict) else p for p in data]
-    except (OSError, ValueError, TypeError, KeyError) as e:
-        raise MlxspecError(f"cannot read prompts from {path}: {e}") from None
-    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
-        raise MlxspecError(f"{path}: expected a non-empty JSON list of prompt strings")
-    return prompts
-
-
 def recording_dir(root: Path, target_sha256: str, max_answer: int) -> Path:
     """Where one target's recordings at one answer length are kept (a sample per prompt)."""
     return Path(root) / f"{target_sha256[:16]}-a{max_answer}"
 
 
-def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show: bool = True,
+def record(engine, prompts: list[Prompt], tokens: int, max_answer: int = 256, show: bool = True,
            keep: Path | None = None, batch: int = 1) -> list[Recorded]:
     """Greedy answers to `prompts` (chat template when the model has one) until `tokens` answer
     tokens, in the prompts' order. `batch` > 1 decodes that many answers side by side
@@ -70,9 +57,11 @@ def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show:
         size = min(max(1, batch), math.ceil(budget / max(mean, 1)))  # the last wave: about what is left
         wave = []  # (prompt ids, a kept sample or None): answered together
         for prompt in prompts[i : i + size]:
-            ids = engine.chat_prompt([{"role": "user", "content": prompt}]) if chat else engine.encode(prompt)
+            ids = prompt_ids(engine, prompt, chat)
+            if len(ids) + budget > engine.context_length:  # a long chat log: no room for an answer
+                continue
             wave.append((ids, _load(keep, ids, budget) if keep else None))
-        i += len(wave)
+        i += size
         fresh = iter(_answer(engine, [ids for ids, s in wave if s is None], budget))
         for ids, sample in wave:
             if sample is None:
@@ -89,6 +78,14 @@ def record(engine, prompts: list[str], tokens: int, max_answer: int = 256, show:
     if not out:
         raise MlxspecError("the target produced no usable answers for these prompts")
     return out
+
+
+def prompt_ids(engine, prompt: Prompt, chat: bool) -> list[int]:
+    """A prompt's token ids: through the chat template where the model has one, else its turns' text."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    if chat:
+        return engine.chat_prompt(messages)
+    return engine.encode("\n\n".join(m["content"] for m in messages))
 
 
 def _answer(engine, prompts: list[list[int]], budget: int) -> list[tuple[list[int], mx.array | None]]:
