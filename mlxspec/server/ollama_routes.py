@@ -10,13 +10,13 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest
-from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, tool_format
 from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
 from .thinking import ThinkSplitter, opens_thinking
-from .tool_calls import Found, ToolCall, detect, pieces
+from .tool_calls import Found, ToolCall, pieces
 
 OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
 
@@ -67,7 +67,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tools, think, found = field(body, "tools", list), think_field(body), Found()
 
     def build(engine):
-        found.format = detect(chat_template(engine, manifest)) if tools else None
+        found.format = tool_format(engine, manifest, name, tools)
         ids = chat_ids(engine, manifest, messages, tools, think)
         if think:  # the reasoning goes to message.thinking
             found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))

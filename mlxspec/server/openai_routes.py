@@ -15,13 +15,13 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
-from .prompts import GeneratePrompt, chat_ids, chat_template, check_messages, generate_ids
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, tool_format
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
 from .thinking import ThinkSplitter, opens_thinking
-from .tool_calls import Found, ToolCall, detect, pieces
+from .tool_calls import Found, ToolCall, pieces
 
 routes = web.RouteTableDef()
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -37,7 +37,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tools, think, found = tools_field(body), think_field(body), Found()
 
     def build(engine):
-        found.format = detect(chat_template(engine, manifest)) if tools else None
+        found.format = tool_format(engine, manifest, name, tools)
         ids = chat_ids(engine, manifest, messages, tools, think)
         if think and think != "none":  # the reasoning goes to message.reasoning (as Ollama's OpenAI API)
             found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))

@@ -17,6 +17,7 @@ from ..store import Manifest
 from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
+from .tool_calls import detect
 
 FIM_TOKENS = [
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -87,6 +88,19 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
     if isinstance(template, dict):  # named templates: the one HF uses when tools are given
         template = template.get("tool_use") or template.get("default")
     return template if isinstance(template, str) else None
+
+
+def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | None) -> str | None:
+    """The call format of a chat request offering `tools` (None without any). A model whose template
+    teaches no known call format (no "tools" in /api/show) is refused as Ollama refuses it, 400
+    "NAME does not support tools", so that a client falls back to tools described in text rather
+    than hearing the model call none."""
+    if not tools:
+        return None
+    fmt = detect(chat_template(engine, manifest))
+    if fmt is None:
+        raise ApiError(400, f"{name} does not support tools")
+    return fmt
 
 
 def chat_ids(

@@ -187,3 +187,20 @@ def test_gguf_without_template_chats_too(daemon, tmp_path):
         assert "none came with the model" in post(daemon.url + "/api/show", {"model": "bare-gguf"})[1]["mlxspec"]["template_source"]
     finally:
         client.generate(model="bare-gguf", keep_alive=0)
+
+
+def test_tools_to_a_model_without_a_call_format_are_refused_as_ollama_does(daemon):
+    """Ollama answers 400 "NAME does not support tools" (clients then describe tools in text); an empty
+    list, or tool_choice "none", asks for no tools and is served."""
+    caps = post(daemon.url + "/api/show", {"model": "tiny"})[1]["capabilities"]
+    assert "tools" not in caps
+    with pytest.raises(ollama.ResponseError, match="tiny:latest does not support tools") as refused:
+        ollama.Client(host=daemon.url).chat(model="tiny", messages=USER, tools=[WEATHER])
+    assert refused.value.status_code == 400
+    oa = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="does not support tools"):
+        oa.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER], stream=True)
+    opts = {"temperature": 0, "num_predict": 4}
+    assert ollama.Client(host=daemon.url).chat(model="tiny", messages=USER, tools=[], options=opts).done
+    out = oa.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER], tool_choice="none", max_tokens=4)
+    assert out.choices[0].finish_reason == "length"
