@@ -91,14 +91,16 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
 
 
 def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | None) -> str | None:
-    """The call format of a chat request offering `tools` (None without any). A model whose template
-    teaches no known call format (no "tools" in /api/show) is refused as Ollama refuses it, 400
+    """The call format of a chat request offering `tools` (None: none, or calls stay text). A model
+    whose template never shows it the tools is refused as Ollama refuses it (no `.Tools` there): 400
     "NAME does not support tools", so that a client falls back to tools described in text rather
-    than hearing the model call none."""
+    than hearing the model call none. A template that shows them in a call format mlxspec does not
+    parse is served, its calls left in the text."""
     if not tools:
         return None
-    fmt = detect(chat_template(engine, manifest))
-    if fmt is None:
+    template = chat_template(engine, manifest) or ""
+    fmt = detect(template)
+    if fmt is None and "tools" not in template.lower():
         raise ApiError(400, f"{name} does not support tools")
     return fmt
 

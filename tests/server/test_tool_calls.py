@@ -204,3 +204,12 @@ def test_tools_to_a_model_without_a_call_format_are_refused_as_ollama_does(daemo
     assert ollama.Client(host=daemon.url).chat(model="tiny", messages=USER, tools=[], options=opts).done
     out = oa.chat.completions.create(model="tiny", messages=USER, tools=[WEATHER], tool_choice="none", max_tokens=4)
     assert out.choices[0].finish_reason == "length"
+
+
+def test_a_template_that_shows_tools_in_an_unknown_format_is_served(daemon):
+    """It sees the tools (as Ollama's `.Tools`); mlxspec cannot parse its calls, so they stay text."""
+    template = "{% if tools %}TOOLS {{ tools | length }}\n{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    daemon.state.store.save("odd-tools", Manifest(target=daemon.state.store.named("tiny")[1].target, template=template))
+    out = ollama.Client(host=daemon.url).chat(model="odd-tools", messages=USER, tools=[WEATHER],
+                                             options={"temperature": 0, "num_predict": 4})
+    assert out.done and not out.message.tool_calls
