@@ -13,6 +13,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.frontend.cli import cli
 from mlxspec.heads.prompt_files import PROMPTS_FILE, load_prompts
 from mlxspec.heads.record import record
+from mlxspec.options import GenerateOptions
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Name a colour."},
@@ -93,7 +94,7 @@ def test_recording_a_chat_log_answers_each_turn_in_its_context(tiny_llama, tmp_p
     samples = record(engine, [FIRST, SECOND, too_long], tokens=10_000, max_answer=8, show=False)
     assert [s.ids[: s.answer_start] for s in samples] == [engine.chat_prompt(FIRST), engine.chat_prompt(SECOND)]
     for s in samples:
-        want = [t for e in engine.generate(s.ids[: s.answer_start], _greedy(8)) for t in e.tokens]
+        want = [t for e in engine.generate(s.ids[: s.answer_start], GenerateOptions(max_tokens=8, temperature=0)) for t in e.tokens]
         assert s.ids[s.answer_start :] == want[: len(s.ids) - s.answer_start]
 
 
@@ -109,8 +110,3 @@ def test_train_drafter_reads_a_chat_log_and_refuses_a_bad_one(tiny_llama, tmp_pa
     bad = CliRunner().invoke(cli, base + ["--prompts", write(tmp_path, [{"messages": [{"role": "bot"}]}])], env=env)
     assert bad.exit_code != 0 and "unknown role 'bot'" in bad.output and "Traceback" not in bad.output
 
-
-def _greedy(n: int):
-    from mlxspec.options import GenerateOptions
-
-    return GenerateOptions(max_tokens=n, temperature=0)
