@@ -67,6 +67,7 @@ def test_json_lines_mixed_items_tools_left_out_and_repeats_counted_once(tmp_path
     ([{"messages": [{"role": "assistant", "content": "Hi."}]}], "no prompts"),
     (["ok", 3], "item 2: expected a prompt string"),
     (["  "], "item 1: an empty prompt"),
+    ([{"prompt": 5}], "item 1: \"prompt\" must be a string, not int"),
     ([{"messages": [{"role": "wizard", "content": "x"}]}], "item 1: unknown role 'wizard'"),
     ([{"messages": [{"role": "user", "content": 7}]}], "item 1: a message's content must be text"),
     ([{"messages": [{"role": "user", "content": ""}]}], "item 1: a user message without text"),

@@ -80,7 +80,9 @@ def _prompts_of(item) -> list[Prompt]:
             raise ValueError("an empty prompt")
         return [item]
     if isinstance(item, dict) and "prompt" in item:
-        return _prompts_of(_text(item["prompt"]))
+        if not isinstance(item["prompt"], str):
+            raise ValueError(f"\"prompt\" must be a string, not {type(item['prompt']).__name__}")
+        return _prompts_of(item["prompt"])
     if isinstance(item, dict) and ("messages" in item or "conversations" in item):
         chat = item.get("messages", item.get("conversations"))
     elif isinstance(item, list):
