@@ -7,6 +7,7 @@
 //
 //   g++ -O2 -std=c++17 -ffp-contract=off isa_check.cpp && ./a.out
 //   -> "best=avx512 checked=... mismatches=0 digest=..."
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -114,6 +115,11 @@ int main() {
           for (auto& v : xr) v = uniform() * 3;
           xr[0] = 0.f;  // a block with a zero and (below) an all-zero block
           if (M > 1) std::fill(xr.begin() + Kq, xr.begin() + Kq + 32, 0.f);
+          if (M == 3) {  // the int16 pairs' extremes: codes 0/255 in pairs times -127s, and a NaN (-> -127)
+            for (size_t i = 0; i < w.size(); ++i) w[i] = (i / 2) % 2 ? 255 : 0;
+            std::fill(xr.begin() + 2 * Kq, xr.end(), -1.f);
+            xr[2 * Kq + 5] = std::nanf("");
+          }
           const void* s = st == SType::f32 ? static_cast<const void*>(sf.data()) : sh.data();
           const void* b = st == SType::f32 ? static_cast<const void*>(bf.data()) : bh.data();
           QmmProblem p{nullptr, w.data(), s, b, st, M, N, Kq, G, bits};

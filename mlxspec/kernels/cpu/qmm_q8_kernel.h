@@ -34,17 +34,21 @@ constexpr int kChunkLanes = 48;  // floats per chunk and row: 32 lane scales, th
 // load of packed nibbles splits into; 8-bit: natural order). d + m * d_stride: per chunk 48 floats:
 // [0, 32) the block scale each int32 lane of the dot products reads (4-bit lane l <- block l / 4,
 // 8-bit lane l <- block l / 8), [32, 48) the bias term's input, d * sum of q of block j in lane 4j
-// (other lanes 0). Blocks past K are zero everywhere.
+// (other lanes 0). 8-bit only, s + m * s_stride: per chunk 32 int32, 128 * the sum of each 4
+// consecutive codes (the AVX2 path's correction for codes - 128). Blocks past K are zero everywhere.
 struct Q8Rows {
   const int8_t* q;
   const float* d;
-  size_t q_stride, d_stride;
+  const int32_t* s;
+  size_t q_stride, d_stride, s_stride;
+  Q8Rows from(int m) const { return {q + m * q_stride, d + m * d_stride, s ? s + m * s_stride : nullptr, q_stride, d_stride, s_stride}; }
 };
 
 // Owns the buffers of a Q8Rows (per thread, reused).
 struct Q8Buffer {
   std::vector<int8_t> q;
   std::vector<float> d;
+  std::vector<int32_t> s;
   Q8Rows rows{};
 };
 
@@ -58,8 +62,8 @@ inline float quantize_block_ref(const float* x, int8_t* q, int* sum) {
   int s = 0;
   for (int i = 0; i < kBlock; ++i) {
     const float v = std::nearbyint(x[i] * id);  // |v| <= 127: x * 127/amax rounds to at most 127
-    const int c = v == v ? int(v) : -128;       // NaN as the vector conversion saturates it
-    q[i] = int8_t(c < -128 ? -128 : (c > 127 ? 127 : c));
+    const int c = v == v ? int(v) : -127;       // NaN: the vector conversion's -128, clamped as below
+    q[i] = int8_t(c < -127 ? -127 : (c > 127 ? 127 : c));  // never -128: the AVX2 path negates codes
     s += q[i];
   }
   *sum = s;
@@ -73,11 +77,12 @@ inline float quantize_block_avx512(const float* x, int8_t* q, int* sum) {
   const __m512 a = _mm512_loadu_ps(x), b = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-  const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, id)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, id));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
-  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(_mm512_max_epi32(_mm512_min_epi32(qa, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128)),
-                                                  _mm512_max_epi32(_mm512_min_epi32(qb, _mm512_set1_epi32(127)), _mm512_set1_epi32(-128))));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const __m512i qa = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(a, id)), hi), lo);
+  const __m512i qb = _mm512_max_epi32(_mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(b, id)), hi), lo);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+  *sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
   return amax / 127.f;
 }
 #endif
@@ -87,6 +92,7 @@ inline void quantize_rows(const float* x, size_t ldx, int M, int K, int bits, Is
   const int C = q8_chunks(K), B = K / kBlock;
   buf.q.assign(size_t(M) * C * kChunk, 0);
   buf.d.assign(size_t(M) * C * kChunkLanes, 0.f);
+  buf.s.assign(bits == 8 ? size_t(M) * C * 32 : 0, 0);
   int8_t codes[kBlock];
   for (int m = 0; m < M; ++m) {
     int8_t* q = buf.q.data() + size_t(m) * C * kChunk;
@@ -107,13 +113,14 @@ inline void quantize_rows(const float* x, size_t ldx, int M, int K, int bits, Is
         for (int i = 0; i < kBlock / 2; ++i) qc[16 * j + i] = codes[2 * i], qc[64 + 16 * j + i] = codes[2 * i + 1];
         for (int l = 4 * j; l < 4 * j + 4; ++l) dc[l] = scale;
       } else {
-        for (int i = 0; i < kBlock; ++i) qc[32 * j + i] = codes[i];
+        int32_t* sc = buf.s.data() + (size_t(m) * C + c) * 32 + 8 * j;
+        for (int i = 0; i < kBlock; ++i) qc[32 * j + i] = codes[i], sc[i / 4] += 128 * codes[i];
         for (int l = 8 * j; l < 8 * j + 8; ++l) dc[l] = scale;
       }
       dc[32 + 4 * j] = scale * float(sum);
     }
   }
-  buf.rows = Q8Rows{buf.q.data(), buf.d.data(), size_t(C) * kChunk, size_t(C) * kChunkLanes};
+  buf.rows = Q8Rows{buf.q.data(), buf.d.data(), bits == 8 ? buf.s.data() : nullptr, size_t(C) * kChunk, size_t(C) * kChunkLanes, size_t(C) * 32};
 }
 
 // ---------------------------------------------------------------- portable path (the reference)
@@ -274,9 +281,11 @@ struct VnniTiles {
 #if defined(__AVX2__) && defined(__FMA__)
 #define MLXSPEC_Q8_AVX2 1
 // The same 16 lanes as two 8-lane halves (lanes 0-7, 8-15) for CPUs without VNNI: u8 x s8 pairs
-// with vpmaddubsw (no int16 saturation: 4-bit codes times |x| <= 128, twice, is at most 3840;
-// 8-bit codes go in as their two nibbles, 16 * hi + lo) and vpmaddwd into the lanes' int32 sums,
-// exactly vpdpbusd's; then the same fp32 operations per lane in the same order.
+// with vpmaddubsw and vpmaddwd into the lanes' int32 sums, exactly vpdpbusd's; then the same fp32
+// operations per lane in the same order. No int16 saturates: 4-bit codes times |x| <= 127, four
+// products, is at most 7620; 8-bit codes w go in as w - 128 (llama.cpp's sign trick: |w - 128| <= 128
+// times x with the sign of w - 128, two products at most 32512), plus the row's precomputed
+// 128 * sum of x per lane (Q8Rows::s).
 
 // n (1, 2 or 4) consecutive params from index i as fp32 lanes (the values load_floats gives), the rest 0.
 inline __m128 load_params4(const void* base, size_t i, int n, SType t) {
@@ -299,9 +308,15 @@ inline __m128 load_params4(const void* base, size_t i, int n, SType t) {
 #endif
 }
 
-// int32 lanes (4 bytes each) of codes (u8, <= 15) times x (s8)
-inline __m256i dot4_avx2(__m256i codes, __m256i x) {
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(codes, x), _mm256_set1_epi16(1));
+// int32 lanes (4 bytes each): 4-bit codes lo, hi (u8, <= 15) times x0, x1 (s8), summed
+inline __m256i dot4_nibbles_avx2(__m256i lo, __m256i x0, __m256i hi, __m256i x1) {
+  const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(lo, x0), _mm256_maddubs_epi16(hi, x1));
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// int32 lanes: (w - 128) . x for 8-bit codes w, given a = |w - 128| (u8) and w' = w - 128 (s8)
+inline __m256i dot4_signed_avx2(__m256i a, __m256i wsigned, __m256i x) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(a, _mm256_sign_epi8(x, wsigned)), _mm256_set1_epi16(1));
 }
 
 // 32 bytes of a chunk's codes from p (bytes past `valid` read as 0: a chunk cut short).
@@ -345,11 +360,14 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
       const uint8_t* wp = p.w + size_t(n0 + j) * row_bytes + size_t(c) * kChunk * BITS / 8;
       const int valid = nblk * kBlock * BITS / 8;
       prefetch(wp + NB * row_bytes);
-      __m256i lo[4], hi[4];  // 4-bit: halves 0, 1 of the 64 code bytes; 8-bit: quarters 0-3 of 128
+      // 4-bit: lo, hi nibbles of halves 0, 1 of the 64 code bytes; 8-bit: quarters 0-3 of 128 as
+      // lo = |w - 128|, hi = w - 128
+      __m256i lo[4], hi[4];
 #pragma GCC unroll 4
       for (int q = 0; q < (BITS == 4 ? 2 : 4); ++q) {
         const __m256i v = load32_avx2(wp + 32 * q, valid - 32 * q);
-        lo[q] = _mm256_and_si256(v, nib), hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        if (BITS == 4) lo[q] = _mm256_and_si256(v, nib), hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
+        else hi[q] = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))), lo[q] = _mm256_abs_epi8(hi[q]);
       }
       __m256 sl[4];  // lane scales: 4-bit halves 0, 1; 8-bit quarters (A lanes 0-7, 8-15, B lanes 0-7, 8-15)
       if (BITS == 4) sl[0] = _mm256_permutevar8x32_ps(s4, blk01), sl[1] = _mm256_permutevar8x32_ps(s4, blk23);
@@ -364,13 +382,14 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
         for (int h = 0; h < 2; ++h) {
           __m256& a = acc[m][j][h];
           if (BITS == 4) {
-            const __m256i dot = _mm256_add_epi32(dot4_avx2(lo[h], xv(32 * h)), dot4_avx2(hi[h], xv(64 + 32 * h)));
+            const __m256i dot = dot4_nibbles_avx2(lo[h], xv(32 * h), hi[h], xv(64 + 32 * h));
             a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sl[h], _mm256_loadu_ps(dc + 8 * h)), a);
           } else {
+            const int32_t* sc = x.s + m * x.s_stride + size_t(c) * 32;
             for (int half = 0; half < 2; ++half) {  // A (bytes 0-63), then B (64-127), as the VNNI path
               const int q = 2 * half + h;
-              const __m256i xq = xv(32 * q);
-              const __m256i dot = _mm256_add_epi32(_mm256_slli_epi32(dot4_avx2(hi[q], xq), 4), dot4_avx2(lo[q], xq));
+              const __m256i x128 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(sc + 8 * q));
+              const __m256i dot = _mm256_add_epi32(dot4_signed_avx2(lo[q], hi[q], xv(32 * q)), x128);
               a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(sl[q], _mm256_loadu_ps(dc + 16 * half + 8 * h)), a);
             }
           }
@@ -430,7 +449,7 @@ void columns_q8(const QmmProblem& p, const Q8Rows& x, int n0, int n1, float* y) 
     const int c1 = c + kColumnBlock < n1 ? c + kColumnBlock : n1;
     for (int r = 0; r < p.M; r += T::kRows) {
       const int rows = p.M - r < T::kRows ? p.M - r : T::kRows;
-      const Q8Rows xr{x.q + r * x.q_stride, x.d + r * x.d_stride, x.q_stride, x.d_stride};
+      const Q8Rows xr = x.from(r);
       if (p.bits == 4) block_rows_q8<T, 4>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
       else block_rows_q8<T, 8>(p, xr, rows, c, c1, y + size_t(r) * p.N, p.N);
     }
