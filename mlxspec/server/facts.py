@@ -12,7 +12,7 @@ from ..engine import Engine
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, local_path
 from .prompts import FIM_TOKENS, supports_insert
-from .tool_calls import detect
+from .tool_calls import shows_tools
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Facts:
         if supports_insert(manifest.template, self.added_vocab):
             caps.append("insert")
         template = manifest.template or self.chat_template
-        if detect(template):  # clients (Zed, Open WebUI) offer tools only to models that list it
+        if shows_tools(template):  # clients (Zed, Open WebUI) offer tools only to models that list it
             caps.append("tools")
         if template and "enable_thinking" in template:
             caps.append("thinking")

@@ -17,7 +17,7 @@ from ..store import Manifest
 from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
-from .tool_calls import detect
+from .tool_calls import detect, shows_tools
 
 FIM_TOKENS = [
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -98,11 +98,10 @@ def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | Non
     parse is served, its calls left in the text."""
     if not tools:
         return None
-    template = chat_template(engine, manifest) or ""
-    fmt = detect(template)
-    if fmt is None and "tools" not in template.lower():
+    template = chat_template(engine, manifest)
+    if not shows_tools(template):
         raise ApiError(400, f"{name} does not support tools")
-    return fmt
+    return detect(template)
 
 
 def chat_ids(

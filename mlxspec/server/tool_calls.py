@@ -126,6 +126,12 @@ def detect(template: str | None) -> str | None:
     return None
 
 
+def shows_tools(template: str | None) -> bool:
+    """Does the template show the model its tools (Ollama's `.Tools` rule)? Such a model lists the
+    `tools` capability and is offered tools; its calls are parsed where `detect` knows the format."""
+    return detect(template) is not None or "tools" in (template or "").lower()
+
+
 class Splitter:
     """Streamed text -> content that is surely not part of a call; the calls at `finish`."""
 

@@ -210,6 +210,7 @@ def test_a_template_that_shows_tools_in_an_unknown_format_is_served(daemon):
     """It sees the tools (as Ollama's `.Tools`); mlxspec cannot parse its calls, so they stay text."""
     template = "{% if tools %}TOOLS {{ tools | length }}\n{% endif %}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     daemon.state.store.save("odd-tools", Manifest(target=daemon.state.store.named("tiny")[1].target, template=template))
-    out = ollama.Client(host=daemon.url).chat(model="odd-tools", messages=USER, tools=[WEATHER],
-                                             options={"temperature": 0, "num_predict": 4})
+    client = ollama.Client(host=daemon.url)
+    assert "tools" in client.show("odd-tools").capabilities  # listed, as Ollama lists any `.Tools` template
+    out = client.chat(model="odd-tools", messages=USER, tools=[WEATHER], options={"temperature": 0, "num_predict": 4})
     assert out.done and not out.message.tool_calls
