@@ -84,6 +84,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     vocab_size = len(tokens) if tokens is not None else weights["model.embed_tokens.weight"].shape[0]
     config = archs.model_config(name, arch, header.metadata, vocab_size, "lm_head.weight" not in weights, path)
     config["quantization"] = _quantization_config(weights)
+    config["gguf_architecture"] = name  # what Ollama calls the family: "qwen3moe", "gemma3"
     config["gguf_file_type"] = header.metadata.get("general.file_type")
     config["gguf_tensor_types"] = dict(type_counts)
     config["gguf_conversion"] = conversion_summary(reports)
@@ -99,7 +100,7 @@ def _read_weights(header: Header, arch: archs.Arch):
     """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept."""
     wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES)]
     unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name != "rope_freqs.weight"]
-    if unknown:  # e.g. MoE experts or phi3's long-rope factors: not a model we can run right
+    if unknown:  # e.g. another MoE layout or phi3's long-rope factors: not a model we can run right
         raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     weights, reports, rope_freqs = {}, {}, None
@@ -139,7 +140,7 @@ def _layer_quantization(weights: dict, layer: str) -> dict | None:
 def _quantization_config(weights: dict) -> dict | None:
     """mlx-lm's "quantization" config: the commonest setting, plus per-layer entries where a layer
     differs (a dict, or False for a plain one), the form mlx-lm's own loader reads back."""
-    layers = sorted({k.rsplit(".", 1)[0] for k in weights if k.endswith(".weight") and weights[k].ndim == 2})
+    layers = sorted({k.rsplit(".", 1)[0] for k in weights if k.endswith(".weight") and weights[k].ndim >= 2})
     settings = {layer: _layer_quantization(weights, layer) for layer in layers}
     counts = Counter((q["group_size"], q["bits"]) for q in settings.values() if q)
     if not counts:

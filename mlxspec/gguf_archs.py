@@ -14,6 +14,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
   llama.cpp picks by layer count (46 for gemma2, 62 for gemma3); gemma3's local layers use rope base
   10000 and every 6th layer is global unless the file says otherwise.
 - phi3: fused qkv and gate_up tensors map onto mlx-lm's fused qkv_proj and gate_up_proj.
+- qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): every layer is a mixture of experts, the experts
+  stacked per layer (ffn_*_exps: (experts, out, in)) as mlx-lm's SwitchGLU holds them; the router
+  is a softmax over all experts whose top k weights are renormalized (llama.cpp's norm_w).
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ PHI3_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k not in ("attn_q", "attn_
     "attn_qkv": "self_attn.qkv_proj",
     "ffn_up": "mlp.gate_up_proj",  # gate rows then up rows, as mlx-lm splits them
 }
+# Mixture-of-experts FFN (qwen3moe): the router and the stacked experts, in place of the dense FFN.
+MOE_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if not k.startswith(("ffn_gate", "ffn_up", "ffn_down"))} | {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+}
 # Tensors of a multimodal file's vision tower and projector (Ollama's gemma3): not the text model.
 IGNORED_PREFIXES = ("v.", "mm.")
 
@@ -70,6 +80,7 @@ ARCHS = {
     "gemma2": Arch("gemma2", "gemma2", False, GEMMA2_BLOCK, norm_plus_one=True),
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
+    "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
 }
 
 
@@ -105,7 +116,7 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         "model_type": arch.model_type,
         "hidden_size": hidden,
         "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"),
+        "intermediate_size": get("feed_forward_length", metadata.get(f"{name}.expert_feed_forward_length")),
         "num_attention_heads": heads,
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": head_dim,
@@ -128,7 +139,21 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     config |= _rope_scaling(name, get, path)
     if name in ("gemma2", "gemma3"):
         config |= _gemma_config(name, get, config)
+    if name == "qwen3moe":
+        config |= _moe_config(get)
     return config
+
+
+def _moe_config(get) -> dict:
+    """qwen3moe: every layer sparse, softmax router, top-k weights renormalized (as llama.cpp builds it)."""
+    return {
+        "num_experts": get("expert_count"),
+        "num_experts_per_tok": get("expert_used_count"),
+        "moe_intermediate_size": get("expert_feed_forward_length"),
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+    }
 
 
 def _rope_scaling(name: str, get, path: Path) -> dict:

@@ -207,7 +207,7 @@ def model_info(m: LoadedModel) -> dict:
     """Facts the daemon's /api/show and the benchmarks report."""
     params = tree_flatten(m.model.parameters())
     cfg = m.config
-    arch = cfg.get("model_type", "unknown")
+    arch = cfg.get("gguf_architecture") or cfg.get("model_type", "unknown")
     n_params = _parameter_count(m.model)
     conversion = {"gguf_conversion": cfg["gguf_conversion"]} if cfg.get("gguf_conversion") else {}
     return conversion | {

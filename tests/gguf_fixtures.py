@@ -33,6 +33,9 @@ class Dims:
     kv_heads: int = KV_HEADS
     head_dim: int | None = None
     rope_dims: int | None = None
+    experts: int = 8  # qwen3moe only: experts per layer, used per token, each one's FFN width
+    experts_used: int = 2
+    expert_ffn: int = 64
 
     @property
     def hd(self) -> int:
@@ -59,6 +62,9 @@ _BLOCK_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj", "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
 
 
@@ -115,7 +121,8 @@ def write_tiny_llama_gguf(
     type_overrides: {gguf tensor name: type} for any tensor, e.g. {"blk.0.ffn_down.weight": "Q4_K"};
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
     arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma2", "gemma3" (post
-    norms; gemma3 also q/k norms) or "phi3" (fused attn_qkv and gate+up in ffn_up), with the
+    norms; gemma3 also q/k norms), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
+    (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
     architecture name (for refusal tests).
     types the `gguf` package cannot quantize (K-quants) get random blocks whose fp16 scales are set
@@ -144,6 +151,10 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
+    if arch == "qwen3moe":
+        writer.add_expert_count(dims.experts)
+        writer.add_expert_used_count(dims.experts_used)
+        writer.add_expert_feed_forward_length(dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
@@ -212,13 +223,18 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
         if arch == "qwen2":
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
-        if arch in ("qwen3", "gemma3"):
+        if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
         if arch in ("gemma2", "gemma3"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
         shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch == "phi3":
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
+        elif arch == "qwen3moe":
+            e, f = dims.experts, dims.expert_ffn
+            shapes |= {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_exps.weight": (e, f, hidden),
+                       f"{b}.ffn_up_exps.weight": (e, f, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f)}
+            continue
         else:
             shapes |= {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden)}
         shapes[f"{b}.ffn_down.weight"] = (hidden, dims.ffn)
@@ -233,7 +249,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
 def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides, dims=Dims()) -> dict[str, str]:
     types = {}
     for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None, dims).items():
-        types[name] = "F32" if len(shape) == 1 else qtype
+        types[name] = "F32" if len(shape) == 1 or name.endswith("ffn_gate_inp.weight") else qtype  # routers: F32, as llama.cpp keeps them
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:
         types["output.weight"] = output_qtype

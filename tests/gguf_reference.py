@@ -18,7 +18,7 @@ import numpy as np
 
 import gguf
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
 
 
 @dataclass
@@ -39,6 +39,8 @@ class Hparams:
     swa_window: int | None = None  # gemma3: sliding layers see this many positions
     swa_pattern: int = 6  # gemma3: every 6th layer is global
     swa_rope_base: float = 10000.0  # gemma3 sliding layers' rope base
+    experts_used: int = 2  # qwen3moe: experts per token
+    norm_topk: bool = True  # qwen3moe: the chosen experts' weights renormalized to sum to 1
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -101,6 +103,8 @@ def _block(w, p, hp: Hparams, layer: int, x):
     x = x + out
 
     h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
+    if p + "ffn_gate_inp.weight" in w:
+        return x + _moe(w, p, hp, h)
     if p + "ffn_gate.weight" in w:
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
     else:  # phi3: gate rows, then up rows
@@ -110,6 +114,22 @@ def _block(w, p, hp: Hparams, layer: int, x):
     if p + "post_ffw_norm.weight" in w:
         out = _rms(out, w[p + "post_ffw_norm.weight"], hp.eps)
     return x + out
+
+
+def _moe(w, p, hp: Hparams, h):
+    """llama.cpp's build_moe_ffn (softmax gating, SiLU): per token, the top experts' SwiGLU outputs
+    weighted by their router probabilities (renormalized over the chosen ones with norm_topk)."""
+    logits = h @ w[p + "ffn_gate_inp.weight"].T  # (T, experts)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        chosen = np.argsort(-probs[t])[: hp.experts_used]
+        weights = probs[t, chosen] / (probs[t, chosen].sum() if hp.norm_topk else 1.0)
+        for e, weight in zip(chosen, weights):
+            gate, up = w[p + "ffn_gate_exps.weight"][e] @ h[t], w[p + "ffn_up_exps.weight"][e] @ h[t]
+            out[t] += weight * (w[p + "ffn_down_exps.weight"][e] @ (gate / (1 + np.exp(-gate)) * up))
+    return out
 
 
 def _rms(x, weight, eps):

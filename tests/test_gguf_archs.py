@@ -50,6 +50,9 @@ CASES = {
     # Phi-3: fused qkv and gate_up, an untied head; partial rotary as Phi-4-mini has it.
     "phi3": dict(arch="phi3", dims=Dims(rope_dims=12), tokenizer="llama", output_qtype="Q8_0",
                  hp=dict(rope_dims=12)),
+    # Qwen3-30B-A3B's layout: qwen3 attention, 8 experts per layer (3 used per token), F32 routers.
+    "qwen3moe": dict(arch="qwen3moe", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
+                     metadata={"rope.freq_base": 1000000.0}, hp=dict(rope_base=1000000.0, experts_used=3)),
 }
 # Features each case must exercise: leaving any one out of the reference moves the logits far.
 TEETH = {
@@ -60,6 +63,7 @@ TEETH = {
     "gemma2": [dict(attn_softcap=None), dict(final_softcap=None)],
     "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
     "phi3": [dict(rope_dims=None)],
+    "qwen3moe": [dict(norm_topk=False), dict(experts_used=2)],
 }
 
 
@@ -90,7 +94,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

@@ -115,3 +115,23 @@ def test_load_converts_tensor_by_tensor(tmp_path, monkeypatch):
     largest = max(int(np.prod(t.shape)) for t in gguf.GGUFReader(str(path)).tensors) * 4
     assert numpy_peak < largest < model_bytes, (numpy_peak, largest, model_bytes)
     assert mx.get_peak_memory() - before < 1.3 * model_bytes, (mx.get_peak_memory(), before, model_bytes)
+
+
+def test_k_quant_mixture_of_experts(tmp_path):
+    """A qwen3moe file as Ollama's Q4_K_M lays it out: Q4_K experts and attention, a Q6_K down
+    projection (requantized, reported) beside a Q5_K one, F32 routers; the stacked experts convert
+    expert by expert, and the logits follow the weights held."""
+    dims = Dims(hidden=256, heads=4, kv_heads=2, experts=4, experts_used=2, expert_ffn=256)
+    hp = Hparams(arch="qwen3moe", hidden=256, heads=4, kv_heads=2, head_dim=64, eps=fx.RMS_EPS)
+    mix = {"blk.0.ffn_down_exps.weight": "Q5_K", "blk.1.ffn_down_exps.weight": "Q6_K"}
+    path = write_tiny_llama_gguf(tmp_path / "moe.gguf", "Q4_K", seed=5, arch="qwen3moe", dims=dims,
+                                 output_qtype="Q6_K", type_overrides=mix)
+    model, _, config = load_gguf(path)
+    source = dequantized_weights(path)
+    held = loaded_weights(model, [n for n in source if not n.endswith("norm.weight")])
+    assert set(config["gguf_conversion"]["requantized"]) == {"output.weight", "blk.1.ffn_down_exps.weight"}
+    assert np.array_equal(held["blk.0.ffn_gate_exps.weight"], source["blk.0.ffn_gate_exps.weight"])
+    assert np.array_equal(held["blk.0.ffn_down_exps.weight"], source["blk.0.ffn_down_exps.weight"])
+    assert config["quantization"]["model.layers.0.mlp.switch_mlp.down_proj"]["bits"] == 5
+    got = logits(model, TOKENS)
+    np.testing.assert_allclose(got, forward(source | held, hp, TOKENS), atol=5e-5, rtol=0)

@@ -118,6 +118,22 @@ def test_activations_of_gguf_engines_keep_speculation_exact(tmp_path, activation
     assert Engine.load(path).info["activations"] == activations
 
 
+def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
+    """qwen3moe (16 experts, 8 per token): verify rows route each to its own experts, and at 8 rows
+    mlx-lm's SwitchGLU takes its sorted path (rows x experts >= 64); greedy speculation still gives
+    plain decoding's tokens."""
+    dims = Dims(head_dim=32, experts=16, experts_used=8)
+    path = str(write_tiny_llama_gguf(tmp_path / "moe.gguf", "Q4_0", arch="qwen3moe", dims=dims, output_qtype="Q8_0"))
+    plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
+    assert plain.target.config["num_experts"] == 16 and plain.target.config["num_experts_per_tok"] == 8
+    assert plain.info["architecture"] == "qwen3moe"  # the file's name for it, as Ollama's show says
+    prompt = "the world and the world and the"
+    want = run(plain, prompt, max_tokens=40)[0]
+    for k in (3, 7):
+        tokens, _, last = run(lookup, prompt, max_tokens=40, draft_length=k)
+        assert tokens == want and last.stats.accepted > 0
+
+
 def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
     """'auto' is q8 for GGUF files where the CPU has int8 dot products, f32 for MLX models (their
     reference is MLX's fp16/bf16 arithmetic); an unknown value is a one-line error."""

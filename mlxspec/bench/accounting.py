@@ -3,7 +3,10 @@
 One plain decoding step reads every weight the forward pass touches once, plus the whole KV cache
 so far. "Every weight" is every parameter's nbytes (packed quantized weights, scales and biases
 included), except an input embedding table that is not also the output head: of that table one
-row is read per token. A tied table is read whole, as the head.
+row is read per token. A tied table is read whole, as the head. Of a mixture of experts' stacked
+experts (mlx-lm's SwitchLinear layers) a token reads the k it is routed to: k / experts of them.
+A verify pass of several rows reads the union of their experts, more than one row's: for MoE
+models the speculative figures below count one row's share, a lower bound.
 
 A speculative round reads the target's weights once for all the tokens it yields, plus the
 drafter's weights once per drafted token: that is how speculation gets past the roofline.
@@ -76,10 +79,22 @@ def kv_bytes_per_position(model: nn.Module) -> int:
     return sum(a.nbytes // a.shape[-2] for a in arrays if a.ndim == 4)
 
 
+def unrouted_expert_bytes(model: nn.Module) -> int:
+    """Bytes of stacked experts one token does not read: (1 - k / experts) of them (0 if dense)."""
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    args = getattr(model, "args", None)
+    used = getattr(args, "num_experts_per_tok", None)
+    experts = [m for _, m in model.named_modules() if isinstance(m, (SwitchLinear, QuantizedSwitchLinear))]
+    if not experts or not used:
+        return 0
+    return round(sum(parameter_bytes(m) * (1 - used / m.num_experts) for m in experts))
+
+
 def model_bytes(model: nn.Module) -> ModelBytes:
     total = parameter_bytes(model)
     table, row = untied_embedding(model)
-    return ModelBytes(total, total - table + row, table, kv_bytes_per_position(model))
+    return ModelBytes(total, total - table + row - unrouted_expert_bytes(model), table, kv_bytes_per_position(model))
 
 
 def bytes_per_token(target: ModelBytes, draft: ModelBytes | None, *, tokens: int, target_passes: int,

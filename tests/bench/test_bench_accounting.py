@@ -38,6 +38,19 @@ def test_quantized_model_bytes_count_scales_and_biases(tiny_llama):
     assert model_bytes(q.model).parameter_bytes < model_bytes(loading.load(str(tiny_llama)).model).parameter_bytes
 
 
+def test_a_token_reads_only_its_experts(tmp_path):
+    """qwen3moe: 8 experts, 3 used per token: a step reads 3/8 of the stacked experts, all else whole."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "moe.gguf", "Q4_0", arch="qwen3moe", dims=Dims(experts=8, experts_used=3))
+    model = loading.load(str(path)).model
+    params = dict(tree_flatten(model.parameters()))
+    experts = sum(v.nbytes for k, v in params.items() if ".switch_mlp." in k)
+    mb = model_bytes(model)
+    assert experts > mb.parameter_bytes / 2  # the experts are most of this model
+    assert mb.weights_read_per_step == pytest.approx(mb.parameter_bytes - experts * 5 / 8, abs=1)
+
+
 def test_bytes_per_token_of_speculative_rounds(tiny):
     mb = model_bytes(tiny.model)
     plain = bytes_per_token(mb, None, tokens=10, target_passes=10, draft_passes=0, context=50)
