@@ -1,0 +1,41 @@
+"""benchmarks/bench_gpu.py, the one-call device check of issue 10, run small on this CPU: its
+measurements must work here before device minutes are spent on them, and the CPU kernels must come
+out row-invariant in them (as the exactness suite says they are)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "bench_gpu.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_row_gap_sees_a_row_dependent_op(bench):
+    x = mx.random.normal((4, 8), key=mx.random.key(0))
+    assert bench.row_gap(lambda a: a * 2, x) == 0.0
+    assert bench.row_gap(lambda a: a * a.shape[0], x) > 0  # a result that depends on the row count
+
+
+def test_ops_and_forward_sections_on_the_cpu(bench):
+    with mx.stream(mx.cpu):
+        qmm = bench.qmm_ops(bench.QMM_SHAPES["quick"])
+        attention = bench.attention_ops(4, 2, 64, 40)
+        forward = bench.forward_costs(bench.FORWARD_SHAPES["quick"], context=32, repeats=1)
+    for entry in qmm + [attention]:
+        for m in bench.ROWS:
+            row = entry[f"M={m}"]
+            assert row["ours_us"] > 0 and row["mlx_us"] > 0
+            assert row["ours_row_gap"] == 0.0, (entry, m)
+    assert forward["kernels"]["row_invariant_to_16"] and not forward["kernels"]["failures"]
+    assert set(forward["kernels"]["ms"]) == {1, 2, 4, 8, 16}
