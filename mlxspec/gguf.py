@@ -3,10 +3,10 @@
     model, tokenizer, config = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
 
 The header is read by mlxspec.gguf_header; every tensor type is checked before any data is read,
-and types MLX cannot hold faithfully (I-quants, ternary, MXFP4...) are refused by name. Then the
+and types MLX cannot hold faithfully (I-quants, ternary...) are refused by name. Then the
 tensors are converted one at a time from the memory-mapped file by mlxspec.gguf_quants: floats as
 they are, Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K code for code into MLX's affine quantization (exact),
-Q6_K/Q3_K/Q2_K requantized with their measured error. Only the converted arrays are kept, so the
+Q6_K/Q3_K/Q2_K requantized with their measured error, MXFP4 as MLX's mxfp4 (exact). Only the converted arrays are kept, so the
 model is never in memory twice. `config["gguf_conversion"]` says which tensors were exact and the
 error of the others.
 
@@ -127,13 +127,16 @@ def conversion_summary(reports: dict[str, TensorReport]) -> dict:
 
 
 def _layer_quantization(weights: dict, layer: str) -> dict | None:
-    """{"group_size": 32, "bits": b} for a layer that arrived quantized, else None.
+    """{"group_size": 32, "bits": b} for a layer that arrived quantized (and "mode": "mxfp4" for
+    MXFP4's exponent scales, which come without biases), else None.
 
     weight is uint32 (out, in * bits / 32) and scales (out, in / 32): so bits = their width ratio.
     """
     if f"{layer}.scales" not in weights:
         return None
     bits = weights[f"{layer}.weight"].shape[-1] // weights[f"{layer}.scales"].shape[-1]
+    if weights[f"{layer}.scales"].dtype == mx.uint8:
+        return {"group_size": GROUP, "bits": bits, "mode": "mxfp4"}
     return {"group_size": GROUP, "bits": bits}
 
 

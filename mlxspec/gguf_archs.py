@@ -17,6 +17,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): every layer is a mixture of experts, the experts
   stacked per layer (ffn_*_exps: (experts, out, in)) as mlx-lm's SwitchGLU holds them; the router
   is a softmax over all experts whose top k weights are renormalized (llama.cpp's norm_w).
+- gpt-oss: MXFP4 experts with biases (mlx-lm's gpt_oss SwitchGLU in mxfp4 mode), a biased router
+  whose top k logits are softmaxed, attention with biases and a learned sink per head, a 128-token
+  window on even layers, YaRN rope (llama.cpp and mlx-lm both truncate its correction range).
 """
 
 from __future__ import annotations
@@ -59,6 +62,14 @@ MOE_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if not k.startswith(("ffn_gate
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
+GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_sinks": "self_attn.sinks",  # a parameter itself, not a module's weight
+    "ffn_gate_inp": "mlp.router",
+    "ffn_gate_exps": "mlp.experts.gate_proj",
+    "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj",
+}
 # Tensors of a multimodal file's vision tower and projector (Ollama's gemma3): not the text model.
 IGNORED_PREFIXES = ("v.", "mm.")
 
@@ -81,7 +92,9 @@ ARCHS = {
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
+    "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
 }
+PARAMETERS = ("self_attn.sinks",)  # GGUF "<name>.weight" tensors that are mlx-lm parameters, not modules
 
 
 def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
@@ -97,6 +110,8 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
     if len(parts) == 2 and parts[0] in TOP_LEVEL:
         return f"{TOP_LEVEL[parts[0]]}.{parts[1]}"
     if len(parts) == 4 and parts[0] == "blk" and parts[2] in arch.block:
+        if arch.block[parts[2]] in PARAMETERS:
+            return f"model.layers.{parts[1]}.{arch.block[parts[2]]}"
         return f"model.layers.{parts[1]}.{arch.block[parts[2]]}.{parts[3]}"
     return None
 
@@ -141,7 +156,21 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gemma_config(name, get, config)
     if name == "qwen3moe":
         config |= _moe_config(get)
+    if name == "gpt-oss":
+        config |= _gpt_oss_config(get, config)
     return config
+
+
+def _gpt_oss_config(get, config: dict) -> dict:
+    """gpt-oss: experts, the sliding window on even layers (llama.cpp's swa pattern 2)."""
+    layers = config["num_hidden_layers"]
+    return {
+        "num_local_experts": get("expert_count"),
+        "num_experts_per_tok": get("expert_used_count"),
+        "intermediate_size": get("expert_feed_forward_length"),
+        "sliding_window": get("attention.sliding_window"),
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+    }
 
 
 def _moe_config(get) -> dict:
@@ -162,6 +191,17 @@ def _rope_scaling(name: str, get, path: Path) -> dict:
         return {}
     if scaling == "linear" and name != "phi3":
         return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(get("rope.scaling.factor"))}}
+    if scaling == "yarn" and name == "gpt-oss":  # llama.cpp's defaults: beta_fast 32, beta_slow 1
+        tuned = {"yarn_ext_factor": (get("rope.scaling.yarn_ext_factor", -1.0), (-1.0, 1.0)),
+                 "yarn_attn_factor": (get("rope.scaling.yarn_attn_factor", 1.0), (1.0,)),
+                 "yarn_log_multiplier": (get("rope.scaling.yarn_log_multiplier", 0.0), (0.0,))}
+        odd = [f"{key}={value}" for key, (value, usual) in tuned.items() if value not in usual]
+        if odd:  # mlx-lm's YaRN has no such knobs
+            raise ModelLoadError(f"{path.name}: YaRN with {', '.join(odd)} is not supported")
+        return {"rope_scaling": {"rope_type": "yarn", "factor": float(get("rope.scaling.factor")),
+                                 "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+                                 "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                                 "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}}
     raise ModelLoadError(f"{path.name}: rope scaling {scaling!r} is not supported for {name}")
 
 

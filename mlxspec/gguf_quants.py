@@ -18,6 +18,11 @@ each MLX group: they are dequantized with gguf-py's reference and requantized (`
 the fewest bits whose RMS error against that reference is at or below the source format's own
 nominal rounding error (RMS of its step / sqrt(12)); the measured errors are reported per tensor.
 Rows are converted in chunks, so a tensor never exists in float32 all at once.
+
+MXFP4 (gpt-oss's experts) is the OCP microscaling format MLX also holds (`mode="mxfp4"`): per 32
+weights one e8m0 exponent and 32 e2m1 codes. Code for code: only the nibble order differs (ggml puts
+weights 0-15 in the low nibbles, 16-31 in the high ones; MLX packs them in order), so the weights
+MLX multiplies by are gguf-py's dequantization exactly.
 """
 
 from __future__ import annotations
@@ -37,7 +42,8 @@ FLOATS = ("F32", "F16", "BF16")
 EXACT = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5}
 # Bit widths tried in order (group 32, float16 scales); float32 scales at 8 bits as a last resort.
 REQUANTIZED = {"Q6_K": (6, 8), "Q3_K": (3, 4, 5, 6, 8), "Q2_K": (2, 3, 4, 5, 6, 8)}
-SUPPORTED = (*FLOATS, *EXACT, *REQUANTIZED)
+MICROSCALED = {"MXFP4": 4}  # MLX's mxfp4 mode: uint8 e8m0 scales, no biases
+SUPPORTED = (*FLOATS, *EXACT, *REQUANTIZED, *MICROSCALED)
 CHUNK_WEIGHTS = 1 << 20  # rows are converted a chunk of about this many weights at a time
 THREADS = min(8, os.cpu_count() or 1)  # chunks converted at once (scratch: ~50 bytes a weight each)
 
@@ -70,6 +76,8 @@ def convert_tensor(raw: np.ndarray, type_name: str, shape: tuple[int, ...]) -> t
     blocks = raw.reshape(rows, -1)  # one row of blocks per weight row
     if type_name in EXACT:
         return _exact(blocks, type_name, shape, rows, cols)
+    if type_name in MICROSCALED:
+        return _mxfp4(blocks, shape, rows, cols)
     return _requantized(blocks, type_name, shape, rows, cols)
 
 
@@ -123,6 +131,17 @@ def _exact(blocks, type_name, shape, rows, cols):
         "biases": mx.array(biases.astype(dtype)).reshape(*shape[:-1], -1),
     }
     return arrays, TensorReport(type_name, f"q{bits}g{GROUP}", True)
+
+
+def _mxfp4(blocks, shape, rows, cols):
+    """17-byte blocks (e8m0 exponent, 16 bytes of nibbles) -> MLX mxfp4 codes and uint8 scales."""
+    per_block = blocks.reshape(-1, block_bytes("MXFP4")[1])
+    weight = pack(_nibbles(per_block[:, 1:]).reshape(rows, cols), 4)
+    arrays = {
+        "weight": mx.array(weight).reshape(*shape[:-1], -1),
+        "scales": mx.array(np.ascontiguousarray(per_block[:, 0]).reshape(rows, cols // GROUP)).reshape(*shape[:-1], -1),
+    }
+    return arrays, TensorReport("MXFP4", f"mxfp4g{GROUP}", True)
 
 
 def _fits_f16(x: np.ndarray) -> bool:

@@ -37,6 +37,13 @@ _LLAMA3 = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# o200k (gpt-oss, llama4): the tokenizer.json regex llama.cpp quotes (its own is a std::regex
+# approximation of it; the tokenizers library runs the original)
+_O200K = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # (regexes in order, ignore_merges) per llama.cpp pre-tokenizer type. ignore_merges: a piece that is
 # a whole token is taken as it is, without merging (llama.cpp sets it for llama-3).
@@ -47,6 +54,7 @@ _PRE_TYPES = {
     "llama3": ([_LLAMA3], True),
     "dbrx": ([_LLAMA3], False),  # llama-3's regex without its ignore_merges and BOS (dbrx, smaug-bpe)
     "qwen2": ([_QWEN2], False),
+    "gpt-4o": ([_O200K], False),
 }
 # tokenizer.ggml.pre names -> the types above (llama_vocab::impl::load).
 PRE_TOKENIZERS = {
@@ -56,6 +64,7 @@ PRE_TOKENIZERS = {
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"], "llama3"),
     **dict.fromkeys(["dbrx", "smaug-bpe"], "dbrx"),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], "qwen2"),
+    **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], "gpt-4o"),
 }
 # Pre-tokenizer types after which llama.cpp adds BOS unless the file says otherwise.
 BOS_BY_DEFAULT = {"llama3"}

@@ -64,7 +64,7 @@ _BLOCK_NAMES = {
     "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate_inp": "mlp.gate",
     "ffn_gate_exps": "mlp.switch_mlp.gate_proj", "ffn_up_exps": "mlp.switch_mlp.up_proj",
-    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj", "post_attention_norm": "post_attention_layernorm",
 }
 
 
@@ -122,7 +122,9 @@ def write_tiny_llama_gguf(
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
     arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma2", "gemma3" (post
     norms; gemma3 also q/k norms), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
-    (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer), with the
+    (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer) or
+    "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
+    biases, post_attention_norm before the experts; pass the window and YaRN keys in metadata), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
     architecture name (for refusal tests).
     types the `gguf` package cannot quantize (K-quants) get random blocks whose fp16 scales are set
@@ -151,7 +153,7 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "gpt-oss"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
@@ -215,6 +217,9 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
     for i in range(dims.layers):
         b = f"blk.{i}"
         shapes[f"{b}.attn_norm.weight"] = (hidden,)
+        if arch == "gpt-oss":
+            shapes |= _gpt_oss_block(b, dims)
+            continue
         if arch == "phi3":
             shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
         else:
@@ -246,10 +251,27 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
     return shapes
 
 
+def _gpt_oss_block(b: str, dims: Dims) -> dict[str, tuple[int, ...]]:
+    hidden, q_rows, kv_rows = dims.hidden, dims.heads * dims.hd, dims.kv_heads * dims.hd
+    e, f = dims.experts, dims.expert_ffn
+    shapes = {f"{b}.attn_norm.weight": (hidden,)}
+    for name, rows in (("attn_q", q_rows), ("attn_k", kv_rows), ("attn_v", kv_rows)):
+        shapes |= {f"{b}.{name}.weight": (rows, hidden), f"{b}.{name}.bias": (rows,)}
+    shapes |= {f"{b}.attn_output.weight": (hidden, q_rows), f"{b}.attn_output.bias": (hidden,),
+               f"{b}.attn_sinks.weight": (dims.heads,), f"{b}.post_attention_norm.weight": (hidden,),
+               f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_inp.bias": (e,)}
+    for name, shape in (("ffn_gate_exps", (e, f, hidden)), ("ffn_up_exps", (e, f, hidden)),
+                        ("ffn_down_exps", (e, hidden, f))):
+        shapes |= {f"{b}.{name}.weight": shape, f"{b}.{name}.bias": shape[:2]}
+    return shapes
+
+
 def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides, dims=Dims()) -> dict[str, str]:
     types = {}
     for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None, dims).items():
-        types[name] = "F32" if len(shape) == 1 or name.endswith("ffn_gate_inp.weight") else qtype  # routers: F32, as llama.cpp keeps them
+        # routers and biases stay F32, as llama.cpp keeps them; gpt-oss experts come as MXFP4
+        plain = len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+        types[name] = "F32" if plain else ("MXFP4" if arch == "gpt-oss" and "_exps." in name else qtype)
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:
         types["output.weight"] = output_qtype

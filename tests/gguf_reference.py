@@ -18,7 +18,7 @@ import numpy as np
 
 import gguf
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe")
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss")
 
 
 @dataclass
@@ -39,8 +39,10 @@ class Hparams:
     swa_window: int | None = None  # gemma3: sliding layers see this many positions
     swa_pattern: int = 6  # gemma3: every 6th layer is global
     swa_rope_base: float = 10000.0  # gemma3 sliding layers' rope base
-    experts_used: int = 2  # qwen3moe: experts per token
+    experts_used: int = 2  # qwen3moe, gpt-oss: experts per token
     norm_topk: bool = True  # qwen3moe: the chosen experts' weights renormalized to sum to 1
+    yarn: tuple[float, int] | None = None  # gpt-oss: YaRN (factor, original context), betas 32 and 1
+    sinks: bool = True  # gpt-oss: each head's learned sink joins its softmax
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -82,7 +84,8 @@ def _block(w, p, hp: Hparams, layer: int, x):
         q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
 
     sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
-    base, scale = (hp.swa_rope_base, 1.0) if sliding else (hp.rope_base, hp.rope_scale)
+    gemma_local = sliding and hp.arch.startswith("gemma")  # gemma3's local layers: their own rope
+    base, scale = (hp.swa_rope_base, 1.0) if gemma_local else (hp.rope_base, hp.rope_scale)
     q, k = (_rope(t, hp, base, scale) for t in (q, k))
 
     scores = np.einsum("thd,shd->hts", q, np.repeat(k, hp.heads // hp.kv_heads, axis=1))
@@ -94,10 +97,15 @@ def _block(w, p, hp: Hparams, layer: int, x):
     if sliding:
         allowed &= pos[:, None] - pos[None, :] < hp.swa_window
     scores = np.where(allowed, scores, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
+    sink = w.get(p + "attn_sinks.weight") if hp.sinks else None
+    top = scores.max(-1, keepdims=True) if sink is None else np.maximum(scores.max(-1, keepdims=True), sink[:, None, None])
+    probs = np.exp(scores - top)
+    # a sink adds exp(sink) to the softmax's denominator, no value (llama.cpp's soft_max_add_sinks)
+    probs /= probs.sum(-1, keepdims=True) + (0.0 if sink is None else np.exp(sink[:, None, None] - top))
     out = np.einsum("hts,shd->thd", probs, np.repeat(v, hp.heads // hp.kv_heads, axis=1)).reshape(T, -1)
-    out = out @ w[p + "attn_output.weight"].T
+    out = out @ w[p + "attn_output.weight"].T + w.get(p + "attn_output.bias", 0.0)
+    if hp.arch == "gpt-oss":  # its post_attention_norm is the experts' input norm
+        return x + out + _oai_moe(w, p, hp, _rms(x + out, w[p + "post_attention_norm.weight"], hp.eps))
     if p + "post_attention_norm.weight" in w:
         out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
     x = x + out
@@ -132,6 +140,22 @@ def _moe(w, p, hp: Hparams, h):
     return out
 
 
+def _oai_moe(w, p, hp: Hparams, h):
+    """gpt-oss (llama.cpp's SOFTMAX_WEIGHT gating, SWIGLU_OAI): the top experts by biased router
+    logit, weighted by a softmax over those logits; gate clamped above at 7, up to [-7, 7]."""
+    logits = h @ w[p + "ffn_gate_inp.weight"].T + w[p + "ffn_gate_inp.bias"]
+    out = np.zeros_like(h)
+    for t in range(len(h)):
+        chosen = np.argsort(-logits[t])[: hp.experts_used]
+        weights = np.exp(logits[t, chosen] - logits[t, chosen].max())
+        for e, weight in zip(chosen, weights / weights.sum()):
+            gate = np.minimum(w[p + "ffn_gate_exps.weight"][e] @ h[t] + w[p + "ffn_gate_exps.bias"][e], 7.0)
+            up = np.clip(w[p + "ffn_up_exps.weight"][e] @ h[t] + w[p + "ffn_up_exps.bias"][e], -7.0, 7.0)
+            act = gate / (1 + np.exp(-1.702 * gate)) * (up + 1)
+            out[t] += weight * (w[p + "ffn_down_exps.weight"][e] @ act + w[p + "ffn_down_exps.bias"][e])
+    return out
+
+
 def _rms(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
@@ -146,8 +170,16 @@ def _rope(x, hp: Hparams, base: float, scale: float):
     theta = base ** (-np.arange(0, n_rot, 2) / n_rot)
     if hp.freq_factors is not None:
         theta = theta / hp.freq_factors
+    mscale = 1.0
+    if hp.yarn is not None:  # llama.cpp's rope_yarn with ext_factor 1: interpolate the slow dims
+        factor, context = hp.yarn
+        corr = lambda beta: n_rot * np.log(context / (beta * 2 * np.pi)) / (2 * np.log(base))  # noqa: E731
+        low, high = max(0.0, np.floor(corr(32.0))), min(n_rot - 1.0, np.ceil(corr(1.0)))
+        ramp = 1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)
+        theta = theta / factor * (1 - ramp) + theta * ramp
+        mscale = 1 + 0.1 * np.log(factor)
     angles = np.arange(len(x))[:, None] * theta[None, :] / scale  # (T, n_rot/2)
-    cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
+    cos, sin = mscale * np.cos(angles)[:, None, :], mscale * np.sin(angles)[:, None, :]
     out = x.copy()
     if hp.arch in NEOX_ARCHS:  # pairs (i, i + n_rot/2)
         a, b = x[..., : n_rot // 2], x[..., n_rot // 2 : n_rot]

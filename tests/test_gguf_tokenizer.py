@@ -58,6 +58,15 @@ def test_pre_tokenizers_differ_where_llama_cpp_says():
                       "llama-bpe": ["Ġ", "123", "45"], "qwen2": ["Ġ", "1", "2", "3", "4", "5"]}
 
 
+def test_o200k_keeps_contractions_with_their_word():
+    """gpt-oss's o200k ("gpt-4o"): a contraction stays with its word, case-blind; digits in threes."""
+    def split(pre, text):
+        return [p for p, _ in build_backend(gpt2_vocab(pre), "t").pre_tokenizer.pre_tokenize_str(text)]
+
+    assert split("gpt-4o", " It'S 12345") == ["ĠIt'S", "Ġ", "123", "45"]
+    assert split("llama-bpe", " It'S 12345") == ["ĠIt", "'S", "Ġ", "123", "45"]
+
+
 def test_llama3_takes_whole_tokens_before_merging():
     """llama.cpp sets ignore_merges for llama-3: a piece that is a token is that token."""
     vocab = gpt2_vocab("llama-bpe", extra=("Ġxyz",))
