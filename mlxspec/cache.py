@@ -39,6 +39,100 @@ def store_kv_in_half(model: nn.Module) -> None:
     model.make_cache = make_cache
 
 
+REWIND_SLACK = 64  # positions a sliding-window cache keeps past its window: rewinds up to this are exact
+
+
+class WindowKVCache:
+    """A sliding-window layer's KV cache that speculation can rewind exactly (mlx-lm's
+    RotatingKVCache cannot: after a many-row update its `trim` leaves the rejected rows' keys in the
+    window and drops older ones the next step needs).
+
+    Keys stay in time order and the mask applies the window: each query at position p sees the keys
+    at p - window < position <= p. The cache keeps `window - 1 + slack` past positions (more while it
+    has not compacted), so rewinding up to `slack` positions still leaves every later query its whole
+    window. A rewind that would cut into a window raises rather than decode inexactly.
+    """
+
+    step = 256
+
+    def __init__(self, window: int, slack: int = REWIND_SLACK):
+        self.window, self.slack = window, slack
+        self.keys = self.values = None
+        self.offset = 0  # positions seen
+        self.start = 0  # position of keys[..., 0, :]
+
+    def _history(self) -> int:
+        """Past positions the next update returns with its own: the newest window - 1 + slack."""
+        return min(self.offset - self.start, self.window - 1 + self.slack)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        n, held, keep = keys.shape[2], self.offset - self.start, self._history()
+        if self.keys is None or held + n > self.keys.shape[2]:  # compact to `keep`, then room to grow
+            shape = (*keys.shape[:2], keep + n + self.step, keys.shape[3])
+            k, v = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
+            if keep:
+                k[..., :keep, :], v[..., :keep, :] = self.keys[..., held - keep : held, :], self.values[..., held - keep : held, :]
+            self.keys, self.values, self.start, held = k, v, self.offset - keep, keep
+        self.keys[..., held : held + n, :], self.values[..., held : held + n, :] = keys, values
+        self.offset += n
+        return self.keys[..., held - keep : held + n, :], self.values[..., held - keep : held + n, :]
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
+        """The mask for n new queries over what update_and_fetch will return (called before it)."""
+        window, past = window_size or self.window, self._history()
+        if past + n <= window and not return_array:
+            return None if n == 1 else "causal"
+        queries = self.offset + mx.arange(n)[:, None]
+        keys = self.offset - past + mx.arange(past + n)[None]
+        return (keys <= queries) & (queries - keys < window)
+
+    def can_rewind(self, n: int) -> bool:
+        """Does the query after rewinding n positions still find its whole window here?"""
+        return n <= self.offset and self.start <= max(0, self.offset - n - self.window + 1)
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        if not self.can_rewind(n):
+            raise RuntimeError(f"rewinding {n} positions would cut into a {self.window}-position window")
+        self.offset -= n
+        return n
+
+    @property
+    def state(self):
+        held = self.offset - self.start
+        return [] if self.keys is None else [self.keys[..., :held, :], self.values[..., :held, :]]
+
+    def empty(self) -> bool:
+        return self.keys is None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+def exact_windows(model: nn.Module) -> None:
+    """Give this model's sliding-window layers WindowKVCaches in place of mlx-lm's RotatingKVCaches
+    (per model: its `make_cache`), so that speculation rewinds them exactly."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    own = getattr(model, "make_cache", None)
+    if own is None:
+        return
+
+    def make_cache() -> list:
+        return [WindowKVCache(c.max_size) if type(c) is RotatingKVCache and c.keep == 0 else c for c in own()]
+
+    model.make_cache = make_cache
+
+
+def can_rewind(cache: list, n: int) -> bool:
+    """Can every layer's cache go back n positions exactly?"""
+    return all(c.can_rewind(n) if hasattr(c, "can_rewind") else c.is_trimmable() for c in cache)
+
+
 def kv_cache_type(model: nn.Module) -> str:
     """'f16' if this model's float32 keys and values are stored as float16, else 'f32' (as computed)."""
     return "f16" if any(isinstance(c, HalfKVCache) for c in make_prompt_cache(model)) else "f32"
@@ -100,6 +194,8 @@ class PrefixCache:
         reused = 0
         if self.cache is not None and self.tokens is not None and can_trim_prompt_cache(self.cache):
             reused = _common_prefix(self.tokens, tokens)
+            if not can_rewind(self.cache, len(self.tokens) - reused):
+                reused = 0  # a sliding window would lose positions the prompt's tail needs
             if features:
                 reused = min(reused, 0 if self.hidden is None else self.hidden.shape[0])
         if reused == 0:

@@ -19,7 +19,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import ollama_store
-from .cache import KV_CACHE_TYPES, kv_cache_type, store_kv_in_half
+from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_half
 from .errors import MlxspecError, ModelLoadError
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
@@ -176,6 +176,7 @@ def load(
         raise ModelLoadError(f"cannot load {reference!r}: {_first_line(e)}") from e
     finally:
         _settle_random_state()
+    exact_windows(model)
     stored = config.get("quantization")
     label = f"q{stored['bits']}g{stored['group_size']}" if isinstance(stored, dict) and "bits" in stored else None
     if quant is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache, trim_prompt_cache
 
 from mlxspec.cache import HalfKVCache, kv_cache_type, new_cache, store_kv_in_half
@@ -47,3 +48,103 @@ def test_a_forward_over_a_half_cache_reads_the_rounded_keys(tiny_llama):
     assert cache[0].keys.dtype == mx.float16 and half.dtype == mx.float32
     assert mx.allclose(half, full, atol=2e-2, rtol=2e-2).item()
     assert not mx.array_equal(half, full).item()  # the keys really were rounded
+
+
+# ---------------------------------------------------------------- sliding windows
+
+
+def windowed_gguf(tmp_path, arch="gemma3", window=4):
+    """A tiny sliding-window GGUF (gemma3: 5 of 6 layers slide; gpt-oss: every other one)."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    metadata = {"attention.sliding_window": window}
+    if arch == "gpt-oss":
+        metadata |= {"rope.freq_base": 150000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 32.0,
+                     "rope.scaling.original_context_length": 4096}
+    dims = Dims(layers=6 if arch == "gemma3" else 2, head_dim=32, experts=8, experts_used=3)
+    return write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q8_0", seed=3, arch=arch, dims=dims, metadata=metadata,
+                                 output_qtype="Q8_0" if arch == "gpt-oss" else None)
+
+
+def test_window_cache_masks_to_the_window_and_rewinds_exactly():
+    """Queries see the keys at p - window < position <= p; 20 single steps, then a 6-row update
+    rewound by 4 and replayed one row at a time, return what a plain history says they should."""
+    from mlxspec.cache import WindowKVCache
+
+    window, slack = 4, 5
+    cache = WindowKVCache(window, slack)
+    cache.step = 2  # compact often: the history kept falls to window - 1 + slack
+    keys = mx.arange(40, dtype=mx.float32).reshape(1, 1, 40, 1)  # key i holds the value i: its position
+
+    def step(at, n):
+        mask = cache.make_mask(n)
+        got, _ = cache.update_and_fetch(keys[:, :, at : at + n], keys[:, :, at : at + n])
+        seen = got[0, 0, :, 0].tolist()
+        rows = [[k for k, ok in zip(seen, m) if ok] for m in mask.tolist()] if isinstance(mask, mx.array) else \
+            [[k for k in seen if k <= at + i] for i in range(n)]  # None / "causal": everything up to the row
+        return [[int(k) for k in r] for r in rows]
+
+    for p in range(20):
+        assert step(p, 1) == [list(range(max(0, p - window + 1), p + 1))]
+    assert step(20, 6) == [list(range(q - window + 1, q + 1)) for q in range(20, 26)]
+    assert cache.trim(4) == 4 and cache.offset == 22
+    for p in range(22, 30):
+        assert step(p, 1) == [list(range(p - window + 1, p + 1))]
+    assert cache.can_rewind(slack)
+    too_far = next(n for n in range(slack, 31) if not cache.can_rewind(n))  # compaction dropped the rest
+    with pytest.raises(RuntimeError, match="window"):
+        cache.trim(too_far)
+    assert cache.offset == 30  # a refused rewind changes nothing
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gpt-oss"])
+def test_speculation_over_sliding_windows_is_exact(tmp_path, arch):
+    """mlx-lm's RotatingKVCache kept rejected drafts' keys once the window had filled (lookup at k=7
+    diverged from plain decoding); the engine's window caches rewind exactly."""
+    from mlxspec.cache import WindowKVCache
+    from mlxspec.engine import Engine
+    from mlxspec.options import GenerateOptions
+
+    path = str(windowed_gguf(tmp_path, arch))
+    plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
+    assert any(isinstance(c, WindowKVCache) for c in new_cache(plain.target.model))
+
+    def run(engine, **kw):
+        out = []
+        for ev in engine.generate("the world and the world and the world and the",
+                                  GenerateOptions(max_tokens=60, temperature=0, **kw)):
+            out += ev.tokens
+        return out, ev.stats
+
+    want = run(plain)[0]
+    for k in (4, 7):
+        tokens, stats = run(lookup, draft_length=k)
+        assert tokens == want and stats.drafted > stats.accepted > 0  # drafts were rejected and rewound
+
+
+def test_window_cache_decoding_equals_the_windowed_full_forward(tmp_path):
+    """One token at a time through the window caches gives the logits of one full forward with
+    the sliding mask (the reference mlx-lm computes without any cache)."""
+    from mlxspec.loading import load as load_model
+
+    model = load_model(str(windowed_gguf(tmp_path, "gemma3", window=3)), kv_cache="f32").model
+    tokens = [5, 77, 271, 12, 9, 150, 44, 260, 3, 88, 199, 31]
+    full = model(mx.array([tokens]))[0]
+    cache = new_cache(model)
+    for i, t in enumerate(tokens):
+        step = model(mx.array([[t]]), cache=cache)[0, 0]
+        assert mx.allclose(step, full[i], atol=2e-4).item(), i
+
+
+def test_a_prefix_past_the_window_is_rebuilt_not_rewound(tmp_path):
+    """PrefixCache reuses a shared prefix only where going back to it keeps every window whole."""
+    from mlxspec.cache import PrefixCache
+    from mlxspec.loading import load as load_model
+
+    model = load_model(str(windowed_gguf(tmp_path, "gemma3", window=3))).model
+    prefix = PrefixCache(model)
+    first = [5 + i % 250 for i in range(900)]  # two prefill chunks: the second compacts the windows
+    assert prefix.prepare(first) == 0
+    assert prefix.prepare(first[:-5] + [7, 8]) == 895  # 5 back: within the slack
+    assert prefix.prepare(first[:880] + [9]) == 880  # 17 back: still kept
+    assert prefix.prepare(first[:20] + [9]) == 0  # 860 back: past what the windows keep, so rebuilt
