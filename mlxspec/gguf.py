@@ -232,4 +232,7 @@ def _build_tokenizer(metadata: dict, path: Path):
     # End of generation: EOS, and the end-of-turn token where the file names one (llama-3's <|eot_id|>).
     eot_id = vocab.get("eot_token_id")
     eos_ids = [i for i in (eos_id, eot_id) if i is not None]
+    harmony = {t: i for i, t in enumerate(tokens) if t in ("<|return|>", "<|call|>", "<|end|>")}
+    if len(harmony) == 3:  # gpt-oss: <|end|> closes a message, not the reply; <|call|> awaits a tool's result
+        eos_ids = list(dict.fromkeys([i for i in eos_ids if i != harmony["<|end|>"]] + [harmony["<|return|>"], harmony["<|call|>"]]))
     return TokenizerWrapper(hf_tokenizer, detokenizer, eos_token_ids=eos_ids)

@@ -148,3 +148,23 @@ def test_special_template_adds_bos_and_eos_as_asked():
                            ((1, "<s>"), (2, "</s>"), [1, *text, 2])]:
         set_special_template(backend, bos, eos)
         assert backend.encode("the").ids == want
+
+
+def test_harmony_vocabulary_ends_generation_at_return_and_call(tmp_path):
+    """gpt-oss: <|end|> closes a message (its reasoning, then more), so only <|return|> and <|call|> end
+    the reply, whatever the file names as EOS and EOT."""
+    from pathlib import Path
+
+    from mlxspec.gguf import _build_tokenizer
+
+    harmony = ["<|return|>", "<|call|>", "<|end|>"]
+    tokens = fx.byte_level_vocab() + harmony
+    metadata = {f"tokenizer.ggml.{k}": v for k, v in {
+        "model": "gpt2", "pre": "gpt-4o", "tokens": tokens, "merges": fx.MERGES,
+        "token_type": [3] * len(fx.SPECIALS) + [1] * (len(tokens) - len(fx.SPECIALS) - 3) + [3] * 3,
+        "eos_token_id": tokens.index("<|return|>"), "eot_token_id": tokens.index("<|end|>")}.items()}
+    wrapper = _build_tokenizer(metadata, Path("oss.gguf"))
+    assert set(wrapper.eos_token_ids) == {tokens.index("<|return|>"), tokens.index("<|call|>")}
+    del metadata["tokenizer.ggml.tokens"][-3:], metadata["tokenizer.ggml.token_type"][-3:]
+    metadata["tokenizer.ggml.eos_token_id"], metadata["tokenizer.ggml.eot_token_id"] = fx.EOS_ID, 1
+    assert set(_build_tokenizer(metadata, Path("x.gguf")).eos_token_ids) == {fx.EOS_ID, 1}  # others as before

@@ -10,12 +10,11 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, tool_format
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, reply_splitter, tool_format
 from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
-from .thinking import ThinkSplitter, opens_thinking
 from .tool_calls import Found, ToolCall, pieces
 
 OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
@@ -69,8 +68,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     def build(engine):
         found.format = tool_format(engine, manifest, name, tools)
         ids = chat_ids(engine, manifest, messages, tools, think)
-        if think:  # the reasoning goes to message.thinking
-            found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
+        found.thinking = reply_splitter(engine, manifest, ids, think)  # the reasoning goes to message.thinking
         return ids
 
     job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))

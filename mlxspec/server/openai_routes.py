@@ -15,12 +15,11 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, tool_format
+from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, reply_splitter, tool_format
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
-from .thinking import ThinkSplitter, opens_thinking
 from .tool_calls import Found, ToolCall, pieces
 
 routes = web.RouteTableDef()
@@ -39,8 +38,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     def build(engine):
         found.format = tool_format(engine, manifest, name, tools)
         ids = chat_ids(engine, manifest, messages, tools, think)
-        if think and think != "none":  # the reasoning goes to message.reasoning (as Ollama's OpenAI API)
-            found.thinking = ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
+        found.thinking = reply_splitter(engine, manifest, ids, think)  # reasoning: message.reasoning (as Ollama's)
         return ids
 
     job = Job(name, manifest, build, options(body, manifest), format=response_format(body))

@@ -17,6 +17,8 @@ from ..store import Manifest
 from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
+from .harmony import HarmonySplitter, is_harmony
+from .thinking import ThinkSplitter, opens_thinking
 from .tool_calls import detect, shows_tools
 
 FIM_TOKENS = [
@@ -88,6 +90,17 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
     if isinstance(template, dict):  # named templates: the one HF uses when tools are given
         template = template.get("tool_use") or template.get("default")
     return template if isinstance(template, str) else None
+
+
+def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think):
+    """What splits the reply's text: harmony's messages for gpt-oss (always: its reasoning channel is
+    never content; calls come from its commentary channel), a think block where `think` asked for the
+    reasoning, else nothing (None)."""
+    if is_harmony(chat_template(engine, manifest)):
+        return HarmonySplitter()
+    if think and think != "none":
+        return ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
+    return None
 
 
 def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | None) -> str | None:

@@ -174,15 +174,15 @@ def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
 async def pieces(events, fmt: str | None, think=None):
     """(content, calls, event, thinking) per engine event; with a format, content is held back while
     it may be a call, and the calls come with the last event. `think`: a thinking.ThinkSplitter
-    that first takes the reasoning out of the text."""
+    that first takes the reasoning out of the text, or a harmony.HarmonySplitter (reasoning and calls)."""
     splitter = Splitter(FORMATS[fmt]) if fmt else None
     async for event in events:
         thinking, text = think.feed(event.text) if think else ("", event.text)
         if event.done and think:
             more, rest = think.finish()
             thinking, text = thinking + more, text + rest
-        if splitter is None:
-            yield text, [], event, thinking
+        if splitter is None:  # a harmony splitter (gpt-oss) finds the calls itself
+            yield text, (getattr(think, "calls", []) if event.done else []), event, thinking
         elif event.done:
             text = splitter.feed(text)
             rest, calls = splitter.finish()
