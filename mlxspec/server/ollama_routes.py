@@ -49,9 +49,20 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raw=field(body, "raw", bool, False),
         context=context_field(body),
     )
-    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest), keep_alive,
-              format=format_field(body.get("format")))
-    return await respond(request, state, job, field(body, "stream", bool, True), lambda t, _, __="": {"response": t}, not req.raw)
+    found = Found()
+
+    def build(engine):
+        ids = generate_ids(engine, manifest, req)
+        if not req.raw:  # a harmony reply (gpt-oss): its reasoning goes to `thinking`, as Ollama's
+            found.thinking = reply_splitter(engine, manifest, ids, None, req.template)
+        return ids
+
+    job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))
+    return await respond(request, state, job, field(body, "stream", bool, True), _response, not req.raw, found)
+
+
+def _response(text: str, _calls: list, thinking: str = "") -> dict:
+    return {"response": text, **({"thinking": thinking} if thinking else {})}
 
 
 @routes.post("/api/chat")

@@ -92,11 +92,11 @@ def chat_template(engine: Engine, manifest: Manifest) -> str | None:
     return template if isinstance(template, str) else None
 
 
-def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think):
+def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think, template: str | None = None):
     """What splits the reply's text: harmony's messages for gpt-oss (always: its reasoning channel is
     never content; calls come from its commentary channel), a think block where `think` asked for the
-    reasoning, else nothing (None)."""
-    if is_harmony(chat_template(engine, manifest)):
+    reasoning, else nothing (None). `template`: a request's own, in place of the model's."""
+    if is_harmony(template or chat_template(engine, manifest)):
         return HarmonySplitter()
     if think and think != "none":
         return ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))

@@ -80,6 +80,14 @@ def test_ollama_chat_splits_harmony(daemon, gpt_oss):
     assert called.content == "" and called.thinking == "Need the weather."
 
 
+def test_ollama_generate_splits_harmony(daemon, gpt_oss):
+    client = ollama.Client(host=daemon.url)
+    out = client.generate(model="harmony-think", prompt="What is 2 + 2?")
+    assert out.response == "The answer is 4." and out.thinking == "Two and two make four."
+    raw = client.generate(model="harmony-think", prompt="<|start|>user<|message|>hi<|end|>", raw=True)
+    assert raw.response == "".join(THINK) and not raw.thinking  # raw: the text as written
+
+
 def test_openai_chat_splits_harmony(daemon, gpt_oss):
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
     message = client.chat.completions.create(model="harmony-think", messages=USER).choices[0].message
