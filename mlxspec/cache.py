@@ -48,9 +48,11 @@ class WindowKVCache:
     window and drops older ones the next step needs).
 
     Keys stay in time order and the mask applies the window: each query at position p sees the keys
-    at p - window < position <= p. The cache keeps `window - 1 + slack` past positions (more while it
-    has not compacted), so rewinding up to `slack` positions still leaves every later query its whole
-    window. A rewind that would cut into a window raises rather than decode inexactly.
+    at p - window < position <= p. An update returns the window - 1 positions before its rows (a
+    one-row step then needs no mask) and its rows. The cache keeps `window - 1 + slack` past
+    positions (more while it has not compacted), so rewinding up to `slack` positions still leaves
+    every later query its whole window. A rewind that would cut into a window raises rather than
+    decode inexactly.
     """
 
     step = 256
@@ -61,13 +63,14 @@ class WindowKVCache:
         self.offset = 0  # positions seen
         self.start = 0  # position of keys[..., 0, :]
 
-    def _history(self) -> int:
-        """Past positions the next update returns with its own: the newest window - 1 + slack."""
-        return min(self.offset - self.start, self.window - 1 + self.slack)
+    def _past(self) -> int:
+        """Past positions the next update returns with its own rows: the newest window - 1."""
+        return min(self.offset - self.start, self.window - 1)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        n, held, keep = keys.shape[2], self.offset - self.start, self._history()
+        n, held, past = keys.shape[2], self.offset - self.start, self._past()
         if self.keys is None or held + n > self.keys.shape[2]:  # compact to `keep`, then room to grow
+            keep = min(held, self.window - 1 + self.slack)
             shape = (*keys.shape[:2], keep + n + self.step, keys.shape[3])
             k, v = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
             if keep:
@@ -75,11 +78,13 @@ class WindowKVCache:
             self.keys, self.values, self.start, held = k, v, self.offset - keep, keep
         self.keys[..., held : held + n, :], self.values[..., held : held + n, :] = keys, values
         self.offset += n
-        return self.keys[..., held - keep : held + n, :], self.values[..., held - keep : held + n, :]
+        return self.keys[..., held - past : held + n, :], self.values[..., held - past : held + n, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """The mask for n new queries over what update_and_fetch will return (called before it)."""
-        window, past = window_size or self.window, self._history()
+        window, past = window_size or self.window, self._past()
+        if window > self.window:
+            raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")
         if past + n <= window and not return_array:
             return None if n == 1 else "causal"
         queries = self.offset + mx.arange(n)[:, None]
