@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
@@ -147,11 +147,6 @@ def new_cache(model: nn.Module) -> list:
     return make_prompt_cache(model)
 
 
-def trimmable(model: nn.Module) -> bool:
-    """Speculation rewinds caches past rejected drafts; sliding-window caches cannot."""
-    return can_trim_prompt_cache(make_prompt_cache(model))
-
-
 def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFILL_CHUNK,
             features: bool = False) -> mx.array | None:
     """Feed tokens into the cache in chunks. features=True: through the decoder body alone (no
@@ -171,8 +166,34 @@ def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFI
 
 
 def rewind(cache: list, n: int) -> None:
+    """Take the last n positions out of every cache that can (KV caches); recurrent layers' states
+    cannot go back: a caller that fed them rows it now drops restores a `snapshot` taken before."""
     if n > 0:
-        trim_prompt_cache(cache, n)
+        for c in cache:
+            if c.is_trimmable():
+                c.trim(n)
+
+
+def snapshot(cache: list) -> list:
+    """The states of the recurrent layers (mlx-lm's ArraysCache: linear attention, SSMs), to
+    `restore` after rows that must be undone; [] for a model of KV caches alone."""
+    from mlx_lm.models.cache import ArraysCache
+
+    return [(c, list(c.cache)) for c in cache if isinstance(c, ArraysCache)]
+
+
+def restore(saved: list) -> None:
+    for c, arrays in saved:
+        c.cache = list(arrays)  # MLX arrays are immutable: the saved ones are the old state
+
+
+def speculable(model: nn.Module) -> bool:
+    """Can speculation undo rejected drafts in every layer of this model: a KV cache that trims, or
+    a recurrent state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
+    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
+
+    return all(isinstance(c, ArraysCache) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
+               for c in make_prompt_cache(model))
 
 
 class PrefixCache:

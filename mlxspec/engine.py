@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from . import loading
 from .adaptive import CostModel
-from .cache import PrefixCache
+from .cache import PrefixCache, speculable
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
@@ -60,6 +60,7 @@ class Engine:
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         self.rows = RowInvariance(target.model)  # is speculation exact here? measured per row count
+        self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)
         # Ids a prompt may hold: rows of the embedding table (the draft model's too, if smaller).
@@ -160,6 +161,7 @@ class Engine:
             **self.target.info,
             "draft_weight_bytes": self.draft.info["weight_bytes"] if self.draft and self.draft is not self.target else 0,
             "activations": _activations_run(self.kernels),
+            **({} if self.speculable else {"speculation": "off: a layer's cache cannot undo rejected drafts"}),
         }
 
     # -- prompts -----------------------------------------------------------------------------
@@ -194,7 +196,7 @@ class Engine:
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
-        k = 0 if isinstance(self.drafter, NoDrafter) or tap is not None else k  # nothing to draft: plain rounds
+        k = 0 if isinstance(self.drafter, NoDrafter) or tap is not None or not self.speculable else k  # plain rounds
         drafter = self.drafter if k > 0 else (tap or NoDrafter())
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).

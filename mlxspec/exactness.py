@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .cache import new_cache, rewind
+from .cache import new_cache, restore, rewind, snapshot
 from .features import vocabulary_size
 
 PREFIX = 24  # tokens of context before the checked rows (so attention reads a real cache)
@@ -44,16 +44,19 @@ class RowInvariance:
         tokens = rng.integers(0, self.vocab_size, size=PREFIX + max(counts)).tolist()
         cache = new_cache(self.model)
         self.model(mx.array(tokens[:PREFIX])[None], cache=cache)
+        saved = snapshot(cache)  # recurrent layers go back by restoring their state
         steps = []  # one-row decoding steps: logits (V,) for each checked position
         for t in tokens[PREFIX:]:
             steps.append(self.model(mx.array([[t]]), cache=cache)[0, -1])
         mx.eval(steps)
         rewind(cache, len(steps))
+        restore(saved)
         out = {}
         for m in counts:
             rows = self.model(mx.array(tokens[PREFIX : PREFIX + m])[None], cache=cache)[0]  # (m, V)
             mx.eval(rows)
             rewind(cache, m)
+            restore(saved)
             out[m] = _compare(rows, steps[:m])
         return out
 

@@ -18,7 +18,7 @@ from typing import Callable, Protocol
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import rewind
+from .cache import restore, rewind, snapshot
 from .drafters.base import Draft, Drafter
 from .features import target_forward
 from .kernels.accept import fused_greedy_accept, fused_rejection_accept
@@ -141,12 +141,18 @@ class ChainRound:
         draft = drafter.propose(context, k, v.sampling, draft_key)
         stats.host_syncs += drafter.syncs - drafter_syncs
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
+        saved = snapshot(cache)  # recurrent layers' states (hybrid models): their rows cannot be trimmed
         logits, hidden = v.forward(x, cache, context, draft.tokens)  # (1 + kd, V)
         n, nxt = v.accept(logits, draft, verify_key)
         mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
         stats.host_syncs += 1
         n = int(n.item())
-        rewind(cache, draft.count - n)
+        if saved and n < draft.count:  # back to before the pass, then the kept rows again
+            rewind(cache, draft.count + 1)
+            restore(saved)
+            v.target(x[None, : n + 1], cache=cache)
+        else:
+            rewind(cache, draft.count - n)
         if hidden is None:
             drafter.accept(n)
         else:  # rows 0..n: the last context token and the kept drafts, whose next tokens are now known

@@ -29,6 +29,13 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ARCH_CONFIGS = {
     "llama": {"model_type": "llama", "rope_traditional": False, "tie_word_embeddings": False},
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
+    # Qwen3-Next's hybrid: gated delta-net layers (a recurrent state, mlx-lm's ArraysCache) between
+    # attention layers (every 2nd here), mixture-of-experts FFNs
+    "qwen3_next": {"model_type": "qwen3_next", "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+                   "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+                   "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
+                   "shared_expert_intermediate_size": 64, "mlp_only_layers": [], "moe_intermediate_size": 64,
+                   "partial_rotary_factor": 0.25, "head_dim": 16, "full_attention_interval": 2},
 }
 
 

@@ -1,0 +1,75 @@
+"""Speculation over models whose layers cannot all trim their cache.
+
+Qwen3-Next mixes gated delta-net layers (a recurrent state that takes in every row it is fed) with
+attention layers. A rejected draft cannot be trimmed out of that state: the round snapshots the
+recurrent states before its verify pass and, when drafts are rejected, restores them and feeds the
+kept rows again (rounds.ChainRound). Before this, rejected drafts stayed in the state and the
+output drifted from plain decoding. A cache that can neither trim nor be restored turns speculation off.
+"""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.models.cache import KVCache, RotatingKVCache
+
+from mlxspec.cache import new_cache, restore, rewind, snapshot
+from mlxspec.engine import Engine
+from mlxspec.options import GenerateOptions
+from model_factory import make_model_dir
+
+PROMPTS = ["the world and the world and the world and the", "Once upon a time", "def add(a, b):"]
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return str(make_model_dir(tmp_path_factory.mktemp("qwen3-next"), "qwen3_next", layers=4, seed=3))
+
+
+def run(engine, prompt, **kw):
+    tokens = []
+    for ev in engine.generate(prompt, GenerateOptions(max_tokens=40, temperature=0, **kw)):
+        tokens += ev.tokens
+    return tokens, ev.stats
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 7])
+def test_speculation_over_recurrent_layers_equals_plain(hybrid, k):
+    plain, lookup = Engine.load(hybrid), Engine.load(hybrid, drafter="lookup")
+    rejected = 0
+    for prompt in PROMPTS:
+        tokens, stats = run(lookup, prompt, draft_length=k)
+        assert tokens == run(plain, prompt)[0], prompt
+        assert stats.exact  # verify rows measured equal to one-row steps, recurrent layers restored
+        rejected += stats.drafted - stats.accepted
+    assert rejected > 0  # rounds did restore and replay
+
+
+def test_snapshot_restores_a_recurrent_state(hybrid):
+    model = Engine.load(hybrid).target.model
+    cache = new_cache(model)
+    import mlx.core as mx
+
+    model(mx.array([[5, 6, 7]]), cache=cache)
+    saved = snapshot(cache)
+    assert saved and all(any(a is not None for a in arrays) for _, arrays in saved)
+    before = model(mx.array([[9]]), cache=cache)
+    rewind(cache, 1)
+    restore(saved)
+    model(mx.array([[11, 12]]), cache=cache)  # rows that are then undone
+    rewind(cache, 2)
+    restore(saved)
+    assert mx.array_equal(model(mx.array([[9]]), cache=cache), before).item()
+
+
+def test_a_cache_that_cannot_undo_turns_speculation_off(tiny_llama):
+    """mlx-lm's RotatingKVCache with kept tokens neither trims nor restores: plain rounds, said so."""
+    plain, lookup = Engine.load(str(tiny_llama)), Engine.load(str(tiny_llama), drafter="lookup")
+    model = lookup.target.model
+    model.make_cache = lambda: [RotatingKVCache(max_size=512, keep=4) for _ in model.layers]
+    stuck = Engine(lookup.target, lookup.drafter, draft_length=4)
+    assert not stuck.speculable and "cannot undo" in stuck.info["speculation"]
+    tokens, stats = run(stuck, PROMPTS[0])
+    assert stats.drafted == 0 and stats.drafter == "none"
+    del model.make_cache
+    assert tokens == run(plain, PROMPTS[0])[0]
+    assert type(new_cache(model)[0]) is KVCache
