@@ -12,6 +12,7 @@ from ..engine import Engine
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, local_path
 from .prompts import FIM_TOKENS, supports_insert
+from .harmony import is_harmony
 from .tool_calls import shows_tools
 
 
@@ -36,7 +37,7 @@ class Facts:
         template = manifest.template or self.chat_template
         if shows_tools(template):  # clients (Zed, Open WebUI) offer tools only to models that list it
             caps.append("tools")
-        if template and "enable_thinking" in template:
+        if template and ("enable_thinking" in template or is_harmony(template)):  # gpt-oss always thinks
             caps.append("thinking")
         return caps
 

@@ -71,6 +71,7 @@ def gpt_oss(daemon, tiny_llama):
 
 def test_ollama_chat_splits_harmony(daemon, gpt_oss):
     client = ollama.Client(host=daemon.url)
+    assert {"thinking", "tools"} <= set(client.show("harmony-think").capabilities)  # as Ollama lists gpt-oss
     reply = client.chat(model="harmony-think", messages=USER).message
     assert reply.thinking == "Two and two make four." and reply.content == "The answer is 4."
     chunks = list(client.chat(model="harmony-think", messages=USER, stream=True))
