@@ -48,8 +48,8 @@ class WindowKVCache:
     window and drops older ones the next step needs).
 
     Keys stay in time order and the mask applies the window: each query at position p sees the keys
-    at p - window < position <= p. An update returns the window - 1 positions before its rows (a
-    one-row step then needs no mask) and its rows. The cache keeps `window - 1 + slack` past
+    at p - window < position <= p. An update returns the window - 1 positions before its rows and
+    its rows. The cache keeps `window - 1 + slack` past
     positions (more while it has not compacted), so rewinding up to `slack` positions still leaves
     every later query its whole window. A rewind that would cut into a window raises rather than
     decode inexactly.
@@ -81,12 +81,13 @@ class WindowKVCache:
         return self.keys[..., held - past : held + n, :], self.values[..., held - past : held + n, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
-        """The mask for n new queries over what update_and_fetch will return (called before it)."""
+        """The mask for n new queries over what update_and_fetch will return (called before it).
+        Always an array, even where nothing is masked: then every call of a sliding layer runs the
+        same attention (MLX's, which takes masks), a one-row step as each row of a verify pass;
+        mlxspec's few-row kernel knows no windows, and mixing the two would change bits."""
         window, past = window_size or self.window, self._past()
         if window > self.window:
             raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")
-        if past + n <= window and not return_array:
-            return None if n == 1 else "causal"
         queries = self.offset + mx.arange(n)[:, None]
         keys = self.offset - past + mx.arange(past + n)[None]
         return (keys <= queries) & (queries - keys < window)

@@ -120,6 +120,7 @@ def test_speculation_over_sliding_windows_is_exact(tmp_path, arch):
     for k in (4, 7):
         tokens, stats = run(lookup, draft_length=k)
         assert tokens == want and stats.drafted > stats.accepted > 0  # drafts were rejected and rewound
+        assert stats.exact  # every verify row measured equal to its one-row step (one attention for both)
 
 
 def test_window_cache_decoding_equals_the_windowed_full_forward(tmp_path):
