@@ -77,7 +77,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     tools, think, found = field(body, "tools", list), think_field(body), Found()
 
     def build(engine):
-        found.format = tool_format(engine, manifest, name, tools)
+        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
         ids = chat_ids(engine, manifest, messages, tools, think)
         found.thinking = reply_splitter(engine, manifest, ids, think)  # the reasoning goes to message.thinking
         return ids
@@ -160,7 +160,7 @@ async def respond(
     """Run the job; NDJSON chunks then a final object, or one object when not streaming.
     `found` holds the tool-call format, known once the prompt is built (after `session` starts)."""
     async with state.scheduler.session(job):
-        events = pieces(job.events(), found.format if found else None, found.thinking if found else None)
+        events = pieces(job.events(), found)
         if stream:
             return await ndjson(request, _chunks(job, events, piece, context))
         text, calls, tokens, thoughts, last = [], [], [], [], None

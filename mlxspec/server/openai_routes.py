@@ -36,7 +36,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tools, think, found = tools_field(body), think_field(body), Found()
 
     def build(engine):
-        found.format = tool_format(engine, manifest, name, tools)
+        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
         ids = chat_ids(engine, manifest, messages, tools, think)
         found.thinking = reply_splitter(engine, manifest, ids, think)  # reasoning: message.reasoning (as Ollama's)
         return ids
@@ -167,7 +167,7 @@ async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind
     head = {"id": f"{prefix}-{secrets.token_hex(6)}", "created": int(time.time()), "model": job.name,
             "system_fingerprint": "fp_mlxspec"}
     async with state.scheduler.session(job):
-        events = pieces(job.events(), found.format if found else None, found.thinking if found else None)
+        events = pieces(job.events(), found)
         if field(body, "stream", bool, False):
             chunks = _chunks(events, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
                              bool(stream_options.get("include_usage")))

@@ -100,14 +100,64 @@ def parse_mistral(text: str) -> Parsed | None:
     return (content.strip(), calls) if all(calls) else None
 
 
+_CODER_CALL = re.compile(r"<tool_call>\s*<function=([^>\s]+)>(.*?)</function>\s*(?:</tool_call>|$)", re.S)
+_CODER_PARAM = re.compile(r"<parameter=([^>\s]+)>(.*?)</parameter>", re.S)
+
+
+def parse_qwen3_coder(text: str) -> Parsed | None:
+    """Qwen3-Coder: <tool_call><function=NAME><parameter=KEY>VALUE</parameter>...</function></tool_call>,
+    repeated; values are text (one newline each side is the format's), typed later by the tool's schema."""
+    calls = []
+    for name, body in _CODER_CALL.findall(text):
+        args = {key: value.removeprefix("\n").removesuffix("\n") for key, value in _CODER_PARAM.findall(body)}
+        calls.append(ToolCall(name, args))
+    rest = _CODER_CALL.sub("", text)
+    return (rest.strip(), calls) if calls and "<tool_call>" not in rest else None
+
+
+def typed_arguments(calls: list[ToolCall], tools: list | None) -> None:
+    """Text arguments to the types their tool's JSON schema declares (integer, number, boolean,
+    object, array, null); a value that does not read as its type stays text."""
+    schemas = {}
+    for tool in tools or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        if isinstance(fn, dict) and isinstance(params, dict) and isinstance(params.get("properties"), dict):
+            schemas[fn.get("name")] = params["properties"]
+    for call in calls:
+        props = schemas.get(call.name, {})
+        for key, value in call.arguments.items():
+            kind = props.get(key, {}).get("type") if isinstance(props.get(key), dict) else None
+            if isinstance(value, str) and kind in _READERS:
+                call.arguments[key] = _READERS[kind](value.strip(), value)
+
+
+def _reader(*types):
+    def read(text: str, raw: str):
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return raw
+        if isinstance(value, bool) != (bool in types):  # True is an int to Python, not to JSON Schema
+            return raw
+        return value if isinstance(value, types) else raw
+    return read
+
+
+_READERS = {"integer": _reader(int), "number": _reader(int, float), "boolean": _reader(bool),
+            "object": _reader(dict), "array": _reader(list), "null": _reader(type(None))}
+
+
 @dataclass(frozen=True)
 class Format:
     parse: Callable[[str], Parsed | None]
     markers: tuple[str, ...]  # a call starts here, anywhere in the output
     leading: tuple[str, ...] = ()  # a call starts here only at the very start of the output
+    text_arguments: bool = False  # arguments come as text: typed by the tools' schemas
 
 
 FORMATS = {
+    "qwen3_coder": Format(parse_qwen3_coder, ("<tool_call>",), text_arguments=True),
     "hermes": Format(parse_hermes, ("<tool_call>",)),
     "llama3": Format(parse_llama3, ("<|python_tag|>",), leading=("{",)),
     "mistral": Format(parse_mistral, ("[TOOL_CALLS]",)),
@@ -119,6 +169,8 @@ def detect(template: str | None) -> str | None:
     template = template or ""
     if "[TOOL_CALLS]" in template:
         return "mistral"
+    if "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
     if "<tool_call>" in template:
         return "hermes"
     if "<|python_tag|>" in template or ("<|start_header_id|>" in template and "tools" in template):
@@ -135,8 +187,8 @@ def shows_tools(template: str | None) -> bool:
 class Splitter:
     """Streamed text -> content that is surely not part of a call; the calls at `finish`."""
 
-    def __init__(self, fmt: Format):
-        self.fmt = fmt
+    def __init__(self, fmt: Format, tools: list | None = None):
+        self.fmt, self.tools = fmt, tools
         self.buf = ""
         self.holding = False  # a marker was seen: everything from it on waits for the end
         self.started = False  # some content already went out: `leading` markers no longer apply
@@ -163,6 +215,8 @@ class Splitter:
         """The held text as (content, calls); text that is not a valid call is content."""
         text, self.buf = self.buf, ""
         parsed = self.fmt.parse(text) if self.holding else None
+        if parsed and self.fmt.text_arguments:
+            typed_arguments(parsed[1], self.tools)
         return parsed if parsed else (text, [])
 
 
@@ -171,11 +225,13 @@ def _partial_marker(text: str, markers: tuple[str, ...]) -> int:
     return max((n for m in markers for n in range(1, len(m)) if text.endswith(m[:n])), default=0)
 
 
-async def pieces(events, fmt: str | None, think=None):
-    """(content, calls, event, thinking) per engine event; with a format, content is held back while
-    it may be a call, and the calls come with the last event. `think`: a thinking.ThinkSplitter
-    that first takes the reasoning out of the text, or a harmony.HarmonySplitter (reasoning and calls)."""
-    splitter = Splitter(FORMATS[fmt]) if fmt else None
+async def pieces(events, found: Found | None):
+    """(content, calls, event, thinking) per engine event; with a call format, content is held back
+    while it may be a call, and the calls come with the last event. `found.thinking`: a
+    thinking.ThinkSplitter that first takes the reasoning out of the text, or a
+    harmony.HarmonySplitter (reasoning and calls)."""
+    fmt, think = (found.format, found.thinking) if found else (None, None)
+    splitter = Splitter(FORMATS[fmt], found.tools) if fmt else None
     async for event in events:
         thinking, text = think.feed(event.text) if think else ("", event.text)
         if event.done and think:
@@ -196,4 +252,5 @@ class Found:
     once the job has started; None: no tools in the request, or no known format."""
 
     format: str | None = None
+    tools: list | None = None  # the request's, for formats whose arguments the schemas type
     thinking: object = None  # a ThinkSplitter when the reply's thinking is split off (think requested)
