@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
@@ -122,8 +122,6 @@ class WindowKVCache:
 def exact_windows(model: nn.Module) -> None:
     """Give this model's sliding-window layers WindowKVCaches in place of mlx-lm's RotatingKVCaches
     (per model: its `make_cache`), so that speculation rewinds them exactly."""
-    from mlx_lm.models.cache import RotatingKVCache
-
     own = getattr(model, "make_cache", None)
     if own is None:
         return
@@ -178,8 +176,6 @@ def rewind(cache: list, n: int) -> None:
 def snapshot(cache: list) -> list:
     """The states of the recurrent layers (mlx-lm's ArraysCache: linear attention, SSMs), to
     `restore` after rows that must be undone; [] for a model of KV caches alone."""
-    from mlx_lm.models.cache import ArraysCache
-
     return [(c, list(c.cache)) for c in cache if isinstance(c, ArraysCache)]
 
 
@@ -191,8 +187,6 @@ def restore(saved: list) -> None:
 def speculable(model: nn.Module) -> bool:
     """Can speculation undo rejected drafts in every layer of this model: a KV cache that trims, or
     a recurrent state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
-    from mlx_lm.models.cache import ArraysCache, RotatingKVCache
-
     return all(isinstance(c, ArraysCache) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
                for c in make_prompt_cache(model))
 
