@@ -14,6 +14,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
   llama.cpp picks by layer count (46 for gemma2, 62 for gemma3); gemma3's local layers use rope base
   10000 and every 6th layer is global unless the file says otherwise.
 - phi3: fused qkv and gate_up tensors map onto mlx-lm's fused qkv_proj and gate_up_proj.
+- Mixtral: a llama file with experts (llama.expert_count; the stacked ffn_*_exps layout, not the
+  first per-expert one) runs on mlx-lm's mixtral; its softmax over the top k logits is llama.cpp's
+  softmax over all then renormalized.
 - qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): every layer is a mixture of experts, the experts
   stacked per layer (ffn_*_exps: (experts, out, in)) as mlx-lm's SwitchGLU holds them; the router
   is a softmax over all experts whose top k weights are renormalized (llama.cpp's norm_w).
@@ -62,6 +65,12 @@ MOE_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if not k.startswith(("ffn_gate
     "ffn_up_exps": "mlp.switch_mlp.up_proj",
     "ffn_down_exps": "mlp.switch_mlp.down_proj",
 }
+MIXTRAL_BLOCK = {k: v for k, v in MOE_BLOCK.items() if not k.startswith("ffn_") or k == "ffn_norm"} | {
+    "ffn_gate_inp": "block_sparse_moe.gate",
+    "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+    "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+    "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
+}
 GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
     "post_attention_norm": "post_attention_layernorm",
     "attn_sinks": "self_attn.sinks",  # a parameter itself, not a module's weight
@@ -94,6 +103,8 @@ ARCHS = {
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
     "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
 }
+# Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
+MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
 PARAMETERS = ("self_attn.sinks",)  # GGUF "<name>.weight" tensors that are mlx-lm parameters, not modules
 
 
@@ -104,6 +115,8 @@ def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
                              "conversion (architecture 'gpt-oss', e.g. ggml-org/gpt-oss-20b-GGUF) or an MLX gpt-oss model")
     if name not in ARCHS:
         raise ModelLoadError(f"{path.name}: architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
+    if name == "llama" and metadata.get("llama.expert_count", 0) > 0:
+        return name, MIXTRAL
     return name, ARCHS[name]
 
 
@@ -159,6 +172,10 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gemma_config(name, get, config)
     if name == "qwen3moe":
         config |= _moe_config(get)
+    if arch is MIXTRAL:  # experts in place of the FFN; feed_forward_length is an expert's
+        if head_dim != hidden // heads:
+            raise ModelLoadError(f"{path.name}: mixtral with head_dim {head_dim} != hidden/heads is not supported")
+        config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count")}
     if name == "gpt-oss":
         config |= _gpt_oss_config(get, config)
     return config

@@ -122,7 +122,8 @@ def write_tiny_llama_gguf(
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
     arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma2", "gemma3" (post
     norms; gemma3 also q/k norms), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
-    (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer) or
+    (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
+    "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
     biases, post_attention_norm before the experts; pass the window and YaRN keys in metadata), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
@@ -140,12 +141,13 @@ def write_tiny_llama_gguf(
     tokens = byte_level_vocab() if tokenizer == "gpt2" else sentencepiece_vocab()[0]
     types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {}, dims)
 
-    writer = gguf.GGUFWriter(str(path), arch)
+    file_arch = "llama" if arch == "mixtral" else arch  # Mixtral: a llama file with experts
+    writer = gguf.GGUFWriter(str(path), file_arch)
     writer.add_name(f"tiny-{arch}-{qtype}")
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(dims.hidden)
     writer.add_block_count(dims.layers)
-    writer.add_feed_forward_length(dims.ffn)
+    writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
     writer.add_layer_norm_rms_eps(RMS_EPS)
@@ -153,14 +155,14 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
-        add(f"{arch}.{key}", value)
+        add(f"{file_arch}.{key}", value)
     if tokenizer == "gpt2":
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(pre)
@@ -235,7 +237,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch == "phi3":
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
-        elif arch == "qwen3moe":
+        elif arch in ("qwen3moe", "mixtral"):
             e, f = dims.experts, dims.expert_ffn
             shapes |= {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_exps.weight": (e, f, hidden),
                        f"{b}.ffn_up_exps.weight": (e, f, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f)}

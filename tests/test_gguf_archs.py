@@ -53,6 +53,9 @@ CASES = {
     # Qwen3-30B-A3B's layout: qwen3 attention, 8 experts per layer (3 used per token), F32 routers.
     "qwen3moe": dict(arch="qwen3moe", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
                      metadata={"rope.freq_base": 1000000.0}, hp=dict(rope_base=1000000.0, experts_used=3)),
+    # Mixtral 8x7B's layout: a "llama" file (interleaved rope) whose FFNs are 4 experts, 2 per token.
+    "mixtral": dict(arch="mixtral", dims=Dims(experts=4, experts_used=2), output_qtype="Q8_0", tokenizer="llama",
+                    hp=dict(experts_used=2)),
     # gpt-oss-20b's layout, tiny: MXFP4 experts with biases, sinks, a 4-token window on even layers,
     # YaRN x32 over a 4096-token original context, head_dim * heads != hidden.
     "gpt-oss": dict(arch="gpt-oss", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
@@ -70,6 +73,7 @@ TEETH = {
     "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
     "phi3": [dict(rope_dims=None)],
     "qwen3moe": [dict(norm_topk=False), dict(experts_used=2)],
+    "mixtral": [dict(arch="qwen2"), dict(norm_topk=False)],
     "gpt-oss": [dict(yarn=None), dict(sinks=False), dict(swa_window=None), dict(experts_used=2)],
 }
 
@@ -101,7 +105,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe", "gpt-oss"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)
