@@ -83,14 +83,19 @@ class WindowKVCache:
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """The mask for n new queries over what update_and_fetch will return (called before it).
         Always an array, even where nothing is masked: then every call of a sliding layer runs the
-        same attention (MLX's, which takes masks), a one-row step as each row of a verify pass;
-        mlxspec's few-row kernel knows no windows, and mixing the two would change bits."""
+        same attention, a one-row step as each row of a verify pass (the CPU's few-row kernel reads
+        `attention_window` instead; MLX's op, on GPUs, the mask). Mixing two would change bits."""
         window, past = window_size or self.window, self._past()
         if window > self.window:
             raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")
         queries = self.offset + mx.arange(n)[:, None]
         keys = self.offset - past + mx.arange(past + n)[None]
         return (keys <= queries) & (queries - keys < window)
+
+    @property
+    def attention_window(self) -> int:
+        """What its masks stand for, for attention kernels that take a window instead of a mask."""
+        return self.window
 
     def can_rewind(self, n: int) -> bool:
         """Does the query after rewinding n positions still find its whole window here?"""

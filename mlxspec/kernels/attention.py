@@ -10,8 +10,9 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
-(CPU device, plain KV cache, mask None or "causal", no sinks, dtypes it handles, and this shape
-signature passed the self-check); anything else goes to mlx-lm's own function unchanged. Keys and
+(CPU device, plain KV cache, mask None or "causal", or on the CPU the array mask of mlxspec's
+WindowKVCache, which the kernel reads as its sliding window; no sinks, dtypes it handles, and this
+shape signature passed the self-check); anything else goes to mlx-lm's own function unchanged. Keys and
 values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
 """
 
@@ -31,16 +32,21 @@ ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| 
 EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
 
-def attention_reference(q, k, v, scale: float, causal: bool) -> mx.array:
-    """The definition: MLX's fused attention in float32, in q's dtype."""
+def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0) -> mx.array:
+    """The definition: MLX's fused attention in float32, in q's dtype (window: causal rows see
+    their last `window` keys)."""
     f32 = mx.float32
-    y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale,
-                                             mask="causal" if causal else None)
+    mask = "causal" if causal else None
+    if window:
+        qpos = (k.shape[2] - q.shape[2]) + mx.arange(q.shape[2])[:, None]
+        kpos = mx.arange(k.shape[2])[None]
+        mask = (kpos <= qpos) & (qpos - kpos < window)
+    y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale, mask=mask)
     return y.astype(q.dtype)
 
 
-def attention_within_tolerance(y, q, k, v, scale: float, causal: bool) -> tuple[bool, float]:
-    ref = attention_reference(q, k, v, scale, causal).astype(mx.float32)
+def attention_within_tolerance(y, q, k, v, scale: float, causal: bool, window: int = 0) -> tuple[bool, float]:
+    ref = attention_reference(q, k, v, scale, causal, window).astype(mx.float32)
     allowed = ATOL * mx.abs(v.astype(mx.float32)).max() + EPS[y.dtype] * mx.abs(ref) + 1e-30
     ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
     return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)
@@ -68,6 +74,17 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
             one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], scale, False)
             if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
                 return f"row {i} of a {rows}-row causal call differs from the one-row call"
+        if getattr(sdpa, "windows", False):  # sliding windows: row i = a one-row call over its window
+            window = 37
+            y = sdpa(q, k, v, scale, True, window=window)
+            ok, ratio = attention_within_tolerance(y, q, k, v, scale, True, window)
+            if not ok:
+                return f"window {window}: error {ratio:.3g}x the tolerance"
+            for i in range(rows):
+                seen = keys - rows + i + 1
+                one = sdpa(q[:, :, i : i + 1], k[:, :, seen - window : seen], v[:, :, seen - window : seen], scale, False)
+                if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
+                    return f"row {i} of a {rows}-row windowed call differs from the one-row call over its window"
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return None
@@ -122,9 +139,22 @@ def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=m
 
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
-    if _usable(queries, keys, values, cache, mask, sinks):
+    window = _window(cache, mask)
+    if _usable(queries, keys, values, cache, "causal" if window else mask, sinks):
+        if window:
+            return _record().fn(queries, keys, values, scale, True, window=window)
         return _record().fn(queries, keys, values, scale, mask is not None)
     return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _window(cache, mask) -> int:
+    """The sliding window an array mask stands for where the cache made it for exactly these keys
+    (mlxspec's WindowKVCache: causal rows over their last `attention_window` keys) and the kernel
+    here takes windows; else 0."""
+    window = getattr(cache, "attention_window", 0)
+    if not window or not isinstance(mask, mx.array) or not getattr(_record().fn, "windows", False):
+        return 0
+    return window
 
 
 def _mlx_lm_attention():

@@ -62,13 +62,15 @@ def cpu_supports(group_size: int, bits: int) -> str | None:
 
 
 def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
-    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal) -> (B, H, M, Dv)."""
+    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal, window=0) -> (B, H, M, Dv);
+    window > 0: causal rows see only their last `window` keys (a sliding-window layer)."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
 
-    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
-        return ext.sdpa(q, k, v, scale, causal, isa, stream=mx.cpu)
+    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0) -> mx.array:
+        return ext.sdpa(q, k, v, scale, causal, isa, window=window, stream=mx.cpu)
 
     sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
+    sdpa.windows = True  # takes `window` (the GPU kernels do not yet)
     return sdpa

@@ -43,6 +43,27 @@ def test_every_row_count_matches_reference_and_one_row_calls(cpu_ext, dtype):
                 assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"isa {sdpa.isa}, M={m}, row {i}"
 
 
+@pytest.mark.parametrize("window", [1, 7, 64])
+def test_sliding_window_rows_equal_one_row_calls_over_their_window(cpu_ext, window):
+    """window: causal row i sees only its last `window` keys (gemma2/3's and gpt-oss's local layers);
+    each row equals a one-row call over exactly those keys, which start at index 0 there."""
+    heads, kv_heads, dim, keys = 6, 2, 64, 50
+    q, k, v = inputs(heads, kv_heads, 9, keys, dim, dim, mx.float32, seed=5)
+    for isa in isas(cpu_ext):
+        sdpa = cpu_sdpa_function(isa)
+        for m in (1, 4, 9):
+            y = sdpa(q[:, :, :m], k, v, dim**-0.5, True, window=window)
+            ok, ratio = attention.attention_within_tolerance(y, q[:, :, :m], k, v, dim**-0.5, True, window)
+            assert ok, f"isa {sdpa.isa}, M={m}: error {ratio:.3g}x the tolerance"
+            for i in range(m):
+                seen = keys - m + i + 1
+                lo = max(0, seen - window)
+                one = sdpa(q[:, :, i : i + 1], k[:, :, lo:seen], v[:, :, lo:seen], dim**-0.5, False)
+                assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"isa {sdpa.isa}, M={m}, row {i}"
+    with pytest.raises(ValueError, match="window needs causal"):
+        cpu_sdpa_function()(q, k, v, 0.125, False, window=4)
+
+
 @pytest.mark.parametrize("kv_dtype", [mx.float16, mx.bfloat16])
 def test_fp32_queries_over_a_half_cache_equal_fp32_attention_over_the_same_values(cpu_ext, kv_dtype):
     """fp32 queries with fp16/bf16 keys and values (read as fp32, exactly): the bits of an all-fp32 call."""

@@ -219,8 +219,8 @@ void run_sdpa(Isa isa, const SdpaProblem& p) {
 
 class FewRowAttention : public mx::UnaryPrimitive {
  public:
-  FewRowAttention(mx::Stream s, float scale, bool causal, int isa)
-      : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa) {}
+  FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window)
+      : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
@@ -232,11 +232,12 @@ class FewRowAttention : public mx::UnaryPrimitive {
     enc.set_output_array(out);
     enc.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                   v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
-                  scale = scale_, causal = causal_, isa = Isa(isa_)]() mutable {
+                  scale = scale_, causal = causal_, isa = Isa(isa_), window = window_]() mutable {
       SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(k.dtype()), {}, {}, {},
                     q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3),
                     scale, causal, nullptr};
       if (q.dtype() != k.dtype()) p.qdtype = int(dtype_of(q.dtype()));
+      p.window = window;
       for (int i = 0; i < 4; ++i) p.qs[i] = q.strides()[i], p.ks[i] = k.strides()[i], p.vs[i] = v.strides()[i];
       thread_local std::vector<float> buf;
       buf.resize(out.size());
@@ -254,7 +255,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const FewRowAttention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ && window_ == o.window_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -266,11 +267,12 @@ class FewRowAttention : public mx::UnaryPrimitive {
  private:
   float scale_;
   bool causal_;
-  int isa_;
+  int isa_, window_;
 };
 
 static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                      int isa, mx::StreamOrDevice s) {
+                      int isa, int window, mx::StreamOrDevice s) {
+  if (window < 0 || (window > 0 && !causal)) throw std::invalid_argument("mlxspec sdpa: a window needs causal rows");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
   if (v.dtype() != k.dtype()) throw std::invalid_argument("mlxspec sdpa: one dtype for k and v");
@@ -285,7 +287,7 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
   if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec sdpa: that ISA is not compiled in");
   auto shape = q.shape();
   shape[3] = v.shape(3);
-  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen)), {q, k, v});
+  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window), {q, k, v});
 }
 
 void register_pointwise(nb::module_& m);  // pointwise.cpp
@@ -300,8 +302,9 @@ NB_MODULE(_mlxspec_cpu, m) {
         nb::arg("stream") = nb::none(),
         "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
-        nb::arg("isa") = -1, nb::kw_only(), nb::arg("stream") = nb::none(),
-        "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows), rows independent of M.");
+        nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("stream") = nb::none(),
+        "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows, optionally within a "
+        "sliding window of keys), rows independent of M.");
   mlxspec::register_pointwise(m);
   mlxspec::register_fused_layer(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });

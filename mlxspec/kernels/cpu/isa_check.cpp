@@ -158,6 +158,31 @@ int main() {
       for (Isa isa : kIsas)
         if (isa_compiled(isa)) compare(ref16, run_sdpa(isa, ph), "sdpa f16", isa);
     }
+  {  // a sliding window (W = 5) over 6 causal rows: every ISA alike, and each row equal to a one-row
+     // call over exactly its window's keys (its first key at index 0 there, at index m here)
+    const int H = 4, KV = 2, M = 6, T = 14, D = 32, W = 5;
+    std::vector<float> q(size_t(H) * M * D), k(size_t(KV) * T * D), v(size_t(KV) * T * D);
+    for (auto* a : {&q, &k, &v})
+      for (auto& f : *a) f = uniform() * 4;
+    SdpaProblem p{q.data(), k.data(), v.data(), DType::f32, {H * M * D, M * D, D, 1}, {KV * T * D, T * D, D, 1},
+                  {KV * T * D, T * D, D, 1}, 1, H, KV, M, T, D, D, 0.125f, true, nullptr};
+    p.window = W;
+    std::vector<float> ref = run_sdpa(Isa::generic, p);
+    digest.add(ref);
+    for (Isa isa : kIsas)
+      if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_sdpa(isa, p), "sdpa window", isa);
+    for (int m = 0; m < M; ++m) {
+      SdpaProblem one = p;
+      const int last = T - M + m;  // the row's own position
+      one.q = q.data() + size_t(m) * D, one.M = 1, one.T = W;
+      one.k = k.data() + size_t(last - W + 1) * D, one.v = v.data() + size_t(last - W + 1) * D;
+      one.window = 0;
+      std::vector<float> got = run_sdpa(best_isa(), one), want(size_t(H) * D);
+      for (int h = 0; h < H; ++h)
+        std::copy(ref.begin() + (size_t(h) * M + m) * D, ref.begin() + (size_t(h) * M + m + 1) * D, want.begin() + size_t(h) * D);
+      compare(want, got, "sdpa window row", best_isa());
+    }
+  }
   {  // exp over softmax-like inputs and swiglu, span (vector bodies where compiled) vs scalar loops
     const int n = 1 << 16;
     std::vector<float> s(n), e(n), es(n), a(n), u(n), y(n), ys(n);

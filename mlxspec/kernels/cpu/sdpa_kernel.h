@@ -2,7 +2,8 @@
 //
 // q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv); head h reads kv head h / (H / KV) (GQA). k and v
 // share a dtype; q may have another (fp32 queries over an fp16 cache): all are read as fp32, exactly.
-// Causal: query row m sees keys t < T - M + m + 1 (the new rows are the last M positions).
+// Causal: query row m sees keys t < T - M + m + 1 (the new rows are the last M positions); with a
+// window W as well, only the last W of those (a sliding-window layer: t > T - M + m - W).
 // Tree (`visible` set): row m sees keys t < T - M and tail key T - M + j iff bit j of visible[m]
 // (its ancestors and itself): its softmax, sum and value FMAs run over exactly those keys in
 // order, so a tree row equals a one-row step over the cache holding the prefix and its path.
@@ -43,6 +44,7 @@ struct SdpaProblem {
   int64_t k2s[4] = {0, 0, 0, 0}, v2s[4] = {0, 0, 0, 0};
   const uint64_t* visible = nullptr;  // (M,) tree rows' visible tail keys (M <= 64), or causal/full
   int qdtype = -1;  // q's DType where it differs from k's and v's (fp32 queries over an fp16 cache), else -1
+  int window = 0;   // causal rows see at most this many keys, their last ones (0: all)
 };
 
 // Does query row m (of M) see key t? (every row sees the keys before the tail)
@@ -221,11 +223,12 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   const int D = p.D, Dv16 = (p.Dv + 15) / 16 * 16;
   // scratch per thread, reused across calls (a decoding step calls this ~100 times)
   thread_local std::vector<float> q, scores, acc, kt, vrows, buf, keybuf;
-  thread_local std::vector<int> seen, row_m;
+  thread_local std::vector<int> seen, first, row_m;
   thread_local std::vector<float> compact;
   q.assign(size_t(rows) * D, 0.0f), scores.assign(size_t(rows) * p.T, 0.0f), acc.assign(size_t(rows) * Dv16, 0.0f);
   kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv)), keybuf.resize(size_t(kKeys) * D);
-  seen.assign(rows, 0);  // keys each row attends to
+  seen.assign(rows, 0);  // keys each row attends to: [first, seen)
+  first.assign(rows, 0);
   row_m.assign(rows, 0);
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
@@ -233,6 +236,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     for (int d = 0; d < D; ++d) q[size_t(r) * D + d] = to_float(p.q, qi + d, p.qdtype < 0 ? p.dtype : DType(p.qdtype));
     seen[r] = p.causal ? p.T - p.M + m + 1 : p.T;
     if (p.visible) seen[r] = p.T - p.M + (p.visible[m] ? 64 - __builtin_clzll(p.visible[m]) : 0);  // last seen + 1
+    if (p.window > 0) first[r] = std::max(0, seen[r] - p.window);
     row_m[r] = m;
   }
   const int t_end = *std::max_element(seen.begin(), seen.end());
@@ -257,10 +261,11 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
       for (int t = 0; t < seen[r]; ++t)
         if (sees(p, row_m[r], t)) mx = std::max(mx, s[t]);
       for (int t = 0; t < seen[r]; ++t) s[t] = sees(p, row_m[r], t) ? exp_nonpositive(s[t] - mx) : 0.0f;
-    } else {
-      mx = max_span(s, seen[r], mx);
-      exp_shifted_span(s, mx, seen[r]);
+    } else {  // over the row's own keys, from its first: as a one-row call over exactly those keys
+      mx = max_span(s + first[r], seen[r] - first[r], mx);
+      exp_shifted_span(s + first[r], mx, seen[r] - first[r]);
     }
+    for (int t = 0; t < first[r]; ++t) s[t] = 0.0f;
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
   // Value rows in fp32, padded to 16 lanes: each segment's own rows where they already are (a
@@ -298,6 +303,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     for (int i = 0; i < RB; ++i) common = std::min(common, seen[r + i]);
     common = std::min(common, t_end);
     if (p.visible) common = std::min(common, p.T - p.M);  // the tail: each row its own keys, one at a time
+    if (p.window > 0) common = 0;  // windows start at each row's own key: every row alone, in key order
     // Keys the whole block sees, kValueChunk at a time with every lane block of the chunk before the
     // next chunk: its value rows are read from memory once and then from L1 (lane block by lane block
     // over all keys re-streamed the cache from memory at long context: 4x slower). Each lane's FMAs
@@ -315,7 +321,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
       for (int i = 0; i < RB; ++i) ac[i] = acc.data() + size_t(r + i) * Dv16 + d0;
       for (int i = 0; i < RB; ++i) {
         if (!p.visible) {
-          values(std::integral_constant<int, 1>{}, pr + i, common, seen[r + i], d0, ac + i);
+          values(std::integral_constant<int, 1>{}, pr + i, std::max(common, first[r + i]), seen[r + i], d0, ac + i);
           continue;
         }
         for (int t = common; t < seen[r + i]; ++t)
@@ -333,7 +339,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
         if (sees(p, m, t)) compact.push_back(s[t]);
       total = sum16(compact.data(), int(compact.size()));
     } else {
-      total = sum16(s, seen[r]);
+      total = sum16(s + first[r], seen[r] - first[r]);
     }
     float* o = p.out + ((size_t(b) * p.H + h) * p.M + m) * p.Dv;
     for (int d = 0; d < p.Dv; ++d) o[d] = acc[size_t(r) * Dv16 + d] / total;
