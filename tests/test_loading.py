@@ -127,6 +127,8 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
     assert plain.target.config["num_experts"] == 16 and plain.target.config["num_experts_per_tok"] == 8
     assert plain.info["architecture"] == "qwen3moe"  # the file's name for it, as Ollama's show says
+    swapped = plain.kernels["target"]["layers"]["swapped"]
+    assert sum("switch_mlp" in path for path in swapped) == 3 * dims.layers  # experts on the CPU kernel
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
     for k in (3, 7):

@@ -38,6 +38,20 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
     return qmm
 
 
+def cpu_gather_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., mx.array]:
+    """The kernel for mixture-of-experts layers: (x (P, K), w (E, N, .), scales, biases, indices (P,),
+    group_size, bits) -> (P, N), row p times expert indices[p], each row as a one-row qmm computes it."""
+    ext = load_cpu_extension()
+    if isa >= 0 and not ext.isa_compiled(isa):
+        raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
+    q8 = activations == "q8"
+
+    def gather_qmm(x, w, scales, biases, indices, group_size: int, bits: int) -> mx.array:
+        return ext.gather_qmm(x, w, scales, biases, indices, group_size, bits, isa, q8=q8, stream=mx.cpu)
+
+    return gather_qmm
+
+
 def q8_path() -> str:
     """The int8-activation path this CPU runs: 'avx512-vnni', 'avx2' or 'portable' (a lane-by-lane
     emulation: exact, slow); 'unavailable' without the extension."""

@@ -52,10 +52,11 @@ def remove_kernels(model: nn.Module) -> None:
 def installed(model: nn.Module) -> bool:
     """Does any layer of this model run one of our kernels?"""
     from .hooks import routed
-    from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear
+    from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, KernelQuantizedSwitchLinear
     from .pointwise import KernelRMSNorm, KernelRoPE
 
-    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelLinear, KernelEmbedding, KernelRMSNorm, KernelRoPE)
+    kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
+             KernelRMSNorm, KernelRoPE)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
                for _, m in model.named_modules())
 

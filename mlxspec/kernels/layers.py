@@ -2,9 +2,10 @@
 
     report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, "widened": ...}
 
-Only `nn.QuantizedLinear` layers change (same parameters, same names). Embedding lookups stay
-MLX's; with head=True a tied `nn.QuantizedEmbedding`'s `as_linear` (the output head of tied
-models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
+Only `nn.QuantizedLinear` layers change (same parameters, same names), and on the CPU mlx-lm's
+`QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert through the
+same tiles). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
+`as_linear` (the output head of tied models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
 per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits.
 Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
 in the report.
@@ -12,10 +13,12 @@ in the report.
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .registry import device_backend_name, kernel_for_layer
 
@@ -35,6 +38,31 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     def __call__(self, x: mx.array) -> mx.array:
         y = self._qmm(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
         return y + self["bias"] if "bias" in self else y
+
+
+class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
+    """mlx-lm's QuantizedSwitchLinear (MoE experts) through the CPU kernel: each (token, expert)
+    row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
+
+    @classmethod
+    def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str):
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.group_size, new.bits, new.mode, new.global_scale = layer.group_size, layer.bits, layer.mode, None
+        _copy_params(layer, new)
+        new._gather, new.kernel = gather, kernel
+        return new
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        if x.shape[-2] != 1:  # SwitchGLU always passes one row per (token, expert); anything else: MLX
+            return super().__call__(x, indices, sorted_indices)
+        lead = mx.broadcast_shapes(x.shape[:-2], indices.shape)
+        k = x.shape[-1]
+        rows = mx.broadcast_to(x, (*lead, 1, k)).reshape(-1, k)  # (P, K): a token's row once per expert
+        ids = mx.broadcast_to(indices, lead).reshape(-1).astype(mx.uint32)
+        y = self._gather(rows, self["weight"], self["scales"], self["biases"], ids, self.group_size, self.bits)
+        y = y.reshape(*lead, 1, -1)
+        return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
@@ -88,12 +116,13 @@ def widen_to_8bit(layer: nn.Module) -> None:
     fused block read. GGUF Q5_0/Q5_1/Q5_K and requantized Q3_K/Q2_K tensors load at those widths;
     MLX's own CPU matmul for them is ~10x slower than the kernel. Costs memory: 8 bits per weight."""
     w, bits, group = layer["weight"], layer.bits, layer.group_size
-    k = w.shape[1] * 32 // bits
-    step = max(1, (1 << 22) // k)  # rows per chunk: ~16 MB of float32 codes at a time
+    k = w.shape[-1] * 32 // bits
+    per = k * math.prod(w.shape[1:-1])  # weights per leading index: a row, or an expert's matrix
+    step = max(1, (1 << 22) // per)  # ~16 MB of float32 codes at a time
     parts = []
     for a in range(0, w.shape[0], step):
         rows = w[a : a + step]
-        ones = mx.ones((rows.shape[0], k // group), mx.float32)
+        ones = mx.ones((*rows.shape[:-1], k // group), mx.float32)
         codes = mx.dequantize(rows, ones, mx.zeros_like(ones), group_size=group, bits=bits)  # the codes, exactly
         parts.append(codes.astype(mx.uint8).view(mx.uint32))
         mx.eval(parts[-1])
@@ -117,10 +146,12 @@ def _why_not(layer, bits: int | None = None) -> str | None:
 def _candidates(model: nn.Module, head: bool):
     """(path, layer, wrapper class) for every layer that could be swapped."""
     for path, m in model.named_modules():
-        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding)):
+        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
             continue  # already swapped
         if isinstance(m, nn.QuantizedLinear):
             yield path, m, KernelQuantizedLinear
+        elif type(m) is QuantizedSwitchLinear:
+            yield path, m, KernelQuantizedSwitchLinear
         elif head and isinstance(m, nn.QuantizedEmbedding) and _tied_head(model):
             yield path, m, KernelQuantizedEmbedding
 
@@ -155,13 +186,19 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         why = _why_not(layer)
         if why is None and backend != "cpu" and not gpu:
             why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True))"
+        if why is None and wrapper is KernelQuantizedSwitchLinear and backend != "cpu":
+            why = f"experts: a CPU kernel ({backend} keeps MLX's gather_qmm)"
         qmm = None
         if why is None:
-            n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
+            n, k = layer["weight"].shape[-2], layer["weight"].shape[-1] * 32 // layer.bits
             qmm, why = kernel_for_layer(n, k, layer.group_size, layer.bits, layer["scales"].dtype, device, activations)
         if qmm is None:
             report["kept"][path] = why
             continue
+        if wrapper is KernelQuantizedSwitchLinear:  # the same tiles, rows gathered per expert
+            from .cpu import cpu_gather_qmm_function
+
+            qmm = cpu_gather_qmm_function(activations=activations)
         swaps.append((path, wrapper.wrap(layer, qmm, why)))
         report["swapped"][path] = why
     for path, module in swaps:
@@ -173,7 +210,7 @@ def _widen(layer, device) -> bool:
     """Should this layer's codes be widened to bytes for the CPU kernel (which then passed its check)?"""
     if layer.bits not in WIDENED_BITS or _why_not(layer, bits=8):
         return False
-    n, k = layer["weight"].shape[0], layer["weight"].shape[1] * 32 // layer.bits
+    n, k = layer["weight"].shape[-2], layer["weight"].shape[-1] * 32 // layer.bits
     return kernel_for_layer(n, k, layer.group_size, 8, layer["scales"].dtype, device)[0] is not None
 
 
@@ -182,8 +219,9 @@ def restore_layers(model: nn.Module) -> int:
     8-bit, the same weights); returns how many."""
     count = 0
     for _, m in model.named_modules():
-        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding)):
-            m.__class__ = nn.QuantizedLinear if isinstance(m, KernelQuantizedLinear) else nn.QuantizedEmbedding
+        if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
+            m.__class__ = {KernelQuantizedLinear: nn.QuantizedLinear, KernelQuantizedEmbedding: nn.QuantizedEmbedding,
+                           KernelQuantizedSwitchLinear: QuantizedSwitchLinear}[type(m)]
             count += 1
     return count
 

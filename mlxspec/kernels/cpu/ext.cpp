@@ -4,7 +4,9 @@
 //   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, q8=False, stream=None) -> (..., N)
 //     the multi-row quantized matmul of qmm_kernel.h (q8: x rounded to int8 blocks, qmm_q8_kernel.h);
 //     output dtype = promotion of x and scales
-//   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, stream=None) -> (B, H, M, Dv)
+//   gather_qmm(x (P, K), w (E, N, .), scales, biases, indices (P,), group_size, bits, isa=-1, q8=False) -> (P, N)
+//     row p times expert indices[p] (mixture-of-experts layers), the same tiles as qmm
+//   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, window=0, stream=None) -> (B, H, M, Dv)
 //     few-row attention of sdpa_kernel.h, in q's dtype (k and v share one, q may differ)
 //   rms_norm, rope, swiglu: the per-token ops of pointwise.cpp
 #include <algorithm>
@@ -108,34 +110,85 @@ void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int coun
   });
 }
 
+// x (M, K) rows times w: y (M, N), written to out in its dtype.
+static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8) {
+  const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3];
+  int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
+  thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
+  xbuf.resize(size_t(M) * K + 16);
+  yf.resize(size_t(M) * N);
+  float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
+  convert_x(x, q8 ? 8 : bits, xf);  // q8: natural order, then quantized per 32-block
+  QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
+  thread_local Q8Buffer xq;
+  if (q8) quantize_rows(xf, K, M, K, bits, isa, xq), p.q8 = &xq.rows;
+  run_qmm(isa, p, yf.data());
+  store_f32(yf.data(), out.size(), out);
+}
+
+// Row p of x (P, K) times expert idx[p] of w (E, N, K*bits/32): out (P, N). The rows of one expert
+// run as one multi-row problem of the same tiles as qmm, so each row gets the bits of a one-row
+// qmm call with its expert's weights, whatever other rows share the call.
+static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8) {
+  const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3], &idx = in[4];
+  const int K = x.shape(-1), E = w.shape(0), N = w.shape(1), P = int(x.size() / K);
+  const size_t w_bytes = size_t(N) * w.shape(2) * 4, s_bytes = size_t(N) * (K / G) * s.itemsize();
+  thread_local std::vector<float> xbuf, yf;
+  xbuf.resize(size_t(P) * K + 16), yf.resize(size_t(P) * N);
+  float* xf = aligned64(xbuf.data());
+  convert_x(x, q8 ? 8 : bits, xf);
+  std::vector<std::vector<int>> rows(E);  // the rows each expert serves, in order
+  const uint32_t* ids = idx.data<uint32_t>();
+  for (int p = 0; p < P; ++p) {
+    if (ids[p] >= uint32_t(E)) throw std::out_of_range("mlxspec gather_qmm: expert index out of range");
+    rows[ids[p]].push_back(p);
+  }
+  thread_local std::vector<float> ex[8], ey[8];
+  thread_local Q8Buffer eq[8];
+  QmmProblem problems[8];
+  float* ys[8];
+  int batch[8], count = 0;
+  auto flush = [&] {  // up to 8 experts in one job: their columns share the threads
+    run_qmm_many(isa, problems, ys, count);
+    for (int i = 0; i < count; ++i)
+      for (size_t r = 0; r < rows[batch[i]].size(); ++r)
+        std::copy(ys[i] + r * N, ys[i] + (r + 1) * N, yf.data() + size_t(rows[batch[i]][r]) * N);
+    count = 0;
+  };
+  for (int e = 0; e < E; ++e) {
+    const int M = int(rows[e].size());
+    if (!M) continue;
+    ex[count].resize(size_t(M) * K + 16), ey[count].resize(size_t(M) * N);
+    float* xe = aligned64(ex[count].data());
+    for (int r = 0; r < M; ++r) std::copy(xf + size_t(rows[e][r]) * K, xf + size_t(rows[e][r] + 1) * K, xe + size_t(r) * K);
+    problems[count] = QmmProblem{xe, w.data<uint8_t>() + e * w_bytes, s.data<uint8_t>() + e * s_bytes,
+                                 b.data<uint8_t>() + e * s_bytes, stype_of(s.dtype()), M, N, K, G, bits};
+    if (q8) quantize_rows(xe, K, M, K, bits, isa, eq[count]), problems[count].q8 = &eq[count].rows;
+    ys[count] = ey[count].data(), batch[count++] = e;
+    if (count == 8) flush();
+  }
+  if (count) flush();
+  store_f32(yf.data(), out.size(), out);
+}
+
+// inputs {x, w, scales, biases}: x (..., K) times w; with a fifth, indices (P,): x (P, K), row p
+// times expert indices[p] of w (E, N, .) (mixture-of-experts layers).
 class QuantizedMatmulRows : public mx::UnaryPrimitive {
  public:
   QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8)
       : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), q8_(q8) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
-    const auto &x = inputs[0], &w = inputs[1], &s = inputs[2], &b = inputs[3];
-    for (auto* a : {&w, &s, &b})
-      if (!a->flags().row_contiguous) throw std::invalid_argument("mlxspec qmm: w/scales/biases must be contiguous");
+    for (size_t i = 1; i < inputs.size(); ++i)
+      if (!inputs[i].flags().row_contiguous) throw std::invalid_argument("mlxspec qmm: w/scales/biases must be contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto* a : {&x, &w, &s, &b}) enc.set_input_array(*a);
+    std::vector<mx::array> in;
+    for (const auto& a : inputs) enc.set_input_array(a), in.push_back(mx::array::unsafe_weak_copy(a));
     enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(x), w = mx::array::unsafe_weak_copy(w),
-                  s = mx::array::unsafe_weak_copy(s), b = mx::array::unsafe_weak_copy(b),
-                  out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
+    enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
                   isa = Isa(isa_), q8 = q8_]() mutable {
-      int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
-      thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
-      xbuf.resize(size_t(M) * K + 16);
-      yf.resize(size_t(M) * N);
-      float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
-      convert_x(x, q8 ? 8 : bits, xf);  // q8: natural order, then quantized per 32-block
-      QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
-      thread_local Q8Buffer xq;
-      if (q8) quantize_rows(xf, K, M, K, bits, isa, xq), p.q8 = &xq.rows;
-      run_qmm(isa, p, yf.data());
-      store_f32(yf.data(), out.size(), out);
+      (in.size() == 5 ? gather_rows : matmul_rows)(in, out, G, bits, isa, q8);
     });
   }
 
@@ -151,6 +204,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    if (inputs.size() == 5) return {mx::Shape{inputs[0].shape(0), inputs[1].shape(1)}};
     auto shape = inputs[0].shape();
     shape.back() = inputs[1].shape(0);
     return {shape};
@@ -161,32 +215,52 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
   bool q8_;
 };
 
-static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                     int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
-  if (bits != 4 && bits != 8) throw std::invalid_argument("mlxspec qmm: bits must be 4 or 8");
-  if (group_size % kBlock != 0) throw std::invalid_argument("mlxspec qmm: group_size must be a multiple of 32");
-  if (x.ndim() < 1 || w.ndim() != 2 || w.dtype() != mx::uint32)
-    throw std::invalid_argument("mlxspec qmm: x must be (..., K) and w (N, K*bits/32) uint32");
-  int K = x.shape(-1), N = w.shape(0);
-  if (int64_t(w.shape(1)) * 32 / bits != K || K % group_size != 0)
-    throw std::invalid_argument("mlxspec qmm: w does not match x's K, or K is not a multiple of group_size");
-  if (scales.shape() != mx::Shape{N, K / group_size} || biases.shape() != scales.shape() ||
-      biases.dtype() != scales.dtype())
-    throw std::invalid_argument("mlxspec qmm: scales/biases must be (N, K/group_size) of one dtype");
+// A matmul primitive over x (..., K) and w (..., N, K*bits/32) with scales and biases (..., N,
+// K/group_size), after the checks both calls share; `inputs` end with indices for gather_qmm.
+static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::vector<mx::array> inputs,
+                                  int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+  const auto &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
+  auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string("mlxspec ") + what + ": " + why); };
+  if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
+  if (group_size % kBlock != 0) fail("group_size must be a multiple of 32");
+  const int K = x.shape(-1);
+  if (w.dtype() != mx::uint32 || int64_t(w.shape(-1)) * 32 / bits != K || K % group_size != 0)
+    fail("w (..., N, K*bits/32) uint32 does not match x's K, or K is not a multiple of group_size");
+  auto groups = w.shape();
+  groups.back() = K / group_size;
+  if (scales.shape() != groups || biases.shape() != groups || biases.dtype() != scales.dtype())
+    fail("scales/biases must be (..., N, K/group_size) of one dtype");
   stype_of(scales.dtype());
   if (x.dtype() != mx::float32 && x.dtype() != mx::float16 && x.dtype() != mx::bfloat16)
-    throw std::invalid_argument("mlxspec qmm: x must be float32, float16 or bfloat16");
+    fail("x must be float32, float16 or bfloat16");
   Isa chosen = isa < 0 ? best_isa() : Isa(isa);
-  if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec qmm: that ISA is not compiled in");
+  if (!isa_compiled(chosen)) fail("that ISA is not compiled in");
   auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device != mx::Device::cpu) throw std::invalid_argument("mlxspec qmm: CPU streams only");
+  if (stream.device != mx::Device::cpu) fail("CPU streams only");
   auto out_type = mx::promote_types(x.dtype(), scales.dtype());
+  return mx::array(std::move(out_shape), out_type,
+                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8), std::move(inputs));
+}
+
+static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                     int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+  if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("mlxspec qmm: x must be (..., K) and w (N, K*bits/32)");
   // x may be any strided view; the kernel reads it through its strides (w etc. must be contiguous).
   auto out_shape = x.shape();
-  out_shape.back() = N;
-  return mx::array(std::move(out_shape), out_type,
-                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8),
-                   {x, w, scales, biases});
+  out_shape.back() = w.shape(0);
+  return matmul_primitive("qmm", std::move(out_shape), {x, w, scales, biases}, group_size, bits, isa, q8, s);
+}
+
+// ---------------------------------------------------------------- mixture-of-experts matmul
+
+static mx::array gather_qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                            const mx::array& indices, int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+  if (w.ndim() != 3 || indices.ndim() != 1 || indices.dtype() != mx::uint32)
+    throw std::invalid_argument("mlxspec gather_qmm: w, scales, biases (E, N, .), indices (P,) uint32");
+  if (x.ndim() != 2 || x.shape(0) != indices.shape(0))
+    throw std::invalid_argument("mlxspec gather_qmm: x must be (P, K), one row per index");
+  return matmul_primitive("gather_qmm", mx::Shape{x.shape(0), w.shape(1)}, {x, w, scales, biases, indices},
+                          group_size, bits, isa, q8, s);
 }
 
 static DType dtype_of(mx::Dtype d) {
@@ -301,6 +375,10 @@ NB_MODULE(_mlxspec_cpu, m) {
         nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("q8") = false,
         nb::arg("stream") = nb::none(),
         "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it.");
+  m.def("gather_qmm", &mlxspec::gather_qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
+        nb::arg("indices"), nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(),
+        nb::arg("q8") = false, nb::arg("stream") = nb::none(),
+        "y (P, N): row p of x (P, K) times expert indices[p] of w (E, N, K*bits/32), each row as a one-row qmm computes it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows, optionally within a "
