@@ -28,13 +28,14 @@ class HalfKVCache(KVCache):
 
 def store_kv_in_half(model: nn.Module) -> None:
     """Make this model's caches (every make_prompt_cache(model), mlx-lm's included) HalfKVCaches where
-    they would be plain KVCaches; other kinds (rotating, quantized) stay. Per model: mlx-lm's
-    `make_cache` hook, set on this instance only."""
+    they would be plain KVCaches, and its WindowKVCaches (`exact_windows` first) half-storing ones;
+    other kinds (quantized) stay. Per model: mlx-lm's `make_cache` hook, set on this instance only."""
     own = getattr(model, "make_cache", None)
 
     def make_cache() -> list:
         caches = own() if own is not None else [KVCache() for _ in model.layers]
-        return [HalfKVCache() if type(c) is KVCache else c for c in caches]
+        return [HalfKVCache() if type(c) is KVCache else WindowKVCache(c.window, c.slack, half=True)
+                if type(c) is WindowKVCache else c for c in caches]
 
     model.make_cache = make_cache
 
@@ -57,8 +58,8 @@ class WindowKVCache:
 
     step = 256
 
-    def __init__(self, window: int, slack: int = REWIND_SLACK):
-        self.window, self.slack = window, slack
+    def __init__(self, window: int, slack: int = REWIND_SLACK, half: bool = False):
+        self.window, self.slack, self.half = window, slack, half  # half: float32 stored as float16
         self.keys = self.values = None
         self.offset = 0  # positions seen
         self.start = 0  # position of keys[..., 0, :]
@@ -68,6 +69,8 @@ class WindowKVCache:
         return min(self.offset - self.start, self.window - 1)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        if self.half:  # as HalfKVCache stores them (llama.cpp's f16 cache)
+            keys, values = (a.astype(HalfKVCache.stored_dtype(a.dtype)) for a in (keys, values))
         n, held, past = keys.shape[2], self.offset - self.start, self._past()
         if self.keys is None or held + n > self.keys.shape[2]:  # compact to `keep`, then room to grow
             keep = min(held, self.window - 1 + self.slack)
@@ -144,7 +147,8 @@ def can_rewind(cache: list, n: int) -> bool:
 
 def kv_cache_type(model: nn.Module) -> str:
     """'f16' if this model's float32 keys and values are stored as float16, else 'f32' (as computed)."""
-    return "f16" if any(isinstance(c, HalfKVCache) for c in make_prompt_cache(model)) else "f32"
+    caches = make_prompt_cache(model)
+    return "f16" if any(isinstance(c, HalfKVCache) or getattr(c, "half", False) for c in caches) else "f32"
 
 
 def new_cache(model: nn.Module) -> list:

@@ -162,10 +162,12 @@ def load(
             from .gguf import load_gguf
 
             model, tokenizer, config = load_gguf(path)
+            exact_windows(model)
             if kv_cache == "f16" and mx.default_device() == mx.cpu:
                 store_kv_in_half(model)
         elif path.is_dir() and (path / "config.json").exists():
             model, tokenizer, config = _load_directory(path)
+            exact_windows(model)
         else:
             raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
     except ModelLoadError as e:
@@ -176,7 +178,6 @@ def load(
         raise ModelLoadError(f"cannot load {reference!r}: {_first_line(e)}") from e
     finally:
         _settle_random_state()
-    exact_windows(model)
     stored = config.get("quantization")
     label = f"q{stored['bits']}g{stored['group_size']}" if isinstance(stored, dict) and "bits" in stored else None
     if quant is not None:
