@@ -137,6 +137,25 @@ CHAT_COMPLETION = obj({
 COMPLETION = obj({
     **_OPENAI_COMMON, "prompt": {"anyOf": [STR, array(STR, minItems=1, maxItems=1)]}, "suffix": STR, "echo": {"enum": [False]},
 }, ("model", "prompt"))
+_RESPONSE_INPUT = {"anyOf": [
+    obj({"type": {"enum": ["message"]}, "role": {"enum": ["user", "system", "developer", "assistant"]},
+         "content": {"anyOf": [STR, array(obj({"type": {"enum": ["input_text", "output_text"]}, "text": STR},
+                                              ("type", "text")))]}}, ("role", "content")),
+    obj({"type": {"enum": ["function_call"]}, "call_id": STR, "name": {"type": "string", "minLength": 1},
+         "arguments": {"type": "string", "format": "json-object"}}, ("type", "call_id", "name", "arguments")),
+    obj({"type": {"enum": ["function_call_output"]}, "call_id": STR, "output": STR}, ("type", "call_id", "output")),
+]}
+RESPONSES = obj({
+    "model": MODEL, "input": {"anyOf": [STR, array(_RESPONSE_INPUT, minItems=1)]}, "instructions": STR,
+    "tools": array(obj({"type": {"enum": ["function"]}, "name": {"type": "string", "minLength": 1}, "description": STR,
+                        "parameters": {"type": "object"}, "strict": BOOL}, ("type", "name"))),
+    "tool_choice": {"enum": ["auto", "none"]}, "max_output_tokens": {"type": "integer", "minimum": -1},
+    "temperature": _OPENAI_COMMON["temperature"], "top_p": _OPENAI_COMMON["top_p"], "stream": BOOL, "store": BOOL,
+    "reasoning": obj({"effort": {"enum": ["none", "minimal", "low", "medium", "high"]}}),
+    "text": obj({"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}, "name": STR,
+                                "schema": {"type": "object"}, "strict": BOOL}, ("type",))}),
+    "options": ref("Options"),
+}, ("model", "input"))
 _IDS = array({"type": "integer", "minimum": 0}, minItems=1)
 OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array({"anyOf": [STR, _IDS]}, minItems=1), _IDS]},
                     "dimensions": {"type": "integer", "minimum": 1}, "encoding_format": {"enum": ["float", "base64"]}},
@@ -185,6 +204,12 @@ TEXT_CHOICES = array(obj({"index": INT, "text": STR, "logprobs": {"type": "null"
                           "finish_reason": {"enum": ["stop", "length", None]}}))
 COMPLETED = obj({**_HEAD, "object": {"enum": ["text_completion"]}, "usage": USAGE, "choices": TEXT_CHOICES},
                 ("id", "object", "choices"))
+RESPONSE = obj({"id": STR, "object": {"enum": ["response"]}, "created_at": INT, "model": STR,
+                "status": {"enum": ["completed", "incomplete", "in_progress"]},
+                "output": array(obj({"type": {"enum": ["message", "reasoning", "function_call"]}, "id": STR}, ("type", "id"))),
+                "usage": {"type": ["object", "null"]}, "speculative": ref("Speculative")},
+               ("id", "object", "created_at", "model", "status", "output"))
+RESPONSE_EVENT = obj({"type": {"type": "string", "minLength": 1}, "sequence_number": INT}, ("type",))
 MODEL_ENTRY = obj({"id": STR, "object": {"enum": ["model"]}, "created": INT, "owned_by": STR}, ("id", "object"))
 MODELS = obj({"object": {"enum": ["list"]}, "data": array(ref("Model"))}, ("object", "data"))
 VECTOR = array(NUM)
@@ -205,5 +230,5 @@ SCHEMAS = {
     "ChatResponse": CHATTED, "Status": STATUS, "Tags": TAGS, "Ps": PS, "Show": SHOW, "Version": VERSION,
     "ChatCompletion": CHAT_COMPLETED, "ChatCompletionChunk": CHAT_CHUNK, "Completion": COMPLETED,
     "Model": MODEL_ENTRY, "Models": MODELS, "EmbedResponse": EMBEDDED, "EmbeddingResponse": EMBEDDING,
-    "Embeddings": OPENAI_EMBEDDED,
+    "Embeddings": OPENAI_EMBEDDED, "ResponsesRequest": RESPONSES, "Response": RESPONSE, "ResponseEvent": RESPONSE_EVENT,
 }

@@ -204,6 +204,8 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
         msg = {"role": "system" if role == "developer" else role, "content": content}
         for key in ("tool_name", "name", "tool_call_id"):
             if m.get(key) is not None:
+                if not isinstance(m[key], str):
+                    raise ApiError(400, f"messages[{i}].{key} must be a string")
                 msg[key] = m[key]
         if m.get("tool_calls") is not None:
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)

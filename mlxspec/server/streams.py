@@ -52,18 +52,25 @@ async def ndjson(request: web.Request, objects: AsyncIterator[dict]) -> web.Stre
 
 
 async def sse(
-    request: web.Request, objects: AsyncIterator[dict], error: Callable[[str], dict]
+    request: web.Request, objects: AsyncIterator[dict], error: Callable[[str], dict], named: bool = False
 ) -> web.StreamResponse:
-    """`data: {json}` per object, then `data: [DONE]`; `error(message)` shapes a failure."""
+    """`data: {json}` per object, then `data: [DONE]`; `error(message)` shapes a failure. named: each
+    object's `type` also as its `event:` line, and no [DONE] (the Responses API's stream)."""
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
+
+    async def send(obj: dict) -> None:
+        name = f"event: {obj.get('type')}\n".encode() if named else b""
+        await resp.write(name + b"data: " + json.dumps(obj).encode() + b"\n\n")
+
     try:
         async for obj in objects:
-            await resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+            await send(obj)
     except (ConnectionResetError, ConnectionError):
         raise
     except Exception as e:
-        await resp.write(b"data: " + json.dumps(error(error_message(e))).encode() + b"\n\n")
-    await resp.write(b"data: [DONE]\n\n")
+        await send(error(error_message(e)))
+    if not named:
+        await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp

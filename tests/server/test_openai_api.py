@@ -96,6 +96,10 @@ def test_models_and_errors(client, daemon):
     assert status == 400 and set(body["error"]) == {"message", "type", "param", "code"}
     status, body = post(daemon.url + "/v1/chat/completions", {"model": "tiny", "messages": []})
     assert status == 400 and "messages" in body["error"]["message"]
+    # found by benchmarks/fuzz.py: an object as tool_call_id was a 500 (unhashable), not the caller's 400
+    status, body = post(daemon.url + "/v1/chat/completions",
+                        {"model": "tiny", "messages": [{"role": "tool", "tool_call_id": {}, "content": "x"}]})
+    assert status == 400 and "tool_call_id must be a string" in body["error"]["message"]
 
 
 def test_stream_error_after_start_is_a_final_event(daemon):
