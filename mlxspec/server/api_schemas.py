@@ -156,6 +156,27 @@ RESPONSES = obj({
                                 "schema": {"type": "object"}, "strict": BOOL}, ("type",))}),
     "options": ref("Options"),
 }, ("model", "input"))
+_BLOCK = {"anyOf": [
+    obj({"type": {"enum": ["text"]}, "text": STR}, ("type", "text")),
+    obj({"type": {"enum": ["tool_use"]}, "id": STR, "name": {"type": "string", "minLength": 1}, "input": ANY_OBJECT},
+        ("type", "id", "name", "input")),
+    obj({"type": {"enum": ["tool_result"]}, "tool_use_id": STR,
+         "content": {"anyOf": [STR, array(obj({"type": {"enum": ["text"]}, "text": STR}, ("type", "text")))]}},
+        ("type", "tool_use_id")),
+]}
+ANTHROPIC = obj({
+    "model": MODEL, "max_tokens": {"type": "integer", "minimum": 1},
+    "messages": array(obj({"role": {"enum": ["user", "assistant"]}, "content": {"anyOf": [STR, array(_BLOCK)]}},
+                          ("role", "content")), minItems=1),
+    "system": {"anyOf": [STR, array(obj({"type": {"enum": ["text"]}, "text": STR}, ("type", "text")))]},
+    "tools": array(obj({"name": {"type": "string", "minLength": 1}, "description": STR, "input_schema": {"type": "object"}},
+                       ("name",))),
+    "tool_choice": obj({"type": {"enum": ["auto", "none"]}}, ("type",)),
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1}, "top_p": _OPENAI_COMMON["top_p"],
+    "top_k": {"type": "integer", "minimum": 0}, "stop_sequences": array({"type": "string", "minLength": 1}),
+    "stream": BOOL, "thinking": obj({"type": {"enum": ["enabled", "disabled"]}, "budget_tokens": INT}, ("type",)),
+    "metadata": ANY_OBJECT, "options": ref("Options"),
+}, ("model", "max_tokens", "messages"))
 _IDS = array({"type": "integer", "minimum": 0}, minItems=1)
 OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array({"anyOf": [STR, _IDS]}, minItems=1), _IDS]},
                     "dimensions": {"type": "integer", "minimum": 1}, "encoding_format": {"enum": ["float", "base64"]}},
@@ -209,6 +230,11 @@ RESPONSE = obj({"id": STR, "object": {"enum": ["response"]}, "created_at": INT, 
                 "output": array(obj({"type": {"enum": ["message", "reasoning", "function_call"]}, "id": STR}, ("type", "id"))),
                 "usage": {"type": ["object", "null"]}, "speculative": ref("Speculative")},
                ("id", "object", "created_at", "model", "status", "output"))
+ANTHROPIC_MESSAGE = obj({"id": STR, "type": {"enum": ["message"]}, "role": {"enum": ["assistant"]}, "model": STR,
+                         "content": array(obj({"type": {"enum": ["text", "thinking", "tool_use"]}}, ("type",))),
+                         "stop_reason": {"enum": ["end_turn", "max_tokens", "tool_use", "stop_sequence"]},
+                         "usage": obj({"input_tokens": INT, "output_tokens": INT}), "speculative": ref("Speculative")},
+                        ("id", "type", "role", "content", "stop_reason", "usage"))
 RESPONSE_EVENT = obj({"type": {"type": "string", "minLength": 1}, "sequence_number": INT}, ("type",))
 MODEL_ENTRY = obj({"id": STR, "object": {"enum": ["model"]}, "created": INT, "owned_by": STR}, ("id", "object"))
 MODELS = obj({"object": {"enum": ["list"]}, "data": array(ref("Model"))}, ("object", "data"))
@@ -231,4 +257,5 @@ SCHEMAS = {
     "ChatCompletion": CHAT_COMPLETED, "ChatCompletionChunk": CHAT_CHUNK, "Completion": COMPLETED,
     "Model": MODEL_ENTRY, "Models": MODELS, "EmbedResponse": EMBEDDED, "EmbeddingResponse": EMBEDDING,
     "Embeddings": OPENAI_EMBEDDED, "ResponsesRequest": RESPONSES, "Response": RESPONSE, "ResponseEvent": RESPONSE_EVENT,
+    "MessagesRequest": ANTHROPIC, "AnthropicMessage": ANTHROPIC_MESSAGE, "AnthropicEvent": RESPONSE_EVENT,
 }

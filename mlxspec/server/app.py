@@ -12,7 +12,7 @@ from aiohttp import web
 from ..errors import MlxspecError
 from ..home import write_local_key
 from ..store import ModelNotFoundError, Store
-from . import embed_routes, ollama_models, ollama_routes, openai_routes, openapi, responses_routes
+from . import anthropic_routes, embed_routes, ollama_models, ollama_routes, openai_routes, openapi, responses_routes
 from .hosts import host_allowed
 from .registry import Registry
 from .requests import ApiError
@@ -33,6 +33,7 @@ def make_app(store: Store | None = None, settings: Settings | None = None, regis
     app.add_routes(ollama_models.routes)
     app.add_routes(openai_routes.routes)
     app.add_routes(responses_routes.routes)
+    app.add_routes(anthropic_routes.routes)
     app.add_routes(embed_routes.routes)
     app.add_routes(openapi.routes)
     app.on_response_prepare.append(_cors_headers)

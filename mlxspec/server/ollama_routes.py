@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, reply_splitter, tool_format
+from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids, reply_splitter
 from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
@@ -76,12 +76,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return await load_or_unload(state, name, manifest, keep_alive, _message("", []))
     tools, think, found = field(body, "tools", list), think_field(body), Found()
 
-    def build(engine):
-        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
-        ids = chat_ids(engine, manifest, messages, tools, think)
-        found.thinking = reply_splitter(engine, manifest, ids, think)  # the reasoning goes to message.thinking
-        return ids
-
+    build = chat_build(manifest, name, messages, tools, think, found)  # the reasoning goes to message.thinking
     job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))
     return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
 

@@ -15,12 +15,12 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
-from .prompts import GeneratePrompt, chat_ids, check_messages, generate_ids, reply_splitter, tool_format
+from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
-from .tool_calls import Found, ToolCall, pieces
+from .tool_calls import Found, ToolCall, collect, pieces
 
 routes = web.RouteTableDef()
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
@@ -35,12 +35,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "messages must not be empty")
     tools, think, found = tools_field(body), think_field(body), Found()
 
-    def build(engine):
-        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
-        ids = chat_ids(engine, manifest, messages, tools, think)
-        found.thinking = reply_splitter(engine, manifest, ids, think)  # reasoning: message.reasoning (as Ollama's)
-        return ids
-
+    build = chat_build(manifest, name, messages, tools, think, found)  # reasoning: message.reasoning (as Ollama's)
     job = Job(name, manifest, build, options(body, manifest), format=response_format(body))
     return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
 
@@ -172,16 +167,11 @@ async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind
             chunks = _chunks(events, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
                              bool(stream_options.get("include_usage")))
             return await sse(request, chunks, _error)
-        text, calls, thoughts, last = [], [], [], None
-        async for content, new_calls, event, thinking in events:
-            text.append(content)
-            thoughts.append(thinking)
-            calls += new_calls
-            last = event
+        text, calls, thoughts, last = await collect(events)
         reason = "tool_calls" if calls else FINISH[last.finish_reason]
         return web.json_response(
             {**head, "object": kind,
-             "choices": [{"index": 0, **choice("".join(text), False, calls, "".join(thoughts)), "finish_reason": reason}],
+             "choices": [{"index": 0, **choice(text, False, calls, thoughts), "finish_reason": reason}],
              "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
         )
 

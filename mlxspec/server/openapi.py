@@ -43,13 +43,16 @@ OPERATIONS = [
     ("post", "/v1/completions", "openai", "OpenAI text completions", "CompletionRequest", "sse", "Completion"),
     ("post", "/v1/responses", "openai", "OpenAI Responses (stateless: the whole conversation in input)",
      "ResponsesRequest", "sse", "Response"),
+    ("post", "/v1/messages", "anthropic", "Anthropic Messages (Claude Code and Anthropic clients)", "MessagesRequest",
+     "sse", "AnthropicMessage"),
     ("get", "/v1/models", "openai", "The stored models", None, "json", "Models"),
     ("get", "/v1/models/{model}", "openai", "One stored model", None, "json", "Model"),
     ("post", "/v1/embeddings", "openai", "OpenAI embeddings (float or base64)", "EmbeddingsRequest", "json", "Embeddings"),
     ("get", "/api/openapi.json", "mlxspec", "This document", None, "json", None),
     ("get", "/openapi.json", "mlxspec", "This document", None, "json", None),
 ]
-SSE_CHUNKS = {"ChatCompletion": "ChatCompletionChunk", "Completion": "Completion", "Response": "ResponseEvent"}
+SSE_CHUNKS = {"ChatCompletion": "ChatCompletionChunk", "Completion": "Completion", "Response": "ResponseEvent",
+              "AnthropicMessage": "AnthropicEvent"}
 ERRORS = {
     400: "the request is wrong (a field, a value, a template, a reference): the message says what",
     401: "MLXSPEC_API_KEY is set and the request lacks `Authorization: Bearer <key>`",

@@ -103,6 +103,18 @@ def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think, te
     return None
 
 
+def chat_build(manifest: Manifest, name: str, messages: list[dict], tools: list | None, think, found):
+    """A chat Job's `build`: the prompt's ids, and in `found` (tool_calls.Found) the reply's call
+    format, the request's tools and what splits the reply's text."""
+    def build(engine: Engine) -> list[int]:
+        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
+        ids = chat_ids(engine, manifest, messages, tools, think)
+        found.thinking = reply_splitter(engine, manifest, ids, think)
+        return ids
+
+    return build
+
+
 def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | None) -> str | None:
     """The call format of a chat request offering `tools` (None: none, or calls stay text). A model
     whose template never shows it the tools is refused as Ollama refuses it (no `.Tools` there): 400

@@ -17,12 +17,12 @@ import time
 from aiohttp import web
 
 from .openai_routes import options, think_field
-from .prompts import chat_ids, check_messages, reply_splitter, tool_format
+from .prompts import chat_build, check_messages
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
-from .tool_calls import Found, ToolCall, pieces
+from .tool_calls import Found, ToolCall, collect, pieces
 
 routes = web.RouteTableDef()
 
@@ -38,12 +38,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     think = think_field({"reasoning_effort": (field(body, "reasoning", dict, {}) or {}).get("effort")})
     body = {**body, "max_tokens": field(body, "max_output_tokens", int)}
 
-    def build(engine):
-        found.format, found.tools = tool_format(engine, manifest, name, tools), tools
-        ids = chat_ids(engine, manifest, messages, tools, think)
-        found.thinking = reply_splitter(engine, manifest, ids, think)
-        return ids
-
+    build = chat_build(manifest, name, messages, tools, think, found)
     job = Job(name, manifest, build, options({k: v for k, v in body.items() if k != "max_output_tokens"}, manifest),
               format=_text_format(body))
     head = {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
@@ -53,12 +48,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
         events = pieces(job.events(), found)
         if field(body, "stream", bool, False):
             return await sse(request, _stream(events, head), _error, named=True)
-        text, calls, thoughts, last = [], [], [], None
-        async for content, new_calls, event, thinking in events:
-            text.append(content), thoughts.append(thinking)
-            calls += new_calls
-            last = event
-        output = _items("".join(thoughts), "".join(text), calls)
+        text, calls, thoughts, last = await collect(events)
+        output = _items(thoughts, text, calls)
         return web.json_response(_response(head, output, last))
 
 
@@ -87,6 +78,8 @@ def input_messages(body: dict) -> list[dict]:
                         "content": output if isinstance(output, str) else json.dumps(output)})
         elif kind != "reasoning":  # earlier reasoning is not shown to the model again
             raise ApiError(400, f"input[{i}].type {kind!r} is not supported (message, function_call, function_call_output)")
+    if all(m["role"] in ("system", "developer") for m in out):
+        raise ApiError(400, "input must hold at least one message, function call or function call output")
     return out
 
 

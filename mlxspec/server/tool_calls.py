@@ -247,6 +247,16 @@ async def pieces(events, found: Found | None):
             yield splitter.feed(text), [], event, thinking
 
 
+async def collect(events) -> tuple[str, list[ToolCall], str, object]:
+    """A whole reply from `pieces`: (content, calls, thinking, the last engine event)."""
+    text, calls, thoughts, last = [], [], [], None
+    async for content, new_calls, event, thinking in events:
+        text.append(content), thoughts.append(thinking)
+        calls += new_calls
+        last = event
+    return "".join(text), calls, "".join(thoughts), last
+
+
 class Found:
     """The call format of a job's model: set while its prompt is built (on the MLX thread), read
     once the job has started; None: no tools in the request, or no known format."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -10,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from mlxspec.emit import Event
+from mlxspec.store import Manifest
 
 # A template with fill-in-the-middle: `suffix` makes /api/generate's suffix usable.
 FIM_TEMPLATE = "{% if suffix %}<|im_start|>{{ prompt }}<|im_end|>{{ suffix }}<|im_start|>{% else %}{{ prompt }}{% endif %}"
@@ -75,3 +77,33 @@ def scripted(engine, script: dict, prompts: list):
 
     engine.generate = generate
     return engine
+
+
+# A Qwen-like template that shows the tools, earlier calls and tool results in the prompt, and the
+# reply a model taught by it writes to call get_weather (hermes format).
+TOOL_CALL_TEMPLATE = (
+    "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }};{% endfor %}</tools>"
+    " answer with <tool_call>{json}</tool_call>\n{% endif %}"
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+    "{% for c in m.get('tool_calls', []) %}call {{ c.function.name }}({{ c.function.arguments | tojson }}){% endfor %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+TOOL_CALL_REPLY = ["Checking. <tool_call>{\"name\": \"get_weather\", ", "\"arguments\": {\"city\": \"Paris\"}}</tool_call>"]
+
+
+@contextlib.contextmanager
+def scripted_models(daemon, target, models: dict[str, tuple[str, list[str]]]):
+    """Models {name: (template, reply pieces)} on `target`'s weights whose engines stream the scripted
+    reply (see `scripted`); yields the list of prompts they were given. Unloaded and unhooked after."""
+    registry, original = daemon.state.registry, daemon.state.registry.loader
+    prompts, replies = [], dict(models.values())
+    registry.loader = lambda m: scripted(original(m), {"text": replies[m.template]}, prompts) \
+        if m.template in replies else original(m)
+    for name, (template, _) in models.items():
+        daemon.state.store.save(name, Manifest(target=str(target), template=template))
+    try:
+        yield prompts
+    finally:
+        registry.loader = original
+        for name in models:
+            post(daemon.url + "/api/generate", {"model": name, "keep_alive": 0})
