@@ -21,8 +21,8 @@ from .prompts import chat_build, check_messages
 from .requests import ApiError, field, read_json
 from .scheduler import Job
 from .state import STATE
-from .streams import sse
-from .tool_calls import Found, ToolCall, collect, pieces
+from .streams import serve_reply
+from .tool_calls import Found, ToolCall
 
 routes = web.RouteTableDef()
 STOP = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn"}
@@ -44,17 +44,16 @@ async def messages(request: web.Request) -> web.StreamResponse:
     sampling = {"max_tokens": max_tokens, "temperature": field(body, "temperature", float),
                 "top_p": field(body, "top_p", float), "stop": field(body, "stop_sequences", list),
                 "options": {**field(body, "options", dict, {}), **extra}}
-    build = chat_build(manifest, name, chat, tools, think, found)
-    job = Job(name, manifest, build, options({k: v for k, v in sampling.items() if v is not None}, manifest))
+    opts = options({k: v for k, v in sampling.items() if v is not None}, manifest)
+    job = Job(name, manifest, chat_build(manifest, name, chat, tools, think, found), opts)
     head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": name}
-    async with state.scheduler.session(job):
-        events = pieces(job.events(), found)
-        if field(body, "stream", bool, False):
-            return await sse(request, _stream(events, head), _error, named=True)
-        text, calls, thoughts, last = await collect(events)
-        blocks = _blocks(thoughts, text, calls)
-        return web.json_response({**head, "content": blocks, **_stop(last, calls), "usage": _usage(last.stats, True),
-                                  "speculative": last.stats.to_dict()})
+
+    def whole(text: str, calls: list[ToolCall], thoughts: str, last) -> dict:
+        return {**head, "content": _blocks(thoughts, text, calls), **_stop(last, calls),
+                "usage": _usage(last.stats, True), "speculative": last.stats.to_dict()}
+
+    return await serve_reply(request, state.scheduler, job, found, field(body, "stream", bool, False),
+                             lambda events: _stream(events, head), whole, _error)
 
 
 def chat_messages(body: dict) -> list[dict]:

@@ -21,8 +21,8 @@ from .prompts import chat_build, check_messages
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
-from .streams import sse
-from .tool_calls import Found, ToolCall, collect, pieces
+from .streams import serve_reply
+from .tool_calls import Found, ToolCall
 
 routes = web.RouteTableDef()
 
@@ -36,21 +36,14 @@ async def responses(request: web.Request) -> web.StreamResponse:
     messages = check_messages(input_messages(body), openai=True)
     tools, found = _tools(body), Found()
     think = think_field({"reasoning_effort": (field(body, "reasoning", dict, {}) or {}).get("effort")})
-    body = {**body, "max_tokens": field(body, "max_output_tokens", int)}
-
-    build = chat_build(manifest, name, messages, tools, think, found)
-    job = Job(name, manifest, build, options({k: v for k, v in body.items() if k != "max_output_tokens"}, manifest),
-              format=_text_format(body))
+    opts = options({**body, "max_tokens": field(body, "max_output_tokens", int)}, manifest)
+    job = Job(name, manifest, chat_build(manifest, name, messages, tools, think, found), opts, format=_text_format(body))
     head = {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
             "model": name, "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": True, "instructions": body.get("instructions"), "metadata": {}}
-    async with state.scheduler.session(job):
-        events = pieces(job.events(), found)
-        if field(body, "stream", bool, False):
-            return await sse(request, _stream(events, head), _error, named=True)
-        text, calls, thoughts, last = await collect(events)
-        output = _items(thoughts, text, calls)
-        return web.json_response(_response(head, output, last))
+    return await serve_reply(request, state.scheduler, job, found, field(body, "stream", bool, False),
+                             lambda events: _stream(events, head),
+                             lambda text, calls, thoughts, last: _response(head, _items(thoughts, text, calls), last), _error)
 
 
 def input_messages(body: dict) -> list[dict]:

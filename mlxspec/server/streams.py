@@ -74,3 +74,16 @@ async def sse(
         await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
     return resp
+
+
+async def serve_reply(request: web.Request, scheduler, job, found, stream: bool, events_of: Callable,
+                      whole_of: Callable, error: Callable[[str], dict]) -> web.StreamResponse:
+    """Run a chat job (the Responses and Messages APIs): its reply as named SSE events
+    (`events_of(pieces)`), or whole (`whole_of(content, calls, thinking, last event)` as JSON)."""
+    from .tool_calls import collect, pieces
+
+    async with scheduler.session(job):
+        events = pieces(job.events(), found)
+        if stream:
+            return await sse(request, events_of(events), error, named=True)
+        return web.json_response(whole_of(*await collect(events)))
