@@ -86,8 +86,8 @@ class WindowKVCache:
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """The mask for n new queries over what update_and_fetch will return (called before it).
         Always an array, even where nothing is masked: then every call of a sliding layer runs the
-        same attention, a one-row step as each row of a verify pass (the CPU's few-row kernel reads
-        `attention_window` instead; MLX's op, on GPUs, the mask). Mixing two would change bits."""
+        same attention, a one-row step as each row of a verify pass (mlxspec's few-row kernels read
+        `attention_window` instead; MLX's op, where they do not run, the mask). Mixing two would change bits."""
         window, past = window_size or self.window, self._past()
         if window > self.window:
             raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")

@@ -10,9 +10,10 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
-(CPU device, plain KV cache, mask None or "causal", or on the CPU the array mask of mlxspec's
-WindowKVCache, which the kernel reads as its sliding window; no sinks, dtypes it handles, and this
-shape signature passed the self-check); anything else goes to mlx-lm's own function unchanged. Keys and
+(plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
+kernel reads as its sliding window; sinks (gpt-oss) where the kernel takes them: the GPU kernels do,
+the CPU one does not; dtypes it handles, and this shape signature passed the self-check); anything
+else goes to mlx-lm's own function unchanged. Keys and
 values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
 """
 
@@ -32,21 +33,24 @@ ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| 
 EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
 
-def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0) -> mx.array:
+def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0, sinks=None) -> mx.array:
     """The definition: MLX's fused attention in float32, in q's dtype (window: causal rows see
-    their last `window` keys)."""
+    their last `window` keys; sinks (H,): one extra logit per head with no value, as gpt-oss's)."""
     f32 = mx.float32
     mask = "causal" if causal else None
     if window:
         qpos = (k.shape[2] - q.shape[2]) + mx.arange(q.shape[2])[:, None]
         kpos = mx.arange(k.shape[2])[None]
         mask = (kpos <= qpos) & (qpos - kpos < window)
-    y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale, mask=mask)
+    sinks = None if sinks is None else sinks.astype(f32)
+    y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale, mask=mask,
+                                             sinks=sinks)
     return y.astype(q.dtype)
 
 
-def attention_within_tolerance(y, q, k, v, scale: float, causal: bool, window: int = 0) -> tuple[bool, float]:
-    ref = attention_reference(q, k, v, scale, causal, window).astype(mx.float32)
+def attention_within_tolerance(y, q, k, v, scale: float, causal: bool, window: int = 0,
+                               sinks=None) -> tuple[bool, float]:
+    ref = attention_reference(q, k, v, scale, causal, window, sinks).astype(mx.float32)
     allowed = ATOL * mx.abs(v.astype(mx.float32)).max() + EPS[y.dtype] * mx.abs(ref) + 1e-30
     ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
     return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)
@@ -74,19 +78,47 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
             one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], scale, False)
             if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
                 return f"row {i} of a {rows}-row causal call differs from the one-row call"
-        if getattr(sdpa, "windows", False):  # sliding windows: row i = a one-row call over its window
-            window = 37
-            y = sdpa(q, k, v, scale, True, window=window)
-            ok, ratio = attention_within_tolerance(y, q, k, v, scale, True, window)
-            if not ok:
-                return f"window {window}: error {ratio:.3g}x the tolerance"
-            for i in range(rows):
-                seen = keys - rows + i + 1
-                one = sdpa(q[:, :, i : i + 1], k[:, :, seen - window : seen], v[:, :, seen - window : seen], scale, False)
-                if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
-                    return f"row {i} of a {rows}-row windowed call differs from the one-row call over its window"
+        if getattr(sdpa, "windows", False) and (err := _check_window(sdpa, q, k, v, scale)):
+            return err
+        if getattr(sdpa, "sinks", False) and (err := _check_sinks(sdpa, q, k, v, scale)):
+            return err
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return None
+
+
+def _check_window(sdpa, q, k, v, scale: float) -> str | None:
+    """Row i of a windowed causal call = a one-row call over exactly its window (wherever it sits);
+    the longer window spans a 256-key chunk boundary of the GPU kernel."""
+    rows, keys = q.shape[2], k.shape[2]
+    for window in (37, 270):
+        y = sdpa(q, k, v, scale, True, window=window)
+        ok, ratio = attention_within_tolerance(y, q, k, v, scale, True, window)
+        if not ok:
+            return f"window {window}: error {ratio:.3g}x the tolerance"
+        for i in range(rows):
+            seen = keys - rows + i + 1
+            one = sdpa(q[:, :, i : i + 1], k[:, :, seen - window : seen], v[:, :, seen - window : seen], scale, False)
+            if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
+                return f"row {i} of a {rows}-row call with window {window} differs from the one-row call over it"
+    return None
+
+
+def _check_sinks(sdpa, q, k, v, scale: float) -> str | None:
+    """With sinks (a window too, as gpt-oss's sliding layers): within tolerance, rows = one-row calls."""
+    rows, keys, heads = q.shape[2], k.shape[2], q.shape[1]
+    sinks = mx.random.normal((heads,), key=mx.random.key(heads)) * 2
+    for window in (0, 37):
+        y = sdpa(q, k, v, scale, True, window=window, sinks=sinks)
+        ok, ratio = attention_within_tolerance(y, q, k, v, scale, True, window, sinks)
+        if not ok:
+            return f"sinks, window {window}: error {ratio:.3g}x the tolerance"
+        for i in range(rows):
+            seen = keys - rows + i + 1
+            lo = seen - window if window else 0
+            one = sdpa(q[:, :, i : i + 1], k[:, :, lo:seen], v[:, :, lo:seen], scale, False, sinks=sinks)
+            if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
+                return f"sinks, window {window}: row {i} of a {rows}-row call differs from the one-row call"
     return None
 
 
@@ -110,7 +142,9 @@ registry.register("sdpa", _load_sdpa)
 
 
 def _usable(queries, keys, values, cache, mask, sinks) -> bool:
-    if sinks is not None or hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+    if hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
+        return False
+    if sinks is not None and not (getattr(_record().fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
         return False
     if queries.ndim != 4 or keys.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
         return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
@@ -141,9 +175,10 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
     window = _window(cache, mask)
     if _usable(queries, keys, values, cache, "causal" if window else mask, sinks):
+        extra = {"sinks": sinks} if sinks is not None else {}  # only kernels that take sinks get here with them
         if window:
-            return _record().fn(queries, keys, values, scale, True, window=window)
-        return _record().fn(queries, keys, values, scale, mask is not None)
+            return _record().fn(queries, keys, values, scale, True, window=window, **extra)
+        return _record().fn(queries, keys, values, scale, mask is not None, **extra)
     return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
@@ -152,9 +187,9 @@ def _window(cache, mask) -> int:
     (mlxspec's WindowKVCache: causal rows over their last `attention_window` keys) and the kernel
     here takes windows; else 0."""
     window = getattr(cache, "attention_window", 0)
-    if not window or not isinstance(mask, mx.array) or not getattr(_record().fn, "windows", False):
+    if not window or not isinstance(mask, mx.array):
         return 0
-    return window
+    return window if getattr(_record().fn, "windows", False) else 0
 
 
 def _mlx_lm_attention():

@@ -86,5 +86,5 @@ def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
         return ext.sdpa(q, k, v, scale, causal, isa, window=window, stream=mx.cpu)
 
     sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
-    sdpa.windows = True  # takes `window` (the GPU kernels do not yet)
+    sdpa.windows = True  # takes `window` (no sinks: gpt-oss layers keep MLX's op on the CPU)
     return sdpa

@@ -2,9 +2,11 @@
 
     sdpa = metal_sdpa_function()   # or cuda_sdpa_function(); KernelUnavailable where there is no such GPU
     o = sdpa(q, k, v, scale, causal)   # q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV) -> (1, H, M, DV)
+    o = sdpa(q, k, v, scale, True, window=W, sinks=s)   # a sliding-window layer; s (H,): gpt-oss's sinks
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
-not (the mask is a runtime value: one compiled kernel). q, k and v are read in place through their
+not (the mask is a runtime value: one compiled kernel); with a window, to a 1-row call over the last W
+of them, wherever they sit in the cache. q, k and v are read in place through their
 strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
@@ -36,19 +38,28 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     combine = make(name=COMBINE_NAME, input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS,
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 
-    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool) -> mx.array:
+    unused = mx.zeros((1,), mx.float32)  # the sinks input of a model without sinks (never read)
+
+    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
+             sinks: mx.array | None = None) -> mx.array:
         b, h, m, _ = q.shape
         hkv, length, dv = k.shape[1], k.shape[2], v.shape[3]
         same_dtype = q.dtype == k.dtype == v.dtype
-        if b != 1 or h % hkv or dv > MAX_VALUE_DIM or not same_dtype or length == 0 or (causal and m > length):
-            raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape} unsupported")
-        nch, f32 = (length + CHUNK - 1) // CHUNK, mx.float32
-        params = mx.array([scale, float(causal)], f32)
+        if (b != 1 or h % hkv or dv > MAX_VALUE_DIM or not same_dtype or length == 0 or (causal and m > length)
+                or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))):
+            raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
+                             f"sinks {None if sinks is None else sinks.shape} unsupported")
+        f32 = mx.float32
+        nch = (min(length, window or length) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
+        params = mx.array([scale, float(causal), float(window)], f32)
         pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype),
                                    grid=(32, h * m, nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
-        return combine(inputs=[pmax, psum, pacc], template=combine_template(q.dtype), grid=(32, h * m, 1),
-                       threadgroup=THREADGROUP, output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
+        per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink
+        return combine(inputs=[pmax, psum, pacc, per_row], template=combine_template(q.dtype, sinks is not None),
+                       grid=(32, h * m, 1), threadgroup=THREADGROUP, output_shapes=[(1, h, m, dv)],
+                       output_dtypes=[q.dtype])[0]
 
+    sdpa.windows = sdpa.sinks = True  # takes `window` and `sinks` (attention.py routes such layers here)
     return sdpa

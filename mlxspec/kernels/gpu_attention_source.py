@@ -2,20 +2,24 @@
 
     q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV), H % HKV == 0, DV <= 256, dtype T; any strides
     (read through q/k/v_strides: a KV cache view is read in place)
-    causal: row m sees keys [0, L - M + m + 1); else all L. Output (1, H, M, DV) in T.
+    causal: row m sees keys [0, L - M + m + 1); else all L. window W > 0 (causal only): row m sees the
+    last W of those, [start, rows) with start = max(0, rows - W): a sliding-window layer.
+    sinks (SINKS = 1): one extra logit per head (gpt-oss), in the softmax's denominator, with no value.
+    Output (1, H, M, DV) in T.
 
 Two kernels:
-  partial: grid (32, H*M, NCH), threadgroup (32, 1, 1), NCH = ceil(L / CHUNK). Warp (hm, c) covers keys
-    [c*CHUNK, (c+1)*CHUNK) clipped to the row's key count, 32 keys per step: lane j scores key
-    base + j (a sequential float32 dot over D), then an online-softmax step (lane_max, lane_sum) and
-    acc[d] += p_j * v[j][d] for j = 0, 1, ... in order (lane owns dims lane + 32*i).
+  partial: grid (32, H*M, NCH), threadgroup (32, 1, 1), NCH = ceil(min(L, W or L) / CHUNK). Warp (hm, c)
+    covers keys [start + c*CHUNK, start + (c+1)*CHUNK) clipped to the row's keys, 32 keys per step:
+    lane j scores key base + j (a sequential float32 dot over D), then an online-softmax step (lane_max,
+    lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order (lane owns dims lane + 32*i).
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
-  combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums.
-Chunk boundaries are multiples of CHUNK from key 0 and each step depends only on the row's own key
-count, so row m of an M-row causal call computes exactly what a 1-row call over L - M + m + 1 keys
-computes: same chunks, same order in each, same combine order.
-Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests). The mask is a runtime
-value (params = [scale, causal]) so masked and unmasked calls run the very same compiled code.
+  combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
+    with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
+Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
+keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
+computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), SINKS (0 or 1). The
+mask is a runtime value (params = [scale, causal, window]) so every mask runs the very same code.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from .gpu_codegen import cuda_function, cuda_program, metal_function
 PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
 PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "pacc"]
-COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc"], ["o"]
+COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 value dims per lane
 THREADGROUP = (32, 1, 1)
@@ -35,17 +39,20 @@ THREADGROUP = (32, 1, 1)
 PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
   const int HKV = k_shape[1], L = k_shape[2], DV = v_shape[3];
-  const int NCH = (L + CHUNK - 1) / CHUNK;
-  const int h = hm / M, m = hm - h * M, hk = h / (H / HKV);
   const float sc = params[0];
   const bool causal = params[1] != 0.0f;
-  const int rows = causal ? L - M + m + 1 : L;  // keys this row sees: the same in a 1-row call over them
+  const int window = causal ? int(params[2]) : 0;
+  const int NCH = ((window > 0 && window < L ? window : L) + CHUNK - 1) / CHUNK;
+  const int h = hm / M, m = hm - h * M, hk = h / (H / HKV);
+  const int rows = causal ? L - M + m + 1 : L;  // keys [start, rows) this row sees: the same in a 1-row call
+  const int start = window > 0 && rows > window ? rows - window : 0;
   const size_t slot = size_t(hm) * NCH + c;
   float acc[8];  // value dims lane + 32 * i
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
   float run_max = -3.0e38f, run_sum = 0.0f;
-  for (int base = c * CHUNK; base < c * CHUNK + CHUNK && base < rows; base += 32) {  // uniform over the warp
+  const int first = start + c * CHUNK;
+  for (int base = first; base < first + CHUNK && base < rows; base += 32) {  // uniform over the warp
     const int t = base + lane;
     float s = -3.0e38f;
     if (t < rows) {
@@ -82,6 +89,7 @@ COMBINE_CORE = """
   float gmax = -3.0e38f;
   for (int c = 0; c < NCH; ++c)
     if (psum[row + c] > 0.0f) gmax = MAXF(gmax, pmax[row + c]);  // empty chunks (psum 0) never count
+  if (SINKS) gmax = MAXF(gmax, sinks[hm]);
   float total = 0.0f, acc[8];
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
@@ -94,6 +102,7 @@ COMBINE_CORE = """
         if (lane + 32 * i < DV) acc[i] = FMA(pacc[(row + c) * DV + lane + 32 * i], wgt, acc[i]);
     }
   }
+  if (SINKS) total += EXP(sinks[hm] - gmax);  // a logit with no value: only the denominator grows
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     if (lane + 32 * i < DV) o[size_t(hm) * DV + lane + 32 * i] = static_cast<T>(acc[i] / total);
@@ -153,8 +162,8 @@ def partial_template(dtype, chunk: int = CHUNK) -> list[tuple]:
     return [("T", dtype), ("CHUNK", chunk)]
 
 
-def combine_template(dtype) -> list[tuple]:
-    return [("T", dtype)]
+def combine_template(dtype, sinks: bool = False) -> list[tuple]:
+    return [("T", dtype), ("SINKS", int(sinks))]
 
 
 def _kernels(dtype) -> dict:
@@ -166,12 +175,13 @@ def _kernels(dtype) -> dict:
     }
 
 
-def program(backend: str, dtype, chunk: int = CHUNK) -> tuple[dict, str]:
+def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "params": 2, "pmax": 99, "psum": 99, "pacc": 99}  # params: constant space
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 3, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
+             "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk)),
-                               ("combine", "combine", combine_template(dtype))):
+                               ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]
         if backend == "metal":

@@ -92,6 +92,13 @@ def test_self_check_passes_and_catches_a_wrong_kernel(cpu_ext):
     assert attention.self_check(cpu_sdpa_function(), 9, 3, 64, 64, mx.float32) is None
     wrong = lambda q, k, v, scale, causal: mx.zeros_like(q)  # noqa: E731
     assert "tolerance" in attention.self_check(wrong, 9, 3, 64, 64, mx.float32)
+    cpu = cpu_sdpa_function()
+
+    def ignores_sinks(q, k, v, scale, causal, window=0, sinks=None):  # claims sinks, drops them
+        return cpu(q, k, v, scale, causal, window=window)
+
+    ignores_sinks.windows = ignores_sinks.sinks = True
+    assert attention.self_check(ignores_sinks, 9, 3, 64, 64, mx.float32).startswith("sinks, window 0: error")
 
 
 @pytest.fixture
@@ -126,3 +133,40 @@ def test_routing_is_per_model_and_leaves_the_rest_to_mlx_lm(routed_model):
     attention.restore_attention(model)
     assert not any(routed(b.self_attn, attention.NAME) for b in layers)
     assert mx.allclose(model(x), with_kernel, atol=1e-4, rtol=1e-4).item()
+
+
+def test_sinks_reach_only_kernels_that_take_them(cpu_ext, monkeypatch):
+    """gpt-oss passes sinks: the CPU kernel takes none (mlx-lm answers); a kernel that takes them
+    (the GPU ones) gets them, with a WindowKVCache's window, and answers within tolerance."""
+    import mlx_lm.models.base as base
+
+    from mlxspec.kernels import registry
+
+    q, k, v = inputs(4, 2, 3, 20, 32, 32, mx.float32, seed=3)
+    sinks = mx.array([0.5, -1.0, 2.0, 0.0])
+    want = base.scaled_dot_product_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)
+    got = attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)
+    assert mx.array_equal(got, want).item()
+    calls = []
+
+    def taking_sinks(q, k, v, scale, causal, window=0, sinks=None):
+        calls.append((causal, window, sinks))
+        return attention.attention_reference(q, k, v, scale, causal, window, sinks)
+
+    taking_sinks.windows = taking_sinks.sinks = True
+    rec = registry.KernelRecord("sdpa", "cpu", fn=taking_sinks, checks={(4, 2, 32, 32, str(mx.float32)): None})
+    monkeypatch.setattr(attention, "_record", lambda: rec)
+    y = attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)
+    assert calls[-1][:2] == (True, 0) and calls[-1][2] is sinks
+    assert attention.attention_within_tolerance(y, q, k, v, 0.2, True, 0, sinks)[0]
+    assert not attention.attention_within_tolerance(y, q, k, v, 0.2, True)[0]  # the sinks changed the answer
+
+    class Windowed:  # what few_row_attention reads of mlxspec's WindowKVCache
+        attention_window = 5
+
+    attention.few_row_attention(q, k, v, Windowed(), scale=0.2, mask=mx.ones((3, 20), mx.bool_), sinks=sinks)
+    assert calls[-1][:2] == (True, 5) and calls[-1][2] is sinks
+    wrong_shape = mx.zeros((3,))  # not one per head: mlx-lm's function (and its error) as before
+    with pytest.raises(ValueError):
+        attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=wrong_shape)
+    assert len(calls) == 2

@@ -1,13 +1,16 @@
 """The Metal and CUDA few-row attention kernels (gpu_attention_source.py) under the CPU emulator.
 
 As in test_gpu_sources.py: the program MLX would generate is compiled with g++ and run one thread
-per lane. Checked: causal and unmasked results within attention_within_tolerance; row i of a
-16-row causal launch == a 1-row launch over keys [: L - 16 + i + 1] (some rows cross a chunk
-boundary); rows of the unmasked launch == 1-row launches; a 7-row causal launch == the last 7 rows.
+per lane. Checked: causal, unmasked and sliding-window results within attention_within_tolerance;
+row i of a 16-row causal launch == a 1-row launch over keys [: L - 16 + i + 1] (some rows cross a
+chunk boundary); rows of the unmasked launch == 1-row launches; a 7-row causal launch == the last 7
+rows; row i of a windowed launch == a 1-row launch over exactly its window, which starts at another
+key of its own copy (the window is not chunk-aligned in the cache). Builds with SINKS=1 run every
+check with one sink logit per head (gpt-oss).
 The M-row launches read k / v as a cache view (capacity L + 5 keys, strided), the 1-row launches
 over fewer keys read contiguous copies.
 CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
-calls are unmasked: one compiled kernel serves both masks (the mask is a runtime value).
+calls are unmasked: one compiled kernel serves every mask (the mask is a runtime value).
 """
 
 from __future__ import annotations
@@ -23,11 +26,11 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CHUNK = 64
 M, ODD = 16, 7
-CASES = [  # (backend, dtype, H, HKV, D, DV, L); L - M + 1 <= 128 < L: rows see 2 or 3 chunks
-    ("metal", mx.float32, 4, 2, 64, 64, 140),
-    ("metal", mx.bfloat16, 2, 2, 128, 96, 133),
-    ("cuda", mx.float16, 4, 1, 32, 32, 140),
-    ("cuda", mx.float32, 2, 1, 64, 48, 70),
+CASES = [  # (backend, dtype, sinks, H, HKV, D, DV, L, window); L - M + 1 <= 128 < L: rows see 2 or 3 chunks
+    ("metal", mx.float32, False, 4, 2, 64, 64, 140, 70),  # windows of 70 keys: 2 chunks, cut elsewhere
+    ("metal", mx.bfloat16, True, 2, 2, 128, 96, 133, 9),
+    ("cuda", mx.float16, False, 4, 1, 32, 32, 140, 100),
+    ("cuda", mx.float32, True, 2, 1, 64, 48, 70, 128),  # a window longer than the cache: all keys
 ]
 
 HARNESS = """
@@ -35,32 +38,38 @@ HARNESS = """
 using T = {T};
 constexpr int CH = {chunk};
 int H, HKV, D, DV;
-float params[2];  // scale, causal
+float params[3];  // scale, causal, window
+std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, const std::vector<T>& v, int L,
-                      int cap, bool causal) {{
+                      int cap, bool causal, int window = 0) {{
   params[1] = causal ? 1.0f : 0.0f;
-  const int NCH = (L + CH - 1) / CH, HM = H * M;
-  std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV);
+  params[2] = float(window);
+  const int NCH = ((window > 0 && window < L ? window : L) + CH - 1) / CH, HM = H * M;
+  std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
+  for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
   emu::run_grid(HM, NCH, [&](int lane, int y, int z) {{ {partial} }});
   emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
   return o;
 }}
-// rows [r0, r0 + n) of q (H, M, D); keys [0, n) of k (HKV, L, E)
+// rows [r0, r0 + n) of q (H, M, E) (or keys [r0, r0 + n) of a cache (HKV, M = capacity, E))
 std::vector<T> rows(const std::vector<T>& q, int M, int r0, int n, int E) {{
   std::vector<T> r;
-  for (int h = 0; h < H; ++h) r.insert(r.end(), q.begin() + (size_t(h) * M + r0) * E, q.begin() + (size_t(h) * M + r0 + n) * E);
+  for (size_t h = 0; h < q.size() / (size_t(M) * E); ++h)
+    r.insert(r.end(), q.begin() + (h * M + r0) * E, q.begin() + (h * M + r0 + n) * E);
   return r;
 }}
 int main(int argc, char** argv) {{
   const std::string d = argv[1];
   H = std::atoi(argv[2]); HKV = std::atoi(argv[3]); D = std::atoi(argv[5]); DV = std::atoi(argv[6]);
-  const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), cap = std::atoi(argv[8]), odd = {odd};
+  const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), cap = std::atoi(argv[8]), W = std::atoi(argv[9]);
+  const int odd = {odd};
   auto q = load<T>(d + "/q", size_t(H) * M * D);
   auto k = load<T>(d + "/k", size_t(HKV) * cap * D);
   auto v = load<T>(d + "/v", size_t(HKV) * cap * DV);
   params[0] = load<float>(d + "/scale", 1)[0];
+  sinks = load<float>(d + "/sinks", H);
   std::ofstream out(d + "/o", std::ios::binary);
   save(out, attend(q, M, k, v, L, cap, true));
   save(out, attend(q, M, k, v, L, cap, false));
@@ -70,6 +79,12 @@ int main(int argc, char** argv) {{
   }}
   for (int i = 0; i < M; ++i) save(out, attend(rows(q, M, i, 1, D), 1, k, v, L, cap, false));
   save(out, attend(rows(q, M, M - odd, odd, D), odd, k, v, L, cap, true));
+  save(out, attend(q, M, k, v, L, cap, true, W));
+  for (int i = 0; i < M; ++i) {{  // windowed row i alone: an unmasked call over exactly its window
+    const int seen = L - M + i + 1, lo = seen > W ? seen - W : 0;
+    save(out, attend(rows(q, M, i, 1, D), 1, rows(k, cap, lo, seen - lo, D), rows(v, cap, lo, seen - lo, DV),
+                     seen - lo, seen - lo, false));
+  }}
 }}
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] = {{1, HKV, L, DV}};
@@ -78,7 +93,7 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] =
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
   {p}<T, CH>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
-  {c}<T>(pmax.data(), psum.data(), pacc.data(), as, o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
+  {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
   Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
@@ -87,13 +102,13 @@ CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}
                      pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
-  mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, o.data());"""
+  mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-def harness(backend: str, dtype) -> str:
-    names, source = src.program(backend, dtype, CHUNK)
+def harness(backend: str, dtype, sinks: bool) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
-    fmt = dict(p=names["partial"], c=names["combine"])
+    fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
     return HARNESS.format(source=source, T=C_TYPES[dtype], chunk=CHUNK, odd=ODD,
                           partial=partial.format(**fmt), combine=combine.format(**fmt))
 
@@ -104,22 +119,23 @@ def case_id(case) -> str:
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    labels = sorted({(c[0], c[1]) for c in CASES}, key=str)
+    labels = sorted({c[:3] for c in CASES}, key=str)
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
-    backend, dtype, h, hkv, d, dv, length = case
-    kq, kk, kv = mx.random.split(mx.random.key(h * 7 + d), 3)
+    backend, dtype, with_sinks, h, hkv, d, dv, length, window = case
+    kq, kk, kv, ks = mx.random.split(mx.random.key(h * 7 + d), 4)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
     cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(dtype)  # a cache with room for 5 more
     cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(dtype)
     k, v, scale = cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5
-    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32))
-    run(exes[(backend, dtype)], tmp_path, h, hkv, M, d, dv, length, length + 5)
+    sinks = mx.random.normal((h,), key=ks) * 2
+    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32), sinks=sinks)
+    run(exes[(backend, dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
     raw = (tmp_path / "o").read_bytes()
-    size = len(raw) // (4 * M + ODD)  # bytes of one row (H, DV)
+    size = len(raw) // (6 * M + ODD)  # bytes of one row (H, DV)
 
     def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
         a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
@@ -127,12 +143,18 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
 
     causal, full = part(0, M, False), part(M, M, False)
     causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
-    for y, is_causal in ((causal, True), (full, False)):
-        ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal)
-        assert ok, f"{case_id(case)} causal={is_causal}: error {ratio:.3g}x the tolerance"
+    windowed, windowed_rows = part(4 * M + ODD, M, False), part(5 * M + ODD, M, True)
+    used = sinks if with_sinks else None
+    for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
+        ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used)
+        assert ok, f"{case_id(case)} causal={is_causal} window={w}: error {ratio:.3g}x the tolerance"
     assert mx.array_equal(causal, causal_rows).item(), "causal rows differ from 1-row calls over their keys"
     assert mx.array_equal(full, full_rows).item(), "unmasked rows differ from 1-row calls"
     assert mx.array_equal(odd, causal[:, :, M - ODD :]).item(), f"a {ODD}-row causal call differs"
+    assert mx.array_equal(windowed, windowed_rows).item(), "windowed rows differ from 1-row calls over their windows"
+    if with_sinks:  # the sinks are really used: without them the answer is another one
+        ok, _ = attention_within_tolerance(causal, q, k, v, scale, True)
+        assert not ok, "a launch with sinks gave the answer without them"
 
 
 def test_bodies_name_only_builtins_their_backend_has():
