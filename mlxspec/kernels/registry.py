@@ -159,38 +159,100 @@ def _load_qmm_q8(backend: str):
 register("qmm-q8", _load_qmm_q8)
 
 
+def _load_gather_qmm(backend: str):
+    """MoE experts on a GPU (the CPU gathers through its qmm tiles, checked with them: layers.py)."""
+    if backend == "cpu":
+        raise KernelUnavailable("on the CPU experts run the qmm kernel's tiles (cpu_gather_qmm_function)")
+    from . import gpu
+
+    fn = gpu.metal_gather_qmm_function() if backend == "metal" else gpu.cuda_gather_qmm_function()
+    return fn, f"mx.fast.{backend}_kernel"
+
+
+register("gather-qmm", _load_gather_qmm)
+
+
 def kernel_for_layer(
     n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype, device: mx.Device | None = None,
-    activations: str = "f32",
+    activations: str = "f32", mode: str = "affine",
 ) -> tuple[Callable[..., mx.array] | None, str]:
     """(qmm, description) if the device's kernel passed its self-check for this shape, else (None, why).
-    activations='q8': the int8-activation kernel (CPU), checked against its own definition."""
+    activations='q8': the int8-activation kernel (CPU), checked against its own definition.
+    mode='mxfp4': gpt-oss's layout (the GPU kernels take it; the CPU one does not)."""
     rec = kernel("qmm-q8" if activations == "q8" else "qmm", device_backend_name(device))
+    return _checked(rec, (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode),
+                    lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
+
+
+def gather_for_layer(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,
+                     device: mx.Device | None = None, mode: str = "affine") -> tuple[Callable[..., mx.array] | None, str]:
+    """(gather_qmm, description) for MoE experts on a GPU, if its self-check passed here, else (None, why).
+    (The CPU gathers through its qmm tiles: layers.py takes cpu_gather_qmm_function after kernel_for_layer.)"""
+    rec = kernel("gather-qmm", device_backend_name(device))
+    return _checked(rec, (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode),
+                    lambda: gather_self_check(rec.fn, n, k, group_size, bits, scale_dtype, mode))
+
+
+def _mode_tag(mode: str) -> tuple:
+    return () if mode == "affine" else (mode,)  # affine signatures read as they always have
+
+
+def _checked(rec: KernelRecord, signature: tuple, run: Callable[[], str | None]):
     if rec.error:
         warn_once(f"mlxspec {rec.name} kernel unavailable: {rec.error.splitlines()[0]}")
         return None, f"{rec.name} kernel unavailable: {rec.error}"
-    signature = (n, k, group_size, bits, str(scale_dtype))
-    failure = rec.check(signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations))
+    failure = rec.check(signature, run)
     if failure:
         return None, f"{rec.name} kernel failed its self-check: {failure}"
     return rec.fn, f"{rec.backend} ({rec.detail})"
 
 
+def _x_dtypes(scale_dtype: mx.Dtype, mode: str) -> list:
+    """The activations a self-check multiplies: the model's (its scales' dtype; bfloat16 for mxfp4) and float32."""
+    return list(dict.fromkeys([scale_dtype if mode == "affine" else mx.bfloat16, mx.float32]))
+
+
 def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,
-               activations: str = "f32") -> str | None:
+               activations: str = "f32", mode: str = "affine") -> str | None:
     """None if `qmm` matches the reference (q8_reference for activations='q8') on random inputs of
     this shape, else what went wrong."""
     from .reference import random_quantized, within_tolerance
 
     key = mx.random.key(n * 7919 + k)
-    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key)
-    for x_dtype in dict.fromkeys([scale_dtype, mx.float32]):
+    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key, mode=mode)
+    extra = {} if mode == "affine" else {"mode": mode}  # the CPU kernels take no mode
+    for x_dtype in _x_dtypes(scale_dtype, mode):
         x = mx.random.normal((CHECK_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
-        y = qmm(x, w, s, b, group_size, bits)
-        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits, activations)
+        y = qmm(x, w, s, b, group_size, bits, **extra)
+        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits, activations, mode)
         if not ok:
             return f"x {x_dtype}: error {ratio:.3g}x the tolerance"
         for i in (0, CHECK_ROWS - 1):
-            if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item():
+            if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits, **extra)[0], y[i]).item():
                 return f"x {x_dtype}: row {i} of a {CHECK_ROWS}-row call differs from the 1-row call"
+    return None
+
+
+def gather_self_check(gather, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,
+                      mode: str = "affine") -> str | None:
+    """None if each row of a gather call (3 experts, 5 rows, two pairs sharing an expert) is within
+    tolerance of its expert's reference and equals the same row gathered alone (MoE verify rows =
+    one-token steps), else what went wrong. The arithmetic does not depend on the number of experts."""
+    from .reference import random_quantized, within_tolerance
+
+    keys = mx.random.split(mx.random.key(n * 7919 + k), 4)
+    mats = [random_quantized(n, k, group_size, bits, scale_dtype, key=keys[e], mode=mode) for e in range(3)]
+    w, s, b = (None if mats[0][i] is None else mx.stack([m[i] for m in mats]) for i in range(3))
+    ids = [1, 0, 1, 2, 0]
+    indices = mx.array(ids, mx.uint32)
+    for x_dtype in _x_dtypes(scale_dtype, mode):
+        x = mx.random.normal((len(ids), k), key=keys[3]).astype(x_dtype)
+        y = gather(x, w, s, b, indices, group_size, bits, mode=mode)
+        for r, e in enumerate(ids):
+            ok, ratio = within_tolerance(y[r : r + 1], x[r : r + 1], *mats[e], group_size, bits, mode=mode)
+            if not ok:
+                return f"x {x_dtype}: row {r} (expert {e}): error {ratio:.3g}x the tolerance"
+            alone = gather(x[r : r + 1], w, s, b, indices[r : r + 1], group_size, bits, mode=mode)
+            if not mx.array_equal(alone[0], y[r]).item():
+                return f"x {x_dtype}: row {r} of a {len(ids)}-row call differs from the row gathered alone"
     return None

@@ -18,8 +18,9 @@ import numpy as np
 
 EMULATOR = Path(__file__).parent / "emulator"
 CXX = shutil.which("g++") or shutil.which("clang++")
-C_TYPES = {mx.float32: "float", mx.float16: "_Float16", mx.bfloat16: "emu::bf16"}
-NP_TYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.uint32: np.uint32}
+C_TYPES = {mx.float32: "float", mx.float16: "_Float16", mx.bfloat16: "emu::bf16", mx.uint8: "uint8_t"}
+NP_TYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint16, mx.uint32: np.uint32,
+            mx.uint8: np.uint8}
 _BUILT: dict[str, Path] = {}
 _DIR = Path(tempfile.mkdtemp(prefix="mlxspec-emu-"))
 

@@ -18,12 +18,16 @@ from mlxspec.kernels.reference import dense_within_tolerance, output_dtype, with
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
-QMM_CASES = [  # (backend, x dtype, scales dtype, group size, bits)
-    ("metal", mx.float32, mx.float16, 32, 4),
-    ("metal", mx.float16, mx.float16, 64, 8),
-    ("cuda", mx.bfloat16, mx.bfloat16, 128, 4),
-    ("cuda", mx.float16, mx.float32, 128, 8),
+QMM_CASES = [  # (backend, x dtype, scales dtype, group size, bits, mode)
+    ("metal", mx.float32, mx.float16, 32, 4, "affine"),
+    ("metal", mx.float16, mx.float16, 64, 8, "affine"),
+    ("cuda", mx.bfloat16, mx.bfloat16, 128, 4, "affine"),
+    ("cuda", mx.float16, mx.float32, 128, 8, "affine"),
+    ("metal", mx.bfloat16, mx.uint8, 32, 4, "mxfp4"),  # gpt-oss: e2m1 codes, 2^(s - 127) scales, no biases
+    ("cuda", mx.float16, mx.uint8, 32, 4, "mxfp4"),
 ]
+GATHER_CASES = [QMM_CASES[0], QMM_CASES[3], QMM_CASES[4], QMM_CASES[5]]  # MoE experts: qmm's rows, one expert each
+EXPERTS, INDICES = 3, [2, 0, 2, 1, 0, 2, 2]  # rows 0, 2, 5 and 6 share an expert
 DENSE_CASES = [  # (backend, x dtype, w dtype)
     ("metal", mx.float16, mx.float16),
     ("metal", mx.float32, mx.bfloat16),
@@ -74,15 +78,55 @@ def harness(backend: str, name: str, source: str, targs: str, parts: dict, x_dty
                           r0=ODD[0], odd=ODD[1])
 
 
-def qmm_code(backend, x_dtype, s_dtype, group_size, bits) -> str:
+def qmm_source(backend, x_dtype, s_dtype, group_size, bits, mode, gather=False) -> tuple[str, str]:
     out = output_dtype(x_dtype, s_dtype)
     if backend == "metal":
-        name, source = gpu_source.metal_source(x_dtype, s_dtype, out, group_size, bits,
-                                               dict.fromkeys(gpu_source.INPUTS, 1 << 20))
-    else:
-        name, source = gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits)
-    return harness(backend, name, source, f"T, WT, O, {group_size}, {bits}", QMM_W, x_dtype, s_dtype, out,
+        return gpu_source.metal_source(x_dtype, s_dtype, out, group_size, bits,
+                                       dict.fromkeys(gpu_source.GATHER_INPUTS, 1 << 20), mode, gather)
+    return gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits, mode, gather)
+
+
+def qmm_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
+    name, source = qmm_source(backend, x_dtype, s_dtype, group_size, bits, mode)
+    targs = f"T, WT, O, {group_size}, {bits}, {gpu_source.MODES[mode]}"
+    return harness(backend, name, source, targs, QMM_W, x_dtype, s_dtype, output_dtype(x_dtype, s_dtype),
                    G=group_size, BITS=bits)
+
+
+GATHER_HARNESS = """
+{source}
+using T = {T}; using WT = {W}; using O = {O};
+int main(int argc, char** argv) {{
+  const std::string d = argv[1];
+  const int P = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]), E = std::atoi(argv[5]);
+  const int WORDS = K * {BITS} / 32, GROUPS = K / {G};
+  auto x = load<T>(d + "/x", size_t(P) * K);
+  auto w = load<uint32_t>(d + "/w", size_t(E) * N * WORDS);
+  auto s = load<WT>(d + "/s", size_t(E) * N * GROUPS); auto b = load<WT>(d + "/b", size_t(E) * N * GROUPS);
+  auto idx = load<uint32_t>(d + "/idx", P);
+  std::ofstream out(d + "/y", std::ios::binary);
+  for (int rows : {{P, 1}}) {{  // all rows in one launch, then row 0 alone
+    std::vector<O> y(size_t(rows) * N);
+    emu::run_grid((N + 3) / 4, rows, [&](int lane, int warp, int z) {{ {call} }});
+    save(out, y);
+  }}
+}}
+"""
+METAL_GATHER_CALL = """int xs[2] = {{P, K}}, ws[3] = {{E, N, WORDS}};
+  {name}<T, WT, O, {G}, {BITS}, {MODE}>(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
+      uint3{{unsigned(lane), unsigned(warp), unsigned(z)}});"""
+CUDA_GATHER_CALL = """Shape xs{{P, K}}, ws{{E, N, WORDS}};
+  threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
+  blockIdx = dim3{{0, unsigned(warp / 2), unsigned(z)}}; blockDim = dim3{{32, 2, 1}};
+  mlx::core::cu::{name}(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data());"""
+
+
+def gather_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
+    name, source = qmm_source(backend, x_dtype, s_dtype, group_size, bits, mode, gather=True)
+    fmt = dict(name=name, G=group_size, BITS=bits, MODE=gpu_source.MODES[mode])
+    call = (METAL_GATHER_CALL if backend == "metal" else CUDA_GATHER_CALL).format(**fmt)
+    return GATHER_HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype],
+                                 O=C_TYPES[output_dtype(x_dtype, s_dtype)], call=call, **fmt)
 
 
 def dense_code(backend, x_dtype, w_dtype) -> str:
@@ -94,7 +138,8 @@ def dense_code(backend, x_dtype, w_dtype) -> str:
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    codes = {("qmm",) + c: qmm_code(*c) for c in QMM_CASES} | {("dense",) + c: dense_code(*c) for c in DENSE_CASES}
+    codes = ({("qmm",) + c: qmm_code(*c) for c in QMM_CASES} | {("dense",) + c: dense_code(*c) for c in DENSE_CASES}
+             | {("gather",) + c: gather_code(*c) for c in GATHER_CASES})
     return dict(zip(codes, build_all(list(codes.values()))))
 
 
@@ -115,18 +160,54 @@ def case_id(case) -> str:
     return "-".join(str(v) for v in case).replace("mlx.core.", "")
 
 
+def quantized(n: int, k: int, s_dtype, group_size: int, bits: int, mode: str, seed: int = 0):
+    """(w, scales, biases) of a random (N, K) matrix in MLX's layout; mxfp4's biases: unused zeros."""
+    if mode == "mxfp4":
+        w, s = mx.quantize(mx.random.normal((n, k), key=mx.random.key(seed)), group_size=32, bits=4, mode="mxfp4")
+        return w, s, mx.zeros_like(s)
+    return mx.quantize(mx.random.normal((n, k), key=mx.random.key(seed)).astype(s_dtype), group_size=group_size,
+                       bits=bits)
+
+
 @pytest.mark.parametrize("case", QMM_CASES, ids=[case_id(c) for c in QMM_CASES])
 def test_qmm_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
-    backend, x_dtype, s_dtype, group_size, bits = case
-    w, s, b = mx.quantize(mx.random.normal((N, K_QMM), key=mx.random.key(0)).astype(s_dtype),
-                          group_size=group_size, bits=bits)
+    backend, x_dtype, s_dtype, group_size, bits, mode = case
+    w, s, b = quantized(N, K_QMM, s_dtype, group_size, bits, mode)
     x = mx.random.normal((M, K_QMM), key=mx.random.key(1)).astype(x_dtype)
     save(tmp_path, x=x, w=w, s=s, b=b)
     run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
     y, rows, odd = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, s_dtype), N)
-    ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+    ok, ratio = within_tolerance(y, x, w, s, None if mode == "mxfp4" else b, group_size, bits, mode=mode)
     assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
     check_rows(case_id(case), y, rows, odd)
+
+
+@pytest.mark.parametrize("case", GATHER_CASES, ids=[case_id(c) for c in GATHER_CASES])
+def test_gather_qmm_rows_have_the_bits_of_one_row_qmm_on_their_expert(tmp_path, exes, case):
+    """Each row of a gather launch (MoE experts) = the qmm kernel's one-row launch on its expert's
+    matrix, bit for bit, whatever other rows and experts share the launch; within tolerance."""
+    backend, x_dtype, s_dtype, group_size, bits, mode = case
+    experts = [quantized(N, K_QMM, s_dtype, group_size, bits, mode, seed=e) for e in range(EXPERTS)]
+    w, s, b = (mx.stack([e[i] for e in experts]) for i in range(3))
+    p = len(INDICES)
+    x = mx.random.normal((p, K_QMM), key=mx.random.key(5)).astype(x_dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b, idx=mx.array(INDICES, mx.uint32))
+    run(exes[("gather",) + case], tmp_path, p, N, K_QMM, EXPERTS)
+    out = output_dtype(x_dtype, s_dtype)
+    raw = (tmp_path / "y").read_bytes()
+    y = from_np(raw[: len(raw) * p // (p + 1)], out, (p, N))
+    assert mx.array_equal(from_np(raw[len(raw) * p // (p + 1) :], out, (1, N)), y[:1]).item(), "row 0 alone differs"
+    for e, (we, se, be) in enumerate(experts):  # the plain qmm kernel, one row at a time, on expert e
+        rows = [r for r, i in enumerate(INDICES) if i == e]
+        xe = mx.concatenate([x[r : r + 1] for r in rows] + [x[:1]] * (M - len(rows)))  # padded to the harness's M
+        save(tmp_path, x=xe, w=we, s=se, b=be)
+        run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
+        _, one_row, _ = split_outputs((tmp_path / "y").read_bytes(), out, N)
+        for j, r in enumerate(rows):
+            assert mx.array_equal(y[r], one_row[j]).item(), f"row {r} (expert {e}) differs from qmm's one row"
+        ok, ratio = within_tolerance(y[mx.array(rows)], x[mx.array(rows)], we, se, None if mode == "mxfp4" else be,
+                                     group_size, bits, mode=mode)
+        assert ok, f"expert {e}: error {ratio:.3g}x the tolerance"
 
 
 @pytest.mark.parametrize("case", DENSE_CASES, ids=[case_id(c) for c in DENSE_CASES])
@@ -150,6 +231,9 @@ def test_sources_name_only_builtins_their_backend_has():
         assert "threadIdx" in cuda and "thread_position_in_grid" not in cuda
         for body in (metal, cuda):
             assert "x_shape" in body and "w_shape" in body and "scales_shape" not in body
+    for metal, cuda in ((gpu_source.METAL_GATHER_BODY, gpu_source.CUDA_GATHER_BODY),):
+        assert "thread_position_in_grid" in metal and "threadIdx" not in metal and "blockIdx" not in metal
+        assert "blockIdx" in cuda and "thread_position_in_grid" not in cuda
 
 
 @pytest.mark.skipif(not mx.metal.is_available(), reason="no Metal device")

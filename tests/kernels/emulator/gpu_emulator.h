@@ -147,6 +147,7 @@ namespace metal {
 inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline float exp(float a) { return std::exp(a); }
+inline float ldexp(float a, int e) { return std::ldexp(a, e); }
 }
 inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
   float s = 0.0f;

@@ -1,0 +1,112 @@
+"""The GPU families' wiring, checked on the CPU with stand-in kernels (no GPU here).
+
+The GPU sources themselves run under the emulator (test_gpu_sources.py); here the registry's
+self-checks for mxfp4 and for the MoE gather are held to what they must catch, and use_kernels on a
+(pretended) CUDA backend swaps a gpt-oss model's mxfp4 or affine experts and projections for
+kernel-backed layers that pass the right arguments: logits unchanged.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from model_factory import build_model
+from mlxspec.kernels import layers, registry
+from mlxspec.kernels.layers import KernelQuantizedLinear, KernelQuantizedSwitchLinear
+from mlxspec.kernels.reference import qmm_reference
+
+GPT_OSS = {"model_type": "gpt_oss", "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
+           "vocab_size": 96, "hidden_size": 64, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "sliding_window": 8, "rope_theta": 150000,
+           "layer_types": ["sliding_attention", "full_attention"]}
+
+
+def per_row_qmm(calls: list):
+    """A stand-in GPU qmm: the definition (float32 MLX) one row at a time (row-invariant by construction)."""
+
+    def qmm(x, w, scales, biases, group_size, bits, mode="affine"):
+        calls.append(("qmm", mode))
+        rows = x.reshape(-1, x.shape[-1])
+        y = mx.concatenate([qmm_reference(rows[i : i + 1], w, scales, biases, group_size, bits, mode)
+                            for i in range(rows.shape[0])])
+        return y.reshape(*x.shape[:-1], -1)
+
+    return qmm
+
+
+def per_row_gather(calls: list, wrong: bool = False):
+    """A stand-in GPU gather: row p times expert indices[p] (wrong=True: always expert 0)."""
+
+    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine"):
+        calls.append(("gather", mode))
+        out = []
+        for p, e in enumerate(indices.tolist()):
+            e = 0 if wrong else e
+            out.append(qmm_reference(x[p : p + 1], w[e], scales[e], None if biases is None else biases[e],
+                                     group_size, bits, mode))
+        return mx.concatenate(out)
+
+    return gather
+
+
+@pytest.mark.parametrize("mode", ["affine", "mxfp4"])
+def test_gather_self_check_passes_a_right_kernel_and_catches_a_wrong_one(mode):
+    calls = []
+    assert registry.gather_self_check(per_row_gather(calls), 40, 64, 32, 4, mx.float16, mode) is None
+    assert set(calls) == {("gather", mode)}
+    failure = registry.gather_self_check(per_row_gather(calls, wrong=True), 40, 64, 32, 4, mx.float16, mode)
+    assert failure is not None and "tolerance" in failure
+
+
+def test_mxfp4_self_check_passes_a_right_kernel_and_catches_affine_arithmetic():
+    calls = []
+    assert registry.self_check(per_row_qmm(calls), 40, 64, 32, 4, mx.float16, mode="mxfp4") is None
+    assert set(calls) == {("qmm", "mxfp4")}
+
+    def as_affine(x, w, scales, biases, group_size, bits, mode="affine"):  # reads the codes as affine ones
+        ones = mx.ones(scales.shape, mx.float32)
+        return mx.quantized_matmul(x, w, ones, mx.zeros_like(ones), transpose=True, group_size=group_size, bits=bits)
+
+    assert "tolerance" in registry.self_check(as_affine, 40, 64, 32, 4, mx.float16, mode="mxfp4")
+
+
+@pytest.fixture
+def pretend_cuda(monkeypatch):
+    """registry + layers see a CUDA backend whose qmm and gather families are the stand-ins."""
+    calls = []
+    loaders = dict(registry._loaders)
+    loaders["qmm"] = lambda backend: (per_row_qmm(calls), "stand-in")
+    loaders["gather-qmm"] = lambda backend: (per_row_gather(calls), "stand-in")
+    monkeypatch.setattr(registry, "_loaders", loaders)
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+    monkeypatch.setattr(layers, "device_backend_name", lambda device=None: "cuda")
+    registry.reset()
+    yield calls
+    registry.reset()
+
+
+@pytest.mark.parametrize("mode", ["affine", "mxfp4"])
+def test_gpu_backend_swaps_experts_and_projections_and_keeps_the_logits(pretend_cuda, mode):
+    model = build_model(GPT_OSS, seed=3)
+    nn.quantize(model, group_size=32, bits=4, mode=mode)
+    tokens = mx.array([[5, 17, 2, 40, 33, 9, 71, 12, 3, 60, 8]])  # past the 8-token window
+    want = model(tokens)
+    report = layers.use_kernels(model, gpu=True, device=mx.cpu)
+    experts = [p for p, m in model.named_modules() if isinstance(m, KernelQuantizedSwitchLinear)]
+    linears = [p for p, m in model.named_modules() if isinstance(m, KernelQuantizedLinear)]
+    assert len(experts) == 2 * 3 and len(linears) >= 2 * 4, report["kept"]  # gate/up/down; q/k/v/o per layer
+    assert all(m == mode for _, m in pretend_cuda)
+    assert ("gather", mode) in pretend_cuda and ("qmm", mode) in pretend_cuda
+    assert mx.allclose(model(tokens), want, atol=1e-4, rtol=1e-4).item()
+    status = {s["kernel"]: s for s in registry.status()}
+    assert status["cuda-gather-qmm"]["active"] and status["cuda-qmm"]["active"]
+
+
+def test_the_cpu_kernels_keep_mxfp4_layers_with_the_reason(cpu_ext):
+    model = build_model(GPT_OSS, seed=3)
+    nn.quantize(model, group_size=32, bits=4, mode="mxfp4")
+    report = layers.use_kernels(model, device=mx.cpu)
+    assert not report["swapped"]
+    assert all("mxfp4" in why and "cpu kernels do affine" in why for why in report["kept"].values())
