@@ -92,11 +92,12 @@ def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out
 
 
 def _check_layout(k: int, group_size: int, bits: int, mode: str) -> None:
-    layouts = {"affine": group_size in (32, 64, 128) and bits in (4, 8), "mxfp4": group_size == 32 and bits == 4}
+    layouts = {"affine": group_size in (32, 64, 128) and bits in AFFINE_BITS, "mxfp4": group_size == 32 and bits == 4}
     if k % group_size or not layouts.get(mode, False):
         raise ValueError(f"qmm kernel: K={k}, group size {group_size}, {bits} bits, mode {mode!r} unsupported")
 
 
+AFFINE_BITS = (2, 3, 4, 5, 6, 8)  # every width MLX quantizes to (GGUF Q5_K / Q6_K layers load as 5 / 6 bits)
 UNUSED_BIASES = {}  # mode -> the stand-in passed as `biases` where the mode has none (never read)
 
 

@@ -12,13 +12,15 @@ One simdgroup / warp of 32 lanes computes COLS = 4 output columns for all M rows
 it loads serves 4 columns and each weight it dequantizes serves M rows. A threadgroup holds 2 of them.
   qmm: lane l owns K-blocks [k0, k0 + VPL) with k0 = l*VPL + i*32*VPL; VPL = 4 words (one 16-byte
        load per column: 32 values at 4 bits, 16 at 8 bits), one scale/bias per (block, column).
+       2/3/5/6 bits (MLX packs them as a little-endian bit stream, codes straddling words): blocks of
+       32 values, BITS words each, k0 = l*32 + i*1024.
   dense: lane l owns k = l + 32*j (coalesced 2-4 byte loads).
 Per (m, n): FMA into acc[m][c] in a fixed k order, then a fixed 32-lane reduction; the loop over m
 never reorders additions, so row m's result does not depend on M (nor on the column's slot c).
 M = 1 (plain decoding) runs the very same code.
 
     grid (32, ceil(N / 4), 1), threadgroup (32, 2, 1)
-    qmm template: T (x), S (scales/biases), O (output), G (32/64/128), BITS (4 or 8), MODE; needs K % G == 0
+    qmm template: T (x), S (scales/biases), O (output), G (32/64/128), BITS (2-6 or 8), MODE; needs K % G == 0
     dense template: T (x), W (weights), O (output); any K
 
 Each backend adds a prologue (lane, warp, shapes from its builtins; MLX passes the builtins whose
@@ -56,7 +58,7 @@ QMM_SHAPES = """
 GATHER_SHAPES = """
   const int M = 1, K = x_shape[1], N = w_shape[1];  // one row: qmm's arithmetic at M = 1
   const size_t e = indices[row];
-  const size_t xo = size_t(row) * K, wo = e * N * (K / (32 / BITS)), so = e * N * (K / G), yo = size_t(row) * N;
+  const size_t xo = size_t(row) * K, wo = e * N * (K * BITS / 32), so = e * N * (K / G), yo = size_t(row) * N;
 """
 
 QMM_CORE = """
@@ -65,7 +67,7 @@ QMM_CORE = """
   constexpr int VPL = 4 * PER;    // values per lane per block: 4 words, one 16-byte load
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   const float FP4[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // e2m1 magnitudes (MODE 1)
-  const int WORDS = K / PER, GROUPS = K / G;
+  const int WORDS = K * BITS / 32, GROUPS = K / G;
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
   float acc[16][COLS];
@@ -73,6 +75,7 @@ QMM_CORE = """
   for (int m = 0; m < 16; ++m)
 #pragma unroll
     for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
+  if (BITS == 4 || BITS == 8) {  // a compile-time choice: codes never straddle words
   for (int k0 = lane * VPL; k0 < K; k0 += 32 * VPL) {  // K % 32 == 0 (G | K): blocks are whole
     uint4 q[COLS];
     float s[COLS], b[COLS];
@@ -108,6 +111,40 @@ QMM_CORE = """
         }
       }
     }
+  }
+  } else {  // 2, 3, 5, 6 bits (affine): 32 codes are BITS words of a little-endian bit stream
+  for (int k0 = lane * 32; k0 < K; k0 += 32 * 32) {
+    uint32_t q[COLS][BITS];
+    float s[COLS], b[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+      const int n = n0 + c < N ? n0 + c : N - 1;
+#pragma unroll
+      for (int i = 0; i < BITS; ++i) q[c][i] = w[wo + size_t(n) * WORDS + (k0 / 32) * BITS + i];
+      const size_t g = so + size_t(n) * GROUPS + k0 / G;  // 32 divides G: one group per block
+      s[c] = float(scales[g]);
+      b[c] = float(biases[g]);
+    }
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      const int bit = j * BITS, i = bit / 32, sh = bit % 32, i2 = i + 1 < BITS ? i + 1 : i;
+      float wv[COLS];  // dequantized once, used by every row
+#pragma unroll
+      for (int c = 0; c < COLS; ++c) {
+        uint32_t code = q[c][i] >> sh;
+        if (sh + BITS > 32) code |= q[c][i2] << (32 - sh);  // the code straddles two words
+        wv[c] = FMA(float(code & MASK), s[c], b[c]);
+      }
+#pragma unroll
+      for (int m = 0; m < 16; ++m) {
+        if (m < M) {
+          const float xv = float(x[xo + size_t(m) * K + k0 + j]);
+#pragma unroll
+          for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c], acc[m][c]);
+        }
+      }
+    }
+  }
   }
 """
 

@@ -7,7 +7,8 @@ Only `nn.QuantizedLinear` layers change (same parameters, same names), and mlx-l
 matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). GPUs also take
 gpt-oss's "mxfp4" layers (4-bit e2m1 codes, power-of-two scales); the CPU kernels do affine only. Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
 `as_linear` (the output head of tied models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
-per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits.
+per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits; the
+GPU kernels read every width in place.
 Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
 in the report.
 """
@@ -117,6 +118,7 @@ def _copy_params(old: nn.Module, new: nn.Module) -> None:
 
 
 WIDENED_BITS = (2, 3, 5, 6)  # on the CPU, codes of these widths are re-packed one per byte (8-bit)
+GPU_BITS = (2, 3, 4, 5, 6, 8)  # the GPU qmm reads every width MLX packs (gpu.AFFINE_BITS), in place
 
 
 def widen_to_8bit(layer: nn.Module) -> None:
@@ -149,8 +151,9 @@ def _why_not(layer, bits: int | None = None, backend: str = "cpu") -> str | None
     if mode != "affine" or layer.get("biases") is None:
         kinds = "affine" if backend == "cpu" else "affine and mxfp4"
         return f"quantization mode {mode!r} (the {backend} kernels do {kinds})"
-    if bits not in (4, 8):
-        return f"{bits}-bit weights (kernels do 4 and 8)"
+    widths = (4, 8) if backend == "cpu" else GPU_BITS
+    if bits not in widths:
+        return f"{bits}-bit weights (the {backend} kernels do {', '.join(map(str, widths))})"
     if layer.group_size % 32:
         return f"group size {layer.group_size} (kernels need a multiple of 32)"
     return None

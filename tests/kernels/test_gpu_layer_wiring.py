@@ -87,10 +87,11 @@ def pretend_cuda(monkeypatch):
     registry.reset()
 
 
-@pytest.mark.parametrize("mode", ["affine", "mxfp4"])
-def test_gpu_backend_swaps_experts_and_projections_and_keeps_the_logits(pretend_cuda, mode):
+@pytest.mark.parametrize("mode, bits", [("affine", 4), ("mxfp4", 4), ("affine", 6), ("affine", 3)])
+def test_gpu_backend_swaps_experts_and_projections_and_keeps_the_logits(pretend_cuda, mode, bits):
+    """Every width MLX packs runs the GPU kernels in place (the CPU widens 3/5/6 bits to bytes)."""
     model = build_model(GPT_OSS, seed=3)
-    nn.quantize(model, group_size=32, bits=4, mode=mode)
+    nn.quantize(model, group_size=32, bits=bits, mode=mode)
     tokens = mx.array([[5, 17, 2, 40, 33, 9, 71, 12, 3, 60, 8]])  # past the 8-token window
     want = model(tokens)
     report = layers.use_kernels(model, gpu=True, device=mx.cpu)

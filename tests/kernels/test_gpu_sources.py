@@ -25,8 +25,12 @@ QMM_CASES = [  # (backend, x dtype, scales dtype, group size, bits, mode)
     ("cuda", mx.float16, mx.float32, 128, 8, "affine"),
     ("metal", mx.bfloat16, mx.uint8, 32, 4, "mxfp4"),  # gpt-oss: e2m1 codes, 2^(s - 127) scales, no biases
     ("cuda", mx.float16, mx.uint8, 32, 4, "mxfp4"),
+    ("metal", mx.float16, mx.float16, 64, 6, "affine"),  # 2/3/5/6 bits: codes straddle words (GGUF Q6_K/Q5_K)
+    ("cuda", mx.bfloat16, mx.bfloat16, 32, 5, "affine"),
+    ("cuda", mx.float32, mx.float16, 128, 3, "affine"),
+    ("metal", mx.float32, mx.float32, 32, 2, "affine"),
 ]
-GATHER_CASES = [QMM_CASES[0], QMM_CASES[3], QMM_CASES[4], QMM_CASES[5]]  # MoE experts: qmm's rows, one expert each
+GATHER_CASES = [QMM_CASES[0], QMM_CASES[3], QMM_CASES[4], QMM_CASES[5], QMM_CASES[7]]  # MoE experts: qmm's rows, one expert each
 EXPERTS, INDICES = 3, [2, 0, 2, 1, 0, 2, 2]  # rows 0, 2, 5 and 6 share an expert
 DENSE_CASES = [  # (backend, x dtype, w dtype)
     ("metal", mx.float16, mx.float16),
