@@ -33,6 +33,8 @@ from .kernels.cpu import ACTIVATION_SETTINGS
 from .loading import LoadedModel
 from .options import GenerateOptions
 from .settings import DecodeSettings
+
+KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
 from .stats import Stats
 from .tree import MAX_TREE_NODES
 
@@ -91,8 +93,9 @@ class Engine:
         makes a draft model stop a proposal after a token it gives less than that probability (one
         extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
         they pass their self-check on this device (mlxspec.kernels.install_timed); None reads
-        MLXSPEC_KERNELS (0 = off; "ops" = the per-op kernels without fused layers), the one place
-        that setting is read. `ollama`: the OllamaStore
+        MLXSPEC_KERNELS (0 = off; "ops" = the per-op kernels without fused layers; "exact" = keep
+        them on a GPU even where they cost more than install_timed's budget: exactness over speed),
+        the one place that setting is read. `ollama`: the OllamaStore
         `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
         `kv_cache`: how a GGUF model's float32 keys and values are stored on the CPU, 'f16' (default,
         as llama.cpp) or 'f32' (loading.load); None reads MLXSPEC_KV_CACHE_TYPE, here only.
@@ -106,7 +109,9 @@ class Engine:
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
-            kernels = "ops" if env == "ops" else env != "0"
+            kernels = env if env in ("ops", "exact") else env != "0"
+        if kernels not in KERNEL_SETTINGS:
+            raise MlxspecError(f"unknown kernels setting {kernels!r} (True, False, 'ops' or 'exact')")
         kv_cache = kv_cache or os.environ.get("MLXSPEC_KV_CACHE_TYPE") or "f16"
         activations = activations or os.environ.get("MLXSPEC_ACTIVATIONS") or "auto"
         if activations not in ACTIVATION_SETTINGS:
@@ -124,8 +129,8 @@ class Engine:
             same = draft == target and (draft_quantize or None) == (quantize or None)
             dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
-        kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations) if kernels
-                         else {"disabled": "kernels off"})
+        kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations,
+                                      timed=kernels != "exact") if kernels else {"disabled": "kernels off"})
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
@@ -260,16 +265,20 @@ def _activations_run(kernel_report: dict) -> str:
     return kernel_report.get("target", {}).get("layers", {}).get("activations", "f32")
 
 
-def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32") -> dict:
+def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32",
+                 timed: bool = True) -> dict:
     """Install mlxspec's kernels in each model where they passed their self-check on this device.
 
     A kernel that cannot build or disagrees with its reference is reported (one warning) and MLX's
-    own op stays: the reference defines the result, kernels only make it faster.
+    own op stays: the reference defines the result, kernels only make it faster. timed=False keeps
+    the target's kernels on a GPU whatever they cost (kernels="exact").
     """
     from .kernels import install_kernels
     from .kernels.install import install_timed
 
-    report = {"target": install_timed(target.model, fuse=fuse, activations=resolve_activations(activations, target))}
+    act = resolve_activations(activations, target)
+    report = {"target": install_timed(target.model, fuse=fuse, activations=act) if timed
+              else install_kernels(target.model, fuse=fuse, activations=act) | {"timed": "not timed: kernels='exact'"}}
     if draft is not None and draft is not target:  # the draft's bits never reach the output
         report["draft"] = install_kernels(draft.model, fuse=fuse, activations=resolve_activations(activations, draft))
     return report

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests/ helpers: model_factory, gguf_fixtures
+
+import mlx.core as mx  # noqa: E402
+
+if mx.default_device() != mx.cpu:  # a GPU: the exactness suite runs with the invariant kernels kept
+    os.environ.setdefault("MLXSPEC_KERNELS", "exact")  # (read at each Engine.load; tests may override)
 
 from model_factory import make_model_dir  # noqa: E402
 

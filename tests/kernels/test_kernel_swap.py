@@ -188,6 +188,25 @@ def test_disabled_by_environment_at_engine_load(tiny_llama, monkeypatch):
     assert installed(Engine.load(str(tiny_llama), quantize="q4g32").target.model)
 
 
+def test_exact_setting_keeps_the_kernels_without_the_cost_gate(tiny_llama, monkeypatch):
+    """kernels='exact' (MLXSPEC_KERNELS=exact): the kernels stay whatever a timing would say (on a
+    GPU install_timed may drop them for costing > 10%); unknown settings are refused."""
+    import mlxspec.kernels.install as install
+    from mlxspec.errors import MlxspecError
+    from mlxspec.kernels import installed
+
+    def no_timing(*args, **kwargs):
+        raise AssertionError("exact mode must not time the kernels")
+
+    monkeypatch.setattr(install, "install_timed", no_timing)
+    monkeypatch.setenv("MLXSPEC_KERNELS", "exact")
+    engine = Engine.load(str(tiny_llama), quantize="q4g32")
+    assert installed(engine.target.model) and engine.kernels["target"]["timed"] == "not timed: kernels='exact'"
+    assert engine.rows.holds(5)  # verify rows equal one-row steps with the kernels kept
+    with pytest.raises(MlxspecError, match="unknown kernels setting"):
+        Engine.load(str(tiny_llama), quantize="q4g32", kernels="fast")
+
+
 def test_unquantized_model_has_nothing_to_swap(tiny_llama):
     from mlxspec.loading import load
 
