@@ -8,8 +8,9 @@
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
-Rows run in launches of up to MAX_ROWS; every row's result is the same whatever the launch's row
-count. These cannot run on the Linux CPU machines where mlxspec is developed: the registry runs the
+Rows run in launches of up to MAX_ROWS, each compiled for the smallest row capacity (1, 2, 4, 8, 16)
+that holds them (fewer registers for plain decoding's one row); every row's result is the same
+whatever the launch's row count and capacity. These cannot run on the Linux CPU machines where mlxspec is developed: the registry runs the
 same self-check as for the CPU kernel on the user's device before any layer uses them.
 """
 
@@ -22,7 +23,8 @@ import mlx.core as mx
 from .build import KernelUnavailable
 from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_HEADER, DENSE_INPUTS, DENSE_NAME,
                          GATHER_INPUTS, GATHER_NAME, INPUTS, MAX_ROWS, METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY,
-                         METAL_HEADER, MODES, NAME, OUTPUTS, THREADGROUP, dense_template_args, template_args)
+                         METAL_HEADER, MODES, NAME, OUTPUTS, THREADGROUP, dense_template_args, row_capacity,
+                         template_args)
 from .reference import output_dtype
 
 
@@ -85,7 +87,8 @@ def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out
     parts = []
     for r in range(0, rows.shape[0], MAX_ROWS):
         chunk = rows[r : r + MAX_ROWS]
-        parts += kernel(inputs=[chunk, *weights], template=targs, grid=(32, (n + COLS - 1) // COLS, 1),
+        capacity = [(name, row_capacity(chunk.shape[0])) if name == "ROWS" else (name, v) for name, v in targs]
+        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + COLS - 1) // COLS, 1),
                         threadgroup=THREADGROUP, output_shapes=[(chunk.shape[0], n)], output_dtypes=[out_type])
     y = parts[0] if len(parts) == 1 else mx.concatenate(parts) if parts else mx.zeros((0, n), out_type)
     return y.reshape(*lead, n)
@@ -129,7 +132,7 @@ def _gather_function(kernel) -> Callable[..., mx.array]:
         rows, n = x.shape[0], w.shape[1]
         if rows == 0:
             return mx.zeros((0, n), out_type)
-        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode)
+        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode, rows=1)  # one row per z
         inputs = [x, w, scales, _biases(biases, scales, mode), indices.astype(mx.uint32)]
         return kernel(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, rows), threadgroup=THREADGROUP,
                       output_shapes=[(rows, n)], output_dtypes=[out_type])[0]

@@ -70,9 +70,9 @@ QMM_CORE = """
   const int WORDS = K * BITS / 32, GROUPS = K / G;
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
-  float acc[16][COLS];
+  float acc[ROWS][COLS];  // ROWS: the launch's row capacity (1, 2, 4, 8 or 16), M <= ROWS
 #pragma unroll
-  for (int m = 0; m < 16; ++m)
+  for (int m = 0; m < ROWS; ++m)
 #pragma unroll
     for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
   if (BITS == 4 || BITS == 8) {  // a compile-time choice: codes never straddle words
@@ -100,7 +100,7 @@ QMM_CORE = """
         }
       }
 #pragma unroll
-      for (int m = 0; m < 16; ++m) {
+      for (int m = 0; m < ROWS; ++m) {
         if (m < M) {
 #pragma unroll
           for (int j = 0; j < PER; ++j) {
@@ -136,7 +136,7 @@ QMM_CORE = """
         wv[c] = FMA(float(code & MASK), s[c], b[c]);
       }
 #pragma unroll
-      for (int m = 0; m < 16; ++m) {
+      for (int m = 0; m < ROWS; ++m) {
         if (m < M) {
           const float xv = float(x[xo + size_t(m) * K + k0 + j]);
 #pragma unroll
@@ -154,9 +154,9 @@ DENSE_CORE = """
   const size_t yo = 0;  // STORE's output offset
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
-  float acc[16][COLS];
+  float acc[ROWS][COLS];  // ROWS: the launch's row capacity (1, 2, 4, 8 or 16), M <= ROWS
 #pragma unroll
-  for (int m = 0; m < 16; ++m)
+  for (int m = 0; m < ROWS; ++m)
 #pragma unroll
     for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
   for (int k = lane; k < K; k += 32) {  // consecutive lanes, consecutive k: coalesced
@@ -167,7 +167,7 @@ DENSE_CORE = """
       wv[c] = float(w[size_t(n) * K + k]);
     }
 #pragma unroll
-    for (int m = 0; m < 16; ++m) {
+    for (int m = 0; m < ROWS; ++m) {
       if (m < M) {
         const float xv = float(x[size_t(m) * K + k]);
 #pragma unroll
@@ -179,7 +179,7 @@ DENSE_CORE = """
 
 STORE = """
 #pragma unroll
-  for (int m = 0; m < 16; ++m) {
+  for (int m = 0; m < ROWS; ++m) {
     if (m < M) {  // uniform over the warp: every lane takes part in lane_sum
 #pragma unroll
       for (int c = 0; c < COLS; ++c) {
@@ -229,13 +229,22 @@ METAL_DENSE_BODY = METAL_PROLOGUE + DENSE_CORE + STORE
 CUDA_DENSE_BODY = CUDA_PROLOGUE + DENSE_CORE + STORE
 
 
-def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine") -> list[tuple]:
+def row_capacity(rows: int) -> int:
+    """The ROWS a launch of `rows` rows is compiled for: the smallest of 1, 2, 4, 8, 16 that holds them.
+    Fewer accumulators (registers) for few rows; row m's arithmetic is the same in every capacity."""
+    if not 0 < rows <= MAX_ROWS:
+        raise ValueError(f"{rows} rows in one launch (1..{MAX_ROWS})")
+    return 1 << (rows - 1).bit_length()
+
+
+def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine",
+                  rows: int = MAX_ROWS) -> list[tuple]:
     return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits),
-            ("MODE", MODES[mode])]
+            ("MODE", MODES[mode]), ("ROWS", row_capacity(rows))]
 
 
-def dense_template_args(x_dtype, w_dtype, out_dtype) -> list[tuple]:
-    return [("T", x_dtype), ("W", w_dtype), ("O", out_dtype)]
+def dense_template_args(x_dtype, w_dtype, out_dtype, rows: int = MAX_ROWS) -> list[tuple]:
+    return [("T", x_dtype), ("W", w_dtype), ("O", out_dtype), ("ROWS", row_capacity(rows))]
 
 
 def _qmm(x_dtype, scale_dtype, out_dtype, gather: bool = False):
@@ -250,22 +259,26 @@ def _dense(x_dtype, w_dtype, out_dtype):
 
 
 def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int],
-                 mode: str = "affine", gather: bool = False) -> tuple[str, str]:
+                 mode: str = "affine", gather: bool = False, rows: int = MAX_ROWS) -> tuple[str, str]:
     """(function name, full Metal qmm (or gather qmm) source) as mx.fast.metal_kernel would generate it
     (minus MLX's utils); the biases' dtype is the scales' (mxfp4's unused stand-in too)."""
     kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
-    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode)
+    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather else rows)
     name, text = metal_function(kernel, dtypes, sizes, targs, METAL_GATHER_BODY if gather else METAL_BODY)
     return name, METAL_HEADER + text
 
 
 def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine",
-                gather: bool = False) -> tuple[str, str]:
-    """(function name, full CUDA qmm (or gather qmm) source) as mx.fast.cuda_kernel would generate it."""
+                gather: bool = False, rows=MAX_ROWS) -> tuple[list[str], str]:
+    """(function names, full CUDA qmm (or gather qmm) source) as mx.fast.cuda_kernel would generate it,
+    one function per row capacity in `rows` (an int or several)."""
     kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
-    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode)
-    name, text = cuda_function(kernel, dtypes, targs, CUDA_GATHER_BODY if gather else CUDA_BODY)
-    return name, cuda_program(CUDA_HEADER, [text])
+    names, texts = [], []
+    for r in ([rows] if isinstance(rows, int) else rows):
+        targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather else r)
+        name, text = cuda_function(kernel, dtypes, targs, CUDA_GATHER_BODY if gather else CUDA_BODY)
+        names, texts = names + [name], texts + [text]
+    return names, cuda_program(CUDA_HEADER, texts)
 
 
 def metal_dense_source(x_dtype, w_dtype, out_dtype) -> tuple[str, str]:
@@ -276,7 +289,10 @@ def metal_dense_source(x_dtype, w_dtype, out_dtype) -> tuple[str, str]:
     return name, METAL_HEADER + text
 
 
-def cuda_dense_source(x_dtype, w_dtype, out_dtype) -> tuple[str, str]:
+def cuda_dense_source(x_dtype, w_dtype, out_dtype, rows=MAX_ROWS) -> tuple[list[str], str]:
     kernel, dtypes = _dense(x_dtype, w_dtype, out_dtype)
-    name, text = cuda_function(kernel, dtypes, dense_template_args(x_dtype, w_dtype, out_dtype), CUDA_DENSE_BODY)
-    return name, cuda_program(CUDA_HEADER, [text])
+    names, texts = [], []
+    for r in ([rows] if isinstance(rows, int) else rows):
+        name, text = cuda_function(kernel, dtypes, dense_template_args(x_dtype, w_dtype, out_dtype, r), CUDA_DENSE_BODY)
+        names, texts = names + [name], texts + [text]
+    return names, cuda_program(CUDA_HEADER, texts)

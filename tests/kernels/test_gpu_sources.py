@@ -66,17 +66,30 @@ QMM_W = dict(wparams="const uint32_t* w, const WT* s, const WT* b",
              wargs="w.data(), s.data(), b.data()", shapes="N, K * {BITS} / 32", inputs="x, xs, w, ws, s, b")
 DENSE_W = dict(wparams="const WT* w", wload="""auto w = load<WT>(d + "/w", size_t(N) * K);""",
                wargs="w.data()", shapes="N, K", inputs="x, xs, w, ws")
+CAPACITIES = (1, 2, 4, 8, 16)  # each launch runs the kernel compiled for its row capacity (gpu.py)
 METAL_CALL = """int xs[2] = {{M, K}}, ws[2] = {{{shapes}}};
-  {name}<{targs}>({inputs}, y.data(), uint3{{unsigned(lane), unsigned(warp), 0}});"""
+  const uint3 at{{unsigned(lane), unsigned(warp), 0}};
+  switch (M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16) {{
+{cases}
+  }}"""
+METAL_CASE = "    case {r}: {name}<{targs}, {r}>({inputs}, y.data(), at); break;"
 CUDA_CALL = """Shape xs{{M, K}}, ws{{{shapes}}};
   threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
   blockIdx = dim3{{0, unsigned(warp / 2), 0}}; blockDim = dim3{{32, 2, 1}};
-  mlx::core::cu::{name}({inputs}, y.data());"""
+  switch (M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16) {{
+{cases}
+  }}"""
+CUDA_CASE = "    case {r}: mlx::core::cu::{name}({inputs}, y.data()); break;"
 
 
-def harness(backend: str, name: str, source: str, targs: str, parts: dict, x_dtype, w_dtype, out_dtype, **fmt) -> str:
+def harness(backend: str, names, source: str, targs: str, parts: dict, x_dtype, w_dtype, out_dtype, **fmt) -> str:
+    """names: the Metal template's name, or the CUDA functions' for CAPACITIES in order."""
+    if backend == "metal":
+        cases = [METAL_CASE.format(r=r, name=names, targs=targs, inputs=parts["inputs"]) for r in CAPACITIES]
+    else:
+        cases = [CUDA_CASE.format(r=r, name=n, inputs=parts["inputs"]) for r, n in zip(CAPACITIES, names)]
     call = (METAL_CALL if backend == "metal" else CUDA_CALL).format(
-        name=name, targs=targs, inputs=parts["inputs"], shapes=parts["shapes"].format(**fmt))
+        cases="\n".join(cases), shapes=parts["shapes"].format(**fmt))
     return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[w_dtype], O=C_TYPES[out_dtype], call=call,
                           wparams=parts["wparams"], wload=parts["wload"].format(**fmt), wargs=parts["wargs"],
                           r0=ODD[0], odd=ODD[1])
@@ -87,7 +100,9 @@ def qmm_source(backend, x_dtype, s_dtype, group_size, bits, mode, gather=False) 
     if backend == "metal":
         return gpu_source.metal_source(x_dtype, s_dtype, out, group_size, bits,
                                        dict.fromkeys(gpu_source.GATHER_INPUTS, 1 << 20), mode, gather)
-    return gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits, mode, gather)
+    names, source = gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits, mode, gather,
+                                           1 if gather else CAPACITIES)
+    return (names[0] if gather else names), source
 
 
 def qmm_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
@@ -117,7 +132,7 @@ int main(int argc, char** argv) {{
 }}
 """
 METAL_GATHER_CALL = """int xs[2] = {{P, K}}, ws[3] = {{E, N, WORDS}};
-  {name}<T, WT, O, {G}, {BITS}, {MODE}>(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
+  {name}<T, WT, O, {G}, {BITS}, {MODE}, 1>(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
       uint3{{unsigned(lane), unsigned(warp), unsigned(z)}});"""
 CUDA_GATHER_CALL = """Shape xs{{P, K}}, ws{{E, N, WORDS}};
   threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
@@ -136,7 +151,7 @@ def gather_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
 def dense_code(backend, x_dtype, w_dtype) -> str:
     out = output_dtype(x_dtype, w_dtype)
     source_fn = gpu_source.metal_dense_source if backend == "metal" else gpu_source.cuda_dense_source
-    name, source = source_fn(x_dtype, w_dtype, out)
+    name, source = source_fn(x_dtype, w_dtype, out) if backend == "metal" else source_fn(x_dtype, w_dtype, out, CAPACITIES)
     return harness(backend, name, source, "T, WT, O", DENSE_W, x_dtype, w_dtype, out)
 
 
