@@ -251,13 +251,16 @@ class Engine:
 
 def resolve_activations(setting: str, model: LoadedModel) -> str:
     """'auto' -> 'q8' for a GGUF model where the CPU kernels multiply int8 on VNNI (llama.cpp runs
-    those files with int8 activations too), else 'f32'; 'f32'/'q8' as given."""
+    those files with int8 activations too), and for any model with mxfp4 layers there (gpt-oss: the
+    CPU kernel runs them with int8 activations only; MLX's CPU op is 20-140x slower), else 'f32';
+    'f32'/'q8' as given."""
     if setting != "auto":
         return setting
     from .kernels.cpu import q8_fast
 
     gguf = "gguf_conversion" in model.config  # a .gguf file or an Ollama blob (gguf.load_gguf)
-    return "q8" if gguf and mx.default_device() == mx.cpu and q8_fast() else "f32"
+    mxfp4 = any(getattr(m, "mode", None) == "mxfp4" for _, m in model.model.named_modules())
+    return "q8" if (gguf or mxfp4) and mx.default_device() == mx.cpu and q8_fast() else "f32"
 
 
 def _activations_run(kernel_report: dict) -> str:

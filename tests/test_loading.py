@@ -136,6 +136,29 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
         assert tokens == want and last.stats.accepted > 0
 
 
+def test_gpt_oss_mxfp4_experts_run_the_int8_kernel_and_speculate_exactly(tmp_path):
+    """A gpt-oss GGUF (MXFP4 experts, sinks, windows): with int8 activations its mxfp4 experts run
+    mlxspec's kernel (kE2m1 codes), with fp32 ones MLX's op; lookup speculation gives plain
+    decoding's tokens either way, and the int8 answer stays near MLX's."""
+    dims = Dims(head_dim=32, experts=8, experts_used=3)
+    path = str(write_tiny_llama_gguf(tmp_path / "oss.gguf", "Q8_0", arch="gpt-oss", dims=dims, output_qtype="Q8_0",
+                                     metadata={"attention.sliding_window": 4}))
+    prompt = "the world and the world and the"
+    for activations in ("q8", "f32"):
+        plain = Engine.load(path, activations=activations)
+        layers = plain.kernels["target"]["layers"]
+        experts = [p for p in layers["swapped"] if "experts" in p]
+        assert len(experts) == (3 * dims.layers if activations == "q8" else 0), layers["kept"]
+        lookup = Engine.load(path, drafter="lookup", activations=activations)
+        want = run(plain, prompt, max_tokens=30)[0]
+        tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
+        assert tokens == want and last.stats.drafted > 0 and last.stats.exact
+    x = mx.array([[5, 9, 13, 2]])
+    q8, f32 = Engine.load(path, activations="q8"), Engine.load(path, activations="f32")
+    a, b = q8.target.model(x), f32.target.model(x)
+    assert (mx.abs(a - b).max() / mx.abs(b).max()).item() < 0.05  # int8 rounding of x, not another model
+
+
 def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
     """'auto' is q8 for GGUF files where the CPU has int8 dot products, f32 for MLX models (their
     reference is MLX's fp16/bf16 arithmetic); an unknown value is a one-line error."""
@@ -149,6 +172,23 @@ def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("MLXSPEC_ACTIVATIONS", "int4")
     with pytest.raises(MlxspecError, match="unknown activations"):
         Engine.load(path)
+
+
+def test_auto_activations_are_int8_for_mxfp4_models():
+    """An MLX model with mxfp4 layers (mlx-community's gpt-oss) gets int8 activations where the CPU
+    has VNNI: the kernel runs mxfp4 only so, and MLX's CPU op for it is 20-140x slower."""
+    from types import SimpleNamespace
+
+    from mlxspec.engine import resolve_activations
+    from mlxspec.kernels.cpu import q8_fast
+
+    def model(mode):
+        return SimpleNamespace(config={}, model=nn.Sequential(nn.QuantizedLinear(64, 32, group_size=32, bits=4,
+                                                                                  mode=mode)))
+
+    assert resolve_activations("auto", model("mxfp4")) == ("q8" if q8_fast() else "f32")
+    assert resolve_activations("auto", model("affine")) == "f32"
+    assert resolve_activations("f32", model("mxfp4")) == "f32"
 
 
 def test_kv_cache_type_of_gguf_models(tmp_path, tiny_llama, monkeypatch):

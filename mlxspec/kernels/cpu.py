@@ -24,14 +24,18 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
     """The kernel as a function of (x, w, scales, biases, group_size, bits); isa=-1 picks the best.
 
     activations='q8': x is rounded to int8 per 32-element block and multiplied by the codes in
-    integer dot products (qmm_q8_kernel.h, llama.cpp's arithmetic), else x is used in fp32."""
+    integer dot products (qmm_q8_kernel.h, llama.cpp's arithmetic), else x is used in fp32.
+    mode='mxfp4' (gpt-oss; q8 only): e2m1 codes with uint8 exponents, or the affine pair of
+    reference.mxfp4_as_affine."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
     q8 = activations == "q8"
 
-    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
-        return ext.qmm(x, w, scales, biases, group_size, bits, isa, q8=q8, stream=mx.cpu)  # (..., K) -> (..., N)
+    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+            mode: str = "affine") -> mx.array:
+        scales, biases, e2m1 = _layout(scales, biases, mode, q8)
+        return ext.qmm(x, w, scales, biases, group_size, bits, isa, q8=q8, e2m1=e2m1, stream=mx.cpu)  # (..., N)
 
     qmm.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
     qmm.activations = activations
@@ -40,16 +44,31 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
 
 def cpu_gather_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., mx.array]:
     """The kernel for mixture-of-experts layers: (x (P, K), w (E, N, .), scales, biases, indices (P,),
-    group_size, bits) -> (P, N), row p times expert indices[p], each row as a one-row qmm computes it."""
+    group_size, bits, mode) -> (P, N), row p times expert indices[p], each row as a one-row qmm computes it."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
     q8 = activations == "q8"
 
-    def gather_qmm(x, w, scales, biases, indices, group_size: int, bits: int) -> mx.array:
-        return ext.gather_qmm(x, w, scales, biases, indices, group_size, bits, isa, q8=q8, stream=mx.cpu)
+    def gather_qmm(x, w, scales, biases, indices, group_size: int, bits: int, mode: str = "affine") -> mx.array:
+        scales, biases, e2m1 = _layout(scales, biases, mode, q8)
+        return ext.gather_qmm(x, w, scales, biases, indices, group_size, bits, isa, q8=q8, e2m1=e2m1, stream=mx.cpu)
 
     return gather_qmm
+
+
+def _layout(scales: mx.array, biases: mx.array | None, mode: str, q8: bool) -> tuple:
+    """(scales, biases, e2m1) as the extension takes them. mxfp4 (int8 activations only): uint8
+    exponents are converted per call (the self-check's way; layers convert once, mxfp4_as_affine)."""
+    if mode == "affine":
+        return scales, biases, False
+    if mode != "mxfp4" or not q8:
+        raise ValueError(f"the CPU kernel takes mode {mode!r} only with int8 activations ('mxfp4' with q8)")
+    if scales.dtype == mx.uint8:
+        from .reference import mxfp4_as_affine
+
+        scales, biases = mxfp4_as_affine(scales)
+    return scales, biases, True
 
 
 def q8_path() -> str:

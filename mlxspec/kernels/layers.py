@@ -22,6 +22,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
+from .reference import mxfp4_as_affine
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
@@ -29,24 +30,30 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias)."""
 
     @classmethod
-    def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
-        _copy_params(layer, new)
-        new._qmm, new.kernel, new._mode = qmm, kernel, _mode_kwargs(layer)
+    def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str,
+             params: tuple | None = None) -> "KernelQuantizedLinear":
+        new = _new_like(cls, layer, kernel, params)
+        new._qmm = qmm
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode)
+        scales, biases = self._params or (self["scales"], self.get("biases"))
+        y = self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode)
         return y + self["bias"] if "bias" in self else y
 
 
-def _mode_kwargs(layer) -> dict:
-    """What a kernel call adds for the layer's quantization mode: nothing for affine (every kernel's
-    default; the CPU ones take no mode), {"mode": ...} for the GPU kernels' others."""
+def _new_like(cls, layer, kernel: str, params: tuple | None):
+    """A `cls` holding `layer`'s parameters (the same arrays), its layout, and what kernel calls add:
+    {"mode": ...} for other modes than affine (every kernel's default), and `params`, a (scales,
+    biases) pair the kernel reads in place of the layer's (the CPU's affine form of mxfp4)."""
+    new = cls.__new__(cls)
+    nn.Module.__init__(new)
+    new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
+    _copy_params(layer, new)
     mode = getattr(layer, "mode", "affine")
-    return {} if mode == "affine" else {"mode": mode}
+    new.kernel, new._mode = kernel, {} if mode == "affine" else {"mode": mode}
+    object.__setattr__(new, "_params", params)  # not parameters: views for the kernel
+    return new
 
 
 class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
@@ -54,12 +61,10 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
     expert) row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
 
     @classmethod
-    def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str):
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.group_size, new.bits, new.mode, new.global_scale = layer.group_size, layer.bits, layer.mode, None
-        _copy_params(layer, new)
-        new._gather, new.kernel, new._mode = gather, kernel, _mode_kwargs(layer)
+    def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str,
+             params: tuple | None = None):
+        new = _new_like(cls, layer, kernel, params)
+        new.global_scale, new._gather = None, gather
         return new
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
@@ -69,8 +74,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         k = x.shape[-1]
         rows = mx.broadcast_to(x, (*lead, 1, k)).reshape(-1, k)  # (P, K): a token's row once per expert
         ids = mx.broadcast_to(indices, lead).reshape(-1).astype(mx.uint32)
-        y = self._gather(rows, self["weight"], self["scales"], self.get("biases"), ids, self.group_size, self.bits,
-                         **self._mode)
+        scales, biases = self._params or (self["scales"], self.get("biases"))
+        y = self._gather(rows, self["weight"], scales, biases, ids, self.group_size, self.bits, **self._mode)
         y = y.reshape(*lead, 1, -1)
         return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
 
@@ -79,20 +84,17 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     """nn.QuantizedEmbedding: lookups unchanged (MLX), `as_linear` (a tied head) through the kernel."""
 
     @classmethod
-    def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
-        new = cls.__new__(cls)
-        nn.Module.__init__(new)
-        new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
-        new.num_embeddings, new.dims = layer.num_embeddings, layer.dims
-        _copy_params(layer, new)
-        new._qmm, new.kernel = qmm, kernel
-        object.__setattr__(new, "_head_params", _half_copies(new))  # not a parameter: a view for the kernel
-        mx.eval(new._head_params)
+    def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str,
+             params: tuple | None = None) -> "KernelQuantizedEmbedding":
+        new = _new_like(cls, layer, kernel, params)
+        new.num_embeddings, new.dims, new._qmm = layer.num_embeddings, layer.dims, qmm
+        object.__setattr__(new, "_params", params or _half_copies(new))
+        mx.eval(new._params)
         return new
 
     def as_linear(self, x: mx.array) -> mx.array:
-        scales, biases = self._head_params or (self["scales"], self["biases"])
-        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits)
+        scales, biases = self._params or (self["scales"], self["biases"])
+        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode)
 
 
 def _half_copies(layer: nn.Module) -> tuple[mx.array, mx.array] | None:
@@ -142,14 +144,14 @@ def widen_to_8bit(layer: nn.Module) -> None:
     mx.eval(layer["weight"])
 
 
-def _why_not(layer, bits: int | None = None, backend: str = "cpu") -> str | None:
+def _why_not(layer, bits: int | None = None, backend: str = "cpu", activations: str = "f32") -> str | None:
     """None if the layer's layout (with `bits`-bit codes, default its own) is one the backend's kernels handle."""
     bits = bits or layer.bits
     mode = getattr(layer, "mode", "affine")
-    if mode == "mxfp4" and backend != "cpu" and not isinstance(layer, nn.QuantizedEmbedding):
+    if mode == "mxfp4" and (backend != "cpu" or activations == "q8") and not isinstance(layer, nn.QuantizedEmbedding):
         return None if (layer.group_size, bits) == (32, 4) else f"mxfp4 with group {layer.group_size}, {bits} bits"
     if mode != "affine" or layer.get("biases") is None:
-        kinds = "affine" if backend == "cpu" else "affine and mxfp4"
+        kinds = "affine (mxfp4 with int8 activations)" if backend == "cpu" else "affine and mxfp4"
         return f"quantization mode {mode!r} (the {backend} kernels do {kinds})"
     widths = (4, 8) if backend == "cpu" else GPU_BITS
     if bits not in widths:
@@ -199,7 +201,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         if backend == "cpu" and _widen(layer, device):
             report["widened"][path] = f"{layer.bits}-bit codes re-packed as 8-bit (the same weights)"
             widen_to_8bit(layer)
-        why = _why_not(layer, backend=backend)
+        why = _why_not(layer, backend=backend, activations=activations)
         if why is None and backend != "cpu" and not gpu:
             why = f"the {backend} kernel is opt-in (use_kernels(..., gpu=True))"
         qmm = None
@@ -208,7 +210,11 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         if qmm is None:
             report["kept"][path] = why
             continue
-        swaps.append((path, wrapper.wrap(layer, qmm, why)))
+        params = None
+        if backend == "cpu" and getattr(layer, "mode", "affine") == "mxfp4":  # converted once, read every call
+            params = mxfp4_as_affine(layer["scales"])
+            mx.eval(params)
+        swaps.append((path, wrapper.wrap(layer, qmm, why, params)))
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)

@@ -40,11 +40,30 @@ def _params(scales: mx.array, biases: mx.array | None, mode: str) -> tuple:
     return scales, None
 
 
-def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int) -> mx.array:
+E2M1_CODES = (12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)  # qmm_q8_kernel.h's kE2m1: 2 v(c) + 12
+
+
+def mxfp4_as_affine(scales: mx.array) -> tuple[mx.array, mx.array]:
+    """An mxfp4 layer's uint8 exponents e as the affine (scale, bias) pair the CPU's int8 kernel reads
+    with codes E2M1_CODES[c]: scale 2^(e - 128), bias -12 * scale, so scale * E2M1_CODES[c] + bias is
+    the weight exactly. float16 where every value is (real models' exponents are), else float32."""
+    scale = mx.power(mx.array(2.0, mx.float32), scales.astype(mx.float32) - 128)  # exact powers of two
+    bias = scale * -12.0
+    half = scale.astype(mx.float16)
+    if mx.array_equal(half.astype(mx.float32), scale).item() and mx.all(scale >= 2.0**-14).item():  # f16 normals
+        return half, bias.astype(mx.float16)
+    return scale, bias
+
+
+def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+                 mode: str = "affine") -> mx.array:
     """The int8-activation kernel's definition (qmm_q8_kernel.h), in float32 MLX ops over exact
     integer sums: each 32-block of x -> d = amax / 127, q = round_half_even(x * (127 / amax));
-    y = sum_b scale * d * (codes . q) + bias * d * sum(q). Returned as float32."""
+    y = sum_b scale * d * (codes . q) + bias * d * sum(q). Returned as float32. mode 'mxfp4': the
+    codes are E2M1_CODES[c] and (scale, bias) mxfp4_as_affine's (uint8 exponents are converted)."""
     f32 = mx.float32
+    if mode == "mxfp4" and scales.dtype == mx.uint8:
+        scales, biases = mxfp4_as_affine(scales)
     k = x.shape[-1]
     xb = x.astype(f32).reshape(-1, k // 32, 32)
     amax = mx.abs(xb).max(axis=-1, keepdims=True)
@@ -53,6 +72,8 @@ def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, g
     d = amax / 127.0
     ones = mx.ones(scales.shape, f32)
     codes = mx.dequantize(w, ones, mx.zeros_like(ones), group_size=group_size, bits=bits)  # (N, K), exact integers
+    if mode == "mxfp4":
+        codes = mx.array(E2M1_CODES, f32)[codes.astype(mx.int32)]
     codes = codes.reshape(codes.shape[0], k // 32, 32)
     dots = mx.einsum("rbi,nbi->rnb", q, codes)  # exact: integer-valued float32 below 2^24
     s, b = (mx.repeat(a.astype(f32), group_size // 32, axis=-1) for a in (scales, biases))  # (N, K/32) per block
@@ -73,7 +94,7 @@ def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, bi
     """(ok, worst error as a fraction of the allowed error) for a kernel result y (activations
     'q8': against q8_reference, the same statement of float32 accumulation error)."""
     if activations == "q8":
-        ref = q8_reference(x, w, scales, biases, group_size, bits).astype(mx.float32)
+        ref = q8_reference(x, w, scales, biases, group_size, bits, mode).astype(mx.float32)
     else:
         ref = qmm_reference(x, w, scales, biases, group_size, bits, mode).astype(mx.float32)
     allowed = ACC_TOL * magnitude(x, w, scales, biases, group_size, bits, mode) + EPS[y.dtype] * mx.abs(ref) + 1e-30

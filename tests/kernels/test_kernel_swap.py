@@ -240,9 +240,9 @@ def test_a_q8_0_tied_head_reads_exact_half_copies_of_its_scales(tmp_path, cpu_ex
     use_kernels(model, device=mx.cpu)
     table = model.model.embed_tokens
     assert isinstance(table, KernelQuantizedEmbedding) and table["scales"].dtype == mx.float32
-    assert table._head_params is not None and table._head_params[0].dtype == mx.float16
-    assert "_head_params" not in table.parameters()  # not saved, not counted as a parameter
+    assert table._params is not None and table._params[0].dtype == mx.float16
+    assert "_params" not in table.parameters()  # not saved, not counted as a parameter
     ids = mx.array([[1, 5, 9, 17, 33]])
     with_half = model(ids, cache=make_prompt_cache(model))
-    object.__setattr__(table, "_head_params", None)
+    object.__setattr__(table, "_params", None)
     assert mx.array_equal(with_half, model(ids, cache=make_prompt_cache(model))).item()

@@ -13,7 +13,7 @@ import pytest
 
 from mlxspec.kernels import registry
 from mlxspec.kernels.cpu import cpu_qmm_function
-from mlxspec.kernels.reference import random_quantized, within_tolerance
+from mlxspec.kernels.reference import mxfp4_as_affine, random_quantized, within_tolerance
 
 # (K, group size): 128-weight chunks cut short (96: 3 blocks, 160: 5, 576: 18) and group sizes
 # that are not a divisor of a chunk (96: the portable path on every ISA)
@@ -88,3 +88,43 @@ def test_registry_family_checks_and_reports_it(cpu_ext):
         assert entry["active"] and "threads" in entry["detail"]
     finally:
         registry.reset()
+
+
+@pytest.mark.parametrize("k", [96, 576, 2880])  # a chunk cut short, SmolLM2-like, gpt-oss's hidden size
+def test_mxfp4_codes_match_their_definition_on_every_isa(cpu_ext, k):
+    """gpt-oss's mxfp4 layers: e2m1 codes read through kE2m1 with the affine form of the exponents;
+    within the q8 tolerance of the definition, rows = one-row calls, every ISA path alike."""
+    n = 37
+    w, s, _ = random_quantized(n, k, 32, 4, key=mx.random.key(k), mode="mxfp4")
+    x = mx.random.normal((9, k), key=mx.random.key(2)) * 3
+    results = []
+    for isa in isas(cpu_ext):
+        qmm = cpu_qmm_function(isa, activations="q8")
+        one_row = mx.concatenate([qmm(x[i : i + 1], w, s, None, 32, 4, mode="mxfp4") for i in range(9)])
+        ok, ratio = within_tolerance(one_row, x, w, s, None, 32, 4, "q8", "mxfp4")
+        assert ok, f"isa {qmm.isa}: error {ratio:.3g}x the tolerance"
+        plain_codes = qmm(x, w, *mxfp4_as_affine(s), 32, 4)  # the affine pair without kE2m1: wrong
+        assert not within_tolerance(plain_codes, x, w, s, None, 32, 4, "q8", "mxfp4")[0]
+        assert mx.array_equal(qmm(x, w, s, None, 32, 4, mode="mxfp4"), one_row).item(), qmm.isa
+        results.append(one_row)
+    assert all(mx.array_equal(r, results[0]).item() for r in results), "ISA paths differ"
+    ref = mx.quantized_matmul(x, w, s, None, transpose=True, group_size=32, bits=4, mode="mxfp4")
+    assert (mx.abs(results[0] - ref).max() / mx.abs(ref).max()).item() < 0.02  # int8 rounding of x only
+
+
+def test_mxfp4_needs_int8_activations_and_gathers_like_qmm(cpu_ext):
+    from mlxspec.kernels.cpu import cpu_gather_qmm_function
+
+    w, s, _ = random_quantized(24, 128, 32, 4, key=mx.random.key(3), mode="mxfp4")
+    x = mx.random.normal((3, 128), key=mx.random.key(4))
+    with pytest.raises(ValueError, match="int8 activations"):
+        cpu_qmm_function()(x, w, s, None, 32, 4, mode="mxfp4")
+    qmm = cpu_qmm_function(activations="q8")
+    affine = mxfp4_as_affine(s)  # what layers convert once: the same bits as converting per call
+    assert mx.array_equal(qmm(x, w, *affine, 32, 4, mode="mxfp4"), qmm(x, w, s, None, 32, 4, mode="mxfp4")).item()
+    experts = mx.stack([w, w ^ mx.array(0x11111111, mx.uint32)])
+    scales = mx.stack([s, s])
+    ids = mx.array([1, 0, 1], mx.uint32)
+    y = cpu_gather_qmm_function(activations="q8")(x, experts, scales, None, ids, 32, 4, mode="mxfp4")
+    for p, e in enumerate(ids.tolist()):
+        assert mx.array_equal(y[p], qmm(x[p : p + 1], experts[e], scales[e], None, 32, 4, mode="mxfp4")[0]).item()

@@ -1,9 +1,10 @@
 // MLX extension: mlxspec's CPU kernels as MLX primitives (CPU stream only).
 //
 // Python:
-//   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, q8=False, stream=None) -> (..., N)
+//   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, q8=False, e2m1=False, stream=None) -> (..., N)
 //     the multi-row quantized matmul of qmm_kernel.h (q8: x rounded to int8 blocks, qmm_q8_kernel.h);
-//     output dtype = promotion of x and scales
+//     output dtype = promotion of x and scales. e2m1 (with q8, 4 bits, group 32): mxfp4 codes read
+//     through kE2m1, with the affine scales and biases qmm_q8_kernel.h states
 //   gather_qmm(x (P, K), w (E, N, .), scales, biases, indices (P,), group_size, bits, isa=-1, q8=False) -> (P, N)
 //     row p times expert indices[p] (mixture-of-experts layers), the same tiles as qmm
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, window=0, stream=None) -> (B, H, M, Dv)
@@ -111,7 +112,7 @@ void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int coun
 }
 
 // x (M, K) rows times w: y (M, N), written to out in its dtype.
-static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8) {
+static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1) {
   const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3];
   int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
   thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
@@ -120,6 +121,7 @@ static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
   float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
   convert_x(x, q8 ? 8 : bits, xf);  // q8: natural order, then quantized per 32-block
   QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
+  p.e2m1 = e2m1;
   thread_local Q8Buffer xq;
   if (q8) quantize_rows(xf, K, M, K, bits, isa, xq), p.q8 = &xq.rows;
   run_qmm(isa, p, yf.data());
@@ -129,7 +131,7 @@ static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
 // Row p of x (P, K) times expert idx[p] of w (E, N, K*bits/32): out (P, N). The rows of one expert
 // run as one multi-row problem of the same tiles as qmm, so each row gets the bits of a one-row
 // qmm call with its expert's weights, whatever other rows share the call.
-static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8) {
+static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1) {
   const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3], &idx = in[4];
   const int K = x.shape(-1), E = w.shape(0), N = w.shape(1), P = int(x.size() / K);
   const size_t w_bytes = size_t(N) * w.shape(2) * 4, s_bytes = size_t(N) * (K / G) * s.itemsize();
@@ -163,6 +165,7 @@ static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
     for (int r = 0; r < M; ++r) std::copy(xf + size_t(rows[e][r]) * K, xf + size_t(rows[e][r] + 1) * K, xe + size_t(r) * K);
     problems[count] = QmmProblem{xe, w.data<uint8_t>() + e * w_bytes, s.data<uint8_t>() + e * s_bytes,
                                  b.data<uint8_t>() + e * s_bytes, stype_of(s.dtype()), M, N, K, G, bits};
+    problems[count].e2m1 = e2m1;
     if (q8) quantize_rows(xe, K, M, K, bits, isa, eq[count]), problems[count].q8 = &eq[count].rows;
     ys[count] = ey[count].data(), batch[count++] = e;
     if (count == 8) flush();
@@ -175,8 +178,8 @@ static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
 // times expert indices[p] of w (E, N, .) (mixture-of-experts layers).
 class QuantizedMatmulRows : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8)
-      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), q8_(q8) {}
+  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8, bool e2m1)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), q8_(q8), e2m1_(e2m1) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (size_t i = 1; i < inputs.size(); ++i)
@@ -187,8 +190,8 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
     for (const auto& a : inputs) enc.set_input_array(a), in.push_back(mx::array::unsafe_weak_copy(a));
     enc.set_output_array(out);
     enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
-                  isa = Isa(isa_), q8 = q8_]() mutable {
-      (in.size() == 5 ? gather_rows : matmul_rows)(in, out, G, bits, isa, q8);
+                  isa = Isa(isa_), q8 = q8_, e2m1 = e2m1_]() mutable {
+      (in.size() == 5 ? gather_rows : matmul_rows)(in, out, G, bits, isa, q8, e2m1);
     });
   }
 
@@ -200,7 +203,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QuantizedMatmulRows&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ && q8_ == o.q8_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ && q8_ == o.q8_ && e2m1_ == o.e2m1_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -212,16 +215,17 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
  private:
   int group_size_, bits_, isa_;
-  bool q8_;
+  bool q8_, e2m1_;
 };
 
 // A matmul primitive over x (..., K) and w (..., N, K*bits/32) with scales and biases (..., N,
 // K/group_size), after the checks both calls share; `inputs` end with indices for gather_qmm.
 static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::vector<mx::array> inputs,
-                                  int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+                                  int group_size, int bits, int isa, bool q8, bool e2m1, mx::StreamOrDevice s) {
   const auto &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
   auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string("mlxspec ") + what + ": " + why); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
+  if (e2m1 && !(q8 && bits == 4 && group_size == kBlock)) fail("e2m1 (mxfp4) codes need q8, 4 bits and group size 32");
   if (group_size % kBlock != 0) fail("group_size must be a multiple of 32");
   const int K = x.shape(-1);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(-1)) * 32 / bits != K || K % group_size != 0)
@@ -239,28 +243,29 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   if (stream.device != mx::Device::cpu) fail("CPU streams only");
   auto out_type = mx::promote_types(x.dtype(), scales.dtype());
   return mx::array(std::move(out_shape), out_type,
-                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8), std::move(inputs));
+                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8, e2m1), std::move(inputs));
 }
 
 static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                     int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+                     int group_size, int bits, int isa, bool q8, bool e2m1, mx::StreamOrDevice s) {
   if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("mlxspec qmm: x must be (..., K) and w (N, K*bits/32)");
   // x may be any strided view; the kernel reads it through its strides (w etc. must be contiguous).
   auto out_shape = x.shape();
   out_shape.back() = w.shape(0);
-  return matmul_primitive("qmm", std::move(out_shape), {x, w, scales, biases}, group_size, bits, isa, q8, s);
+  return matmul_primitive("qmm", std::move(out_shape), {x, w, scales, biases}, group_size, bits, isa, q8, e2m1, s);
 }
 
 // ---------------------------------------------------------------- mixture-of-experts matmul
 
 static mx::array gather_qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                            const mx::array& indices, int group_size, int bits, int isa, bool q8, mx::StreamOrDevice s) {
+                            const mx::array& indices, int group_size, int bits, int isa, bool q8, bool e2m1,
+                            mx::StreamOrDevice s) {
   if (w.ndim() != 3 || indices.ndim() != 1 || indices.dtype() != mx::uint32)
     throw std::invalid_argument("mlxspec gather_qmm: w, scales, biases (E, N, .), indices (P,) uint32");
   if (x.ndim() != 2 || x.shape(0) != indices.shape(0))
     throw std::invalid_argument("mlxspec gather_qmm: x must be (P, K), one row per index");
   return matmul_primitive("gather_qmm", mx::Shape{x.shape(0), w.shape(1)}, {x, w, scales, biases, indices},
-                          group_size, bits, isa, q8, s);
+                          group_size, bits, isa, q8, e2m1, s);
 }
 
 static DType dtype_of(mx::Dtype d) {
@@ -373,11 +378,11 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.doc() = "mlxspec CPU kernels: multi-row quantized matmul, few-row attention";
   m.def("qmm", &mlxspec::qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("q8") = false,
-        nb::arg("stream") = nb::none(),
+        nb::arg("e2m1") = false, nb::arg("stream") = nb::none(),
         "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it.");
   m.def("gather_qmm", &mlxspec::gather_qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("indices"), nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(),
-        nb::arg("q8") = false, nb::arg("stream") = nb::none(),
+        nb::arg("q8") = false, nb::arg("e2m1") = false, nb::arg("stream") = nb::none(),
         "y (P, N): row p of x (P, K) times expert indices[p] of w (E, N, K*bits/32), each row as a one-row qmm computes it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("stream") = nb::none(),

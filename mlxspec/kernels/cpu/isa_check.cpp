@@ -127,6 +127,14 @@ int main() {
           digest.add(ref);
           for (Isa isa : kIsas)
             if (isa != Isa::generic && isa_compiled(isa)) compare(ref, run_qmm_q8(isa, p, xr), "qmm q8", isa);
+          if (bits == 4 && G == 32) {  // the same codes read as mxfp4's e2m1 values (kE2m1)
+            QmmProblem pe = p;
+            pe.e2m1 = true;
+            std::vector<float> ref_e = run_qmm_q8(Isa::generic, pe, xr);
+            digest.add(ref_e);
+            for (Isa isa : kIsas)
+              if (isa != Isa::generic && isa_compiled(isa)) compare(ref_e, run_qmm_q8(isa, pe, xr), "qmm q8 e2m1", isa);
+          }
           if (M == 11) {  // rows 3-6 alone give the rows of the 11-row call
             QmmProblem p4 = p;
             p4.M = 4;

@@ -27,6 +27,13 @@
 namespace mlxspec {
 
 constexpr int kChunk = 128;      // weights per step: 4 blocks of 32
+
+// mxfp4 (gpt-oss): a 4-bit code c is the e2m1 value v(c) in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}
+// times 2^(e - 127). With p.e2m1 the tiles read c as kE2m1[c] = 2 v(c) + 12 (an unsigned byte, 0..24)
+// and the caller passes the group's affine form, scale 2^(e - 128) and bias -12 * 2^(e - 128), so
+// that scale * kE2m1[c] + bias = v(c) * 2^(e - 127), exactly: the same integer-sum arithmetic as
+// affine 4-bit codes (llama.cpp multiplies MXFP4 as int8 values the same way).
+alignas(16) constexpr uint8_t kE2m1[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 constexpr int kChunkLanes = 48;  // floats per chunk and row: 32 lane scales, then 16 bias-term inputs
 
 // x quantized for one weight width. Row m: q + m * q_stride: C chunks of 128 int8 (4-bit: the 64
@@ -148,7 +155,9 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
           for (int i = 0; i < 4; ++i) {
             if (BITS == 4) {
               const int v = 4 * l + i, byte = v / 16 < nblk ? w[size_t(c) * 64 + v] : 0;
-              dot += (byte & 15) * int(xc[v]) + (byte >> 4) * int(xc[64 + v]);
+              const int lo = p.e2m1 ? (v / 16 < nblk ? kE2m1[byte & 15] : 0) : byte & 15;
+              const int hi = p.e2m1 ? (v / 16 < nblk ? kE2m1[byte >> 4] : 0) : byte >> 4;
+              dot += lo * int(xc[v]) + hi * int(xc[64 + v]);
             } else {
               const int v = 64 * half + 4 * l + i;
               dot += (v / 32 < nblk ? int(w[size_t(c) * 128 + v]) : 0) * int(xc[v]);
@@ -203,6 +212,8 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(15);
+  const __m512i lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2m1)));
+  const bool e2m1 = BITS == 4 && p.e2m1;
   const int sh = gb == 1 ? 0 : (gb == 2 ? 1 : 2);  // gb is 1, 2 or 4 here: shifts, not divisions, per chunk
   for (int c = 0; c < C; ++c) {
     const int nblk = B - 4 * c < 4 ? B - 4 * c : 4, ng = (nblk + gb - 1) >> sh;
@@ -220,6 +231,10 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
         const __m512i v = nblk == 4 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 16 * nblk), wp);
         wa[j] = _mm512_and_si512(v, nib);
         wb[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        if (e2m1) {  // codes past the row's blocks were loaded as 0: their lanes' scales are 0 below
+          wa[j] = _mm512_shuffle_epi8(lut, wa[j]);
+          wb[j] = _mm512_shuffle_epi8(lut, wb[j]);
+        }
         sa[j] = _mm512_maskz_permutexvar_ps(__mmask16((1u << (4 * nblk)) - 1), cs.i4, s16);
       } else {
         prefetch(wp + 64 + NB * row_bytes);
@@ -332,6 +347,8 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
   const size_t row_bytes = size_t(p.K) * BITS / 8;
   const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
   const __m256i nib = _mm256_set1_epi8(15);
+  const __m256i lut = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2m1)));
+  const bool e2m1 = BITS == 4 && p.e2m1;
   const __m256i blk01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blk23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 acc[MR][NB][2];
   for (int m = 0; m < MR; ++m)
@@ -367,7 +384,8 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
       for (int q = 0; q < (BITS == 4 ? 2 : 4); ++q) {
         const __m256i v = load32_avx2(wp + 32 * q, valid - 32 * q);
         if (BITS == 4) lo[q] = _mm256_and_si256(v, nib), hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        else hi[q] = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))), lo[q] = _mm256_abs_epi8(hi[q]);
+        if (e2m1) lo[q] = _mm256_shuffle_epi8(lut, lo[q]), hi[q] = _mm256_shuffle_epi8(lut, hi[q]);  // <= 24: no int16 saturates
+        if (BITS != 4) hi[q] = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))), lo[q] = _mm256_abs_epi8(hi[q]);
       }
       __m256 sl[4];  // lane scales: 4-bit halves 0, 1; 8-bit quarters (A lanes 0-7, 8-15, B lanes 0-7, 8-15)
       if (BITS == 4) sl[0] = _mm256_permutevar8x32_ps(s4, blk01), sl[1] = _mm256_permutevar8x32_ps(s4, blk23);
