@@ -44,6 +44,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_layer
+from mlxspec.bench.forwards import interleaved_forwards
 from mlxspec.kernels.timing import time_call
 
 HERE = Path(__file__).parent
@@ -132,26 +133,6 @@ def random_llama(config: dict) -> nn.Module:
     for layer in [model.model.embed_tokens, *model.model.layers, model.lm_head]:
         mx.eval(layer.parameters())
     return model
-
-
-def interleaved_forwards(model, cache, variants: dict, rows, repeats: int, vocab: int = 500) -> dict:
-    """{variant: {M: [seconds of one M-row forward]}}, variants (name -> install it) interleaved in every
-    repeat after a warm-up round; the cache is rewound after each forward."""
-    from mlxspec.cache import rewind
-
-    times = {v: {m: [] for m in rows} for v in variants}
-    for rep in range(repeats + 1):  # the first round warms up
-        for name, use in variants.items():
-            use()
-            for m in rows:
-                x = mx.random.randint(0, vocab, (1, m))
-                mx.eval(x)
-                t = time.perf_counter()
-                mx.eval(model(x, cache=cache))
-                if rep:
-                    times[name][m].append(time.perf_counter() - t)
-                rewind(cache, m)
-    return times
 
 
 def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:

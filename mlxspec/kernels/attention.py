@@ -11,10 +11,9 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
-kernel reads as its sliding window; sinks (gpt-oss) where the kernel takes them: the GPU kernels do,
-the CPU one does not; dtypes it handles, and this shape signature passed the self-check); anything
-else goes to mlx-lm's own function unchanged. Keys and
-values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
+kernel reads as its sliding window; sinks (gpt-oss) where the kernel takes them, as the CPU and GPU
+ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
+mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
 """
 
 from __future__ import annotations

@@ -95,15 +95,19 @@ def cpu_supports(group_size: int, bits: int) -> str | None:
 
 
 def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
-    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal, window=0) -> (B, H, M, Dv);
-    window > 0: causal rows see only their last `window` keys (a sliding-window layer)."""
+    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal, window=0, sinks=None) ->
+    (B, H, M, Dv); window > 0: causal rows see only their last `window` keys (a sliding-window layer);
+    sinks (H,): one extra logit per head in each row's softmax, with no value (gpt-oss)."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
 
-    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0) -> mx.array:
-        return ext.sdpa(q, k, v, scale, causal, isa, window=window, stream=mx.cpu)
+    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
+             sinks: mx.array | None = None) -> mx.array:
+        if sinks is not None:
+            sinks = mx.contiguous(sinks.astype(mx.float32))
+        return ext.sdpa(q, k, v, scale, causal, isa, window=window, sinks=sinks, stream=mx.cpu)
 
     sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
-    sdpa.windows = True  # takes `window` (no sinks: gpt-oss layers keep MLX's op on the CPU)
+    sdpa.windows = sdpa.sinks = True  # takes `window` and gpt-oss's `sinks`
     return sdpa

@@ -135,18 +135,41 @@ def test_routing_is_per_model_and_leaves_the_rest_to_mlx_lm(routed_model):
     assert mx.allclose(model(x), with_kernel, atol=1e-4, rtol=1e-4).item()
 
 
+@pytest.mark.parametrize("window", [0, 6])
+def test_sinks_on_the_cpu_kernel(cpu_ext, window):
+    """gpt-oss's sinks (a logit per head with no value): within tolerance of MLX's attention with
+    them, far from the answer without them, and each row of a causal (windowed) call equal to a
+    one-row call over its keys, on every ISA."""
+    q, k, v = inputs(8, 2, 5, 40, 64, 64, mx.float32, seed=4)
+    sinks = mx.random.normal((8,), key=mx.random.key(5)) * 2
+    for isa in isas(cpu_ext):
+        sdpa = cpu_sdpa_function(isa)
+        y = sdpa(q, k, v, 0.125, True, window=window, sinks=sinks)
+        assert attention.attention_within_tolerance(y, q, k, v, 0.125, True, window, sinks)[0], sdpa.isa
+        assert not attention.attention_within_tolerance(y, q, k, v, 0.125, True, window)[0]
+        for i in range(5):
+            seen = 40 - 5 + i + 1
+            lo = seen - window if window else 0
+            one = sdpa(q[:, :, i : i + 1], k[:, :, lo:seen], v[:, :, lo:seen], 0.125, False, sinks=sinks)
+            assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), (sdpa.isa, i)
+
+
 def test_sinks_reach_only_kernels_that_take_them(cpu_ext, monkeypatch):
-    """gpt-oss passes sinks: the CPU kernel takes none (mlx-lm answers); a kernel that takes them
-    (the GPU ones) gets them, with a WindowKVCache's window, and answers within tolerance."""
+    """gpt-oss passes sinks: a kernel that takes them (the CPU one, the GPU ones) gets them, with a
+    WindowKVCache's window, and answers within tolerance; one that does not leaves them to mlx-lm."""
     import mlx_lm.models.base as base
 
     from mlxspec.kernels import registry
 
     q, k, v = inputs(4, 2, 3, 20, 32, 32, mx.float32, seed=3)
     sinks = mx.array([0.5, -1.0, 2.0, 0.0])
+    got = attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)  # the CPU kernel's
+    assert attention.attention_within_tolerance(got, q, k, v, 0.2, True, 0, sinks)[0]
+    assert attention.attention_status()["passed"]
+    no_sinks = registry.KernelRecord("sdpa", "cpu", fn=lambda *a, **kw: 1 / 0, checks={(4, 2, 32, 32, "mlx.core.float32"): None})
+    monkeypatch.setattr(attention, "_record", lambda: no_sinks)  # a kernel without sinks is never called with them
     want = base.scaled_dot_product_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)
-    got = attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks)
-    assert mx.array_equal(got, want).item()
+    assert mx.array_equal(attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=sinks), want).item()
     calls = []
 
     def taking_sinks(q, k, v, scale, causal, window=0, sinks=None):

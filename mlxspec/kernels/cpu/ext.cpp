@@ -7,17 +7,20 @@
 //     through kE2m1, with the affine scales and biases qmm_q8_kernel.h states
 //   gather_qmm(x (P, K), w (E, N, .), scales, biases, indices (P,), group_size, bits, isa=-1, q8=False) -> (P, N)
 //     row p times expert indices[p] (mixture-of-experts layers), the same tiles as qmm
-//   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, window=0, stream=None) -> (B, H, M, Dv)
+//   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, window=0, sinks=None, stream=None)
+//     -> (B, H, M, Dv); sinks (H,) float32: gpt-oss's extra logit per head
 //     few-row attention of sdpa_kernel.h, in q's dtype (k and v share one, q may differ)
 //   rms_norm, rope, swiglu: the per-token ops of pointwise.cpp
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
 
@@ -301,22 +304,27 @@ class FewRowAttention : public mx::UnaryPrimitive {
   FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window)
       : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window) {}
 
+  // inputs {q, k, v} or {q, k, v, sinks (H,) float32}
+
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
     for (auto* a : {&q, &k, &v})
       if (a->strides()[3] != 1 && a->shape(3) > 1) throw std::invalid_argument("mlxspec sdpa: last dim must be contiguous");
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto* a : {&q, &k, &v}) enc.set_input_array(*a);
+    for (const auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
+    const bool with_sinks = inputs.size() == 4;
     enc.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                   v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
+                  sinks = mx::array::unsafe_weak_copy(with_sinks ? inputs[3] : q), with_sinks,
                   scale = scale_, causal = causal_, isa = Isa(isa_), window = window_]() mutable {
       SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(k.dtype()), {}, {}, {},
                     q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3),
                     scale, causal, nullptr};
       if (q.dtype() != k.dtype()) p.qdtype = int(dtype_of(q.dtype()));
       p.window = window;
+      if (with_sinks) p.sinks = sinks.data<float>();
       for (int i = 0; i < 4; ++i) p.qs[i] = q.strides()[i], p.ks[i] = k.strides()[i], p.vs[i] = v.strides()[i];
       thread_local std::vector<float> buf;
       buf.resize(out.size());
@@ -350,7 +358,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
 };
 
 static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                      int isa, int window, mx::StreamOrDevice s) {
+                      int isa, int window, std::optional<mx::array> sinks, mx::StreamOrDevice s) {
   if (window < 0 || (window > 0 && !causal)) throw std::invalid_argument("mlxspec sdpa: a window needs causal rows");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
@@ -364,9 +372,16 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
   if (stream.device != mx::Device::cpu) throw std::invalid_argument("mlxspec sdpa: CPU streams only");
   Isa chosen = isa < 0 ? best_isa() : Isa(isa);
   if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec sdpa: that ISA is not compiled in");
+  std::vector<mx::array> inputs = {q, k, v};
+  if (sinks) {
+    if (sinks->dtype() != mx::float32 || sinks->ndim() != 1 || sinks->shape(0) != q.shape(1) || !sinks->flags().row_contiguous)
+      throw std::invalid_argument("mlxspec sdpa: sinks must be (heads,) contiguous float32");
+    inputs.push_back(*sinks);
+  }
   auto shape = q.shape();
   shape[3] = v.shape(3);
-  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window), {q, k, v});
+  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window),
+                   std::move(inputs));
 }
 
 void register_pointwise(nb::module_& m);  // pointwise.cpp
@@ -385,9 +400,10 @@ NB_MODULE(_mlxspec_cpu, m) {
         nb::arg("q8") = false, nb::arg("e2m1") = false, nb::arg("stream") = nb::none(),
         "y (P, N): row p of x (P, K) times expert indices[p] of w (E, N, K*bits/32), each row as a one-row qmm computes it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
-        nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("stream") = nb::none(),
+        nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("sinks") = nb::none(),
+        nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows, optionally within a "
-        "sliding window of keys), rows independent of M.");
+        "sliding window of keys, optionally with a sink logit per head), rows independent of M.");
   mlxspec::register_pointwise(m);
   mlxspec::register_fused_layer(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });

@@ -165,6 +165,14 @@ int main() {
       ph.q = qh.data(), ph.k = kh.data(), ph.v = vh.data(), ph.dtype = DType::f16;
       for (Isa isa : kIsas)
         if (isa_compiled(isa)) compare(ref16, run_sdpa(isa, ph), "sdpa f16", isa);
+      std::vector<float> sinks(H);  // gpt-oss's extra logit per head
+      for (auto& f : sinks) f = uniform() * 4;
+      SdpaProblem ps = p;
+      ps.sinks = sinks.data();
+      std::vector<float> refs = run_sdpa(Isa::generic, ps);
+      digest.add(refs);
+      for (Isa isa : kIsas)
+        if (isa != Isa::generic && isa_compiled(isa)) compare(refs, run_sdpa(isa, ps), "sdpa sinks", isa);
     }
   {  // a sliding window (W = 5) over 6 causal rows: every ISA alike, and each row equal to a one-row
      // call over exactly its window's keys (its first key at index 0 there, at index m here)

@@ -9,6 +9,8 @@
 // order, so a tree row equals a one-row step over the cache holding the prefix and its path.
 // All query rows of one kv head (H/KV heads x M rows) share each read of a key and value row.
 //
+// Sinks (gpt-oss): one logit per query head with no value row, in each row's max and, last, in its sum.
+//
 // Exactness rule, as for the matmul: a row's result depends only on its own query and the keys it
 // sees, through the same sequence of operations whatever M, so a verify pass gives bit-identical
 // rows to one-token steps.
@@ -45,6 +47,7 @@ struct SdpaProblem {
   const uint64_t* visible = nullptr;  // (M,) tree rows' visible tail keys (M <= 64), or causal/full
   int qdtype = -1;  // q's DType where it differs from k's and v's (fp32 queries over an fp16 cache), else -1
   int window = 0;   // causal rows see at most this many keys, their last ones (0: all)
+  const float* sinks = nullptr;  // (H,) a logit per query head joining every row's softmax, or none
 };
 
 // Does query row m (of M) see key t? (every row sees the keys before the tail)
@@ -224,12 +227,13 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   // scratch per thread, reused across calls (a decoding step calls this ~100 times)
   thread_local std::vector<float> q, scores, acc, kt, vrows, buf, keybuf;
   thread_local std::vector<int> seen, first, row_m;
-  thread_local std::vector<float> compact;
+  thread_local std::vector<float> compact, row_max;
   q.assign(size_t(rows) * D, 0.0f), scores.assign(size_t(rows) * p.T, 0.0f), acc.assign(size_t(rows) * Dv16, 0.0f);
   kt.resize(size_t(D) * kKeys), buf.resize(std::max(D, p.Dv)), keybuf.resize(size_t(kKeys) * D);
   seen.assign(rows, 0);  // keys each row attends to: [first, seen)
   first.assign(rows, 0);
   row_m.assign(rows, 0);
+  row_max.assign(rows, 0.0f);
   for (int r = 0; r < rows; ++r) {
     int h = g * rep + (r0 + r) / p.M, m = (r0 + r) % p.M;
     int64_t qi = b * p.qs[0] + h * p.qs[1] + m * p.qs[2];
@@ -256,7 +260,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   }
   for (int r = 0; r < rows; ++r) {  // softmax numerators; scores past a row's keys become 0
     float* s = scores.data() + size_t(r) * p.T;
-    float mx = -INFINITY;
+    float mx = p.sinks ? p.sinks[g * rep + (r0 + r) / p.M] : -INFINITY;
     if (p.visible) {  // a tree row: keys it does not see score 0 and are skipped below
       for (int t = 0; t < seen[r]; ++t)
         if (sees(p, row_m[r], t)) mx = std::max(mx, s[t]);
@@ -265,6 +269,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
       mx = max_span(s + first[r], seen[r] - first[r], mx);
       exp_shifted_span(s + first[r], mx, seen[r] - first[r]);
     }
+    row_max[r] = mx;
     for (int t = 0; t < first[r]; ++t) s[t] = 0.0f;
     for (int t = seen[r]; t < t_end; ++t) s[t] = 0.0f;
   }
@@ -341,6 +346,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     } else {
       total = sum16(s + first[r], seen[r] - first[r]);
     }
+    if (p.sinks) total += exp_nonpositive(p.sinks[h] - row_max[r]);  // the sink's share of the sum, last
     float* o = p.out + ((size_t(b) * p.H + h) * p.M + m) * p.Dv;
     for (int d = 0; d < p.Dv; ++d) o[d] = acc[size_t(r) * Dv16 + d] / total;
   }
