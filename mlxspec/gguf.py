@@ -90,6 +90,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     config["gguf_conversion"] = conversion_summary(reports)
 
     model = _build_model(arch, config, weights, path)
+    archs.interleave_rope(arch, model, config)
     if rope_freqs is not None:
         archs.apply_rope_freqs(arch, model, config, rope_freqs, path)
     tokenizer = _build_tokenizer(header.metadata, path)

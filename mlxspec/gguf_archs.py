@@ -20,6 +20,10 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - qwen3moe (Qwen3-30B-A3B, Qwen3-Coder-30B-A3B): every layer is a mixture of experts, the experts
   stacked per layer (ffn_*_exps: (experts, out, in)) as mlx-lm's SwitchGLU holds them; the router
   is a softmax over all experts whose top k weights are renormalized (llama.cpp's norm_w).
+- granite (IBM Granite 3.x dense): llama's tensors and interleaved rope (mlx-lm's granite module
+  hard-codes NEOX rope, so its layers get an interleaved one), with four scales from the metadata:
+  embeddings times embedding_scale, each block's output times residual_scale before the residual
+  add, attention.scale in place of 1/sqrt(head_dim), and logits divided by logit_scale.
 - gpt-oss: MXFP4 experts with biases (mlx-lm's gpt_oss SwitchGLU in mxfp4 mode), a biased router
   whose top k logits are softmaxed, attention with biases and a learned sink per head, a 128-token
   window on even layers, YaRN rope (llama.cpp and mlx-lm both truncate its correction range).
@@ -91,6 +95,7 @@ class Arch:
     block: dict = field(default_factory=lambda: LLAMA_BLOCK)
     norm_plus_one: bool = False  # GGUF norm weights hold 1 + w (gemma)
     rope_freqs: bool = False  # a `rope_freqs` tensor can replace the layers' rope
+    interleaved_rope: bool = False  # the module hard-codes NEOX rope: give its layers an interleaved one
 
 
 ARCHS = {
@@ -101,6 +106,7 @@ ARCHS = {
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
+    "granite": Arch("granite", "granite", True, interleaved_rope=True),
     "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
@@ -178,6 +184,13 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count")}
     if name == "gpt-oss":
         config |= _gpt_oss_config(get, config)
+    if name == "granite":
+        if head_dim != hidden // heads or "rope_scaling" in config:
+            raise ModelLoadError(f"{path.name}: granite with head_dim != hidden/heads or rope scaling is not supported")
+        config |= {"embedding_multiplier": get("embedding_scale", 1.0), "residual_multiplier": get("residual_scale", 1.0),
+                   # llama.cpp: an attention.scale of 0 (or none) means 1/sqrt(head_dim)
+                   "attention_multiplier": get("attention.scale", 0.0) or head_dim**-0.5,
+                   "logits_scaling": get("logit_scale", 1.0), "attention_bias": False, "mlp_bias": False}
     return config
 
 
@@ -260,6 +273,16 @@ class FreqFactorRoPE(Llama3RoPE):
         self.dims, self.traditional, self.max_position_embeddings = dims, traditional, None
         # mx.fast.rope's `freqs` are periods: theta_i = pos / freqs[i]
         self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
+
+
+def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
+    """Granite: llama.cpp's converter permuted q/k for interleaved rope, which mlx-lm's module does
+    not offer: each layer gets MLX's interleaved RoPE (per model: this instance's modules)."""
+    if not arch.interleaved_rope:
+        return
+    rope = nn.RoPE(config["head_dim"], traditional=True, base=config["rope_theta"])
+    for layer in model.layers:
+        layer.self_attn.rope = rope
 
 
 def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:

@@ -43,6 +43,9 @@ class Hparams:
     norm_topk: bool = True  # qwen3moe: the chosen experts' weights renormalized to sum to 1
     yarn: tuple[float, int] | None = None  # gpt-oss: YaRN (factor, original context), betas 32 and 1
     sinks: bool = True  # gpt-oss: each head's learned sink joins its softmax
+    embed_scale: float = 1.0  # granite: embeddings times this
+    residual_scale: float = 1.0  # granite: each block's attention and FFN outputs times this
+    logit_scale: float = 1.0  # granite: logits divided by this
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -59,7 +62,7 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
     """Logits (T, vocab), float64."""
     w = {k: v.astype(np.float64) for k, v in w.items()}
     gemma = hp.arch.startswith("gemma")
-    x = w["token_embd.weight"][tokens]
+    x = w["token_embd.weight"][tokens] * hp.embed_scale
     if gemma:
         x = x * np.sqrt(hp.hidden)
     n_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
@@ -69,7 +72,7 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
     logits = x @ w.get("output.weight", w["token_embd.weight"]).T
     if hp.final_softcap:
         logits = np.tanh(logits / hp.final_softcap) * hp.final_softcap
-    return logits
+    return logits / hp.logit_scale
 
 
 def _block(w, p, hp: Hparams, layer: int, x):
@@ -108,7 +111,7 @@ def _block(w, p, hp: Hparams, layer: int, x):
         return x + out + _oai_moe(w, p, hp, _rms(x + out, w[p + "post_attention_norm.weight"], hp.eps))
     if p + "post_attention_norm.weight" in w:
         out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
-    x = x + out
+    x = x + out * hp.residual_scale
 
     h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
     if p + "ffn_gate_inp.weight" in w:
@@ -121,7 +124,7 @@ def _block(w, p, hp: Hparams, layer: int, x):
     out = (act * up) @ w[p + "ffn_down.weight"].T
     if p + "post_ffw_norm.weight" in w:
         out = _rms(out, w[p + "post_ffw_norm.weight"], hp.eps)
-    return x + out
+    return x + out * hp.residual_scale
 
 
 def _moe(w, p, hp: Hparams, h):

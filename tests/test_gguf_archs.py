@@ -62,6 +62,10 @@ CASES = {
                     metadata={"rope.freq_base": 150000.0, "attention.sliding_window": 4, "rope.scaling.type": "yarn",
                               "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096},
                     hp=dict(rope_base=150000.0, swa_window=4, swa_pattern=2, yarn=(32.0, 4096), experts_used=3)),
+    # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
+    "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
+                                                                 "attention.scale": 0.15, "logit_scale": 2.0},
+                    hp=dict(embed_scale=12.0, residual_scale=0.5, attn_scale=0.15, logit_scale=2.0)),
 }
 # Features each case must exercise: leaving any one out of the reference moves the logits far.
 TEETH = {
@@ -73,6 +77,8 @@ TEETH = {
     "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
     "phi3": [dict(rope_dims=None)],
     "qwen3moe": [dict(norm_topk=False), dict(experts_used=2)],
+    "granite": [dict(embed_scale=1.0), dict(residual_scale=1.0), dict(attn_scale=None), dict(logit_scale=1.0),
+                dict(arch="qwen2")],  # qwen2: NEOX rope in place of the interleaved one
     "mixtral": [dict(arch="qwen2"), dict(norm_topk=False)],
     "gpt-oss": [dict(yarn=None), dict(sinks=False), dict(swa_window=None), dict(experts_used=2)],
 }
@@ -105,7 +111,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss"])
+@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

@@ -159,6 +159,22 @@ def test_gpt_oss_mxfp4_experts_run_the_int8_kernel_and_speculate_exactly(tmp_pat
     assert (mx.abs(a - b).max() / mx.abs(b).max()).item() < 0.05  # int8 rounding of x, not another model
 
 
+def test_granite_gguf_runs_the_kernels_and_speculates_exactly(tmp_path):
+    """IBM Granite 3.x (its scales, llama's interleaved rope swapped into mlx-lm's granite layers):
+    the per-op kernels run it (no fused block: the residual scale), and lookup keeps plain's tokens."""
+    path = str(write_tiny_llama_gguf(tmp_path / "granite.gguf", "Q4_0", arch="granite", tokenizer="llama",
+                                     metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
+                                               "attention.scale": 0.15, "logit_scale": 2.0}))
+    plain = Engine.load(path)
+    assert plain.info["architecture"] == "granite" and plain.target.config["residual_multiplier"] == 0.5
+    report = plain.kernels["target"]
+    assert report["layers"]["swapped"] and report["attention"]["routed"] == len(plain.target.model.layers)
+    lookup = Engine.load(path, drafter="lookup")
+    prompt = "the world and the world and the"
+    tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
+    assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0 and last.stats.exact
+
+
 def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
     """'auto' is q8 for GGUF files where the CPU has int8 dot products, f32 for MLX models (their
     reference is MLX's fp16/bf16 arithmetic); an unknown value is a one-line error."""
