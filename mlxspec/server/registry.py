@@ -2,6 +2,11 @@
 
 All MLX work (loading, generating, freeing) runs on one dedicated thread, `mlx_thread`: the event
 loop never blocks on MLX, and MLX is never driven from two threads at once.
+
+Before a load the registry makes room: a free slot (MLXSPEC_MAX_LOADED_MODELS) and the memory the
+model will take (mlxspec.footprint), unloading idle models least recently used first. A model that
+cannot fit while others are in use is a 503 (come back); one larger than the memory this machine
+has at all is refused with the sizes (InsufficientMemoryError, 400), before anything is loaded.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..engine import Engine
+from ..footprint import InsufficientMemoryError, available_memory, gib, model_footprint
 from ..store import Manifest, load_engine
 from .requests import ApiError
 
@@ -40,10 +46,13 @@ class Loaded:
 
 
 class Registry:
-    def __init__(self, max_loaded: int, default_keep_alive: float, loader: Callable[[Manifest], Engine] = load_engine):
+    def __init__(self, max_loaded: int, default_keep_alive: float, loader: Callable[[Manifest], Engine] = load_engine,
+                 footprint: Callable[[Manifest], int | None] = model_footprint,
+                 available: Callable[[], int | None] = available_memory):
         self.max_loaded = max_loaded
         self.default_keep_alive = default_keep_alive
         self.loader = loader
+        self.footprint, self.available = footprint, available  # bytes a model needs / the machine has (None: unknown)
         self.mlx_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlx")
         self.loaded: dict[str, Loaded] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -73,9 +82,11 @@ class Registry:
             return entry, seconds
 
     async def _load(self, name: str, manifest: Manifest) -> tuple[Loaded, float]:
+        need = await asyncio.get_running_loop().run_in_executor(None, self.footprint, manifest)  # file sizes
         # Overlapping loads of different models would each see room and all load: reserve a slot first.
         async with self._room:
             await self._make_room()
+            await self._make_memory(name, need)
             self._loading += 1
         try:
             start = time.perf_counter()
@@ -129,6 +140,22 @@ class Registry:
                     503, f"all {self.max_loaded} model slots are busy or loading (MLXSPEC_MAX_LOADED_MODELS)"
                 )
             await self._unload(min(idle, key=lambda e: e.last_used))
+
+    async def _make_memory(self, name: str, need: int | None) -> None:
+        """Unload idle models, least recently used first, until `need` bytes are available."""
+        free = self.available() if need is not None else None
+        while free is not None and need > free:
+            idle = [e for e in self.loaded.values() if not e.active]
+            if not idle:
+                if self.loaded or self._loading:  # models in use hold the memory: later it may fit
+                    raise ApiError(503, f"not enough memory for {name!r} while other models are in use "
+                                        f"(needs about {gib(need)}, {gib(free)} available)")
+                raise InsufficientMemoryError(f"model {name!r} needs about {gib(need)} of memory, more than the "
+                                              f"{gib(free)} this machine has available")
+            victim = min(idle, key=lambda e: e.last_used)
+            freed = victim.size
+            await self._unload(victim)
+            free = max(self.available() or 0, free + freed)  # the OS may not show freed pages at once
 
     async def close(self) -> None:
         for entry in list(self.loaded.values()):

@@ -15,6 +15,7 @@ from ..cache import KV_CACHE_TYPES
 from ..kernels.cpu import ACTIVATION_SETTINGS
 from ..drafters.ngram_memory import lookup_memory_setting
 from ..errors import MlxspecError
+from ..footprint import model_footprint
 from ..home import LOCAL_KEY_HEADER
 from ..ollama_store import default_root
 from ..store import Manifest, Store
@@ -103,7 +104,8 @@ class State:
     def __init__(self, store: Store, settings: Settings, registry: Registry | None = None):
         self.store = store
         self.settings = settings
-        self.registry = registry or Registry(settings.max_loaded, settings.keep_alive, loader=store.load_engine)
+        self.registry = registry or Registry(settings.max_loaded, settings.keep_alive, loader=store.load_engine,
+                                             footprint=lambda manifest: model_footprint(manifest, store.ollama))
         self.scheduler = Scheduler(self.registry, settings.max_queue)
         self.local_key = secrets.token_urlsafe(32)  # written to MLXSPEC_HOME/local.key at start-up
 
