@@ -22,7 +22,6 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxspec.kernels.cpu import cpu_gather_qmm_function
-from mlxspec.kernels.reference import mxfp4_as_affine
 from mlxspec.kernels.timing import time_call
 
 SHAPES = {  # experts, n, k, used per token, mode, activations (dtypes), kernels
@@ -60,10 +59,9 @@ def main() -> None:
             x = mx.random.normal((tokens, K), key=mx.random.key(3)).astype(dtype)
             idx = mx.random.randint(0, E, (tokens, USED), key=mx.random.key(4)).astype(mx.uint32)
             pairs, ids = mx.repeat(x, USED, axis=0), idx.reshape(-1)
-            ours = (s, b) if mode == "affine" else mxfp4_as_affine(s)  # as layers.py converts once, at load
             calls = {"mlx gather_qmm": lambda: mx.gather_qmm(x[:, None, None], w, s, b, rhs_indices=idx, transpose=True,
                                                              group_size=32, bits=4, mode=mode),
-                     **{f"mlxspec {a}": (lambda g=g: g(pairs, w, *ours, ids, 32, 4, **extra)) for a, g in kernels.items()}}
+                     **{f"mlxspec {a}": (lambda g=g: g(pairs, w, s, b, ids, 32, 4, **extra)) for a, g in kernels.items()}}
             times = {name: [] for name in calls}
             for _ in range(3):  # interleaved rounds
                 for name, fn in calls.items():

@@ -25,8 +25,7 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
 
     activations='q8': x is rounded to int8 per 32-element block and multiplied by the codes in
     integer dot products (qmm_q8_kernel.h, llama.cpp's arithmetic), else x is used in fp32.
-    mode='mxfp4' (gpt-oss; q8 only): e2m1 codes with uint8 exponents, or the affine pair of
-    reference.mxfp4_as_affine."""
+    mode='mxfp4' (gpt-oss; q8 only): e2m1 codes with their uint8 exponents (biases unused)."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
@@ -58,17 +57,13 @@ def cpu_gather_qmm_function(isa: int = -1, activations: str = "f32") -> Callable
 
 
 def _layout(scales: mx.array, biases: mx.array | None, mode: str, q8: bool) -> tuple:
-    """(scales, biases, e2m1) as the extension takes them. mxfp4 (int8 activations only): uint8
-    exponents are converted per call (the self-check's way; layers convert once, mxfp4_as_affine)."""
+    """(scales, biases, e2m1) as the extension takes them: mxfp4 (int8 activations only) passes its
+    uint8 exponents, which the kernel reads in place (no float copy), as both."""
     if mode == "affine":
         return scales, biases, False
     if mode != "mxfp4" or not q8:
         raise ValueError(f"the CPU kernel takes mode {mode!r} only with int8 activations ('mxfp4' with q8)")
-    if scales.dtype == mx.uint8:
-        from .reference import mxfp4_as_affine
-
-        scales, biases = mxfp4_as_affine(scales)
-    return scales, biases, True
+    return scales, scales, True
 
 
 def q8_path() -> str:

@@ -22,7 +22,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
-from .reference import mxfp4_as_affine
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
@@ -30,29 +29,25 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias)."""
 
     @classmethod
-    def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str,
-             params: tuple | None = None) -> "KernelQuantizedLinear":
-        new = _new_like(cls, layer, kernel, params)
+    def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
+        new = _new_like(cls, layer, kernel)
         new._qmm = qmm
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        scales, biases = self._params or (self["scales"], self.get("biases"))
-        y = self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode)
+        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode)
         return y + self["bias"] if "bias" in self else y
 
 
-def _new_like(cls, layer, kernel: str, params: tuple | None):
+def _new_like(cls, layer, kernel: str):
     """A `cls` holding `layer`'s parameters (the same arrays), its layout, and what kernel calls add:
-    {"mode": ...} for other modes than affine (every kernel's default), and `params`, a (scales,
-    biases) pair the kernel reads in place of the layer's (the CPU's affine form of mxfp4)."""
+    {"mode": ...} for other modes than affine (every kernel's default)."""
     new = cls.__new__(cls)
     nn.Module.__init__(new)
     new.group_size, new.bits, new.mode = layer.group_size, layer.bits, layer.mode
     _copy_params(layer, new)
     mode = getattr(layer, "mode", "affine")
     new.kernel, new._mode = kernel, {} if mode == "affine" else {"mode": mode}
-    object.__setattr__(new, "_params", params)  # not parameters: views for the kernel
     return new
 
 
@@ -61,9 +56,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
     expert) row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
 
     @classmethod
-    def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str,
-             params: tuple | None = None):
-        new = _new_like(cls, layer, kernel, params)
+    def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str):
+        new = _new_like(cls, layer, kernel)
         new.global_scale, new._gather = None, gather
         return new
 
@@ -74,8 +68,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         k = x.shape[-1]
         rows = mx.broadcast_to(x, (*lead, 1, k)).reshape(-1, k)  # (P, K): a token's row once per expert
         ids = mx.broadcast_to(indices, lead).reshape(-1).astype(mx.uint32)
-        scales, biases = self._params or (self["scales"], self.get("biases"))
-        y = self._gather(rows, self["weight"], scales, biases, ids, self.group_size, self.bits, **self._mode)
+        y = self._gather(rows, self["weight"], self["scales"], self.get("biases"), ids, self.group_size, self.bits,
+                         **self._mode)
         y = y.reshape(*lead, 1, -1)
         return y + mx.expand_dims(self["bias"][indices], -2) if "bias" in self else y
 
@@ -84,11 +78,10 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     """nn.QuantizedEmbedding: lookups unchanged (MLX), `as_linear` (a tied head) through the kernel."""
 
     @classmethod
-    def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str,
-             params: tuple | None = None) -> "KernelQuantizedEmbedding":
-        new = _new_like(cls, layer, kernel, params)
+    def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
+        new = _new_like(cls, layer, kernel)
         new.num_embeddings, new.dims, new._qmm = layer.num_embeddings, layer.dims, qmm
-        object.__setattr__(new, "_params", params or _half_copies(new))
+        object.__setattr__(new, "_params", _half_copies(new))  # not a parameter: a view for the kernel
         mx.eval(new._params)
         return new
 
@@ -210,11 +203,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         if qmm is None:
             report["kept"][path] = why
             continue
-        params = None
-        if backend == "cpu" and getattr(layer, "mode", "affine") == "mxfp4":  # converted once, read every call
-            params = mxfp4_as_affine(layer["scales"])
-            mx.eval(params)
-        swaps.append((path, wrapper.wrap(layer, qmm, why, params)))
+        swaps.append((path, wrapper.wrap(layer, qmm, why)))
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)

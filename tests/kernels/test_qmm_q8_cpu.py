@@ -120,8 +120,7 @@ def test_mxfp4_needs_int8_activations_and_gathers_like_qmm(cpu_ext):
     with pytest.raises(ValueError, match="int8 activations"):
         cpu_qmm_function()(x, w, s, None, 32, 4, mode="mxfp4")
     qmm = cpu_qmm_function(activations="q8")
-    affine = mxfp4_as_affine(s)  # what layers convert once: the same bits as converting per call
-    assert mx.array_equal(qmm(x, w, *affine, 32, 4, mode="mxfp4"), qmm(x, w, s, None, 32, 4, mode="mxfp4")).item()
+    assert qmm(x.astype(mx.bfloat16), w, s, None, 32, 4, mode="mxfp4").dtype == mx.bfloat16  # x's, as MLX's op
     experts = mx.stack([w, w ^ mx.array(0x11111111, mx.uint32)])
     scales = mx.stack([s, s])
     ids = mx.array([1, 0, 1], mx.uint32)

@@ -4,7 +4,7 @@
 //   qmm(x (..., K), w, scales, biases, group_size, bits, isa=-1, q8=False, e2m1=False, stream=None) -> (..., N)
 //     the multi-row quantized matmul of qmm_kernel.h (q8: x rounded to int8 blocks, qmm_q8_kernel.h);
 //     output dtype = promotion of x and scales. e2m1 (with q8, 4 bits, group 32): mxfp4 codes read
-//     through kE2m1, with the affine scales and biases qmm_q8_kernel.h states
+//     through kE2m1, scales its uint8 exponents (biases: the same array, unread), output dtype x's
 //   gather_qmm(x (P, K), w (E, N, .), scales, biases, indices (P,), group_size, bits, isa=-1, q8=False) -> (P, N)
 //     row p times expert indices[p] (mixture-of-experts layers), the same tiles as qmm
 //   sdpa(q (B, H, M, D), k (B, KV, T, D), v (B, KV, T, Dv), scale, causal, isa=-1, window=0, sinks=None, stream=None)
@@ -53,7 +53,8 @@ static SType stype_of(mx::Dtype d) {
   if (d == mx::float32) return SType::f32;
   if (d == mx::float16) return SType::f16;
   if (d == mx::bfloat16) return SType::bf16;
-  throw std::invalid_argument("mlxspec qmm: scales/biases must be float32, float16 or bfloat16");
+  if (d == mx::uint8) return SType::e8m0;  // mxfp4's exponents (with e2m1 codes only: checked below)
+  throw std::invalid_argument("mlxspec qmm: scales/biases must be float32, float16 or bfloat16 (uint8: mxfp4)");
 }
 
 static float* aligned64(float* p) {
@@ -229,6 +230,7 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string("mlxspec ") + what + ": " + why); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
   if (e2m1 && !(q8 && bits == 4 && group_size == kBlock)) fail("e2m1 (mxfp4) codes need q8, 4 bits and group size 32");
+  if (e2m1 != (inputs[2].dtype() == mx::uint8)) fail("uint8 scales (mxfp4 exponents) go with e2m1 codes, and only they");
   if (group_size % kBlock != 0) fail("group_size must be a multiple of 32");
   const int K = x.shape(-1);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(-1)) * 32 / bits != K || K % group_size != 0)
@@ -244,7 +246,7 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   if (!isa_compiled(chosen)) fail("that ISA is not compiled in");
   auto stream = mx::to_stream(s, mx::Device::cpu);
   if (stream.device != mx::Device::cpu) fail("CPU streams only");
-  auto out_type = mx::promote_types(x.dtype(), scales.dtype());
+  auto out_type = e2m1 ? x.dtype() : mx::promote_types(x.dtype(), scales.dtype());
   return mx::array(std::move(out_shape), out_type,
                    std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8, e2m1), std::move(inputs));
 }

@@ -30,9 +30,10 @@ constexpr int kChunk = 128;      // weights per step: 4 blocks of 32
 
 // mxfp4 (gpt-oss): a 4-bit code c is the e2m1 value v(c) in {0, +-0.5, +-1, +-1.5, +-2, +-3, +-4, +-6}
 // times 2^(e - 127). With p.e2m1 the tiles read c as kE2m1[c] = 2 v(c) + 12 (an unsigned byte, 0..24)
-// and the caller passes the group's affine form, scale 2^(e - 128) and bias -12 * 2^(e - 128), so
-// that scale * kE2m1[c] + bias = v(c) * 2^(e - 127), exactly: the same integer-sum arithmetic as
-// affine 4-bit codes (llama.cpp multiplies MXFP4 as int8 values the same way).
+// and the group's exponents e (SType::e8m0) as the affine pair scale 2^(e - 128), bias -12 x scale,
+// so that scale * kE2m1[c] + bias = v(c) * 2^(e - 127), exactly: the same integer-sum arithmetic as
+// affine 4-bit codes (llama.cpp multiplies MXFP4 as int8 values the same way); no float copy of the
+// exponents is kept.
 alignas(16) constexpr uint8_t kE2m1[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
 constexpr int kChunkLanes = 48;  // floats per chunk and row: 32 lane scales, then 16 bias-term inputs
 
@@ -141,7 +142,10 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
   const uint8_t* w = p.w + size_t(n) * row_bytes;
   std::vector<float> s(groups), bias(groups);
   load_floats(p.scales, size_t(n) * groups, groups, p.stype, s.data());
-  load_floats(p.biases, size_t(n) * groups, groups, p.stype, bias.data());
+  if (p.e2m1)
+    for (int i = 0; i < groups; ++i) bias[i] = s[i] * -12.0f;
+  else
+    load_floats(p.biases, size_t(n) * groups, groups, p.stype, bias.data());
   for (int m = 0; m < p.M; ++m) {
     GenericIsa::V acc = GenericIsa::zero();
     for (int c = 0; c < C; ++c) {
@@ -181,6 +185,13 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
 // load_floats gives (f16 and bf16 widen exactly).
 inline __m512 load_params16(const void* base, size_t i, int n, SType t) {
   const __mmask16 k = __mmask16((1u << n) - 1);
+  if (t == SType::e8m0) {  // 2^(e - 128): exponent field e - 1, 2^-128 for e = 0 (e8m0_bits)
+    const __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, static_cast<const uint8_t*>(base) + i));
+    const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                                 _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23),
+                                                 _mm512_set1_epi32(1 << 21));
+    return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(k, bits));
+  }
   if (t == SType::f32) return _mm512_maskz_loadu_ps(k, static_cast<const float*>(base) + i);
   const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(base) + i);
   if (t == SType::f16) return _mm512_cvtph_ps(h);
@@ -223,8 +234,9 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
       const __m512 s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
-      bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4,
-                                          load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype));
+      const __m512 b16 = e2m1 ? _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f))
+                              : load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
+      bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4, b16);
       const uint8_t* wp = w[j] + size_t(c) * kChunk * BITS / 8;
       prefetch(wp + NB * row_bytes);
       if (BITS == 4) {
@@ -304,6 +316,11 @@ struct VnniTiles {
 
 // n (1, 2 or 4) consecutive params from index i as fp32 lanes (the values load_floats gives), the rest 0.
 inline __m128 load_params4(const void* base, size_t i, int n, SType t) {
+  if (t == SType::e8m0) {
+    const uint8_t* e = static_cast<const uint8_t*>(base) + i;
+    return _mm_setr_ps(e8m0_to_float(e[0]), n > 1 ? e8m0_to_float(e[1]) : 0.f, n > 2 ? e8m0_to_float(e[2]) : 0.f,
+                       n > 3 ? e8m0_to_float(e[3]) : 0.f);
+  }
   if (t == SType::f32) {
     const float* f = static_cast<const float*>(base) + i;
     return n == 4 ? _mm_loadu_ps(f) : (n == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_load_ss(f));
@@ -366,11 +383,13 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
         const __m128 v = ngl == 4 && g + 4 > size_t(n0 + j + 1) * groups ? load_params4(base, g, 2, p.stype) : load_params4(base, g, ngl, p.stype);
         return _mm_and_ps(_mm_permutevar_ps(v, by_group), live);
       };
-      __m128 s4x = per_block(p.scales), b4x = per_block(p.biases);
+      __m128 s4x = per_block(p.scales), b4x = e2m1 ? _mm_setzero_ps() : per_block(p.biases);
       if (ng == 3) {  // a 3-block tail at group size 32: the third value alone (never read past the row)
-        const __m128 third = load_params4(p.scales, g + 2, 1, p.stype), thirdb = load_params4(p.biases, g + 2, 1, p.stype);
-        s4x = _mm_and_ps(_mm_insert_ps(s4x, third, 0x20), live), b4x = _mm_and_ps(_mm_insert_ps(b4x, thirdb, 0x20), live);
+        const __m128 third = load_params4(p.scales, g + 2, 1, p.stype);
+        s4x = _mm_and_ps(_mm_insert_ps(s4x, third, 0x20), live);
+        if (!e2m1) b4x = _mm_and_ps(_mm_insert_ps(b4x, load_params4(p.biases, g + 2, 1, p.stype), 0x20), live);
       }
+      if (e2m1) b4x = _mm_mul_ps(s4x, _mm_set1_ps(-12.0f));  // mxfp4: bias -12 x scale (kE2m1's offset)
       const __m256 s4 = _mm256_castps128_ps256(s4x), b4 = _mm256_castps128_ps256(b4x);
       const __m256 bl[2] = {_mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk01), 0x11),
                             _mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk23), 0x11)};

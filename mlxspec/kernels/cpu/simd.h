@@ -24,7 +24,9 @@ inline void prefetch(const void* p) {
 #endif
 }
 
-enum class SType : int { f32 = 0, f16 = 1, bf16 = 2 };  // dtype of scales/biases
+// dtype of scales/biases; e8m0: mxfp4's uint8 exponents e, read as the scale 2^(e - 128) (the units
+// of qmm_q8_kernel.h's kE2m1 codes; the int8 path alone reads them, its bias being -12 x the scale)
+enum class SType : int { f32 = 0, f16 = 1, bf16 = 2, e8m0 = 3 };
 enum class Isa : int { generic = 0, avx512 = 1, avx2 = 2, neon = 3 };
 
 inline float half_to_float(uint16_t h) {
@@ -76,8 +78,22 @@ inline float bf16_to_float(uint16_t h) {
   return f;
 }
 
+// 2^(e - 128) as fp32 bits, exactly: the exponent field e - 1, or 2^-128 (a subnormal) for e = 0.
+inline uint32_t e8m0_bits(uint32_t e) { return e ? (e - 1) << 23 : 1u << 21; }
+
+inline float e8m0_to_float(uint8_t e) {
+  const uint32_t bits = e8m0_bits(e);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
 // n values of scales/biases (any SType) from index i -> fp32; vectorised where the CPU converts.
 inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
+  if (t == SType::e8m0) {
+    for (int k = 0; k < n; ++k) out[k] = e8m0_to_float(static_cast<const uint8_t*>(p)[i + k]);
+    return;
+  }
   if (t == SType::f32) {
     std::memcpy(out, static_cast<const float*>(p) + i, sizeof(float) * n);
     return;
