@@ -105,9 +105,19 @@ def test_gpu_backend_swaps_experts_and_projections_and_keeps_the_logits(pretend_
     assert status["cuda-gather-qmm"]["active"] and status["cuda-qmm"]["active"]
 
 
-def test_the_cpu_kernels_keep_mxfp4_layers_with_the_reason(cpu_ext):
+def test_the_cpu_kernels_take_mxfp4_layers_with_int8_activations_only(cpu_ext):
+    """fp32 activations: kept, with the reason. int8: swapped, and every activation keeps the model's
+    dtype (bfloat16 in, bfloat16 out, as MLX's op: a float32 output would turn the KV cache float32)."""
     model = build_model(GPT_OSS, seed=3)
+    model.set_dtype(mx.bfloat16)
     nn.quantize(model, group_size=32, bits=4, mode="mxfp4")
+    tokens = mx.array([[5, 17, 2, 40, 33, 9]])
+    want = model(tokens)
     report = layers.use_kernels(model, device=mx.cpu)
     assert not report["swapped"]
     assert all("mxfp4" in why and "cpu kernels do affine" in why for why in report["kept"].values())
+    report = layers.use_kernels(model, device=mx.cpu, activations="q8")
+    assert not report["kept"] and any("experts" in path for path in report["swapped"])
+    got = model(tokens)
+    assert got.dtype == want.dtype == mx.bfloat16
+    assert (mx.abs(got - want).max() / mx.abs(want).max()).item() < 0.1  # int8 rounding of x, bfloat16 sums
