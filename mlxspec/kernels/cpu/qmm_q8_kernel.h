@@ -183,15 +183,18 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
 #define MLXSPEC_Q8_VNNI 1
 // Up to 16 consecutive scales or biases from index i as fp32 lanes (the rest 0): the values
 // load_floats gives (f16 and bf16 widen exactly).
+// Up to 16 mxfp4 exponents e (SType::e8m0) from index i as 2^(e - 128) (e8m0_bits), the rest 0.
+inline __m512 load_e8m0_16(const void* base, size_t i, int n) {
+  const __mmask16 k = __mmask16((1u << n) - 1);
+  const __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, static_cast<const uint8_t*>(base) + i));
+  const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
+                                               _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23),
+                                               _mm512_set1_epi32(1 << 21));
+  return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(k, bits));
+}
+
 inline __m512 load_params16(const void* base, size_t i, int n, SType t) {
   const __mmask16 k = __mmask16((1u << n) - 1);
-  if (t == SType::e8m0) {  // 2^(e - 128): exponent field e - 1, 2^-128 for e = 0 (e8m0_bits)
-    const __m512i e = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(k, static_cast<const uint8_t*>(base) + i));
-    const __m512i bits = _mm512_mask_blend_epi32(_mm512_cmpeq_epi32_mask(e, _mm512_setzero_si512()),
-                                                 _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23),
-                                                 _mm512_set1_epi32(1 << 21));
-    return _mm512_castsi512_ps(_mm512_maskz_mov_epi32(k, bits));
-  }
   if (t == SType::f32) return _mm512_maskz_loadu_ps(k, static_cast<const float*>(base) + i);
   const __m256i h = _mm256_maskz_loadu_epi16(k, static_cast<const uint16_t*>(base) + i);
   if (t == SType::f16) return _mm512_cvtph_ps(h);
@@ -213,7 +216,7 @@ struct ChunkScales {
 
 // MR rows x NB columns from n0, one 128-weight chunk at a time: the codes times the int8 rows in
 // integer dot products, scaled per lane, plus the bias term; MR*NB accumulators in registers.
-template <int BITS, int MR, int NB>
+template <int BITS, int MR, int NB, bool E2M1 = false>  // E2M1: mxfp4 codes (a compile-time path: no cost to affine)
 void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScales& cs, float* out) {
   const size_t row_bytes = size_t(p.K) * BITS / 8;
   const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
@@ -224,7 +227,7 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
   const __m512i nib = _mm512_set1_epi8(15);
   const __m512i lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2m1)));
-  const bool e2m1 = BITS == 4 && p.e2m1;
+  constexpr bool e2m1 = BITS == 4 && E2M1;
   const int sh = gb == 1 ? 0 : (gb == 2 ? 1 : 2);  // gb is 1, 2 or 4 here: shifts, not divisions, per chunk
   for (int c = 0; c < C; ++c) {
     const int nblk = B - 4 * c < 4 ? B - 4 * c : 4, ng = (nblk + gb - 1) >> sh;
@@ -233,9 +236,12 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
     __m512 sa[NB], sbv[NB], bl[NB];
 #pragma GCC unroll 8
     for (int j = 0; j < NB; ++j) {
-      const __m512 s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
-      const __m512 b16 = e2m1 ? _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f))
-                              : load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
+      __m512 s16;  // mxfp4's exponents (a compile-time path: affine tiles test nothing more per load)
+      if constexpr (e2m1) s16 = load_e8m0_16(p.scales, size_t(n0 + j) * groups + g, ng);
+      else s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
+      __m512 b16;
+      if constexpr (e2m1) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f));
+      else b16 = load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
       bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4, b16);
       const uint8_t* wp = w[j] + size_t(c) * kChunk * BITS / 8;
       prefetch(wp + NB * row_bytes);
@@ -243,7 +249,7 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
         const __m512i v = nblk == 4 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 16 * nblk), wp);
         wa[j] = _mm512_and_si512(v, nib);
         wb[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
-        if (e2m1) {  // codes past the row's blocks were loaded as 0: their lanes' scales are 0 below
+        if constexpr (e2m1) {  // codes past the row's blocks were loaded as 0: their lanes' scales are 0 below
           wa[j] = _mm512_shuffle_epi8(lut, wa[j]);
           wb[j] = _mm512_shuffle_epi8(lut, wb[j]);
         }
@@ -300,7 +306,8 @@ struct VnniTiles {
   };
   template <int BITS, int MR, int NB>
   static void tile(const QmmProblem& p, const Q8Rows& x, int n0, const Ctx& c, float* out) {
-    tile_q8_vnni<BITS, MR, NB>(p, x, n0, c.cs, out);
+    if (BITS == 4 && p.e2m1) tile_q8_vnni<BITS, MR, NB, true>(p, x, n0, c.cs, out);
+    else tile_q8_vnni<BITS, MR, NB, false>(p, x, n0, c.cs, out);
   }
 };
 #endif
@@ -315,12 +322,14 @@ struct VnniTiles {
 // 128 * sum of x per lane (Q8Rows::s).
 
 // n (1, 2 or 4) consecutive params from index i as fp32 lanes (the values load_floats gives), the rest 0.
+// n (1, 2 or 4) mxfp4 exponents from index i as 2^(e - 128), the rest 0.
+inline __m128 load_e8m0_4(const void* base, size_t i, int n) {
+  const uint8_t* e = static_cast<const uint8_t*>(base) + i;
+  return _mm_setr_ps(e8m0_to_float(e[0]), n > 1 ? e8m0_to_float(e[1]) : 0.f, n > 2 ? e8m0_to_float(e[2]) : 0.f,
+                     n > 3 ? e8m0_to_float(e[3]) : 0.f);
+}
+
 inline __m128 load_params4(const void* base, size_t i, int n, SType t) {
-  if (t == SType::e8m0) {
-    const uint8_t* e = static_cast<const uint8_t*>(base) + i;
-    return _mm_setr_ps(e8m0_to_float(e[0]), n > 1 ? e8m0_to_float(e[1]) : 0.f, n > 2 ? e8m0_to_float(e[2]) : 0.f,
-                       n > 3 ? e8m0_to_float(e[3]) : 0.f);
-  }
   if (t == SType::f32) {
     const float* f = static_cast<const float*>(base) + i;
     return n == 4 ? _mm_loadu_ps(f) : (n == 2 ? _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(f))) : _mm_load_ss(f));
@@ -359,13 +368,13 @@ inline __m256i load32_avx2(const uint8_t* p, int valid) {
   return _mm256_load_si256(reinterpret_cast<const __m256i*>(tmp));
 }
 
-template <int BITS, int MR, int NB>
+template <int BITS, int MR, int NB, bool E2M1 = false>
 void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
   const size_t row_bytes = size_t(p.K) * BITS / 8;
   const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
   const __m256i nib = _mm256_set1_epi8(15);
   const __m256i lut = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2m1)));
-  const bool e2m1 = BITS == 4 && p.e2m1;
+  constexpr bool e2m1 = BITS == 4 && E2M1;
   const __m256i blk01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blk23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 acc[MR][NB][2];
   for (int m = 0; m < MR; ++m)
@@ -379,17 +388,22 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
 #pragma GCC unroll 4
     for (int j = 0; j < NB; ++j) {
       const size_t g = size_t(n0 + j) * groups + size_t(4 * c) / gb;
+      auto load4 = [&](const void* base, size_t i, int n) {  // mxfp4's exponents: a compile-time path
+        if constexpr (e2m1) return load_e8m0_4(base, i, n);
+        else return load_params4(base, i, n, p.stype);
+      };
       auto per_block = [&](const void* base) {
-        const __m128 v = ngl == 4 && g + 4 > size_t(n0 + j + 1) * groups ? load_params4(base, g, 2, p.stype) : load_params4(base, g, ngl, p.stype);
+        const __m128 v = ngl == 4 && g + 4 > size_t(n0 + j + 1) * groups ? load4(base, g, 2) : load4(base, g, ngl);
         return _mm_and_ps(_mm_permutevar_ps(v, by_group), live);
       };
-      __m128 s4x = per_block(p.scales), b4x = e2m1 ? _mm_setzero_ps() : per_block(p.biases);
+      __m128 s4x = per_block(p.scales), b4x = _mm_setzero_ps();
+      if constexpr (!e2m1) b4x = per_block(p.biases);
       if (ng == 3) {  // a 3-block tail at group size 32: the third value alone (never read past the row)
-        const __m128 third = load_params4(p.scales, g + 2, 1, p.stype);
+        const __m128 third = load4(p.scales, g + 2, 1);
         s4x = _mm_and_ps(_mm_insert_ps(s4x, third, 0x20), live);
-        if (!e2m1) b4x = _mm_and_ps(_mm_insert_ps(b4x, load_params4(p.biases, g + 2, 1, p.stype), 0x20), live);
+        if constexpr (!e2m1) b4x = _mm_and_ps(_mm_insert_ps(b4x, load_params4(p.biases, g + 2, 1, p.stype), 0x20), live);
       }
-      if (e2m1) b4x = _mm_mul_ps(s4x, _mm_set1_ps(-12.0f));  // mxfp4: bias -12 x scale (kE2m1's offset)
+      if constexpr (e2m1) b4x = _mm_mul_ps(s4x, _mm_set1_ps(-12.0f));  // mxfp4: bias -12 x scale (kE2m1's offset)
       const __m256 s4 = _mm256_castps128_ps256(s4x), b4 = _mm256_castps128_ps256(b4x);
       const __m256 bl[2] = {_mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk01), 0x11),
                             _mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk23), 0x11)};
@@ -403,7 +417,7 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
       for (int q = 0; q < (BITS == 4 ? 2 : 4); ++q) {
         const __m256i v = load32_avx2(wp + 32 * q, valid - 32 * q);
         if (BITS == 4) lo[q] = _mm256_and_si256(v, nib), hi[q] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nib);
-        if (e2m1) lo[q] = _mm256_shuffle_epi8(lut, lo[q]), hi[q] = _mm256_shuffle_epi8(lut, hi[q]);  // <= 24: no int16 saturates
+        if constexpr (e2m1) lo[q] = _mm256_shuffle_epi8(lut, lo[q]), hi[q] = _mm256_shuffle_epi8(lut, hi[q]);  // <= 24: no int16 saturates
         if (BITS != 4) hi[q] = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80))), lo[q] = _mm256_abs_epi8(hi[q]);
       }
       __m256 sl[4];  // lane scales: 4-bit halves 0, 1; 8-bit quarters (A lanes 0-7, 8-15, B lanes 0-7, 8-15)
@@ -448,7 +462,8 @@ struct Avx2Tiles {  // as VnniTiles: 16 registers hold fewer rows and columns
   };
   template <int BITS, int MR, int NB>
   static void tile(const QmmProblem& p, const Q8Rows& x, int n0, const Ctx&, float* out) {
-    tile_q8_avx2<BITS, MR, NB>(p, x, n0, out);
+    if (BITS == 4 && p.e2m1) tile_q8_avx2<BITS, MR, NB, true>(p, x, n0, out);
+    else tile_q8_avx2<BITS, MR, NB, false>(p, x, n0, out);
   }
 };
 #endif

@@ -90,10 +90,6 @@ inline float e8m0_to_float(uint8_t e) {
 
 // n values of scales/biases (any SType) from index i -> fp32; vectorised where the CPU converts.
 inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
-  if (t == SType::e8m0) {
-    for (int k = 0; k < n; ++k) out[k] = e8m0_to_float(static_cast<const uint8_t*>(p)[i + k]);
-    return;
-  }
   if (t == SType::f32) {
     std::memcpy(out, static_cast<const float*>(p) + i, sizeof(float) * n);
     return;
@@ -114,8 +110,10 @@ inline void load_floats(const void* p, size_t i, int n, SType t, float* out) {
 #endif
   if (t == SType::f16)
     for (; k < n; ++k) out[k] = half_to_float(h[k]);
-  else
+  else if (t == SType::bf16)
     for (; k < n; ++k) out[k] = bf16_to_float(h[k]);
+  else  // e8m0: mxfp4's exponents, a byte each
+    for (; k < n; ++k) out[k] = e8m0_to_float(static_cast<const uint8_t*>(p)[i + k]);
 }
 
 // n fp32 values -> dtype t at out (round to nearest even, as MLX's conversions round).
