@@ -57,13 +57,10 @@ def total_memory_bytes() -> int | None:
 
 
 def available_memory_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return None
+    """What the daemon checks a model's footprint against (mlxspec.footprint.available_memory)."""
+    from ..footprint import available_memory
+
+    return available_memory()
 
 
 def machine_facts() -> dict:
