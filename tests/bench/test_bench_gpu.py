@@ -52,3 +52,16 @@ def test_families_section_on_the_cpu(bench):
         assert set(entry["kernels"]["ms"]) == {1, 8}
     assert families["qwen3_moe"]["swapped_count"] > 0  # the experts run the kernel
     assert all("mxfp4" in why for why in families["gpt_oss"]["kept_layers"].values())  # the CPU's is affine only
+
+
+def test_layout_and_gather_ops_on_the_cpu(bench):
+    """The 6-bit and mxfp4 qmm rows and the MoE gather rows run here. The CPU's kernel takes neither
+    layout as such (layers widen 6-bit codes first; mxfp4 needs int8 activations) and gathers through
+    its qmm tiles: 'ours' is then absent, with the reason; on a GPU each has its kernel."""
+    with mx.stream(mx.cpu):
+        six = bench.qmm_ops(bench.QMM_SHAPES["quick"][:1], bits=6)
+        fp4 = bench.qmm_ops(bench.QMM_SHAPES["quick"][:1], dtype=mx.bfloat16, group=32, mode="mxfp4")
+        gather = bench.gather_ops(8, 96, 256, 4)
+    assert "ours_us" not in six[0]["M=8"] and "bits must be 4 or 8" in six[0]["kernel"] and six[0]["M=8"]["mlx_us"] > 0
+    assert "ours_us" not in fp4[0]["M=1"] and "mxfp4" in fp4[0]["kernel"]
+    assert gather["tokens=8"]["mlx_us"] > 0 and "gather-qmm" in gather["kernel"]
