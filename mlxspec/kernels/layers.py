@@ -4,8 +4,9 @@
 
 Only `nn.QuantizedLinear` layers change (same parameters, same names), and mlx-lm's
 `QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert as a one-row
-matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). GPUs also take
-gpt-oss's "mxfp4" layers (4-bit e2m1 codes, power-of-two scales); the CPU kernels do affine only. Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
+matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). gpt-oss's "mxfp4"
+layers (4-bit e2m1 codes, power-of-two scales) run the GPU kernels, and on the CPU the int8-activation
+one (activations='q8'). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
 `as_linear` (the output head of tied models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
 per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits; the
 GPU kernels read every width in place.
@@ -22,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
+from .gpu import AFFINE_BITS
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
@@ -113,7 +115,6 @@ def _copy_params(old: nn.Module, new: nn.Module) -> None:
 
 
 WIDENED_BITS = (2, 3, 5, 6)  # on the CPU, codes of these widths are re-packed one per byte (8-bit)
-GPU_BITS = (2, 3, 4, 5, 6, 8)  # the GPU qmm reads every width MLX packs (gpu.AFFINE_BITS), in place
 
 
 def widen_to_8bit(layer: nn.Module) -> None:
@@ -146,7 +147,7 @@ def _why_not(layer, bits: int | None = None, backend: str = "cpu", activations: 
     if mode != "affine" or layer.get("biases") is None:
         kinds = "affine (mxfp4 with int8 activations)" if backend == "cpu" else "affine and mxfp4"
         return f"quantization mode {mode!r} (the {backend} kernels do {kinds})"
-    widths = (4, 8) if backend == "cpu" else GPU_BITS
+    widths = (4, 8) if backend == "cpu" else AFFINE_BITS  # the GPU qmm reads every width MLX packs, in place
     if bits not in widths:
         return f"{bits}-bit weights (the {backend} kernels do {', '.join(map(str, widths))})"
     if layer.group_size % 32:
