@@ -147,8 +147,8 @@ def load(
     `ollama:` references; None reads OLLAMA_MODELS here (this is then the Python API's entry point).
     `kv_cache`: 'f16' stores a GGUF model's float32 keys and values as float16 on the CPU (llama.cpp's
     and Ollama's default; the CPU kernels read them directly), 'f32' keeps them as computed. MLX
-    models keep mlx-lm's cache (their activations are already half precision), and so do GPUs,
-    whose attention kernels take one dtype.
+    models keep mlx-lm's cache (their activations are already half precision), and so do GPUs until
+    measured there (their kernels read the mixed pair; MLX's own GPU attention would convert it each step).
     """
     if kv_cache not in KV_CACHE_TYPES:
         raise MlxspecError(f"unknown KV cache type {kv_cache!r} (one of {', '.join(KV_CACHE_TYPES)})")

@@ -13,7 +13,7 @@ The routed function sends a call to the kernel only when it can answer it exactl
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
 kernel reads as its sliding window; sinks (gpt-oss) where the kernel takes them, as the CPU and GPU
 ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
-mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache, CPU only).
+mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
 """
 
 from __future__ import annotations
@@ -158,8 +158,8 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
 
 
 def _mixed_ok() -> bool:
-    """Float32 queries over a float16 cache: the CPU kernel reads them exactly; the GPU kernels take one dtype."""
-    return mx.default_device() == mx.cpu
+    """Float32 queries over a float16 cache: kernels that read them exactly say so (`mixed`)."""
+    return bool(getattr(_record().fn, "mixed", False))
 
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32, kv_dtype=None) -> str | None:

@@ -104,5 +104,5 @@ def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
         return ext.sdpa(q, k, v, scale, causal, isa, window=window, sinks=sinks, stream=mx.cpu)
 
     sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
-    sdpa.windows = sdpa.sinks = True  # takes `window` and gpt-oss's `sinks`
+    sdpa.windows = sdpa.sinks = sdpa.mixed = True  # takes `window`, gpt-oss's `sinks`, float32 q over a float16 cache
     return sdpa

@@ -6,7 +6,8 @@
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
 not (the mask is a runtime value: one compiled kernel); with a window, to a 1-row call over the last W
-of them, wherever they sit in the cache. q, k and v are read in place through their
+of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
+float16 cache (each value is read as float32 either way). q, k and v are read in place through their
 strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
@@ -44,8 +45,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
              sinks: mx.array | None = None) -> mx.array:
         b, h, m, _ = q.shape
         hkv, length, dv = k.shape[1], k.shape[2], v.shape[3]
-        same_dtype = q.dtype == k.dtype == v.dtype
-        if (b != 1 or h % hkv or dv > MAX_VALUE_DIM or not same_dtype or length == 0 or (causal and m > length)
+        kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
+        if (b != 1 or h % hkv or dv > MAX_VALUE_DIM or not kv_dtype_ok or length == 0 or (causal and m > length)
                 or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
                              f"sinks {None if sinks is None else sinks.shape} unsupported")
@@ -61,5 +62,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
                        grid=(32, h * m, 1), threadgroup=THREADGROUP, output_shapes=[(1, h, m, dv)],
                        output_dtypes=[q.dtype])[0]
 
-    sdpa.windows = sdpa.sinks = True  # takes `window` and `sinks` (attention.py routes such layers here)
+    # takes `window` and `sinks` (attention.py routes such layers here), and float32 queries over a
+    # float16 cache (`mixed`: every value is read as float32, exactly; the output is in q's dtype)
+    sdpa.windows = sdpa.sinks = sdpa.mixed = True
     return sdpa

@@ -1,6 +1,7 @@
 """Row-invariant few-row attention for the GPU (flash-decoding), one source for Metal and CUDA.
 
-    q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV), H % HKV == 0, DV <= 256, dtype T; any strides
+    q (1, H, M, D) in T, k (1, HKV, L, D), v (1, HKV, L, DV) in T or (T float32) float16, H % HKV == 0,
+    DV <= 256; any strides
     (read through q/k/v_strides: a KV cache view is read in place)
     causal: row m sees keys [0, L - M + m + 1); else all L. window W > 0 (causal only): row m sees the
     last W of those, [start, rows) with start = max(0, rows - W): a sliding-window layer.
@@ -166,18 +167,18 @@ def combine_template(dtype, sinks: bool = False) -> list[tuple]:
     return [("T", dtype), ("SINKS", int(sinks))]
 
 
-def _kernels(dtype) -> dict:
-    f32 = mx.float32
+def _kernels(dtype, kv_dtype=None) -> dict:
+    f32, kv_dtype = mx.float32, kv_dtype or dtype
     return {
         "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
-                    {"q": dtype, "k": dtype, "v": dtype, "params": f32}),
+                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32}),
         "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
     }
 
 
-def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False) -> tuple[dict, str]:
+def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
-    kernels, names, texts = _kernels(dtype), {}, []
+    kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 3, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
              "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk)),

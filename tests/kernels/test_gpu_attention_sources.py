@@ -26,22 +26,25 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CHUNK = 64
 M, ODD = 16, 7
-CASES = [  # (backend, dtype, sinks, H, HKV, D, DV, L, window); L - M + 1 <= 128 < L: rows see 2 or 3 chunks
-    ("metal", mx.float32, False, 4, 2, 64, 64, 140, 70),  # windows of 70 keys: 2 chunks, cut elsewhere
-    ("metal", mx.bfloat16, True, 2, 2, 128, 96, 133, 9),
-    ("cuda", mx.float16, False, 4, 1, 32, 32, 140, 100),
-    ("cuda", mx.float32, True, 2, 1, 64, 48, 70, 128),  # a window longer than the cache: all keys
+CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window); L - M + 1 <= 128 < L: rows see 2-3 chunks
+    ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70),  # windows of 70 keys: 2 chunks, cut elsewhere
+    ("metal", mx.bfloat16, mx.bfloat16, True, 2, 2, 128, 96, 133, 9),
+    ("cuda", mx.float16, mx.float16, False, 4, 1, 32, 32, 140, 100),
+    ("cuda", mx.float32, mx.float32, True, 2, 1, 64, 48, 70, 128),  # a window longer than the cache: all keys
+    ("metal", mx.float32, mx.float16, True, 4, 2, 64, 64, 140, 70),  # float32 queries over a float16 cache (GGUF)
+    ("cuda", mx.float32, mx.float16, False, 4, 1, 32, 32, 140, 100),
 ]
 
 HARNESS = """
 {source}
 using T = {T};
+using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 int H, HKV, D, DV;
 float params[3];  // scale, causal, window
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
-std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, const std::vector<T>& v, int L,
+std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, const std::vector<KT>& v, int L,
                       int cap, bool causal, int window = 0) {{
   params[1] = causal ? 1.0f : 0.0f;
   params[2] = float(window);
@@ -54,8 +57,9 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<T>& k, c
   return o;
 }}
 // rows [r0, r0 + n) of q (H, M, E) (or keys [r0, r0 + n) of a cache (HKV, M = capacity, E))
-std::vector<T> rows(const std::vector<T>& q, int M, int r0, int n, int E) {{
-  std::vector<T> r;
+template <typename E_>
+std::vector<E_> rows(const std::vector<E_>& q, int M, int r0, int n, int E) {{
+  std::vector<E_> r;
   for (size_t h = 0; h < q.size() / (size_t(M) * E); ++h)
     r.insert(r.end(), q.begin() + (h * M + r0) * E, q.begin() + (h * M + r0 + n) * E);
   return r;
@@ -66,8 +70,8 @@ int main(int argc, char** argv) {{
   const int M = std::atoi(argv[4]), L = std::atoi(argv[7]), cap = std::atoi(argv[8]), W = std::atoi(argv[9]);
   const int odd = {odd};
   auto q = load<T>(d + "/q", size_t(H) * M * D);
-  auto k = load<T>(d + "/k", size_t(HKV) * cap * D);
-  auto v = load<T>(d + "/v", size_t(HKV) * cap * DV);
+  auto k = load<KT>(d + "/k", size_t(HKV) * cap * D);
+  auto v = load<KT>(d + "/v", size_t(HKV) * cap * DV);
   params[0] = load<float>(d + "/scale", 1)[0];
   sinks = load<float>(d + "/sinks", H);
   std::ofstream out(d + "/o", std::ios::binary);
@@ -105,11 +109,11 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-def harness(backend: str, dtype, sinks: bool) -> str:
-    names, source = src.program(backend, dtype, CHUNK, sinks)
+def harness(backend: str, dtype, kv_dtype, sinks: bool) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
-    return HARNESS.format(source=source, T=C_TYPES[dtype], chunk=CHUNK, odd=ODD,
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD,
                           partial=partial.format(**fmt), combine=combine.format(**fmt))
 
 
@@ -119,21 +123,21 @@ def case_id(case) -> str:
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    labels = sorted({c[:3] for c in CASES}, key=str)
+    labels = sorted({c[:4] for c in CASES}, key=str)
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
-    backend, dtype, with_sinks, h, hkv, d, dv, length, window = case
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
     kq, kk, kv, ks = mx.random.split(mx.random.key(h * 7 + d), 4)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
-    cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(dtype)  # a cache with room for 5 more
-    cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(dtype)
+    cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(kv_dtype)  # a cache with room for 5 more
+    cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(kv_dtype)
     k, v, scale = cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5
     sinks = mx.random.normal((h,), key=ks) * 2
     save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32), sinks=sinks)
-    run(exes[(backend, dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
+    run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
     raw = (tmp_path / "o").read_bytes()
     size = len(raw) // (6 * M + ODD)  # bytes of one row (H, DV)
 
