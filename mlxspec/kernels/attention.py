@@ -23,7 +23,6 @@ from typing import Callable
 import mlx.core as mx
 
 from . import registry
-from .build import KernelUnavailable
 from .hooks import route_functions, unroute_functions
 
 NAME = "scaled_dot_product_attention"  # the function mlx-lm's attention modules call
@@ -140,10 +139,12 @@ def _load_sdpa(backend: str):
 registry.register("sdpa", _load_sdpa)
 
 
-def _usable(queries, keys, values, cache, mask, sinks) -> bool:
+def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sinks) -> bool:
+    """Can the kernel of `rec` answer this call exactly as defined (and did its signature pass)?"""
+    fn = rec.fn
     if hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
-    if sinks is not None and not (getattr(_record().fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
+    if sinks is not None and not (getattr(fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
         return False
     if queries.ndim != 4 or keys.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
         return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
@@ -151,20 +152,20 @@ def _usable(queries, keys, values, cache, mask, sinks) -> bool:
         return False
     if queries.dtype not in EPS or values.dtype != keys.dtype:
         return False
-    if keys.dtype != queries.dtype and not (_mixed_ok() and queries.dtype == mx.float32 and keys.dtype == mx.float16):
+    mixed = queries.dtype == mx.float32 and keys.dtype == mx.float16 and getattr(fn, "mixed", False)
+    if keys.dtype != queries.dtype and not mixed:  # float32 queries over a float16 cache where the kernel reads it
         return False
-    return check_signature(queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype,
-                           keys.dtype) is None
-
-
-def _mixed_ok() -> bool:
-    """Float32 queries over a float16 cache: kernels that read them exactly say so (`mixed`)."""
-    return bool(getattr(_record().fn, "mixed", False))
+    return _check(rec, queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype,
+                  keys.dtype) is None
 
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32, kv_dtype=None) -> str | None:
     """Self-check one signature on the default device's kernel, once per process; None if it passed."""
-    rec = _record()
+    return _check(_record(), heads, kv_heads, dim, value_dim, dtype, kv_dtype)
+
+
+def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype,
+           kv_dtype=None) -> str | None:
     kv_dtype = kv_dtype or dtype
     signature = (heads, kv_heads, dim, value_dim, str(dtype)) + ((str(kv_dtype),) if kv_dtype != dtype else ())
     return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype, kv_dtype))
@@ -172,23 +173,24 @@ def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=m
 
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
-    window = _window(cache, mask)
-    if _usable(queries, keys, values, cache, "causal" if window else mask, sinks):
+    rec = _record()  # once per call: this runs for every attention layer of every step
+    window = _window(cache, mask, rec.fn)
+    if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks):
         extra = {"sinks": sinks} if sinks is not None else {}  # only kernels that take sinks get here with them
         if window:
-            return _record().fn(queries, keys, values, scale, True, window=window, **extra)
-        return _record().fn(queries, keys, values, scale, mask is not None, **extra)
+            return rec.fn(queries, keys, values, scale, True, window=window, **extra)
+        return rec.fn(queries, keys, values, scale, mask is not None, **extra)
     return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 
-def _window(cache, mask) -> int:
+def _window(cache, mask, fn) -> int:
     """The sliding window an array mask stands for where the cache made it for exactly these keys
     (mlxspec's WindowKVCache: causal rows over their last `attention_window` keys) and the kernel
-    here takes windows; else 0."""
+    `fn` takes windows; else 0."""
     window = getattr(cache, "attention_window", 0)
     if not window or not isinstance(mask, mx.array):
         return 0
-    return window if getattr(_record().fn, "windows", False) else 0
+    return window if getattr(fn, "windows", False) else 0
 
 
 def _mlx_lm_attention():
