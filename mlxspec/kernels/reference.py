@@ -44,15 +44,11 @@ E2M1_CODES = (12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0)  # qmm_
 
 
 def mxfp4_as_affine(scales: mx.array) -> tuple[mx.array, mx.array]:
-    """An mxfp4 layer's uint8 exponents e as the affine (scale, bias) pair the CPU's int8 kernel reads
-    with codes E2M1_CODES[c]: scale 2^(e - 128), bias -12 * scale, so scale * E2M1_CODES[c] + bias is
-    the weight exactly. float16 where every value is (real models' exponents are), else float32."""
+    """An mxfp4 layer's uint8 exponents e as the affine (scale, bias) pair, in float32, that the CPU's
+    int8 kernel derives from them in place (SType::e8m0) for codes E2M1_CODES[c]: scale 2^(e - 128),
+    bias -12 * scale, so scale * E2M1_CODES[c] + bias is the weight exactly."""
     scale = mx.power(mx.array(2.0, mx.float32), scales.astype(mx.float32) - 128)  # exact powers of two
-    bias = scale * -12.0
-    half = scale.astype(mx.float16)
-    if mx.array_equal(half.astype(mx.float32), scale).item() and mx.all(scale >= 2.0**-14).item():  # f16 normals
-        return half, bias.astype(mx.float16)
-    return scale, bias
+    return scale, scale * -12.0
 
 
 def q8_reference(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
