@@ -61,12 +61,12 @@ GATHER_SHAPES = """
   const size_t xo = size_t(row) * K, wo = e * N * (K * BITS / 32), so = e * N * (K / G), yo = size_t(row) * N;
 """
 
-QMM_CORE = """
+QMM_SETUP = """
   constexpr int COLS = 4;
   constexpr int PER = 32 / BITS;  // values per uint32 word
   constexpr int VPL = 4 * PER;    // values per lane per block: 4 words, one 16-byte load
   constexpr uint32_t MASK = (1u << BITS) - 1u;
-  const float FP4[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};  // e2m1 magnitudes (MODE 1)
+  constexpr uint32_t E2M1X2 = 0xC8643210u;  // MODE 1: e2m1 magnitudes x 2 (0 1 2 3 4 6 8 12), 4 bits each
   const int WORDS = K * BITS / 32, GROUPS = K / G;
   const int n0 = warp * COLS;
   if (n0 >= N) return;  // uniform over the warp
@@ -75,6 +75,9 @@ QMM_CORE = """
   for (int m = 0; m < ROWS; ++m)
 #pragma unroll
     for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
+"""
+
+QMM_LOOPS = """
   if (BITS == 4 || BITS == 8) {  // a compile-time choice: codes never straddle words
   for (int k0 = lane * VPL; k0 < K; k0 += 32 * VPL) {  // K % 32 == 0 (G | K): blocks are whole
     uint4 q[COLS];
@@ -84,7 +87,7 @@ QMM_CORE = """
       const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
       q[c] = LOAD4(w + wo + size_t(n) * WORDS + k0 / PER);
       const size_t g = so + size_t(n) * GROUPS + k0 / G;  // VPL divides G: one group per block
-      s[c] = MODE == 0 ? float(scales[g]) : LDEXP(1.0f, int(float(scales[g])) - 127);  // mxfp4: 2^(s - 127), exact
+      s[c] = MODE == 0 ? float(scales[g]) : LDEXP(1.0f, int(float(scales[g])) - 128);  // mxfp4: 2^(s - 127) / 2, exact
       b[c] = MODE == 0 ? float(biases[g]) : 0.0f;
     }
 #pragma unroll
@@ -96,18 +99,19 @@ QMM_CORE = """
 #pragma unroll
         for (int j = 0; j < PER; ++j) {
           const uint32_t code = (word >> (BITS * j)) & MASK;
-          wv[c][j] = MODE == 0 ? FMA(float(code), s[c], b[c]) : (code & 8u ? -FP4[code & 7u] : FP4[code & 7u]) * s[c];
+          const float e2m1 = float((E2M1X2 >> ((code & 7u) * 4u)) & 15u);  // a shift, not a local array
+          wv[c][j] = MODE == 0 ? FMA(float(code), s[c], b[c]) : (code & 8u ? -e2m1 : e2m1) * s[c];
         }
       }
 #pragma unroll
       for (int m = 0; m < ROWS; ++m) {
         if (m < M) {
+          float xv[PER];
+          LOAD_X(xv, x + xo + size_t(m) * K + k0 + i * PER, PER);
 #pragma unroll
-          for (int j = 0; j < PER; ++j) {
-            const float xv = float(x[xo + size_t(m) * K + k0 + i * PER + j]);
+          for (int j = 0; j < PER; ++j)
 #pragma unroll
-            for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c][j], acc[m][c]);
-          }
+            for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv[j], wv[c][j], acc[m][c]);
         }
       }
     }
@@ -126,21 +130,27 @@ QMM_CORE = """
       b[c] = float(biases[g]);
     }
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int bit = j * BITS, i = bit / 32, sh = bit % 32, i2 = i + 1 < BITS ? i + 1 : i;
-      float wv[COLS];  // dequantized once, used by every row
+    for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 codes at a time: each row's x read in one load
+      float wv[COLS][8];  // dequantized once, used by every row
 #pragma unroll
-      for (int c = 0; c < COLS; ++c) {
-        uint32_t code = q[c][i] >> sh;
-        if (sh + BITS > 32) code |= q[c][i2] << (32 - sh);  // the code straddles two words
-        wv[c] = FMA(float(code & MASK), s[c], b[c]);
+      for (int jj = 0; jj < 8; ++jj) {
+        const int bit = (j0 + jj) * BITS, i = bit / 32, sh = bit % 32, i2 = i + 1 < BITS ? i + 1 : i;
+#pragma unroll
+        for (int c = 0; c < COLS; ++c) {
+          uint32_t code = q[c][i] >> sh;
+          if (sh + BITS > 32) code |= q[c][i2] << (32 - sh);  // the code straddles two words
+          wv[c][jj] = FMA(float(code & MASK), s[c], b[c]);
+        }
       }
 #pragma unroll
       for (int m = 0; m < ROWS; ++m) {
         if (m < M) {
-          const float xv = float(x[xo + size_t(m) * K + k0 + j]);
+          float xv[8];
+          LOAD_X(xv, x + xo + size_t(m) * K + k0 + j0, 8);
 #pragma unroll
-          for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv, wv[c], acc[m][c]);
+          for (int jj = 0; jj < 8; ++jj)  // each acc[m][c] still adds k in order
+#pragma unroll
+            for (int c = 0; c < COLS; ++c) acc[m][c] = FMA(xv[jj], wv[c][jj], acc[m][c]);
         }
       }
     }
@@ -201,6 +211,7 @@ METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
 #define LDEXP(a, e) metal::ldexp(a, e)
 #define LOAD4(p) (*((const device uint4*)(p)))
+#define LOAD_X_ONE_BY_ONE(out, p, N) for (int j_ = 0; j_ < (N); ++j_) (out)[j_] = float((p)[j_])
 inline float lane_sum(float v) { return simd_sum(v); }
 """
 
@@ -215,16 +226,48 @@ CUDA_HEADER = """
 #define FMA(a, b, c) fmaf(a, b, c)
 #define LDEXP(a, e) ldexpf(a, e)
 #define LOAD4(p) (*((const uint4*)(p)))
+#define LOAD_X_ONE_BY_ONE(out, p, N) for (int j_ = 0; j_ < (N); ++j_) (out)[j_] = float((p)[j_])
+#define LOAD_X_WIDE(out, p, N) load_x_wide<N>(out, p)
+// N consecutive values of x as floats in 16-byte loads (8-byte where N values fill only 8): one load
+// instruction instead of up to 8; p must be aligned to that width
+template <int N, typename T> __device__ inline void load_x_wide(float* out, const T* p) {
+  constexpr int BYTES = N * int(sizeof(T)), WIDE = BYTES % 16 == 0 ? 16 : 8, PER_LOAD = WIDE / int(sizeof(T));
+  if constexpr (BYTES % 8 != 0) {  // never run: the 4/8-bit loop compiled for other widths
+    LOAD_X_ONE_BY_ONE(out, p, N);
+    return;
+  }
+#pragma unroll
+  for (int v = 0; v < N / PER_LOAD; ++v) {
+    T t[PER_LOAD];
+    if constexpr (WIDE == 16) {
+      const uint4 w = reinterpret_cast<const uint4*>(p)[v];
+      memcpy(t, &w, 16);
+    } else {
+      const uint2 w = reinterpret_cast<const uint2*>(p)[v];
+      memcpy(t, &w, 8);
+    }
+#pragma unroll
+    for (int j = 0; j < PER_LOAD; ++j) out[v * PER_LOAD + j] = float(t[j]);
+  }
+}
 __device__ inline float lane_sum(float v) {  // xor butterfly: fixed order, every lane gets the same bits
   for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 """
 
-METAL_BODY = METAL_PROLOGUE + QMM_SHAPES + QMM_CORE + STORE
-CUDA_BODY = CUDA_PROLOGUE + QMM_SHAPES + QMM_CORE + STORE
-METAL_GATHER_BODY = METAL_PROLOGUE + METAL_ROW + GATHER_SHAPES + QMM_CORE + STORE
-CUDA_GATHER_BODY = CUDA_PROLOGUE + CUDA_ROW + GATHER_SHAPES + QMM_CORE + STORE
+# Metal reads x one value at a time. CUDA runs the loops in two copies: wide loads where x's rows
+# are 16-byte aligned (always, unless x is a view at an odd offset), one by one otherwise. Both read
+# the same values, so they give the same bits; a loop with both kinds of load inside held ~40% more
+# registers (benchmarks/cuda_static.py).
+METAL_QMM_CORE = QMM_SETUP + QMM_LOOPS.replace("LOAD_X", "LOAD_X_ONE_BY_ONE")
+CUDA_QMM_CORE = (QMM_SETUP + "  if (reinterpret_cast<size_t>(x + xo) % 16 == 0) {  // uniform over the launch\n"
+                 + QMM_LOOPS.replace("LOAD_X", "LOAD_X_WIDE") + "  } else {\n"
+                 + QMM_LOOPS.replace("LOAD_X", "LOAD_X_ONE_BY_ONE") + "  }\n")
+METAL_BODY = METAL_PROLOGUE + QMM_SHAPES + METAL_QMM_CORE + STORE
+CUDA_BODY = CUDA_PROLOGUE + QMM_SHAPES + CUDA_QMM_CORE + STORE
+METAL_GATHER_BODY = METAL_PROLOGUE + METAL_ROW + GATHER_SHAPES + METAL_QMM_CORE + STORE
+CUDA_GATHER_BODY = CUDA_PROLOGUE + CUDA_ROW + GATHER_SHAPES + CUDA_QMM_CORE + STORE
 METAL_DENSE_BODY = METAL_PROLOGUE + DENSE_CORE + STORE
 CUDA_DENSE_BODY = CUDA_PROLOGUE + DENSE_CORE + STORE
 

@@ -45,6 +45,7 @@ def _build(code: str) -> Path:
         cpp.write_text(PRELUDE + code)
         cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
                "-Wno-unused-local-typedefs", "-Wno-unused-variable", "-pthread",  # MLX declares every template arg
+               "-fsanitize=alignment", "-fno-sanitize-recover=alignment",  # a GPU faults on misaligned vector loads
                "-include", str(EMULATOR / "gpu_emulator.h"), "-I", str(EMULATOR / "include"), str(cpp), "-o", str(exe)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0, f"generated source does not compile:\n{proc.stderr[-3000:]}"

@@ -58,6 +58,9 @@ int main(int argc, char** argv) {{
   save(out, launch(x.data(), M, {wargs}, N, K));
   for (int r = 0; r < M; ++r) save(out, launch(x.data() + size_t(r) * K, 1, {wargs}, N, K));
   save(out, launch(x.data() + size_t(r0) * K, odd, {wargs}, N, K));
+  std::vector<T> shifted(size_t(M) * K + 1);  // x one element past its alignment: CUDA's one-by-one loads
+  for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
+  save(out, launch(shifted.data() + 1, M, {wargs}, N, K));
 }}
 """
 QMM_W = dict(wparams="const uint32_t* w, const WT* s, const WT* b",
@@ -124,7 +127,11 @@ int main(int argc, char** argv) {{
   auto s = load<WT>(d + "/s", size_t(E) * N * GROUPS); auto b = load<WT>(d + "/b", size_t(E) * N * GROUPS);
   auto idx = load<uint32_t>(d + "/idx", P);
   std::ofstream out(d + "/y", std::ios::binary);
-  for (int rows : {{P, 1}}) {{  // all rows in one launch, then row 0 alone
+  std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: CUDA's one-by-one loads
+  for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
+  for (int rows : {{P, 1, -P}}) {{  // all rows in one launch, row 0 alone, all rows from the shifted copy
+    const T* xp = rows < 0 ? shifted.data() + 1 : x.data();
+    rows = rows < 0 ? -rows : rows;
     std::vector<O> y(size_t(rows) * N);
     emu::run_grid((N + 3) / 4, rows, [&](int lane, int warp, int z) {{ {call} }});
     save(out, y);
@@ -132,12 +139,12 @@ int main(int argc, char** argv) {{
 }}
 """
 METAL_GATHER_CALL = """int xs[2] = {{P, K}}, ws[3] = {{E, N, WORDS}};
-  {name}<T, WT, O, {G}, {BITS}, {MODE}, 1>(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
+  {name}<T, WT, O, {G}, {BITS}, {MODE}, 1>(xp, xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
       uint3{{unsigned(lane), unsigned(warp), unsigned(z)}});"""
 CUDA_GATHER_CALL = """Shape xs{{P, K}}, ws{{E, N, WORDS}};
   threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
   blockIdx = dim3{{0, unsigned(warp / 2), unsigned(z)}}; blockDim = dim3{{32, 2, 1}};
-  mlx::core::cu::{name}(x.data(), xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data());"""
+  mlx::core::cu::{name}(xp, xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data());"""
 
 
 def gather_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
@@ -163,16 +170,20 @@ def exes() -> dict:
 
 
 def split_outputs(raw: bytes, out_dtype, n: int):
-    """(16-row launch, the 16 one-row launches stacked, the 7-row launch) from the harness's output file."""
-    size = len(raw) // (2 * M + ODD[1])
-    whole, rows = raw[: M * size], raw[M * size : 2 * M * size]
-    return (from_np(whole, out_dtype, (M, n)), from_np(rows, out_dtype, (M, n)),
-            from_np(raw[2 * M * size :], out_dtype, (ODD[1], n)))
+    """(16-row launch, the 16 one-row launches stacked, the 7-row launch, the 16-row launch on a copy
+    of x one element past its alignment) from the harness's output file."""
+    size = len(raw) // (3 * M + ODD[1])
+    parts, start = [], 0
+    for rows in (M, M, ODD[1], M):
+        parts.append(from_np(raw[start : start + rows * size], out_dtype, (rows, n)))
+        start += rows * size
+    return tuple(parts)
 
 
-def check_rows(label: str, y, rows, odd) -> None:
+def check_rows(label: str, y, rows, odd, shifted) -> None:
     assert mx.array_equal(y, rows).item(), f"{label}: rows of a {M}-row launch differ from 1-row launches"
     assert mx.array_equal(odd, rows[ODD[0]:]).item(), f"{label}: rows of a {ODD[1]}-row launch differ"
+    assert mx.array_equal(shifted, y).item(), f"{label}: x at an unaligned address gives other bits"
 
 
 def case_id(case) -> str:
@@ -195,10 +206,10 @@ def test_qmm_source_matches_reference_and_is_row_invariant(tmp_path, exes, case)
     x = mx.random.normal((M, K_QMM), key=mx.random.key(1)).astype(x_dtype)
     save(tmp_path, x=x, w=w, s=s, b=b)
     run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
-    y, rows, odd = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, s_dtype), N)
+    y, rows, odd, shifted = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, s_dtype), N)
     ok, ratio = within_tolerance(y, x, w, s, None if mode == "mxfp4" else b, group_size, bits, mode=mode)
     assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
-    check_rows(case_id(case), y, rows, odd)
+    check_rows(case_id(case), y, rows, odd, shifted)
 
 
 @pytest.mark.parametrize("case", GATHER_CASES, ids=[case_id(c) for c in GATHER_CASES])
@@ -214,14 +225,16 @@ def test_gather_qmm_rows_have_the_bits_of_one_row_qmm_on_their_expert(tmp_path, 
     run(exes[("gather",) + case], tmp_path, p, N, K_QMM, EXPERTS)
     out = output_dtype(x_dtype, s_dtype)
     raw = (tmp_path / "y").read_bytes()
-    y = from_np(raw[: len(raw) * p // (p + 1)], out, (p, N))
-    assert mx.array_equal(from_np(raw[len(raw) * p // (p + 1) :], out, (1, N)), y[:1]).item(), "row 0 alone differs"
+    size = len(raw) // (2 * p + 1)  # all rows, row 0 alone, all rows from x one element past its alignment
+    y = from_np(raw[: p * size], out, (p, N))
+    assert mx.array_equal(from_np(raw[p * size : (p + 1) * size], out, (1, N)), y[:1]).item(), "row 0 alone differs"
+    assert mx.array_equal(from_np(raw[(p + 1) * size :], out, (p, N)), y).item(), "unaligned x gives other bits"
     for e, (we, se, be) in enumerate(experts):  # the plain qmm kernel, one row at a time, on expert e
         rows = [r for r, i in enumerate(INDICES) if i == e]
         xe = mx.concatenate([x[r : r + 1] for r in rows] + [x[:1]] * (M - len(rows)))  # padded to the harness's M
         save(tmp_path, x=xe, w=we, s=se, b=be)
         run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
-        _, one_row, _ = split_outputs((tmp_path / "y").read_bytes(), out, N)
+        one_row = split_outputs((tmp_path / "y").read_bytes(), out, N)[1]
         for j, r in enumerate(rows):
             assert mx.array_equal(y[r], one_row[j]).item(), f"row {r} (expert {e}) differs from qmm's one row"
         ok, ratio = within_tolerance(y[mx.array(rows)], x[mx.array(rows)], we, se, None if mode == "mxfp4" else be,
@@ -236,10 +249,10 @@ def test_dense_source_matches_reference_and_is_row_invariant(tmp_path, exes, cas
     x = mx.random.normal((M, K_DENSE), key=mx.random.key(3)).astype(x_dtype)
     save(tmp_path, x=x, w=w)
     run(exes[("dense",) + case], tmp_path, M, N, K_DENSE)
-    y, rows, odd = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, w_dtype), N)
+    y, rows, odd, shifted = split_outputs((tmp_path / "y").read_bytes(), output_dtype(x_dtype, w_dtype), N)
     ok, ratio = dense_within_tolerance(y, x, w)
     assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
-    check_rows(case_id(case), y, rows, odd)
+    check_rows(case_id(case), y, rows, odd, shifted)
 
 
 def test_sources_name_only_builtins_their_backend_has():

@@ -134,7 +134,8 @@ struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
 };
 }  // namespace emu
 
-struct uint4 { uint32_t x, y, z, w; };  // Metal's and CUDA's 16-byte vector (the qmm kernel's loads)
+struct alignas(16) uint4 { uint32_t x, y, z, w; };  // Metal's and CUDA's 16-byte vector (the qmm kernel's loads)
+struct alignas(8) uint2 { uint32_t x, y; };  // CUDA's 8-byte vector (the qmm kernel's x loads)
 
 // ---- Metal
 #define device

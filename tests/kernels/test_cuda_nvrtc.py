@@ -1,0 +1,61 @@
+"""The CUDA programs mlxspec generates compile with NVRTC, the compiler MLX's `mx.fast.cuda_kernel`
+runs on the device, for an H100 (sm_90), without spills: checked here without a GPU.
+
+The emulator tests (test_gpu_sources.py) compile the same programs with g++ and check their arithmetic.
+This checks what g++ cannot: CUDA's own headers and types, and the compiler's register allocation.
+One program per family and code path runs here (~10 s); `python benchmarks/cuda_static.py` compiles
+every layout and row capacity and reports registers and the loops' instruction mix.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cuda_static.py"
+spec = importlib.util.spec_from_file_location("cuda_static", SCRIPT)
+cuda_static = importlib.util.module_from_spec(spec)
+sys.modules["cuda_static"] = cuda_static  # dataclasses look their module up
+spec.loader.exec_module(cuda_static)
+
+ROOT = cuda_static.nvidia_root()
+pytestmark = pytest.mark.skipif(ROOT is None, reason="NVRTC not installed (nvidia-cuda-nvrtc: [dev] extra, Linux x86_64)")
+
+PROGRAMS = [  # every family; qmm's three code paths (4/8 bits, the 2/3/5/6-bit stream, mxfp4)
+    "qmm float16 q4 g64 affine", "qmm float32 q5 g32 affine", "qmm bfloat16 q4 g32 mxfp4",
+    "gather float16 q4 g64 affine", "gather bfloat16 q4 g32 mxfp4", "dense bfloat16",
+    "sdpa q float16 kv float16", "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",
+]
+ONE_ROW_REGISTERS = 96  # a decoding step's kernel keeps >= 21 of an H100 SM's 64 warps resident
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    nvrtc = cuda_static.Nvrtc(ROOT, cuda_static.stand_in_headers())
+    return cuda_static.compile_all(nvrtc, ["sm_90"], rows=(1, 16), labels=PROGRAMS)
+
+
+def test_every_family_compiles_for_sm90(compiled):
+    assert sorted(r.label for r in compiled) == sorted(PROGRAMS)
+    errors = {r.label: r.error for r in compiled if r.error}
+    assert not errors, errors
+
+
+def test_no_kernel_spills_registers(compiled):
+    kernels = {name: k for r in compiled for name, k in r.kernels.items()}
+    assert len(kernels) >= 2 * 3 + 2 + 2 + 4 + 2  # qmm 1 and 16 rows x3, gathers, dense 1 and 16, sdpa x2 (two each), accept
+    spills = {name: k["spill_bytes"] for name, k in kernels.items() if k["spill_bytes"]}
+    assert not spills, spills
+
+
+def test_one_row_matmuls_keep_occupancy(compiled):
+    """Plain decoding's launches (qmm and dense at row capacity 1, every MoE gather row) must not hold
+    the registers of a 16-row launch (what made the first CUDA qmm slow)."""
+    one_row = {name: k["registers"] for r in compiled for name, k in r.kernels.items()
+               if r.label.split()[0] in ("qmm", "gather", "dense") and name.endswith("_1")}
+    assert len(one_row) == 6, one_row
+    heavy = {name: regs for name, regs in one_row.items() if regs > ONE_ROW_REGISTERS}
+    assert not heavy, heavy
