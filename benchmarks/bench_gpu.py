@@ -7,7 +7,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
 
 - ops: each verify-path op, MLX's and ours, at M = 1, 8, 16 rows: median microseconds, and the
   largest |row i of an M-row call - the same row alone| (0 = row-invariant, what exactness needs).
-  qmm on the issue's shapes (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them; MoE
+  qmm on the issue's shapes (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
+  both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows after 256 cached tokens, MLX's ops vs the installed kernels, interleaved; and whether M-row
@@ -85,6 +86,18 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
         if ours is not None:
             fns["ours"] = lambda x: ours(x, w, s, b, group, bits, **extra)
         entry = {"N": n, "K": k, "bits": bits, "mode": mode, "kernel": how}
+        if device_backend_name() == "cuda" and mode == "affine":  # both CUDA qmm kernels, whichever serves layers
+            for family in ("qmm", "qmm-mma"):
+                rec = kernel(family)
+                if rec.fn is not None:
+                    fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
+                    entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
+            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 1 and 4 tiles a warp too (same bits)
+                from mlxspec.kernels.gpu import cuda_mma_qmm_function
+
+                for tiles in (1, 4):
+                    f = cuda_mma_qmm_function(kernel("qmm").fn, tiles)
+                    fns[f"qmm-mma-t{tiles}"] = lambda x, f=f: f(x, w, s, b, group, bits)
         for m in ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
             entry[f"M={m}"] = {f"{name}_us": round(time_call(lambda: f(x), repeats=15), 1) for name, f in fns.items()}

@@ -36,7 +36,7 @@ from pathlib import Path
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from mlxspec.kernels import accept_source, gpu_attention_source, gpu_source  # noqa: E402
+from mlxspec.kernels import accept_source, gpu_attention_source, gpu_mma_source, gpu_source  # noqa: E402
 from mlxspec.kernels.reference import output_dtype  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "mlxspec" / "cuda-static"
@@ -198,6 +198,9 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
         tag = f"{str(x).split('.')[-1]} q{bits} g{g} {mode}"
         _, out[f"qmm {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, rows=rows)
         _, out[f"gather {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, gather=True)
+    for x, g, bits in ((f16, 64, 4), (bf16, 128, 4), (f16, 32, 8)):  # the tensor-core qmm, 1 to 4 tiles a warp
+        tag = f"{str(x).split('.')[-1]} q{bits} g{g}"
+        _, out[f"qmm-mma {tag}"] = gpu_mma_source.cuda_source(x, x, x, g, bits, tiles=(1, 2, 4))
     for w in (f16, bf16, f32):
         _, out[f"dense {str(w).split('.')[-1]}"] = gpu_source.cuda_dense_source(w, w, w, rows=rows)
     for q, kv, sinks in ((f16, f16, False), (bf16, bf16, True), (f32, f32, False), (f32, f16, True)):

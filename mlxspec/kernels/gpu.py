@@ -5,6 +5,7 @@
     y = qmm(x, w, scales, None, 32, 4, mode="mxfp4")    # gpt-oss's layers
     gather = metal_gather_qmm_function()   # or cuda_...: MoE experts, w (E, N, .), indices (P,)
     y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
+    qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 4/8-bit affine
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
@@ -25,6 +26,7 @@ from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUD
                          GATHER_INPUTS, GATHER_NAME, INPUTS, MAX_ROWS, METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY,
                          METAL_HEADER, MODES, NAME, OUTPUTS, THREADGROUP, dense_template_args, row_capacity,
                          template_args)
+from . import gpu_mma_source as mma
 from .reference import output_dtype
 
 
@@ -80,15 +82,38 @@ def cuda_dense_function() -> Callable[..., mx.array]:
     return _dense_function(kernel)
 
 
-def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out_type) -> mx.array:
-    """Flatten x's leading dims, launch per chunk of MAX_ROWS rows, restore the shape."""
+def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES) -> Callable[..., mx.array]:
+    """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 4- or 8-bit affine layers. Other
+    calls (float32 x) go to `fallback` (the FMA kernel), so a layer's dtype always meets one kernel.
+    `tiles` (8-column tiles per warp) trades parallelism for x's reuse; it does not change the bits."""
+    require_cuda()
+    kernel = mx.fast.cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
+                                 header=mma.HEADER)
+
+    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+            mode: str = "affine") -> mx.array:
+        if not mma.supports(x.dtype, group_size, bits, mode) or x.shape[-1] % group_size:
+            if fallback is None:
+                raise ValueError(f"tensor-core qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")
+            return fallback(x, w, scales, biases, group_size, bits, **({} if mode == "affine" else {"mode": mode}))
+        out_type = output_dtype(x.dtype, scales.dtype)
+        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles)
+        return _rows(kernel, x, [w, scales, biases], w.shape[0], targs, out_type, cols=8 * tiles)
+
+    qmm.tensor_cores = True
+    return qmm
+
+
+def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out_type, cols: int = COLS) -> mx.array:
+    """Flatten x's leading dims, launch per chunk of MAX_ROWS rows (each `cols` output columns per
+    warp), restore the shape."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     parts = []
     for r in range(0, rows.shape[0], MAX_ROWS):
         chunk = rows[r : r + MAX_ROWS]
         capacity = [(name, row_capacity(chunk.shape[0])) if name == "ROWS" else (name, v) for name, v in targs]
-        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + COLS - 1) // COLS, 1),
+        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + cols - 1) // cols, 1),
                         threadgroup=THREADGROUP, output_shapes=[(chunk.shape[0], n)], output_dtypes=[out_type])
     y = parts[0] if len(parts) == 1 else mx.concatenate(parts) if parts else mx.zeros((0, n), out_type)
     return y.reshape(*lead, n)

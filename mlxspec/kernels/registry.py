@@ -159,6 +159,18 @@ def _load_qmm_q8(backend: str):
 register("qmm-q8", _load_qmm_q8)
 
 
+def _load_qmm_mma(backend: str):
+    """The tensor-core qmm (CUDA): float32 x goes to the FMA kernel of the "qmm" family."""
+    if backend != "cuda":
+        raise KernelUnavailable(f"the tensor-core qmm is a CUDA kernel ({backend} keeps the FMA one)")
+    from . import gpu
+
+    return gpu.cuda_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.cuda_kernel, mma.sync m16n8k16"
+
+
+register("qmm-mma", _load_qmm_mma)
+
+
 def _load_gather_qmm(backend: str):
     """MoE experts on a GPU (the CPU gathers through its qmm tiles, checked with them: layers.py)."""
     if backend == "cpu":
@@ -180,8 +192,29 @@ def kernel_for_layer(
     activations='q8': the int8-activation kernel (CPU), checked against its own definition.
     mode='mxfp4': gpt-oss's layout (the GPU kernels take it; the CPU one does not)."""
     rec = kernel("qmm-q8" if activations == "q8" else "qmm", device_backend_name(device))
-    return _checked(rec, (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode),
-                    lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
+    signature = (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode)
+    fma, why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
+    if rec.backend != "cuda" or activations != "f32":
+        return fma, why
+    return _tensor_cores_or(fma, why, signature, n, k, group_size, bits, scale_dtype, mode)
+
+
+def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size: int, bits: int,
+                     scale_dtype: mx.Dtype, mode: str):
+    """On CUDA, the tensor-core qmm instead of the FMA one where it handles the layer, passed its
+    self-check and timed faster here (timing.prefer_tensor_cores). Both are row-invariant; the choice
+    is made once per layer shape, so a layer's one-row steps and verify rows always meet one kernel."""
+    from .gpu_mma_source import supports
+
+    if not supports(scale_dtype, group_size, bits, mode):
+        return fma, why
+    rec = kernel("qmm-mma", "cuda")
+    mma, mma_why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype))
+    if mma is None or fma is None:
+        return (fma, why) if mma is None else (mma, mma_why)
+    from .timing import prefer_tensor_cores
+
+    return (mma, mma_why) if prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype) else (fma, why)
 
 
 def gather_for_layer(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,

@@ -132,3 +132,31 @@ def time_qmm(n: int, k: int, group_size: int, bits: int, scale_dtype, rows: tupl
             entry = record_timing(rec, signature, ours, theirs)
         out[m] = entry
     return out
+
+
+TENSOR_CORE_ROWS = (1, 8)  # a decoding step and a typical verify pass (k = 7)
+TENSOR_CORE_STEP_BUDGET = 1.05  # the tensor-core qmm may cost a decoding step this much for a faster verify
+
+
+def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, scale_dtype) -> bool:
+    """Time the FMA and the tensor-core qmm on this layer shape at 1 and 8 rows (cached on disk per
+    device and MLX version, shown by doctor). The tensor cores win when they verify 8 rows faster
+    and cost one row at most TENSOR_CORE_STEP_BUDGET times the FMA kernel's."""
+    from .reference import random_quantized
+    from .registry import kernel
+
+    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=mx.random.key(n + k))
+    times = {}
+    for family, fn in (("qmm", fma), ("qmm-mma", mma)):
+        rec = kernel(family)
+        for m in TENSOR_CORE_ROWS:
+            signature = f"{n}x{k} q{bits} g{group_size} {str(scale_dtype).split('.')[-1]} M={m}"
+            entry = cached_timing(rec, signature)
+            if entry is None:
+                x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
+                theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits))
+                entry = record_timing(rec, signature, time_call(lambda: fn(x, w, s, b, group_size, bits)), theirs)
+            times[family, m] = entry["kernel_us"]
+    one, many = TENSOR_CORE_ROWS
+    return (times["qmm-mma", many] < times["qmm", many]
+            and times["qmm-mma", one] <= TENSOR_CORE_STEP_BUDGET * times["qmm", one])

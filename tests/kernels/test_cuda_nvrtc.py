@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(ROOT is None, reason="NVRTC not installed (nvidi
 
 PROGRAMS = [  # every family; qmm's three code paths (4/8 bits, the 2/3/5/6-bit stream, mxfp4)
     "qmm float16 q4 g64 affine", "qmm float32 q5 g32 affine", "qmm bfloat16 q4 g32 mxfp4",
+    "qmm-mma float16 q4 g64", "qmm-mma bfloat16 q4 g128",  # tensor cores: mma.sync's inline PTX, f16 and bf16
     "gather float16 q4 g64 affine", "gather bfloat16 q4 g32 mxfp4", "dense bfloat16",
     "sdpa q float16 kv float16", "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",
 ]
@@ -46,7 +47,7 @@ def test_every_family_compiles_for_sm90(compiled):
 
 def test_no_kernel_spills_registers(compiled):
     kernels = {name: k for r in compiled for name, k in r.kernels.items()}
-    assert len(kernels) >= 2 * 3 + 2 + 2 + 4 + 2  # qmm 1 and 16 rows x3, gathers, dense 1 and 16, sdpa x2 (two each), accept
+    assert len(kernels) >= 2 * 3 + 2 * 3 + 2 + 2 + 4 + 2  # qmm 1 and 16 rows x3, mma 1/2/4 tiles x2, gathers, dense, sdpa, accept
     spills = {name: k["spill_bytes"] for name, k in kernels.items() if k["spill_bytes"]}
     assert not spills, spills
 
@@ -59,3 +60,15 @@ def test_one_row_matmuls_keep_occupancy(compiled):
     assert len(one_row) == 6, one_row
     heavy = {name: regs for name, regs in one_row.items() if regs > ONE_ROW_REGISTERS}
     assert not heavy, heavy
+
+
+def test_tensor_core_qmm_issues_mma_instructions(compiled):
+    """The inline PTX reaches the hardware's HMMA (sm_90), not an emulation; checked in the cubin."""
+    if cuda_static.nvidia_root() is None or not (cuda_static.nvidia_root() / "bin" / "cuobjdump").exists():
+        pytest.skip("cuobjdump / nvdisasm not installed (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
+    mma = [r for r in compiled if r.label.startswith("qmm-mma")]
+    assert len(mma) == 2
+    cuda_static.add_sass(mma, ROOT / "bin")
+    for r in mma:
+        for name, loops in r.sass.items():
+            assert sum(lp["mix"].get("HMMA", 0) for lp in loops) > 0, (name, loops)

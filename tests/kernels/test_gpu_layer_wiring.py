@@ -121,3 +121,68 @@ def test_the_cpu_kernels_take_mxfp4_layers_with_int8_activations_only(cpu_ext):
     got = model(tokens)
     assert got.dtype == want.dtype == mx.bfloat16
     assert (mx.abs(got - want).max() / mx.abs(want).max()).item() < 0.1  # int8 rounding of x, bfloat16 sums
+
+
+def tagged_qmm(calls: list, tag: str):
+    """A row-invariant stand-in that records (tag, rows) per call."""
+    inner = per_row_qmm([])
+
+    def qmm(x, w, scales, biases, group_size, bits, mode="affine"):
+        calls.append((tag, x.reshape(-1, x.shape[-1]).shape[0]))
+        return inner(x, w, scales, biases, group_size, bits, mode)
+
+    return qmm
+
+
+@pytest.mark.parametrize("mma_us, want", [
+    ({1: 10.0, 8: 12.0}, "mma"),  # one row as fast, 8 rows faster: tensor cores
+    ({1: 10.4, 8: 12.0}, "mma"),  # one row within the 5% budget
+    ({1: 12.0, 8: 12.0}, "fma"),  # faster verify, but plain decoding would pay 20%
+    ({1: 9.0, 8: 31.0}, "fma"),  # slower verify
+])
+def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch, tmp_path, mma_us, want):
+    """kernel_for_layer on CUDA: the FMA and tensor-core qmm both pass their self-checks; the faster
+    (timing.prefer_tensor_cores) serves the layer; timings are cached, so the choice is made once."""
+    from mlxspec.kernels import timing
+
+    calls = []
+    loaders = dict(registry._loaders)
+    loaders["qmm"] = lambda backend: (tagged_qmm(calls, "fma"), "stand-in")
+    loaders["qmm-mma"] = lambda backend: (tagged_qmm(calls, "mma"), "stand-in mma")
+    monkeypatch.setattr(registry, "_loaders", loaders)
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
+    us = {"fma": {1: 10.0, 8: 30.0}, "mma": mma_us}
+
+    def fake_time(fn, **kw):
+        before = len(calls)
+        fn()
+        if len(calls) == before:
+            return 50.0  # MLX's op
+        tag, rows = calls[-1]
+        return us[tag][rows]
+
+    monkeypatch.setattr(timing, "time_call", fake_time)
+    registry.reset()
+    fn, why = registry.kernel_for_layer(64, 128, 64, 4, mx.float16)
+    assert fn is not None and (why.endswith("(stand-in mma)") if want == "mma" else why.endswith("(stand-in)")), why
+    calls.clear()
+    x = mx.ones((3, 128), mx.float16)
+    w, s, b = mx.quantize(mx.ones((64, 128), mx.float16), group_size=64, bits=4)
+    fn(x, w, s, b, 64, 4)
+    assert calls == [(want, 3)]
+    status = {st["kernel"]: st for st in registry.status()}
+    assert "64x128 q4 g64 float16 M=8" in status["cuda-qmm-mma"]["timings"]
+    registry.reset()  # a new process: the choice comes from the timings on disk, not a new timing
+    monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
+    assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
+    registry.reset()
+
+
+def test_tensor_cores_are_not_tried_where_they_cannot_run(pretend_cuda):
+    """float32 scales (GGUF models' float32 activations), 3 bits, mxfp4: the FMA kernel, no timing."""
+    for args in ((64, 128, 64, 4, mx.float32), (64, 128, 64, 3, mx.float16)):
+        fn, why = registry.kernel_for_layer(*args)
+        assert why.endswith("(stand-in)"), why
+    assert registry.kernel_for_layer(64, 128, 32, 4, mx.float16, mode="mxfp4")[1].endswith("(stand-in)")
+    assert "cuda-qmm-mma" not in {s["kernel"] for s in registry.status()}

@@ -181,6 +181,7 @@ inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1
 }
 
 // ---- CUDA
+#define MLXSPEC_EMULATOR  // sources swap inline PTX for the stand-ins below
 #define __global__
 #define __device__
 #define __grid_constant__
@@ -193,4 +194,47 @@ inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v
 inline float __shfl_sync(unsigned, float v, int src) { return emu::exchange(v, src); }
 inline float __shfl_up_sync(unsigned, float v, int delta) {  // lanes below delta keep their own value
   return emu::exchange(v, emu::lane >= delta ? emu::lane - delta : emu::lane);
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: the PTX ISA's fragment layout (lane = 4 g + t):
+// A a0 (row g, k 2t, 2t+1), a1 (row g+8, same k), a2 (row g, k 2t+8, 2t+9), a3 (row g+8, those k);
+// B b0 (k 2t, 2t+1; column g), b1 (k 2t+8, 2t+9; column g); C/D (row g | g+8, column 2t | 2t+1).
+// Each output is C + the 16 products added in k order (the hardware's order differs; each output
+// depends only on its own row of A and column of B, as on the hardware).
+namespace emu {
+template <typename H> float half_at(uint32_t pair, int i) {
+  H h[2];
+  std::memcpy(h, &pair, 4);
+  return float(h[i]);
+}
+template <typename H> void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
+  int packed[6];
+  std::memcpy(packed, a, 16);
+  std::memcpy(packed + 4, b, 8);
+  std::array<std::array<int, kLanes>, 6> all;
+  for (int r = 0; r < 6; ++r) all[r] = gather(packed[r]);
+  float A[16][16], B[16][8];
+  for (int l = 0; l < kLanes; ++l) {
+    const int g = l / 4, t = l % 4;
+    for (int i = 0; i < 2; ++i) {
+      A[g][2 * t + i] = half_at<H>(uint32_t(all[0][l]), i);
+      A[g + 8][2 * t + i] = half_at<H>(uint32_t(all[1][l]), i);
+      A[g][2 * t + 8 + i] = half_at<H>(uint32_t(all[2][l]), i);
+      A[g + 8][2 * t + 8 + i] = half_at<H>(uint32_t(all[3][l]), i);
+      B[2 * t + i][g] = half_at<H>(uint32_t(all[4][l]), i);
+      B[2 * t + 8 + i][g] = half_at<H>(uint32_t(all[5][l]), i);
+    }
+  }
+  const int g = lane / 4, t = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum = std::fma(A[row][k], B[k][col], sum);
+    d[i] += sum;
+  }
+}
+}  // namespace emu
+inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) { emu::mma_16816<__half>(d, a, b); }
+inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __nv_bfloat16) {
+  emu::mma_16816<__nv_bfloat16>(d, a, b);
 }

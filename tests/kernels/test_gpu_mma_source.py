@@ -1,0 +1,110 @@
+"""The tensor-core qmm (gpu_mma_source.py), checked as far as a Linux CPU allows.
+
+The full CUDA program is compiled with g++ under the emulator, whose mma follows the PTX ISA's
+fragment layout with its own summation order. It must come within the reference tolerance, and each
+row must be bit-identical across a 16-row, a 7-row and a 1-row launch, across 1, 2 and 4 tiles per
+warp, and with x at an unaligned address. tests/kernels/test_cuda_nvrtc.py compiles the real mma
+instruction with NVRTC; the registry's self-check repeats all this on the device.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
+from mlxspec.kernels import gpu_mma_source as src
+from mlxspec.kernels.reference import output_dtype, within_tolerance
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+CASES = [  # (x dtype, scales dtype, group size, bits)
+    (mx.float16, mx.float16, 64, 4),
+    (mx.bfloat16, mx.bfloat16, 32, 8),
+    (mx.float16, mx.float32, 128, 4),
+]
+TILES = (1, 2, 4)
+M, ODD = 16, (9, 7)  # a 16-row launch, each row alone, rows [9, 16) as one 7-row launch
+N, K = 19, 384  # N: a partial 8-column tile; K: 3 groups of 128, 12 of 32
+
+HARNESS = """
+{source}
+using T = {T}; using WT = {W}; using O = {O};
+std::vector<O> launch(int tiles, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
+  std::vector<O> y(size_t(M) * N);
+  Shape xs{{M, K}}, ws{{N, K * {BITS} / 32}};
+  emu::run_grid((N + 8 * tiles - 1) / (8 * tiles), 1, [&](int lane, int warp, int) {{
+    threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
+    blockIdx = dim3{{0, unsigned(warp / 2), 0}}; blockDim = dim3{{32, 2, 1}};
+    switch (tiles) {{
+{cases}
+    }}
+  }});
+  return y;
+}}
+int main(int argc, char** argv) {{
+  const std::string d = argv[1];
+  const int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]);
+  auto x = load<T>(d + "/x", size_t(M) * K);
+  auto w = load<uint32_t>(d + "/w", size_t(N) * K * {BITS} / 32);
+  auto s = load<WT>(d + "/s", size_t(N) * K / {G}); auto b = load<WT>(d + "/b", size_t(N) * K / {G});
+  std::ofstream out(d + "/y", std::ios::binary);
+  for (int tiles : {{1, 2, 4}}) save(out, launch(tiles, x.data(), M, w.data(), s.data(), b.data(), N, K));
+  for (int r = 0; r < M; ++r) save(out, launch(2, x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K));
+  save(out, launch(2, x.data() + size_t({r0}) * K, {odd}, w.data(), s.data(), b.data(), N, K));
+  std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: one-by-one loads
+  for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
+  save(out, launch(2, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));
+}}
+"""
+CASE = "      case {tiles}: mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data()); break;"
+
+
+def code(x_dtype, s_dtype, group_size: int, bits: int) -> str:
+    out = output_dtype(x_dtype, s_dtype)
+    names, source = src.cuda_source(x_dtype, s_dtype, out, group_size, bits, tiles=TILES)
+    cases = "\n".join(CASE.format(tiles=t, name=n) for t, n in zip(TILES, names))
+    return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[out], cases=cases,
+                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1])
+
+
+def case_id(case) -> str:
+    return "-".join(str(v) for v in case).replace("mlx.core.", "")
+
+
+@pytest.fixture(scope="module")
+def exes() -> dict:
+    return dict(zip(CASES, build_all([code(*c) for c in CASES])))
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
+    x_dtype, s_dtype, group_size, bits = case
+    w, s, b = mx.quantize(mx.random.normal((N, K), key=mx.random.key(0)).astype(s_dtype), group_size=group_size,
+                          bits=bits)
+    x = mx.random.normal((M, K), key=mx.random.key(1)).astype(x_dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b)
+    run(exes[case], tmp_path, M, N, K)
+    out = output_dtype(x_dtype, s_dtype)
+    raw = (tmp_path / "y").read_bytes()
+    size = len(raw) // (len(TILES) * M + M + ODD[1] + M)  # bytes per output row
+    parts, start = [], 0
+    for rows in [M] * len(TILES) + [M, ODD[1], M]:
+        parts.append(from_np(raw[start : start + rows * size], out, (rows, N)))
+        start += rows * size
+    by_tiles, (one_row, odd, shifted) = parts[: len(TILES)], parts[len(TILES) :]
+    y = by_tiles[1]  # 2 tiles: what the other launches use
+    ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+    assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
+    for tiles, other in zip(TILES, by_tiles):
+        assert mx.array_equal(other, y).item(), f"{tiles} tiles per warp give other bits"
+    assert mx.array_equal(one_row, y).item(), "rows of a 16-row launch differ from 1-row launches"
+    assert mx.array_equal(odd, y[ODD[0] :]).item(), "rows of a 7-row launch differ"
+    assert mx.array_equal(shifted, y).item(), "x at an unaligned address gives other bits"
+    assert not mx.array_equal(y[0], y[1]).item()  # the rows are really different rows
+
+
+def test_supports_only_what_the_source_handles():
+    assert src.supports(mx.float16, 64, 4) and src.supports(mx.bfloat16, 128, 8)
+    assert not src.supports(mx.float32, 64, 4)  # float32 x: the FMA kernel (an mma would round x)
+    assert not src.supports(mx.float16, 64, 3) and not src.supports(mx.float16, 64, 4, "mxfp4")
