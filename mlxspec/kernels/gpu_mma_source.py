@@ -85,13 +85,20 @@ LOOP = """
       mma_16816(xs, a, ones, T());
 #pragma unroll
       for (int j = 0; j < TILES; ++j) {
-        float q[4];
+        uint32_t b[2];  // the 4 codes as pairs (q0, q1), (q2, q3)
+        if constexpr (BITS == 4) {  // a code ORed into M's mantissa reads M + q: no int-to-float conversions
+          const uint32_t v = (qw[j][s / 2] >> (16 * (s % 2))) & 0xFFFFu, v2 = v | (v << 12);
+          b[0] = pair_minus_magic((v2 & 0x000F000Fu) | magic16(T()) * 0x10001u, T());  // (M + q) - M: exact
+          b[1] = pair_minus_magic(((v2 >> 8) & 0x000F000Fu) | magic16(T()) * 0x10001u, T());
+        } else {  // 8 bits: converted (the byte shuffles the trick needs cost as much; cuda_static.py)
+          float q[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c) {
-          const int bit = (4 * s + c) * BITS;
-          q[c] = float((qw[j][bit / 32] >> (bit % 32)) & MASK);
+          for (int c = 0; c < 4; ++c) {
+            const int bit = (4 * s + c) * BITS;
+            q[c] = float((qw[j][bit / 32] >> (bit % 32)) & MASK);
+          }
+          b[0] = pack2<T>(q[0], q[1]), b[1] = pack2<T>(q[2], q[3]);
         }
-        const uint32_t b[2] = {pack2<T>(q[0], q[1]), pack2<T>(q[2], q[3])};
         mma_16816(d[j], a, b, T());
       }
     }
@@ -168,6 +175,36 @@ template <int NW> __device__ inline void load_words(uint32_t* out, const uint32_
     for (int i = 0; i < NW; ++i) out[i] = p[i];
   }
 }
+// M, the 16-bit number whose last mantissa bits hold a 4-bit code exactly: 1024 (float16), 128 (bfloat16)
+constexpr __device__ uint32_t magic16(__half) { return 0x6400u; }
+constexpr __device__ uint32_t magic16(__nv_bfloat16) { return 0x4300u; }
+#ifndef MLXSPEC_EMULATOR
+__device__ inline uint32_t pair_minus_magic(uint32_t u, __half) {  // both halves minus 1024
+  __half2 h;
+  memcpy(&h, &u, 4);
+  h = __hsub2(h, __half2half2(__ushort_as_half(0x6400)));
+  memcpy(&u, &h, 4);
+  return u;
+}
+__device__ inline uint32_t pair_minus_magic(uint32_t u, __nv_bfloat16) {  // both halves minus 128
+  __nv_bfloat162 h;
+  memcpy(&h, &u, 4);
+  h = __hsub2(h, __bfloat162bfloat162(__ushort_as_bfloat16(0x4300)));
+  memcpy(&u, &h, 4);
+  return u;
+}
+#else
+template <typename T> inline uint32_t pair_minus_magic(uint32_t u, T) {  // the emulator: through float, exact
+  T h[2];
+  memcpy(h, &u, 4);
+  uint16_t m = uint16_t(magic16(T()));
+  T magic;
+  memcpy(&magic, &m, 2);
+  for (T& v : h) v = T(float(v) - float(magic));
+  memcpy(&u, h, 4);
+  return u;
+}
+#endif
 #ifndef MLXSPEC_EMULATOR
 // d += A (16 x 16, 4 registers a lane) * B (16 x 8, 2 registers), float32 accumulators (4 a lane)
 __device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) {

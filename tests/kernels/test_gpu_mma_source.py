@@ -21,6 +21,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 CASES = [  # (x dtype, scales dtype, group size, bits)
     (mx.float16, mx.float16, 64, 4),
     (mx.bfloat16, mx.bfloat16, 32, 8),
+    (mx.bfloat16, mx.bfloat16, 64, 4),  # 4 bits: codes become bfloat16 through 128 + q
     (mx.float16, mx.float32, 128, 4),
 ]
 TILES = (1, 2, 4)
