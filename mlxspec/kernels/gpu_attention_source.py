@@ -1,7 +1,7 @@
 """Row-invariant few-row attention for the GPU (flash-decoding), one source for Metal and CUDA.
 
     q (1, H, M, D) in T, k (1, HKV, L, D), v (1, HKV, L, DV) in T or (T float32) float16, H % HKV == 0,
-    DV <= 256; any strides
+    D, DV <= 256; any strides
     (read through q/k/v_strides: a KV cache view is read in place)
     causal: row m sees keys [0, L - M + m + 1); else all L. window W > 0 (causal only): row m sees the
     last W of those, [start, rows) with start = max(0, rows - W): a sliding-window layer.
@@ -11,8 +11,9 @@
 Two kernels:
   partial: grid (32, H*M, NCH), threadgroup (32, 1, 1), NCH = ceil(min(L, W or L) / CHUNK). Warp (hm, c)
     covers keys [start + c*CHUNK, start + (c+1)*CHUNK) clipped to the row's keys, 32 keys per step:
-    lane j scores key base + j (a sequential float32 dot over D), then an online-softmax step (lane_max,
-    lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order (lane owns dims lane + 32*i).
+    each key's score is a dot split over the lanes (lane owns dims lane + 32*i: one coalesced read of
+    the key, the query held in registers) then lane_sum, kept by lane j for key base + j; then an
+    online-softmax step (lane_max, lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order.
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
   combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
     with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
@@ -34,7 +35,7 @@ COMBINE_NAME = "mlxspec_sdpa_combine"
 PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "pacc"]
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial warp
-MAX_VALUE_DIM = 256  # 8 value dims per lane
+MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
 THREADGROUP = (32, 1, 1)
 
 PARTIAL_CORE = """
@@ -52,30 +53,42 @@ PARTIAL_CORE = """
 #pragma unroll
   for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
   float run_max = -3.0e38f, run_sum = 0.0f;
+  const int64_t qr = h * q_strides[1] + m * q_strides[2];
+  float qd[8];  // the query's dims lane + 32 * i, read once
+  int64_t kd[8], vd[8];  // those dims' offsets in a key and in a value row (the strides are runtime values)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    qd[i] = lane + 32 * i < D ? float(q[qr + (lane + 32 * i) * q_strides[3]]) : 0.0f;
+    kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
+  }
+  const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
   const int first = start + c * CHUNK;
   for (int base = first; base < first + CHUNK && base < rows; base += 32) {  // uniform over the warp
     const int t = base + lane;
-    float s = -3.0e38f;
-    if (t < rows) {
-      const int64_t qr = h * q_strides[1] + m * q_strides[2], kr = hk * k_strides[1] + t * k_strides[2];
-      float dot = 0.0f;
-      for (int d = 0; d < D; ++d) dot = FMA(float(q[qr + d * q_strides[3]]), float(k[kr + d * k_strides[3]]), dot);
-      s = dot * sc;
+    const int count = rows - base < 32 ? rows - base : 32;
+    float s = -3.0e38f;  // lane j: key base + j's score
+    for (int j = 0; j < count; ++j) {  // the lanes split key j's dims (one coalesced read), then one fixed-order sum
+      const int64_t kr = k_head + (base + j) * k_strides[2];
+      float part = 0.0f;
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (lane + 32 * i < D) part = FMA(qd[i], float(k[kr + kd[i]]), part);
+      const float dot = lane_sum(part);  // the same bits in every lane
+      if (lane == j) s = dot * sc;
     }
     const float new_max = MAXF(run_max, lane_max(s));
     const float corr = EXP(run_max - new_max);  // 0 on the first step
     const float p = t < rows ? EXP(s - new_max) : 0.0f;
     run_sum = FMA(run_sum, corr, lane_sum(p));
     run_max = new_max;
-    const int count = rows - base < 32 ? rows - base : 32;
 #pragma unroll
     for (int i = 0; i < 8; ++i) acc[i] *= corr;
     for (int j = 0; j < count; ++j) {
       const float pj = lane_shuffle(p, j);
-      const int64_t vr = hk * v_strides[1] + (base + j) * v_strides[2];
+      const int64_t vr = v_head + (base + j) * v_strides[2];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
-        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + (lane + 32 * i) * v_strides[3]]), acc[i]);
+        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + vd[i]]), acc[i]);
     }
   }
   if (lane == 0) { pmax[slot] = run_max; psum[slot] = run_sum; }
