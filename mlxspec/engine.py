@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from . import loading
 from .adaptive import CostModel
-from .cache import PrefixCache, speculable
+from .cache import PrefixCache, speculable, store_kv_in_half
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
@@ -97,8 +97,9 @@ class Engine:
         them on a GPU even where they cost more than install_timed's budget: exactness over speed),
         the one place that setting is read. `ollama`: the OllamaStore
         `ollama:NAME[:TAG]` references are read from (None: OLLAMA_MODELS, read in loading.load).
-        `kv_cache`: how a GGUF model's float32 keys and values are stored on the CPU, 'f16' (default,
-        as llama.cpp) or 'f32' (loading.load); None reads MLXSPEC_KV_CACHE_TYPE, here only.
+        `kv_cache`: how a GGUF model's float32 keys and values are stored, 'f16' (default, as llama.cpp:
+        on the CPU, and on a GPU where mlxspec's attention kernel stays, `gpu_attention_kept`) or 'f32';
+        None reads MLXSPEC_KV_CACHE_TYPE, here only.
         `activations`: what the CPU matmuls multiply 4/8-bit weights by: 'f32', or 'q8' (each 32 values
         rounded to int8, integer dot products: llama.cpp's arithmetic); 'auto' (default) is q8 for GGUF
         models where the CPU has int8 dot products (AVX-512 VNNI), else f32; None reads
@@ -131,6 +132,9 @@ class Engine:
             check_compatible(tgt.tokenizer, dft.tokenizer)
         kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations,
                                       timed=kernels != "exact") if kernels else {"disabled": "kernels off"})
+        if kv_cache == "f16" and gpu_attention_kept(kernel_report):
+            for m in {id(m): m for m in (tgt, dft) if m is not None and loading.is_gguf(m)}.values():
+                store_kv_in_half(m.model)
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
@@ -266,6 +270,17 @@ def resolve_activations(setting: str, model: LoadedModel) -> str:
 def _activations_run(kernel_report: dict) -> str:
     """What the target's matmuls multiply by, from its kernel report ('f32' with kernels off)."""
     return kernel_report.get("target", {}).get("layers", {}).get("activations", "f32")
+
+
+def gpu_attention_kept(report: dict) -> bool:
+    """Does the target run mlxspec's attention kernel on a GPU for good: attention routed, and the
+    kernels kept (within the timing budget, or kernels='exact')? Then a GGUF model's float32 keys and
+    values can be stored as float16: the GPU kernels read float32 queries over a float16 cache exactly,
+    so each step reads half the cache bytes. (On the CPU, loading.load decides at load time.)"""
+    target = report.get("target") or {}
+    timed = target.get("timed")
+    kept = timed.get("kept", False) if isinstance(timed, dict) else True  # a str: kernels='exact', not timed
+    return target.get("backend", "cpu") != "cpu" and bool((target.get("attention") or {}).get("routed")) and kept
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32",

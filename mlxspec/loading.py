@@ -39,6 +39,15 @@ class LoadedModel:
     info: dict = field(default_factory=dict)
 
 
+def on_cpu() -> bool:
+    return mx.default_device() == mx.cpu
+
+
+def is_gguf(m: LoadedModel) -> bool:
+    """Was this model read from a GGUF file (a path or an Ollama blob)? Such models compute in float32."""
+    return m.path.suffix.lower() == ".gguf" or ollama_store.is_reference(m.reference)
+
+
 def parse_quantize(spec: str | None) -> tuple[int, int] | None:
     """'q4' -> (4 bits, group 64); 'q4g32' -> (4, 32); 'q8' -> (8, 64); None/'none' -> None."""
     if spec is None or spec in ("", "none", "fp"):
@@ -147,8 +156,9 @@ def load(
     `ollama:` references; None reads OLLAMA_MODELS here (this is then the Python API's entry point).
     `kv_cache`: 'f16' stores a GGUF model's float32 keys and values as float16 on the CPU (llama.cpp's
     and Ollama's default; the CPU kernels read them directly), 'f32' keeps them as computed. MLX
-    models keep mlx-lm's cache (their activations are already half precision), and so do GPUs until
-    measured there (their kernels read the mixed pair; MLX's own GPU attention would convert it each step).
+    models keep mlx-lm's cache (their activations are already half precision). On a GPU the choice
+    waits for the kernels (Engine.load): float16 where mlxspec's attention kernel stays and reads
+    the mixed pair, float32 where MLX's attention runs.
     """
     if kv_cache not in KV_CACHE_TYPES:
         raise MlxspecError(f"unknown KV cache type {kv_cache!r} (one of {', '.join(KV_CACHE_TYPES)})")
@@ -163,7 +173,7 @@ def load(
 
             model, tokenizer, config = load_gguf(path)
             exact_windows(model)
-            if kv_cache == "f16" and mx.default_device() == mx.cpu:
+            if kv_cache == "f16" and on_cpu():  # on a GPU, Engine.load decides once the kernels are in
                 store_kv_in_half(model)
         elif path.is_dir() and (path / "config.json").exists():
             model, tokenizer, config = _load_directory(path)

@@ -224,3 +224,28 @@ def test_kv_cache_type_of_gguf_models(tmp_path, tiny_llama, monkeypatch):
     monkeypatch.setenv("MLXSPEC_KV_CACHE_TYPE", "q4_0")
     with pytest.raises(MlxspecError, match="unknown KV cache type 'q4_0' \\(one of f16, f32\\)"):
         Engine.load(path)
+
+
+def test_gguf_cache_goes_half_on_a_gpu_only_where_the_attention_kernel_stays(tmp_path, monkeypatch):
+    """On a GPU (report backend != cpu) a GGUF model's cache stores float16 when the target's attention
+    runs mlxspec's kernel for good (kept by the timing, or kernels='exact'); with MLX's attention, or
+    kernels dropped by the timing, it stays float32."""
+    from mlxspec import engine as engine_mod
+
+    gpu = {"backend": "cuda", "attention": {"routed": 2}}
+    assert engine_mod.gpu_attention_kept({"target": gpu | {"timed": {"kept": True, "ratio": 1.02}}})
+    assert engine_mod.gpu_attention_kept({"target": gpu | {"timed": "not timed: kernels='exact'"}})
+    assert not engine_mod.gpu_attention_kept({"target": gpu | {"timed": {"kept": False, "ratio": 1.4}}})
+    assert not engine_mod.gpu_attention_kept({"target": gpu | {"attention": {"routed": 0}, "timed": {"kept": True}}})
+    assert not engine_mod.gpu_attention_kept({"target": {"backend": "cpu", "attention": {"routed": 2}}})
+    assert not engine_mod.gpu_attention_kept({"disabled": "kernels off"})
+
+    path = str(write_tiny_llama_gguf(tmp_path / "tiny.gguf", "Q4_0"))
+    from mlxspec import loading as loading_mod
+
+    monkeypatch.setattr(loading_mod, "on_cpu", lambda: False)  # as on a GPU: load leaves the choice to Engine.load
+    for timed, want in (({"kept": True}, "f16"), ({"kept": False}, "f32")):
+        report = {"target": gpu | {"timed": timed}}
+        monkeypatch.setattr(engine_mod, "_use_kernels", lambda *a, r=report, **k: r)
+        assert Engine.load(path).info["kv_cache_type"] == want
+        assert Engine.load(path, kv_cache="f32").info["kv_cache_type"] == "f32"  # asked for: never half
