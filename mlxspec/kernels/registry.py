@@ -36,6 +36,7 @@ class KernelRecord:
     error: str | None = None  # why it is unusable here
     checks: dict = field(default_factory=dict)  # signature -> None (passed) or the failure
     timings: dict = field(default_factory=dict)  # signature -> {"kernel_us": .., "mlx_us": ..}
+    chosen: dict = field(default_factory=dict)  # signature -> did the timings pick this kernel (qmm-mma)
 
     @property
     def name(self) -> str:
@@ -61,7 +62,8 @@ class KernelRecord:
         reason = self.error or (f"self-check passed on {len(passed)} signature(s)" if passed else "not used yet")
         return {"kernel": self.name, "active": self.error is None and bool(passed), "detail": self.detail,
                 "reason": reason, "passed": passed, "failed": failed,
-                "timings": {str(s): t for s, t in self.timings.items()}}
+                "timings": {str(s): t for s, t in self.timings.items()},
+                **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {})}
 
 
 # family -> loader(backend) -> (fn, detail); raises KernelUnavailable where the family has no such kernel
@@ -212,9 +214,11 @@ def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size
     mma, mma_why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype))
     if mma is None or fma is None:
         return (fma, why) if mma is None else (mma, mma_why)
-    from .timing import prefer_tensor_cores
+    if signature not in rec.chosen:  # timed once per shape and process (and the timings once per device)
+        from .timing import prefer_tensor_cores
 
-    return (mma, mma_why) if prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype) else (fma, why)
+        rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype)
+    return (mma, mma_why) if rec.chosen[signature] else (fma, why)
 
 
 def gather_for_layer(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,

@@ -173,6 +173,10 @@ def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch,
     assert calls == [(want, 3)]
     status = {st["kernel"]: st for st in registry.status()}
     assert "64x128 q4 g64 float16 M=8" in status["cuda-qmm-mma"]["timings"]
+    assert list(status["cuda-qmm-mma"]["chosen"].values()) == [want == "mma"]
+    with monkeypatch.context() as m:  # the next layer of this shape: decided once per shape and process
+        m.setattr(timing, "prefer_tensor_cores", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decided again")))
+        assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
     registry.reset()  # a new process: the choice comes from the timings on disk, not a new timing
     monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
     assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
