@@ -148,7 +148,7 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
     w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=mx.random.key(n + k))
     times = {}
     for family, fn in (("qmm", fma), ("qmm-mma", mma)):
-        rec = kernel(family)
+        rec = kernel(family, "cuda")
         for m in TENSOR_CORE_ROWS:
             signature = f"{n}x{k} q{bits} g{group_size} {str(scale_dtype).split('.')[-1]} M={m}"
             entry = cached_timing(rec, signature)
