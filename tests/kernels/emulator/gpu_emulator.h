@@ -150,9 +150,9 @@ inline float max(float a, float b) { return std::fmax(a, b); }
 inline float exp(float a) { return std::exp(a); }
 inline float ldexp(float a, int e) { return std::ldexp(a, e); }
 }
-inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31
+inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31 (one meeting, not 32)
   float s = 0.0f;
-  for (int i = 0; i < emu::kLanes; ++i) s += emu::exchange(v, i);
+  for (float w : emu::gather(v)) s += w;
   return s;
 }
 
