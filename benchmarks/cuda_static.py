@@ -206,6 +206,7 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
     for q, kv, sinks in ((f16, f16, False), (bf16, bf16, True), (f32, f32, False), (f32, f16, True)):
         label = f"sdpa q {str(q).split('.')[-1]} kv {str(kv).split('.')[-1]}" + (" sinks" if sinks else "")
         _, out[label] = gpu_attention_source.program("cuda", q, sinks=sinks, kv_dtype=kv)
+    _, out["sdpa q float16 kv float16 one head a warp"] = gpu_attention_source.program("cuda", f16, heads=1)
     for kind in (accept_source.GREEDY, accept_source.REJECTION):
         for dtype in (f32, f16):
             _, out[f"accept {kind} {str(dtype).split('.')[-1]}"] = accept_source.cuda_source(kind, dtype)

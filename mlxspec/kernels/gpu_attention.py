@@ -5,7 +5,8 @@
     o = sdpa(q, k, v, scale, True, window=W, sinks=s)   # a sliding-window layer; s (H,): gpt-oss's sinks
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
-not (the mask is a runtime value: one compiled kernel); with a window, to a 1-row call over the last W
+not (the mask is a runtime value: one compiled kernel), whether its warp serves one query head or
+several; with a window, to a 1-row call over the last W
 of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
 float16 cache (each value is read as float32 either way). q, k and v are read in place through their
 strides (ensure_row_contiguous=False): a KV cache view costs no copy.
@@ -18,9 +19,15 @@ from typing import Callable
 import mlx.core as mx
 
 from .gpu import require_cuda, require_metal
-from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS,
+from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
                                    MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP,
-                                   combine_template, partial_template)
+                                   combine_template, partial_template, partial_warps)
+
+
+# From this many key chunks (2,048 keys) on, a partial warp serves HEADS query heads of its kv head,
+# reading each key and value once for them (GQA: H / HKV heads share them). Below it, one head a
+# warp keeps more warps in flight for a short cache. A guess, unmeasured on a device.
+SHARED_READS_FROM = 8
 
 
 def metal_sdpa_function() -> Callable[..., mx.array]:
@@ -53,8 +60,9 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         f32 = mx.float32
         nch = (min(length, window or length) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         params = mx.array([scale, float(causal), float(window)], f32)
-        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype),
-                                   grid=(32, h * m, nch), threadgroup=THREADGROUP,
+        heads = HEADS if nch >= SHARED_READS_FROM else 1  # the bits are the same either way (tested)
+        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype, heads=heads),
+                                   grid=(32, partial_warps(h, hkv, m, heads), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
         per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink

@@ -36,6 +36,7 @@ PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "p
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
+HEADS = 4  # query heads sharing a kv head that one partial warp serves (each key and value read once for them)
 THREADGROUP = (32, 1, 1)
 
 PARTIAL_CORE = """
@@ -45,56 +46,90 @@ PARTIAL_CORE = """
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;
   const int NCH = ((window > 0 && window < L ? window : L) + CHUNK - 1) / CHUNK;
-  const int h = hm / M, m = hm - h * M, hk = h / (H / HKV);
-  const int rows = causal ? L - M + m + 1 : L;  // keys [start, rows) this row sees: the same in a 1-row call
+  const int G = H / HKV, SETS = (G + HEADS - 1) / HEADS;  // query heads per kv head; warps per (kv head, row)
+  const int hk = wy / (M * SETS), m = wy / SETS - hk * M, h0 = hk * G + (wy % SETS) * HEADS;
+  const int nh = G - (h0 - hk * G) < HEADS ? G - (h0 - hk * G) : HEADS;  // this warp's heads: h0 .. h0 + nh - 1
+  const int rows = causal ? L - M + m + 1 : L;  // keys [start, rows) row m sees: the same in a 1-row call
   const int start = window > 0 && rows > window ? rows - window : 0;
-  const size_t slot = size_t(hm) * NCH + c;
-  float acc[8];  // value dims lane + 32 * i
+  float acc[HEADS][8], qd[HEADS][8], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
+  int64_t kd[8], vd[8];  // the lane's dims' offsets in a key and in a value row (the strides are runtime values)
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc[i] = 0.0f;
-  float run_max = -3.0e38f, run_sum = 0.0f;
-  const int64_t qr = h * q_strides[1] + m * q_strides[2];
-  float qd[8];  // the query's dims lane + 32 * i, read once
-  int64_t kd[8], vd[8];  // those dims' offsets in a key and in a value row (the strides are runtime values)
+  for (int i = 0; i < 8; ++i) kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    qd[i] = lane + 32 * i < D ? float(q[qr + (lane + 32 * i) * q_strides[3]]) : 0.0f;
-    kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
+  for (int r = 0; r < HEADS; ++r) {
+    const int64_t qr = (h0 + r) * q_strides[1] + m * q_strides[2];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      acc[r][i] = 0.0f;
+      qd[r][i] = r < nh && lane + 32 * i < D ? float(q[qr + (lane + 32 * i) * q_strides[3]]) : 0.0f;
+    }
+    run_max[r] = -3.0e38f, run_sum[r] = 0.0f;
   }
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
   const int first = start + c * CHUNK;
   for (int base = first; base < first + CHUNK && base < rows; base += 32) {  // uniform over the warp
     const int t = base + lane;
     const int count = rows - base < 32 ? rows - base : 32;
-    float s = -3.0e38f;  // lane j: key base + j's score
-    for (int j = 0; j < count; ++j) {  // the lanes split key j's dims (one coalesced read), then one fixed-order sum
+    float s[HEADS];  // lane j: key base + j's score, per head
+#pragma unroll
+    for (int r = 0; r < HEADS; ++r) s[r] = -3.0e38f;
+    for (int j = 0; j < count; ++j) {  // the lanes split key j's dims: one coalesced read serves every head
       const int64_t kr = k_head + (base + j) * k_strides[2];
-      float part = 0.0f;
+      float kv[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (lane + 32 * i < D) part = FMA(qd[i], float(k[kr + kd[i]]), part);
-      const float dot = lane_sum(part);  // the same bits in every lane
-      if (lane == j) s = dot * sc;
+      for (int i = 0; i < 8; ++i) kv[i] = lane + 32 * i < D ? float(k[kr + kd[i]]) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < HEADS; ++r) {
+        if (r < nh) {  // uniform over the warp
+          float part = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (lane + 32 * i < D) part = FMA(qd[r][i], kv[i], part);
+          const float dot = lane_sum(part);  // one fixed-order sum: the same bits in every lane
+          if (lane == j) s[r] = dot * sc;
+        }
+      }
     }
-    const float new_max = MAXF(run_max, lane_max(s));
-    const float corr = EXP(run_max - new_max);  // 0 on the first step
-    const float p = t < rows ? EXP(s - new_max) : 0.0f;
-    run_sum = FMA(run_sum, corr, lane_sum(p));
-    run_max = new_max;
+    float p[HEADS];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] *= corr;
-    for (int j = 0; j < count; ++j) {
-      const float pj = lane_shuffle(p, j);
+    for (int r = 0; r < HEADS; ++r) {
+      p[r] = 0.0f;
+      if (r < nh) {
+        const float new_max = MAXF(run_max[r], lane_max(s[r]));
+        const float corr = EXP(run_max[r] - new_max);  // 0 on the first step
+        p[r] = t < rows ? EXP(s[r] - new_max) : 0.0f;
+        run_sum[r] = FMA(run_sum[r], corr, lane_sum(p[r]));
+        run_max[r] = new_max;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[r][i] *= corr;
+      }
+    }
+    for (int j = 0; j < count; ++j) {  // one read of value j serves every head
       const int64_t vr = v_head + (base + j) * v_strides[2];
+      float vv[8];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (lane + 32 * i < DV) acc[i] = FMA(pj, float(v[vr + vd[i]]), acc[i]);
+      for (int i = 0; i < 8; ++i) vv[i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
+#pragma unroll
+      for (int r = 0; r < HEADS; ++r) {
+        if (r < nh) {
+          const float pj = lane_shuffle(p[r], j);
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+            if (lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[i], acc[r][i]);
+        }
+      }
     }
   }
-  if (lane == 0) { pmax[slot] = run_max; psum[slot] = run_sum; }
 #pragma unroll
-  for (int i = 0; i < 8; ++i)
-    if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[i];
+  for (int r = 0; r < HEADS; ++r) {
+    if (r < nh) {
+      const size_t slot = size_t((h0 + r) * M + m) * NCH + c;
+      if (lane == 0) { pmax[slot] = run_max[r]; psum[slot] = run_sum[r]; }
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[r][i];
+    }
+  }
 """
 
 COMBINE_CORE = """
@@ -124,7 +159,7 @@ COMBINE_CORE = """
 
 METAL_PARTIAL_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
-  const int hm = int(thread_position_in_grid.y), c = int(thread_position_in_grid.z);
+  const int wy = int(thread_position_in_grid.y), c = int(thread_position_in_grid.z);
 """
 METAL_COMBINE_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
@@ -141,7 +176,7 @@ inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)
 
 CUDA_PARTIAL_PROLOGUE = """
   const int lane = int(threadIdx.x);
-  const int hm = int(blockIdx.y), c = int(blockIdx.z);
+  const int wy = int(blockIdx.y), c = int(blockIdx.z);
 """
 CUDA_COMBINE_PROLOGUE = """
   const int lane = int(threadIdx.x);
@@ -172,8 +207,13 @@ BODIES = {  # (backend, kernel) -> body
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
-def partial_template(dtype, chunk: int = CHUNK) -> list[tuple]:
-    return [("T", dtype), ("CHUNK", chunk)]
+def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads)]
+
+
+def partial_warps(h: int, hkv: int, m: int, heads: int = HEADS) -> int:
+    """The partial kernel's warps per chunk: one per (kv head, row, set of up to `heads` query heads)."""
+    return hkv * m * ((h // hkv + heads - 1) // heads)
 
 
 def combine_template(dtype, sinks: bool = False) -> list[tuple]:
@@ -189,12 +229,13 @@ def _kernels(dtype, kv_dtype=None) -> dict:
     }
 
 
-def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None) -> tuple[dict, str]:
+def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
+            heads: int = HEADS) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 3, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
              "sinks": 99 if sinks else 1}
-    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk)),
+    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads)),
                                ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]

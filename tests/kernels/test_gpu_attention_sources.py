@@ -40,6 +40,7 @@ HARNESS = """
 using T = {T};
 using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
+constexpr int HEADS_ = {heads};  // query heads per partial warp
 int H, HKV, D, DV;
 float params[3];  // scale, causal, window
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
@@ -52,7 +53,7 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
-  emu::run_grid(HM, NCH, [&](int lane, int y, int z) {{ {partial} }});
+  emu::run_grid(HKV * M * ((H / HKV + HEADS_ - 1) / HEADS_), NCH, [&](int lane, int y, int z) {{ {partial} }});
   emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
   return o;
 }}
@@ -95,7 +96,8 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] =
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(), at);"""
+  {p}<T, CH, HEADS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(),
+                      at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
@@ -109,11 +111,11 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-def harness(backend: str, dtype, kv_dtype, sinks: bool) -> str:
-    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype)
+def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
-    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD,
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads,
                           partial=partial.format(**fmt), combine=combine.format(**fmt))
 
 
@@ -121,22 +123,44 @@ def case_id(case) -> str:
     return "-".join(str(v) for v in case).replace("mlx.core.", "")
 
 
+ONE_HEAD = [CASES[0], CASES[2]]  # G = 2 and 4 query heads per kv head: also built with one head per warp
+
+
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    labels = sorted({c[:4] for c in CASES}, key=str)
+    labels = sorted({c[:4] for c in CASES}, key=str) + [c[:4] + (1,) for c in ONE_HEAD]
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+def inputs(tmp_path, case):
+    """Write the case's q, cache, scale and sinks; return (q, k, v, scale, sinks) as the test reads them."""
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
     kq, kk, kv, ks = mx.random.split(mx.random.key(h * 7 + d), 4)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
     cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(kv_dtype)  # a cache with room for 5 more
     cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(kv_dtype)
-    k, v, scale = cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5
     sinks = mx.random.normal((h,), key=ks) * 2
-    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([scale], mx.float32), sinks=sinks)
+    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([d**-0.5], mx.float32), sinks=sinks)
+    return q, cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5, sinks
+
+
+@pytest.mark.parametrize("case", ONE_HEAD, ids=[case_id(c) for c in ONE_HEAD])
+def test_heads_sharing_a_warp_do_not_change_the_bits(tmp_path, exes, case):
+    """A partial warp serves up to HEADS query heads of one kv head (one read of each key and value
+    for all of them); every output is bit-identical to a build with one head per warp."""
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
+    inputs(tmp_path, case)
+    outs = []
+    for label in (case[:4], case[:4] + (1,)):
+        run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
+        outs.append((tmp_path / "o").read_bytes())
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
+    q, k, v, scale, sinks = inputs(tmp_path, case)
     run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
     raw = (tmp_path / "o").read_bytes()
     size = len(raw) // (6 * M + ODD)  # bytes of one row (H, DV)

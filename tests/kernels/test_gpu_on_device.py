@@ -68,7 +68,7 @@ def test_dense_on_device(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("heads, kv_heads, dim, length", [(8, 2, 128, 600), (4, 4, 64, 257)])
+@pytest.mark.parametrize("heads, kv_heads, dim, length", [(8, 2, 128, 600), (4, 4, 64, 257), (8, 2, 128, 2100)])
 def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
     sdpa = kernels(backend)[2]
     assert attention_self_check(sdpa, heads, kv_heads, dim, dim, mx.float16) is None
