@@ -60,7 +60,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         f32 = mx.float32
         nch = (min(length, window or length) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         params = mx.array([scale, float(causal), float(window)], f32)
-        heads = HEADS if nch >= SHARED_READS_FROM else 1  # the bits are the same either way (tested)
+        group = h // hkv  # query heads per kv head; a warp serves 1, 2 or HEADS of them: the same bits (tested)
+        heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (group - 1).bit_length())
         pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype, heads=heads),
                                    grid=(32, partial_warps(h, hkv, m, heads), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
