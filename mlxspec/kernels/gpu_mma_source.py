@@ -179,19 +179,18 @@ template <int NW> __device__ inline void load_words(uint32_t* out, const uint32_
 constexpr __device__ uint32_t magic16(__half) { return 0x6400u; }
 constexpr __device__ uint32_t magic16(__nv_bfloat16) { return 0x4300u; }
 #ifndef MLXSPEC_EMULATOR
-__device__ inline uint32_t pair_minus_magic(uint32_t u, __half) {  // both halves minus 1024
-  __half2 h;
+template <typename T, typename T2> __device__ inline uint32_t minus_magic(uint32_t u) {  // both halves minus M
+  const uint32_t m = magic16(T()) * 0x10001u;
+  T2 h, mm;
   memcpy(&h, &u, 4);
-  h = __hsub2(h, __half2half2(__ushort_as_half(0x6400)));
+  memcpy(&mm, &m, 4);
+  h = __hsub2(h, mm);
   memcpy(&u, &h, 4);
   return u;
 }
-__device__ inline uint32_t pair_minus_magic(uint32_t u, __nv_bfloat16) {  // both halves minus 128
-  __nv_bfloat162 h;
-  memcpy(&h, &u, 4);
-  h = __hsub2(h, __bfloat162bfloat162(__ushort_as_bfloat16(0x4300)));
-  memcpy(&u, &h, 4);
-  return u;
+__device__ inline uint32_t pair_minus_magic(uint32_t u, __half) { return minus_magic<__half, __half2>(u); }
+__device__ inline uint32_t pair_minus_magic(uint32_t u, __nv_bfloat16) {
+  return minus_magic<__nv_bfloat16, __nv_bfloat162>(u);
 }
 #else
 template <typename T> inline uint32_t pair_minus_magic(uint32_t u, T) {  // the emulator: through float, exact
