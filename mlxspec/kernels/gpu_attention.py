@@ -53,7 +53,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         b, h, m, _ = q.shape
         hkv, length, dv = k.shape[1], k.shape[2], v.shape[3]
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
-        if (b != 1 or h % hkv or dv > MAX_VALUE_DIM or q.shape[3] > MAX_VALUE_DIM or not kv_dtype_ok or length == 0 or (causal and m > length)
+        if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or length == 0 or (causal and m > length)
                 or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
                              f"sinks {None if sinks is None else sinks.shape} unsupported")
