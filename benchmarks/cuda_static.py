@@ -207,6 +207,9 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
         label = f"sdpa q {str(q).split('.')[-1]} kv {str(kv).split('.')[-1]}" + (" sinks" if sinks else "")
         _, out[label] = gpu_attention_source.program("cuda", q, sinks=sinks, kv_dtype=kv)
     _, out["sdpa q float16 kv float16 one head a warp"] = gpu_attention_source.program("cuda", f16, heads=1)
+    for heads in (1, 4):  # head dim 128 (4 dims a lane), as Llama's: what the wrapper compiles for such models
+        _, out[f"sdpa q float16 kv float16 D128 {heads} heads a warp"] = gpu_attention_source.program(
+            "cuda", f16, heads=heads, dpl=4)
     for kind in (accept_source.GREEDY, accept_source.REJECTION):
         for dtype in (f32, f16):
             _, out[f"accept {kind} {str(dtype).split('.')[-1]}"] = accept_source.cuda_source(kind, dtype)

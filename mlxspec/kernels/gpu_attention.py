@@ -21,7 +21,7 @@ import mlx.core as mx
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
                                    MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP,
-                                   combine_template, partial_template, partial_warps)
+                                   combine_template, dims_per_lane, partial_template, partial_warps)
 
 
 # From this many key chunks (2,048 keys) on, a partial warp serves HEADS query heads of its kv head,
@@ -62,7 +62,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         params = mx.array([scale, float(causal), float(window)], f32)
         group = h // hkv  # query heads per kv head; a warp serves 1, 2 or HEADS of them: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (group - 1).bit_length())
-        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=partial_template(q.dtype, heads=heads),
+        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dims_per_lane(q.shape[3], dv))
+        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=targs,
                                    grid=(32, partial_warps(h, hkv, m, heads), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])

@@ -51,15 +51,16 @@ PARTIAL_CORE = """
   const int nh = G - (h0 - hk * G) < HEADS ? G - (h0 - hk * G) : HEADS;  // this warp's heads: h0 .. h0 + nh - 1
   const int rows = causal ? L - M + m + 1 : L;  // keys [start, rows) row m sees: the same in a 1-row call
   const int start = window > 0 && rows > window ? rows - window : 0;
-  float acc[HEADS][8], qd[HEADS][8], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
-  int64_t kd[8], vd[8];  // the lane's dims' offsets in a key and in a value row (the strides are runtime values)
+  // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped as before
+  float acc[HEADS][DPL], qd[HEADS][DPL], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
+  int64_t kd[DPL], vd[DPL];  // the lane's dims' offsets in a key and in a value row (the strides are runtime values)
 #pragma unroll
-  for (int i = 0; i < 8; ++i) kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
+  for (int i = 0; i < DPL; ++i) kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
 #pragma unroll
   for (int r = 0; r < HEADS; ++r) {
     const int64_t qr = (h0 + r) * q_strides[1] + m * q_strides[2];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < DPL; ++i) {
       acc[r][i] = 0.0f;
       qd[r][i] = r < nh && lane + 32 * i < D ? float(q[qr + (lane + 32 * i) * q_strides[3]]) : 0.0f;
     }
@@ -75,15 +76,15 @@ PARTIAL_CORE = """
     for (int r = 0; r < HEADS; ++r) s[r] = -3.0e38f;
     for (int j = 0; j < count; ++j) {  // the lanes split key j's dims: one coalesced read serves every head
       const int64_t kr = k_head + (base + j) * k_strides[2];
-      float kv[8];
+      float kv[DPL];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) kv[i] = lane + 32 * i < D ? float(k[kr + kd[i]]) : 0.0f;
+      for (int i = 0; i < DPL; ++i) kv[i] = lane + 32 * i < D ? float(k[kr + kd[i]]) : 0.0f;
 #pragma unroll
       for (int r = 0; r < HEADS; ++r) {
         if (r < nh) {  // uniform over the warp
           float part = 0.0f;
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
+          for (int i = 0; i < DPL; ++i)
             if (lane + 32 * i < D) part = FMA(qd[r][i], kv[i], part);
           const float dot = lane_sum(part);  // one fixed-order sum: the same bits in every lane
           if (lane == j) s[r] = dot * sc;
@@ -101,20 +102,20 @@ PARTIAL_CORE = """
         run_sum[r] = FMA(run_sum[r], corr, lane_sum(p[r]));
         run_max[r] = new_max;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[r][i] *= corr;
+        for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
       }
     }
     for (int j = 0; j < count; ++j) {  // one read of value j serves every head
       const int64_t vr = v_head + (base + j) * v_strides[2];
-      float vv[8];
+      float vv[DPL];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) vv[i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
+      for (int i = 0; i < DPL; ++i) vv[i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
 #pragma unroll
       for (int r = 0; r < HEADS; ++r) {
         if (r < nh) {
           const float pj = lane_shuffle(p[r], j);
 #pragma unroll
-          for (int i = 0; i < 8; ++i)
+          for (int i = 0; i < DPL; ++i)
             if (lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[i], acc[r][i]);
         }
       }
@@ -126,7 +127,7 @@ PARTIAL_CORE = """
       const size_t slot = size_t((h0 + r) * M + m) * NCH + c;
       if (lane == 0) { pmax[slot] = run_max[r]; psum[slot] = run_sum[r]; }
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < DPL; ++i)
         if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[r][i];
     }
   }
@@ -207,8 +208,13 @@ BODIES = {  # (backend, kernel) -> body
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
-def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS) -> list[tuple]:
-    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads)]
+def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane)]
+
+
+def dims_per_lane(d: int, dv: int) -> int:
+    """The partial kernel's DPL for these head dims: fewer registers than the 8 that any head <= 256 fits."""
+    return (max(d, dv) + 31) // 32
 
 
 def partial_warps(h: int, hkv: int, m: int, heads: int = HEADS) -> int:
@@ -230,12 +236,12 @@ def _kernels(dtype, kv_dtype=None) -> dict:
 
 
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
-            heads: int = HEADS) -> tuple[dict, str]:
+            heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 3, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
              "sinks": 99 if sinks else 1}
-    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads)),
+    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
                                ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]

@@ -40,7 +40,7 @@ HARNESS = """
 using T = {T};
 using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
-constexpr int HEADS_ = {heads};  // query heads per partial warp
+constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
 int H, HKV, D, DV;
 float params[3];  // scale, causal, window
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
@@ -96,7 +96,7 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] =
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH, HEADS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(),
+  {p}<T, CH, HEADS_, DPL_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(),
                       at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
@@ -111,11 +111,11 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS) -> str:
-    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads)
+def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
-    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads,
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl,
                           partial=partial.format(**fmt), combine=combine.format(**fmt))
 
 
@@ -123,12 +123,18 @@ def case_id(case) -> str:
     return "-".join(str(v) for v in case).replace("mlx.core.", "")
 
 
-ONE_HEAD = [CASES[0], CASES[2]]  # G = 2 and 4 query heads per kv head: also built with one head per warp
+ONE_HEAD = [CASES[0], CASES[2]]  # G = 2 and 4 query heads per kv head: also built one head a warp, and with
+                                  # the case's own dims per lane (the others: 8, any head dim up to 256)
+
+
+def builds(case) -> list[tuple]:
+    """Labels of the other builds a ONE_HEAD case runs: (..., heads, dims per lane)."""
+    return [case[:4] + (1, 8), case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]))]
 
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    labels = sorted({c[:4] for c in CASES}, key=str) + [c[:4] + (1,) for c in ONE_HEAD]
+    labels = sorted({c[:4] for c in CASES}, key=str) + [label for c in ONE_HEAD for label in builds(c)]
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
@@ -145,16 +151,17 @@ def inputs(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ONE_HEAD, ids=[case_id(c) for c in ONE_HEAD])
-def test_heads_sharing_a_warp_do_not_change_the_bits(tmp_path, exes, case):
+def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path, exes, case):
     """A partial warp serves up to HEADS query heads of one kv head (one read of each key and value
-    for all of them); every output is bit-identical to a build with one head per warp."""
+    for all of them), and holds only the dims its head needs: every output is bit-identical to a
+    build with one head per warp, and to one with 8 dims per lane."""
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
     inputs(tmp_path, case)
     outs = []
-    for label in (case[:4], case[:4] + (1,)):
+    for label in [case[:4]] + builds(case):
         run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
         outs.append((tmp_path / "o").read_bytes())
-    assert outs[0] == outs[1]
+    assert outs[0] == outs[1] == outs[2]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
