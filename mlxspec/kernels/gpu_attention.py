@@ -59,12 +59,13 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
                              f"sinks {None if sinks is None else sinks.shape} unsupported")
         f32 = mx.float32
         nch = (min(length, window or length) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
-        params = mx.array([scale, float(causal), float(window)], f32)
-        group = h // hkv  # query heads per kv head; a warp serves 1, 2 or HEADS of them: the same bits (tested)
-        heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (group - 1).bit_length())
+        by_rows = window == 0 or length <= window  # every row starts at key 0: its warps may mix rows too
+        params = mx.array([scale, float(causal), float(window), float(by_rows)], f32)
+        slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)
+        heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dims_per_lane(q.shape[3], dv))
         pmax, psum, pacc = partial(inputs=[q, k, v, params], template=targs,
-                                   grid=(32, partial_warps(h, hkv, m, heads), nch), threadgroup=THREADGROUP,
+                                   grid=(32, partial_warps(h, hkv, m, heads, by_rows), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
         per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink

@@ -46,11 +46,23 @@ PARTIAL_CORE = """
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;
   const int NCH = ((window > 0 && window < L ? window : L) + CHUNK - 1) / CHUNK;
-  const int G = H / HKV, SETS = (G + HEADS - 1) / HEADS;  // query heads per kv head; warps per (kv head, row)
-  const int hk = wy / (M * SETS), m = wy / SETS - hk * M, h0 = hk * G + (wy % SETS) * HEADS;
-  const int nh = G - (h0 - hk * G) < HEADS ? G - (h0 - hk * G) : HEADS;  // this warp's heads: h0 .. h0 + nh - 1
-  const int rows = causal ? L - M + m + 1 : L;  // keys [start, rows) row m sees: the same in a 1-row call
-  const int start = window > 0 && rows > window ? rows - window : 0;
+  // A warp serves up to HEADS slots (query head, row) of one kv head: the heads of one row, or (by_rows:
+  // every row starts at key 0) any heads and rows. Each key and value is read once for all its slots.
+  const int G = H / HKV;
+  const bool by_rows = params[3] != 0.0f;
+  const int per_kv = by_rows ? G * M : G, SETS = (per_kv + HEADS - 1) / HEADS;  // slots, warps per (kv head[, row])
+  const int hk = by_rows ? wy / SETS : wy / (M * SETS), s0 = (wy % SETS) * HEADS;
+  const int nh = per_kv - s0 < HEADS ? per_kv - s0 : HEADS;  // this warp's slots: s0 .. s0 + nh - 1
+  int hr[HEADS], mr[HEADS], rows[HEADS];  // each slot's head, row, and keys [start, rows) it sees
+  int rows_max = 0;
+#pragma unroll
+  for (int r = 0; r < HEADS; ++r) {
+    hr[r] = hk * G + (by_rows ? (s0 + r) / M : s0 + r);
+    mr[r] = by_rows ? (s0 + r) % M : wy / SETS - hk * M;
+    rows[r] = causal ? L - M + mr[r] + 1 : L;  // the same in a 1-row call
+    if (r < nh && rows[r] > rows_max) rows_max = rows[r];
+  }
+  const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
   // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped as before
   float acc[HEADS][DPL], qd[HEADS][DPL], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
   int64_t kd[DPL], vd[DPL];  // the lane's dims' offsets in a key and in a value row (the strides are runtime values)
@@ -58,7 +70,7 @@ PARTIAL_CORE = """
   for (int i = 0; i < DPL; ++i) kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
 #pragma unroll
   for (int r = 0; r < HEADS; ++r) {
-    const int64_t qr = (h0 + r) * q_strides[1] + m * q_strides[2];
+    const int64_t qr = hr[r] * q_strides[1] + mr[r] * q_strides[2];
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       acc[r][i] = 0.0f;
@@ -68,9 +80,16 @@ PARTIAL_CORE = """
   }
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
   const int first = start + c * CHUNK;
-  for (int base = first; base < first + CHUNK && base < rows; base += 32) {  // uniform over the warp
+  for (int base = first; base < first + CHUNK && base < rows_max; base += 32) {  // uniform over the warp
     const int t = base + lane;
-    const int count = rows - base < 32 ? rows - base : 32;
+    const int count = rows_max - base < 32 ? rows_max - base : 32;
+    bool on[HEADS];  // the slot's own call would run this block (its keys reach it)
+    int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
+#pragma unroll
+    for (int r = 0; r < HEADS; ++r) {
+      on[r] = r < nh && base < rows[r];
+      n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
+    }
     float s[HEADS];  // lane j: key base + j's score, per head
 #pragma unroll
     for (int r = 0; r < HEADS; ++r) s[r] = -3.0e38f;
@@ -81,7 +100,7 @@ PARTIAL_CORE = """
       for (int i = 0; i < DPL; ++i) kv[i] = lane + 32 * i < D ? float(k[kr + kd[i]]) : 0.0f;
 #pragma unroll
       for (int r = 0; r < HEADS; ++r) {
-        if (r < nh) {  // uniform over the warp
+        if (on[r] && j < n_keys[r]) {  // uniform over the warp
           float part = 0.0f;
 #pragma unroll
           for (int i = 0; i < DPL; ++i)
@@ -95,10 +114,10 @@ PARTIAL_CORE = """
 #pragma unroll
     for (int r = 0; r < HEADS; ++r) {
       p[r] = 0.0f;
-      if (r < nh) {
+      if (on[r]) {
         const float new_max = MAXF(run_max[r], lane_max(s[r]));
         const float corr = EXP(run_max[r] - new_max);  // 0 on the first step
-        p[r] = t < rows ? EXP(s[r] - new_max) : 0.0f;
+        p[r] = t < rows[r] ? EXP(s[r] - new_max) : 0.0f;
         run_sum[r] = FMA(run_sum[r], corr, lane_sum(p[r]));
         run_max[r] = new_max;
 #pragma unroll
@@ -112,7 +131,7 @@ PARTIAL_CORE = """
       for (int i = 0; i < DPL; ++i) vv[i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
 #pragma unroll
       for (int r = 0; r < HEADS; ++r) {
-        if (r < nh) {
+        if (on[r] && j < n_keys[r]) {
           const float pj = lane_shuffle(p[r], j);
 #pragma unroll
           for (int i = 0; i < DPL; ++i)
@@ -124,7 +143,7 @@ PARTIAL_CORE = """
 #pragma unroll
   for (int r = 0; r < HEADS; ++r) {
     if (r < nh) {
-      const size_t slot = size_t((h0 + r) * M + m) * NCH + c;
+      const size_t slot = size_t(hr[r] * M + mr[r]) * NCH + c;
       if (lane == 0) { pmax[slot] = run_max[r]; psum[slot] = run_sum[r]; }
 #pragma unroll
       for (int i = 0; i < DPL; ++i)
@@ -217,8 +236,11 @@ def dims_per_lane(d: int, dv: int) -> int:
     return (max(d, dv) + 31) // 32
 
 
-def partial_warps(h: int, hkv: int, m: int, heads: int = HEADS) -> int:
-    """The partial kernel's warps per chunk: one per (kv head, row, set of up to `heads` query heads)."""
+def partial_warps(h: int, hkv: int, m: int, heads: int = HEADS, by_rows: bool = False) -> int:
+    """The partial kernel's warps per chunk: one per (kv head, row, set of up to `heads` query heads),
+    or (by_rows) per (kv head, set of up to `heads` (query head, row) slots)."""
+    if by_rows:
+        return hkv * ((h // hkv * m + heads - 1) // heads)
     return hkv * m * ((h // hkv + heads - 1) // heads)
 
 
@@ -239,7 +261,7 @@ def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dty
             heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "params": 3, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 4, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
              "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
                                ("combine", "combine", combine_template(dtype, sinks))):

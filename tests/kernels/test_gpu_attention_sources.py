@@ -42,18 +42,21 @@ using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
 int H, HKV, D, DV;
-float params[3];  // scale, causal, window
+float params[4];  // scale, causal, window, by_rows
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, const std::vector<KT>& v, int L,
                       int cap, bool causal, int window = 0) {{
   params[1] = causal ? 1.0f : 0.0f;
   params[2] = float(window);
+  const bool by_rows = window == 0 || L <= window;  // as gpu_attention.py: every row starts at key 0
+  params[3] = by_rows ? 1.0f : 0.0f;
+  const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + HEADS_ - 1) / HEADS_);
   const int NCH = ((window > 0 && window < L ? window : L) + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
-  emu::run_grid(HKV * M * ((H / HKV + HEADS_ - 1) / HEADS_), NCH, [&](int lane, int y, int z) {{ {partial} }});
+  emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial} }});
   emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
   return o;
 }}
