@@ -100,7 +100,6 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
         targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles)
         return _rows(kernel, x, [w, scales, biases], w.shape[0], targs, out_type, cols=8 * tiles)
 
-    qmm.tensor_cores = True
     return qmm
 
 

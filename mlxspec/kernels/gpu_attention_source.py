@@ -9,19 +9,22 @@
     Output (1, H, M, DV) in T.
 
 Two kernels:
-  partial: grid (32, H*M, NCH), threadgroup (32, 1, 1), NCH = ceil(min(L, W or L) / CHUNK). Warp (hm, c)
-    covers keys [start + c*CHUNK, start + (c+1)*CHUNK) clipped to the row's keys, 32 keys per step:
-    each key's score is a dot split over the lanes (lane owns dims lane + 32*i: one coalesced read of
-    the key, the query held in registers) then lane_sum, kept by lane j for key base + j; then an
-    online-softmax step (lane_max, lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order.
+  partial: grid (32, warps, NCH), threadgroup (32, 1, 1), NCH = ceil(min(L, W or L) / CHUNK). A warp
+    serves up to HEADS slots (query head, row) of one kv head for chunk c: the heads of one row, or any
+    heads and rows where every row starts at key 0 (params[3], `partial_warps`). It covers keys
+    [start + c*CHUNK, start + (c+1)*CHUNK), each slot clipped to its own keys, 32 keys per step: each
+    key is read once (lane owns dims lane + 32*i, DPL of them: one coalesced read) and each slot's
+    score is its dot then lane_sum, kept by lane j for key base + j; then per slot an online-softmax
+    step (lane_max, lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order.
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
   combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
     with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
 Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
-Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), SINKS (0 or 1). The
-mask is a runtime value (params = [scale, causal, window]) so every mask runs the very same code.
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
+(partial: slots a warp, dims a lane; neither changes the bits), SINKS (0 or 1). The mask is a runtime
+value (params = [scale, causal, window, by_rows]) so every mask runs the very same code.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ Layout (PTX ISA, mma.m16n8k16 .row.col; lane = 4 g + t):
 One warp owns 8 output columns. Each group's 16-k steps add into the group's own accumulator, and
 the scales are applied after each group, in the same order for every row.
 
-    grid (32, ceil(N / (8 TILES)), 1), threadgroup (32, 2, 1); template T, S, O, G, BITS, TILES
+    grid (32, ceil(N / (8 TILES)), 1), threadgroup (32, 2, 1) (gpu.py launches it as the FMA qmm, 16 rows
+    at most a launch: the mma's M); template T, S, O, G, BITS, TILES
 """
 
 from __future__ import annotations
@@ -35,9 +36,7 @@ from .gpu_codegen import cuda_function, cuda_program
 NAME = "mlxspec_qmm_mma"
 INPUTS = ["x", "w", "scales", "biases"]
 OUTPUTS = ["y"]
-MAX_ROWS = 16  # the mma's M
 TILES = 2  # 8-column tiles per warp: x's fragments serve each; the bits do not depend on it
-THREADGROUP = (32, 2, 1)
 X_DTYPES = (mx.float16, mx.bfloat16)
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
