@@ -54,6 +54,7 @@ from mlxspec.kernels.timing import time_call
 
 HERE = Path(__file__).parent
 ROWS = (1, 8, 16)
+QMM_ROWS = ROWS + (64,)  # 64: a prompt chunk's share (the tensor-core qmm's 8 row tiles a warp)
 QMM_SHAPES = {"full": [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)], "quick": [(512, 256), (96, 512)]}
 LLAMA = {"model_type": "llama", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
          "tie_word_embeddings": False}
@@ -95,19 +96,19 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                 if rec.fn is not None:
                     fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
                     entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
-            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 1 and 4 tiles a warp too (same bits)
+            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 2 column tiles too (same bits)
                 from mlxspec.kernels.gpu import cuda_mma_qmm_function
 
-                for tiles in (1, 4):
+                for tiles in (2,):
                     f = cuda_mma_qmm_function(kernel("qmm").fn, tiles)
                     fns[f"qmm-mma-t{tiles}"] = lambda x, f=f: f(x, w, s, b, group, bits)
-        for m in ROWS:
+        for m in QMM_ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
             entry[f"M={m}"] = {f"{name}_us": round(time_call(lambda: f(x), repeats=15), 1) for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
         out.append(entry)
         print(f"qmm {n}x{k} {bits}-bit {mode}: " + "  ".join(
-            f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items()) for m in ROWS), flush=True)
+            f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items()) for m in QMM_ROWS), flush=True)
     return out
 
 

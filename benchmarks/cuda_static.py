@@ -186,6 +186,9 @@ def stand_in_headers() -> dict[str, bytes]:
 # ---------------------------------------------------------------- every CUDA program mlxspec generates
 
 
+MMA_BUILDS = ((1, 1), (2, 1), (1, 2), (1, 8))  # (16-column tiles, 8-row tiles): a step, wider, 16 rows, prefill
+
+
 def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
     """label -> the full CUDA program `mx.fast.cuda_kernel` would compile, one per family and layout
     (qmm and dense at each row capacity in `rows`)."""
@@ -198,9 +201,9 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
         tag = f"{str(x).split('.')[-1]} q{bits} g{g} {mode}"
         _, out[f"qmm {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, rows=rows)
         _, out[f"gather {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, gather=True)
-    for x, g, bits in ((f16, 64, 4), (bf16, 128, 4), (f16, 32, 8)):  # the tensor-core qmm, 1 to 4 tiles a warp
+    for x, g, bits in ((f16, 64, 4), (bf16, 128, 4), (f16, 32, 8)):  # the tensor-core qmm: (column, row) tiles
         tag = f"{str(x).split('.')[-1]} q{bits} g{g}"
-        _, out[f"qmm-mma {tag}"] = gpu_mma_source.cuda_source(x, x, x, g, bits, tiles=(1, 2, 4))
+        _, out[f"qmm-mma {tag}"] = gpu_mma_source.cuda_source(x, x, x, g, bits, builds=MMA_BUILDS)
     for w in (f16, bf16, f32):
         _, out[f"dense {str(w).split('.')[-1]}"] = gpu_source.cuda_dense_source(w, w, w, rows=rows)
     for q, kv, sinks in ((f16, f16, False), (bf16, bf16, True), (f32, f32, False), (f32, f16, True)):

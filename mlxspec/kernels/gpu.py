@@ -10,8 +10,9 @@
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
 Rows run in launches of up to MAX_ROWS, each compiled for the smallest row capacity (1, 2, 4, 8, 16)
-that holds them (fewer registers for plain decoding's one row); every row's result is the same
-whatever the launch's row count and capacity. These cannot run on the Linux CPU machines where mlxspec is developed: the registry runs the
+that holds them (fewer registers for plain decoding's one row); the tensor-core qmm takes any number
+of rows in one launch (8 to 64 a warp). Every row's result is the same whatever the launch's row
+count and capacity. These cannot run on the Linux CPU machines where mlxspec is developed: the registry runs the
 same self-check as for the CPU kernel on the user's device before any layer uses them.
 """
 
@@ -83,9 +84,10 @@ def cuda_dense_function() -> Callable[..., mx.array]:
 
 
 def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES) -> Callable[..., mx.array]:
-    """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 4- or 8-bit affine layers. Other
-    calls (float32 x) go to `fallback` (the FMA kernel), so a layer's dtype always meets one kernel.
-    `tiles` (8-column tiles per warp) trades parallelism for x's reuse; it does not change the bits."""
+    """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 4- or 8-bit affine layers, any
+    number of rows in one launch. Other calls (float32 x) go to `fallback` (the FMA kernel), so a
+    layer's dtype always meets one kernel. `tiles` (16-column tiles per threadgroup) trades
+    parallelism for x's reuse; it does not change the bits."""
     require_cuda()
     kernel = mx.fast.cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                                  header=mma.HEADER)
@@ -97,22 +99,28 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
                 raise ValueError(f"tensor-core qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")
             return fallback(x, w, scales, biases, group_size, bits, **({} if mode == "affine" else {"mode": mode}))
         out_type = output_dtype(x.dtype, scales.dtype)
-        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles)
-        return _rows(kernel, x, [w, scales, biases], w.shape[0], targs, out_type, cols=8 * tiles)
+        lead, k, n = x.shape[:-1], x.shape[-1], w.shape[0]
+        rows = x.reshape(-1, k)
+        if rows.shape[0] == 0:
+            return mx.zeros((*lead, n), out_type)
+        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles, rows.shape[0])
+        y = kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(rows.shape[0], n)],
+                   output_dtypes=[out_type], **mma.launch(rows.shape[0], n, tiles))[0]
+        return y.reshape(*lead, n)
 
     return qmm
 
 
-def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out_type, cols: int = COLS) -> mx.array:
-    """Flatten x's leading dims, launch per chunk of MAX_ROWS rows (each `cols` output columns per
-    warp), restore the shape."""
+def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out_type) -> mx.array:
+    """Flatten x's leading dims, launch per chunk of MAX_ROWS rows (COLS output columns per warp),
+    restore the shape."""
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k)
     parts = []
     for r in range(0, rows.shape[0], MAX_ROWS):
         chunk = rows[r : r + MAX_ROWS]
         capacity = [(name, row_capacity(chunk.shape[0])) if name == "ROWS" else (name, v) for name, v in targs]
-        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + cols - 1) // cols, 1),
+        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + COLS - 1) // COLS, 1),
                         threadgroup=THREADGROUP, output_shapes=[(chunk.shape[0], n)], output_dtypes=[out_type])
     y = parts[0] if len(parts) == 1 else mx.concatenate(parts) if parts else mx.zeros((0, n), out_type)
     return y.reshape(*lead, n)

@@ -24,7 +24,8 @@ from .build import KernelUnavailable
 
 log = logging.getLogger("mlxspec.kernels")
 
-CHECK_ROWS = 4  # rows of the qmm self-check call; rows 0 and 3 are also run alone
+CHECK_ROWS = 4  # rows of the qmm self-check call; its first and last rows are also run alone
+MMA_CHECK_ROWS = 72  # the tensor-core qmm's: 8 row tiles a warp, two row blocks (a prompt chunk's launch)
 
 
 @dataclass
@@ -211,7 +212,8 @@ def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size
     if not supports(scale_dtype, group_size, bits, mode):
         return fma, why
     rec = kernel("qmm-mma", "cuda")
-    mma, mma_why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype))
+    mma, mma_why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype,
+                                                               rows=MMA_CHECK_ROWS))
     if mma is None or fma is None:
         return (fma, why) if mma is None else (mma, mma_why)
     if signature not in rec.chosen:  # timed once per shape and process (and the timings once per device)
@@ -250,23 +252,23 @@ def _x_dtypes(scale_dtype: mx.Dtype, mode: str) -> list:
 
 
 def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,
-               activations: str = "f32", mode: str = "affine") -> str | None:
+               activations: str = "f32", mode: str = "affine", rows: int = CHECK_ROWS) -> str | None:
     """None if `qmm` matches the reference (q8_reference for activations='q8') on random inputs of
-    this shape, else what went wrong."""
+    this shape (`rows` rows; the first and last also alone), else what went wrong."""
     from .reference import random_quantized, within_tolerance
 
     key = mx.random.key(n * 7919 + k)
     w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key, mode=mode)
     extra = {} if mode == "affine" else {"mode": mode}  # the CPU kernels take no mode
     for x_dtype in _x_dtypes(scale_dtype, mode):
-        x = mx.random.normal((CHECK_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
+        x = mx.random.normal((rows, k), key=mx.random.split(key)[1]).astype(x_dtype)
         y = qmm(x, w, s, b, group_size, bits, **extra)
         ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits, activations, mode)
         if not ok:
             return f"x {x_dtype}: error {ratio:.3g}x the tolerance"
-        for i in (0, CHECK_ROWS - 1):
+        for i in (0, rows - 1):
             if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits, **extra)[0], y[i]).item():
-                return f"x {x_dtype}: row {i} of a {CHECK_ROWS}-row call differs from the 1-row call"
+                return f"x {x_dtype}: row {i} of a {rows}-row call differs from the 1-row call"
     return None
 
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from mlxspec.kernels import gpu_mma_source
+
 SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cuda_static.py"
 spec = importlib.util.spec_from_file_location("cuda_static", SCRIPT)
 cuda_static = importlib.util.module_from_spec(spec)
@@ -53,12 +55,17 @@ def test_no_kernel_spills_registers(compiled):
 
 
 def test_one_row_matmuls_keep_occupancy(compiled):
-    """Plain decoding's launches (qmm and dense at row capacity 1, every MoE gather row) must not hold
-    the registers of a 16-row launch (what made the first CUDA qmm slow)."""
+    """Plain decoding's launches (qmm and dense at row capacity 1, every MoE gather row, the tensor-core
+    qmm with one row tile) must not hold the registers of a 16-row launch (what made the first CUDA
+    qmm slow)."""
     one_row = {name: k["registers"] for r in compiled for name, k in r.kernels.items()
                if r.label.split()[0] in ("qmm", "gather", "dense") and name.endswith("_1")}
     assert len(one_row) == 6, one_row
-    heavy = {name: regs for name, regs in one_row.items() if regs > ONE_ROW_REGISTERS}
+    step = f"_{gpu_mma_source.TILES}_1_{gpu_mma_source.KSPLIT}"  # tensor cores: the layers' build, 1 row tile
+    steps = {name: k["registers"] for r in compiled for name, k in r.kernels.items()
+             if r.label.startswith("qmm-mma") and name.endswith(step)}
+    assert len(steps) == 2, steps  # f16 and bf16
+    heavy = {name: regs for name, regs in (one_row | steps).items() if regs > ONE_ROW_REGISTERS}
     assert not heavy, heavy
 
 

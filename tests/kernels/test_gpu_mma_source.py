@@ -1,10 +1,12 @@
 """The tensor-core qmm (gpu_mma_source.py), checked as far as a Linux CPU allows.
 
 The full CUDA program is compiled with g++ under the emulator, whose mma follows the PTX ISA's
-fragment layout with its own summation order. It must come within the reference tolerance, and each
-row must be bit-identical across a 16-row, a 7-row and a 1-row launch, across 1, 2 and 4 tiles per
-warp, and with x at an unaligned address. tests/kernels/test_cuda_nvrtc.py compiles the real mma
-instruction with NVRTC; the registry's self-check repeats all this on the device.
+fragment layout with its own summation order, and whose threadgroups share memory and meet at
+__syncthreads. It must come within the reference tolerance, and each row must be bit-identical
+across every build (1 or 2 column tiles, 1 to 8 row tiles: one to five row blocks of a 40-row
+launch), each row launched alone, a 7-row launch, and x at an unaligned address.
+tests/kernels/test_cuda_nvrtc.py compiles the real mma instruction with NVRTC; the registry's
+self-check repeats all this on the device.
 """
 
 from __future__ import annotations
@@ -19,25 +21,27 @@ from mlxspec.kernels.reference import output_dtype, within_tolerance
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CASES = [  # (x dtype, scales dtype, group size, bits)
-    (mx.float16, mx.float16, 64, 4),
+    (mx.float16, mx.float16, 64, 4),  # 6 groups: warps 0, 1 take two, warps 2, 3 one
     (mx.bfloat16, mx.bfloat16, 32, 8),
     (mx.bfloat16, mx.bfloat16, 64, 4),  # 4 bits: codes become bfloat16 through 128 + q
-    (mx.float16, mx.float32, 128, 4),
+    (mx.float16, mx.float32, 128, 4),  # 3 groups: the fourth warp has none
 ]
-TILES = (1, 2, 4)
-M, ODD = 16, (9, 7)  # a 16-row launch, each row alone, rows [9, 16) as one 7-row launch
-N, K = 19, 384  # N: a partial 8-column tile; K: 3 groups of 128, 12 of 32
+BUILDS = [(1, 1), (2, 1), (1, 2), (1, 4), (1, 8)]  # (16-column tiles, 8-row tiles)
+M, ODD = 40, (9, 7)  # a 40-row launch, each row alone, rows [9, 16) as one 7-row launch
+N, K = 19, 384  # N: a partial 16-column tile; K: 3 groups of 128, 12 of 32
 
 HARNESS = """
 {source}
 using T = {T}; using WT = {W}; using O = {O};
-std::vector<O> launch(int tiles, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
+std::vector<O> launch(int build, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
+  const int tiles[] = {{{tiles}}}, row_tiles[] = {{{row_tiles}}};
   std::vector<O> y(size_t(M) * N);
   Shape xs{{M, K}}, ws{{N, K * {BITS} / 32}};
-  emu::run_grid((N + 8 * tiles - 1) / (8 * tiles), 1, [&](int lane, int warp, int) {{
-    threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
-    blockIdx = dim3{{0, unsigned(warp / 2), 0}}; blockDim = dim3{{32, 2, 1}};
-    switch (tiles) {{
+  const int ys = (N + 16 * tiles[build] - 1) / (16 * tiles[build]), zs = (M + 8 * row_tiles[build] - 1) / (8 * row_tiles[build]);
+  emu::run_blocks(ys, zs, {KSPLIT}, [&](int lane, int warp, int by, int bz) {{
+    threadIdx = dim3{{unsigned(lane), unsigned(warp), 0}};
+    blockIdx = dim3{{0, unsigned(by), unsigned(bz)}}; blockDim = dim3{{32, {KSPLIT}, 1}};
+    switch (build) {{
 {cases}
     }}
   }});
@@ -50,23 +54,24 @@ int main(int argc, char** argv) {{
   auto w = load<uint32_t>(d + "/w", size_t(N) * K * {BITS} / 32);
   auto s = load<WT>(d + "/s", size_t(N) * K / {G}); auto b = load<WT>(d + "/b", size_t(N) * K / {G});
   std::ofstream out(d + "/y", std::ios::binary);
-  for (int tiles : {{1, 2, 4}}) save(out, launch(tiles, x.data(), M, w.data(), s.data(), b.data(), N, K));
-  for (int r = 0; r < M; ++r) save(out, launch(2, x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K));
-  save(out, launch(2, x.data() + size_t({r0}) * K, {odd}, w.data(), s.data(), b.data(), N, K));
+  for (int build = 0; build < {builds}; ++build) save(out, launch(build, x.data(), M, w.data(), s.data(), b.data(), N, K));
+  for (int r = 0; r < M; ++r) save(out, launch(0, x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K));
+  save(out, launch(0, x.data() + size_t({r0}) * K, {odd}, w.data(), s.data(), b.data(), N, K));
   std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: one-by-one loads
   for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
-  save(out, launch(2, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));
+  save(out, launch(3, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));
 }}
 """
-CASE = "      case {tiles}: mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data()); break;"
+CASE = "      case {i}: mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data()); break;"
 
 
 def code(x_dtype, s_dtype, group_size: int, bits: int) -> str:
     out = output_dtype(x_dtype, s_dtype)
-    names, source = src.cuda_source(x_dtype, s_dtype, out, group_size, bits, tiles=TILES)
-    cases = "\n".join(CASE.format(tiles=t, name=n) for t, n in zip(TILES, names))
+    names, source = src.cuda_source(x_dtype, s_dtype, out, group_size, bits, builds=BUILDS)
+    cases = "\n".join(CASE.format(i=i, name=n) for i, n in enumerate(names))
     return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[out], cases=cases,
-                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1])
+                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1], KSPLIT=src.KSPLIT, builds=len(BUILDS),
+                          tiles=", ".join(str(t) for t, _ in BUILDS), row_tiles=", ".join(str(r) for _, r in BUILDS))
 
 
 def case_id(case) -> str:
@@ -88,19 +93,20 @@ def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
     run(exes[case], tmp_path, M, N, K)
     out = output_dtype(x_dtype, s_dtype)
     raw = (tmp_path / "y").read_bytes()
-    size = len(raw) // (len(TILES) * M + M + ODD[1] + M)  # bytes per output row
+    counts = [M] * len(BUILDS) + [1] * M + [ODD[1], M]
+    size = len(raw) // sum(counts)  # bytes per output row
     parts, start = [], 0
-    for rows in [M] * len(TILES) + [M, ODD[1], M]:
+    for rows in counts:
         parts.append(from_np(raw[start : start + rows * size], out, (rows, N)))
         start += rows * size
-    by_tiles, (one_row, odd, shifted) = parts[: len(TILES)], parts[len(TILES) :]
-    y = by_tiles[1]  # 2 tiles: what the other launches use
+    y, builds = parts[0], parts[1 : len(BUILDS)]
+    alone, (odd, shifted) = mx.concatenate(parts[len(BUILDS) : -2]), parts[-2:]
     ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
     assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
-    for tiles, other in zip(TILES, by_tiles):
-        assert mx.array_equal(other, y).item(), f"{tiles} tiles per warp give other bits"
-    assert mx.array_equal(one_row, y).item(), "rows of a 16-row launch differ from 1-row launches"
-    assert mx.array_equal(odd, y[ODD[0] :]).item(), "rows of a 7-row launch differ"
+    for build, other in zip(BUILDS[1:], builds):
+        assert mx.array_equal(other, y).item(), f"(column tiles, row tiles) {build} give other bits"
+    assert mx.array_equal(alone, y).item(), f"rows of a {M}-row launch differ from 1-row launches"
+    assert mx.array_equal(odd, y[ODD[0] : sum(ODD)]).item(), "rows of a 7-row launch differ"
     assert mx.array_equal(shifted, y).item(), "x at an unaligned address gives other bits"
     assert not mx.array_equal(y[0], y[1]).item()  # the rows are really different rows
 

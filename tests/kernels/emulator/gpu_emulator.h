@@ -1,9 +1,11 @@
 // Stand-ins for the Metal and CUDA builtins our GPU kernels use, so the source MLX would generate
-// compiles as C++ and runs on the CPU: every lane of a simdgroup/warp is a fiber (ucontext) of one
-// thread, and cross-lane operations meet at a barrier: each lane runs until its next meeting, then
-// the next lane runs (round robin), so a meeting completes when all 32 lanes reached it. Lanes that
-// leave while others still meet would deadlock a GPU: the emulator aborts. Only what mlxspec's kernels
-// need; not a general emulator.
+// compiles as C++ and runs on the CPU: every lane of a threadgroup is a fiber (ucontext) of one
+// thread, and cross-lane operations meet: each lane runs until its next meeting, then the next lane
+// runs (round robin), so a meeting completes when every lane reached it. A lane operation reads its
+// own warp's slots; `__syncthreads()` waits for every lane of the threadgroup, and `__shared__`
+// arrays are statics (one threadgroup runs at a time). Lanes that leave while their warp's other
+// lanes still meet would deadlock a GPU: the emulator aborts. Only what mlxspec's kernels need; not
+// a general emulator.
 #pragma once
 
 #include <ucontext.h>
@@ -24,7 +26,7 @@ struct dim3 { unsigned x, y, z; };
 inline dim3 threadIdx, blockIdx, blockDim;  // CUDA builtins: saved and restored per lane fiber
 
 namespace emu {
-constexpr int kLanes = 32;
+constexpr int kLanes = 32, kMaxWarps = 8;
 constexpr size_t kStack = 256 * 1024;
 struct Lanes {
   float values[kLanes];
@@ -35,25 +37,36 @@ struct Fiber {
   dim3 tid{}, bid{}, bdim{};
   bool done = false;
 };
-inline Lanes* lanes = nullptr;
-inline int lane = 0;
+inline Lanes* lanes = nullptr;  // the running lane's warp's slots
+inline int lane = 0, fiber = 0;  // lane within its warp; fiber = warp * 32 + lane
+inline int fiber_count = kLanes;
 inline ucontext_t scheduler;
-inline Fiber fibers[kLanes];
+inline Fiber fibers[kLanes * kMaxWarps];
 inline const std::function<void(int)>* task = nullptr;
+inline int arrived = 0, generation = 0;  // __syncthreads()
 
-inline void meet() { swapcontext(&fibers[lane].ctx, &scheduler); }  // back to the scheduler
-inline void start(int l) {
-  (*task)(l);
-  fibers[l].done = true;  // returning resumes the scheduler (uc_link)
+inline void meet() { swapcontext(&fibers[fiber].ctx, &scheduler); }  // back to the scheduler
+inline void start(int f) {
+  (*task)(f);
+  fibers[f].done = true;  // returning resumes the scheduler (uc_link)
 }
 
-// Run fn(l) for the 32 lanes of one warp.
-inline void run_warp(const std::function<void(int)>& fn) {
-  static std::vector<char> stacks(kStack * kLanes);
-  static Lanes group;  // one warp at a time
-  lanes = &group;
+// Every lane of the threadgroup reaches this before any goes on; all leave in the same round.
+inline void barrier() {
+  const int gen = generation;
+  if (++arrived == fiber_count) arrived = 0, ++generation;
+  do meet(); while (generation == gen);
+}
+
+// Run fn(f) for `warps` warps of 32 lanes (f = warp * 32 + lane): one threadgroup.
+inline void run_threads(int warps, const std::function<void(int)>& fn) {
+  if (warps < 1 || warps > kMaxWarps) std::abort();
+  static std::vector<char> stacks(kStack * kLanes * kMaxWarps);
+  static Lanes group[kMaxWarps];
   task = &fn;
-  for (int l = 0; l < kLanes; ++l) {
+  fiber_count = warps * kLanes;
+  arrived = 0;
+  for (int l = 0; l < fiber_count; ++l) {
     Fiber& f = fibers[l];
     f = Fiber{};
     getcontext(&f.ctx);
@@ -63,24 +76,35 @@ inline void run_warp(const std::function<void(int)>& fn) {
     makecontext(&f.ctx, (void (*)())start, 1, l);
   }
   for (;;) {  // one round: every unfinished lane runs to its next meeting (or its end)
-    int met = 0, ended = 0, left = 0;
-    for (int l = 0; l < kLanes; ++l) {
+    int left = 0, met[kMaxWarps] = {}, ended[kMaxWarps] = {};
+    for (int l = 0; l < fiber_count; ++l) {
       Fiber& f = fibers[l];
       if (f.done) continue;
       ++left;
-      lane = l;
+      fiber = l, lane = l % kLanes, lanes = &group[l / kLanes];
       threadIdx = f.tid, blockIdx = f.bid, blockDim = f.bdim;
       swapcontext(&scheduler, &f.ctx);
       f.tid = threadIdx, f.bid = blockIdx, f.bdim = blockDim;
-      (f.done ? ended : met) += 1;
+      (f.done ? ended : met)[l / kLanes] += 1;
     }
     if (left == 0) break;
-    if (met && ended) {
-      std::fprintf(stderr, "emulator: %d lanes left while %d lanes wait at a lane operation\n", ended, met);
-      std::abort();
+    for (int w = 0; w < warps; ++w)
+      if (met[w] && ended[w]) {
+        std::fprintf(stderr, "emulator: %d lanes left while %d lanes wait at a lane operation\n", ended[w], met[w]);
+        std::abort();
+      }
+    if (arrived) {  // lanes wait at the barrier: every other lane must still be running
+      for (int l = 0; l < fiber_count; ++l)
+        if (fibers[l].done) {
+          std::fprintf(stderr, "emulator: a lane left while others wait at __syncthreads()\n");
+          std::abort();
+        }
     }
   }
 }
+
+// Run fn(l) for the 32 lanes of one warp.
+inline void run_warp(const std::function<void(int)>& fn) { run_threads(1, fn); }
 
 // Every lane publishes v, then reads lane `src`'s value.
 template <typename V> V exchange_in(V* slots, V v, int src) {
@@ -115,6 +139,13 @@ inline void run_columns(int columns, const std::function<void(int, int)>& fn) {
 inline void run_grid(int ys, int zs, const std::function<void(int, int, int)>& fn) {
   for (int z = 0; z < zs; ++z)
     run_columns(ys, [&](int l, int y) { fn(l, y, z); });
+}
+
+// Run fn(lane, warp, y, z) for `warps` warps per (y, z) threadgroup, one threadgroup at a time
+// (kernels that share threadgroup memory: they set threadIdx.y = warp, blockIdx = (0, y, z)).
+inline void run_blocks(int ys, int zs, int warps, const std::function<void(int, int, int, int)>& fn) {
+  for (int z = 0; z < zs; ++z)
+    for (int y = 0; y < ys; ++y) run_threads(warps, [&](int f) { fn(f % kLanes, f / kLanes, y, z); });
 }
 
 struct bf16 {  // storage-only bfloat16, round-to-nearest-even from float
@@ -185,10 +216,18 @@ inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1
 #define __global__
 #define __device__
 #define __grid_constant__
+#define __shared__ static  // one threadgroup runs at a time
+inline void __syncthreads() { emu::barrier(); }
 using __half = _Float16;
 using __nv_bfloat16 = emu::bf16;
 using Shape = std::array<int32_t, 8>;
 using Strides = std::array<int64_t, 8>;
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte n of the result: byte s[n] of (y:x)
+  const uint64_t v = (uint64_t(y) << 32) | x;
+  uint32_t r = 0;
+  for (int n = 0; n < 4; ++n) r |= uint32_t((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFFu) << (8 * n);
+  return r;
+}
 inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline float __shfl_sync(unsigned, float v, int src) { return emu::exchange(v, src); }
