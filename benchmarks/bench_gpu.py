@@ -96,12 +96,12 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                 if rec.fn is not None:
                     fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
                     entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
-            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 2 column tiles too (same bits)
-                from mlxspec.kernels.gpu import cuda_mma_qmm_function
+            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 2 column tiles (same bits), and
+                from mlxspec.kernels.gpu import cuda_mma_qmm_function  # K split over 2 or 8 warps (other bits)
 
-                for tiles in (2,):
-                    f = cuda_mma_qmm_function(kernel("qmm").fn, tiles)
-                    fns[f"qmm-mma-t{tiles}"] = lambda x, f=f: f(x, w, s, b, group, bits)
+                for tiles, ksplit in ((2, 4), (1, 2), (1, 8)):
+                    f = cuda_mma_qmm_function(kernel("qmm").fn, tiles, ksplit)
+                    fns[f"qmm-mma-t{tiles}-k{ksplit}"] = lambda x, f=f: f(x, w, s, b, group, bits)
         for m in QMM_ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
             entry[f"M={m}"] = {f"{name}_us": round(time_call(lambda: f(x), repeats=15), 1) for name, f in fns.items()}

@@ -83,11 +83,13 @@ def cuda_dense_function() -> Callable[..., mx.array]:
     return _dense_function(kernel)
 
 
-def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES) -> Callable[..., mx.array]:
+def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES,
+                          ksplit: int = mma.KSPLIT) -> Callable[..., mx.array]:
     """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 4- or 8-bit affine layers, any
     number of rows in one launch. Other calls (float32 x) go to `fallback` (the FMA kernel), so a
     layer's dtype always meets one kernel. `tiles` (16-column tiles per threadgroup) trades
-    parallelism for x's reuse; it does not change the bits."""
+    parallelism for x's reuse; it does not change the bits. `ksplit` (warps splitting K) does: a
+    layer keeps the default."""
     require_cuda()
     kernel = mx.fast.cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                                  header=mma.HEADER)
@@ -103,9 +105,9 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
         rows = x.reshape(-1, k)
         if rows.shape[0] == 0:
             return mx.zeros((*lead, n), out_type)
-        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles, rows.shape[0])
+        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles, rows.shape[0], ksplit)
         y = kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(rows.shape[0], n)],
-                   output_dtypes=[out_type], **mma.launch(rows.shape[0], n, tiles))[0]
+                   output_dtypes=[out_type], **mma.launch(rows.shape[0], n, tiles, ksplit))[0]
         return y.reshape(*lead, n)
 
     return qmm

@@ -48,7 +48,8 @@ NAME = "mlxspec_qmm_mma"
 INPUTS = ["x", "w", "scales", "biases"]
 OUTPUTS = ["y"]
 TILES = 1  # 16-column tiles per threadgroup: x's loads serve each; the bits do not depend on it
-KSPLIT = 4  # warps of a threadgroup, each taking every KSPLIT-th group of K (fixed: it orders the sums)
+KSPLIT = 4  # warps of a threadgroup, each taking every KSPLIT-th group of K: it orders the sums, so a
+# layer must keep one value (bench_gpu.py times 2 and 8 too, for a device session to choose)
 ROW_TILES = (1, 2, 4, 8)  # 8-row tiles a warp computes with each code it converts
 X_DTYPES = (mx.float16, mx.bfloat16)
 BITS = (4, 8)
@@ -323,26 +324,26 @@ def row_tiles(rows: int) -> int:
 
 
 def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, tiles: int = TILES,
-                  rows: int = 1) -> list[tuple]:
+                  rows: int = 1, ksplit: int = KSPLIT) -> list[tuple]:
     return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits), ("TILES", tiles),
-            ("RT", row_tiles(rows)), ("KSPLIT", KSPLIT)]
+            ("RT", row_tiles(rows)), ("KSPLIT", ksplit)]
 
 
-def launch(rows: int, n: int, tiles: int = TILES) -> dict:
+def launch(rows: int, n: int, tiles: int = TILES, ksplit: int = KSPLIT) -> dict:
     """grid and threadgroup of a launch over `rows` rows of x and `n` output columns."""
     per_block = 8 * row_tiles(rows)
-    return {"grid": (32, (n + 16 * tiles - 1) // (16 * tiles) * KSPLIT, max(1, (rows + per_block - 1) // per_block)),
-            "threadgroup": (32, KSPLIT, 1)}
+    return {"grid": (32, (n + 16 * tiles - 1) // (16 * tiles) * ksplit, max(1, (rows + per_block - 1) // per_block)),
+            "threadgroup": (32, ksplit, 1)}
 
 
 def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, builds=((TILES, 1),)) -> tuple[list[str], str]:
     """(function names, full CUDA program) as mx.fast.cuda_kernel would generate it, one function per
-    (column tiles, row tiles) pair in `builds`."""
+    (column tiles, row tiles[, K split]) in `builds`."""
     dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
     kernel = (NAME, INPUTS, OUTPUTS, [out_dtype])
     names, texts = [], []
-    for tiles, rt in builds:
-        targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, tiles, 8 * rt)
+    for tiles, rt, *ksplit in builds:
+        targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, tiles, 8 * rt, *ksplit)
         name, text = cuda_function(kernel, dtypes, targs, BODY)
         names, texts = names + [name], texts + [text]
     return names, cuda_program(HEADER, texts)

@@ -26,7 +26,8 @@ CASES = [  # (x dtype, scales dtype, group size, bits)
     (mx.bfloat16, mx.bfloat16, 64, 4),  # 4 bits: codes become bfloat16 through 128 + q
     (mx.float16, mx.float32, 128, 4),  # 3 groups: the fourth warp has none
 ]
-BUILDS = [(1, 1), (2, 1), (1, 2), (1, 4), (1, 8)]  # (16-column tiles, 8-row tiles)
+BUILDS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 4, 4), (1, 8, 4),  # (16-column tiles, 8-row tiles, warps on K)
+          (1, 1, 2), (1, 8, 2), (1, 1, 8), (1, 8, 8)]  # other K splits: other bits, each row-invariant
 M, ODD = 40, (9, 7)  # a 40-row launch, each row alone, rows [9, 16) as one 7-row launch
 N, K = 19, 384  # N: a partial 16-column tile; K: 3 groups of 128, 12 of 32
 
@@ -34,13 +35,13 @@ HARNESS = """
 {source}
 using T = {T}; using WT = {W}; using O = {O};
 std::vector<O> launch(int build, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
-  const int tiles[] = {{{tiles}}}, row_tiles[] = {{{row_tiles}}};
+  const int tiles[] = {{{tiles}}}, row_tiles[] = {{{row_tiles}}}, ksplit[] = {{{ksplit}}};
   std::vector<O> y(size_t(M) * N);
   Shape xs{{M, K}}, ws{{N, K * {BITS} / 32}};
   const int ys = (N + 16 * tiles[build] - 1) / (16 * tiles[build]), zs = (M + 8 * row_tiles[build] - 1) / (8 * row_tiles[build]);
-  emu::run_blocks(ys, zs, {KSPLIT}, [&](int lane, int warp, int by, int bz) {{
+  emu::run_blocks(ys, zs, ksplit[build], [&](int lane, int warp, int by, int bz) {{
     threadIdx = dim3{{unsigned(lane), unsigned(warp), 0}};
-    blockIdx = dim3{{0, unsigned(by), unsigned(bz)}}; blockDim = dim3{{32, {KSPLIT}, 1}};
+    blockIdx = dim3{{0, unsigned(by), unsigned(bz)}}; blockDim = dim3{{32, unsigned(ksplit[build]), 1}};
     switch (build) {{
 {cases}
     }}
@@ -70,8 +71,8 @@ def code(x_dtype, s_dtype, group_size: int, bits: int) -> str:
     names, source = src.cuda_source(x_dtype, s_dtype, out, group_size, bits, builds=BUILDS)
     cases = "\n".join(CASE.format(i=i, name=n) for i, n in enumerate(names))
     return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[out], cases=cases,
-                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1], KSPLIT=src.KSPLIT, builds=len(BUILDS),
-                          tiles=", ".join(str(t) for t, _ in BUILDS), row_tiles=", ".join(str(r) for _, r in BUILDS))
+                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1], builds=len(BUILDS),
+                          **{name: ", ".join(str(b[i]) for b in BUILDS) for i, name in enumerate(("tiles", "row_tiles", "ksplit"))})
 
 
 def case_id(case) -> str:
@@ -99,12 +100,13 @@ def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
     for rows in counts:
         parts.append(from_np(raw[start : start + rows * size], out, (rows, N)))
         start += rows * size
-    y, builds = parts[0], parts[1 : len(BUILDS)]
-    alone, (odd, shifted) = mx.concatenate(parts[len(BUILDS) : -2]), parts[-2:]
-    ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
-    assert ok, f"{case_id(case)}: error {ratio:.3g}x the tolerance"
-    for build, other in zip(BUILDS[1:], builds):
-        assert mx.array_equal(other, y).item(), f"(column tiles, row tiles) {build} give other bits"
+    y, alone, (odd, shifted) = parts[0], mx.concatenate(parts[len(BUILDS) : -2]), parts[-2:]
+    first = {}  # K split -> its first build's output: the others with that split must equal it
+    for build, other in zip(BUILDS, parts):
+        ok, ratio = within_tolerance(other, x, w, s, b, group_size, bits)
+        assert ok, f"{case_id(case)} {build}: error {ratio:.3g}x the tolerance"
+        ref = first.setdefault(build[2], other)
+        assert mx.array_equal(other, ref).item(), f"(column tiles, row tiles, K split) {build} give other bits"
     assert mx.array_equal(alone, y).item(), f"rows of a {M}-row launch differ from 1-row launches"
     assert mx.array_equal(odd, y[ODD[0] : sum(ODD)]).item(), "rows of a 7-row launch differ"
     assert mx.array_equal(shifted, y).item(), "x at an unaligned address gives other bits"
