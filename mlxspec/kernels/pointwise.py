@@ -99,12 +99,41 @@ class KernelRMSNorm(nn.RMSNorm):
         new.weight, new.eps = layer.weight, layer.eps
         return new
 
+    def norm_weight(self) -> mx.array:
+        return self["weight"]
+
     def __call__(self, x: mx.array) -> mx.array:
-        w = self["weight"]
+        w = self.norm_weight()
         sig = ("rms_norm", x.shape[-1], str(x.dtype), str(w.dtype), self.eps)
         if _usable(x, w) and _check(sig, lambda: _check_rms_norm(w, self.eps, x.dtype)):
             return _ext().rms_norm(x, w, self.eps, stream=mx.cpu)
-        return super().__call__(x)
+        return mx.fast.rms_norm(x, w, self.eps)
+
+
+# mlx-lm's gemma-family norms: the weight is stored as w - 1 and each call norms with 1.0 + weight
+OFFSET_NORMS = {("mlx_lm.models.gemma", "RMSNorm"), ("mlx_lm.models.gemma2", "RMSNorm"),
+                ("mlx_lm.models.gemma3_text", "RMSNorm")}
+
+
+def _offset_norm(m: nn.Module) -> bool:
+    return (type(m).__module__, type(m).__name__) in OFFSET_NORMS
+
+
+class KernelOffsetRMSNorm(KernelRMSNorm):
+    """A gemma-family norm through the kernel. 1.0 + weight is computed once, in the weight's dtype
+    as the module computes it at every call (the same values), and kept out of the parameters; on
+    the CPU the module's own call is ~10 graph nodes (mx.fast.rms_norm's fallback ops and the add)."""
+
+    @classmethod
+    def wrap(cls, layer: nn.Module) -> "KernelOffsetRMSNorm":
+        new = super().wrap(layer)
+        object.__setattr__(new, "_origin", layer)  # not a child module
+        new._offset_weight = 1.0 + layer.weight  # "_": not a parameter
+        mx.eval(new._offset_weight)
+        return new
+
+    def norm_weight(self) -> mx.array:
+        return self._offset_weight
 
 
 def _check_rms_norm(w: mx.array, eps: float, dtype) -> str | None:
@@ -208,7 +237,8 @@ def _check_swiglu(gate_dtype, up_dtype) -> str | None:
 
 
 def use_pointwise_kernels(model: nn.Module) -> dict:
-    """Swap the model's nn.RMSNorm and nn.RoPE (and Llama 3 rope) modules and route its MLP modules' swiglu."""
+    """Swap the model's nn.RMSNorm (and gemma-family norms), nn.RoPE (and Llama 3 rope) modules and
+    route its MLP modules' swiglu."""
     from .layers import _set_module
 
     report = {"kernel": "pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": 0, "error": None}
@@ -216,8 +246,13 @@ def use_pointwise_kernels(model: nn.Module) -> dict:
         report["error"] = _record().error
         registry.warn_once(f"mlxspec cpu pointwise kernels unavailable: {report['error'].splitlines()[0]}", "MLX's ops")
         return report
-    swaps = [(p, KernelRMSNorm.wrap(m), "rms_norm") if type(m) is nn.RMSNorm else (p, KernelRoPE.wrap(m), "rope")
-             for p, m in model.named_modules() if type(m) in (nn.RMSNorm, nn.RoPE) or _period_rope(m)]
+    def swap(m: nn.Module):
+        if type(m) is nn.RMSNorm:
+            return KernelRMSNorm.wrap(m), "rms_norm"
+        return (KernelOffsetRMSNorm.wrap(m), "rms_norm") if _offset_norm(m) else (KernelRoPE.wrap(m), "rope")
+
+    swaps = [(p, *swap(m)) for p, m in model.named_modules()
+             if type(m) in (nn.RMSNorm, nn.RoPE) or _period_rope(m) or _offset_norm(m)]
     for path, module, kind in swaps:
         _set_module(model, path, module)
         report["swapped"][kind] += 1
@@ -231,7 +266,9 @@ def restore_pointwise(model: nn.Module) -> None:
 
     unroute_functions(model, ["swiglu"])
     for path, m in list(model.named_modules()):
-        if isinstance(m, KernelRMSNorm):
+        if isinstance(m, KernelOffsetRMSNorm):
+            _set_module(model, path, m._origin)
+        elif isinstance(m, KernelRMSNorm):
             plain = nn.RMSNorm(m.weight.shape[0], eps=m.eps)
             plain.weight = m.weight
             _set_module(model, path, plain)

@@ -7,6 +7,7 @@ dtype); row independence is bit for bit (row i of an M-row call = the call on th
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -14,8 +15,8 @@ import pytest
 from mlx_lm.models.activations import swiglu as mlx_lm_swiglu
 
 from mlxspec.kernels import pointwise
-from mlxspec.kernels.pointwise import (KernelRMSNorm, KernelRoPE, inverse_frequencies, restore_pointwise,
-                                       use_pointwise_kernels)
+from mlxspec.kernels.pointwise import (KernelOffsetRMSNorm, KernelRMSNorm, KernelRoPE, inverse_frequencies,
+                                       restore_pointwise, use_pointwise_kernels)
 
 DTYPES = [mx.float32, mx.float16, mx.bfloat16]
 
@@ -165,6 +166,43 @@ def test_model_swap_keeps_logits_and_restores(cpu_ext, tiny_llama):
     import mlx_lm.models.llama as llama
 
     assert llama.swiglu is mlx_lm_swiglu  # mlx-lm's module was never touched
+    assert mx.array_equal(model(x), before).item()
+
+
+def test_gemma_norms_run_the_kernel_on_one_plus_weight_and_are_given_back(cpu_ext, tmp_path):
+    """gemma3's norms (weight stored as w - 1, normed with 1.0 + w): the kernel over 1.0 + w, the
+    module's parameters untouched, the original modules back after restore."""
+    import sys
+
+    from mlx.utils import tree_flatten
+
+    sys.path.insert(0, str(Path(__file__).parents[1]))
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+    from mlxspec.loading import load
+
+    path = write_tiny_llama_gguf(tmp_path / "g3.gguf", "Q8_0", arch="gemma3", tokenizer="llama",
+                                 dims=Dims(layers=6, head_dim=32), metadata={"attention.sliding_window": 4})
+    model = load(str(path)).model
+    norms = {p: m for p, m in model.named_modules() if type(m).__name__ == "RMSNorm"}
+    params = dict(tree_flatten(model.parameters()))
+    x = mx.array([[3, 1, 4, 1, 5, 9, 2, 6]])
+    before = model(x)
+    report = use_pointwise_kernels(model)
+    try:
+        assert report["swapped"]["rms_norm"] == len(norms) == 6 * 6 + 1  # 4 a block, q/k heads, the final one
+        layer = model.model.layers[0]
+        norm = layer.input_layernorm
+        assert isinstance(norm, KernelOffsetRMSNorm)
+        h = strided((1, 3, norm.weight.shape[0]), mx.float32, 4)
+        assert mx.array_equal(norm(h), pointwise._ext().rms_norm(h, 1.0 + norm.weight, norm.eps, stream=mx.cpu)).item()
+        assert_close(norm(h), mx.fast.rms_norm(h, 1.0 + norm.weight, norm.eps))
+        after = dict(tree_flatten(model.parameters()))
+        assert after.keys() == params.keys() and all(after[k] is params[k] for k in params)  # nothing added
+        assert mx.allclose(model(x), before, atol=1e-4, rtol=1e-4).item()
+    finally:
+        restore_pointwise(model)
+    assert {p: m for p, m in model.named_modules() if type(m).__name__ == "RMSNorm"} == norms
+    assert all(norms[p] is m for p, m in model.named_modules() if p in norms)
     assert mx.array_equal(model(x), before).item()
 
 
