@@ -53,11 +53,12 @@ def installed(model: nn.Module) -> bool:
     """Does any layer of this model run one of our kernels?"""
     from .hooks import routed
     from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, KernelQuantizedSwitchLinear
-    from .pointwise import KernelRMSNorm, KernelRoPE
+    from .pointwise import KernelRMSNorm, KernelRoPE, geglu_swapped
 
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
              KernelRMSNorm, KernelRoPE)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
+                               or geglu_swapped(m)
                for _, m in model.named_modules())
 
 

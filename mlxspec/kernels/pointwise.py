@@ -1,4 +1,4 @@
-"""RMSNorm, RoPE and SwiGLU on the CPU in one pass each: the per-token ops between the matmuls.
+"""RMSNorm, RoPE, SwiGLU and GeGLU on the CPU in one pass each: the per-token ops between the matmuls.
 
 MLX's CPU backend builds these from generic ops (rope ~50 us a call, sigmoid ~10 ns an element):
 with the matmul kernels on, they were half of a SmolLM2 forward, and SwiGLU grew 6x from one row
@@ -11,8 +11,9 @@ swiglu) in one pass per row.
 A call goes to the kernel only on the CPU device, for a signature (op, dtype, sizes) that passed
 its self-check against MLX's op in this process; anything else (an array offset for batched
 caches, a failed check, a GPU) runs MLX's op unchanged. Everything is per model: norm and rope
-modules are swapped, and the model's MLP modules are routed to kernel_swiglu (hooks.py), so other
-models in the process (mlx-lm's own too) keep MLX's ops.
+modules are swapped (gemma's norms, weight stored as w - 1, with 1.0 + w), the model's MLP modules
+are routed to kernel_swiglu (hooks.py), and gemma2/3's MLP instances get a class whose call runs
+kernel_geglu, so other models in the process (mlx-lm's own too) keep MLX's ops.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ TOL = {mx.float32: 2.0**-20, mx.float16: 2.0**-9, mx.bfloat16: 2.0**-6}
 def _load_pointwise(backend: str):
     if backend != "cpu":
         raise KernelUnavailable(f"RMSNorm/RoPE/SwiGLU kernels are CPU-only ({backend}: MLX's ops are row-invariant there)")
-    return load_cpu_extension(), "rms_norm, rope, swiglu"
+    return load_cpu_extension(), "rms_norm, rope, swiglu, geglu"
 
 
 registry.register("pointwise", _load_pointwise)
@@ -224,6 +225,46 @@ def kernel_swiglu(gate: mx.array, x: mx.array) -> mx.array:
     return mlx_lm_swiglu()(gate, x)
 
 
+def kernel_geglu(gate: mx.array, x: mx.array) -> mx.array:
+    """gelu_approx(gate) * x (gemma2/3's MLP), through the kernel where it applies."""
+    if _usable(gate, x) and gate.shape == x.shape:
+        sig = ("geglu", str(gate.dtype), str(x.dtype))
+        if _check(sig, lambda: _check_geglu(gate.dtype, x.dtype)):
+            return _ext().geglu(gate, x, stream=mx.cpu)
+    return nn.gelu_approx(gate) * x
+
+
+def _check_geglu(gate_dtype, up_dtype) -> str | None:
+    g = mx.concatenate([_random((2, 3, 61), gate_dtype, 5), mx.array([[[-30.0, -9.0, 0.0, 9.0, 30.0]] * 3] * 2,
+                                                                       gate_dtype)], axis=-1)  # both tails, 0
+    u = _random((2, 3, 66), up_dtype, 6)
+    kernel = lambda a, b: _ext().geglu(a, b, stream=mx.cpu)  # noqa: E731
+    if not _close(kernel(g, u), nn.gelu_approx(g) * u):
+        return "disagrees with nn.gelu_approx(gate) * up"
+    return None if _rows_independent(kernel, g, u) else "rows depend on the row count"
+
+
+# mlx-lm's MLPs computing down_proj(gelu_approx(gate_proj(x)) * up_proj(x)) (gemma 1's uses the erf GELU)
+GEGLU_MLPS = {("mlx_lm.models.gemma2", "MLP"), ("mlx_lm.models.gemma3_text", "MLP")}
+_GEGLU_FROM = "_mlxspec_geglu_from"  # class attribute of a swapped MLP class: the class it wraps
+_geglu_classes: dict[type, type] = {}
+
+
+def _geglu_call(self, x: mx.array) -> mx.array:
+    return self.down_proj(kernel_geglu(self.gate_proj(x), self.up_proj(x)))
+
+
+def geglu_swapped(m: nn.Module) -> bool:
+    return hasattr(type(m), _GEGLU_FROM)
+
+
+def _geglu_class(base: type) -> type:
+    if base not in _geglu_classes:
+        _geglu_classes[base] = type(base.__name__, (base,), {_GEGLU_FROM: base, "__module__": base.__module__,
+                                                             "__call__": _geglu_call})
+    return _geglu_classes[base]
+
+
 def _check_swiglu(gate_dtype, up_dtype) -> str | None:
     g = _random((2, 5, 96), gate_dtype, 4) * 4  # silu's both tails: large |g| too
     u = _random((2, 5, 96), up_dtype, 5)
@@ -237,11 +278,11 @@ def _check_swiglu(gate_dtype, up_dtype) -> str | None:
 
 
 def use_pointwise_kernels(model: nn.Module) -> dict:
-    """Swap the model's nn.RMSNorm (and gemma-family norms), nn.RoPE (and Llama 3 rope) modules and
-    route its MLP modules' swiglu."""
+    """Swap the model's nn.RMSNorm (and gemma-family norms), nn.RoPE (and Llama 3 rope) modules, route
+    its MLP modules' swiglu, and give gemma2/3's MLPs the geglu kernel."""
     from .layers import _set_module
 
-    report = {"kernel": "pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": 0, "error": None}
+    report = {"kernel": "pointwise", "swapped": {"rms_norm": 0, "rope": 0}, "swiglu": 0, "geglu": 0, "error": None}
     if _ext() is None:
         report["error"] = _record().error
         registry.warn_once(f"mlxspec cpu pointwise kernels unavailable: {report['error'].splitlines()[0]}", "MLX's ops")
@@ -257,6 +298,10 @@ def use_pointwise_kernels(model: nn.Module) -> dict:
         _set_module(model, path, module)
         report["swapped"][kind] += 1
     report["swiglu"] = route_functions(model, {"swiglu": (mlx_lm_swiglu(), kernel_swiglu)})
+    for _, m in model.named_modules():  # gemma2/3: one geglu op in place of gelu_approx and the product
+        if (type(m).__module__, type(m).__name__) in GEGLU_MLPS and not geglu_swapped(m):
+            m.__class__ = _geglu_class(type(m))
+            report["geglu"] += 1
     return report
 
 
@@ -266,6 +311,8 @@ def restore_pointwise(model: nn.Module) -> None:
 
     unroute_functions(model, ["swiglu"])
     for path, m in list(model.named_modules()):
+        if geglu_swapped(m):
+            m.__class__ = getattr(type(m), _GEGLU_FROM)
         if isinstance(m, KernelOffsetRMSNorm):
             _set_module(model, path, m._origin)
         elif isinstance(m, KernelRMSNorm):

@@ -85,6 +85,19 @@ def test_swiglu_matches_mlx_lm_including_both_tails(cpu_ext, dtype):
         assert mx.array_equal(cpu_ext.swiglu(g[:, :m], u[:, :m], stream=mx.cpu), y[:, :m]).item()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_geglu_matches_gelu_approx_including_both_tails(cpu_ext, dtype):
+    g = strided((2, 8, 300), dtype, 5, scale=30.0)  # GELU saturates both ways: the sigmoid must not overflow
+    u = strided((2, 8, 300), dtype, 6)
+    y = cpu_ext.geglu(g, u, stream=mx.cpu)
+    assert_close(y, nn.gelu_approx(g) * u)
+    small = strided((2, 8, 300), dtype, 7, scale=0.5)  # near 0, where tanh's form cancels
+    assert_close(cpu_ext.geglu(small, u, stream=mx.cpu), nn.gelu_approx(small) * u)
+    assert mx.all(mx.isfinite(y)).item()
+    for m in (1, 5):
+        assert mx.array_equal(cpu_ext.geglu(g[:, :m], u[:, :m], stream=mx.cpu), y[:, :m]).item()
+
+
 def test_bad_arguments_are_refused(cpu_ext):
     x = mx.ones((1, 2, 8))
     with pytest.raises(ValueError, match="weight"):
@@ -169,9 +182,9 @@ def test_model_swap_keeps_logits_and_restores(cpu_ext, tiny_llama):
     assert mx.array_equal(model(x), before).item()
 
 
-def test_gemma_norms_run_the_kernel_on_one_plus_weight_and_are_given_back(cpu_ext, tmp_path):
-    """gemma3's norms (weight stored as w - 1, normed with 1.0 + w): the kernel over 1.0 + w, the
-    module's parameters untouched, the original modules back after restore."""
+def test_gemma_norms_and_mlps_run_the_kernels_and_are_given_back(cpu_ext, tmp_path):
+    """gemma3's norms (weight stored as w - 1, normed with 1.0 + w): the kernel over 1.0 + w; its MLPs:
+    the geglu kernel; the module's parameters untouched, the original modules back after restore."""
     import sys
 
     from mlx.utils import tree_flatten
@@ -190,6 +203,10 @@ def test_gemma_norms_run_the_kernel_on_one_plus_weight_and_are_given_back(cpu_ex
     report = use_pointwise_kernels(model)
     try:
         assert report["swapped"]["rms_norm"] == len(norms) == 6 * 6 + 1  # 4 a block, q/k heads, the final one
+        assert report["geglu"] == 6 and report["swiglu"] == 0
+        mlp = model.model.layers[0].mlp
+        h = strided((1, 3, mlp.gate_proj.scales.shape[1] * mlp.gate_proj.group_size), mx.float32, 5)
+        assert mx.array_equal(mlp(h), mlp.down_proj(pointwise.kernel_geglu(mlp.gate_proj(h), mlp.up_proj(h)))).item()
         layer = model.model.layers[0]
         norm = layer.input_layernorm
         assert isinstance(norm, KernelOffsetRMSNorm)
@@ -202,6 +219,9 @@ def test_gemma_norms_run_the_kernel_on_one_plus_weight_and_are_given_back(cpu_ex
     finally:
         restore_pointwise(model)
     assert {p: m for p, m in model.named_modules() if type(m).__name__ == "RMSNorm"} == norms
+    from mlx_lm.models.gemma3_text import MLP
+
+    assert all(type(layer.mlp) is MLP for layer in model.model.layers)
     assert all(norms[p] is m for p, m in model.named_modules() if p in norms)
     assert mx.array_equal(model(x), before).item()
 

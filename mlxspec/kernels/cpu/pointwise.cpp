@@ -3,6 +3,7 @@
 //   rms_norm(x (..., D), weight (D,), eps)                      -> promote(x, weight)
 //   rope(x (..., T, D), inv_freq (dims/2,) fp32, dims, traditional, scale, offset) -> x's dtype
 //   swiglu(gate, up)  (same shape)                              -> promote(gate, up)
+//   geglu(gate, up)   gelu_approx(gate) * up, likewise (gemma2/3's MLP; fp32 inside, rounded once)
 //
 // Inputs may be any strided view; outputs are contiguous. Semantics are MLX's (mlx/fast.cpp's
 // fallbacks, mlx-lm's swiglu), including the casts MLX makes between steps.
@@ -26,7 +27,7 @@ namespace nb = nanobind;
 
 namespace mlxspec {
 
-enum class PwOp : int { rms_norm = 0, rope = 1, swiglu = 2 };
+enum class PwOp : int { rms_norm = 0, rope = 1, swiglu = 2, geglu = 3 };
 
 struct PwParams {
   float eps = 0, scale = 1;
@@ -68,14 +69,16 @@ static void rope_rows(const mx::array& x, const mx::array& inv_freq, const PwPar
   }
 }
 
-static void swiglu_rows(const mx::array& g, const mx::array& u, mx::array& out) {
+// y = act(g) * u row by row: swiglu_span or geglu_span
+template <class Span>
+static void gated_rows(const mx::array& g, const mx::array& u, mx::array& out, Span span) {
   const int D = g.shape(-1);
   const int64_t rows = g.size() / D;
   std::vector<float> gr(D), ur(D), y(D);
   for (int64_t r = 0; r < rows; ++r) {
     row_to_f32(g, r, gr.data());
     row_to_f32(u, r, ur.data());
-    swiglu_span(gr.data(), ur.data(), y.data(), D);
+    span(gr.data(), ur.data(), y.data(), D);
     store_f32(y.data(), D, out, size_t(r) * D);
   }
 }
@@ -93,7 +96,8 @@ class Pointwise : public mx::UnaryPrimitive {
                   out = mx::array::unsafe_weak_copy(out), op = op_, p = p_]() mutable {
       if (op == PwOp::rms_norm) rms_norm_rows(a, b, p.eps, out);
       else if (op == PwOp::rope) rope_rows(a, b, p, out);
-      else swiglu_rows(a, b, out);
+      else if (op == PwOp::swiglu) gated_rows(a, b, out, swiglu_span);
+      else gated_rows(a, b, out, geglu_span);
     });
   }
 
@@ -148,12 +152,21 @@ static mx::array rope(const mx::array& x, const mx::array& inv_freq, int dims, b
                    {x, inv_freq});
 }
 
-static mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
-  check_float(gate, "swiglu");
-  check_float(up, "swiglu");
-  if (gate.shape() != up.shape() || gate.ndim() < 1) throw std::invalid_argument("mlxspec swiglu: gate and up must have one shape");
+static mx::array gated(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s, PwOp op, const char* name) {
+  check_float(gate, name);
+  check_float(up, name);
+  if (gate.shape() != up.shape() || gate.ndim() < 1)
+    throw std::invalid_argument(std::string("mlxspec ") + name + ": gate and up must have one shape");
   auto out_type = mx::promote_types(gate.dtype(), up.dtype());
-  return mx::array(gate.shape(), out_type, std::make_shared<Pointwise>(cpu_stream(s), PwOp::swiglu, PwParams{}), {gate, up});
+  return mx::array(gate.shape(), out_type, std::make_shared<Pointwise>(cpu_stream(s), op, PwParams{}), {gate, up});
+}
+
+static mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  return gated(gate, up, s, PwOp::swiglu, "swiglu");
+}
+
+static mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  return gated(gate, up, s, PwOp::geglu, "geglu");
 }
 
 void register_pointwise(nb::module_& m) {
@@ -164,6 +177,8 @@ void register_pointwise(nb::module_& m) {
         "MLX's rope with positions (offset + t) * scale and the given inverse frequencies.");
   m.def("swiglu", &swiglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none(),
         "silu(gate) * up, one pass.");
+  m.def("geglu", &geglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none(),
+        "gelu_approx(gate) * up (tanh GELU), one pass.");
 }
 
 }  // namespace mlxspec
