@@ -65,47 +65,48 @@ inline void rope_row(const float* x, float* y, int D, int dims, bool traditional
   for (int d = dims; d < D; ++d) y[d] = x[d];
 }
 
-// y = silu(g) * u = g * sigmoid(g) * u; sigmoid from exp(-|g|) <= 1, so nothing overflows.
+// sigmoid(z) from exp(-|z|) <= 1, so nothing overflows: (z >= 0 ? 1 : e) / (1 + e)
+inline float sigmoid_of(float z) {
+  const float e = exp_nonpositive(-std::fabs(z));
+  return (z >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+#if defined(__AVX2__) && defined(__FMA__)
+inline __m256 sigmoid_of(__m256 z) {  // the scalar one, op for op on 8 lanes
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 e = exp_nonpositive(_mm256_or_ps(z, _mm256_set1_ps(-0.0f)));  // -|z|
+  const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(z, _mm256_setzero_ps(), _CMP_GE_OQ));
+  return _mm256_div_ps(num, _mm256_add_ps(one, e));
+}
+#endif
+
+// y = silu(g) * u = g * sigmoid(g) * u
 inline void swiglu_span(const float* g, const float* u, float* y, int n) {
   int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
-  for (; i + 8 <= n; i += 8) {  // the scalar loop below, op for op on 8 lanes
+  for (; i + 8 <= n; i += 8) {
     const __m256 a = _mm256_loadu_ps(g + i);
-    const __m256 e = exp_nonpositive(_mm256_or_ps(a, sign));  // -|a|
-    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(a, zero, _CMP_GE_OQ));
-    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(a, sig), _mm256_loadu_ps(u + i)));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(a, sigmoid_of(a)), _mm256_loadu_ps(u + i)));
   }
 #endif
-  for (; i < n; ++i) {
-    const float a = g[i], e = exp_nonpositive(-std::fabs(a));
-    const float sig = (a >= 0.0f ? 1.0f : e) / (1.0f + e);
-    y[i] = (a * sig) * u[i];
-  }
+  for (; i < n; ++i) y[i] = (g[i] * sigmoid_of(g[i])) * u[i];
 }
 
 // y = gelu_approx(g) * u: 0.5 g (1 + tanh(z)) with z = sqrt(2 / pi) (g + 0.044715 g^3) is g sigmoid(2 z),
-// the swiglu sigmoid above at 2 z = g (K1 + K2 g^2) (nothing overflows, no tanh to approximate).
+// 2 z = g (K1 + K2 g^2) (no tanh to approximate).
 inline void geglu_span(const float* g, const float* u, float* y, int n) {
   constexpr float K1 = 1.5957691216057308f, K2 = 0.0713548162726009f;  // 2 sqrt(2 / pi), that x 0.044715
   int i = 0;
 #if defined(__AVX2__) && defined(__FMA__)
-  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.0f);
   const __m256 k1 = _mm256_set1_ps(K1), k2 = _mm256_set1_ps(K2);
   for (; i + 8 <= n; i += 8) {  // the scalar loop below, op for op on 8 lanes
     const __m256 a = _mm256_loadu_ps(g + i);
     const __m256 z = _mm256_mul_ps(a, _mm256_fmadd_ps(k2, _mm256_mul_ps(a, a), k1));
-    const __m256 e = exp_nonpositive(_mm256_or_ps(z, sign));  // -|z|
-    const __m256 num = _mm256_blendv_ps(e, one, _mm256_cmp_ps(z, zero, _CMP_GE_OQ));
-    const __m256 sig = _mm256_div_ps(num, _mm256_add_ps(one, e));
-    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(a, sig), _mm256_loadu_ps(u + i)));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_mul_ps(a, sigmoid_of(z)), _mm256_loadu_ps(u + i)));
   }
 #endif
   for (; i < n; ++i) {
-    const float a = g[i], z = a * std::fma(K2, a * a, K1), e = exp_nonpositive(-std::fabs(z));
-    const float sig = (z >= 0.0f ? 1.0f : e) / (1.0f + e);
-    y[i] = (a * sig) * u[i];
+    const float a = g[i], z = a * std::fma(K2, a * a, K1);
+    y[i] = (a * sigmoid_of(z)) * u[i];
   }
 }
 
