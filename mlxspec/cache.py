@@ -68,17 +68,30 @@ class WindowKVCache:
         """Past positions the next update returns with its own rows: the newest window - 1."""
         return min(self.offset - self.start, self.window - 1)
 
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        if self.half:  # as HalfKVCache stores them (llama.cpp's f16 cache)
-            keys, values = (a.astype(HalfKVCache.stored_dtype(a.dtype)) for a in (keys, values))
-        n, held, past = keys.shape[2], self.offset - self.start, self._past()
+    def stored_dtype(self, dtype: mx.Dtype) -> mx.Dtype:
+        """The dtype keys and values computed in `dtype` are kept in (the fused CPU block asks)."""
+        return HalfKVCache.stored_dtype(dtype) if self.half else dtype
+
+    def reserve(self, n: int, lead: tuple, key_dim: int, value_dim: int, key_dtype: mx.Dtype,
+                value_dtype: mx.Dtype) -> tuple[int, int]:
+        """Room for n more rows (stored in those dtypes), made as update_and_fetch makes it (compacting to
+        the rows a rewind may still need first). Returns (held, past): the rows go at [held, held + n)
+        and their attention reads rows [held - past, held + n). The caller writes them, then adds n
+        to offset (the fused CPU block does)."""
+        held, past = self.offset - self.start, self._past()
         if self.keys is None or held + n > self.keys.shape[2]:  # compact to `keep`, then room to grow
             keep = min(held, self.window - 1 + self.slack)
-            shape = (*keys.shape[:2], keep + n + self.step, keys.shape[3])
-            k, v = mx.zeros(shape, keys.dtype), mx.zeros((*shape[:3], values.shape[3]), values.dtype)
+            shape = (*lead, keep + n + self.step, key_dim)
+            k, v = mx.zeros(shape, key_dtype), mx.zeros((*shape[:3], value_dim), value_dtype)
             if keep:
                 k[..., :keep, :], v[..., :keep, :] = self.keys[..., held - keep : held, :], self.values[..., held - keep : held, :]
             self.keys, self.values, self.start, held = k, v, self.offset - keep, keep
+        return held, past
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        keys, values = (a.astype(self.stored_dtype(a.dtype)) for a in (keys, values))  # as HalfKVCache stores them
+        n = keys.shape[2]
+        held, past = self.reserve(n, keys.shape[:2], keys.shape[3], values.shape[3], keys.dtype, values.dtype)
         self.keys[..., held : held + n, :], self.values[..., held : held + n, :] = keys, values
         self.offset += n
         return self.keys[..., held - past : held + n, :], self.values[..., held - past : held + n, :]

@@ -83,17 +83,17 @@ GEMMA3 = dict(qtype="Q8_0", arch="gemma3", tokenizer="llama", dims=Dims(layers=6
 @pytest.mark.parametrize("kind", ["Q4_0", "k-quants", "gemma3", "llama3", "qwen3"])
 def test_gguf_file_through_the_engine(tmp_path, kind):
     """Speculation stays exact on GGUF models of every kind (4/5/8/3-bit layers, float32 scales,
-    gemma3's sliding-window cache; Llama 3's rope_freqs scaling and qwen3's head norms on the fused CPU blocks)."""
+    gemma3's sliding-window cache; Llama 3's rope_freqs scaling, qwen3's head norms and gemma3's blocks
+    on the fused CPU blocks)."""
     args = {"Q4_0": dict(qtype="Q4_0"), "k-quants": K_QUANTS, "gemma3": GEMMA3, "llama3": LLAMA3, "qwen3": QWEN3}[kind]
     path = write_tiny_llama_gguf(tmp_path / "tiny.gguf", **args)
     plain = Engine.load(str(path))
     assert plain.info["quantization"] == {"k-quants": "q4g32", "gemma3": "q8g32"}.get(kind, "q4g32")
-    if kind != "gemma3":  # every llama/qwen3 block fuses; the 3/5-bit k-quant layers after widening to bytes
-        fused = plain.kernels["target"]["fused"]
-        assert fused["fused"] == len(plain.target.model.model.layers) and not fused["kept"], fused
-        assert bool(plain.kernels["target"]["layers"]["widened"]) == (kind == "k-quants")
-        loaded = load(str(path)).info["weight_bytes"]  # as stored; the engine reports what it holds
-        assert (plain.info["weight_bytes"] > loaded) == (kind == "k-quants")
+    fused = plain.kernels["target"]["fused"]  # every block fuses (gemma3's sliding ones too); the 3/5-bit
+    assert fused["fused"] == len(plain.target.model.model.layers) and not fused["kept"], fused  # k-quants widened
+    assert bool(plain.kernels["target"]["layers"]["widened"]) == (kind == "k-quants")
+    loaded = load(str(path)).info["weight_bytes"]  # as stored; the engine reports what it holds
+    assert (plain.info["weight_bytes"] > loaded) == (kind == "k-quants")
     assert plain.info["kv_cache_type"] == "f16"  # float32 keys and values kept as float16, as llama.cpp
     lookup = Engine.load(str(path), drafter="lookup")
     prompt = "the world and the world and the"

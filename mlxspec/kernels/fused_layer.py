@@ -12,9 +12,11 @@ same roundings.
 A block is fused only when every part of it already runs mlxspec's CPU kernels (quantized matmul,
 RMSNorm, RoPE, swiglu, attention), and a call goes to the fused primitive only for a signature that
 gave bit-identical results to the module path on first use (one and several rows, the KV cache
-too). Anything else keeps the modules: a GPU, a batch, a mask array, a cache other than mlx-lm's
-KVCache (or a subclass that only changes the stored dtype, `stored_dtype`: mlxspec's HalfKVCache),
-an architecture other than llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head).
+too). Anything else keeps the modules: a GPU, a batch, a cache other than mlx-lm's KVCache (or a
+subclass that only changes the stored dtype, `stored_dtype`: mlxspec's HalfKVCache) or mlxspec's
+WindowKVCache (its sliding layers: the window mask it made), an architecture other than
+llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head) or gemma3's (qwen3's head norms,
+sandwich norms, GeGLU, sliding windows; not in float16, where its residual adds clip).
 """
 
 from __future__ import annotations
@@ -26,13 +28,16 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from . import registry
+from ..cache import WindowKVCache
 from .hooks import routed
 from .layers import KernelQuantizedLinear
-from .pointwise import KernelRMSNorm, KernelRoPE, _ext
+from .pointwise import KernelOffsetRMSNorm, KernelRMSNorm, KernelRoPE, _ext, geglu_swapped
 
 FUSED_FROM = "_mlxspec_fused_from"  # class attribute of a fused block class: the block class it wraps
+GEMMA3 = ("mlx_lm.models.gemma3_text", "TransformerBlock")
 BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock"),
-          ("mlx_lm.models.qwen3", "TransformerBlock")}
+          ("mlx_lm.models.qwen3", "TransformerBlock"), GEMMA3}
+GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 _classes: dict[type, type] = {}
@@ -47,7 +52,7 @@ class LayerPlan:
     head_dim: int
     key_parts: list  # arrays whose dtypes, with x's, make the keys' dtype (norm, k_proj scales, bias)
     signature: tuple
-    ok: dict = field(default_factory=dict)  # (x dtype, cache class) -> (self-check passed, the cache's dtype)
+    ok: dict = field(default_factory=dict)  # _ok_key(x, cache) -> (self-check passed, the cache's dtype)
 
 
 def _get(block: nn.Module, path: str):
@@ -57,27 +62,40 @@ def _get(block: nn.Module, path: str):
     return node
 
 
+def _gemma(block: nn.Module) -> bool:
+    base = getattr(type(block), FUSED_FROM, type(block))
+    return (base.__module__, base.__name__) == GEMMA3
+
+
+def _block_norms(block: nn.Module) -> list:
+    """The block's own norms: (input, post-attention) or gemma3's four."""
+    return [getattr(block, n) for n in (GEMMA_NORMS if _gemma(block) else GEMMA_NORMS[:2])]
+
+
 def _why_not(block: nn.Module) -> str | None:
     """None if this block is one the fused primitive computes exactly as its modules do."""
     base = type(block)
     if (base.__module__, base.__name__) not in BLOCKS:
-        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3 block"
+        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3/gemma3 block"
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     if any(not isinstance(_get(block, p), KernelQuantizedLinear) for p in PROJECTIONS):
         return "a projection does not run the qmm kernel"
     if _activations([_get(block, p) for p in PROJECTIONS]) is None:
         return "projections take different activations (f32 and q8)"
-    if type(block.input_layernorm) is not KernelRMSNorm or type(block.post_attention_layernorm) is not KernelRMSNorm:
+    norm = KernelOffsetRMSNorm if _gemma(block) else KernelRMSNorm  # gemma's norms read 1.0 + weight
+    if any(type(n) is not norm for n in _block_norms(block)):
         return "a norm does not run the rms_norm kernel"
     head_norms = _head_norms(attn)
-    if any(type(n) is not KernelRMSNorm for n in head_norms):
+    if any(type(n) is not norm for n in head_norms) or (_gemma(block) and not head_norms):
         return "q_norm/k_norm do not run the rms_norm kernel"
     if head_norms and head_norms[0].eps != head_norms[1].eps:
         return "q_norm and k_norm have different eps"
     if type(attn.rope) is not KernelRoPE:
         return f"rope {type(attn.rope).__name__} does not run the rope kernel"
-    if routed(attn, "scaled_dot_product_attention") is None or routed(mlp, "swiglu") is None:
-        return "attention or swiglu is not routed to the kernels"
+    if routed(attn, "scaled_dot_product_attention") is None:
+        return "attention is not routed to the kernel"
+    if not (geglu_swapped(mlp) if _gemma(block) else routed(mlp, "swiglu") is not None):
+        return "the MLP's activation does not run its kernel (swiglu, or gemma3's geglu)"
     return None
 
 
@@ -99,17 +117,19 @@ def _plan(block: nn.Module) -> LayerPlan:
     head_dim = projs[0]["scales"].shape[0] // heads
     bits, groups, bias = [p.bits for p in projs], [p.group_size for p in projs], [int("bias" in p) for p in projs]
     head_norms = _head_norms(attn)
-    fixed = [block.input_layernorm.weight, *(p[n] for p in projs for n in ("weight", "scales", "biases")),
-             block.post_attention_layernorm.weight, attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p),
-             *(n.weight for n in head_norms)]
+    norm1, *rest = _block_norms(block)  # the MLP's norm: post_attention_layernorm, gemma's pre_feedforward_layernorm
+    norm2, post = (rest[1], [rest[0], rest[2]]) if _gemma(block) else (rest[0], [])
+    fixed = [norm1.norm_weight(), *(p[n] for p in projs for n in ("weight", "scales", "biases")), norm2.norm_weight(),
+             attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p), *(n.norm_weight() for n in head_norms),
+             *(n.norm_weight() for n in post)]
     qk_eps = float(head_norms[0].eps) if head_norms else -1.0
     q8 = _activations(projs) == "q8"
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
-                              float(attn.rope.scale), float(attn.scale), float(block.input_layernorm.eps),
-                              float(block.post_attention_layernorm.eps), groups, bits, bias, qk_norm_eps=qk_eps, q8=q8)
+                              float(attn.rope.scale), float(attn.scale), float(norm1.eps), float(norm2.eps), groups,
+                              bits, bias, qk_norm_eps=qk_eps, q8=q8, post_norm_eps=[float(n.eps) for n in post])
     k = projs[1]
-    key_parts = [block.input_layernorm.weight, k["scales"], *([k["bias"]] if "bias" in k else []),
-                 *([attn.k_norm.weight] if head_norms else [])]
+    key_parts = [norm1.norm_weight(), k["scales"], *([k["bias"]] if "bias" in k else []),
+                 *([attn.k_norm.norm_weight()] if head_norms else [])]
     signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
                  tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs),
                  qk_eps, q8)
@@ -140,7 +160,7 @@ def tree_ready(model: nn.Module, dtype: mx.Dtype, cache: KVCache) -> bool:
         return False
     probe = mx.zeros((1, 1, 1), dtype)
     for layer in layers:
-        if not hasattr(type(layer), FUSED_FROM):
+        if not hasattr(type(layer), FUSED_FROM) or _gemma(layer):  # no tree over a sliding window
             return False
         dims = layer.input_layernorm.weight.shape[0]
         if not _applies(layer, mx.broadcast_to(probe, (1, 1, dims)), None, cache):
@@ -165,25 +185,42 @@ def _stored_dtype(cache, keys: mx.Dtype) -> mx.Dtype | None:
     if type(cache) is KVCache:
         return keys
     stored = getattr(cache, "stored_dtype", None)
-    if not isinstance(cache, KVCache) or stored is None:
+    if not isinstance(cache, (KVCache, WindowKVCache)) or stored is None:
         return None
     kv = stored(keys)
     return kv if kv == keys or (keys == mx.float32 and kv == mx.float16) else None
 
 
+def _ok_key(x: mx.array, cache) -> tuple:
+    """What a block's self-check verdict depends on besides its weights: x's dtype, the kind of cache."""
+    return x.dtype, type(cache), getattr(cache, "half", False)
+
+
 def _applies(block, x: mx.array, mask, cache) -> bool:
-    if not isinstance(cache, KVCache) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
+    window = isinstance(cache, WindowKVCache)  # a sliding layer: the mask is the window the cache made
+    if not (isinstance(cache, KVCache) or window) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
         return False
-    if not (mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
+    if not (isinstance(mask, mx.array) if window else
+            mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
         return False
-    plan, key = block._mlxspec_plan, (x.dtype, type(cache))
+    if _gemma(block) and x.dtype == mx.float16:  # gemma3 clips its float16 residual adds
+        return False
+    plan, key = block._mlxspec_plan, _ok_key(x, cache)
     if key not in plan.ok:
         kv = _stored_dtype(cache, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
         if x.dtype not in (mx.float32, mx.float16, mx.bfloat16) or kv is None:
             return False
-        check = lambda: _self_check(block, x.dtype, type(cache), kv)  # noqa: E731
-        plan.ok[key] = (_record().check((*plan.signature, str(x.dtype), str(kv)), check) is None, kv)
+        check = lambda: _self_check(block, x.dtype, _like(cache), kv)  # noqa: E731
+        kind = ("window",) if window else ()
+        plan.ok[key] = (_record().check((*plan.signature, str(x.dtype), str(kv), *kind), check) is None, kv)
     return plan.ok[key][0]
+
+
+def _like(cache):
+    """A fresh, empty cache of this one's kind (its window, slack and storage)."""
+    if isinstance(cache, WindowKVCache):
+        return lambda: WindowKVCache(cache.window, cache.slack, half=cache.half)
+    return type(cache)
 
 
 def _reserve(cache: KVCache, rows: int, kv_heads: int, head_dim: int, dtype: mx.Dtype) -> None:
@@ -203,36 +240,48 @@ def _reserve(cache: KVCache, rows: int, kv_heads: int, head_dim: int, dtype: mx.
     cache.values = mx.concatenate([cache.values, new_v], axis=2)
 
 
-def fused_forward(plan: LayerPlan, x: mx.array, cache: KVCache, parents: tuple[int, ...] = ()) -> mx.array:
+def fused_forward(plan: LayerPlan, x: mx.array, cache, parents: tuple[int, ...] = ()) -> mx.array:
     """The block on x (1, L, D) in one primitive; this step's keys and values go into the cache.
-    `parents`: a tree pass (TreeMask), else the rows are a causal chain."""
-    rows, prev = x.shape[1], cache.offset
-    _reserve(cache, rows, plan.kv_heads, plan.head_dim, plan.ok[x.dtype, type(cache)][1])
-    out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev, list(parents))
+    `parents`: a tree pass (TreeMask), else the rows are a causal chain. A WindowKVCache makes room
+    as its update_and_fetch would, and attention reads the rows that would return, over its window."""
+    rows, prev, kv = x.shape[1], cache.offset, plan.ok[_ok_key(x, cache)][1]
+    if isinstance(cache, WindowKVCache):
+        held, past = cache.reserve(rows, (1, plan.kv_heads), plan.head_dim, plan.head_dim, kv, kv)
+        out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, held, list(parents), position=prev,
+                                                   key_start=held - past, window=cache.attention_window)
+    else:
+        _reserve(cache, rows, plan.kv_heads, plan.head_dim, kv)
+        out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, prev, list(parents))
     cache.offset += rows
     return out
 
 
-def _self_check(block, dtype, cache_class: type, kv: mx.Dtype) -> str | None:
+def _self_check(block, dtype, make_cache, kv: mx.Dtype) -> str | None:
     """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache
-    (of `cache_class`, holding `kv`) too."""
+    (made by `make_cache`, holding `kv`) too."""
     base = getattr(type(block), FUSED_FROM)
     dims = block.input_layernorm.weight.shape[0]
     x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
-    a, b = cache_class(), cache_class()
-    block._mlxspec_plan.ok[dtype, cache_class] = (True, kv)
+    a, b = make_cache(), make_cache()
+    block._mlxspec_plan.ok[_ok_key(x, a)] = (True, kv)
     for lo, hi in ((0, 5), (5, 6), (6, 9)):
         rows = x[:, lo:hi]
-        mask = "causal" if hi - lo > 1 else None
+        mask = a.make_mask(hi - lo) if isinstance(a, WindowKVCache) else "causal" if hi - lo > 1 else None
         want = base.__call__(block, rows, mask, a)
         got = fused_forward(block._mlxspec_plan, rows, b)
         if got.dtype != want.dtype or not mx.array_equal(got, want).item():
             return f"{hi - lo}-row output differs from the module path"
-        ka, va = a.keys[..., : a.offset, :], a.values[..., : a.offset, :]
-        kb, vb = b.keys[..., : b.offset, :], b.values[..., : b.offset, :]
+        (ka, va), (kb, vb) = _held(a), _held(b)
         if kb.dtype != ka.dtype or not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
             return f"KV cache after {hi - lo} rows differs from the module path"
     return None
+
+
+def _held(cache) -> tuple[mx.array, mx.array]:
+    """The keys and values a cache holds (a window cache's from its first kept position)."""
+    if isinstance(cache, WindowKVCache):
+        return tuple(cache.state)
+    return cache.keys[..., : cache.offset, :], cache.values[..., : cache.offset, :]
 
 
 def _load(backend: str):

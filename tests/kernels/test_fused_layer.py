@@ -77,7 +77,7 @@ def test_fused_equals_the_module_path_over_a_half_cache(request, cpu_ext, arch):
         got, got_cache = decode(model, prompt, 6, rows)
         plans = [b._mlxspec_plan.ok for b in model.model.layers]
         restore_fused_layers(model)
-        assert all(ok[mx.float32, HalfKVCache] == (True, mx.float16) for ok in plans), plans  # the primitive ran
+        assert all(ok[mx.float32, HalfKVCache, False] == (True, mx.float16) for ok in plans), plans  # the primitive ran
         for w, g in zip(want, got):
             assert w.dtype == g.dtype and mx.array_equal(w, g).item()
         for a, b in zip(want_cache, got_cache):
@@ -140,6 +140,38 @@ def test_qwen3_blocks_with_head_norms_are_fused_bit_for_bit(tmp_path, cpu_ext, k
     assert all(mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
                for a, b in zip(want_cache, got_cache))
     assert RowInvariance(model).holds(6)
+
+
+@pytest.mark.parametrize("kv_cache", ["f16", "f32"])
+def test_gemma3_blocks_are_fused_bit_for_bit_over_sliding_windows(tmp_path, cpu_ext, kv_cache):
+    """gemma3's blocks (head norms, sandwich norms, GeGLU; 5 of 6 layers over a 4-position sliding
+    window) run fused with the module path's bits, through the window cache's compaction (past 261
+    positions) and in either cache; rows equal one-row steps."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+    from mlxspec.cache import WindowKVCache
+    from mlxspec.kernels.fused_layer import _applies
+
+    path = write_tiny_llama_gguf(tmp_path / "gemma3.gguf", "Q4_0", arch="gemma3", tokenizer="llama",
+                                 dims=Dims(layers=6, head_dim=32), metadata={"attention.sliding_window": 4})
+    model = load(str(path), kv_cache=kv_cache).model
+    install_kernels(model, fuse=False)
+    prompt = [5, 17, 42, 7, 99, 3, 12]
+    want, want_cache = decode(model, prompt, 90, rows=3)
+    report = use_fused_layers(model)
+    assert report["fused"] == len(model.model.layers) and not report["kept"], report
+    got, got_cache = decode(model, prompt, 90, rows=3)
+    windows = [c for c in got_cache if isinstance(c, WindowKVCache)]
+    assert len(windows) == 5 and all(c.start > 0 for c in windows)  # compacted on the way
+    kv = mx.float16 if kv_cache == "f16" else mx.float32
+    oks = [b._mlxspec_plan.ok for b in model.model.layers]
+    assert all([v for v in ok.values()] == [(True, kv)] for ok in oks), oks  # the primitive ran, its check passed
+    assert all(w.dtype == g.dtype and mx.array_equal(w, g).item() for w, g in zip(want, got))
+    for a, b in zip(want_cache, got_cache):
+        assert a.offset == b.offset and getattr(a, "start", 0) == getattr(b, "start", 0)
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a.state[:2], b.state[:2]))
+    assert RowInvariance(model).holds(6)
+    block = model.model.layers[0]  # float16: gemma3 clips its residual adds there, the fused block does not
+    assert not _applies(block, mx.zeros((1, 1, 64), mx.float16), None, KVCache())
 
 
 def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):

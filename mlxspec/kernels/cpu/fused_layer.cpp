@@ -5,6 +5,13 @@
 //   h  = x + o_proj(attention(q, [cache keys ; k], [cache values ; v]))
 //   out = h + down_proj(swiglu(gate_proj(n2), up_proj(n2)))        n2 = rms_norm(h)
 //
+// gemma3 (`gemma`): the same with qwen3's head norms, sandwich norms and GeGLU:
+//   h  = x + post_attention_norm(o_proj(attention(...)))
+//   out = h + post_feedforward_norm(down_proj(geglu(gate_proj(n2), up_proj(n2))))
+// and a sliding window: attention reads the cache from row key_start (the rows the module path's
+// window cache returns), rows see their last `window` keys, rope runs at `position` (the cache's
+// rows and the positions differ once a window cache compacts).
+//
 // Outputs (out, k, v); FusedLayer then writes k and v into the KV cache with MLX's SliceUpdate
 // (donated in place, as mlx-lm's cache update is), so the cache stays an ordinary MLX value and the
 // graph orders every read and write.
@@ -57,6 +64,11 @@ struct LayerParams {
   bool qk_norm = false;  // RMSNorm of each q and k head (qwen3) before rope, with eps_qk
   bool q8 = false;       // projections take int8 activations (qmm_q8_kernel.h), as the module path's q8 kernel
   float eps_qk = 0;
+  bool gemma = false;    // sandwich norms (their weights after the q/k norms) and GeGLU
+  float eps_pa = 0, eps_pf = 0;  // post-attention and post-feedforward norms' eps (gemma)
+  int position = 0;      // rope position of row 0 (the cache's row count `offset` unless a window cache compacted)
+  int key_start = 0;     // first cache row attention reads
+  int window = 0;        // rows see at most this many keys, their last ones (0: all)
   // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
   // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
   bool tree = false;
@@ -67,6 +79,7 @@ struct LayerParams {
 // The dtype of every intermediate, as the module path's ops promote them.
 struct LayerTypes {
   mx::Dtype n1 = mx::float32, h = mx::float32, n2 = mx::float32, act = mx::float32, out = mx::float32;
+  mx::Dtype pa = mx::float32, pf = mx::float32;  // gemma's post-attention and post-feedforward norms' outputs
   mx::Dtype kv = mx::float32;  // the KV cache's: the keys' dtype, or float16 under float32 keys (a half cache)
   mx::Dtype qmm[kProjs] = {mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32};
   mx::Dtype proj[kProjs] = {mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32, mx::float32};
@@ -100,8 +113,12 @@ static int qk_norm_slot(const LayerParams& p) {
   return slot;
 }
 
-// rms_norm over each Dh-wide row of y (rows of L * heads), rounded to t: the per-op kernel's arithmetic.
-static void head_norm(float* y, int rows, int Dh, const mx::array& w, float eps, mx::Dtype t, Scratch& sc) {
+// gemma's post-attention norm weight slot (the post-feedforward norm's is the next): after the q/k norms.
+static int post_norm_slot(const LayerParams& p) { return qk_norm_slot(p) + (p.qk_norm ? 2 : 0); }
+
+// rms_norm over each Dh-wide row of y in place (qwen3's heads: rows of L * heads; gemma's sandwich
+// norms: L rows of D), rounded to t: the per-op kernel's arithmetic.
+static void norm_rows(float* y, int rows, int Dh, const mx::array& w, float eps, mx::Dtype t, Scratch& sc) {
   sc.hw.resize(Dh), sc.hrow.resize(Dh);
   row_to_f32(w, 0, sc.hw.data());
   for (int r = 0; r < rows; ++r) {
@@ -206,8 +223,8 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   finish_projection(in, p, t, kK, k, L, KV * Dh, sc);
   finish_projection(in, p, t, kV, v, L, KV * Dv, sc);
   if (p.qk_norm) {  // qwen3: each head of q and k RMS-normed (dtype unchanged: checked at build)
-    head_norm(q, L * H, Dh, in[qk_norm_slot(p)], p.eps_qk, at, sc);
-    head_norm(k, L * KV, Dh, in[qk_norm_slot(p) + 1], p.eps_qk, at, sc);
+    norm_rows(q, L * H, Dh, in[qk_norm_slot(p)], p.eps_qk, at, sc);
+    norm_rows(k, L * KV, Dh, in[qk_norm_slot(p) + 1], p.eps_qk, at, sc);
   }
 
   // 3. rope on q and k at positions offset + m, or offset + depth[m] in a tree (cos/sin rounded to
@@ -216,7 +233,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   sc.f.resize(half), sc.c.resize(size_t(L) * half), sc.s.resize(size_t(L) * half);
   row_to_f32(in[kInvFreq], 0, sc.f.data());
   for (int m = 0; m < L; ++m)
-    rope_angles_rounded((float(p.tree ? p.depth[m] : m) + float(p.offset)) * p.rope_scale, sc.f.data(), half, rounder(at),
+    rope_angles_rounded((float(p.tree ? p.depth[m] : m) + float(p.position)) * p.rope_scale, sc.f.data(), half, rounder(at),
                         sc.c.data() + size_t(m) * half, sc.s.data() + size_t(m) * half);
   rope_rows_f32(q, L, H, Dh, p, sc.c.data(), sc.s.data(), sc.tmp);
   rope_rows_f32(k, L, KV, Dh, p, sc.c.data(), sc.s.data(), sc.tmp);
@@ -238,14 +255,18 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
 
   // 5. attention over cache rows [0, offset) and this step's rows (queries in their own dtype
   //    where the cache has another)
+  //    (from row key_start: a window cache's rows; windowed calls are causal at any L, as the module path's)
   const mx::array &kc = in[kKeys_], &vc = in[kValues];
-  const int T = p.offset + L;
+  const int T = p.offset - p.key_start + L;
   float* att = aligned(sc.att, size_t(H) * L * Dv);
-  SdpaProblem sp{sc.qt.data(), kc.data<uint8_t>(), vc.data<uint8_t>(), attention_dtype(t.kv),
-                 {int64_t(H) * L * Dh, int64_t(L) * Dh, Dh, 1}, {}, {}, 1, H, KV, L, T, Dh, Dv, p.attn_scale, L > 1, att};
+  const uint8_t* k0 = kc.data<uint8_t>() + size_t(p.key_start) * kc.strides()[2] * kc.itemsize();
+  const uint8_t* v0 = vc.data<uint8_t>() + size_t(p.key_start) * vc.strides()[2] * vc.itemsize();
+  SdpaProblem sp{sc.qt.data(), k0, v0, attention_dtype(t.kv), {int64_t(H) * L * Dh, int64_t(L) * Dh, Dh, 1}, {}, {},
+                 1, H, KV, L, T, Dh, Dv, p.attn_scale, L > 1 || p.window > 0, att};
   if (t.kv != at) sp.qdtype = int(attention_dtype(at));
   for (int i = 0; i < 4; ++i) sp.ks[i] = kc.strides()[i], sp.vs[i] = vc.strides()[i];
-  sp.split = p.offset;
+  sp.split = p.offset - p.key_start;
+  sp.window = p.window;
   if (p.tree) sp.visible = p.visible;
   sp.k2 = k_out.data<uint8_t>(), sp.v2 = v_out.data<uint8_t>();
   const int64_t k2s[4] = {int64_t(KV) * L * Dh, int64_t(L) * Dh, Dh, 1}, v2s[4] = {int64_t(KV) * L * Dv, int64_t(L) * Dv, Dv, 1};
@@ -263,6 +284,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   float* h = aligned(sc.h, size_t(L) * D);
   run_qmm(isa, op, h);
   finish_projection(in, p, t, kO, h, L, D, sc);
+  if (p.gemma) norm_rows(h, L, D, in[post_norm_slot(p)], p.eps_pa, t.pa, sc);
   for (size_t i = 0; i < size_t(L) * D; ++i) h[i] = round_to(xf[i] + h[i], t.h);
 
   // 7. n2 = rms_norm(h); gate and up in one pool job; a = swiglu(gate, up)
@@ -277,7 +299,8 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   finish_projection(in, p, t, kGate, g, L, I, sc);
   finish_projection(in, p, t, kUp, u, L, I, sc);
   float* a = aligned(sc.a, size_t(L) * I);
-  swiglu_span(g, u, a, L * I);
+  if (p.gemma) geglu_span(g, u, a, L * I);
+  else swiglu_span(g, u, a, L * I);
   round_span(a, size_t(L) * I, t.act);
 
   // 8. out = h + down_proj(a)
@@ -286,6 +309,7 @@ static void layer(const std::vector<mx::array>& in, mx::array& out, mx::array& k
   float* d = aligned(sc.d, size_t(L) * D);
   run_qmm(isa, dp, d);
   finish_projection(in, p, t, kDown, d, L, D, sc);
+  if (p.gemma) norm_rows(d, L, D, in[post_norm_slot(p) + 1], p.eps_pf, t.pf, sc);
   for (size_t i = 0; i < size_t(L) * D; ++i) d[i] = h[i] + d[i];
   store_f32(d, size_t(L) * D, out);
 }
@@ -356,13 +380,15 @@ static LayerTypes layer_types(const std::vector<mx::array>& in, const LayerParam
   if (t.kv != t.proj[kK] && !(t.proj[kK] == mx::float32 && t.kv == mx::float16))
     throw std::invalid_argument("mlxspec fused layer: the KV cache's dtype differs from the keys' (and is not a float16 cache of float32 keys)");
   t.proj[kO] = proj_type(t.proj[kQ], kO);
-  t.h = mx::promote_types(t.proj[kO], in[kX].dtype());
+  if (p.gemma) t.pa = mx::promote_types(t.proj[kO], float_type(in[post_norm_slot(p)], "post-attention norm"));
+  t.h = mx::promote_types(p.gemma ? t.pa : t.proj[kO], in[kX].dtype());
   t.n2 = mx::promote_types(t.h, float_type(in[kNorm2], "norm weights"));
   t.proj[kGate] = proj_type(t.n2, kGate);
   t.proj[kUp] = proj_type(t.n2, kUp);
   t.act = mx::promote_types(t.proj[kGate], t.proj[kUp]);
   t.proj[kDown] = proj_type(t.act, kDown);
-  t.out = mx::promote_types(t.h, t.proj[kDown]);
+  if (p.gemma) t.pf = mx::promote_types(t.proj[kDown], float_type(in[post_norm_slot(p) + 1], "post-feedforward norm"));
+  t.out = mx::promote_types(t.h, p.gemma ? t.pf : t.proj[kDown]);
   return t;
 }
 
@@ -404,6 +430,11 @@ static void check_shapes(const std::vector<mx::array>& in, const LayerParams& p)
       if (slot >= int(in.size()) || in[slot++].shape() != mx::Shape{Dh})
         throw std::invalid_argument("mlxspec fused layer: q_norm/k_norm weights must be (head_dim,)");
   }
+  if (p.gemma) {
+    for (int i = 0; i < 2; ++i)
+      if (slot >= int(in.size()) || in[slot++].shape() != mx::Shape{D})
+        throw std::invalid_argument("mlxspec fused layer: post-attention/post-feedforward norm weights must be (D,)");
+  }
   if (slot != int(in.size())) throw std::invalid_argument("mlxspec fused layer: more inputs than biases and norms declared");
 }
 
@@ -425,7 +456,8 @@ class FusedLayer {
  public:
   FusedLayer(std::vector<mx::array> fixed, int heads, int kv_heads, int head_dim, int rope_dims, bool traditional,
              float rope_scale, float attn_scale, float eps1, float eps2, const std::vector<int>& groups,
-             const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps, bool q8)
+             const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps, bool q8,
+             const std::vector<float>& post_norm_eps)
       : fixed_(std::move(fixed)) {
     if (groups.size() != kProjs || bits.size() != kProjs || bias.size() != kProjs)
       throw std::invalid_argument("mlxspec fused layer: 7 projections (q, k, v, o, gate, up, down)");
@@ -433,6 +465,10 @@ class FusedLayer {
     p_.heads = heads, p_.kv_heads = kv_heads, p_.head_dim = head_dim, p_.rope_dims = rope_dims;
     p_.traditional = traditional, p_.rope_scale = rope_scale, p_.attn_scale = attn_scale, p_.eps1 = eps1, p_.eps2 = eps2;
     p_.qk_norm = qk_norm_eps >= 0, p_.eps_qk = qk_norm_eps, p_.q8 = q8;
+    if (!post_norm_eps.empty() && (post_norm_eps.size() != 2 || !p_.qk_norm))
+      throw std::invalid_argument("mlxspec fused layer: gemma takes 2 post-norm eps and q/k norms");
+    p_.gemma = !post_norm_eps.empty();
+    if (p_.gemma) p_.eps_pa = post_norm_eps[0], p_.eps_pf = post_norm_eps[1];
     for (int i = 0; i < kProjs; ++i) p_.group[i] = groups[i], p_.bits[i] = bits[i], p_.bias[i] = bias[i] != 0;
     Isa chosen = isa < 0 ? best_isa() : Isa(isa);
     if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec fused layer: that ISA is not compiled in");
@@ -444,8 +480,9 @@ class FusedLayer {
   // x (1, L, D), cache keys/values (1, KV, >= offset + L, Dh) -> [out (1, L, D), keys', values'] where
   // keys' = keys with this step's rows written at [offset, offset + L) (a SliceUpdate, as mlx-lm's).
   // parents (optional, L entries): row m's parent row (-1 for row 0, else < m): a tree pass.
+  // position (rope; -1: offset), key_start (first cache row attention reads), window (0: none): a window cache's.
   std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values, int offset,
-                                    const std::vector<int>& parents) {
+                                    const std::vector<int>& parents, int position, int key_start, int window) {
     std::vector<mx::array> in;
     in.reserve(fixed_.size() + 3);
     in.push_back(x);
@@ -456,6 +493,10 @@ class FusedLayer {
     LayerParams p = p_;
     if (offset < 0) throw std::invalid_argument("mlxspec fused layer: negative offset");
     p.offset = offset;
+    if (key_start < 0 || key_start > offset || window < 0)
+      throw std::invalid_argument("mlxspec fused layer: key_start must be in [0, offset] and window >= 0");
+    p.position = position < 0 ? offset : position, p.key_start = key_start, p.window = window;
+    if (!parents.empty() && (window || key_start)) throw std::invalid_argument("mlxspec fused layer: no tree over a window");
     if (!parents.empty()) set_tree(p, parents, x.shape(1));
     check_shapes(in, p);
     LayerTypes t = layer_types(in, p);
@@ -476,16 +517,17 @@ class FusedLayer {
 void register_fused_layer(nb::module_& m) {
   nb::class_<FusedLayer>(m, "FusedLayer", "One llama-family decoder layer in one primitive (see fused_layer.cpp).")
       .def(nb::init<std::vector<mx::array>, int, int, int, int, bool, float, float, float, float, const std::vector<int>&,
-                    const std::vector<int>&, const std::vector<int>&, int, float, bool>(),
+                    const std::vector<int>&, const std::vector<int>&, int, float, bool, const std::vector<float>&>(),
            nb::arg("fixed"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rope_dims"),
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
            nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1, nb::arg("qk_norm_eps") = -1.0f,
-           nb::arg("q8") = false,
+           nb::arg("q8") = false, nb::arg("post_norm_eps") = std::vector<float>{},
            "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`); "
-           "q8: int8 activations in every projection (as the q8 qmm)")
+           "q8: int8 activations in every projection (as the q8 qmm); post_norm_eps (2 values): gemma3's "
+           "sandwich norms (weights after the q/k norms) and GeGLU")
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
-           nb::arg("parents") = std::vector<int>{},
-           "[out, keys with this step's rows written, values likewise]");
+           nb::arg("parents") = std::vector<int>{}, nb::arg("position") = -1, nb::arg("key_start") = 0,
+           nb::arg("window") = 0, "[out, keys with this step's rows written, values likewise]");
 }
 
 }  // namespace mlxspec
