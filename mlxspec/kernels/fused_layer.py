@@ -294,7 +294,7 @@ def _load(backend: str):
         from .build import KernelUnavailable
 
         raise KernelUnavailable("the CPU extension is unavailable")
-    return ext, "one primitive per llama/qwen2/qwen3 block"
+    return ext, "one primitive per llama/qwen2/qwen3/gemma3 block"
 
 
 registry.register("fused_layer", _load)
