@@ -15,8 +15,9 @@ gave bit-identical results to the module path on first use (one and several rows
 too). Anything else keeps the modules: a GPU, a batch, a cache other than mlx-lm's KVCache (or a
 subclass that only changes the stored dtype, `stored_dtype`: mlxspec's HalfKVCache) or mlxspec's
 WindowKVCache (its sliding layers: the window mask it made), an architecture other than
-llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head) or gemma3's (qwen3's head norms,
-sandwich norms, GeGLU, sliding windows; not in float16, where its residual adds clip).
+llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head), gemma3's (qwen3's head norms,
+sandwich norms, GeGLU, sliding windows; not in float16, where its residual adds clip) or phi3's
+(q/k/v and gate/up as one matmul each: row slices of them; not with its long-rope scaling).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ from .pointwise import KernelOffsetRMSNorm, KernelRMSNorm, KernelRoPE, _ext, geg
 
 FUSED_FROM = "_mlxspec_fused_from"  # class attribute of a fused block class: the block class it wraps
 GEMMA3 = ("mlx_lm.models.gemma3_text", "TransformerBlock")
+PHI3 = ("mlx_lm.models.phi3", "TransformerBlock")  # q/k/v and gate/up as one matmul each
 BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock"),
-          ("mlx_lm.models.qwen3", "TransformerBlock"), GEMMA3}
+          ("mlx_lm.models.qwen3", "TransformerBlock"), GEMMA3, PHI3}
 GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 PROJECTIONS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
@@ -53,6 +55,48 @@ class LayerPlan:
     key_parts: list  # arrays whose dtypes, with x's, make the keys' dtype (norm, k_proj scales, bias)
     signature: tuple
     ok: dict = field(default_factory=dict)  # _ok_key(x, cache) -> (self-check passed, the cache's dtype)
+
+
+@dataclass(frozen=True)
+class RowSlice:
+    """Output rows [start, stop) of a quantized layer, as one projection: phi3's q, k and v are rows
+    of its qkv_proj, gate and up of its gate_up_proj. The qmm kernel gives each output row the same
+    arithmetic whatever the layer's row count, so the slices compute the fused layer's bits."""
+
+    layer: KernelQuantizedLinear
+    start: int
+    stop: int
+
+    def __getitem__(self, name: str) -> mx.array:
+        return self.layer[name][self.start : self.stop]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.layer
+
+    def __getattr__(self, name: str):  # bits, group_size, _qmm
+        return getattr(self.layer, name)
+
+
+def _projections(block: nn.Module) -> list | None:
+    """(q, k, v, o, gate, up, down) as the fused primitive takes them (phi3's fused layers as row
+    slices), or None where one does not run the qmm kernel."""
+    if not _phi3(block):
+        projs = [_get(block, p) for p in PROJECTIONS]
+    else:
+        attn, mlp = block.self_attn, block.mlp
+        qkv, gate_up = attn.qkv_proj, mlp.gate_up_proj
+        q, kv = attn.n_heads * attn.head_dim, attn.n_kv_heads * attn.head_dim
+        if not isinstance(qkv, KernelQuantizedLinear) or not isinstance(gate_up, KernelQuantizedLinear):
+            return None
+        half = gate_up["weight"].shape[0] // 2  # gate, then up (mlx-lm's split)
+        projs = [RowSlice(qkv, 0, q), RowSlice(qkv, q, q + kv), RowSlice(qkv, q + kv, q + 2 * kv), attn.o_proj,
+                 RowSlice(gate_up, 0, half), RowSlice(gate_up, half, 2 * half), mlp.down_proj]
+    return projs if all(isinstance(p, (KernelQuantizedLinear, RowSlice)) for p in projs) else None
+
+
+def _phi3(block: nn.Module) -> bool:
+    base = getattr(type(block), FUSED_FROM, type(block))
+    return (base.__module__, base.__name__) == PHI3
 
 
 def _get(block: nn.Module, path: str):
@@ -76,11 +120,15 @@ def _why_not(block: nn.Module) -> str | None:
     """None if this block is one the fused primitive computes exactly as its modules do."""
     base = type(block)
     if (base.__module__, base.__name__) not in BLOCKS:
-        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3/gemma3 block"
+        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3/gemma3/phi3 block"
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
-    if any(not isinstance(_get(block, p), KernelQuantizedLinear) for p in PROJECTIONS):
+    projs = _projections(block)
+    if projs is None:
         return "a projection does not run the qmm kernel"
-    if _activations([_get(block, p) for p in PROJECTIONS]) is None:
+    if _phi3(block) and (attn.qkv_proj["weight"].shape[0] != (attn.n_heads + 2 * attn.n_kv_heads) * attn.head_dim
+                         or mlp.gate_up_proj["weight"].shape[0] % 2):
+        return "phi3's fused projections do not split into q, k, v and gate, up"
+    if _activations(projs) is None:
         return "projections take different activations (f32 and q8)"
     norm = KernelOffsetRMSNorm if _gemma(block) else KernelRMSNorm  # gemma's norms read 1.0 + weight
     if any(type(n) is not norm for n in _block_norms(block)):
@@ -112,7 +160,7 @@ def _head_norms(attn: nn.Module) -> list:
 
 def _plan(block: nn.Module) -> LayerPlan:
     attn = block.self_attn
-    projs = [_get(block, p) for p in PROJECTIONS]
+    projs = _projections(block)
     heads, kv_heads = attn.n_heads, attn.n_kv_heads
     head_dim = projs[0]["scales"].shape[0] // heads
     bits, groups, bias = [p.bits for p in projs], [p.group_size for p in projs], [int("bias" in p) for p in projs]
@@ -122,6 +170,7 @@ def _plan(block: nn.Module) -> LayerPlan:
     fixed = [norm1.norm_weight(), *(p[n] for p in projs for n in ("weight", "scales", "biases")), norm2.norm_weight(),
              attn.rope._inv_freq, *(p["bias"] for p in projs if "bias" in p), *(n.norm_weight() for n in head_norms),
              *(n.norm_weight() for n in post)]
+    mx.eval(fixed)  # phi3's row slices become views now, not graph nodes of every step
     qk_eps = float(head_norms[0].eps) if head_norms else -1.0
     q8 = _activations(projs) == "q8"
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
@@ -294,7 +343,7 @@ def _load(backend: str):
         from .build import KernelUnavailable
 
         raise KernelUnavailable("the CPU extension is unavailable")
-    return ext, "one primitive per llama/qwen2/qwen3/gemma3 block"
+    return ext, "one primitive per llama/qwen2/qwen3/gemma3/phi3 block"
 
 
 registry.register("fused_layer", _load)

@@ -174,6 +174,32 @@ def test_gemma3_blocks_are_fused_bit_for_bit_over_sliding_windows(tmp_path, cpu_
     assert not _applies(block, mx.zeros((1, 1, 64), mx.float16), None, KVCache())
 
 
+def test_phi3_blocks_are_fused_bit_for_bit_from_row_slices(tmp_path, cpu_ext):
+    """phi3 computes q/k/v and gate/up as one matmul each: the fused block takes them as row slices
+    of those layers (views, evaluated once) and gives the module path's bits; rows equal one-row steps."""
+    from gguf_fixtures import write_tiny_llama_gguf
+    from mlxspec.kernels.fused_layer import RowSlice, _projections
+
+    path = write_tiny_llama_gguf(tmp_path / "phi3.gguf", "Q4_0", arch="phi3")
+    model = load(str(path)).model
+    install_kernels(model, fuse=False)
+    prompt = [5, 17, 42, 7, 99, 3]
+    want, want_cache = decode(model, prompt, 8, rows=3)
+    report = use_fused_layers(model)
+    assert report["fused"] == len(model.model.layers) and not report["kept"], report
+    block = model.model.layers[0]
+    projs = _projections(block)
+    assert [type(p) is RowSlice for p in projs] == [True, True, True, False, True, True, False]
+    qkv = block.self_attn.qkv_proj["weight"]
+    assert mx.array_equal(mx.concatenate([p["weight"] for p in projs[:3]]), qkv).item()  # q, k, v: every row once
+    got, got_cache = decode(model, prompt, 8, rows=3)
+    assert all(list(b._mlxspec_plan.ok.values())[0][0] for b in model.model.layers)  # the primitive ran
+    assert all(w.dtype == g.dtype and mx.array_equal(w, g).item() for w, g in zip(want, got))
+    assert all(mx.array_equal(a.keys[..., : a.offset, :], b.keys[..., : b.offset, :]).item()
+               for a, b in zip(want_cache, got_cache))
+    assert RowInvariance(model).holds(6)
+
+
 def test_fused_rows_equal_one_row_steps(tiny_llama, cpu_ext):
     model = loaded(tiny_llama)
     use_fused_layers(model)
