@@ -174,6 +174,33 @@ def test_gemma3_blocks_are_fused_bit_for_bit_over_sliding_windows(tmp_path, cpu_
     assert not _applies(block, mx.zeros((1, 1, 64), mx.float16), None, KVCache())
 
 
+def test_bfloat16_gemma3_blocks_with_scaled_rope_are_fused_bit_for_bit(cpu_ext):
+    """mlx-community's gemma3 models compute in bfloat16 (4-bit layers, linear rope scaling on the
+    global layers): the fused blocks give the module path's bits there too."""
+    import mlx.nn as nn
+    from mlx_lm.models import gemma3_text
+
+    from mlxspec.cache import exact_windows
+
+    args = gemma3_text.ModelArgs(model_type="gemma3_text", hidden_size=256, num_hidden_layers=6, intermediate_size=512,
+                                 num_attention_heads=4, head_dim=64, num_key_value_heads=2, vocab_size=300,
+                                 sliding_window=4, rope_scaling={"factor": 8.0, "rope_type": "linear"})
+    mx.random.seed(0)
+    model = gemma3_text.Model(args)
+    model.set_dtype(mx.bfloat16)
+    nn.quantize(model, group_size=64, bits=4)
+    exact_windows(model)
+    install_kernels(model, fuse=False)
+    prompt = [5, 17, 42, 7, 99, 3]
+    want, _ = decode(model, prompt, 20, rows=3)
+    report = use_fused_layers(model)
+    assert report["fused"] == 6 and not report["kept"], report
+    got, _ = decode(model, prompt, 20, rows=3)
+    assert all(list(b._mlxspec_plan.ok.values()) == [(True, mx.bfloat16)] * len(b._mlxspec_plan.ok)
+               for b in model.model.layers)
+    assert want[0].dtype == mx.bfloat16 and all(mx.array_equal(w, g).item() for w, g in zip(want, got))
+
+
 def test_phi3_blocks_are_fused_bit_for_bit_from_row_slices(tmp_path, cpu_ext):
     """phi3 computes q/k/v and gate/up as one matmul each: the fused block takes them as row slices
     of those layers (views, evaluated once) and gives the module path's bits; rows equal one-row steps."""
