@@ -94,9 +94,14 @@ def _projections(block: nn.Module) -> list | None:
     return projs if all(isinstance(p, (KernelQuantizedLinear, RowSlice)) for p in projs) else None
 
 
-def _phi3(block: nn.Module) -> bool:
+def _kind(block: nn.Module) -> tuple[str, str]:
+    """(module, class) of the block's own class, fused or not: a key of BLOCKS."""
     base = getattr(type(block), FUSED_FROM, type(block))
-    return (base.__module__, base.__name__) == PHI3
+    return base.__module__, base.__name__
+
+
+def _phi3(block: nn.Module) -> bool:
+    return _kind(block) == PHI3
 
 
 def _get(block: nn.Module, path: str):
@@ -107,8 +112,7 @@ def _get(block: nn.Module, path: str):
 
 
 def _gemma(block: nn.Module) -> bool:
-    base = getattr(type(block), FUSED_FROM, type(block))
-    return (base.__module__, base.__name__) == GEMMA3
+    return _kind(block) == GEMMA3
 
 
 def _block_norms(block: nn.Module) -> list:
@@ -118,9 +122,8 @@ def _block_norms(block: nn.Module) -> list:
 
 def _why_not(block: nn.Module) -> str | None:
     """None if this block is one the fused primitive computes exactly as its modules do."""
-    base = type(block)
-    if (base.__module__, base.__name__) not in BLOCKS:
-        return f"{base.__module__}.{base.__name__} is not a llama/qwen2/qwen3/gemma3/phi3 block"
+    if _kind(block) not in BLOCKS:
+        return "{}.{} is not a llama/qwen2/qwen3/gemma3/phi3 block".format(*_kind(block))
     attn, mlp = getattr(block, "self_attn", None), getattr(block, "mlp", None)
     projs = _projections(block)
     if projs is None:
@@ -359,7 +362,7 @@ def use_fused_layers(model: nn.Module) -> dict:
     if report["error"]:
         return report
     for path, m in model.named_modules():
-        if hasattr(type(m), FUSED_FROM) or (type(m).__module__, type(m).__name__) not in BLOCKS:
+        if hasattr(type(m), FUSED_FROM) or _kind(m) not in BLOCKS:
             continue
         why = _why_not(m)
         if why:
