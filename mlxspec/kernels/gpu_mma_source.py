@@ -35,7 +35,7 @@ word lays them out, (q0, q4), (q1, q5) / (q2, q6), (q3, q7) at 4 bits (two mma s
 a LOP3 and one exact HADD2 or HFMA2 into a's registers (see `codes`), and x's a byte permute.
 
     grid (32, ceil(N / (16 TILES)) * KSPLIT, ceil(M / (8 RT))), threadgroup (32, KSPLIT, 1)
-    template T, S, O, G, BITS, TILES, RT
+    template T, S, O, G, BITS, TILES, RT, KSPLIT
 """
 
 from __future__ import annotations
