@@ -1,6 +1,5 @@
 // Stand-ins for the Metal and CUDA builtins our GPU kernels use, so the source MLX would generate
-// compiles as C++ and runs on the CPU: every lane of a threadgroup is a fiber (ucontext) of one
-// thread, and cross-lane operations meet: each lane runs until its next meeting, then the next lane
+// compiles as C++ and runs on the CPU: every lane of a threadgroup is a fiber of one thread, and cross-lane operations meet: each lane runs until its next meeting, then the next lane
 // runs (round robin), so a meeting completes when every lane reached it. A lane operation reads its
 // own warp's slots; `__syncthreads()` waits for every lane of the threadgroup, and `__shared__`
 // arrays are statics (one threadgroup runs at a time). Lanes that leave while their warp's other
@@ -32,23 +31,82 @@ struct Lanes {
   float values[kLanes];
   int ivalues[kLanes];  // integer exchanges (the fused acceptance kernel's argmin / argmax)
 };
-struct Fiber {
-  ucontext_t ctx;
-  dim3 tid{}, bid{}, bdim{};
-  bool done = false;
-};
 inline Lanes* lanes = nullptr;  // the running lane's warp's slots
 inline int lane = 0, fiber = 0;  // lane within its warp; fiber = warp * 32 + lane
 inline int fiber_count = kLanes;
-inline ucontext_t scheduler;
-inline Fiber fibers[kLanes * kMaxWarps];
 inline const std::function<void(int)>* task = nullptr;
 inline int arrived = 0, generation = 0;  // __syncthreads()
 
-inline void meet() { swapcontext(&fibers[fiber].ctx, &scheduler); }  // back to the scheduler
-inline void start(int f) {
+#if defined(__x86_64__) && defined(__ELF__) && !defined(EMU_UCONTEXT)  // EMU_UCONTEXT: the portable path
+// A fiber switch without ucontext's signal-mask system calls (~450 ns a round trip here, most of an
+// emulated kernel's time): push the callee-saved registers, swap stack pointers, pop, return.
+// One translation unit per emulated program, so the symbol is defined once.
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .globl emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+struct Context {
+  void* sp = nullptr;
+};
+inline Context scheduler;
+inline void switch_to(Context& from, Context& to) { emu_switch(&from.sp, to.sp); }
+[[noreturn]] inline void fiber_main();
+// A fresh stack whose first switch "returns" into fiber_main with the call ABI's alignment.
+inline void prepare(Context& c, char* stack, size_t size) {
+  auto* top = reinterpret_cast<void**>(reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t(15));
+  top[-2] = reinterpret_cast<void*>(&fiber_main);  // at a 16-aligned slot: rsp % 16 == 8 on entry
+  for (int r = 3; r <= 8; ++r) top[-r] = nullptr;  // rbp, rbx, r12-r15
+  c.sp = top - 8;
+}
+#else
+struct Context {
+  ucontext_t uc;
+};
+inline Context scheduler;
+inline void switch_to(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+[[noreturn]] inline void fiber_main();
+inline void prepare(Context& c, char* stack, size_t size) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;  // fiber_main never returns
+  makecontext(&c.uc, (void (*)())fiber_main, 0);
+}
+#endif
+
+struct Fiber {
+  Context ctx;
+  dim3 tid{}, bid{}, bdim{};
+  bool done = false;
+};
+inline Fiber fibers[kLanes * kMaxWarps];
+
+inline void meet() { switch_to(fibers[fiber].ctx, scheduler); }  // back to the scheduler
+// Every fiber starts here (as the scheduler set `fiber`), runs its lane and yields for good.
+[[noreturn]] inline void fiber_main() {
+  const int f = fiber;
   (*task)(f);
-  fibers[f].done = true;  // returning resumes the scheduler (uc_link)
+  fibers[f].done = true;
+  for (;;) switch_to(fibers[f].ctx, scheduler);  // never resumed once done
 }
 
 // Every lane of the threadgroup reaches this before any goes on; all leave in the same round.
@@ -69,11 +127,7 @@ inline void run_threads(int warps, const std::function<void(int)>& fn) {
   for (int l = 0; l < fiber_count; ++l) {
     Fiber& f = fibers[l];
     f = Fiber{};
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = stacks.data() + kStack * l;
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = &scheduler;
-    makecontext(&f.ctx, (void (*)())start, 1, l);
+    prepare(f.ctx, stacks.data() + kStack * l, kStack);
   }
   for (;;) {  // one round: every unfinished lane runs to its next meeting (or its end)
     int left = 0, met[kMaxWarps] = {}, ended[kMaxWarps] = {};
@@ -83,7 +137,7 @@ inline void run_threads(int warps, const std::function<void(int)>& fn) {
       ++left;
       fiber = l, lane = l % kLanes, lanes = &group[l / kLanes];
       threadIdx = f.tid, blockIdx = f.bid, blockDim = f.bdim;
-      swapcontext(&scheduler, &f.ctx);
+      switch_to(scheduler, f.ctx);
       f.tid = threadIdx, f.bid = blockIdx, f.bdim = blockDim;
       (f.done ? ended : met)[l / kLanes] += 1;
     }
