@@ -5,6 +5,7 @@
     python benchmarks/bench_step.py --context 1024  # each prompt after filler text: 1024 tokens before decoding
     python benchmarks/bench_step.py --kv-cache f32  # a GGUF model's keys and values kept in float32
     python benchmarks/bench_step.py --activations q8,f32 --verify-rows 2,4,8   # int8 vs fp32 activations, verify costs
+    python benchmarks/bench_step.py --activations q8 --unpacked   # q8 codes packed (the default) vs MLX's rows
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
@@ -68,12 +69,15 @@ class MlxspecRunner:
     """Greedy steps through the model as the engine's plain rounds run it, timed per step; then
     forwards of each of verify_rows rows (trimmed off the cache again), timed."""
 
-    def __init__(self, model, fuse: bool, activations: str = "f32", verify_rows: tuple[int, ...] = ()):
-        self.model, self.fuse, self.activations, self.verify_rows = model, fuse, activations, verify_rows
+    def __init__(self, model, fuse: bool, activations: str = "f32", verify_rows: tuple[int, ...] = (), pack: bool = True):
+        self.model, self.fuse, self.activations, self.verify_rows, self.pack = model, fuse, activations, verify_rows, pack
+
+    def install(self) -> None:
+        remove_kernels(self.model)
+        install_kernels(self.model, fuse=self.fuse, activations=self.activations, pack=self.pack)
 
     def run(self, ids: list[int], tokens: int) -> dict:
-        remove_kernels(self.model)
-        install_kernels(self.model, fuse=self.fuse, activations=self.activations)
+        self.install()
         cache = make_prompt_cache(self.model)
         y = mx.argmax(self.model(mx.array([ids]), cache=cache)[:, -1], axis=-1, keepdims=True)
         mx.eval(y)
@@ -102,8 +106,7 @@ class MlxspecRunner:
                 "step_ms": 1e3 * statistics.median(b + e for b, e in zip(build, evals))}
 
     def nodes(self, ids: list[int]) -> int:
-        remove_kernels(self.model)
-        install_kernels(self.model, fuse=self.fuse, activations=self.activations)
+        self.install()
         cache = make_prompt_cache(self.model)
         mx.eval(self.model(mx.array([ids]), cache=cache))
         with tempfile.TemporaryDirectory() as d:
@@ -168,6 +171,7 @@ def main() -> None:
     ap.add_argument("--activations", default="q8,f32",
                     help="mlxspec rows per activation kind: q8 (int8, llama.cpp's arithmetic), f32")
     ap.add_argument("--verify-rows", default="", help="e.g. 2,4,8: time forwards of that many rows (fused rows)")
+    ap.add_argument("--unpacked", action="store_true", help="also q8 fused rows over MLX's row layout of the codes")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
@@ -184,6 +188,8 @@ def main() -> None:
     runners = {}
     for act in kinds:
         runners[f"mlxspec fused {act}"] = MlxspecRunner(model, True, act, verify_rows)
+        if act == "q8" and args.unpacked:
+            runners["mlxspec fused q8 unpacked"] = MlxspecRunner(model, True, act, verify_rows, pack=False)
         runners[f"mlxspec engine {act} (pipelined)"] = EngineRunner(args.model, args.kv_cache, act)
     runners["mlxspec per-op f32"] = MlxspecRunner(model, False)
     if not args.no_llama_cpp:

@@ -73,7 +73,7 @@ class RowSlice:
     def __contains__(self, name: str) -> bool:
         return name in self.layer
 
-    def __getattr__(self, name: str):  # bits, group_size, _qmm
+    def __getattr__(self, name: str):  # bits, group_size, _qmm, _pack
         return getattr(self.layer, name)
 
 
@@ -133,6 +133,8 @@ def _why_not(block: nn.Module) -> str | None:
         return "phi3's fused projections do not split into q, k, v and gate, up"
     if _activations(projs) is None:
         return "projections take different activations (f32 and q8)"
+    if any(isinstance(p, RowSlice) and (p.start % p._pack or p.stop % p._pack) for p in projs):
+        return "a row slice of a packed layer does not start and end on a packed group"
     norm = KernelOffsetRMSNorm if _gemma(block) else KernelRMSNorm  # gemma's norms read 1.0 + weight
     if any(type(n) is not norm for n in _block_norms(block)):
         return "a norm does not run the rms_norm kernel"
@@ -178,13 +180,14 @@ def _plan(block: nn.Module) -> LayerPlan:
     q8 = _activations(projs) == "q8"
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
                               float(attn.rope.scale), float(attn.scale), float(norm1.eps), float(norm2.eps), groups,
-                              bits, bias, qk_norm_eps=qk_eps, q8=q8, post_norm_eps=[float(n.eps) for n in post])
+                              bits, bias, qk_norm_eps=qk_eps, q8=q8, post_norm_eps=[float(n.eps) for n in post],
+                              packs=[p._pack for p in projs] if q8 else [])
     k = projs[1]
     key_parts = [norm1.norm_weight(), k["scales"], *([k["bias"]] if "bias" in k else []),
                  *([attn.k_norm.norm_weight()] if head_norms else [])]
     signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
                  tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs),
-                 qk_eps, q8)
+                 qk_eps, q8, tuple(p._pack for p in projs))
     return LayerPlan(layer, kv_heads, head_dim, key_parts, signature)
 
 

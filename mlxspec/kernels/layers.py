@@ -24,11 +24,15 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
+from .packing import pack_layer, packable, unpack_layer
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
-    """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias)."""
+    """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias).
+    _pack > 1: its codes are packed for the int8 CPU kernel (packing.py); restore_layers unpacks them."""
+
+    _pack = 1
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
@@ -37,7 +41,9 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode)
+        packed = {"pack": self._pack} if self._pack > 1 else {}
+        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode,
+                      **packed)
         return y + self["bias"] if "bias" in self else y
 
 
@@ -175,13 +181,15 @@ def _tied_head(model: nn.Module) -> bool:
 
 
 def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None,
-                activations: str = "f32") -> dict:
+                activations: str = "f32", pack: bool = True) -> dict:
     """Swap in kernel-backed layers where the device's kernel passed its self-check; report what happened.
 
     On a GPU the Metal/CUDA kernel is used only with gpu=True (the engine decides by timing it, see
     install.py). activations='q8' (CPU): the int8-activation kernel, llama.cpp's arithmetic.
-    Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason}}.
-    Safe to call twice (already swapped layers are left alone).
+    With q8 (and pack), the swapped layers' codes are packed for the int8 tiles (packing.py; not an
+    untied lm_head, whose rows a learned drafter reads).
+    Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason},
+    "widened": {path: why}, "packed": count}. Safe to call twice (already swapped layers are left alone).
     """
     device = device or mx.default_device()
     device = mx.Device(device) if isinstance(device, mx.DeviceType) else device
@@ -189,7 +197,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
     if backend != "cpu":
         activations = "f32"  # int8 activations are a CPU kernel; GPUs keep their own
     report = {"device": str(device), "backend": backend, "activations": activations, "swapped": {}, "kept": {},
-              "widened": {}}
+              "widened": {}, "packed": 0}
     swaps = []
     for path, layer, wrapper in _candidates(model, head):
         if backend == "cpu" and _widen(layer, device):
@@ -208,7 +216,16 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)
+        if pack and backend == "cpu" and activations == "q8" and _pack_it(path, module):
+            pack_layer(module)
+            report["packed"] += 1
     return report
+
+
+def _pack_it(path: str, module: nn.Module) -> bool:
+    """Pack this swapped layer's codes? Plain linear layers (the self-check compared packed calls for
+    their shape), not an untied output head (eagle's drafter slices its rows)."""
+    return type(module) is KernelQuantizedLinear and packable(module) and path.split(".")[-1] != "lm_head"
 
 
 def _kernel_for(layer, experts: bool, device, backend: str, activations: str):
@@ -240,6 +257,7 @@ def restore_layers(model: nn.Module) -> int:
     count = 0
     for _, m in model.named_modules():
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
+            unpack_layer(m)
             m.__class__ = {KernelQuantizedLinear: nn.QuantizedLinear, KernelQuantizedEmbedding: nn.QuantizedEmbedding,
                            KernelQuantizedSwitchLinear: QuantizedSwitchLinear}[type(m)]
             count += 1

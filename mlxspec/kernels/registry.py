@@ -255,6 +255,7 @@ def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.
                activations: str = "f32", mode: str = "affine", rows: int = CHECK_ROWS) -> str | None:
     """None if `qmm` matches the reference (q8_reference for activations='q8') on random inputs of
     this shape (`rows` rows; the first and last also alone), else what went wrong."""
+    from .packing import PACK, pack_codes
     from .reference import random_quantized, within_tolerance
 
     key = mx.random.key(n * 7919 + k)
@@ -269,6 +270,9 @@ def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.
         for i in (0, rows - 1):
             if not mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits, **extra)[0], y[i]).item():
                 return f"x {x_dtype}: row {i} of a {rows}-row call differs from the 1-row call"
+        if activations == "q8" and n % PACK == 0:  # layers.py packs these layers' codes: the same bits
+            if not mx.array_equal(qmm(x, pack_codes(w, bits), s, b, group_size, bits, pack=PACK, **extra), y).item():
+                return f"x {x_dtype}: packed codes give other results"
     return None
 
 

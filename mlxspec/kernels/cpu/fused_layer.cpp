@@ -59,7 +59,7 @@ struct LayerParams {
   int offset = 0, heads = 0, kv_heads = 0, head_dim = 0, rope_dims = 0, isa = 0;
   bool traditional = false;
   float rope_scale = 1, attn_scale = 1, eps1 = 0, eps2 = 0;
-  int group[kProjs] = {}, bits[kProjs] = {};
+  int group[kProjs] = {}, bits[kProjs] = {}, pack[kProjs] = {1, 1, 1, 1, 1, 1, 1};  // pack: QmmProblem::pack
   bool bias[kProjs] = {};
   bool qk_norm = false;  // RMSNorm of each q and k head (qwen3) before rope, with eps_qk
   bool q8 = false;       // projections take int8 activations (qmm_q8_kernel.h), as the module path's q8 kernel
@@ -145,8 +145,10 @@ static const float* input_for(int bits, const float* rows, int M, int K, Scratch
 static QmmProblem problem(const std::vector<mx::array>& in, int proj, const LayerParams& p, const float* x, int M) {
   const auto &w = in[kW0 + 3 * proj], &s = in[kW0 + 3 * proj + 1], &b = in[kW0 + 3 * proj + 2];
   const int K = int(int64_t(w.shape(1)) * 32 / p.bits[proj]);
-  return QmmProblem{x, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype(s.dtype()), M, w.shape(0), K,
-                    p.group[proj], p.bits[proj]};
+  QmmProblem q{x, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype(s.dtype()), M, w.shape(0), K,
+                p.group[proj], p.bits[proj]};
+  q.pack = p.pack[proj];
+  return q;
 }
 
 // A projection's problem over `rows` (M, K), natural order: their fp32 kernel input or, in a q8
@@ -405,6 +407,7 @@ static void check_shapes(const std::vector<mx::array>& in, const LayerParams& p)
     if (rows_in(i) % p.group[i] || s.shape() != mx::Shape{w.shape(0), rows_in(i) / p.group[i]} || b.shape() != s.shape() ||
         b.dtype() != s.dtype())
       throw std::invalid_argument("mlxspec fused layer: scales/biases do not match a projection");
+    if (w.shape(0) % p.pack[i]) throw std::invalid_argument("mlxspec fused layer: a packed projection's N % pack != 0");
   }
   if (p.heads % KV || cols(kQ) != p.heads * Dh || cols(kK) != KV * Dh || cols(kV) % KV || cols(kV) / KV != Dh)
     throw std::invalid_argument("mlxspec fused layer: head counts do not match the projections (or value dim != key dim)");
@@ -457,7 +460,7 @@ class FusedLayer {
   FusedLayer(std::vector<mx::array> fixed, int heads, int kv_heads, int head_dim, int rope_dims, bool traditional,
              float rope_scale, float attn_scale, float eps1, float eps2, const std::vector<int>& groups,
              const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps, bool q8,
-             const std::vector<float>& post_norm_eps)
+             const std::vector<float>& post_norm_eps, const std::vector<int>& packs)
       : fixed_(std::move(fixed)) {
     if (groups.size() != kProjs || bits.size() != kProjs || bias.size() != kProjs)
       throw std::invalid_argument("mlxspec fused layer: 7 projections (q, k, v, o, gate, up, down)");
@@ -470,6 +473,12 @@ class FusedLayer {
     p_.gemma = !post_norm_eps.empty();
     if (p_.gemma) p_.eps_pa = post_norm_eps[0], p_.eps_pf = post_norm_eps[1];
     for (int i = 0; i < kProjs; ++i) p_.group[i] = groups[i], p_.bits[i] = bits[i], p_.bias[i] = bias[i] != 0;
+    if (!packs.empty() && (packs.size() != kProjs || !q8))
+      throw std::invalid_argument("mlxspec fused layer: packs: one per projection, with q8");
+    for (int i = 0; i < int(packs.size()); ++i) {
+      if (packs[i] < 1) throw std::invalid_argument("mlxspec fused layer: packs must be >= 1");
+      p_.pack[i] = packs[i];
+    }
     Isa chosen = isa < 0 ? best_isa() : Isa(isa);
     if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec fused layer: that ISA is not compiled in");
     p_.isa = int(chosen);
@@ -517,14 +526,16 @@ class FusedLayer {
 void register_fused_layer(nb::module_& m) {
   nb::class_<FusedLayer>(m, "FusedLayer", "One llama-family decoder layer in one primitive (see fused_layer.cpp).")
       .def(nb::init<std::vector<mx::array>, int, int, int, int, bool, float, float, float, float, const std::vector<int>&,
-                    const std::vector<int>&, const std::vector<int>&, int, float, bool, const std::vector<float>&>(),
+                    const std::vector<int>&, const std::vector<int>&, int, float, bool, const std::vector<float>&,
+                    const std::vector<int>&>(),
            nb::arg("fixed"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rope_dims"),
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
            nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1, nb::arg("qk_norm_eps") = -1.0f,
-           nb::arg("q8") = false, nb::arg("post_norm_eps") = std::vector<float>{},
+           nb::arg("q8") = false, nb::arg("post_norm_eps") = std::vector<float>{}, nb::arg("packs") = std::vector<int>{},
            "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`); "
            "q8: int8 activations in every projection (as the q8 qmm); post_norm_eps (2 values): gemma3's "
-           "sandwich norms (weights after the q/k norms) and GeGLU")
+           "sandwich norms (weights after the q/k norms) and GeGLU; packs (7 values, q8): each projection's "
+           "QmmProblem::pack")
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
            nb::arg("parents") = std::vector<int>{}, nb::arg("position") = -1, nb::arg("key_start") = 0,
            nb::arg("window") = 0, "[out, keys with this step's rows written, values likewise]");

@@ -40,6 +40,7 @@ struct QmmProblem {
   int M, N, K, G, bits;
   const Q8Rows* q8 = nullptr;
   bool e2m1 = false;  // 4-bit codes are mxfp4's e2m1 values, read through kE2m1 (the int8 path only)
+  int pack = 1;       // > 1: w's codes in groups of `pack` columns, chunk by chunk (ColumnCodes; the int8 path only)
 };
 
 // Columns per tile for a row tile of MR rows: MR*NB accumulators stay in registers, each x vector

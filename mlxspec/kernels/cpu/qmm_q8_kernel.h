@@ -62,6 +62,34 @@ struct Q8Buffer {
 
 inline int q8_chunks(int K) { return (K + kChunk - 1) / kChunk; }
 
+// Where column n's codes lie, chunk by chunk. MLX's layout (pack 1): row n, chunk c at byte
+// n * row_bytes + c * chunk. Packed (pack P, layers.py packs a layer's codes at load): each group of
+// P columns keeps its P rows' bytes but stores chunk 0 of each column, then chunk 1 of each..., so a
+// tile of P columns reads one sequential stream instead of P short ones (rows of K = 576-1152 are
+// 5-9 cache lines at 4 bits, too short for the hardware prefetcher). Column j of group g = n / P:
+// chunk c at g P row_bytes + c P chunk + j bytes(c); bytes(c) is chunk, or less for a last, short chunk.
+struct ColumnCodes {
+  const uint8_t* base = nullptr;
+  size_t stride = 0, shift = 0;  // chunk c at base + c * stride, less `shift` for the last chunk
+  int last = 0;
+  ColumnCodes() = default;
+  ColumnCodes(const QmmProblem& p, int n, int bits) {
+    const size_t row_bytes = size_t(p.K) * bits / 8, chunk = size_t(kChunk) * bits / 8;
+    last = q8_chunks(p.K) - 1;
+    const int j = p.pack > 1 ? n % p.pack : 0;
+    base = p.w + size_t(n - j) * row_bytes + size_t(j) * chunk;
+    stride = p.pack > 1 ? p.pack * chunk : chunk;
+    shift = size_t(j) * (chunk - (row_bytes - size_t(last) * chunk));
+  }
+  const uint8_t* at(int c) const { return base + size_t(c) * stride - (c == last ? shift : 0); }
+};
+
+// How far ahead of its codes a tile prefetches: MLX's layout, the next tile's same chunk (NB rows
+// on); packed, 4 KB on in the group's one stream (NB rows on measured 5-10% slower at K = 6912).
+inline size_t prefetch_ahead(const QmmProblem& p, int nb, size_t row_bytes) {
+  return p.pack > 1 ? 4096 : size_t(nb) * row_bytes;
+}
+
 // One 32-block of fp32 -> int8 codes (natural order); returns the block scale, sets *sum.
 inline float quantize_block_ref(const float* x, int8_t* q, int* sum) {
   float amax = 0.f;
@@ -138,8 +166,7 @@ inline void quantize_rows(const float* x, size_t ldx, int M, int K, int bits, Is
 template <int BITS>
 void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ldy) {
   const int B = p.K / kBlock, gb = p.G / kBlock, groups = p.K / p.G, C = q8_chunks(p.K);
-  const size_t row_bytes = size_t(p.K) * BITS / 8;
-  const uint8_t* w = p.w + size_t(n) * row_bytes;
+  const ColumnCodes codes(p, n, BITS);
   std::vector<float> s(groups), bias(groups);
   load_floats(p.scales, size_t(n) * groups, groups, p.stype, s.data());
   if (p.e2m1)
@@ -152,19 +179,20 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
       const int nblk = B - 4 * c < 4 ? B - 4 * c : 4;
       const int8_t* xc = x.q + m * x.q_stride + size_t(c) * kChunk;
       const float* dc = x.d + m * x.d_stride + size_t(c) * kChunkLanes;
+      const uint8_t* w = codes.at(c);
       auto sw = [&](int blk) { return blk < nblk ? s[(4 * c + blk) / gb] : 0.f; };
       for (int half = 0; half < (BITS == 4 ? 1 : 2); ++half)
         for (int l = 0; l < 16; ++l) {
           int32_t dot = 0;
           for (int i = 0; i < 4; ++i) {
             if (BITS == 4) {
-              const int v = 4 * l + i, byte = v / 16 < nblk ? w[size_t(c) * 64 + v] : 0;
+              const int v = 4 * l + i, byte = v / 16 < nblk ? w[v] : 0;
               const int lo = p.e2m1 ? (v / 16 < nblk ? kE2m1[byte & 15] : 0) : byte & 15;
               const int hi = p.e2m1 ? (v / 16 < nblk ? kE2m1[byte >> 4] : 0) : byte >> 4;
               dot += lo * int(xc[v]) + hi * int(xc[64 + v]);
             } else {
               const int v = 64 * half + 4 * l + i;
-              dot += (v / 32 < nblk ? int(w[size_t(c) * 128 + v]) : 0) * int(xc[v]);
+              dot += (v / 32 < nblk ? int(w[v]) : 0) * int(xc[v]);
             }
           }
           const float scale = BITS == 4 ? sw(l / 4) : sw(2 * half + l / 8);
@@ -218,10 +246,10 @@ struct ChunkScales {
 // integer dot products, scaled per lane, plus the bias term; MR*NB accumulators in registers.
 template <int BITS, int MR, int NB, bool E2M1 = false>  // E2M1: mxfp4 codes (a compile-time path: no cost to affine)
 void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScales& cs, float* out) {
-  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const size_t ahead = prefetch_ahead(p, NB, size_t(p.K) * BITS / 8);
   const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
-  const uint8_t* w[NB];
-  for (int j = 0; j < NB; ++j) w[j] = p.w + size_t(n0 + j) * row_bytes;
+  ColumnCodes w[NB];
+  for (int j = 0; j < NB; ++j) w[j] = ColumnCodes(p, n0 + j, BITS);
   __m512 acc[MR][NB];
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j] = _mm512_setzero_ps();
@@ -243,8 +271,8 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
       if constexpr (e2m1) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f));
       else b16 = load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
       bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4, b16);
-      const uint8_t* wp = w[j] + size_t(c) * kChunk * BITS / 8;
-      prefetch(wp + NB * row_bytes);
+      const uint8_t* wp = w[j].at(c);
+      prefetch(wp + ahead);
       if (BITS == 4) {
         const __m512i v = nblk == 4 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 16 * nblk), wp);
         wa[j] = _mm512_and_si512(v, nib);
@@ -255,7 +283,7 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
         }
         sa[j] = _mm512_maskz_permutexvar_ps(__mmask16((1u << (4 * nblk)) - 1), cs.i4, s16);
       } else {
-        prefetch(wp + 64 + NB * row_bytes);
+        prefetch(wp + 64 + ahead);
         const int na = nblk < 2 ? nblk : 2, nb = nblk - na;
         wa[j] = na == 2 ? _mm512_loadu_si512(wp) : _mm512_maskz_loadu_epi8((~0ull) >> (64 - 32 * na), wp);
         wb[j] = nb == 2 ? _mm512_loadu_si512(wp + 64) : (nb ? _mm512_maskz_loadu_epi8((~0ull) >> (64 - 32 * nb), wp + 64) : _mm512_setzero_si512());
@@ -370,13 +398,15 @@ inline __m256i load32_avx2(const uint8_t* p, int valid) {
 
 template <int BITS, int MR, int NB, bool E2M1 = false>
 void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
-  const size_t row_bytes = size_t(p.K) * BITS / 8;
+  const size_t ahead = prefetch_ahead(p, NB, size_t(p.K) * BITS / 8);
   const int groups = p.K / p.G, gb = p.G / kBlock, B = p.K / kBlock, C = q8_chunks(p.K);
   const __m256i nib = _mm256_set1_epi8(15);
   const __m256i lut = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(kE2m1)));
   constexpr bool e2m1 = BITS == 4 && E2M1;
   const __m256i blk01 = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1), blk23 = _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3);
   __m256 acc[MR][NB][2];
+  ColumnCodes w[NB];
+  for (int j = 0; j < NB; ++j) w[j] = ColumnCodes(p, n0 + j, BITS);
   for (int m = 0; m < MR; ++m)
     for (int j = 0; j < NB; ++j) acc[m][j][0] = acc[m][j][1] = _mm256_setzero_ps();
   for (int c = 0; c < C; ++c) {
@@ -407,9 +437,9 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
       const __m256 s4 = _mm256_castps128_ps256(s4x), b4 = _mm256_castps128_ps256(b4x);
       const __m256 bl[2] = {_mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk01), 0x11),
                             _mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk23), 0x11)};
-      const uint8_t* wp = p.w + size_t(n0 + j) * row_bytes + size_t(c) * kChunk * BITS / 8;
+      const uint8_t* wp = w[j].at(c);
       const int valid = nblk * kBlock * BITS / 8;
-      prefetch(wp + NB * row_bytes);
+      prefetch(wp + ahead);
       // 4-bit: lo, hi nibbles of halves 0, 1 of the 64 code bytes; 8-bit: quarters 0-3 of 128 as
       // lo = |w - 128|, hi = w - 128
       __m256i lo[4], hi[4];

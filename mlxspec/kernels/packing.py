@@ -1,0 +1,73 @@
+"""Packed weight codes for the int8-activation CPU kernel: each group of PACK columns stored chunk by chunk.
+
+    w4 = pack_codes(w, bits)          # (N, K*bits/32) uint32 -> the same shape, bytes reordered
+    w == unpack_codes(w4, bits)       # and back, exactly
+    pack_layer(layer); unpack_layer(layer)   # a KernelQuantizedLinear's own weight, in place
+
+MLX stores a layer's codes row by row. The CPU tile reads 4 columns (rows of w) at once, 128 codes
+of each per step: 4 interleaved streams that are 5-9 cache lines long when K is a model's hidden
+size (576-2048 at 4 bits), too short for the hardware prefetcher. Packed, each group of 4 rows keeps
+its bytes but lays them out chunk 0 of each row, then chunk 1 of each, ...: one sequential stream
+(qmm_q8_kernel.h's ColumnCodes reads it). Measured on the AMD EPYC VM, 26 matrices from memory, one
+row: 1.3-1.5x the weight stream at K <= 2048, neutral at K = 6912 (benchmarks/results/step.md).
+
+Only the codes move: scales and biases keep MLX's layout, and the bytes held stay the same (the
+packed array replaces the layer's weight; no second copy). Every output keeps its bits: the kernel's
+arithmetic per output does not depend on where the codes lie (registry.self_check compares).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+PACK = 4  # columns per group: the int8 tile's width at one and two rows (VnniTiles::cols)
+
+
+def _sizes(w: mx.array, bits: int, pack: int) -> tuple[int, int, int, int]:
+    """(groups, row bytes, chunk bytes, bytes of whole chunks a row) for w (N, K*bits/32)."""
+    n, words = w.shape
+    if n % pack:
+        raise ValueError(f"packing needs N a multiple of {pack}, not {n}")
+    row, chunk = words * 4, 16 * bits  # a chunk: 128 codes
+    return n // pack, row, chunk, row // chunk * chunk
+
+
+def pack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
+    """(N, K*bits/32) uint32 codes -> the packed layout of the same shape: per group of `pack` rows,
+    their whole chunks side by side chunk by chunk, then their last, shorter chunks (if K % 128)."""
+    groups, row, chunk, full = _sizes(w, bits, pack)
+    b = w.view(mx.uint8).reshape(groups, pack, row)
+    body = b[:, :, :full].reshape(groups, pack, full // chunk, chunk).transpose(0, 2, 1, 3).reshape(groups, -1)
+    tail = b[:, :, full:].reshape(groups, -1)  # (groups, pack * short chunk)
+    return mx.concatenate([body, tail], axis=1).reshape(w.shape[0], row).view(mx.uint32)
+
+
+def unpack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
+    """pack_codes' inverse: MLX's row layout again."""
+    groups, row, chunk, full = _sizes(w, bits, pack)
+    b = w.view(mx.uint8).reshape(groups, pack * row)
+    body = b[:, : pack * full].reshape(groups, full // chunk, pack, chunk).transpose(0, 2, 1, 3).reshape(groups, pack, full)
+    tail = b[:, pack * full :].reshape(groups, pack, row - full)
+    return mx.concatenate([body, tail], axis=2).reshape(w.shape[0], row).view(mx.uint32)
+
+
+def packable(layer: nn.Module) -> bool:
+    """Can this 2-D layer's codes be packed (N a multiple of PACK)?"""
+    w = layer["weight"]
+    return w.ndim == 2 and w.shape[0] % PACK == 0
+
+
+def pack_layer(layer: nn.Module) -> None:
+    """Replace the layer's weight by its packed codes (its kernel call then passes pack=PACK)."""
+    layer["weight"] = pack_codes(layer["weight"], layer.bits)
+    mx.eval(layer["weight"])
+    layer._pack = PACK
+
+
+def unpack_layer(layer: nn.Module) -> None:
+    """MLX's row layout again in a packed layer (before MLX's own matmul reads it)."""
+    if getattr(layer, "_pack", 1) > 1:
+        layer["weight"] = unpack_codes(layer["weight"], layer.bits, layer._pack)
+        mx.eval(layer["weight"])
+        layer._pack = 1

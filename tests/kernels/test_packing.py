@@ -1,0 +1,119 @@
+"""Packed codes for the int8 CPU tiles (packing.py, ColumnCodes in qmm_q8_kernel.h): the layout the
+kernel reads, the same bits as MLX's row layout on every ISA path, and layers packed at install and
+unpacked when MLX's ops take over again."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxspec.kernels import registry
+from mlxspec.kernels.cpu import cpu_qmm_function
+from mlxspec.kernels.layers import KernelQuantizedLinear, restore_layers, use_kernels
+from mlxspec.kernels.packing import PACK, pack_codes, unpack_codes, unpack_layer
+from mlxspec.kernels.reference import random_quantized
+from model_factory import make_model_dir
+
+
+def isas(ext):
+    return [i for i in (1, 2, 3, 0) if ext.isa_compiled(i)]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k", [64, 256, 576])  # one short chunk, whole chunks, whole chunks + a short one
+def test_the_layout_is_the_one_the_kernel_reads(bits, k):
+    """Column j of group g, chunk c sits at g P row + c P chunk + j len(c): the bytes MLX keeps at
+    row n, chunk c. Unpacking gives the original back."""
+    n = 12
+    w, _, _ = random_quantized(n, k, 32, bits, mx.float16, key=mx.random.key(k + bits))
+    packed = pack_codes(w, bits)
+    assert packed.shape == w.shape and packed.dtype == mx.uint32
+    assert mx.array_equal(unpack_codes(packed, bits), w).item()
+    rows, flat = np.array(w.view(mx.uint8)), np.array(packed.view(mx.uint8)).reshape(-1)
+    row, chunk = k * bits // 8, 16 * bits
+    for col in range(n):
+        g, j = divmod(col, PACK)
+        for c in range(-(-row // chunk)):
+            size = min(chunk, row - c * chunk)
+            at = g * PACK * row + c * PACK * chunk + j * size
+            assert (flat[at : at + size] == rows[col, c * chunk : c * chunk + size]).all(), (col, c)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,group_size", [(576, 32), (256, 64), (160, 32), (384, 128)])
+def test_packed_codes_give_the_same_bits_on_every_isa(cpu_ext, bits, k, group_size):
+    n = 24  # 6 groups: 4-column tiles at one or two rows, 2-column tiles above
+    w, s, b = random_quantized(n, k, group_size, bits, mx.float16, key=mx.random.key(k * bits))
+    packed = pack_codes(w, bits)
+    x = mx.random.normal((9, k), key=mx.random.key(3)) * 2
+    for isa in isas(cpu_ext):
+        qmm = cpu_qmm_function(isa, activations="q8")
+        for m in (1, 2, 3, 9):
+            want = qmm(x[:m], w, s, b, group_size, bits)
+            assert mx.array_equal(qmm(x[:m], packed, s, b, group_size, bits, pack=PACK), want).item(), (qmm.isa, m)
+        wrong = qmm(x, packed, s, b, group_size, bits)  # packed codes read as rows: other results
+        assert not mx.array_equal(wrong, qmm(x, w, s, b, group_size, bits)).item()
+
+
+def test_mxfp4_codes_pack_too(cpu_ext):
+    w, s, _ = random_quantized(8, 576, 32, 4, key=mx.random.key(5), mode="mxfp4")
+    x = mx.random.normal((3, 576), key=mx.random.key(6))
+    for isa in isas(cpu_ext):
+        qmm = cpu_qmm_function(isa, activations="q8")
+        want = qmm(x, w, s, None, 32, 4, mode="mxfp4")
+        assert mx.array_equal(qmm(x, pack_codes(w, 4), s, None, 32, 4, mode="mxfp4", pack=PACK), want).item()
+
+
+def test_packing_is_refused_where_it_does_not_apply(cpu_ext):
+    w, s, b = random_quantized(10, 128, 32, 4, mx.float16, key=mx.random.key(7))
+    x = mx.ones((1, 128))
+    with pytest.raises(ValueError, match="multiple of 4"):
+        pack_codes(w, 4)
+    with pytest.raises(ValueError, match="pack"):  # N = 10 is no multiple of 4
+        cpu_qmm_function(activations="q8")(x, w, s, b, 32, 4, pack=PACK)
+    with pytest.raises(ValueError, match="pack"):  # the fp32 tiles read MLX's layout only
+        cpu_qmm_function()(x, w[:8], s[:8], b[:8], 32, 4, pack=PACK)
+
+
+def test_the_self_check_catches_a_kernel_that_ignores_the_packing(cpu_ext):
+    qmm = cpu_qmm_function(activations="q8")
+
+    def ignores_pack(*args, pack: int = 1, **kwargs):
+        return qmm(*args, **kwargs)
+
+    assert registry.self_check(qmm, 32, 256, 32, 4, mx.float16, "q8") is None
+    assert "packed" in registry.self_check(ignores_pack, 32, 256, 32, 4, mx.float16, "q8")
+
+
+def test_q8_layers_are_packed_with_the_same_logits_and_unpacked_on_restore(tmp_path, cpu_ext):
+    from mlxspec.loading import load
+
+    path = make_model_dir(tmp_path / "m", "llama", hidden=160, heads=4, kv_heads=2, intermediate=256)
+    model = load(str(path), "q4g32").model
+    rows = {p: m["weight"] for p, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)}
+    report = use_kernels(model, activations="q8")
+    layers = {p: m for p, m in model.named_modules() if isinstance(m, KernelQuantizedLinear)}
+    assert report["packed"] == len(layers) - 1 and set(layers) == set(rows)
+    assert layers["lm_head"]._pack == 1 and mx.array_equal(layers["lm_head"]["weight"], rows["lm_head"]).item()
+    ids = mx.array([[5, 17, 42, 7, 3]])
+    packed_logits = model(ids)
+    assert all(not mx.array_equal(m["weight"], rows[p]).item() for p, m in layers.items() if m._pack > 1)
+    for m in layers.values():
+        unpack_layer(m)  # the same kernels over MLX's layout
+    assert mx.array_equal(model(ids), packed_logits).item()
+    use_kernels_again = load(str(path), "q4g32").model
+    use_kernels(use_kernels_again, activations="q8")
+    assert restore_layers(use_kernels_again) == len(layers)
+    restored = {p: m for p, m in use_kernels_again.named_modules() if isinstance(m, nn.QuantizedLinear)}
+    assert all(mx.array_equal(m["weight"], rows[p]).item() for p, m in restored.items())
+    assert not any(isinstance(m, KernelQuantizedLinear) for m in restored.values())
+
+
+def test_f32_activations_keep_the_row_layout(tiny_llama, cpu_ext):
+    from mlxspec.loading import load
+
+    model = load(str(tiny_llama), "q4g32").model
+    assert use_kernels(model)["packed"] == 0
+    assert all(m._pack == 1 for _, m in model.named_modules() if isinstance(m, KernelQuantizedLinear))
