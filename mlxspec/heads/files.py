@@ -18,14 +18,19 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..errors import MlxspecError
+from ..kernels.packing import unpack_codes
 
 FORMAT_VERSION = 1
 
 
 def identity(model: nn.Module) -> str:
-    """sha256 over the target's weight tensors (names, shapes, dtypes and bytes), in name order."""
+    """sha256 over the target's weight tensors (names, shapes, dtypes and bytes), in name order; codes
+    the CPU kernels hold packed count in MLX's layout, so the digest does not depend on the kernels."""
     digest = hashlib.sha256()
+    packed = {f"{path}.weight": m for path, m in model.named_modules() if getattr(m, "_pack", 1) > 1}
     for name, value in sorted(tree_flatten(model.parameters()), key=lambda kv: kv[0]):
+        if name in packed:  # one layer at a time: no second copy of the model
+            value = unpack_codes(value, packed[name].bits, packed[name]._pack)
         flat = value.reshape(-1)
         digest.update(f"{name}:{value.shape}:{value.dtype};".encode())
         digest.update(memoryview(flat.view(mx.uint8)))

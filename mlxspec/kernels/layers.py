@@ -2,14 +2,16 @@
 
     report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, "widened": ...}
 
-Only `nn.QuantizedLinear` layers change (same parameters, same names), and mlx-lm's
+X
 `QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert as a one-row
 matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). gpt-oss's "mxfp4"
 layers (4-bit e2m1 codes, power-of-two scales) run the GPU kernels, and on the CPU the int8-activation
 one (activations='q8'). Embedding lookups stay MLX's; with head=True a tied `nn.QuantizedEmbedding`'s
 `as_linear` (the output head of tied models) also uses the kernel. On the CPU, 2/3/5/6-bit layers first get their codes re-packed one
 per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits; the
-GPU kernels read every width in place.
+GPU kernels read every width in place. With int8 activations (the CPU), the swapped layers' codes
+(a tied head's table too) are then packed 4 columns chunk by chunk for the int8 tiles (packing.py:
+the same bytes, one stream a tile); restore_layers unpacks them.
 Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
 in the report.
 """
@@ -24,7 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
-from .packing import pack_layer, packable, unpack_layer
+from .packing import code_rows, pack_layer, packable, unpack_layer
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
@@ -83,7 +85,10 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
 
 
 class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
-    """nn.QuantizedEmbedding: lookups unchanged (MLX), `as_linear` (a tied head) through the kernel."""
+    """nn.QuantizedEmbedding: lookups MLX's (over rows unpacked where its codes are packed), `as_linear`
+    (a tied head) through the kernel."""
+
+    _pack = 1
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
@@ -93,9 +98,17 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         mx.eval(new._params)
         return new
 
+    def __call__(self, x: mx.array) -> mx.array:
+        if self._pack == 1:
+            return super().__call__(x)
+        biases = self.get("biases")
+        return mx.dequantize(code_rows(self, x), scales=self["scales"][x], biases=None if biases is None else biases[x],
+                             group_size=self.group_size, bits=self.bits, mode=self.mode)
+
     def as_linear(self, x: mx.array) -> mx.array:
         scales, biases = self._params or (self["scales"], self["biases"])
-        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode)
+        packed = {"pack": self._pack} if self._pack > 1 else {}
+        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode, **packed)
 
 
 def _half_copies(layer: nn.Module) -> tuple[mx.array, mx.array] | None:
@@ -186,8 +199,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
 
     On a GPU the Metal/CUDA kernel is used only with gpu=True (the engine decides by timing it, see
     install.py). activations='q8' (CPU): the int8-activation kernel, llama.cpp's arithmetic.
-    With q8 (and pack), the swapped layers' codes are packed for the int8 tiles (packing.py; not an
-    untied lm_head, whose rows a learned drafter reads).
+    With q8 (and pack), the swapped layers' codes are packed for the int8 tiles (packing.py).
     Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason},
     "widened": {path: why}, "packed": count}. Safe to call twice (already swapped layers are left alone).
     """
@@ -216,16 +228,16 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)
-        if pack and backend == "cpu" and activations == "q8" and _pack_it(path, module):
+        if pack and backend == "cpu" and activations == "q8" and _pack_it(module):
             pack_layer(module)
             report["packed"] += 1
     return report
 
 
-def _pack_it(path: str, module: nn.Module) -> bool:
-    """Pack this swapped layer's codes? Plain linear layers (the self-check compared packed calls for
-    their shape), not an untied output head (eagle's drafter slices its rows)."""
-    return type(module) is KernelQuantizedLinear and packable(module) and path.split(".")[-1] != "lm_head"
+def _pack_it(module: nn.Module) -> bool:
+    """Pack this swapped layer's codes? Linear layers and a tied head's table (the self-check compared
+    packed calls for their shape), not MoE experts (3-D)."""
+    return type(module) in (KernelQuantizedLinear, KernelQuantizedEmbedding) and packable(module)
 
 
 def _kernel_for(layer, experts: bool, device, backend: str, activations: str):

@@ -2,7 +2,8 @@
 
     w4 = pack_codes(w, bits)          # (N, K*bits/32) uint32 -> the same shape, bytes reordered
     w == unpack_codes(w4, bits)       # and back, exactly
-    pack_layer(layer); unpack_layer(layer)   # a KernelQuantizedLinear's own weight, in place
+    pack_layer(layer); unpack_layer(layer)   # a swapped layer's own weight, in place
+    rows = code_rows(layer, ids)      # rows in MLX's layout, packed or not (lookups, drafters' gathers)
 
 MLX stores a layer's codes row by row. The CPU tile reads 4 columns (rows of w) at once, 128 codes
 of each per step: 4 interleaved streams that are 5-9 cache lines long when K is a model's hidden
@@ -12,7 +13,8 @@ its bytes but lays them out chunk 0 of each row, then chunk 1 of each, ...: one 
 row: 1.3-1.5x the weight stream at K <= 2048, neutral at K = 6912 (benchmarks/results/step.md).
 
 Only the codes move: scales and biases keep MLX's layout, and the bytes held stay the same (the
-packed array replaces the layer's weight; no second copy). Every output keeps its bits: the kernel's
+packed array replaces the layer's weight; no second copy). A tied head's table is packed too; its
+lookups unpack the 4-row groups of the tokens asked (code_rows). Every output keeps its bits: the kernel's
 arithmetic per output does not depend on where the codes lie (registry.self_check compares).
 """
 
@@ -50,6 +52,18 @@ def unpack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
     body = b[:, : pack * full].reshape(groups, full // chunk, pack, chunk).transpose(0, 2, 1, 3).reshape(groups, pack, full)
     tail = b[:, pack * full :].reshape(groups, pack, row - full)
     return mx.concatenate([body, tail], axis=2).reshape(w.shape[0], row).view(mx.uint32)
+
+
+def code_rows(module: nn.Module, idx: mx.array) -> mx.array:
+    """The codes of rows `idx` (any shape) in MLX's layout, packed or not: an embedding lookup, or a
+    learned drafter's gather of head rows. Unpacks only the groups the rows sit in."""
+    w, pack = module["weight"], getattr(module, "_pack", 1)
+    if pack == 1:
+        return w[idx]
+    n, words = w.shape
+    groups = w.reshape(n // pack, pack * words)[idx // pack]  # (..., pack * words): each row's group
+    rows = unpack_codes(groups.reshape(-1, words), module.bits, pack).reshape(*idx.shape, pack, words)
+    return mx.take_along_axis(rows, (idx % pack)[..., None, None], axis=-2).squeeze(-2)
 
 
 def packable(layer: nn.Module) -> bool:

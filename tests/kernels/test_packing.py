@@ -11,8 +11,8 @@ import pytest
 
 from mlxspec.kernels import registry
 from mlxspec.kernels.cpu import cpu_qmm_function
-from mlxspec.kernels.layers import KernelQuantizedLinear, restore_layers, use_kernels
-from mlxspec.kernels.packing import PACK, pack_codes, unpack_codes, unpack_layer
+from mlxspec.kernels.layers import KernelQuantizedEmbedding, KernelQuantizedLinear, restore_layers, use_kernels
+from mlxspec.kernels.packing import PACK, code_rows, pack_codes, unpack_codes, unpack_layer
 from mlxspec.kernels.reference import random_quantized
 from model_factory import make_model_dir
 
@@ -95,8 +95,7 @@ def test_q8_layers_are_packed_with_the_same_logits_and_unpacked_on_restore(tmp_p
     rows = {p: m["weight"] for p, m in model.named_modules() if isinstance(m, nn.QuantizedLinear)}
     report = use_kernels(model, activations="q8")
     layers = {p: m for p, m in model.named_modules() if isinstance(m, KernelQuantizedLinear)}
-    assert report["packed"] == len(layers) - 1 and set(layers) == set(rows)
-    assert layers["lm_head"]._pack == 1 and mx.array_equal(layers["lm_head"]["weight"], rows["lm_head"]).item()
+    assert report["packed"] == len(layers) and set(layers) == set(rows)
     ids = mx.array([[5, 17, 42, 7, 3]])
     packed_logits = model(ids)
     assert all(not mx.array_equal(m["weight"], rows[p]).item() for p, m in layers.items() if m._pack > 1)
@@ -117,3 +116,44 @@ def test_f32_activations_keep_the_row_layout(tiny_llama, cpu_ext):
     model = load(str(tiny_llama), "q4g32").model
     assert use_kernels(model)["packed"] == 0
     assert all(m._pack == 1 for _, m in model.named_modules() if isinstance(m, KernelQuantizedLinear))
+
+
+def test_a_packed_tied_table_looks_up_the_same_rows(tmp_path, cpu_ext):
+    """A tied head's table is packed for as_linear; lookups (and a learned drafter's gather of head
+    rows) unpack the groups their tokens sit in and get MLX's rows."""
+    from mlxspec.heads.eagle import DraftHead
+    from mlxspec.loading import load
+
+    path = make_model_dir(tmp_path / "q", "qwen2", hidden=160, heads=4, kv_heads=2, intermediate=256, scale=1.0)
+    model = load(str(path), "q4g32").model  # tied; rows of 160 codes: a whole chunk and a short one
+    table = model.model.embed_tokens["weight"]
+    ids = mx.array([[0, 3, 9, 27, 4, 318]])
+    rows = model.model.embed_tokens(ids)
+    vocab = mx.array([7, 1, 300, 42, 5])
+    use_kernels(model, activations="q8")
+    embed = model.model.embed_tokens
+    assert isinstance(embed, KernelQuantizedEmbedding) and embed._pack == PACK
+    assert not mx.array_equal(embed["weight"], table).item()
+    assert mx.array_equal(code_rows(embed, ids), table[ids]).item()
+    assert mx.array_equal(embed(ids), rows).item()
+    assert mx.array_equal(DraftHead(model, vocab).proj["weight"], table[vocab]).item()
+    packed_logits = model(ids)
+    for _, m in model.named_modules():
+        unpack_layer(m)  # the same kernels over MLX's layout: the same logits
+    assert embed._pack == 1 and mx.array_equal(embed["weight"], table).item()
+    assert mx.array_equal(model(ids), packed_logits).item()
+
+
+def test_packing_keeps_a_targets_identity_for_its_learned_drafters(tmp_path, cpu_ext):
+    """A head trained on a target is tied to it by a digest of its weights: packed codes (int8
+    activations) and MLX's rows (f32) must give the same one, or a head would be refused."""
+    from mlxspec.heads.files import identity
+    from mlxspec.loading import load
+
+    path = make_model_dir(tmp_path / "m", "llama", hidden=160, heads=4, kv_heads=2, intermediate=256)
+    model = load(str(path), "q4g32").model
+    before = identity(model)
+    assert use_kernels(model, activations="q8")["packed"] > 0
+    assert identity(model) == before
+    other = load(str(path), "q4g64").model  # other weights: another digest (the check can fail)
+    assert identity(other) != before
