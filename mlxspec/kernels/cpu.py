@@ -26,16 +26,18 @@ def cpu_qmm_function(isa: int = -1, activations: str = "f32") -> Callable[..., m
     activations='q8': x is rounded to int8 per 32-element block and multiplied by the codes in
     integer dot products (qmm_q8_kernel.h, llama.cpp's arithmetic), else x is used in fp32.
     mode='mxfp4' (gpt-oss; q8 only): e2m1 codes with their uint8 exponents (biases unused).
-    pack > 1 (q8 only): w's codes are packed in groups of that many columns (packing.py)."""
+    pack > 1 (q8 only): w's codes are packed in groups of that many columns; bias_of_scale != 0 (q8
+    only): biases are that times the scales, and not read (packing.py)."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
     q8 = activations == "q8"
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
-            mode: str = "affine", pack: int = 1) -> mx.array:
+            mode: str = "affine", pack: int = 1, bias_of_scale: float = 0.0) -> mx.array:
         scales, biases, e2m1 = _layout(scales, biases, mode, q8)
-        return ext.qmm(x, w, scales, biases, group_size, bits, isa, q8=q8, e2m1=e2m1, pack=pack, stream=mx.cpu)
+        return ext.qmm(x, w, scales, biases, group_size, bits, isa, q8=q8, e2m1=e2m1, pack=pack,
+                       bias_of_scale=bias_of_scale, stream=mx.cpu)
 
     qmm.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
     qmm.activations = activations

@@ -73,7 +73,7 @@ class RowSlice:
     def __contains__(self, name: str) -> bool:
         return name in self.layer
 
-    def __getattr__(self, name: str):  # bits, group_size, _qmm, _pack
+    def __getattr__(self, name: str):  # bits, group_size, _qmm, _pack, _bias_of_scale
         return getattr(self.layer, name)
 
 
@@ -181,13 +181,14 @@ def _plan(block: nn.Module) -> LayerPlan:
     layer = _ext().FusedLayer(fixed, heads, kv_heads, head_dim, attn.rope.dims, bool(attn.rope.traditional),
                               float(attn.rope.scale), float(attn.scale), float(norm1.eps), float(norm2.eps), groups,
                               bits, bias, qk_norm_eps=qk_eps, q8=q8, post_norm_eps=[float(n.eps) for n in post],
-                              packs=[p._pack for p in projs] if q8 else [])
+                              packs=[p._pack for p in projs] if q8 else [],
+                              bias_of_scale=[p._bias_of_scale for p in projs] if q8 else [])
     k = projs[1]
     key_parts = [norm1.norm_weight(), k["scales"], *([k["bias"]] if "bias" in k else []),
                  *([attn.k_norm.norm_weight()] if head_norms else [])]
     signature = ("fused_layer", type(block).__module__, heads, kv_heads, head_dim, tuple(bits), tuple(groups),
                  tuple(bias), tuple(str(p["scales"].dtype) for p in projs), tuple(p["weight"].shape for p in projs),
-                 qk_eps, q8, tuple(p._pack for p in projs))
+                 qk_eps, q8, tuple(p._pack for p in projs), tuple(p._bias_of_scale for p in projs))
     return LayerPlan(layer, kv_heads, head_dim, key_parts, signature)
 
 

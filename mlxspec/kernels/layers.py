@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
-from .packing import code_rows, pack_layer, packable, unpack_layer
+from .packing import code_rows, implied_bias, layout_args, pack_layer, packable, unpack_layer
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 
@@ -34,7 +34,7 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias).
     _pack > 1: its codes are packed for the int8 CPU kernel (packing.py); restore_layers unpacks them."""
 
-    _pack = 1
+    _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
@@ -43,9 +43,8 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        packed = {"pack": self._pack} if self._pack > 1 else {}
         y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode,
-                      **packed)
+                      **layout_args(self))
         return y + self["bias"] if "bias" in self else y
 
 
@@ -88,7 +87,7 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     """nn.QuantizedEmbedding: lookups MLX's (over rows unpacked where its codes are packed), `as_linear`
     (a tied head) through the kernel."""
 
-    _pack = 1
+    _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
@@ -107,8 +106,7 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
 
     def as_linear(self, x: mx.array) -> mx.array:
         scales, biases = self._params or (self["scales"], self["biases"])
-        packed = {"pack": self._pack} if self._pack > 1 else {}
-        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode, **packed)
+        return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode, **layout_args(self))
 
 
 def _half_copies(layer: nn.Module) -> tuple[mx.array, mx.array] | None:
@@ -199,7 +197,8 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
 
     On a GPU the Metal/CUDA kernel is used only with gpu=True (the engine decides by timing it, see
     install.py). activations='q8' (CPU): the int8-activation kernel, llama.cpp's arithmetic.
-    With q8 (and pack), the swapped layers' codes are packed for the int8 tiles (packing.py).
+    With q8 the swapped layers are laid out for the int8 tiles (packing.py: codes packed, biases
+    implied by the scales where they are); pack=False keeps MLX's layout (benchmarks compare).
     Report: {"device": "cpu", "backend": "cpu", "swapped": {path: kernel}, "kept": {path: reason},
     "widened": {path: why}, "packed": count}. Safe to call twice (already swapped layers are left alone).
     """
@@ -228,16 +227,21 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)
-        if pack and backend == "cpu" and activations == "q8" and _pack_it(module):
-            pack_layer(module)
-            report["packed"] += 1
+        if pack and backend == "cpu" and activations == "q8":
+            report["packed"] += _int8_layout(module)
     return report
 
 
-def _pack_it(module: nn.Module) -> bool:
-    """Pack this swapped layer's codes? Linear layers and a tied head's table (the self-check compared
-    packed calls for their shape), not MoE experts (3-D)."""
-    return type(module) in (KernelQuantizedLinear, KernelQuantizedEmbedding) and packable(module)
+def _int8_layout(module: nn.Module) -> bool:
+    """Lay out a swapped linear layer or tied head for the int8 tiles (the self-check compared both
+    for its shape): codes packed where N allows, biases implied by the scales where they are
+    (packing.py). Not MoE experts (3-D). Returns whether the codes were packed."""
+    if type(module) not in (KernelQuantizedLinear, KernelQuantizedEmbedding):
+        return False
+    module._bias_of_scale = implied_bias(module)
+    if packable(module):
+        pack_layer(module)
+    return module._pack > 1
 
 
 def _kernel_for(layer, experts: bool, device, backend: str, activations: str):

@@ -273,6 +273,11 @@ def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.
         if activations == "q8" and n % PACK == 0:  # layers.py packs these layers' codes: the same bits
             if not mx.array_equal(qmm(x, pack_codes(w, bits), s, b, group_size, bits, pack=PACK, **extra), y).item():
                 return f"x {x_dtype}: packed codes give other results"
+        if activations == "q8" and mode == "affine":  # and biases implied by the scales (GGUF Q4_0 / Q8_0)
+            c = -(2.0 ** (bits - 1))
+            want = qmm(x, w, s, s * c, group_size, bits)  # zeros passed as biases: the kernel must not read them
+            if not mx.array_equal(qmm(x, w, s, mx.zeros_like(s), group_size, bits, bias_of_scale=c), want).item():
+                return f"x {x_dtype}: biases implied by the scales give other results"
     return None
 
 

@@ -157,3 +157,66 @@ def test_packing_keeps_a_targets_identity_for_its_learned_drafters(tmp_path, cpu
     assert identity(model) == before
     other = load(str(path), "q4g64").model  # other weights: another digest (the check can fail)
     assert identity(other) != before
+
+
+def test_an_implied_bias_is_found_only_where_every_bias_is_that_times_its_scale():
+    from mlxspec.kernels.packing import implied_bias
+
+    w, s, b = random_quantized(8, 128, 32, 4, mx.float16, key=mx.random.key(8))
+    layer = nn.QuantizedLinear(128, 8, bias=False, group_size=32, bits=4)
+    layer.weight, layer.scales = w, s
+    for biases, want in ((s * -8, -8.0), (s * -128, -128.0), (b, 0.0), (mx.zeros_like(s), 0.0),
+                         (mx.concatenate([s[:7] * -8, s[7:] * -4]), 0.0)):  # one row off: none
+        layer.biases = biases
+        assert implied_bias(layer) == want
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("k,group_size", [(576, 32), (256, 64), (160, 32), (384, 128)])
+def test_biases_implied_by_the_scales_give_the_same_bits_on_every_isa(cpu_ext, bits, k, group_size):
+    """GGUF Q4_0 / Q8_0 layers: biases are -8 / -128 x scale. With bias_of_scale the tiles compute them
+    from the scales (the biases passed are zeros here, so a kernel that read them would differ)."""
+    c = -(2.0 ** (bits - 1))
+    w, s, _ = random_quantized(24, k, group_size, bits, mx.float16, key=mx.random.key(k + 9 * bits))
+    x = mx.random.normal((9, k), key=mx.random.key(4)) * 2
+    for isa in isas(cpu_ext):
+        qmm = cpu_qmm_function(isa, activations="q8")
+        for m in (1, 3, 9):
+            want = qmm(x[:m], w, s, s * c, group_size, bits)
+            zeros = mx.zeros_like(s)
+            assert mx.array_equal(qmm(x[:m], w, s, zeros, group_size, bits, bias_of_scale=c), want).item(), (qmm.isa, m)
+            assert mx.array_equal(qmm(x[:m], pack_codes(w, bits), s, zeros, group_size, bits, pack=PACK,
+                                      bias_of_scale=c), want).item(), (qmm.isa, m)
+        assert not mx.array_equal(qmm(x, w, s, mx.zeros_like(s), group_size, bits), qmm(x, w, s, s * c, group_size, bits)).item()
+
+
+def test_the_self_check_catches_a_kernel_that_reads_the_biases_anyway(cpu_ext):
+    qmm = cpu_qmm_function(activations="q8")
+
+    def reads_biases(*args, bias_of_scale: float = 0.0, **kwargs):
+        return qmm(*args, **kwargs)
+
+    assert "implied" in registry.self_check(reads_biases, 30, 256, 32, 4, mx.float16, "q8")
+
+
+def test_a_q4_0_gguf_reads_no_biases_and_keeps_its_logits(tmp_path, cpu_ext):
+    """A Q4_0 GGUF loads with biases -8 x scale: its layers run with bias_of_scale -8, the per-op path
+    gives the logits of reading the stored biases, and the fused blocks those of the per-op path."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+    from mlxspec.kernels.install import install_kernels
+    from mlxspec.loading import load
+
+    gguf = tmp_path / "q4_0.gguf"
+    write_tiny_llama_gguf(gguf, "Q4_0", dims=Dims(hidden=128, ffn=256, heads=4, kv_heads=2))
+    ids = mx.array([[5, 17, 42, 7, 3]])
+    model = load(str(gguf)).model
+    install_kernels(model, fuse=False, activations="q8")
+    layers = [m for _, m in model.named_modules() if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding))]
+    assert layers and all(m._bias_of_scale == -8.0 for m in layers if m.bits == 4)
+    implied = model(ids)
+    for m in layers:
+        m._bias_of_scale = 0.0  # read the stored biases
+    assert mx.array_equal(model(ids), implied).item()
+    fused = load(str(gguf)).model
+    assert install_kernels(fused, activations="q8")["fused"]["fused"]
+    assert mx.array_equal(fused(ids), implied).item()

@@ -116,7 +116,8 @@ void run_qmm_many(Isa isa, const QmmProblem* problems, float* const* y, int coun
 }
 
 // x (M, K) rows times w: y (M, N), written to out in its dtype.
-static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1, int pack) {
+static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1, int pack,
+                        float bias_of_scale) {
   const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3];
   int K = x.shape(-1), N = w.shape(0), M = int(x.size() / K);
   thread_local std::vector<float> xbuf, yf;  // scratch, reused across calls on the stream thread
@@ -125,7 +126,7 @@ static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
   float* xf = aligned64(xbuf.data());  // 64-byte rows start: split-line loads cost 40% here
   convert_x(x, q8 ? 8 : bits, xf);  // q8: natural order, then quantized per 32-block
   QmmProblem p{xf, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype_of(s.dtype()), M, N, K, G, bits};
-  p.e2m1 = e2m1, p.pack = pack;
+  p.e2m1 = e2m1, p.pack = pack, p.bias_of_scale = bias_of_scale;
   thread_local Q8Buffer xq;
   if (q8) quantize_rows(xf, K, M, K, bits, isa, xq), p.q8 = &xq.rows;
   run_qmm(isa, p, yf.data());
@@ -135,7 +136,7 @@ static void matmul_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
 // Row p of x (P, K) times expert idx[p] of w (E, N, K*bits/32): out (P, N). The rows of one expert
 // run as one multi-row problem of the same tiles as qmm, so each row gets the bits of a one-row
 // qmm call with its expert's weights, whatever other rows share the call.
-static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1, int) {
+static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int bits, Isa isa, bool q8, bool e2m1, int, float) {
   const auto &x = in[0], &w = in[1], &s = in[2], &b = in[3], &idx = in[4];
   const int K = x.shape(-1), E = w.shape(0), N = w.shape(1), P = int(x.size() / K);
   const size_t w_bytes = size_t(N) * w.shape(2) * 4, s_bytes = size_t(N) * (K / G) * s.itemsize();
@@ -182,8 +183,9 @@ static void gather_rows(std::vector<mx::array>& in, mx::array& out, int G, int b
 // times expert indices[p] of w (E, N, .) (mixture-of-experts layers).
 class QuantizedMatmulRows : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8, bool e2m1, int pack)
-      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), pack_(pack), q8_(q8), e2m1_(e2m1) {}
+  QuantizedMatmulRows(mx::Stream s, int group_size, int bits, int isa, bool q8, bool e2m1, int pack, float bias_of_scale)
+      : mx::UnaryPrimitive(s), group_size_(group_size), bits_(bits), isa_(isa), pack_(pack), bias_of_scale_(bias_of_scale),
+        q8_(q8), e2m1_(e2m1) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     for (size_t i = 1; i < inputs.size(); ++i)
@@ -194,8 +196,8 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
     for (const auto& a : inputs) enc.set_input_array(a), in.push_back(mx::array::unsafe_weak_copy(a));
     enc.set_output_array(out);
     enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), G = group_size_, bits = bits_,
-                  isa = Isa(isa_), q8 = q8_, e2m1 = e2m1_, pack = pack_]() mutable {
-      (in.size() == 5 ? gather_rows : matmul_rows)(in, out, G, bits, isa, q8, e2m1, pack);
+                  isa = Isa(isa_), q8 = q8_, e2m1 = e2m1_, pack = pack_, c = bias_of_scale_]() mutable {
+      (in.size() == 5 ? gather_rows : matmul_rows)(in, out, G, bits, isa, q8, e2m1, pack, c);
     });
   }
 
@@ -207,8 +209,8 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const QuantizedMatmulRows&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ && pack_ == o.pack_ && q8_ == o.q8_ &&
-           e2m1_ == o.e2m1_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && isa_ == o.isa_ && pack_ == o.pack_ &&
+           bias_of_scale_ == o.bias_of_scale_ && q8_ == o.q8_ && e2m1_ == o.e2m1_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -220,6 +222,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 
  private:
   int group_size_, bits_, isa_, pack_;
+  float bias_of_scale_;
   bool q8_, e2m1_;
 };
 
@@ -227,7 +230,7 @@ class QuantizedMatmulRows : public mx::UnaryPrimitive {
 // K/group_size), after the checks both calls share; `inputs` end with indices for gather_qmm.
 static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::vector<mx::array> inputs,
                                   int group_size, int bits, int isa, bool q8, bool e2m1, mx::StreamOrDevice s,
-                                  int pack = 1) {
+                                  int pack = 1, float bias_of_scale = 0.f) {
   const auto &x = inputs[0], &w = inputs[1], &scales = inputs[2], &biases = inputs[3];
   auto fail = [&](const std::string& why) { throw std::invalid_argument(std::string("mlxspec ") + what + ": " + why); };
   if (bits != 4 && bits != 8) fail("bits must be 4 or 8");
@@ -236,6 +239,7 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   if (group_size % kBlock != 0) fail("group_size must be a multiple of 32");
   if (pack < 1 || (pack > 1 && (!q8 || inputs.size() != 4 || w.shape(0) % pack)))
     fail("pack > 1 (codes packed by layers.py) needs q8, a 2-D w and N a multiple of pack");
+  if (bias_of_scale != 0.f && (!q8 || e2m1 || inputs.size() != 4)) fail("bias_of_scale needs q8 affine codes and a 2-D w");
   const int K = x.shape(-1);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(-1)) * 32 / bits != K || K % group_size != 0)
     fail("w (..., N, K*bits/32) uint32 does not match x's K, or K is not a multiple of group_size");
@@ -252,17 +256,18 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   if (stream.device != mx::Device::cpu) fail("CPU streams only");
   auto out_type = e2m1 ? x.dtype() : mx::promote_types(x.dtype(), scales.dtype());
   return mx::array(std::move(out_shape), out_type,
-                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8, e2m1, pack),
+                   std::make_shared<QuantizedMatmulRows>(stream, group_size, bits, int(chosen), q8, e2m1, pack, bias_of_scale),
                    std::move(inputs));
 }
 
 static mx::array qmm(const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
-                     int group_size, int bits, int isa, bool q8, bool e2m1, int pack, mx::StreamOrDevice s) {
+                     int group_size, int bits, int isa, bool q8, bool e2m1, int pack, float bias_of_scale,
+                     mx::StreamOrDevice s) {
   if (x.ndim() < 1 || w.ndim() != 2) throw std::invalid_argument("mlxspec qmm: x must be (..., K) and w (N, K*bits/32)");
   // x may be any strided view; the kernel reads it through its strides (w etc. must be contiguous).
   auto out_shape = x.shape();
   out_shape.back() = w.shape(0);
-  return matmul_primitive("qmm", std::move(out_shape), {x, w, scales, biases}, group_size, bits, isa, q8, e2m1, s, pack);
+  return matmul_primitive("qmm", std::move(out_shape), {x, w, scales, biases}, group_size, bits, isa, q8, e2m1, s, pack, bias_of_scale);
 }
 
 // ---------------------------------------------------------------- mixture-of-experts matmul
@@ -400,9 +405,10 @@ NB_MODULE(_mlxspec_cpu, m) {
   m.doc() = "mlxspec CPU kernels: multi-row quantized matmul, few-row attention";
   m.def("qmm", &mlxspec::qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(), nb::arg("q8") = false,
-        nb::arg("e2m1") = false, nb::arg("pack") = 1, nb::arg("stream") = nb::none(),
+        nb::arg("e2m1") = false, nb::arg("pack") = 1, nb::arg("bias_of_scale") = 0.0f, nb::arg("stream") = nb::none(),
         "y (..., N) = x (..., K) @ dequant(w).T, every row computed as a one-row call would compute it; "
-        "pack > 1: w's codes are packed in groups of that many columns (q8 only, qmm_q8_kernel.h's ColumnCodes).");
+        "pack > 1: w's codes are packed in groups of that many columns (q8 only, qmm_q8_kernel.h's ColumnCodes); "
+        "bias_of_scale != 0: biases are that times the scales (q8 only; not read).");
   m.def("gather_qmm", &mlxspec::gather_qmm, nb::arg("x"), nb::arg("w"), nb::arg("scales"), nb::arg("biases"),
         nb::arg("indices"), nb::arg("group_size"), nb::arg("bits"), nb::arg("isa") = -1, nb::kw_only(),
         nb::arg("q8") = false, nb::arg("e2m1") = false, nb::arg("stream") = nb::none(),

@@ -60,6 +60,7 @@ struct LayerParams {
   bool traditional = false;
   float rope_scale = 1, attn_scale = 1, eps1 = 0, eps2 = 0;
   int group[kProjs] = {}, bits[kProjs] = {}, pack[kProjs] = {1, 1, 1, 1, 1, 1, 1};  // pack: QmmProblem::pack
+  float bias_of_scale[kProjs] = {};  // QmmProblem::bias_of_scale
   bool bias[kProjs] = {};
   bool qk_norm = false;  // RMSNorm of each q and k head (qwen3) before rope, with eps_qk
   bool q8 = false;       // projections take int8 activations (qmm_q8_kernel.h), as the module path's q8 kernel
@@ -147,7 +148,7 @@ static QmmProblem problem(const std::vector<mx::array>& in, int proj, const Laye
   const int K = int(int64_t(w.shape(1)) * 32 / p.bits[proj]);
   QmmProblem q{x, w.data<uint8_t>(), s.data<uint8_t>(), b.data<uint8_t>(), stype(s.dtype()), M, w.shape(0), K,
                 p.group[proj], p.bits[proj]};
-  q.pack = p.pack[proj];
+  q.pack = p.pack[proj], q.bias_of_scale = p.bias_of_scale[proj];
   return q;
 }
 
@@ -460,7 +461,8 @@ class FusedLayer {
   FusedLayer(std::vector<mx::array> fixed, int heads, int kv_heads, int head_dim, int rope_dims, bool traditional,
              float rope_scale, float attn_scale, float eps1, float eps2, const std::vector<int>& groups,
              const std::vector<int>& bits, const std::vector<int>& bias, int isa, float qk_norm_eps, bool q8,
-             const std::vector<float>& post_norm_eps, const std::vector<int>& packs)
+             const std::vector<float>& post_norm_eps, const std::vector<int>& packs,
+             const std::vector<float>& bias_of_scale)
       : fixed_(std::move(fixed)) {
     if (groups.size() != kProjs || bits.size() != kProjs || bias.size() != kProjs)
       throw std::invalid_argument("mlxspec fused layer: 7 projections (q, k, v, o, gate, up, down)");
@@ -479,6 +481,9 @@ class FusedLayer {
       if (packs[i] < 1) throw std::invalid_argument("mlxspec fused layer: packs must be >= 1");
       p_.pack[i] = packs[i];
     }
+    if (!bias_of_scale.empty() && (bias_of_scale.size() != kProjs || !q8))
+      throw std::invalid_argument("mlxspec fused layer: bias_of_scale: one per projection, with q8");
+    for (int i = 0; i < int(bias_of_scale.size()); ++i) p_.bias_of_scale[i] = bias_of_scale[i];
     Isa chosen = isa < 0 ? best_isa() : Isa(isa);
     if (!isa_compiled(chosen)) throw std::invalid_argument("mlxspec fused layer: that ISA is not compiled in");
     p_.isa = int(chosen);
@@ -527,15 +532,16 @@ void register_fused_layer(nb::module_& m) {
   nb::class_<FusedLayer>(m, "FusedLayer", "One llama-family decoder layer in one primitive (see fused_layer.cpp).")
       .def(nb::init<std::vector<mx::array>, int, int, int, int, bool, float, float, float, float, const std::vector<int>&,
                     const std::vector<int>&, const std::vector<int>&, int, float, bool, const std::vector<float>&,
-                    const std::vector<int>&>(),
+                    const std::vector<int>&, const std::vector<float>&>(),
            nb::arg("fixed"), nb::arg("heads"), nb::arg("kv_heads"), nb::arg("head_dim"), nb::arg("rope_dims"),
            nb::arg("traditional"), nb::arg("rope_scale"), nb::arg("attn_scale"), nb::arg("eps1"), nb::arg("eps2"),
            nb::arg("groups"), nb::arg("bits"), nb::arg("bias"), nb::arg("isa") = -1, nb::arg("qk_norm_eps") = -1.0f,
            nb::arg("q8") = false, nb::arg("post_norm_eps") = std::vector<float>{}, nb::arg("packs") = std::vector<int>{},
+           nb::arg("bias_of_scale") = std::vector<float>{},
            "qk_norm_eps >= 0: qwen3's per-head q_norm and k_norm (their weights follow the biases in `fixed`); "
            "q8: int8 activations in every projection (as the q8 qmm); post_norm_eps (2 values): gemma3's "
            "sandwich norms (weights after the q/k norms) and GeGLU; packs (7 values, q8): each projection's "
-           "QmmProblem::pack")
+           "QmmProblem::pack; bias_of_scale (7 values, q8): each projection's QmmProblem::bias_of_scale")
       .def("__call__", &FusedLayer::operator(), nb::arg("x"), nb::arg("keys"), nb::arg("values"), nb::arg("offset"),
            nb::arg("parents") = std::vector<int>{}, nb::arg("position") = -1, nb::arg("key_start") = 0,
            nb::arg("window") = 0, "[out, keys with this step's rows written, values likewise]");

@@ -41,6 +41,7 @@ struct QmmProblem {
   const Q8Rows* q8 = nullptr;
   bool e2m1 = false;  // 4-bit codes are mxfp4's e2m1 values, read through kE2m1 (the int8 path only)
   int pack = 1;       // > 1: w's codes in groups of `pack` columns, chunk by chunk (ColumnCodes; the int8 path only)
+  float bias_of_scale = 0.f;  // != 0: every bias is this times its scale (GGUF Q4_0: -8), not read (the int8 path only)
 };
 
 // Columns per tile for a row tile of MR rows: MR*NB accumulators stay in registers, each x vector

@@ -169,8 +169,8 @@ void column_q8_ref(const QmmProblem& p, const Q8Rows& x, int n, float* y, int ld
   const ColumnCodes codes(p, n, BITS);
   std::vector<float> s(groups), bias(groups);
   load_floats(p.scales, size_t(n) * groups, groups, p.stype, s.data());
-  if (p.e2m1)
-    for (int i = 0; i < groups; ++i) bias[i] = s[i] * -12.0f;
+  if (p.e2m1 || p.bias_of_scale != 0.f)
+    for (int i = 0; i < groups; ++i) bias[i] = s[i] * (p.e2m1 ? -12.0f : p.bias_of_scale);
   else
     load_floats(p.biases, size_t(n) * groups, groups, p.stype, bias.data());
   for (int m = 0; m < p.M; ++m) {
@@ -269,6 +269,7 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
       else s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
       __m512 b16;
       if constexpr (e2m1) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f));
+      else if (p.bias_of_scale != 0.f) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(p.bias_of_scale));  // exact: see layers
       else b16 = load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
       bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4, b16);
       const uint8_t* wp = w[j].at(c);
@@ -427,13 +428,15 @@ void tile_q8_avx2(const QmmProblem& p, const Q8Rows& x, int n0, float* out) {
         return _mm_and_ps(_mm_permutevar_ps(v, by_group), live);
       };
       __m128 s4x = per_block(p.scales), b4x = _mm_setzero_ps();
-      if constexpr (!e2m1) b4x = per_block(p.biases);
+      const bool implied = e2m1 || p.bias_of_scale != 0.f;  // biases from the scales (below), not read
+      if (!implied) b4x = per_block(p.biases);
       if (ng == 3) {  // a 3-block tail at group size 32: the third value alone (never read past the row)
         const __m128 third = load4(p.scales, g + 2, 1);
         s4x = _mm_and_ps(_mm_insert_ps(s4x, third, 0x20), live);
-        if constexpr (!e2m1) b4x = _mm_and_ps(_mm_insert_ps(b4x, load_params4(p.biases, g + 2, 1, p.stype), 0x20), live);
+        if (!implied) b4x = _mm_and_ps(_mm_insert_ps(b4x, load_params4(p.biases, g + 2, 1, p.stype), 0x20), live);
       }
       if constexpr (e2m1) b4x = _mm_mul_ps(s4x, _mm_set1_ps(-12.0f));  // mxfp4: bias -12 x scale (kE2m1's offset)
+      else if (implied) b4x = _mm_mul_ps(s4x, _mm_set1_ps(p.bias_of_scale));
       const __m256 s4 = _mm256_castps128_ps256(s4x), b4 = _mm256_castps128_ps256(b4x);
       const __m256 bl[2] = {_mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk01), 0x11),
                             _mm256_blend_ps(_mm256_setzero_ps(), _mm256_permutevar8x32_ps(b4, blk23), 0x11)};
