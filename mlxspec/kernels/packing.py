@@ -11,7 +11,8 @@ of each per step: 4 interleaved streams that are 5-9 cache lines long when K is 
 size (576-2048 at 4 bits), too short for the hardware prefetcher. Packed, each group of 4 rows keeps
 its bytes but lays them out chunk 0 of each row, then chunk 1 of each, ...: one sequential stream
 (qmm_q8_kernel.h's ColumnCodes reads it). Measured on the AMD EPYC VM, 26 matrices from memory, one
-row: 1.3-1.5x the weight stream at K <= 2048, neutral at K = 6912 (benchmarks/results/step.md).
+row: 1.13-1.6x the weight stream for rows of <= 2048 bytes, 0.88-1.03x at 3456 (K = 6912 at 4 bits),
+so longer rows stay as they are (benchmarks/bench_layout.py, results/step.md).
 
 Only the codes move: scales and biases keep MLX's layout, and the bytes held stay the same (the
 packed array replaces the layer's weight; no second copy). A tied head's table is packed too; its
@@ -30,6 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 PACK = 4  # columns per group: the int8 tile's width at one and two rows (VnniTiles::cols)
+MAX_PACKED_ROW_BYTES = 2048  # longer rows keep MLX's layout (4 streams a tile prefetch well enough there)
 
 
 def _sizes(w: mx.array, bits: int, pack: int) -> tuple[int, int, int, int]:
@@ -91,9 +93,10 @@ def implied_bias(layer: nn.Module) -> float:
 
 
 def packable(layer: nn.Module) -> bool:
-    """Can this 2-D layer's codes be packed (N a multiple of PACK)?"""
+    """Pack this 2-D layer's codes? N must be a multiple of PACK, and rows short: at 3456 bytes
+    (K = 6912 at 4 bits) packed codes measured 0.88-1.03x MLX's rows, at <= 2048 bytes 1.13-1.6x."""
     w = layer["weight"]
-    return w.ndim == 2 and w.shape[0] % PACK == 0
+    return w.ndim == 2 and w.shape[0] % PACK == 0 and w.shape[1] * 4 <= MAX_PACKED_ROW_BYTES
 
 
 def pack_layer(layer: nn.Module) -> None:

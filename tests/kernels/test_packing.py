@@ -220,3 +220,14 @@ def test_a_q4_0_gguf_reads_no_biases_and_keeps_its_logits(tmp_path, cpu_ext):
     fused = load(str(gguf)).model
     assert install_kernels(fused, activations="q8")["fused"]["fused"]
     assert mx.array_equal(fused(ids), implied).item()
+
+
+def test_only_short_rows_are_packed():
+    """Packing pays where rows are a few cache lines (a hidden size of K); at 3456 bytes a row it did not."""
+    from mlxspec.kernels.packing import MAX_PACKED_ROW_BYTES, packable
+
+    for k, bits, n, want in ((576, 4, 8, True), (4096, 4, 8, True), (6912, 4, 8, False), (2048, 8, 8, True),
+                             (4096, 8, 8, False), (576, 4, 10, False)):
+        layer = nn.QuantizedLinear(k, n, bias=False, group_size=32, bits=bits)
+        assert packable(layer) == want, (k, bits, n)
+        assert (k * bits // 8 <= MAX_PACKED_ROW_BYTES and n % PACK == 0) == want
