@@ -2,6 +2,7 @@
 
     python benchmarks/bench_layout.py                          # gemma3-1B's and SmolLM2's shapes, 4-bit
     python benchmarks/bench_layout.py --shapes 4096x2048 --bits 8 --matrices 8
+    python benchmarks/bench_layout.py --isa 2                  # the AVX2 int8 path (CPUs without VNNI)
 
 Each variant multiplies one row by --matrices different random matrices of a shape in one graph
 (more bytes than the caches hold, so the weights come from memory), alternated within one process,
@@ -52,12 +53,13 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=32)
     ap.add_argument("--matrices", type=int, default=26, help="different matrices per graph (26: gemma3-1B's layers)")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--isa", type=int, default=-1, help="-1: the best here; 2: AVX2; 0: the portable path")
     ap.add_argument("--out", default=str(HERE / "results" / "layout.json"))
     args = ap.parse_args()
     ext = load_cpu_extension()
     mx.set_default_device(mx.cpu)
     report = {"bits": args.bits, "group": args.group, "matrices": args.matrices, "repeats": args.repeats,
-              "q8_path": ext.q8_path(), "machine": machine_facts(), "mlx": mlx_facts(), "shapes": {}}
+              "isa": args.isa, "q8_path": ext.q8_path() if args.isa < 0 else f"isa {args.isa}", "machine": machine_facts(), "mlx": mlx_facts(), "shapes": {}}
     for shape in args.shapes.split(","):
         n, k = map(int, shape.split("x"))
         runs = variants(n, k, args.bits, args.group, args.matrices)
@@ -66,7 +68,7 @@ def main() -> None:
 
         def call(name):
             mats, kw = runs[name]
-            return [ext.qmm(x, w, s, b, args.group, args.bits, q8=True, **kw) for w, s, b in mats]
+            return [ext.qmm(x, w, s, b, args.group, args.bits, args.isa, q8=True, **kw) for w, s, b in mats]
 
         want = call("rows")
         for name in runs:  # the same bits, or the timing means nothing
