@@ -27,11 +27,11 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     """Swap/route this model's layers to the device's kernels where they proved themselves; on the
     CPU, then fuse each block whose parts all run them into one primitive (fuse=False: keep the ops).
     activations='q8': the CPU matmuls take int8 activations (llama.cpp's arithmetic, kernels/cpu.py),
-    their codes packed for them (packing.py) unless pack=False (benchmarks compare the layouts)."""
+    over layers laid out for them (packing.py: codes packed, biases implied) unless pack=False
+    (benchmarks compare the layouts)."""
     backend = device_backend_name(device)
-    report = {"backend": backend, "layers": use_kernels(model, gpu=True, device=device, activations=activations,
-                                                                   pack=pack),
-              "attention": use_attention_kernel(model)}
+    layers = use_kernels(model, gpu=True, device=device, activations=activations, pack=pack)
+    report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model)}
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
         if fuse:

@@ -2,7 +2,7 @@
 
     report = use_kernels(model)      # {"device", "swapped": {path: kernel}, "kept": {path: why}, "widened": ...}
 
-X
+Only `nn.QuantizedLinear` layers change (same parameters, same names), and mlx-lm's
 `QuantizedSwitchLinear` (the stacked experts of MoE models: each row times its expert as a one-row
 matmul: on the CPU through the qmm tiles, on GPUs through the gather kernel). gpt-oss's "mxfp4"
 layers (4-bit e2m1 codes, power-of-two scales) run the GPU kernels, and on the CPU the int8-activation
@@ -11,7 +11,8 @@ one (activations='q8'). Embedding lookups stay MLX's; with head=True a tied `nn.
 per byte (`widen_to_8bit`: the same weights, 8-bit layout), since the kernel reads 4 and 8 bits; the
 GPU kernels read every width in place. With int8 activations (the CPU), the swapped layers' codes
 (a tied head's table too) are then packed 4 columns chunk by chunk for the int8 tiles (packing.py:
-the same bytes, one stream a tile); restore_layers unpacks them.
+the same bytes reordered, one stream a tile), and biases that are a fixed multiple of the scales
+(GGUF Q4_0, Q8_0) are computed instead of read; restore_layers puts MLX's layout back.
 Everything the kernel cannot do or did not pass its self-check for keeps MLX's op, with the reason
 in the report.
 """
@@ -32,7 +33,8 @@ from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
 class KernelQuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear whose matmul is a custom kernel: y = qmm(x, w, scales, biases) (+ bias).
-    _pack > 1: its codes are packed for the int8 CPU kernel (packing.py); restore_layers unpacks them."""
+    _pack > 1: its codes are packed for the int8 CPU kernel; _bias_of_scale != 0: its biases are that
+    times its scales, computed by the kernel (packing.py). restore_layers undoes both."""
 
     _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
 

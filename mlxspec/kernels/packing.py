@@ -16,8 +16,8 @@ so longer rows stay as they are (benchmarks/bench_layout.py, results/step.md).
 
 Only the codes move: scales and biases keep MLX's layout, and the bytes held stay the same (the
 packed array replaces the layer's weight; no second copy). A tied head's table is packed too; its
-lookups unpack the 4-row groups of the tokens asked (code_rows). Every output keeps its bits: the kernel's
-arithmetic per output does not depend on where the codes lie (registry.self_check compares).
+lookups unpack the 4-row groups of the tokens asked (code_rows). Every output keeps its bits: the
+kernel's arithmetic per output does not depend on where the codes lie (registry.self_check compares).
 
 GGUF Q4_0 and Q8_0 blocks have a scale and no minimum: mlxspec stores their biases as -8 / -128
 times the scale. Where every bias is c x scale exactly, the tiles compute it from the scale they

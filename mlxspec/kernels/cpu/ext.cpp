@@ -238,7 +238,7 @@ static mx::array matmul_primitive(const char* what, mx::Shape out_shape, std::ve
   if (e2m1 != (inputs[2].dtype() == mx::uint8)) fail("uint8 scales (mxfp4 exponents) go with e2m1 codes, and only they");
   if (group_size % kBlock != 0) fail("group_size must be a multiple of 32");
   if (pack < 1 || (pack > 1 && (!q8 || inputs.size() != 4 || w.shape(0) % pack)))
-    fail("pack > 1 (codes packed by layers.py) needs q8, a 2-D w and N a multiple of pack");
+    fail("pack > 1 (codes packed by packing.py) needs q8, a 2-D w and N a multiple of pack");
   if (bias_of_scale != 0.f && (!q8 || e2m1 || inputs.size() != 4)) fail("bias_of_scale needs q8 affine codes and a 2-D w");
   const int K = x.shape(-1);
   if (w.dtype() != mx::uint32 || int64_t(w.shape(-1)) * 32 / bits != K || K % group_size != 0)

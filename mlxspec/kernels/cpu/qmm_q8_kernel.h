@@ -63,7 +63,7 @@ struct Q8Buffer {
 inline int q8_chunks(int K) { return (K + kChunk - 1) / kChunk; }
 
 // Where column n's codes lie, chunk by chunk. MLX's layout (pack 1): row n, chunk c at byte
-// n * row_bytes + c * chunk. Packed (pack P, layers.py packs a layer's codes at load): each group of
+// n * row_bytes + c * chunk. Packed (pack P, packing.py packs a layer's codes at install): each group of
 // P columns keeps its P rows' bytes but stores chunk 0 of each column, then chunk 1 of each..., so a
 // tile of P columns reads one sequential stream instead of P short ones (rows of K = 576-1152 are
 // 5-9 cache lines at 4 bits, too short for the hardware prefetcher). Column j of group g = n / P:
@@ -269,7 +269,7 @@ void tile_q8_vnni(const QmmProblem& p, const Q8Rows& x, int n0, const ChunkScale
       else s16 = load_params16(p.scales, size_t(n0 + j) * groups + g, ng, p.stype);
       __m512 b16;
       if constexpr (e2m1) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(-12.0f));
-      else if (p.bias_of_scale != 0.f) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(p.bias_of_scale));  // exact: see layers
+      else if (p.bias_of_scale != 0.f) b16 = _mm512_mul_ps(s16, _mm512_set1_ps(p.bias_of_scale));  // exact (packing.implied_bias)
       else b16 = load_params16(p.biases, size_t(n0 + j) * groups + g, ng, p.stype);
       bl[j] = _mm512_maskz_permutexvar_ps(__mmask16(0x1111u & ((1u << (4 * nblk)) - 1)), cs.i4, b16);
       const uint8_t* wp = w[j].at(c);
