@@ -49,8 +49,9 @@ def pack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
     groups, row, chunk, full = _sizes(w, bits, pack)
     b = w.view(mx.uint8).reshape(groups, pack, row)
     body = b[:, :, :full].reshape(groups, pack, full // chunk, chunk).transpose(0, 2, 1, 3).reshape(groups, -1)
-    tail = b[:, :, full:].reshape(groups, -1)  # (groups, pack * short chunk)
-    return mx.concatenate([body, tail], axis=1).reshape(w.shape[0], row).view(mx.uint32)
+    if full < row:  # (groups, pack * short chunk) after the whole ones
+        body = mx.concatenate([body, b[:, :, full:].reshape(groups, -1)], axis=1)
+    return body.reshape(w.shape[0], row).view(mx.uint32)
 
 
 def unpack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
@@ -58,8 +59,9 @@ def unpack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
     groups, row, chunk, full = _sizes(w, bits, pack)
     b = w.view(mx.uint8).reshape(groups, pack * row)
     body = b[:, : pack * full].reshape(groups, full // chunk, pack, chunk).transpose(0, 2, 1, 3).reshape(groups, pack, full)
-    tail = b[:, pack * full :].reshape(groups, pack, row - full)
-    return mx.concatenate([body, tail], axis=2).reshape(w.shape[0], row).view(mx.uint32)
+    if full < row:
+        body = mx.concatenate([body, b[:, pack * full :].reshape(groups, pack, row - full)], axis=2)
+    return body.reshape(w.shape[0], row).view(mx.uint32)
 
 
 def code_rows(module: nn.Module, idx: mx.array) -> mx.array:
