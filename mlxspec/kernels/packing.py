@@ -27,8 +27,11 @@ for a Q4_0 model. The biases stay in the layer (MLX's ops and lookups read them)
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 PACK = 4  # columns per group: the int8 tile's width at one and two rows (VnniTiles::cols)
 MAX_PACKED_ROW_BYTES = 2048  # longer rows keep MLX's layout (4 streams a tile prefetch well enough there)
@@ -64,16 +67,28 @@ def unpack_codes(w: mx.array, bits: int, pack: int = PACK) -> mx.array:
     return body.reshape(w.shape[0], row).view(mx.uint32)
 
 
+@lru_cache(maxsize=64)
+def _word_offsets(words: int, bits: int, pack: int) -> mx.array:
+    """(pack, words) int32: where word i of a group's row j lies within the packed group."""
+    chunk = 4 * bits  # words of a whole chunk (128 codes)
+    full = words // chunk * chunk
+    i = np.arange(words)
+    j = np.arange(pack)[:, None]
+    body = (i // chunk) * pack * chunk + j * chunk + i % chunk
+    tail = pack * full + j * (words - full) + (i - full)
+    return mx.array(np.where(i < full, body, tail).astype(np.int32))
+
+
 def code_rows(module: nn.Module, idx: mx.array) -> mx.array:
     """The codes of rows `idx` (any shape) in MLX's layout, packed or not: an embedding lookup, or a
-    learned drafter's gather of head rows. Unpacks only the groups the rows sit in."""
+    learned drafter's gather of head rows. Packed: one gather of each row's words (a few graph nodes
+    a decoding step, not an unpacking of its group)."""
     w, pack = module["weight"], getattr(module, "_pack", 1)
     if pack == 1:
         return w[idx]
-    n, words = w.shape
-    groups = w.reshape(n // pack, pack * words)[idx // pack]  # (..., pack * words): each row's group
-    rows = unpack_codes(groups.reshape(-1, words), module.bits, pack).reshape(*idx.shape, pack, words)
-    return mx.take_along_axis(rows, (idx % pack)[..., None, None], axis=-2).squeeze(-2)
+    words = w.shape[1]
+    start = (idx // pack).astype(mx.int32) * (pack * words)  # each row's group
+    return w.reshape(-1)[start[..., None] + _word_offsets(words, module.bits, pack)[idx % pack]]
 
 
 def implied_bias(layer: nn.Module) -> float:
