@@ -102,10 +102,10 @@ def test_q8_layers_are_packed_with_the_same_logits_and_unpacked_on_restore(tmp_p
     for m in layers.values():
         unpack_layer(m)  # the same kernels over MLX's layout
     assert mx.array_equal(model(ids), packed_logits).item()
-    use_kernels_again = load(str(path), "q4g32").model
-    use_kernels(use_kernels_again, activations="q8")
-    assert restore_layers(use_kernels_again) == len(layers)
-    restored = {p: m for p, m in use_kernels_again.named_modules() if isinstance(m, nn.QuantizedLinear)}
+    again = load(str(path), "q4g32").model
+    use_kernels(again, activations="q8")
+    assert restore_layers(again) == len(layers)
+    restored = {p: m for p, m in again.named_modules() if isinstance(m, nn.QuantizedLinear)}
     assert all(mx.array_equal(m["weight"], rows[p]).item() for p, m in restored.items())
     assert not any(isinstance(m, KernelQuantizedLinear) for m in restored.values())
 
@@ -120,7 +120,7 @@ def test_f32_activations_keep_the_row_layout(tiny_llama, cpu_ext):
 
 def test_a_packed_tied_table_looks_up_the_same_rows(tmp_path, cpu_ext):
     """A tied head's table is packed for as_linear; lookups (and a learned drafter's gather of head
-    rows) unpack the groups their tokens sit in and get MLX's rows."""
+    rows) gather their rows' words from the packed groups and get MLX's rows."""
     from mlxspec.heads.eagle import DraftHead
     from mlxspec.loading import load
 
