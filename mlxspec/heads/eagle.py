@@ -79,7 +79,7 @@ class DraftHead(nn.Module):
         module = getattr(head, "__self__", head)  # tied: embed_tokens.as_linear
         self.vocab = vocab.astype(mx.uint32)
         self.module_rows = module["weight"].shape[0]  # V: the target's logits have this many columns
-        rows = code_rows(module, self.vocab) if "scales" in module else module["weight"][self.vocab]  # packed or not
+        rows = code_rows(module, self.vocab)  # MLX's layout, whether the kernels packed the codes or not
         if "scales" in module:
             bits, group = module.bits, module.group_size
             self.proj = nn.QuantizedLinear(rows.shape[1] * 32 // bits, rows.shape[0], "bias" in module, group, bits)
