@@ -8,6 +8,8 @@
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core)
 # 3. bench_gpu.py: ops (the qmm table, both CUDA kernels, attention at 300 and 8,192 keys),
 #    8B-shape forwards, the engine on SmolLM2 (--model), the families
+# 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
+# 5. the test suite on the device, server tests aside (the image lacks their clients)
 set -uo pipefail
 budget=${1:-480}
 out=${OUT:-device-out}
@@ -24,9 +26,13 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
 }
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
+nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_on_device.py
-step exactness 150 python3 -m pytest -q -p no:cacheprovider -x tests/test_decode_greedy.py -k "speculative_equals_plain"
+step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf tests/test_decode_greedy.py -k "speculative_equals_plain"
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
-step bench 600 python3 benchmarks/bench_gpu.py --out "$out/gpu.json" "${model[@]}"
+step bench 300 python3 benchmarks/bench_gpu.py --out "$out/gpu.json" "${model[@]}"
+[ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 python3 -m mlxspec bench /var/tmp/stash/smol.gguf \
+  --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
+step suite 600 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests --ignore=tests/server
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
