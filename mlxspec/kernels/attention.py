@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from . import registry
 from .hooks import route_functions, unroute_functions
+from .reference import on_cpu
 
 NAME = "scaled_dot_product_attention"  # the function mlx-lm's attention modules call
 
@@ -31,6 +32,7 @@ ATOL = 1e-5  # |kernel - reference| <= ATOL * max|v| + eps(dtype) * |reference| 
 EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
 
+@on_cpu
 def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0, sinks=None) -> mx.array:
     """The definition: MLX's fused attention in float32, in q's dtype (window: causal rows see
     their last `window` keys; sinks (H,): one extra logit per head with no value, as gpt-oss's)."""
@@ -46,6 +48,7 @@ def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0, si
     return y.astype(q.dtype)
 
 
+@on_cpu
 def attention_within_tolerance(y, q, k, v, scale: float, causal: bool, window: int = 0,
                                sinks=None) -> tuple[bool, float]:
     ref = attention_reference(q, k, v, scale, causal, window, sinks).astype(mx.float32)
