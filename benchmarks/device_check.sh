@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Issue 10's checks on a lent CUDA machine, in the order that matters if time runs out. Each step's
 # log and JSON go to $OUT (default ./device-out). Run from the project root after the device recipe in
-# ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:/tmp/project`):
+# ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:$PWD`):
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core)
-# 3. bench_gpu.py: ops (the issue's qmm table, both CUDA kernels, attention at 300 and 8,192 keys),
-#    8B-shape forwards, the engine on SmolLM2 (--model), the families
+# 3. bench_gpu.py one section a step, the issue's "done when" first: the engine on SmolLM2 (exact flag,
+#    tok/s vs mlx-lm), 8B-shape forwards at M = 1..16, the ops table, then the families
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
+# Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
+# worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 set -uo pipefail
 budget=${1:-480}
 out=${OUT:-device-out}
@@ -24,15 +26,20 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
   timeout "$t" "$@" > "$out/$name.log" 2>&1
   echo "   rc=$? $(tail -n 1 "$out/$name.log")" | tee -a "$out/summary.txt"
 }
+par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 4)  # pytest-xdist: the device image has it
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
-step kernels 120 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_gpu_on_device.py
-step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf tests/test_decode_greedy.py -k "speculative_equals_plain"
+step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
+step exactness 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py -k "speculative_equals_plain"
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
-step bench 300 python3 benchmarks/bench_gpu.py --out "$out/gpu.json" "${model[@]}"
+for section in engine:150 forward:180 ops:240; do
+  step "bench-${section%%:*}" "${section##*:}" python3 -u benchmarks/bench_gpu.py --sections "${section%%:*}" \
+    --out "$out/gpu-${section%%:*}.json" "${model[@]}"
+done
 [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 python3 -m mlxspec bench /var/tmp/stash/smol.gguf \
   --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
-step suite 600 python3 -m pytest -q -p no:cacheprovider -n 8 -rf tests --ignore=tests/server
+step bench-families 120 python3 -u benchmarks/bench_gpu.py --sections families --out "$out/gpu-families.json"
+step suite 600 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests --ignore=tests/server
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"

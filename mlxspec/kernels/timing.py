@@ -25,6 +25,12 @@ from .build import cache_root
 from .registry import KernelRecord, device_backend_name
 
 EXACT_BUDGET = 1.10  # exact mode is the default when it costs plain decoding at most 10% more
+OP_BATCH = 16  # calls per evaluation when one op is timed on a GPU (time_call's batch)
+
+
+def op_batch() -> int:
+    """time_call's batch for one op on the default device: the CPU has no per-evaluation sync to hide."""
+    return 1 if device_backend_name() == "cpu" else OP_BATCH
 
 
 def device_key() -> str:
@@ -34,7 +40,7 @@ def device_key() -> str:
         name = mx.device_info().get("device_name", "") if backend != "cpu" else platform.processor()
     except Exception:  # device_info is missing on some builds
         name = ""
-    return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}"
+    return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}|batch{op_batch()}"
 
 
 def _path():
@@ -75,15 +81,17 @@ def record_timing(rec: KernelRecord, signature: str, kernel_us: float, mlx_us: f
     return entry
 
 
-def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
-    """Median wall microseconds of fn() evaluated (its result forced with mx.eval)."""
+def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2, batch: int = 1) -> float:
+    """Median wall microseconds of fn() evaluated (its result forced with mx.eval); batch > 1 evaluates
+    that many independent calls at once and divides, so a GPU's per-eval sync (~60-100 us on MLX's
+    CUDA backend, measured on an H100) does not swamp a kernel of a few microseconds."""
     for _ in range(warmup):
-        mx.eval(fn())
+        mx.eval([fn() for _ in range(batch)])
     times = []
     for _ in range(repeats):
         t = time.perf_counter()
-        mx.eval(fn())
-        times.append(time.perf_counter() - t)
+        mx.eval([fn() for _ in range(batch)])
+        times.append((time.perf_counter() - t) / batch)
     return statistics.median(times) * 1e6
 
 
@@ -127,8 +135,9 @@ def time_qmm(n: int, k: int, group_size: int, bits: int, scale_dtype, rows: tupl
         entry = cached_timing(rec, signature)
         if entry is None:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
-            ours = time_call(lambda: qmm(x, w, s, b, group_size, bits))
-            theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits))
+            ours = time_call(lambda: qmm(x, w, s, b, group_size, bits), batch=op_batch())
+            theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits),
+                               batch=op_batch())
             entry = record_timing(rec, signature, ours, theirs)
         out[m] = entry
     return out
@@ -154,8 +163,10 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
             entry = cached_timing(rec, signature)
             if entry is None:
                 x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
-                theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits))
-                entry = record_timing(rec, signature, time_call(lambda: fn(x, w, s, b, group_size, bits)), theirs)
+                theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size,
+                                                               bits=bits), batch=op_batch())
+                ours = time_call(lambda: fn(x, w, s, b, group_size, bits), batch=op_batch())
+                entry = record_timing(rec, signature, ours, theirs)
             times[family, m] = entry["kernel_us"]
     one, many = TENSOR_CORE_ROWS
     return (times["qmm-mma", many] < times["qmm", many]

@@ -44,3 +44,21 @@ def test_forward_cost_ratio_measures_both_ways(tiny_llama):
     calls = []
     cost = timing.forward_cost_ratio(model, lambda: calls.append("on"), lambda: calls.append("off"), context=8)
     assert calls == ["on", "off"] * 3 and cost["kernels_us"] > 0 and cost["mlx_us"] > 0
+
+
+def test_time_call_batches_calls_into_one_evaluation(monkeypatch):
+    """batch=16: every repeat builds 16 independent calls and evaluates them together (one GPU sync,
+    not 16), and the time returned is per call."""
+    calls, evals = [], []
+    real_eval = mx.eval
+    monkeypatch.setattr(mx, "eval", lambda *a: (evals.append(len(a[0])), real_eval(*a)))
+    us = timing.time_call(lambda: calls.append(1) or mx.ones(4) * 2, repeats=3, warmup=1, batch=16)
+    assert len(calls) == 16 * 4 and evals == [16] * 4 and us > 0
+
+
+def test_ops_are_timed_in_batches_on_gpus_only(monkeypatch):
+    """A GPU's per-evaluation sync is amortized over OP_BATCH calls; the CPU times one call at a time.
+    The batch is part of the timing cache's key, so older one-call GPU timings are not reused."""
+    assert timing.op_batch() == 1 and timing.device_key().endswith("|batch1")
+    monkeypatch.setattr(timing, "device_backend_name", lambda: "cuda")
+    assert timing.op_batch() == timing.OP_BATCH > 1 and timing.device_key().endswith(f"|batch{timing.OP_BATCH}")
