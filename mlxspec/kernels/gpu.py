@@ -5,7 +5,7 @@
     y = qmm(x, w, scales, None, 32, 4, mode="mxfp4")    # gpt-oss's layers
     gather = metal_gather_qmm_function()   # or cuda_...: MoE experts, w (E, N, .), indices (P,)
     y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
-    qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 4/8-bit affine
+    qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 2-6/8-bit affine
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
@@ -85,7 +85,7 @@ def cuda_dense_function() -> Callable[..., mx.array]:
 
 def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES,
                           ksplit: int = mma.KSPLIT) -> Callable[..., mx.array]:
-    """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 4- or 8-bit affine layers, any
+    """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 2-6 or 8-bit affine layers, any
     number of rows in one launch. Other calls (float32 x) go to `fallback` (the FMA kernel), so a
     layer's dtype always meets one kernel. `tiles` (16-column tiles per threadgroup) trades
     parallelism for x's reuse; it does not change the bits. `ksplit` (warps splitting K) does: a

@@ -1,6 +1,6 @@
 """A row-invariant qmm on NVIDIA tensor cores (CUDA only): 8 rows cost what one row costs.
 
-    y (M, N) = x (M, K) @ dequant(w).T, any M, x float16 or bfloat16, 4- or 8-bit affine, G in 32/64/128
+    y (M, N) = x (M, K) @ dequant(w).T, any M, x float16 or bfloat16, 2-6 or 8-bit affine, G in 32/64/128
 
 Why: the FMA kernel (gpu_source.py) spends one FMA per weight per row; its main loop grows from
 ~730 instructions (1 row) to ~3,400 (16 rows) per 128 weights a lane (benchmarks/cuda_static.py).
@@ -52,14 +52,12 @@ KSPLIT = 4  # warps of a threadgroup, each taking every KSPLIT-th group of K: it
 # layer must keep one value (bench_gpu.py times 2 and 8 too, for a device session to choose)
 ROW_TILES = (1, 2, 4, 8)  # 8-row tiles a warp computes with each code it converts
 X_DTYPES = (mx.float16, mx.bfloat16)
-BITS = (4, 8)
+BITS = (2, 3, 4, 5, 6, 8)  # 4 and 8: whole codes a word; the others: a bit stream (STREAM_SETUP)
 GROUP_SIZES = (32, 64, 128)
 
-SETUP = """
+COMMON = """
   const int lane = int(threadIdx.x), part = int(threadIdx.y);  // part: this warp's share of K
   const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
-  constexpr int SPAN = G / 4, PER = 32 / BITS;  // k values of a group per lane t; codes a word
-  constexpr int QW = SPAN / PER;               // their code words per column
   const int WORDS = K * BITS / 32, GROUPS = K / G;
   const int g = lane / 4, t = lane % 4;        // the mma's groupID and threadID_in_group
   const int n0 = int(blockIdx.y) * 16 * TILES, m0 = int(blockIdx.z) * 8 * RT;
@@ -69,7 +67,6 @@ SETUP = """
 #pragma unroll
     for (int h = 0; h < 2; ++h) cols[j][h] = n0 + 16 * j + 8 * h + g < N ? n0 + 16 * j + 8 * h + g : N - 1;
   const uint32_t one2 = pack2<T>(1.0f, 1.0f), ones[4] = {one2, one2, one2, one2};
-  const uint32_t masks[2] = {0x000F000Fu, 0x00F000F0u};  // the nibbles `codes` keeps
   float acc[RT][TILES][4];  // per row tile and column tile: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1)
 #pragma unroll
   for (int r = 0; r < RT; ++r)
@@ -77,6 +74,13 @@ SETUP = """
     for (int j = 0; j < TILES; ++j)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[r][j][i] = 0.0f;
+"""
+
+# 4 and 8 bits: lane t takes k0 .. k0 + G/4 of each group, whole code words (the layout above)
+WORD_SETUP = """
+  constexpr int SPAN = G / 4, PER = 32 / BITS;  // k values of a group per lane t; codes a word
+  constexpr int QW = SPAN / PER;               // their code words per column
+  const uint32_t masks[2] = {0x000F000Fu, 0x00F000F0u};  // the nibbles `codes` keeps
   uint32_t qw[TILES][2][QW];  // a group's codes for this lane's columns and k, loaded a group ahead
   float sb[TILES][2][2];      // their scales and biases
   auto load_group = [&](int gi, uint32_t (&q)[TILES][2][QW], float (&c)[TILES][2][2]) {
@@ -152,6 +156,94 @@ LOOP = """
   }
 """
 
+# 2, 3, 5 and 6 bits: MLX packs 32 codes as BITS words of a little-endian bit stream, so codes
+# straddle words. Lane t takes codes 8t .. 8t + 7 of each 32-code block (one or two words, shifted),
+# x's 8 values at the same k in one load, pairs in natural order: A's slots (2t, 2t+1) of mma step s
+# hold codes (4s, 4s+1), slots (2t+8, 2t+9) codes (4s+2, 4s+3), and B the same values of x.
+STREAM_SETUP = """
+  constexpr int BLOCKS = G / 32;  // 32-code blocks a group
+  const int bit0 = 8 * t * BITS, word0 = bit0 / 32, shift = bit0 % 32;
+  const bool two = (bit0 + 8 * BITS - 1) / 32 > word0;  // this lane's codes straddle two words
+  uint32_t qw[TILES][2][BLOCKS][2];  // per column and block: the word(s) holding this lane's 8 codes
+  float sb[TILES][2][2];
+  auto load_group = [&](int gi, uint32_t (&q)[TILES][2][BLOCKS][2], float (&c)[TILES][2][2]) {
+#pragma unroll
+    for (int j = 0; j < TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const size_t n = size_t(cols[j][h]);
+        const uint32_t* p = w + n * WORDS + size_t(gi) * BLOCKS * BITS + word0;
+#pragma unroll
+        for (int bl = 0; bl < BLOCKS; ++bl) q[j][h][bl][0] = p[bl * BITS], q[j][h][bl][1] = two ? p[bl * BITS + 1] : 0u;
+        c[j][h][0] = float(scales[n * GROUPS + gi]), c[j][h][1] = float(biases[n * GROUPS + gi]);
+      }
+  };
+  if (part < GROUPS) load_group(part, qw, sb);
+"""
+
+STREAM_LOOP = """
+  for (int gi = part; gi < GROUPS; gi += KSPLIT) {
+    uint32_t qn[TILES][2][BLOCKS][2];
+    float sn[TILES][2][2];
+    if (gi + KSPLIT < GROUPS) load_group(gi + KSPLIT, qn, sn);  // in flight while this group multiplies
+    float d[RT][TILES][4], xs[RT][4];
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        xs[r][i] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) d[r][j][i] = 0.0f;
+      }
+#pragma unroll
+    for (int bl = 0; bl < BLOCKS; ++bl) {
+      const int k0 = gi * G + 32 * bl + 8 * t;
+      uint32_t xr[RT][4];  // x's 8 values at this lane's k, zeros past M
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const int m = m0 + 8 * r + g;
+        LOAD_X<8>(xr[r], x + size_t(m < M ? m : 0) * K + k0, m < M);
+      }
+      uint32_t a[TILES][2][4];  // per column tile and mma step: A's four registers
+#pragma unroll
+      for (int j = 0; j < TILES; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t pairs[4];  // codes (0, 1), (2, 3), (4, 5), (6, 7) as 16-bit pairs
+          stream_pairs<BITS>(((uint64_t(qw[j][h][bl][1]) << 32) | qw[j][h][bl][0]) >> shift, pairs, T());
+#pragma unroll
+          for (int st = 0; st < 2; ++st) a[j][st][h] = pairs[2 * st], a[j][st][2 + h] = pairs[2 * st + 1];
+        }
+#pragma unroll
+      for (int st = 0; st < 2; ++st)
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+          const uint32_t b[2] = {xr[r][2 * st], xr[r][2 * st + 1]};
+          mma_16816(xs[r], ones, b, T());
+#pragma unroll
+          for (int j = 0; j < TILES; ++j) mma_16816(d[r][j], a[j][st], b, T());
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+      for (int j = 0; j < TILES; ++j)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // y += s * (q . x) + b * sum(x), as the word path
+          const float* c = sb[j][i / 2];
+          acc[r][j][i] = FMA(c[0], d[r][j][i], FMA(c[1], xs[r][i], acc[r][j][i]));
+        }
+#pragma unroll
+    for (int j = 0; j < TILES; ++j)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int bl = 0; bl < BLOCKS; ++bl) qw[j][h][bl][0] = qn[j][h][bl][0], qw[j][h][bl][1] = qn[j][h][bl][1];
+        sb[j][h][0] = sn[j][h][0], sb[j][h][1] = sn[j][h][1];
+      }
+  }
+"""
+
 STORE = """
   __shared__ float partial[KSPLIT][RT * TILES * 4][32];  // each warp's sums over its groups
 #pragma unroll
@@ -171,11 +263,18 @@ STORE = """
   }
 """
 
-# The loops run in two copies: 8-byte loads of x where the launch's x is 8-byte aligned (always,
+# The loops run in two copies: 16-byte loads of x where the launch's x is 8-byte aligned (always,
 # unless x is a view at an odd offset), one value at a time otherwise; the same values, the same bits.
-BODY = (SETUP + "  if (reinterpret_cast<size_t>(x) % 8 == 0) {  // uniform over the launch\n"
-        + LOOP.replace("LOAD_X", "load_x_wide") + "  } else {\n"
-        + LOOP.replace("LOAD_X", "load_x_one_by_one") + "  }\n" + STORE)
+
+
+def _two_copies(setup: str, loop: str) -> str:
+    return (setup + "  if (reinterpret_cast<size_t>(x) % 8 == 0) {  // uniform over the launch\n"
+            + loop.replace("LOAD_X", "load_x_wide") + "  } else {\n"
+            + loop.replace("LOAD_X", "load_x_one_by_one") + "  }\n")
+
+
+BODY = (COMMON + "  if constexpr (BITS == 4 || BITS == 8) {\n" + _two_copies(WORD_SETUP, LOOP)
+        + "  } else {\n" + _two_copies(STREAM_SETUP, STREAM_LOOP) + "  }\n" + STORE)
 
 
 HEADER = """
@@ -293,6 +392,17 @@ template <int BITS> __device__ inline void codes(uint32_t word, int half, const 
   } else {
     lo = pack2<__nv_bfloat16>(float(word & 0xFFu), float((word >> 8) & 0xFFu));
     hi = pack2<__nv_bfloat16>(float((word >> 16) & 0xFFu), float(word >> 24));
+  }
+}
+// 8 codes of BITS (2, 3, 5, 6) bits from the low bits of v as 4 pairs of 16-bit floats, exact: each code
+// ORed into M's mantissa (codes below 128 fit bfloat16's 7 bits, float16's 10) and M taken off
+template <int BITS, typename T> __device__ inline void stream_pairs(uint64_t v, uint32_t* pairs, T) {
+  constexpr uint32_t MASK = (1u << BITS) - 1u;
+  const uint32_t m2 = magic16(T()) * 0x10001u;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t lo = uint32_t(v >> (2 * i * BITS)) & MASK, hi = uint32_t(v >> ((2 * i + 1) * BITS)) & MASK;
+    pairs[i] = pair_minus_magic(lo | (hi << 16) | m2, T());
   }
 }
 #ifndef MLXSPEC_EMULATOR

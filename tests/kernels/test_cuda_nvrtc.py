@@ -29,6 +29,7 @@ pytestmark = pytest.mark.skipif(ROOT is None, reason="NVRTC not installed (nvidi
 PROGRAMS = [  # every family; qmm's three code paths (4/8 bits, the 2/3/5/6-bit stream, mxfp4)
     "qmm float16 q4 g64 affine", "qmm float32 q5 g32 affine", "qmm bfloat16 q4 g32 mxfp4",
     "qmm-mma float16 q4 g64", "qmm-mma bfloat16 q4 g128",  # tensor cores: mma.sync's inline PTX, f16 and bf16
+    "qmm-mma float16 q6 g32",  # and their bit-stream path (2/3/5/6 bits)
     "gather float16 q4 g64 affine", "gather bfloat16 q4 g32 mxfp4", "dense bfloat16",
     "sdpa q float16 kv float16", "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",
 ]
@@ -64,7 +65,7 @@ def test_one_row_matmuls_keep_occupancy(compiled):
     step = f"_{gpu_mma_source.TILES}_1_{gpu_mma_source.KSPLIT}"  # tensor cores: the layers' build, 1 row tile
     steps = {name: k["registers"] for r in compiled for name, k in r.kernels.items()
              if r.label.startswith("qmm-mma") and name.endswith(step)}
-    assert len(steps) == 2, steps  # f16 and bf16
+    assert len(steps) == 3, steps  # f16 and bf16 at 4 bits, f16 at 6
     heavy = {name: regs for name, regs in (one_row | steps).items() if regs > ONE_ROW_REGISTERS}
     assert not heavy, heavy
 
@@ -74,7 +75,7 @@ def test_tensor_core_qmm_issues_mma_instructions(compiled):
     if cuda_static.nvidia_root() is None or not (cuda_static.nvidia_root() / "bin" / "cuobjdump").exists():
         pytest.skip("cuobjdump / nvdisasm not installed (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
     mma = [r for r in compiled if r.label.startswith("qmm-mma")]
-    assert len(mma) == 2
+    assert len(mma) == 3
     cuda_static.add_sass(mma, ROOT / "bin")
     for r in mma:
         for name, loops in r.sass.items():

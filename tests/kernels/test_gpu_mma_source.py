@@ -25,6 +25,11 @@ CASES = [  # (x dtype, scales dtype, group size, bits)
     (mx.bfloat16, mx.bfloat16, 32, 8),
     (mx.bfloat16, mx.bfloat16, 64, 4),  # 4 bits: codes become bfloat16 through 128 + q
     (mx.float16, mx.float32, 128, 4),  # 3 groups: the fourth warp has none
+    # the bit-stream widths: lanes' 8 codes in one word (2 bits) or straddling two (3, 5, 6 bits)
+    (mx.float16, mx.float16, 32, 6),  # a GGUF's Q6_K (requantized, group 32)
+    (mx.bfloat16, mx.bfloat16, 32, 5),  # Q5_K / Q5_0: exact, group 32
+    (mx.bfloat16, mx.bfloat16, 64, 3),
+    (mx.float16, mx.float16, 128, 2),  # 3 groups of 4 blocks
 ]
 BUILDS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 4, 4), (1, 8, 4),  # (16-column tiles, 8-row tiles, warps on K)
           (1, 1, 2), (1, 8, 2), (1, 1, 8), (1, 8, 8)]  # other K splits: other bits, each row-invariant
@@ -116,4 +121,5 @@ def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
 def test_supports_only_what_the_source_handles():
     assert src.supports(mx.float16, 64, 4) and src.supports(mx.bfloat16, 128, 8)
     assert not src.supports(mx.float32, 64, 4)  # float32 x: the FMA kernel (an mma would round x)
-    assert not src.supports(mx.float16, 64, 3) and not src.supports(mx.float16, 64, 4, "mxfp4")
+    assert all(src.supports(mx.bfloat16, 32, bits) for bits in (2, 3, 5, 6))  # the bit-stream path
+    assert not src.supports(mx.float16, 64, 4, "mxfp4") and not src.supports(mx.float16, 16, 4)
