@@ -10,6 +10,10 @@
 #    tok/s vs mlx-lm), 8B-shape forwards at M = 1..16, the ops table, then the families
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
+# MLX's CUDA JIT keeps compiled kernels on disk (MLX_PTX_CACHE_DIR); the last step saves that cache to
+# $OUT/ptx.tar.gz. Bring it back for a later session: `mkdir -p .gpu-ptx && tar -xzf FILES_AT/ptx.tar.gz -C
+# .gpu-ptx` (add /.gpu-ptx/ to .git/info/exclude) and carry .gpu-ptx with a staging call that has room
+# (.gpu/c): unchanged kernels then skip their NVRTC compiles.
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 set -uo pipefail
@@ -28,6 +32,8 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
 }
 par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 4)  # pytest-xdist: the device image has it
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
+export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
+mkdir -p "$MLX_PTX_CACHE_DIR" && [ -d .gpu-ptx ] && cp -n .gpu-ptx/* "$MLX_PTX_CACHE_DIR"/ 2>/dev/null
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
@@ -42,4 +48,5 @@ done
   --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
 step bench-families 120 python3 -u benchmarks/bench_gpu.py --sections families --out "$out/gpu-families.json"
 step suite 600 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests --ignore=tests/server
+tar -czf "$out/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
