@@ -155,6 +155,11 @@ def gather_ops(experts: int, n: int, k: int, used: int, dtype=mx.float16, bits: 
             y = call(pairs, ids)
             alone = mx.concatenate([call(pairs[t * used:(t + 1) * used], ids[t * used:(t + 1) * used]) for t in range(tokens)])
             row["ours_row_gap"] = float(mx.abs(y.astype(mx.float32) - alone.astype(mx.float32)).max().item())
+            if tokens > 1 and getattr(ours, "groups_experts", False):  # each chosen expert read once: same bits?
+                grouped = lambda: ours(pairs, w, s, b, ids, 32, bits, mode=mode, per_expert=tokens)  # noqa: E731
+                row["grouped_us"] = round(time_call(grouped, repeats=15, batch=op_batch()), 1)
+                row["grouped_equal"] = bool(mx.array_equal(grouped(), y).item())
+                row["experts_read"] = len(set(ids.tolist()))
         entry[f"tokens={tokens}"] = row
     print(f"gather {experts}x{n}x{k} {bits}-bit {mode}: {entry}", flush=True)
     return entry

@@ -201,6 +201,8 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
         tag = f"{str(x).split('.')[-1]} q{bits} g{g} {mode}"
         _, out[f"qmm {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, rows=rows)
         _, out[f"gather {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, gather=True)
+        _, out[f"grouped {tag}"] = gpu_source.cuda_source(x, s, output_dtype(x, s), g, bits, mode, gather="grouped",
+                                                          rows=rows)
     for x, g, bits in ((f16, 64, 4), (bf16, 128, 4), (f16, 32, 8), (f16, 32, 6), (bf16, 32, 5)):  # tensor cores
         tag = f"{str(x).split('.')[-1]} q{bits} g{g}"
         _, out[f"qmm-mma {tag}"] = gpu_mma_source.cuda_source(x, x, x, g, bits, builds=MMA_BUILDS)

@@ -5,6 +5,7 @@
     y = qmm(x, w, scales, None, 32, 4, mode="mxfp4")    # gpt-oss's layers
     gather = metal_gather_qmm_function()   # or cuda_...: MoE experts, w (E, N, .), indices (P,)
     y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
+    y = gather(..., per_expert=T)   # T tokens' rows: each chosen expert read once, the same bits
     qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 2-6/8-bit affine
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
@@ -23,10 +24,10 @@ from typing import Callable
 import mlx.core as mx
 
 from .build import KernelUnavailable
-from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_HEADER, DENSE_INPUTS, DENSE_NAME,
-                         GATHER_INPUTS, GATHER_NAME, INPUTS, MAX_ROWS, METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY,
-                         METAL_HEADER, MODES, NAME, OUTPUTS, THREADGROUP, dense_template_args, row_capacity,
-                         template_args)
+from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_GROUPED_BODY, CUDA_HEADER,
+                         DENSE_INPUTS, DENSE_NAME, GATHER_INPUTS, GATHER_NAME, GROUPED_NAME, INPUTS, MAX_ROWS,
+                         METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY, METAL_GROUPED_BODY, METAL_HEADER, MODES,
+                         NAME, OUTPUTS, THREADGROUP, dense_template_args, row_capacity, template_args)
 from . import gpu_mma_source as mma
 from .reference import output_dtype
 
@@ -57,16 +58,18 @@ def cuda_qmm_function() -> Callable[..., mx.array]:
 
 def metal_gather_qmm_function() -> Callable[..., mx.array]:
     require_metal()
-    kernel = mx.fast.metal_kernel(name=GATHER_NAME, input_names=GATHER_INPUTS, output_names=OUTPUTS,
-                                  source=METAL_GATHER_BODY, header=METAL_HEADER)
-    return _gather_function(kernel)
+    kernels = [mx.fast.metal_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body,
+                                    header=METAL_HEADER)
+               for name, body in ((GATHER_NAME, METAL_GATHER_BODY), (GROUPED_NAME, METAL_GROUPED_BODY))]
+    return _gather_function(*kernels)
 
 
 def cuda_gather_qmm_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernel = mx.fast.cuda_kernel(name=GATHER_NAME, input_names=GATHER_INPUTS, output_names=OUTPUTS,
-                                 source=CUDA_GATHER_BODY, header=CUDA_HEADER)
-    return _gather_function(kernel)
+    kernels = [mx.fast.cuda_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body,
+                                   header=CUDA_HEADER)
+               for name, body in ((GATHER_NAME, CUDA_GATHER_BODY), (GROUPED_NAME, CUDA_GROUPED_BODY))]
+    return _gather_function(*kernels)
 
 
 def metal_dense_function() -> Callable[..., mx.array]:
@@ -157,20 +160,28 @@ def _qmm_function(kernel) -> Callable[..., mx.array]:
     return qmm
 
 
-def _gather_function(kernel) -> Callable[..., mx.array]:
+def _gather_function(kernel, grouped=None) -> Callable[..., mx.array]:
     def gather_qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, indices: mx.array,
-                   group_size: int, bits: int, mode: str = "affine") -> mx.array:
-        """x (P, K), w (E, N, .), indices (P,) -> (P, N): row p times expert indices[p], as qmm's one row."""
+                   group_size: int, bits: int, mode: str = "affine", per_expert: int = 1) -> mx.array:
+        """x (P, K), w (E, N, .), indices (P,) -> (P, N): row p times expert indices[p], as qmm's one row.
+        per_expert > 1 (at most that many rows on one expert: a verify pass's tokens): the grouped kernel
+        reads each chosen expert once for all its rows, with the same bits per row."""
         _check_layout(x.shape[-1], group_size, bits, mode)
         out_type = output_dtype(x.dtype, scales.dtype)
         rows, n = x.shape[0], w.shape[1]
         if rows == 0:
             return mx.zeros((0, n), out_type)
-        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode, rows=1)  # one row per z
         inputs = [x, w, scales, _biases(biases, scales, mode), indices.astype(mx.uint32)]
+        if grouped is not None and per_expert > 1:  # grid z: the experts; more rows than ROWS: more passes
+            targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode,
+                                  rows=min(per_expert, MAX_ROWS))
+            return grouped(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, w.shape[0]),
+                           threadgroup=THREADGROUP, output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
+        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode, rows=1)  # one row per z
         return kernel(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, rows), threadgroup=THREADGROUP,
                       output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
 
+    gather_qmm.groups_experts = grouped is not None
     return gather_qmm
 
 

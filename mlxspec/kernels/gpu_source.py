@@ -41,6 +41,7 @@ __all__ = ["CUDA_NAMESPACE", "CUDA_PREAMBLE", "cuda_params", "metal_input_names"
 
 NAME = "mlxspec_qmm_rows"
 GATHER_NAME = "mlxspec_gather_qmm_rows"
+GROUPED_NAME = "mlxspec_grouped_gather_qmm_rows"
 DENSE_NAME = "mlxspec_dense_rows"
 MAX_ROWS = 16  # rows per launch; more rows run as several launches
 COLS = 4  # output columns per simdgroup / warp
@@ -59,6 +60,21 @@ GATHER_SHAPES = """
   const int M = 1, K = x_shape[1], N = w_shape[1];  // one row: qmm's arithmetic at M = 1
   const size_t e = indices[row];
   const size_t xo = size_t(row) * K, wo = e * N * (K * BITS / 32), so = e * N * (K / G), yo = size_t(row) * N;
+"""
+
+# The grouped gather (verify passes of MoE models): grid z = expert, and each threadgroup runs qmm's
+# rows over the pairs on its expert, ROWS at a time in pair order, so an expert's weights are read
+# once for all the tokens that chose it (the gather above reads them once per pair). Row m is pair
+# rows_of[m]; its arithmetic is qmm's, so it gets the bits the one-row gather gives it.
+GROUPED_SHAPES = """
+  const int P = x_shape[0], K = x_shape[1], N = w_shape[1];
+  const uint32_t e = uint32_t(row);
+  const size_t xo = 0, wo = size_t(e) * N * (K * BITS / 32), so = size_t(e) * N * (K / G), yo = 0;
+  for (int first = 0; first < P;) {
+    int rows_of[ROWS], M = 0;
+    for (; first < P && M < ROWS; ++first)
+      if (indices[first] == e) rows_of[M++] = first;
+    if (M == 0) break;  // uniform: every lane scans the same indices
 """
 
 QMM_SETUP = """
@@ -268,6 +284,15 @@ METAL_BODY = METAL_PROLOGUE + QMM_SHAPES + METAL_QMM_CORE + STORE
 CUDA_BODY = CUDA_PROLOGUE + QMM_SHAPES + CUDA_QMM_CORE + STORE
 METAL_GATHER_BODY = METAL_PROLOGUE + METAL_ROW + GATHER_SHAPES + METAL_QMM_CORE + STORE
 CUDA_GATHER_BODY = CUDA_PROLOGUE + CUDA_ROW + GATHER_SHAPES + CUDA_QMM_CORE + STORE
+
+
+def _grouped(core: str) -> str:
+    rows = core.replace("size_t(m) * K", "size_t(rows_of[m]) * K")
+    return GROUPED_SHAPES + rows + STORE.replace("size_t(m) * N", "size_t(rows_of[m]) * N") + "  }\n"
+
+
+METAL_GROUPED_BODY = METAL_PROLOGUE + METAL_ROW + _grouped(METAL_QMM_CORE)
+CUDA_GROUPED_BODY = CUDA_PROLOGUE + CUDA_ROW + _grouped(CUDA_QMM_CORE)
 METAL_DENSE_BODY = METAL_PROLOGUE + DENSE_CORE + STORE
 CUDA_DENSE_BODY = CUDA_PROLOGUE + DENSE_CORE + STORE
 
@@ -290,11 +315,18 @@ def dense_template_args(x_dtype, w_dtype, out_dtype, rows: int = MAX_ROWS) -> li
     return [("T", x_dtype), ("W", w_dtype), ("O", out_dtype), ("ROWS", row_capacity(rows))]
 
 
-def _qmm(x_dtype, scale_dtype, out_dtype, gather: bool = False):
+def _qmm(x_dtype, scale_dtype, out_dtype, gather: bool | str = False):
     dtypes = {"x": x_dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
     if gather:
-        return (GATHER_NAME, GATHER_INPUTS, OUTPUTS, [out_dtype]), dtypes | {"indices": mx.uint32}
+        name = GROUPED_NAME if gather == "grouped" else GATHER_NAME
+        return (name, GATHER_INPUTS, OUTPUTS, [out_dtype]), dtypes | {"indices": mx.uint32}
     return (NAME, INPUTS, OUTPUTS, [out_dtype]), dtypes
+
+
+def _body(backend: str, gather: bool | str) -> str:
+    bodies = {"metal": (METAL_BODY, METAL_GATHER_BODY, METAL_GROUPED_BODY),
+              "cuda": (CUDA_BODY, CUDA_GATHER_BODY, CUDA_GROUPED_BODY)}[backend]
+    return bodies[2 if gather == "grouped" else 1 if gather else 0]
 
 
 def _dense(x_dtype, w_dtype, out_dtype):
@@ -302,24 +334,25 @@ def _dense(x_dtype, w_dtype, out_dtype):
 
 
 def metal_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, sizes: dict[str, int],
-                 mode: str = "affine", gather: bool = False, rows: int = MAX_ROWS) -> tuple[str, str]:
-    """(function name, full Metal qmm (or gather qmm) source) as mx.fast.metal_kernel would generate it
-    (minus MLX's utils); the biases' dtype is the scales' (mxfp4's unused stand-in too)."""
+                 mode: str = "affine", gather: bool | str = False, rows: int = MAX_ROWS) -> tuple[str, str]:
+    """(function name, full Metal qmm (or gather qmm; gather="grouped": the grouped gather) source) as
+    mx.fast.metal_kernel would generate it (minus MLX's utils); the biases' dtype is the scales'
+    (mxfp4's unused stand-in too)."""
     kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
-    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather else rows)
-    name, text = metal_function(kernel, dtypes, sizes, targs, METAL_GATHER_BODY if gather else METAL_BODY)
+    targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather is True else rows)
+    name, text = metal_function(kernel, dtypes, sizes, targs, _body("metal", gather))
     return name, METAL_HEADER + text
 
 
 def cuda_source(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, mode: str = "affine",
-                gather: bool = False, rows=MAX_ROWS) -> tuple[list[str], str]:
-    """(function names, full CUDA qmm (or gather qmm) source) as mx.fast.cuda_kernel would generate it,
-    one function per row capacity in `rows` (an int or several)."""
+                gather: bool | str = False, rows=MAX_ROWS) -> tuple[list[str], str]:
+    """(function names, full CUDA qmm (or gather qmm, or grouped gather) source) as mx.fast.cuda_kernel
+    would generate it, one function per row capacity in `rows` (an int or several)."""
     kernel, dtypes = _qmm(x_dtype, scale_dtype, out_dtype, gather)
     names, texts = [], []
     for r in ([rows] if isinstance(rows, int) else rows):
-        targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather else r)
-        name, text = cuda_function(kernel, dtypes, targs, CUDA_GATHER_BODY if gather else CUDA_BODY)
+        targs = template_args(x_dtype, scale_dtype, out_dtype, group_size, bits, mode, 1 if gather is True else r)
+        name, text = cuda_function(kernel, dtypes, targs, _body("cuda", gather))
         names, texts = names + [name], texts + [text]
     return names, cuda_program(CUDA_HEADER, texts)
 

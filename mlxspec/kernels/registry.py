@@ -303,4 +303,7 @@ def gather_self_check(gather, n: int, k: int, group_size: int, bits: int, scale_
             alone = gather(x[r : r + 1], w, s, b, indices[r : r + 1], group_size, bits, mode=mode)
             if not mx.array_equal(alone[0], y[r]).item():
                 return f"x {x_dtype}: row {r} of a {len(ids)}-row call differs from the row gathered alone"
+        for most in (2, 4) if getattr(gather, "groups_experts", False) else ():  # two passes on an expert, or one
+            if not mx.array_equal(gather(x, w, s, b, indices, group_size, bits, mode=mode, per_expert=most), y).item():
+                return f"x {x_dtype}: the grouped gather (per_expert={most}) gives other bits than the gather"
     return None

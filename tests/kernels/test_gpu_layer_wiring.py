@@ -51,6 +51,28 @@ def per_row_gather(calls: list, wrong: bool = False):
     return gather
 
 
+def grouping_gather(calls: list, drift: float = 0.0):
+    """A stand-in gather with the grouped path (groups_experts): records per_expert; drift != 0 makes
+    the grouped path's rows differ from the gather's (as a kernel with another summation order would)."""
+    inner = per_row_gather([])
+
+    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine", per_expert=1):
+        calls.append(("per_expert", per_expert))
+        y = inner(x, w, scales, biases, indices, group_size, bits, mode)
+        return y * (1 + drift) if per_expert > 1 else y
+
+    gather.groups_experts = True
+    return gather
+
+
+def test_gather_self_check_holds_the_grouped_path_to_the_gathers_bits():
+    calls = []
+    assert registry.gather_self_check(grouping_gather(calls), 40, 64, 32, 4, mx.float16) is None
+    assert {m for _, m in calls} == {1, 2, 4}  # plain, and grouped in two passes / one pass an expert
+    failure = registry.gather_self_check(grouping_gather([], drift=1e-3), 40, 64, 32, 4, mx.float16)
+    assert failure is not None and "grouped gather" in failure
+
+
 @pytest.mark.parametrize("mode", ["affine", "mxfp4"])
 def test_gather_self_check_passes_a_right_kernel_and_catches_a_wrong_one(mode):
     calls = []
@@ -103,6 +125,27 @@ def test_gpu_backend_swaps_experts_and_projections_and_keeps_the_logits(pretend_
     assert mx.allclose(model(tokens), want, atol=1e-4, rtol=1e-4).item()
     status = {s["kernel"]: s for s in registry.status()}
     assert status["cuda-gather-qmm"]["active"] and status["cuda-qmm"]["active"]
+
+
+def test_experts_pass_the_rows_an_expert_can_get(pretend_cuda, monkeypatch):
+    """A verify pass of T tokens tells a grouping gather that one expert gets at most T rows (each
+    token takes an expert once); a one-token step, 1 (the plain gather). Logits unchanged."""
+    calls = []
+    loaders = dict(registry._loaders)
+    loaders["gather-qmm"] = lambda backend: (grouping_gather(calls), "stand-in")
+    monkeypatch.setattr(registry, "_loaders", loaders)
+    registry.reset()
+    model = build_model(GPT_OSS, seed=3)
+    nn.quantize(model, group_size=32, bits=4)
+    tokens = mx.array([[5, 17, 2, 40, 33]])
+    want = model(tokens)
+    layers.use_kernels(model, gpu=True, device=mx.cpu)
+    calls.clear()
+    assert mx.allclose(model(tokens), want, atol=1e-4, rtol=1e-4).item()
+    assert {m for _, m in calls} == {5}
+    calls.clear()
+    model(tokens[:, :1])
+    assert {m for _, m in calls} == {1}
 
 
 def test_the_cpu_kernels_take_mxfp4_layers_with_int8_activations_only(cpu_ext):

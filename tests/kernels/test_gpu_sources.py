@@ -31,7 +31,8 @@ QMM_CASES = [  # (backend, x dtype, scales dtype, group size, bits, mode)
     ("metal", mx.float32, mx.float32, 32, 2, "affine"),
 ]
 GATHER_CASES = [QMM_CASES[0], QMM_CASES[3], QMM_CASES[4], QMM_CASES[5], QMM_CASES[7]]  # MoE experts: qmm's rows, one expert each
-EXPERTS, INDICES = 3, [2, 0, 2, 1, 0, 2, 2]  # rows 0, 2, 5 and 6 share an expert
+GROUPED_CASES = [GATHER_CASES[0], GATHER_CASES[1], GATHER_CASES[3], GATHER_CASES[4]]  # both backends, mxfp4, 5 bits
+EXPERTS, INDICES = 4, [2, 0, 2, 1, 0, 2, 2]  # rows 0, 2, 5 and 6 share an expert; expert 3 has none
 DENSE_CASES = [  # (backend, x dtype, w dtype)
     ("metal", mx.float16, mx.float16),
     ("metal", mx.float32, mx.bfloat16),
@@ -115,7 +116,7 @@ def qmm_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
                    G=group_size, BITS=bits)
 
 
-GATHER_HARNESS = """
+GATHER_MAIN = """
 {source}
 using T = {T}; using WT = {W}; using O = {O};
 int main(int argc, char** argv) {{
@@ -129,7 +130,8 @@ int main(int argc, char** argv) {{
   std::ofstream out(d + "/y", std::ios::binary);
   std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: CUDA's one-by-one loads
   for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
-  for (int rows : {{P, 1, -P}}) {{  // all rows in one launch, row 0 alone, all rows from the shifted copy
+"""  # the experts' program: inputs loaded, x and an unaligned copy
+GATHER_HARNESS = GATHER_MAIN + """  for (int rows : {{P, 1, -P}}) {{  // all rows in one launch, row 0 alone, all rows from the shifted copy
     const T* xp = rows < 0 ? shifted.data() + 1 : x.data();
     rows = rows < 0 ? -rows : rows;
     std::vector<O> y(size_t(rows) * N);
@@ -155,6 +157,40 @@ def gather_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
                                  O=C_TYPES[output_dtype(x_dtype, s_dtype)], call=call, **fmt)
 
 
+GROUPED_CAPACITIES = (2, 4)  # expert 2 has 4 of INDICES' rows: two passes of 2, one of 4
+GROUPED_HARNESS = GATHER_MAIN + """  for (int pass = 0; pass < 2; ++pass)
+    for (int cap = 0; cap < {ncaps}; ++cap) {{  // grid z: one threadgroup row per expert
+      const T* xp = pass ? shifted.data() + 1 : x.data();
+      std::vector<O> y(size_t(P) * N);
+      emu::run_grid((N + 3) / 4, E, [&](int lane, int warp, int z) {{ switch (cap) {{ {cases} }} }});
+      save(out, y);
+    }}
+}}
+"""
+METAL_GROUPED_CASE = """case {i}: {{ int xs[2] = {{P, K}}, ws[3] = {{E, N, WORDS}};
+  {name}<T, WT, O, {G}, {BITS}, {MODE}, {r}>(xp, xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data(),
+      uint3{{unsigned(lane), unsigned(warp), unsigned(z)}}); break; }}"""
+CUDA_GROUPED_CASE = """case {i}: {{ Shape xs{{P, K}}, ws{{E, N, WORDS}};
+  threadIdx = dim3{{unsigned(lane), unsigned(warp % 2), 0}};
+  blockIdx = dim3{{0, unsigned(warp / 2), unsigned(z)}}; blockDim = dim3{{32, 2, 1}};
+  mlx::core::cu::{name}(xp, xs, w.data(), ws, s.data(), b.data(), idx.data(), y.data()); break; }}"""
+
+
+def grouped_code(backend, x_dtype, s_dtype, group_size, bits, mode) -> str:
+    out = output_dtype(x_dtype, s_dtype)
+    fmt = dict(G=group_size, BITS=bits, MODE=gpu_source.MODES[mode])
+    if backend == "metal":
+        name, source = gpu_source.metal_source(x_dtype, s_dtype, out, group_size, bits,
+                                               dict.fromkeys(gpu_source.GATHER_INPUTS, 1 << 20), mode, "grouped")
+        cases = [METAL_GROUPED_CASE.format(i=i, r=r, name=name, **fmt) for i, r in enumerate(GROUPED_CAPACITIES)]
+    else:
+        names, source = gpu_source.cuda_source(x_dtype, s_dtype, out, group_size, bits, mode, "grouped",
+                                               GROUPED_CAPACITIES)
+        cases = [CUDA_GROUPED_CASE.format(i=i, name=n) for i, n in enumerate(names)]
+    return GROUPED_HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[out],
+                                  ncaps=len(GROUPED_CAPACITIES), cases="\n".join(cases), **fmt)
+
+
 def dense_code(backend, x_dtype, w_dtype) -> str:
     out = output_dtype(x_dtype, w_dtype)
     source_fn = gpu_source.metal_dense_source if backend == "metal" else gpu_source.cuda_dense_source
@@ -165,7 +201,8 @@ def dense_code(backend, x_dtype, w_dtype) -> str:
 @pytest.fixture(scope="module")
 def exes() -> dict:
     codes = ({("qmm",) + c: qmm_code(*c) for c in QMM_CASES} | {("dense",) + c: dense_code(*c) for c in DENSE_CASES}
-             | {("gather",) + c: gather_code(*c) for c in GATHER_CASES})
+             | {("gather",) + c: gather_code(*c) for c in GATHER_CASES}
+             | {("grouped",) + c: grouped_code(*c) for c in GROUPED_CASES})
     return dict(zip(codes, build_all(list(codes.values()))))
 
 
@@ -212,16 +249,21 @@ def test_qmm_source_matches_reference_and_is_row_invariant(tmp_path, exes, case)
     check_rows(case_id(case), y, rows, odd, shifted)
 
 
+def experts_saved(tmp_path, x_dtype, s_dtype, group_size, bits, mode):
+    """EXPERTS random experts stacked, x of one row per INDICES entry, all saved for the harness: (experts, x, P)."""
+    experts = [quantized(N, K_QMM, s_dtype, group_size, bits, mode, seed=e) for e in range(EXPERTS)]
+    w, s, b = (mx.stack([e[i] for e in experts]) for i in range(3))
+    x = mx.random.normal((len(INDICES), K_QMM), key=mx.random.key(5)).astype(x_dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b, idx=mx.array(INDICES, mx.uint32))
+    return experts, x, len(INDICES)
+
+
 @pytest.mark.parametrize("case", GATHER_CASES, ids=[case_id(c) for c in GATHER_CASES])
 def test_gather_qmm_rows_have_the_bits_of_one_row_qmm_on_their_expert(tmp_path, exes, case):
     """Each row of a gather launch (MoE experts) = the qmm kernel's one-row launch on its expert's
     matrix, bit for bit, whatever other rows and experts share the launch; within tolerance."""
     backend, x_dtype, s_dtype, group_size, bits, mode = case
-    experts = [quantized(N, K_QMM, s_dtype, group_size, bits, mode, seed=e) for e in range(EXPERTS)]
-    w, s, b = (mx.stack([e[i] for e in experts]) for i in range(3))
-    p = len(INDICES)
-    x = mx.random.normal((p, K_QMM), key=mx.random.key(5)).astype(x_dtype)
-    save(tmp_path, x=x, w=w, s=s, b=b, idx=mx.array(INDICES, mx.uint32))
+    experts, x, p = experts_saved(tmp_path, x_dtype, s_dtype, group_size, bits, mode)
     run(exes[("gather",) + case], tmp_path, p, N, K_QMM, EXPERTS)
     out = output_dtype(x_dtype, s_dtype)
     raw = (tmp_path / "y").read_bytes()
@@ -231,6 +273,8 @@ def test_gather_qmm_rows_have_the_bits_of_one_row_qmm_on_their_expert(tmp_path, 
     assert mx.array_equal(from_np(raw[(p + 1) * size :], out, (p, N)), y).item(), "unaligned x gives other bits"
     for e, (we, se, be) in enumerate(experts):  # the plain qmm kernel, one row at a time, on expert e
         rows = [r for r, i in enumerate(INDICES) if i == e]
+        if not rows:  # an expert no row chose
+            continue
         xe = mx.concatenate([x[r : r + 1] for r in rows] + [x[:1]] * (M - len(rows)))  # padded to the harness's M
         save(tmp_path, x=xe, w=we, s=se, b=be)
         run(exes[("qmm",) + case], tmp_path, M, N, K_QMM)
@@ -240,6 +284,26 @@ def test_gather_qmm_rows_have_the_bits_of_one_row_qmm_on_their_expert(tmp_path, 
         ok, ratio = within_tolerance(y[mx.array(rows)], x[mx.array(rows)], we, se, None if mode == "mxfp4" else be,
                                      group_size, bits, mode=mode)
         assert ok, f"expert {e}: error {ratio:.3g}x the tolerance"
+
+
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=[case_id(c) for c in GROUPED_CASES])
+def test_grouped_gather_gives_every_row_the_gathers_bits(tmp_path, exes, case):
+    """The grouped gather (one threadgroup row per expert, its rows ROWS at a time, in one or two
+    passes) gives each row the bits of the one-row gather: what lets the engine switch between them
+    by the number of tokens without changing a token."""
+    backend, x_dtype, s_dtype, group_size, bits, mode = case
+    experts, x, p = experts_saved(tmp_path, x_dtype, s_dtype, group_size, bits, mode)
+    out = output_dtype(x_dtype, s_dtype)
+    run(exes[("gather",) + case], tmp_path, p, N, K_QMM, EXPERTS)
+    raw = (tmp_path / "y").read_bytes()
+    gathered = from_np(raw[: len(raw) // (2 * p + 1) * p], out, (p, N))
+    run(exes[("grouped",) + case], tmp_path, p, N, K_QMM, EXPERTS)
+    raw = (tmp_path / "y").read_bytes()
+    launches = 2 * len(GROUPED_CAPACITIES)  # x and its unaligned copy, each at every capacity
+    size = len(raw) // launches
+    for i in range(launches):
+        y = from_np(raw[i * size : (i + 1) * size], out, (p, N))
+        assert mx.array_equal(y, gathered).item(), f"launch {i}: grouped rows differ from the gather's"
 
 
 @pytest.mark.parametrize("case", DENSE_CASES, ids=[case_id(c) for c in DENSE_CASES])
