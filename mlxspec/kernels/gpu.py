@@ -19,6 +19,8 @@ same self-check as for the CPU kernel on the user's device before any layer uses
 
 from __future__ import annotations
 
+import functools
+
 from typing import Callable
 
 import mlx.core as mx
@@ -27,7 +29,7 @@ from .build import KernelUnavailable
 from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_GROUPED_BODY, CUDA_HEADER,
                          DENSE_INPUTS, DENSE_NAME, GATHER_INPUTS, GATHER_NAME, GROUPED_NAME, INPUTS, MAX_ROWS,
                          METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY, METAL_GROUPED_BODY, METAL_HEADER, MODES,
-                         NAME, OUTPUTS, THREADGROUP, dense_template_args, row_capacity, template_args)
+                         NAME, OUTPUTS, THREADGROUP, dense_template_args, template_args)
 from . import gpu_mma_source as mma
 from .reference import output_dtype
 
@@ -99,36 +101,53 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
             mode: str = "affine") -> mx.array:
-        if not mma.supports(x.dtype, group_size, bits, mode) or x.shape[-1] % group_size:
+        lead, k, n = x.shape[:-1], x.shape[-1], w.shape[0]
+        m = x.size // k if k else 0
+        plan = _mma_plan(x.dtype, scales.dtype, group_size, bits, mode, tiles, ksplit, m, n, k)
+        if plan is None:
             if fallback is None:
                 raise ValueError(f"tensor-core qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")
             return fallback(x, w, scales, biases, group_size, bits, **({} if mode == "affine" else {"mode": mode}))
-        out_type = output_dtype(x.dtype, scales.dtype)
-        lead, k, n = x.shape[:-1], x.shape[-1], w.shape[0]
-        rows = x.reshape(-1, k)
-        if rows.shape[0] == 0:
+        targs, launch, out_type = plan
+        if m == 0:
             return mx.zeros((*lead, n), out_type)
-        targs = mma.template_args(x.dtype, scales.dtype, out_type, group_size, bits, tiles, rows.shape[0], ksplit)
-        y = kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(rows.shape[0], n)],
-                   output_dtypes=[out_type], **mma.launch(rows.shape[0], n, tiles, ksplit))[0]
-        return y.reshape(*lead, n)
+        rows = x if x.ndim == 2 else x.reshape(m, k)  # y is written row-major: it takes x's leading shape as is
+        return kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(*lead, n)],
+                      output_dtypes=[out_type], **launch)[0]
 
     return qmm
 
 
-def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, targs: list, out_type) -> mx.array:
-    """Flatten x's leading dims, launch per chunk of MAX_ROWS rows (COLS output columns per warp),
-    restore the shape."""
+@functools.lru_cache(maxsize=4096)
+def _mma_plan(x_dtype, scale_dtype, group_size: int, bits: int, mode: str, tiles: int, ksplit: int, m: int, n: int,
+              k: int):
+    """(template args, launch grid, output dtype) of a tensor-core launch, None where it cannot run:
+    once per shape, not per call (building them cost ~2 us of a call's ~6 us of Python)."""
+    if not mma.supports(x_dtype, group_size, bits, mode) or k % group_size:
+        return None
+    out_type = output_dtype(x_dtype, scale_dtype)
+    return (mma.template_args(x_dtype, scale_dtype, out_type, group_size, bits, tiles, max(m, 1), ksplit),
+            mma.launch(max(m, 1), n, tiles, ksplit), out_type)
+
+
+def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, plan: Callable[[int], tuple]) -> mx.array:
+    """Launch over x's rows (leading dims flattened), MAX_ROWS rows a launch (COLS output columns per
+    warp); plan(rows) -> (template args, output dtype), cached per shape."""
     lead, k = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, k)
-    parts = []
-    for r in range(0, rows.shape[0], MAX_ROWS):
+    m = x.size // k if k else 0
+    launch = dict(grid=(32, (n + COLS - 1) // COLS, 1), threadgroup=THREADGROUP)
+    if 0 < m <= MAX_ROWS:  # one launch; y is written row-major, so it takes x's leading shape as is
+        targs, out_type = plan(m)
+        rows = x if x.ndim == 2 else x.reshape(m, k)
+        return kernel(inputs=[rows, *weights], template=targs, output_shapes=[(*lead, n)], output_dtypes=[out_type],
+                      **launch)[0]
+    rows, parts = x.reshape(-1, k), []
+    for r in range(0, m, MAX_ROWS):
         chunk = rows[r : r + MAX_ROWS]
-        capacity = [(name, row_capacity(chunk.shape[0])) if name == "ROWS" else (name, v) for name, v in targs]
-        parts += kernel(inputs=[chunk, *weights], template=capacity, grid=(32, (n + COLS - 1) // COLS, 1),
-                        threadgroup=THREADGROUP, output_shapes=[(chunk.shape[0], n)], output_dtypes=[out_type])
-    y = parts[0] if len(parts) == 1 else mx.concatenate(parts) if parts else mx.zeros((0, n), out_type)
-    return y.reshape(*lead, n)
+        targs, out_type = plan(chunk.shape[0])
+        parts += kernel(inputs=[chunk, *weights], template=targs, output_shapes=[(chunk.shape[0], n)],
+                        output_dtypes=[out_type], **launch)
+    return mx.concatenate(parts).reshape(*lead, n) if parts else mx.zeros((*lead, n), plan(1)[1])
 
 
 def _check_layout(k: int, group_size: int, bits: int, mode: str) -> None:
@@ -149,13 +168,25 @@ def _biases(biases: mx.array | None, scales: mx.array, mode: str) -> mx.array:
     return UNUSED_BIASES[mode]
 
 
+@functools.lru_cache(maxsize=4096)
+def _qmm_plan(x_dtype, scale_dtype, group_size: int, bits: int, mode: str, k: int, rows: int) -> tuple:
+    """(template args, output dtype) of a qmm launch of `rows` rows, once per shape (ValueError: unsupported)."""
+    _check_layout(k, group_size, bits, mode)
+    out_type = output_dtype(x_dtype, scale_dtype)
+    return template_args(x_dtype, scale_dtype, out_type, group_size, bits, mode, rows), out_type
+
+
+@functools.lru_cache(maxsize=1024)
+def _dense_plan(x_dtype, w_dtype, rows: int) -> tuple:
+    out_type = output_dtype(x_dtype, w_dtype)
+    return dense_template_args(x_dtype, w_dtype, out_type, rows), out_type
+
+
 def _qmm_function(kernel) -> Callable[..., mx.array]:
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
             mode: str = "affine") -> mx.array:
-        _check_layout(x.shape[-1], group_size, bits, mode)
-        out_type = output_dtype(x.dtype, scales.dtype)
-        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode)
-        return _rows(kernel, x, [w, scales, _biases(biases, scales, mode)], w.shape[0], targs, out_type)
+        plan = functools.partial(_qmm_plan, x.dtype, scales.dtype, group_size, bits, mode, x.shape[-1])  # checks the layout
+        return _rows(kernel, x, [w, scales, _biases(biases, scales, mode)], w.shape[0], plan)
 
     return qmm
 
@@ -166,18 +197,16 @@ def _gather_function(kernel, grouped=None) -> Callable[..., mx.array]:
         """x (P, K), w (E, N, .), indices (P,) -> (P, N): row p times expert indices[p], as qmm's one row.
         per_expert > 1 (at most that many rows on one expert: a verify pass's tokens): the grouped kernel
         reads each chosen expert once for all its rows, with the same bits per row."""
-        _check_layout(x.shape[-1], group_size, bits, mode)
-        out_type = output_dtype(x.dtype, scales.dtype)
+        grouping = grouped is not None and per_expert > 1
+        targs, out_type = _qmm_plan(x.dtype, scales.dtype, group_size, bits, mode, x.shape[-1],
+                                    min(per_expert, MAX_ROWS) if grouping else 1)  # one row per z, ungrouped
         rows, n = x.shape[0], w.shape[1]
         if rows == 0:
             return mx.zeros((0, n), out_type)
         inputs = [x, w, scales, _biases(biases, scales, mode), indices.astype(mx.uint32)]
-        if grouped is not None and per_expert > 1:  # grid z: the experts; more rows than ROWS: more passes
-            targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode,
-                                  rows=min(per_expert, MAX_ROWS))
+        if grouping:  # grid z: the experts; more rows than ROWS: more passes
             return grouped(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, w.shape[0]),
                            threadgroup=THREADGROUP, output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
-        targs = template_args(x.dtype, scales.dtype, out_type, group_size, bits, mode, rows=1)  # one row per z
         return kernel(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, rows), threadgroup=THREADGROUP,
                       output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
 
@@ -187,7 +216,6 @@ def _gather_function(kernel, grouped=None) -> Callable[..., mx.array]:
 
 def _dense_function(kernel) -> Callable[..., mx.array]:
     def dense(x: mx.array, w: mx.array) -> mx.array:
-        out_type = output_dtype(x.dtype, w.dtype)
-        return _rows(kernel, x, [w], w.shape[0], dense_template_args(x.dtype, w.dtype, out_type), out_type)
+        return _rows(kernel, x, [w], w.shape[0], functools.partial(_dense_plan, x.dtype, w.dtype))
 
     return dense

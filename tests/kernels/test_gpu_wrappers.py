@@ -1,0 +1,94 @@
+"""The GPU kernels' Python wrappers (kernels/gpu.py) on this CPU, with mx.fast.cuda_kernel replaced by
+a stand-in that records each launch and computes it with the reference: rows flattened for the kernel,
+the output given x's leading shape directly (one launch) or concatenated (several), launch plans
+cached per shape, the tensor-core wrapper's fallback, the gather's grouped path."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from mlxspec.kernels import gpu
+from mlxspec.kernels.gpu_source import row_capacity
+from mlxspec.kernels.reference import qmm_reference
+
+
+class StandIn:
+    """A cuda_kernel stand-in: records (name, x shape, template, output shape, grid); y = the reference."""
+
+    def __init__(self, launches: list, name: str, **_):
+        self.launches, self.name = launches, name
+
+    def __call__(self, inputs, template, output_shapes, output_dtypes, grid, threadgroup, **_):
+        x, w, s, b, *rest = inputs
+        self.launches.append((self.name, x.shape, dict(template), tuple(output_shapes[0]), grid))
+        if rest:  # a gather: row p on expert indices[p]
+            idx = rest[0].tolist()
+            y = mx.concatenate([qmm_reference(x[p : p + 1], w[e], s[e], b[e], dict(template)["G"], dict(template)["BITS"])
+                                for p, e in enumerate(idx)])
+        else:
+            y = qmm_reference(x, w, s, b, dict(template)["G"], dict(template)["BITS"])
+        return [y.astype(output_dtypes[0]).reshape(output_shapes[0])]
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: StandIn(calls, kw["name"]))
+    return calls
+
+
+def weights(n=40, k=128, e=None):
+    shape = (n, k) if e is None else (e, n, k)
+    return mx.quantize(mx.random.normal(shape, key=mx.random.key(1)).astype(mx.float16), group_size=64, bits=4)
+
+
+@pytest.mark.parametrize("lead", [(1, 1), (3,), (2, 9), (40,)])
+def test_qmm_wrappers_keep_x_leading_shape(launches, lead):
+    w, s, b = weights()
+    x = mx.random.normal((*lead, 128), key=mx.random.key(2)).astype(mx.float16)
+    want = qmm_reference(x, w, s, b, 64, 4)
+    for fn in (gpu.cuda_qmm_function(), gpu.cuda_mma_qmm_function(None)):
+        launches.clear()
+        y = fn(x, w, s, b, 64, 4)
+        assert y.shape == (*lead, 40) and mx.array_equal(y, want).item()
+        m = x.size // 128
+        assert all(len(shape) == 2 for _, shape, *_ in launches)  # the kernels read x as (rows, K)
+        if launches[0][0] == gpu.NAME:  # the FMA kernel: 16 rows a launch, each at its row capacity
+            assert [shape[0] for _, shape, *_ in launches] == [min(16, m - r) for r in range(0, m, 16)]
+            assert all(t["ROWS"] == row_capacity(shape[0]) for _, shape, t, *_ in launches)
+        else:  # tensor cores: one launch, any row count
+            assert len(launches) == 1 and launches[0][3] == (*lead, 40)
+
+
+def test_tensor_core_wrapper_sends_what_it_cannot_run_to_its_fallback(launches):
+    w, s, b = weights()
+    x = mx.random.normal((2, 128), key=mx.random.key(3))  # float32 x: no mma
+    y = gpu.cuda_mma_qmm_function(gpu.cuda_qmm_function())(x, w, s, b, 64, 4)
+    assert [name for name, *_ in launches] == [gpu.NAME] and y.shape == (2, 40)
+    with pytest.raises(ValueError, match="unsupported"):
+        gpu.cuda_mma_qmm_function(None)(x, w, s, b, 64, 4)
+
+
+def test_plans_are_built_once_per_shape(launches):
+    w, s, b = weights()
+    qmm = gpu.cuda_mma_qmm_function(None)
+    gpu._mma_plan.cache_clear()
+    for _ in range(5):
+        qmm(mx.zeros((1, 1, 128), mx.float16), w, s, b, 64, 4)
+    info = gpu._mma_plan.cache_info()
+    assert info.misses == 1 and info.hits == 4
+
+
+def test_gather_groups_rows_by_expert_only_when_asked(launches):
+    w, s, b = weights(e=3)
+    ids = mx.array([2, 0, 2, 1], mx.uint32)
+    x = mx.random.normal((4, 128), key=mx.random.key(4)).astype(mx.float16)
+    gather = gpu.cuda_gather_qmm_function()
+    plain = gather(x, w, s, b, ids, 64, 4)
+    grouped = gather(x, w, s, b, ids, 64, 4, per_expert=2)
+    assert gather.groups_experts and mx.array_equal(plain, grouped).item()
+    (name1, _, t1, _, grid1), (name2, _, t2, _, grid2) = launches
+    assert (name1, t1["ROWS"], grid1[2]) == (gpu.GATHER_NAME, 1, 4)  # one row per z
+    assert (name2, t2["ROWS"], grid2[2]) == (gpu.GROUPED_NAME, 2, 3)  # one expert per z
