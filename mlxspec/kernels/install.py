@@ -3,7 +3,8 @@
     report = install_kernels(model)    # {"backend", "layers": {...}, "attention": {...}, "pointwise": {...}}
     remove_kernels(model)              # MLX's ops again in this model (others are untouched)
 
-Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py), attention and
+Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py) and q/k/v and
+gate/up projections joined into one launch each (projections.py), attention and
 swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU),
 and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
@@ -19,6 +20,7 @@ from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kerne
 from .fused_layer import fused, restore_fused_layers, use_fused_layers
 from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
+from .projections import fuse_projections, unfuse_projections
 from .registry import device_backend_name
 
 
@@ -39,12 +41,14 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     else:
         report["pointwise"] = {"kernel": "pointwise", "error": f"not needed on {backend}: MLX's ops are fused there"}
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
+        report["joined_projections"] = fuse_projections(model, device)  # q/k/v, gate/up: one launch each
     return report
 
 
 def remove_kernels(model: nn.Module) -> None:
     """MLX's own ops again in every layer of this model."""
     restore_fused_layers(model)
+    unfuse_projections(model)
     restore_layers(model)
     restore_dense(model)
     restore_attention(model)

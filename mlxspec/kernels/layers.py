@@ -37,6 +37,7 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
     times its scales, computed by the kernel (packing.py). restore_layers undoes both."""
 
     _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
+    _shared, _rows = None, None  # projections.py (GPUs): this layer's rows of a joined q/k/v or gate/up launch
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
@@ -45,8 +46,11 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits, **self._mode,
-                      **layout_args(self))
+        if self._shared is not None:
+            y = self._shared(x)[..., self._rows]
+        else:
+            y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits,
+                          **self._mode, **layout_args(self))
         return y + self["bias"] if "bias" in self else y
 
 

@@ -15,40 +15,12 @@ import pytest
 from model_factory import build_model
 from mlxspec.kernels import layers, registry
 from mlxspec.kernels.layers import KernelQuantizedLinear, KernelQuantizedSwitchLinear
-from mlxspec.kernels.reference import qmm_reference
+from gpu_stand_ins import per_row_gather, per_row_qmm
 
 GPT_OSS = {"model_type": "gpt_oss", "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
            "vocab_size": 96, "hidden_size": 64, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
            "num_key_value_heads": 2, "sliding_window": 8, "rope_theta": 150000,
            "layer_types": ["sliding_attention", "full_attention"]}
-
-
-def per_row_qmm(calls: list):
-    """A stand-in GPU qmm: the definition (float32 MLX) one row at a time (row-invariant by construction)."""
-
-    def qmm(x, w, scales, biases, group_size, bits, mode="affine"):
-        calls.append(("qmm", mode))
-        rows = x.reshape(-1, x.shape[-1])
-        y = mx.concatenate([qmm_reference(rows[i : i + 1], w, scales, biases, group_size, bits, mode)
-                            for i in range(rows.shape[0])])
-        return y.reshape(*x.shape[:-1], -1)
-
-    return qmm
-
-
-def per_row_gather(calls: list, wrong: bool = False):
-    """A stand-in GPU gather: row p times expert indices[p] (wrong=True: always expert 0)."""
-
-    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine"):
-        calls.append(("gather", mode))
-        out = []
-        for p, e in enumerate(indices.tolist()):
-            e = 0 if wrong else e
-            out.append(qmm_reference(x[p : p + 1], w[e], scales[e], None if biases is None else biases[e],
-                                     group_size, bits, mode))
-        return mx.concatenate(out)
-
-    return gather
 
 
 def grouping_gather(calls: list, drift: float = 0.0):
@@ -93,21 +65,6 @@ def test_mxfp4_self_check_passes_a_right_kernel_and_catches_affine_arithmetic():
         return mx.quantized_matmul(x, w, ones, mx.zeros_like(ones), transpose=True, group_size=group_size, bits=bits)
 
     assert "tolerance" in registry.self_check(as_affine, 40, 64, 32, 4, mx.float16, mode="mxfp4")
-
-
-@pytest.fixture
-def pretend_cuda(monkeypatch):
-    """registry + layers see a CUDA backend whose qmm and gather families are the stand-ins."""
-    calls = []
-    loaders = dict(registry._loaders)
-    loaders["qmm"] = lambda backend: (per_row_qmm(calls), "stand-in")
-    loaders["gather-qmm"] = lambda backend: (per_row_gather(calls), "stand-in")
-    monkeypatch.setattr(registry, "_loaders", loaders)
-    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
-    monkeypatch.setattr(layers, "device_backend_name", lambda device=None: "cuda")
-    registry.reset()
-    yield calls
-    registry.reset()
 
 
 @pytest.mark.parametrize("mode, bits", [("affine", 4), ("mxfp4", 4), ("affine", 6), ("affine", 3)])

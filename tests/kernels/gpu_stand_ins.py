@@ -1,0 +1,36 @@
+"""Stand-ins for the GPU kernels on this CPU (no GPU here): the definition, one row at a time, so
+row-invariant by construction; `pretend_cuda` (conftest.py) makes the registry serve them as CUDA's."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxspec.kernels.reference import qmm_reference
+
+
+def per_row_qmm(calls: list):
+    """A stand-in GPU qmm: the definition (float32 MLX) one row at a time (row-invariant by construction)."""
+
+    def qmm(x, w, scales, biases, group_size, bits, mode="affine"):
+        calls.append(("qmm", mode))
+        rows = x.reshape(-1, x.shape[-1])
+        y = mx.concatenate([qmm_reference(rows[i : i + 1], w, scales, biases, group_size, bits, mode)
+                            for i in range(rows.shape[0])])
+        return y.reshape(*x.shape[:-1], -1)
+
+    return qmm
+
+
+def per_row_gather(calls: list, wrong: bool = False):
+    """A stand-in GPU gather: row p times expert indices[p] (wrong=True: always expert 0)."""
+
+    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine"):
+        calls.append(("gather", mode))
+        out = []
+        for p, e in enumerate(indices.tolist()):
+            e = 0 if wrong else e
+            out.append(qmm_reference(x[p : p + 1], w[e], scales[e], None if biases is None else biases[e],
+                                     group_size, bits, mode))
+        return mx.concatenate(out)
+
+    return gather
