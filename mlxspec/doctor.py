@@ -171,6 +171,8 @@ def _kernel_line(entry) -> str:
         reason = f": {str(entry['error']).splitlines()[0]}"
     timings = "".join(f"; {sig}: {t['kernel_us']:.0f} us vs MLX {t['mlx_us']:.0f} us"
                       for sig, t in (entry.get("timings") or {}).items())
+    if "groups_experts" in entry:  # the MoE gather: verify rows grouped by expert, or one expert read per row
+        timings += "; verify rows grouped by expert" if entry["groups_experts"] else "; grouping off (self-check)"
     return f"{entry.get('kernel', '?')} {state}{detail}{reason}{timings}"
 
 

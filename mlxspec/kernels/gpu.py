@@ -20,7 +20,6 @@ same self-check as for the CPU kernel on the user's device before any layer uses
 from __future__ import annotations
 
 import functools
-
 from typing import Callable
 
 import mlx.core as mx

@@ -64,7 +64,8 @@ class KernelRecord:
         return {"kernel": self.name, "active": self.error is None and bool(passed), "detail": self.detail,
                 "reason": reason, "passed": passed, "failed": failed,
                 "timings": {str(s): t for s, t in self.timings.items()},
-                **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {})}
+                **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {}),
+                **({"groups_experts": self.fn.groups_experts} if hasattr(self.fn, "groups_experts") else {})}
 
 
 # family -> loader(backend) -> (fn, detail); raises KernelUnavailable where the family has no such kernel

@@ -66,6 +66,12 @@ def test_per_signature_kernels_say_how_many_checks_passed_or_why_not():
     assert line == "cpu-sdpa inactive: no compiler"
 
 
+def test_the_moe_gather_says_whether_it_groups_verify_rows_by_expert():
+    entry = {"kernel": "metal-gather-qmm", "active": True, "reason": "self-check passed on 1 signature(s)"}
+    assert doctor_mod._kernel_line(entry | {"groups_experts": True}).endswith("; verify rows grouped by expert")
+    assert doctor_mod._kernel_line(entry | {"groups_experts": False}).endswith("; grouping off (self-check)")
+
+
 def test_kernel_status_without_a_status_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlxspec.kernels", types.ModuleType("mlxspec.kernels"))
     monkeypatch.setitem(sys.modules, "mlxspec.kernels.registry", types.ModuleType("mlxspec.kernels.registry"))

@@ -46,6 +46,16 @@ def test_gather_self_check_turns_grouping_off_where_it_changes_bits():
     assert drifting.groups_experts is False
 
 
+def test_status_says_whether_the_gather_groups_experts(pretend_cuda, monkeypatch):
+    loaders = dict(registry._loaders)
+    loaders["gather-qmm"] = lambda backend: (grouping_gather([], drift=1e-3), "stand-in")
+    monkeypatch.setattr(registry, "_loaders", loaders)
+    registry.reset()
+    assert registry.gather_for_layer(40, 64, 32, 4, mx.float16)[0] is not None  # the gather kept ...
+    gather = next(s for s in registry.status() if s["kernel"] == "cuda-gather-qmm")
+    assert gather["active"] and gather["groups_experts"] is False  # ... without grouping (doctor shows it)
+
+
 @pytest.mark.parametrize("mode", ["affine", "mxfp4"])
 def test_gather_self_check_passes_a_right_kernel_and_catches_a_wrong_one(mode):
     calls = []
