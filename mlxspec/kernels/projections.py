@@ -31,13 +31,14 @@ class SharedProjection:
                  mode: dict):
         self.qmm, self.weight, self.scales, self.biases = qmm, weight, scales, biases
         self.group_size, self.bits, self.mode = group_size, bits, mode
-        self._x = self._y = None
+        self._last = (None, None)  # (x, y): one attribute, so a reader never pairs one call's x with another's y
 
     def __call__(self, x: mx.array) -> mx.array:
-        if x is not self._x:  # the first part called with this x: one launch for every part
+        last_x, y = self._last
+        if last_x is not x:  # the first part called with this x: one launch for every part
             y = self.qmm(x, self.weight, self.scales, self.biases, self.group_size, self.bits, **self.mode)
-            self._x, self._y = x, y
-        return self._y
+            self._last = (x, y)
+        return y
 
 
 def fuse_projections(model: nn.Module, device: mx.Device | None = None) -> int:
