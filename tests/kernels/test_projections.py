@@ -85,3 +85,15 @@ def test_install_joins_on_gpus_and_remove_unjoins(pretend_cuda, monkeypatch):
     install.remove_kernels(model)  # MLX's ops over the joined matrices' row slices
     assert not install.installed(model) and mx.allclose(model(tokens), want, atol=1e-4, rtol=1e-4).item()
     assert install.install_kernels(model, mx.cpu)["joined_projections"] == 4  # and joined again
+
+
+def test_joined_projections_keep_verify_rows_equal_to_one_row_steps(pretend_cuda):
+    """M-row forwards equal one-row steps bit for bit with the joined launches (the stand-in kernels are
+    row-invariant): each step's parts read that step's launch, never an earlier one's."""
+    from mlxspec.exactness import RowInvariance
+
+    model = quantized_llama()
+    layers.use_kernels(model, gpu=True, device=mx.cpu)
+    assert fuse_projections(model, mx.cpu) == 4
+    check = RowInvariance(model)
+    assert check.holds(6), check.failures()
