@@ -1,7 +1,8 @@
 """Forward passes of M rows over a filled cache, timed with variants interleaved (benchmarks/ scripts).
 
     times = interleaved_forwards(model, cache, {"mlx": remove, "kernels": install}, (1, 8), repeats=5)
-    # {"mlx": {1: [s, ...], 8: [...]}, "kernels": {...}}
+    # {"mlx": {1: [s, ...], 8: [...]}, "kernels": {...}}; build=: the graph-building share of each, too
+    nodes = graph_nodes(model, cache, rows=1)   # MLX graph nodes of one forward (each a dispatch on a GPU)
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ import mlx.core as mx
 
 
 def interleaved_forwards(model, cache, variants: dict[str, Callable[[], object]], rows, repeats: int,
-                         vocab: int = 500) -> dict:
+                         vocab: int = 500, build: dict | None = None) -> dict:
     """{variant: {M: [seconds of one M-row forward]}}: every variant (name -> install it) in every repeat,
-    after a warm-up round; the cache is rewound after each forward, so all run at the same context."""
+    after a warm-up round; the cache is rewound after each forward, so all run at the same context.
+    build (a dict): filled the same way with the seconds spent building each forward's graph (Python)."""
     from ..cache import rewind
 
     times = {v: {m: [] for m in rows} for v in variants}
+    if build is not None:
+        build.update({v: {m: [] for m in rows} for v in variants})
     for rep in range(repeats + 1):  # the first round warms up
         for name, use in variants.items():
             use()
@@ -26,8 +30,28 @@ def interleaved_forwards(model, cache, variants: dict[str, Callable[[], object]]
                 x = mx.random.randint(0, vocab, (1, m))
                 mx.eval(x)
                 t = time.perf_counter()
-                mx.eval(model(x, cache=cache))
+                out = model(x, cache=cache)
+                built = time.perf_counter() - t
+                mx.eval(out)
                 if rep:
                     times[name][m].append(time.perf_counter() - t)
+                    if build is not None:
+                        build[name][m].append(built)
                 rewind(cache, m)
     return times
+
+
+def graph_nodes(model, cache, rows: int = 1, vocab: int = 500) -> int:
+    """How many MLX graph nodes one forward of `rows` rows builds (the cache is rewound, nothing evaluated)."""
+    import re
+    import tempfile
+    from pathlib import Path
+
+    from ..cache import rewind
+
+    out = model(mx.random.randint(0, vocab, (1, rows)), cache=cache)
+    with tempfile.TemporaryDirectory() as d:
+        mx.export_to_dot(f"{d}/forward.dot", out)
+        count = len(re.findall(r'label ="', Path(f"{d}/forward.dot").read_text()))
+    rewind(cache, rows)
+    return count
