@@ -8,6 +8,7 @@
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core)
 # 3. bench_gpu.py one section a step, the "done when" first: the engine on SmolLM2 (exact flag,
 #    tok/s vs mlx-lm), 8B-shape forwards at M = 1..16, the ops table, then the families
+#    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
 # MLX's CUDA JIT keeps compiled kernels on disk (MLX_PTX_CACHE_DIR); the last step saves that cache to
@@ -40,10 +41,13 @@ step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/
 step exactness 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py -k "speculative_equals_plain"
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
-for section in engine:150 forward:180 ops:240; do
+for section in engine:150 forward:180; do
   step "bench-${section%%:*}" "${section##*:}" python3 -u benchmarks/bench_gpu.py --sections "${section%%:*}" \
     --out "$out/gpu-${section%%:*}.json" "${model[@]}"
 done
+command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
+  --section LaunchStats python3 -u benchmarks/ncu_qmm.py  # one launch of each qmm: duration, DRAM rate, occupancy
+step bench-ops 240 python3 -u benchmarks/bench_gpu.py --sections ops --out "$out/gpu-ops.json"
 [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 python3 -m mlxspec bench /var/tmp/stash/smol.gguf \
   --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
 step bench-families 120 python3 -u benchmarks/bench_gpu.py --sections families --out "$out/gpu-families.json"
