@@ -83,8 +83,9 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         k = x.shape[-1]
         rows = mx.broadcast_to(x, (*lead, 1, k)).reshape(-1, k)  # (P, K): a token's row once per expert
         ids = mx.broadcast_to(indices, lead).reshape(-1).astype(mx.uint32)
-        # rows one expert can get: a token takes an expert once; sorted (flat) pairs give no bound but P
-        most = math.prod(lead[:-1]) if len(lead) > 1 else len(ids)
+        # rows one expert can get: a token takes an expert once. Sorted (flat) pairs give no bound: 8 rows a
+        # pass then (more passes where an expert has more; 16 rows a pass hold ~1.5x the registers)
+        most = math.prod(lead[:-1]) if len(lead) > 1 else min(len(ids), 8)
         grouped = {"per_expert": most} if getattr(self._gather, "groups_experts", False) else {}
         y = self._gather(rows, self["weight"], self["scales"], self.get("biases"), ids, self.group_size, self.bits,
                          **self._mode, **grouped)
