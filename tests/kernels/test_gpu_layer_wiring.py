@@ -114,6 +114,9 @@ def test_experts_pass_the_rows_an_expert_can_get(pretend_cuda, monkeypatch):
     calls.clear()
     model(tokens[:, :1])
     assert {m for _, m in calls} == {1}
+    calls.clear()  # 32 tokens x 2 experts: mlx-lm sorts the 64 pairs (no bound per expert): 8 rows a pass
+    mx.eval(model(mx.arange(32)[None]))
+    assert {m for _, m in calls} == {8}
 
 
 def test_the_cpu_kernels_take_mxfp4_layers_with_int8_activations_only(cpu_ext):
