@@ -20,7 +20,7 @@ from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kerne
 from .fused_layer import fused, restore_fused_layers, use_fused_layers
 from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
-from .projections import fuse_projections, unfuse_projections
+from .projections import join_projections, unjoin_projections
 from .registry import device_backend_name
 
 
@@ -41,14 +41,14 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     else:
         report["pointwise"] = {"kernel": "pointwise", "error": f"not needed on {backend}: MLX's ops are fused there"}
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
-        report["joined_projections"] = fuse_projections(model, device)  # q/k/v, gate/up: one launch each
+        report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
     return report
 
 
 def remove_kernels(model: nn.Module) -> None:
     """MLX's own ops again in every layer of this model."""
     restore_fused_layers(model)
-    unfuse_projections(model)
+    unjoin_projections(model)
     restore_layers(model)
     restore_dense(model)
     restore_attention(model)

@@ -1,16 +1,16 @@
 """On GPUs: a block's q/k/v projections as one matmul launch, its gate/up projections as another.
 
-    fused = fuse_projections(model, device)    # after use_kernels: how many groups now launch once
-    unfuse_projections(model)                  # each part computes its own rows again
+    joined = join_projections(model, device)   # after use_kernels: how many groups now launch once
+    unjoin_projections(model)                  # each part computes its own rows again
 
 mlx-lm's blocks call q_proj(x), k_proj(x), v_proj(x) on one x (and gate_proj(x), up_proj(x)). The
 parts stay modules; their parameters become row slices (views) of one concatenated matrix, and the
 first part called with an x computes all their rows in one kernel launch that the others slice
-(`SharedProjection`, keyed on that x). A GPU launch costs ~10 us of host work, and a
-llama block then launches 4 matmuls, not 7. Exactness is unchanged: plain steps and verify rows take the same path, and a
-column's arithmetic in the kernels does not depend on the other columns. The concatenation's shape
-gets its own kernel check and choice (registry.kernel_for_layer), and a group whose parts differ
-in layout is left alone.
+(`SharedProjection`, keyed on that x). A GPU launch costs ~10 us of host work; a llama block then
+launches 4 matmuls, not 7. Exactness is unchanged: plain steps and verify rows take the same path,
+and a column's arithmetic in the kernels does not depend on the other columns. The joined shape
+gets its own kernel check and choice (registry.kernel_for_layer); a group whose parts differ in
+layout is left alone.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class SharedProjection:
         return y
 
 
-def fuse_projections(model: nn.Module, device: mx.Device | None = None) -> int:
+def join_projections(model: nn.Module, device: mx.Device | None = None) -> int:
     """Join each block's q/k/v and gate/up kernel layers (same layout, same input) into one launch each."""
     count = 0
     for _, module in model.named_modules():
@@ -52,7 +52,7 @@ def fuse_projections(model: nn.Module, device: mx.Device | None = None) -> int:
     return count
 
 
-def unfuse_projections(model: nn.Module) -> None:
+def unjoin_projections(model: nn.Module) -> None:
     """Each part computes its own rows again (its parameters stay views of the joined matrix)."""
     for _, module in model.named_modules():
         if isinstance(module, KernelQuantizedLinear):

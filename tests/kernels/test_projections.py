@@ -9,7 +9,7 @@ import mlx.nn as nn
 
 from model_factory import build_model
 from mlxspec.kernels import layers
-from mlxspec.kernels.projections import SharedProjection, fuse_projections, unfuse_projections
+from mlxspec.kernels.projections import SharedProjection, join_projections, unjoin_projections
 
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
@@ -34,15 +34,15 @@ def test_joined_projections_launch_once_and_keep_the_logits(pretend_cuda):
     pretend_cuda.clear()
     model(tokens)
     assert len(pretend_cuda) == 2 * 7 + 1  # q, k, v, o, gate, up, down a block; the head
-    assert fuse_projections(model, mx.cpu) == 2 * 2  # q/k/v and gate/up in each block
+    assert join_projections(model, mx.cpu) == 2 * 2  # q/k/v and gate/up in each block
     mx.eval(model.parameters())
     assert weight_bytes(model) == before  # the parts' parameters are row slices of the joined matrices
     pretend_cuda.clear()
     got = model(tokens)
     assert len(pretend_cuda) == 2 * 4 + 1  # qkv, o, gate/up, down a block; the head
     assert mx.allclose(got, want, atol=1e-4, rtol=1e-4).item()
-    assert fuse_projections(model, mx.cpu) == 0  # already joined
-    unfuse_projections(model)
+    assert join_projections(model, mx.cpu) == 0  # already joined
+    unjoin_projections(model)
     pretend_cuda.clear()
     assert mx.allclose(model(tokens), want, atol=1e-4, rtol=1e-4).item()
     assert len(pretend_cuda) == 2 * 7 + 1
@@ -68,7 +68,7 @@ def test_parts_of_different_layouts_stay_apart(pretend_cuda):
         block.self_attn.k_proj = nn.QuantizedLinear.from_linear(
             nn.Linear(64, 32, bias=False), group_size=32, bits=8)
     layers.use_kernels(model, gpu=True, device=mx.cpu)
-    assert fuse_projections(model, mx.cpu) == 2  # gate/up only
+    assert join_projections(model, mx.cpu) == 2  # gate/up only
     assert all(block.self_attn.q_proj._shared is None for block in model.model.layers)
 
 
@@ -94,6 +94,6 @@ def test_joined_projections_keep_verify_rows_equal_to_one_row_steps(pretend_cuda
 
     model = quantized_llama()
     layers.use_kernels(model, gpu=True, device=mx.cpu)
-    assert fuse_projections(model, mx.cpu) == 4
+    assert join_projections(model, mx.cpu) == 4
     check = RowInvariance(model)
     assert check.holds(6), check.failures()
