@@ -184,7 +184,7 @@ def _dense_plan(x_dtype, w_dtype, rows: int) -> tuple:
 def _qmm_function(kernel) -> Callable[..., mx.array]:
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
             mode: str = "affine") -> mx.array:
-        plan = functools.partial(_qmm_plan, x.dtype, scales.dtype, group_size, bits, mode, x.shape[-1])  # checks the layout
+        plan = functools.partial(_qmm_plan, x.dtype, scales.dtype, group_size, bits, mode, x.shape[-1])  # checks it
         return _rows(kernel, x, [w, scales, _biases(biases, scales, mode)], w.shape[0], plan)
 
     return qmm
