@@ -7,7 +7,7 @@ asks for in one call and writes its JSON after every section (a timeout still re
 
 - ops: each verify-path op, MLX's and ours, at M = 1, 8, 16 rows: median microseconds, and the
   largest |row i of an M-row call - the same row alone| (0 = row-invariant, what exactness needs).
-  qmm on the issue's shapes (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
+  qmm on the issue's shapes and the joined projections' (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
@@ -56,7 +56,9 @@ from mlxspec.kernels.timing import op_batch, time_call
 HERE = Path(__file__).parent
 ROWS = (1, 8, 16)
 QMM_ROWS = ROWS + (64,)  # 64: a prompt chunk's share (the tensor-core qmm's 8 row tiles a warp)
-QMM_SHAPES = {"full": [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)], "quick": [(512, 256), (96, 512)]}
+QMM_SHAPES = {"full": [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
+                        (6144, 4096), (28672, 4096)],  # an 8B block's joined q/k/v and gate/up (projections.py)
+              "quick": [(512, 256), (96, 512)]}
 LLAMA = {"model_type": "llama", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "max_position_embeddings": 8192,
          "tie_word_embeddings": False}
 FORWARD_SHAPES = {
