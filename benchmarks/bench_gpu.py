@@ -296,7 +296,8 @@ def family_checks(size: str, context: int, repeats: int) -> dict:
         report = install_kernels(model)
         kept = report["layers"]["kept"]
         entry = {"kept_layers": dict(list(kept.items())[:4]), "kept_count": len(kept),
-                 "swapped_count": len(report["layers"]["swapped"]), "attention": str(report["attention"])[:200]}
+                 "swapped_count": len(report["layers"]["swapped"]), "attention": str(report["attention"])[:200],
+                 "joined_projections": report.get("joined_projections")}  # GPUs: q/k/v, gate/up one launch each
         cache = new_cache(model)
         model(mx.random.randint(0, 500, (1, context)), cache=cache)
         mx.eval([c.state for c in cache])
