@@ -5,7 +5,8 @@
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
-# 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core)
+# 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
+#    GGUF models of each kind and a MoE one: joined projections, the grouped gather)
 # 3. bench_gpu.py one section a step, the issue's "done when" first: the engine on SmolLM2 (exact flag,
 #    tok/s vs mlx-lm), 8B-shape forwards at M = 1..16, the ops table, then the families
 #    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
@@ -38,7 +39,8 @@ mkdir -p "$MLX_PTX_CACHE_DIR" && [ -d .gpu-ptx ] && cp -n .gpu-ptx/* "$MLX_PTX_C
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
-step exactness 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py -k "speculative_equals_plain"
+step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py \
+  tests/test_loading.py -k "speculative_equals_plain or mixture or gguf_file_through"  # + MoE, GGUF kinds
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 for section in engine:150 forward:180; do
