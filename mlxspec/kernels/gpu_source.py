@@ -287,6 +287,8 @@ CUDA_GATHER_BODY = CUDA_PROLOGUE + CUDA_ROW + GATHER_SHAPES + CUDA_QMM_CORE + ST
 
 
 def _grouped(core: str) -> str:
+    """qmm's core and store with row m read from and written to pair rows_of[m], inside GROUPED_SHAPES' loop."""
+    assert "size_t(m) * K" in core and "size_t(m) * N" in STORE  # the rows this rewrites must be there
     rows = core.replace("size_t(m) * K", "size_t(rows_of[m]) * K")
     return GROUPED_SHAPES + rows + STORE.replace("size_t(m) * N", "size_t(rows_of[m]) * N") + "  }\n"
 
