@@ -28,10 +28,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -43,6 +41,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from mlxspec.bench.accounting import model_bytes  # noqa: E402
 from mlxspec.bench.bandwidth import measure_bandwidth  # noqa: E402
+from mlxspec.bench.forwards import graph_nodes  # noqa: E402
 from mlxspec.bench.hardware import machine_facts, mlx_facts, package_version  # noqa: E402
 from mlxspec.bench.prompts import load_prompt_set  # noqa: E402
 from mlxspec.kernels.install import install_kernels, remove_kernels  # noqa: E402
@@ -109,9 +108,7 @@ class MlxspecRunner:
         self.install()
         cache = make_prompt_cache(self.model)
         mx.eval(self.model(mx.array([ids]), cache=cache))
-        with tempfile.TemporaryDirectory() as d:
-            mx.export_to_dot(f"{d}/step.dot", self.model(mx.array([[ids[-1]]]), cache=cache))
-            return len(re.findall(r'label ="', Path(f"{d}/step.dot").read_text()))
+        return graph_nodes(self.model, cache)
 
 
 class EngineRunner:
