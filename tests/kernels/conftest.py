@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from gpu_stand_ins import per_row_gather, per_row_qmm
+from gpu_stand_ins import per_row_gather, per_row_qmm, serve
 from mlxspec.kernels import layers, registry
 from mlxspec.kernels.build import KernelUnavailable, load_cpu_extension
 
@@ -35,12 +35,8 @@ def cpu_ext(cpu_ext_module):
 def pretend_cuda(monkeypatch):
     """registry + layers see a CUDA backend whose qmm and gather families are the stand-ins."""
     calls = []
-    loaders = dict(registry._loaders)
-    loaders["qmm"] = lambda backend: (per_row_qmm(calls), "stand-in")
-    loaders["gather-qmm"] = lambda backend: (per_row_gather(calls), "stand-in")
-    monkeypatch.setattr(registry, "_loaders", loaders)
+    serve(monkeypatch, {"qmm": lambda: per_row_qmm(calls), "gather-qmm": lambda: per_row_gather(calls)})
     monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
     monkeypatch.setattr(layers, "device_backend_name", lambda device=None: "cuda")
-    registry.reset()
     yield calls
     registry.reset()

@@ -1,5 +1,5 @@
 """Stand-ins for the GPU kernels on this CPU (no GPU here): the definition, one row at a time, so
-row-invariant by construction; `pretend_cuda` (conftest.py) makes the registry serve them as CUDA's."""
+row-invariant by construction; `serve` makes the registry load them (`pretend_cuda` in conftest.py: as CUDA's)."""
 
 from __future__ import annotations
 
@@ -34,3 +34,30 @@ def per_row_gather(calls: list, wrong: bool = False):
         return mx.concatenate(out)
 
     return gather
+
+
+def grouping_gather(calls: list, drift: float = 0.0):
+    """A stand-in gather with the grouped path (groups_experts): records per_expert; drift != 0 makes
+    the grouped path's rows differ from the gather's (as a kernel with another summation order would)."""
+    inner = per_row_gather([])
+
+    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine", per_expert=1):
+        calls.append(("per_expert", per_expert))
+        y = inner(x, w, scales, biases, indices, group_size, bits, mode)
+        return y * (1 + drift) if per_expert > 1 else y
+
+    gather.groups_experts = True
+    return gather
+
+
+def serve(monkeypatch, families: dict) -> None:
+    """The registry loads each family (name -> a factory of its stand-in, or (factory, detail)) from these,
+    with fresh records; the detail defaults to "stand-in"."""
+    from mlxspec.kernels import registry
+
+    loaders = dict(registry._loaders)
+    for family, make in families.items():
+        make, detail = make if isinstance(make, tuple) else (make, "stand-in")
+        loaders[family] = lambda backend, make=make, detail=detail: (make(), detail)
+    monkeypatch.setattr(registry, "_loaders", loaders)
+    registry.reset()

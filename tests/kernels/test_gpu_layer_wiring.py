@@ -12,29 +12,15 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
+from gpu_stand_ins import grouping_gather, per_row_gather, per_row_qmm, serve
 from model_factory import build_model
 from mlxspec.kernels import layers, registry
 from mlxspec.kernels.layers import KernelQuantizedLinear, KernelQuantizedSwitchLinear
-from gpu_stand_ins import per_row_gather, per_row_qmm
 
 GPT_OSS = {"model_type": "gpt_oss", "num_hidden_layers": 2, "num_local_experts": 4, "num_experts_per_tok": 2,
            "vocab_size": 96, "hidden_size": 64, "intermediate_size": 64, "head_dim": 16, "num_attention_heads": 4,
            "num_key_value_heads": 2, "sliding_window": 8, "rope_theta": 150000,
            "layer_types": ["sliding_attention", "full_attention"]}
-
-
-def grouping_gather(calls: list, drift: float = 0.0):
-    """A stand-in gather with the grouped path (groups_experts): records per_expert; drift != 0 makes
-    the grouped path's rows differ from the gather's (as a kernel with another summation order would)."""
-    inner = per_row_gather([])
-
-    def gather(x, w, scales, biases, indices, group_size, bits, mode="affine", per_expert=1):
-        calls.append(("per_expert", per_expert))
-        y = inner(x, w, scales, biases, indices, group_size, bits, mode)
-        return y * (1 + drift) if per_expert > 1 else y
-
-    gather.groups_experts = True
-    return gather
 
 
 def test_gather_self_check_turns_grouping_off_where_it_changes_bits():
@@ -47,10 +33,7 @@ def test_gather_self_check_turns_grouping_off_where_it_changes_bits():
 
 
 def test_status_says_whether_the_gather_groups_experts(pretend_cuda, monkeypatch):
-    loaders = dict(registry._loaders)
-    loaders["gather-qmm"] = lambda backend: (grouping_gather([], drift=1e-3), "stand-in")
-    monkeypatch.setattr(registry, "_loaders", loaders)
-    registry.reset()
+    serve(monkeypatch, {"gather-qmm": lambda: grouping_gather([], drift=1e-3)})
     assert registry.gather_for_layer(40, 64, 32, 4, mx.float16)[0] is not None  # the gather kept ...
     gather = next(s for s in registry.status() if s["kernel"] == "cuda-gather-qmm")
     assert gather["active"] and gather["groups_experts"] is False  # ... without grouping (doctor shows it)
@@ -99,10 +82,7 @@ def test_experts_pass_the_rows_an_expert_can_get(pretend_cuda, monkeypatch):
     """A verify pass of T tokens tells a grouping gather that one expert gets at most T rows (each
     token takes an expert once); a one-token step, 1 (the plain gather). Logits unchanged."""
     calls = []
-    loaders = dict(registry._loaders)
-    loaders["gather-qmm"] = lambda backend: (grouping_gather(calls), "stand-in")
-    monkeypatch.setattr(registry, "_loaders", loaders)
-    registry.reset()
+    serve(monkeypatch, {"gather-qmm": lambda: grouping_gather(calls)})
     model = build_model(GPT_OSS, seed=3)
     nn.quantize(model, group_size=32, bits=4)
     tokens = mx.array([[5, 17, 2, 40, 33]])
@@ -160,10 +140,7 @@ def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch,
     from mlxspec.kernels import timing
 
     calls = []
-    loaders = dict(registry._loaders)
-    loaders["qmm"] = lambda backend: (tagged_qmm(calls, "fma"), "stand-in")
-    loaders["qmm-mma"] = lambda backend: (tagged_qmm(calls, "mma"), "stand-in mma")
-    monkeypatch.setattr(registry, "_loaders", loaders)
+    serve(monkeypatch, {"qmm": lambda: tagged_qmm(calls, "fma"), "qmm-mma": (lambda: tagged_qmm(calls, "mma"), "stand-in mma")})
     monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
     monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
     us = {"fma": {1: 10.0, 8: 30.0}, "mma": mma_us}
