@@ -29,6 +29,7 @@ from .options import GenerateOptions
 from .rounds import ChainRound, Outcome, PlainRound, RoundStrategy, Verifier
 from .settings import DecodeSettings
 from .stats import Stats
+from .step_graph import StepGraphs
 from .tree import MAX_TREE_NODES, can_tree, tree_round
 
 
@@ -54,6 +55,7 @@ class Decoder:
         constraint=None,
         width: int = 1,
         tree_costs: dict[int, CostModel] | None = None,
+        steps: StepGraphs | None = None,
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
@@ -82,7 +84,7 @@ class Decoder:
         settings = settings or DecodeSettings()
         seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
         self.constraint = constraint  # structured output: masks in the rounds, advanced here by what they emit
-        verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint)
+        verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint, steps)
         self.plain = PlainRound(verifier, settings)
         # the strategies of rounds that draft (k > 0), by width: the chain, and a tree where it applies
         self.speculative = {1: speculative(verifier)} | ({width: tree_round(width)(verifier)} if tree else {})

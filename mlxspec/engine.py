@@ -36,6 +36,7 @@ from .settings import DecodeSettings
 
 KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
 from .stats import Stats
+from .step_graph import StepGraphs
 from .tree import MAX_TREE_NODES
 
 DEFAULT_DRAFT_LENGTH = 4
@@ -61,7 +62,9 @@ class Engine:
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
-        self.rows = RowInvariance(target.model)  # is speculation exact here? measured per row count
+        # decoding passes through compiled graphs (kernels are installed by now: the graphs capture them)
+        self.steps = StepGraphs(target.model, enabled=self.settings.compile_steps())
+        self.rows = RowInvariance(target.model, forward=self.steps)  # is speculation exact here? per row count
         self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)
@@ -170,6 +173,7 @@ class Engine:
             **self.target.info,
             "draft_weight_bytes": self.draft.info["weight_bytes"] if self.draft and self.draft is not self.target else 0,
             "activations": _activations_run(self.kernels),
+            "compiled_steps": "on" if self.steps.off is None else self.steps.off,
             **({} if self.speculable else {"speculation": "off: a layer's cache cannot undo rejected drafts"}),
         }
 
@@ -229,6 +233,7 @@ class Engine:
                 tree_costs=self.tree_costs,
                 kv=self.kv,
                 settings=self.settings,
+                steps=self.steps,
                 detokenizer=self.tokenizer.detokenizer,
                 constraint=constraint,
             )

@@ -25,8 +25,12 @@ PREFIX = 24  # tokens of context before the checked rows (so attention reads a r
 
 
 class RowInvariance:
-    def __init__(self, model: nn.Module, seed: int = 0):
+    """`forward(x, cache)`: how decoding passes run the model (the engine's step_graph.StepGraphs);
+    default the model itself."""
+
+    def __init__(self, model: nn.Module, seed: int = 0, forward=None):
         self.model, self.vocab_size, self.seed = model, vocabulary_size(model), seed
+        self.forward = forward or (lambda x, cache: model(x, cache=cache))
         self.results: dict[int, str | None] = {}  # M -> None (identical) or how it differed
 
     def holds(self, rows: int) -> bool:
@@ -47,13 +51,13 @@ class RowInvariance:
         saved = snapshot(cache)  # recurrent layers go back by restoring their state
         steps = []  # one-row decoding steps: logits (V,) for each checked position
         for t in tokens[PREFIX:]:
-            steps.append(self.model(mx.array([[t]]), cache=cache)[0, -1])
+            steps.append(self.forward(mx.array([[t]]), cache)[0, -1])
         mx.eval(steps)
         rewind(cache, len(steps))
         restore(saved)
         out = {}
         for m in counts:
-            rows = self.model(mx.array(tokens[PREFIX : PREFIX + m])[None], cache=cache)[0]  # (m, V)
+            rows = self.forward(mx.array(tokens[PREFIX : PREFIX + m])[None], cache)[0]  # (m, V)
             mx.eval(rows)
             rewind(cache, m)
             restore(saved)

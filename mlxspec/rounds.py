@@ -20,12 +20,12 @@ import mlx.nn as nn
 
 from .cache import restore, rewind, snapshot
 from .drafters.base import Draft, Drafter
-from .features import target_forward
 from .kernels.accept import fused_greedy_accept, fused_rejection_accept
 from .options import GenerateOptions
 from .sampling import Sampling, penalize, probabilities
 from .settings import DecodeSettings
 from .stats import Stats
+from .step_graph import StepGraphs
 from .verify import greedy_accept, rejection_accept
 
 # tokens this round adds -> the next round's draft length, or None when no round can follow
@@ -51,8 +51,9 @@ class Verifier:
     """What every strategy shares: the target pass, the per-round keys, the acceptance rule."""
 
     def __init__(self, target: nn.Module, drafter: Drafter, options: GenerateOptions, settings: DecodeSettings,
-                 stats: Stats, key: mx.array, constraint=None):
+                 stats: Stats, key: mx.array, constraint=None, steps: StepGraphs | None = None):
         self.target, self.drafter, self.opts, self.stats, self.key = target, drafter, options, stats, key
+        self.steps = steps or StepGraphs(target, enabled=False)  # decoding passes: compiled graphs, or eager
         self.sampling = Sampling.from_options(options)
         self.fused = settings.fused_accept
         self.constraint = constraint  # constraints.Constraint: structured output masks every scored row
@@ -68,10 +69,10 @@ class Verifier:
         """(R,) ids -> (R, V) logits (repeat-penalised against `history`), (R, H) hidden or None.
         Hidden states are computed only for a drafter that wants them."""
         if self.drafter.wants_hidden:
-            logits, hidden = target_forward(self.target, x[None], cache)
+            logits, hidden = self.steps(x[None], cache, hidden=True)
             logits, hidden = logits[0], hidden[0]
         else:
-            logits, hidden = self.target(x[None], cache=cache)[0], None
+            logits, hidden = self.steps(x[None], cache)[0], None
         if history is not None:
             logits = penalize(logits, history, drafts, self.opts.repeat_penalty, self.opts.repeat_last_n)
         if self.constraint is not None:  # row i: what the grammar allows after the drafts before it

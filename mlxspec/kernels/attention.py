@@ -11,7 +11,8 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
-kernel reads as its sliding window; sinks (gpt-oss) where the kernel takes them, as the CPU and GPU
+kernel reads as its sliding window, or a compiled step's cache buffers with the length that counts
+(step_graph.py), which kernels with `lengths` take; sinks (gpt-oss) where the kernel takes them, as the CPU and GPU
 ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
 mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
 """
@@ -66,8 +67,10 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
         kq, kk, kv = mx.random.split(mx.random.key(heads * 131 + dim), 3)
         rows, keys = 4, 300  # past a 256-key chunk boundary of the GPU kernel
         q = mx.random.normal((1, heads, rows, dim), key=kq).astype(dtype)
-        k = mx.random.normal((1, kv_heads, keys + 5, dim), key=kk).astype(kv_dtype)[:, :, :keys]  # a cache-like view
-        v = mx.random.normal((1, kv_heads, keys + 5, value_dim), key=kv).astype(kv_dtype)[:, :, :keys]
+        room = keys + 260  # a cache-like buffer: the view's keys, then another GPU chunk's worth
+        k_buffer = mx.random.normal((1, kv_heads, room, dim), key=kk).astype(kv_dtype)
+        v_buffer = mx.random.normal((1, kv_heads, room, value_dim), key=kv).astype(kv_dtype)
+        k, v = k_buffer[:, :, :keys], v_buffer[:, :, :keys]
         scale = dim**-0.5
         for causal in (False, True):
             y = sdpa(q, k, v, scale, causal)
@@ -79,6 +82,10 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
             one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], scale, False)
             if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
                 return f"row {i} of a {rows}-row causal call differs from the one-row call"
+        if getattr(sdpa, "lengths", False):  # a compiled step's call: the whole buffer, `keys` of them counting
+            whole = sdpa(q, k_buffer, v_buffer, scale, True, length=mx.array(keys))
+            if not mx.array_equal(whole, y).item():
+                return "a call over a longer buffer with a length differs from the call over those keys"
         if getattr(sdpa, "windows", False) and (err := _check_window(sdpa, q, k, v, scale)):
             return err
         if getattr(sdpa, "sinks", False) and (err := _check_sinks(sdpa, q, k, v, scale)):
@@ -177,6 +184,12 @@ def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, valu
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
     rec = _record()  # once per call: this runs for every attention layer of every step
+    length = getattr(cache, "key_length", None)  # a compiled step's cache (step_graph.KVView): its whole buffers
+    if length is not None:
+        if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks):
+            extra = {"sinks": sinks} if sinks is not None else {}
+            return rec.fn(queries, keys, values, scale, True, length=length, **extra)
+        return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     window = _window(cache, mask, rec.fn)
     if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks):
         extra = {"sinks": sinks} if sinks is not None else {}  # only kernels that take sinks get here with them

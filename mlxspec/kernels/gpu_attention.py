@@ -8,7 +8,8 @@ Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - 
 not (the mask is a runtime value: one compiled kernel), whether its warp serves one query head or
 several; with a window, to a 1-row call over the last W
 of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
-float16 cache (each value is read as float32 either way). q, k and v are read in place through their
+float16 cache (each value is read as float32 either way). `length=` (an array): only keys [0, length)
+count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). q, k and v are read in place through their
 strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
@@ -49,18 +50,23 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     unused = mx.zeros((1,), mx.float32)  # the sinks input of a model without sinks (never read)
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
-             sinks: mx.array | None = None) -> mx.array:
+             sinks: mx.array | None = None, length: mx.array | None = None) -> mx.array:
         b, h, m, _ = q.shape
-        hkv, length, dv = k.shape[1], k.shape[2], v.shape[3]
+        hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
-        if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or length == 0 or (causal and m > length)
-                or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))):
+        if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0 or (causal and m > keys)
+                or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
+                or (length is not None and (window or length.size != 1))):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
-                             f"sinks {None if sinks is None else sinks.shape} unsupported")
+                             f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
         f32 = mx.float32
-        nch = (min(length, window or length) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
-        by_rows = window == 0 or length <= window  # every row starts at key 0: its warps may mix rows too
-        params = mx.array([scale, float(causal), float(window), float(by_rows)], f32)
+        nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
+        by_rows = window == 0 or keys <= window  # every row starts at key 0: its warps may mix rows too
+        fixed = [scale, float(causal), float(window), float(by_rows)]
+        if length is None:
+            params = mx.array(fixed + [float(keys)], f32)
+        else:  # a compiled step's cache length: a value of its graph (exact in float32 below 2^24 keys)
+            params = mx.concatenate([mx.array(fixed, f32), length.reshape(1).astype(f32)])
         slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dims_per_lane(q.shape[3], dv))
@@ -76,4 +82,5 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     # takes `window` and `sinks` (attention.py routes such layers here), and float32 queries over a
     # float16 cache (`mixed`: every value is read as float32, exactly; the output is in q's dtype)
     sdpa.windows = sdpa.sinks = sdpa.mixed = True
+    sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer count (a compiled step's cache)
     return sdpa

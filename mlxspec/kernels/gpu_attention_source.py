@@ -1,6 +1,6 @@
 """Row-invariant few-row attention for the GPU (flash-decoding), one source for Metal and CUDA.
 
-    q (1, H, M, D) in T, k (1, HKV, L, D), v (1, HKV, L, DV) in T or (T float32) float16, H % HKV == 0,
+    q (1, H, M, D) in T, k (1, HKV, >= L, D), v (1, HKV, >= L, DV) in T or (T float32) float16, H % HKV == 0,
     D, DV <= 256; any strides
     (read through q/k/v_strides: a KV cache view is read in place)
     causal: row m sees keys [0, L - M + m + 1); else all L. window W > 0 (causal only): row m sees the
@@ -9,7 +9,7 @@
     Output (1, H, M, DV) in T.
 
 Two kernels:
-  partial: grid (32, warps, NCH), threadgroup (32, 1, 1), NCH = ceil(min(L, W or L) / CHUNK). A warp
+  partial: grid (32, warps, NCH), threadgroup (32, 1, 1), NCH = ceil(min(S, W or S) / CHUNK), S = k's keys. A warp
     serves up to HEADS slots (query head, row) of one kv head for chunk c: the heads of one row, or any
     heads and rows where every row starts at key 0 (params[3], `partial_warps`). It covers keys
     [start + c*CHUNK, start + (c+1)*CHUNK), each slot clipped to its own keys, 32 keys per step: each
@@ -24,7 +24,9 @@ keys the row sees, so row m of an M-row call computes exactly what a 1-row call 
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
 Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
 (partial: slots a warp, dims a lane; neither changes the bits), SINKS (0 or 1). The mask is a runtime
-value (params = [scale, causal, window, by_rows]) so every mask runs the very same code.
+value (params = [scale, causal, window, by_rows, L]) so every mask runs the very same code. L, the keys
+that count, is a runtime value too: a compiled step passes its whole cache buffer (NCH from its capacity)
+and the length from its graph; chunks past L are empty, so the bits are those of a call over k[:, :, :L].
 """
 
 from __future__ import annotations
@@ -44,11 +46,12 @@ THREADGROUP = (32, 1, 1)
 
 PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
-  const int HKV = k_shape[1], L = k_shape[2], DV = v_shape[3];
+  const int HKV = k_shape[1], L = int(params[4]), DV = v_shape[3];  // keys [0, L) of k count (L <= k_shape[2])
   const float sc = params[0];
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;
-  const int NCH = ((window > 0 && window < L ? window : L) + CHUNK - 1) / CHUNK;
+  const int S = k_shape[2];  // keys launched over: the grid's chunks (NCH) come from S, as the host computed them
+  const int NCH = ((window > 0 && window < S ? window : S) + CHUNK - 1) / CHUNK;
   // A warp serves up to HEADS slots (query head, row) of one kv head: the heads of one row, or (by_rows:
   // every row starts at key 0) any heads and rows. Each key and value is read once for all its slots.
   const int G = H / HKV;

@@ -166,7 +166,8 @@ def _period_rope(m: nn.Module) -> bool:
 
 class KernelRoPE(nn.RoPE):
     """nn.RoPE (or a Llama 3 rope: frequencies from stored periods) through the kernel for integer
-    offsets (a KV cache's); array offsets keep MLX's op."""
+    offsets (a KV cache's) and one-number array offsets (a compiled step's position, step_graph.py);
+    batched array offsets keep MLX's op."""
 
     @classmethod
     def wrap(cls, layer: nn.Module) -> "KernelRoPE":
@@ -187,7 +188,8 @@ class KernelRoPE(nn.RoPE):
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         sig = ("rope", x.shape[-1], self.dims, self.traditional, self._key, self.scale, str(x.dtype))
-        if isinstance(offset, int) and x.ndim >= 3 and _usable(x) and _check(sig, lambda: self._self_check(x)):
+        one = isinstance(offset, int) or (isinstance(offset, mx.array) and offset.size == 1)
+        if one and x.ndim >= 3 and _usable(x) and _check(sig, lambda: self._self_check(x)):
             return self._kernel(x, offset)
         return self._mlx(x, offset)
 
@@ -196,7 +198,10 @@ class KernelRoPE(nn.RoPE):
         return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
                             offset=offset, freqs=self._freqs)
 
-    def _kernel(self, x: mx.array, offset: int) -> mx.array:
+    def _kernel(self, x: mx.array, offset: int | mx.array) -> mx.array:
+        if isinstance(offset, mx.array):  # read when the step runs
+            return _ext().rope(x, self._inv_freq, self.dims, self.traditional, self.scale, 0, position=offset,
+                               stream=mx.cpu)
         return _ext().rope(x, self._inv_freq, self.dims, self.traditional, self.scale, offset, stream=mx.cpu)
 
     def _self_check(self, like: mx.array) -> str | None:
@@ -210,6 +215,8 @@ class KernelRoPE(nn.RoPE):
         for i in (0, 5):
             if not mx.array_equal(self._kernel(x[..., i : i + 1, :], 37 + i)[..., 0, :], full[..., i, :]).item():
                 return "rows depend on the row count"
+        if not mx.array_equal(self._kernel(x, mx.array(37)), full).item():
+            return "an array offset gives other bits than the same integer offset"
         return None
 
 

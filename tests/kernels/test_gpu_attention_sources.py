@@ -7,8 +7,9 @@ chunk boundary); rows of the unmasked launch == 1-row launches; a 7-row causal l
 rows; row i of a windowed launch == a 1-row launch over exactly its window, which starts at another
 key of its own copy (the window is not chunk-aligned in the cache). Builds with SINKS=1 run every
 check with one sink logit per head (gpt-oss).
-The M-row launches read k / v as a cache view (capacity L + 5 keys, strided), the 1-row launches
-over fewer keys read contiguous copies.
+The M-row launches read k / v as a cache view (capacity L + ROOM keys, strided), the 1-row launches
+over fewer keys read contiguous copies. A causal launch over the whole capacity with L a runtime value
+(as a compiled step launches it) == the causal launch over L keys.
 CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
 calls are unmasked: one compiled kernel serves every mask (the mask is a runtime value).
 """
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CHUNK = 64
 M, ODD = 16, 7
+ROOM = 70  # cache positions past the L keys: a launch over the whole buffer spans one more chunk
 CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window); L - M + 1 <= 128 < L: rows see 2-3 chunks
     ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70),  # windows of 70 keys: 2 chunks, cut elsewhere
     ("metal", mx.bfloat16, mx.bfloat16, True, 2, 2, 128, 96, 133, 9),
@@ -42,17 +44,20 @@ using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
 int H, HKV, D, DV;
-float params[4];  // scale, causal, window, by_rows
+float params[5];  // scale, causal, window, by_rows, keys that count
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
-// q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV)
+// q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
+// keys [0, S): S = L, or (buffered, as a compiled step passes its cache) the whole capacity, L a runtime value
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, const std::vector<KT>& v, int L,
-                      int cap, bool causal, int window = 0) {{
+                      int cap, bool causal, int window = 0, bool buffered = false) {{
+  const int S = buffered ? cap : L;
   params[1] = causal ? 1.0f : 0.0f;
   params[2] = float(window);
-  const bool by_rows = window == 0 || L <= window;  // as gpu_attention.py: every row starts at key 0
+  const bool by_rows = window == 0 || S <= window;  // as gpu_attention.py: every row starts at key 0
   params[3] = by_rows ? 1.0f : 0.0f;
+  params[4] = float(L);
   const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + HEADS_ - 1) / HEADS_);
-  const int NCH = ((window > 0 && window < L ? window : L) + CH - 1) / CH, HM = H * M;
+  const int NCH = ((window > 0 && window < S ? window : S) + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
@@ -88,6 +93,7 @@ int main(int argc, char** argv) {{
   for (int i = 0; i < M; ++i) save(out, attend(rows(q, M, i, 1, D), 1, k, v, L, cap, false));
   save(out, attend(rows(q, M, M - odd, odd, D), odd, k, v, L, cap, true));
   save(out, attend(q, M, k, v, L, cap, true, W));
+  save(out, attend(q, M, k, v, L, cap, true, 0, true));  // the whole buffer launched, L keys counting
   for (int i = 0; i < M; ++i) {{  // windowed row i alone: an unmasked call over exactly its window
     const int seen = L - M + i + 1, lo = seen > W ? seen - W : 0;
     save(out, attend(rows(q, M, i, 1, D), 1, rows(k, cap, lo, seen - lo, D), rows(v, cap, lo, seen - lo, DV),
@@ -95,7 +101,7 @@ int main(int argc, char** argv) {{
   }}
 }}
 """
-METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] = {{1, HKV, L, DV}};
+METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] = {{1, HKV, S, DV}};
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
@@ -103,7 +109,7 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, L, D}}, vs[4] =
                       at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
-CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, L, D}}, vs{{1, HKV, L, DV}};
+CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}};
   Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
@@ -146,8 +152,8 @@ def inputs(tmp_path, case):
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
     kq, kk, kv, ks = mx.random.split(mx.random.key(h * 7 + d), 4)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
-    cache_k = mx.random.normal((1, hkv, length + 5, d), key=kk).astype(kv_dtype)  # a cache with room for 5 more
-    cache_v = mx.random.normal((1, hkv, length + 5, dv), key=kv).astype(kv_dtype)
+    cache_k = mx.random.normal((1, hkv, length + ROOM, d), key=kk).astype(kv_dtype)  # a cache with room for more
+    cache_v = mx.random.normal((1, hkv, length + ROOM, dv), key=kv).astype(kv_dtype)
     sinks = mx.random.normal((h,), key=ks) * 2
     save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([d**-0.5], mx.float32), sinks=sinks)
     return q, cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5, sinks
@@ -162,7 +168,7 @@ def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path,
     inputs(tmp_path, case)
     outs = []
     for label in [case[:4]] + builds(case):
-        run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
+        run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         outs.append((tmp_path / "o").read_bytes())
     assert outs[0] == outs[1] == outs[2]
 
@@ -171,9 +177,9 @@ def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path,
 def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
     q, k, v, scale, sinks = inputs(tmp_path, case)
-    run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + 5, window)
+    run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
-    size = len(raw) // (6 * M + ODD)  # bytes of one row (H, DV)
+    size = len(raw) // (7 * M + ODD)  # bytes of one row (H, DV)
 
     def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
         a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
@@ -181,7 +187,8 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
 
     causal, full = part(0, M, False), part(M, M, False)
     causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
-    windowed, windowed_rows = part(4 * M + ODD, M, False), part(5 * M + ODD, M, True)
+    windowed, buffered = part(4 * M + ODD, M, False), part(5 * M + ODD, M, False)
+    windowed_rows = part(6 * M + ODD, M, True)
     used = sinks if with_sinks else None
     for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
         ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used)
@@ -190,6 +197,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     assert mx.array_equal(full, full_rows).item(), "unmasked rows differ from 1-row calls"
     assert mx.array_equal(odd, causal[:, :, M - ODD :]).item(), f"a {ODD}-row causal call differs"
     assert mx.array_equal(windowed, windowed_rows).item(), "windowed rows differ from 1-row calls over their windows"
+    assert mx.array_equal(buffered, causal).item(), "a launch over the whole buffer with L keys counting differs"
     if with_sinks:  # the sinks are really used: without them the answer is another one
         ok, _ = attention_within_tolerance(causal, q, k, v, scale, True)
         assert not ok, "a launch with sinks gave the answer without them"

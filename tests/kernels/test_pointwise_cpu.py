@@ -153,7 +153,11 @@ def test_llama3_rope_runs_the_kernel_and_is_given_back(cpu_ext, which):
     full = holder.rope(x, offset=300)
     for i in (0, 4, 8):  # rows independent of the row count, bit for bit
         assert mx.array_equal(holder.rope(x[:, :, i : i + 1], offset=300 + i)[:, :, 0], full[:, :, i]).item()
-    assert mx.array_equal(holder.rope(x, offset=mx.array([7])), original(x, offset=mx.array([7]))).item()  # MLX's op
+    # a compiled step's position (one number in an array) runs the kernel: the bits of the same integer offset
+    assert mx.array_equal(holder.rope(x, offset=mx.array(300)), full).item()
+    per_sequence = mx.array([7, 9])  # a batch's offsets keep MLX's op
+    y = holder.rope(mx.concatenate([x, x]), offset=per_sequence)
+    assert mx.array_equal(y, original(mx.concatenate([x, x]), offset=per_sequence)).item()
     restore_pointwise(holder)
     assert holder.rope is original
 
@@ -229,9 +233,9 @@ def test_gemma_norms_and_mlps_run_the_kernels_and_are_given_back(cpu_ext, tmp_pa
 def test_array_offsets_and_failed_checks_use_mlx(cpu_ext, monkeypatch, request):
     rope = KernelRoPE.wrap(nn.RoPE(32, traditional=False, base=10000.0))
     x = strided((1, 2, 3, 32), mx.float32, 7)
-    offsets = mx.array([5])
-    assert mx.array_equal(rope(x, offset=offsets), mx.fast.rope(x, 32, traditional=False, base=10000.0,
-                                                                 scale=1.0, offset=offsets)).item()
+    offsets, two = mx.array([5, 9]), mx.concatenate([x, x])  # one offset per sequence of a batch
+    assert mx.array_equal(rope(two, offset=offsets), mx.fast.rope(two, 32, traditional=False, base=10000.0,
+                                                                   scale=1.0, offset=offsets)).item()
 
     class Wrong:  # an extension whose rope is off by a lot: its self-check must fail
         def __getattr__(self, name):

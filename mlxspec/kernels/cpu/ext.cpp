@@ -313,10 +313,12 @@ void run_sdpa(Isa isa, const SdpaProblem& p) {
 
 class FewRowAttention : public mx::UnaryPrimitive {
  public:
-  FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window)
-      : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window) {}
+  FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window, bool sinks, bool length)
+      : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window), sinks_(sinks),
+        length_(length) {}
 
-  // inputs {q, k, v} or {q, k, v, sinks (H,) float32}
+  // inputs {q, k, v[, sinks (H,) float32][, length () int32]}: with a length, only keys [0, length) of k
+  // and v count (a compiled step's cache buffer): the same arithmetic as a call over k[:, :, :length]
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto &q = inputs[0], &k = inputs[1], &v = inputs[2];
@@ -326,13 +328,16 @@ class FewRowAttention : public mx::UnaryPrimitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (const auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
-    const bool with_sinks = inputs.size() == 4;
+    const bool with_sinks = sinks_;
     enc.dispatch([q = mx::array::unsafe_weak_copy(q), k = mx::array::unsafe_weak_copy(k),
                   v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
                   sinks = mx::array::unsafe_weak_copy(with_sinks ? inputs[3] : q), with_sinks,
+                  length = mx::array::unsafe_weak_copy(length_ ? inputs.back() : q), with_length = length_,
                   scale = scale_, causal = causal_, isa = Isa(isa_), window = window_]() mutable {
+      int T = k.shape(2);  // a length is clamped to [rows, keys] (never read out of bounds; no throw in a task)
+      if (with_length) T = std::max(causal ? q.shape(2) : 1, std::min(T, int(length.data<int32_t>()[0])));
       SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(k.dtype()), {}, {}, {},
-                    q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2), q.shape(3), v.shape(3),
+                    q.shape(0), q.shape(1), k.shape(1), q.shape(2), T, q.shape(3), v.shape(3),
                     scale, causal, nullptr};
       if (q.dtype() != k.dtype()) p.qdtype = int(dtype_of(q.dtype()));
       p.window = window;
@@ -354,7 +359,8 @@ class FewRowAttention : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const FewRowAttention&>(other);
-    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ && window_ == o.window_;
+    return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ && window_ == o.window_ &&
+           sinks_ == o.sinks_ && length_ == o.length_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -367,10 +373,12 @@ class FewRowAttention : public mx::UnaryPrimitive {
   float scale_;
   bool causal_;
   int isa_, window_;
+  bool sinks_, length_;
 };
 
 static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                      int isa, int window, std::optional<mx::array> sinks, mx::StreamOrDevice s) {
+                      int isa, int window, std::optional<mx::array> sinks, std::optional<mx::array> length,
+                      mx::StreamOrDevice s) {
   if (window < 0 || (window > 0 && !causal)) throw std::invalid_argument("mlxspec sdpa: a window needs causal rows");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
@@ -390,9 +398,15 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
       throw std::invalid_argument("mlxspec sdpa: sinks must be (heads,) contiguous float32");
     inputs.push_back(*sinks);
   }
+  if (length) {  // read when the step runs: a compiled step's cache length is an array of its graph
+    if (length->size() != 1) throw std::invalid_argument("mlxspec sdpa: length must be one number");
+    if (window > 0) throw std::invalid_argument("mlxspec sdpa: a length with a window is not supported");
+    inputs.push_back(mx::astype(mx::reshape(*length, {}, stream), mx::int32, stream));
+  }
   auto shape = q.shape();
   shape[3] = v.shape(3);
-  return mx::array(shape, q.dtype(), std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window),
+  return mx::array(shape, q.dtype(),
+                   std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window, bool(sinks), bool(length)),
                    std::move(inputs));
 }
 
@@ -415,9 +429,10 @@ NB_MODULE(_mlxspec_cpu, m) {
         "y (P, N): row p of x (P, K) times expert indices[p] of w (E, N, K*bits/32), each row as a one-row qmm computes it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("sinks") = nb::none(),
-        nb::arg("stream") = nb::none(),
+        nb::arg("length") = nb::none(), nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows, optionally within a "
-        "sliding window of keys, optionally with a sink logit per head), rows independent of M.");
+        "sliding window of keys, optionally with a sink logit per head), rows independent of M; length (an "
+        "array): only keys [0, length) count, as if k and v were cut there.");
   mlxspec::register_pointwise(m);
   mlxspec::register_fused_layer(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });

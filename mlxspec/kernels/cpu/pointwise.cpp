@@ -11,6 +11,8 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <optional>
 #include <nanobind/stl/variant.h>
 
 #include "mlx/allocator.h"
@@ -92,8 +94,11 @@ class Pointwise : public mx::UnaryPrimitive {
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& a : inputs) enc.set_input_array(a);
     enc.set_output_array(out);
+    const bool at = inputs.size() == 3;  // rope with its offset as an array (a compiled step's position)
     enc.dispatch([a = mx::array::unsafe_weak_copy(inputs[0]), b = mx::array::unsafe_weak_copy(inputs[1]),
+                  position = mx::array::unsafe_weak_copy(at ? inputs[2] : inputs[0]), at,
                   out = mx::array::unsafe_weak_copy(out), op = op_, p = p_]() mutable {
+      if (at) p.offset += position.data<int32_t>()[0];
       if (op == PwOp::rms_norm) rms_norm_rows(a, b, p.eps, out);
       else if (op == PwOp::rope) rope_rows(a, b, p, out);
       else if (op == PwOp::swiglu) gated_rows(a, b, out, swiglu_span);
@@ -140,7 +145,7 @@ static mx::array rms_norm(const mx::array& x, const mx::array& w, float eps, mx:
 }
 
 static mx::array rope(const mx::array& x, const mx::array& inv_freq, int dims, bool traditional, float scale,
-                      int offset, mx::StreamOrDevice s) {
+                      int offset, std::optional<mx::array> position, mx::StreamOrDevice s) {
   check_float(x, "rope");
   if (x.ndim() < 2 || dims <= 0 || dims % 2 || dims > x.shape(-1))
     throw std::invalid_argument("mlxspec rope: x must be (..., T, D) with an even dims <= D");
@@ -148,8 +153,13 @@ static mx::array rope(const mx::array& x, const mx::array& inv_freq, int dims, b
     throw std::invalid_argument("mlxspec rope: inv_freq must be float32 of shape (dims / 2,)");
   PwParams p;
   p.dims = dims, p.traditional = traditional, p.scale = scale, p.offset = offset;
-  return mx::array(x.shape(), x.dtype(), std::make_shared<Pointwise>(cpu_stream(s), PwOp::rope, p),
-                   {x, inv_freq});
+  auto stream = cpu_stream(s);
+  std::vector<mx::array> inputs = {x, inv_freq};
+  if (position) {  // added to offset when the step runs: one graph serves every position
+    if (position->size() != 1) throw std::invalid_argument("mlxspec rope: position must be one number");
+    inputs.push_back(mx::astype(mx::reshape(*position, {}, stream), mx::int32, stream));
+  }
+  return mx::array(x.shape(), x.dtype(), std::make_shared<Pointwise>(stream, PwOp::rope, p), std::move(inputs));
 }
 
 static mx::array gated(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s, PwOp op, const char* name) {
@@ -173,8 +183,8 @@ void register_pointwise(nb::module_& m) {
   m.def("rms_norm", &rms_norm, nb::arg("x"), nb::arg("weight"), nb::arg("eps"), nb::kw_only(),
         nb::arg("stream") = nb::none(), "MLX's rms_norm: (x * rsqrt(mean(x^2) + eps)) * weight, one pass per row.");
   m.def("rope", &rope, nb::arg("x"), nb::arg("inv_freq"), nb::arg("dims"), nb::arg("traditional"), nb::arg("scale"),
-        nb::arg("offset"), nb::kw_only(), nb::arg("stream") = nb::none(),
-        "MLX's rope with positions (offset + t) * scale and the given inverse frequencies.");
+        nb::arg("offset"), nb::kw_only(), nb::arg("position") = nb::none(), nb::arg("stream") = nb::none(),
+        "MLX's rope with positions (offset [+ position, an array] + t) * scale and the given inverse frequencies.");
   m.def("swiglu", &swiglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none(),
         "silu(gate) * up, one pass.");
   m.def("geglu", &geglu, nb::arg("gate"), nb::arg("up"), nb::kw_only(), nb::arg("stream") = nb::none(),

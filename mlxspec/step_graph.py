@@ -1,0 +1,137 @@
+"""Decoding steps as compiled MLX graphs: a step's graph is built once per shape, then replayed.
+
+Building a decoding step's graph in Python costs about as much as a GPU takes to run it for a small
+model (SmolLM2-135M: ~2.7 ms of Python in a ~7 ms step on an H100, ~900 graph nodes). `mx.compile`
+records the graph once per input shape and replays it from C++. Its inputs must be arrays of fixed
+shapes, so a compiled step sees each layer's KV cache as what mlx-lm's KVCache already holds --
+buffers whose capacity grows 256 positions at a time -- with the position as an array: each layer
+writes its rows there (`slice_update`), RoPE takes it as an array offset, and attention reads the
+whole buffer with the number of keys that count (mlxspec's attention kernels take it as `length=`
+and compute exactly what a call over those keys computes; MLX's op gets a mask instead).
+One graph per (rows, capacity): plain decoding traces once per 256 positions, a verify pass once per
+new row count. Every row of every decoding pass goes through the same kind of graph, so speculation
+stays exact wherever the kernels are row-invariant.
+
+    steps = StepGraphs(model)                  # enabled=False: model(x, cache=cache) itself
+    logits = steps(x, cache)                   # (1, M) ids -> (1, M, V), as model(x, cache=cache)
+    logits, hidden = steps(x, cache, hidden=True)   # as features.target_forward
+
+Caches other than mlx-lm's KVCache (and mlxspec's HalfKVCache) -- sliding windows, recurrent
+states, quantized caches -- and models that cannot trace this way run eagerly, as before.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+from .cache import HalfKVCache
+from .features import target_forward
+
+log = logging.getLogger(__name__)
+
+COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
+MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
+
+
+class KVView:
+    """One layer's KVCache as a compiled step sees it: mlx-lm's cache interface (offset,
+    update_and_fetch, make_mask) over the cache's buffers, with the position as an array."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+        self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
+        self.key_length: mx.array | None = None  # keys that count once this step's rows are in
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write the rows at the position (in the buffers' dtype, as the cache stores them); return
+        the whole buffers: attention reads `key_length` of them."""
+        at = self.offset.reshape(1)
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), at, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), at, axes=(2,))
+        self.key_length = self.offset + keys.shape[2]
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """Causal rows over the buffer: row i sees the keys up to position offset + i (for MLX's attention)."""
+        if window_size:
+            raise NotImplementedError("sliding-window layers are not compiled")
+        queries = self.offset + mx.arange(n)[:, None]
+        return mx.arange(self.keys.shape[2])[None] <= queries
+
+    def is_trimmable(self) -> bool:  # some models ask their caches
+        return True
+
+
+class StepGraphs:
+    """Decoding passes (up to MAX_ROWS rows) of one model through compiled graphs, on the model's own
+    KV caches; anything else through the model eagerly. `off` says why compiled steps are not used."""
+
+    def __init__(self, model: nn.Module, enabled: bool = True):
+        self.model = model
+        self.off: str | None = None if enabled else "off"
+        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in COMPILABLE}
+        if enabled and kinds:
+            self.off = f"off: its caches are not all KV caches ({', '.join(sorted(kinds))})"
+        self._compiled = {hidden: mx.compile(partial(self._step, hidden)) for hidden in (False, True)}
+        self._primed: set[tuple[int, bool]] = set()  # (rows, hidden) whose kernels ran their first calls eagerly
+        self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
+
+    def __call__(self, x: mx.array, cache: list, hidden: bool = False):
+        if not self._applies(x, cache):
+            return _eager(self.model, x, cache, hidden)
+        rows = x.shape[1]
+        for c in cache:
+            _make_room(c, rows)
+        offset = mx.array(cache[0].offset, dtype=mx.int32)
+        buffers = [a for c in cache for a in (c.keys, c.values)]
+        try:
+            if (rows, hidden) not in self._primed:
+                # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a
+                # trace cannot: build this pass once eagerly (never evaluated) so they do it here.
+                self._step(hidden, x, offset, *buffers)
+                self._primed.add((rows, hidden))
+            out = self._compiled[hidden](x, offset, *buffers)
+        except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
+            self.off = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", self.off)
+            return _eager(self.model, x, cache, hidden)
+        self.graphs.add((rows, hidden, cache[0].keys.shape[2], str(x.dtype)))
+        heads = 2 if hidden else 1
+        for i, c in enumerate(cache):
+            c.keys, c.values = out[heads + 2 * i], out[heads + 2 * i + 1]
+            c.offset += rows
+        return tuple(out[:2]) if hidden else out[0]
+
+    def _applies(self, x: mx.array, cache: list) -> bool:
+        return (self.off is None and x.ndim == 2 and x.shape[0] == 1 and 0 < x.shape[1] <= MAX_ROWS and bool(cache)
+                and all(type(c) in COMPILABLE and c.keys is not None for c in cache))
+
+    def _step(self, hidden: bool, x: mx.array, offset: mx.array, *buffers: mx.array) -> list[mx.array]:
+        """The pass as a pure function of arrays: (ids, position, buffers) -> (logits[, hidden], buffers)."""
+        views = [KVView(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
+        heads = list(target_forward(self.model, x, views)) if hidden else [self.model(x, cache=views)]
+        return heads + [a for v in views for a in (v.keys, v.values)]
+
+    def status(self) -> dict:
+        return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs)}
+
+
+def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):
+    return target_forward(model, x, cache) if hidden else model(x, cache=cache)
+
+
+def _make_room(c: KVCache, rows: int) -> None:
+    """Grow the buffers for `rows` more positions exactly as KVCache.update_and_fetch would (the
+    same capacities, so the same graphs whichever path grew them)."""
+    prev = c.offset
+    if prev + rows <= c.keys.shape[2]:
+        return
+    if prev % c.step:
+        c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
+    grow = (c.step + rows - 1) // c.step * c.step
+    c.keys, c.values = (mx.concatenate([a, mx.zeros((*a.shape[:2], grow, a.shape[3]), a.dtype)], axis=2)
+                        for a in (c.keys, c.values))

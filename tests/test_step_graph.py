@@ -1,0 +1,194 @@
+"""Compiled decoding steps (step_graph.py): eager steps' bits, on the model's own KV caches.
+
+Checked on a tiny random llama through MLX's ops and through mlxspec's per-op CPU kernels, and on a
+GGUF llama (float32 activations, float16 cache) through the kernels (the
+attention kernel reads the whole cache buffer with the length that counts, RoPE the position as an
+array): every logit and every cached key equals the eager path's, across a 256-position growth of
+the cache, multi-row passes and rewinds; rows of a compiled pass equal compiled one-row steps; the
+engine with compiled steps decodes the same tokens, speculative or plain. Where a model cannot run
+this way it says why and runs eagerly.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlxspec.cache import HalfKVCache, rewind
+from mlxspec.engine import Engine
+from mlxspec.exactness import RowInvariance
+from mlxspec.features import target_forward
+from mlxspec.kernels.install import install_kernels
+from mlxspec.loading import load
+from mlxspec.options import GenerateOptions
+from mlxspec.settings import DecodeSettings
+from mlxspec.step_graph import StepGraphs
+
+PREFIX = 250  # six positions short of the caches' first 256-position capacity
+
+
+@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels", "gguf-cpu-kernels"])
+def model(request, tiny_llama, tmp_path_factory):
+    if request.param.startswith("gguf"):  # float32 activations over a float16 cache (HalfKVCache)
+        from gguf_fixtures import write_tiny_llama_gguf
+
+        m = load(str(write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", "Q4_0"))).model
+        assert type(make_prompt_cache(m)[0]) is HalfKVCache
+    else:
+        m = load(str(tiny_llama), "q4g32").model
+    if request.param.endswith("cpu-kernels"):
+        report = install_kernels(m, fuse=False)  # the per-op kernels: what a GPU runs, here on the CPU
+        assert report["attention"]["routed"] and report["pointwise"]["swapped"]["rope"]
+    return m
+
+
+def ids(n: int, seed: int = 0) -> mx.array:
+    return mx.random.randint(0, 300, (1, n), key=mx.random.key(seed))
+
+
+def prefilled(model) -> list:
+    cache = make_prompt_cache(model)
+    model(ids(PREFIX), cache=cache)
+    mx.eval([c.state for c in cache])
+    return cache
+
+
+def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
+    eager, compiled = prefilled(model), prefilled(model)
+    steps = StepGraphs(model)
+    passes = [1, 1, 1, 5, -3, 1, 1, 1, 1, 2, -2, 8, 1]  # > 0: a pass of that many rows; < 0: rewind
+    for i, rows in enumerate(passes):
+        if rows < 0:
+            rewind(eager, -rows)
+            rewind(compiled, -rows)
+            continue
+        x = ids(rows, seed=i + 1)
+        want, got = model(x, cache=eager), steps(x, compiled)
+        assert got.shape == want.shape and mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
+    for e, c in zip(eager, compiled):
+        assert (c.offset, c.keys.shape) == (e.offset, e.keys.shape)  # the same capacity (grown past 256)
+        assert all(mx.array_equal(a, b).item() for a, b in zip(c.state, e.state))
+    assert compiled[0].keys.shape[2] > 256 and steps.off is None
+    assert {g[0] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
+
+
+def test_rows_of_a_compiled_pass_equal_compiled_one_row_steps(model):
+    check = RowInvariance(model, forward=StepGraphs(model))
+    assert check.holds(9) and check.failures() == {}
+
+
+def test_hidden_states_are_target_forwards(model):
+    eager, compiled = prefilled(model), prefilled(model)
+    x = ids(3, seed=7)
+    want = target_forward(model, x, eager)
+    got = StepGraphs(model)(x, compiled, hidden=True)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(got, want))
+
+
+def test_cache_buffers_are_updated_in_place(tiny_llama):
+    """The old buffers go into the graph alone, so MLX writes the step's rows into them instead of
+    copying the cache every step (a copy would cost as much memory traffic as the cache itself)."""
+    model = load(str(tiny_llama)).model
+    cache = make_prompt_cache(model)
+    model(ids(4000), cache=cache)
+    mx.eval([c.state for c in cache])
+    steps = StepGraphs(model)
+    for _ in range(2):  # primed and traced
+        mx.eval(steps(ids(1), cache))
+    held = sum(c.keys.nbytes + c.values.nbytes for c in cache)
+
+    def allocated() -> int:  # bytes one compiled step allocates
+        x = ids(1)
+        mx.eval(x)
+        limit = mx.set_cache_limit(0)  # every allocation is a new one: the peak shows what the step allocated
+        try:
+            before = mx.get_active_memory()
+            mx.reset_peak_memory()
+            mx.eval(steps(x, cache), [c.keys for c in cache])
+            return mx.get_peak_memory() - before
+        finally:
+            mx.set_cache_limit(limit)
+
+    grew = allocated()
+    assert grew < held / 4, f"a compiled step allocated {grew} bytes: it copied the cache ({held} bytes)"
+    elsewhere = [a for c in cache for a in (c.keys, c.values)]  # the control: buffers someone else still reads
+    assert allocated() >= held, "the measurement cannot see a copy"
+    del elsewhere
+
+
+class PositionOnHost(nn.Module):
+    """A model that reads its cache position as a Python number (fine eagerly, impossible in a trace)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    @property
+    def layers(self):
+        return self.inner.layers
+
+    def __call__(self, x, cache=None):
+        if int(cache[0].offset) < 0:
+            raise AssertionError("unreachable")
+        return self.inner(x, cache=cache)
+
+
+def test_a_model_that_cannot_be_traced_runs_eagerly_and_says_why(tiny_llama, caplog):
+    inner = load(str(tiny_llama)).model
+    model = PositionOnHost(inner)
+    eager, compiled = prefilled(inner), prefilled(inner)
+    steps = StepGraphs(model)
+    for i in range(3):
+        x = ids(2, seed=i)
+        assert mx.array_equal(steps(x, compiled), model(x, cache=eager)).item()
+    assert steps.off and "compiled decoding steps off" in caplog.text
+    assert steps.status()["compiled"] is False
+
+
+def test_caches_other_than_kv_caches_run_eagerly(tmp_path):
+    from model_factory import make_model_dir
+
+    model = load(str(make_model_dir(tmp_path / "hybrid", arch="qwen3_next"))).model  # recurrent layers
+    steps = StepGraphs(model)
+    assert steps.off and "cache" in steps.off
+    a, b = make_prompt_cache(model), make_prompt_cache(model)
+    x = ids(4)
+    assert mx.array_equal(steps(x, a), model(x, cache=b)).item()
+
+
+def test_disabled_steps_are_the_model_itself(model):
+    eager, other = prefilled(model), prefilled(model)
+    steps = StepGraphs(model, enabled=False)
+    x = ids(3, seed=11)
+    assert mx.array_equal(steps(x, other), model(x, cache=eager)).item() and not steps.graphs
+
+
+def test_setting_is_read_once_from_the_environment():
+    assert DecodeSettings.from_env({"MLXSPEC_COMPILE": "1"}).compile_steps() is True
+    assert DecodeSettings.from_env({"MLXSPEC_COMPILE": "0"}).compile_steps(mx.Device(mx.gpu)) is False
+    auto = DecodeSettings.from_env({})
+    assert auto.compile_steps(mx.Device(mx.cpu)) is False and auto.compile_steps(mx.Device(mx.gpu)) is True
+
+
+@pytest.mark.parametrize("kernels", ["ops", False])
+def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypatch, kernels):
+    """Plain and speculative decoding through compiled steps = plain decoding built eagerly, token for
+    token (greedy), for draft lengths 1..6 with the target's own 4-bit quantization as the drafter."""
+    target = str(tiny_llama)
+    monkeypatch.setenv("MLXSPEC_COMPILE", "0")
+    reference = Engine.load(target, kernels=kernels)
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")
+    plain = Engine.load(target, kernels=kernels)
+    drafting = Engine.load(target, draft=target, draft_quantize="q4g32", kernels=kernels)
+    assert reference.info["compiled_steps"] == "off" and plain.info["compiled_steps"] == "on"
+    for prompt in ("Once upon a time", "def add(a, b):", "Hello world! How are you"):
+        expected = [t for ev in reference.generate(prompt, GenerateOptions(max_tokens=40)) for t in ev.tokens]
+        assert [t for ev in plain.generate(prompt, GenerateOptions(max_tokens=40)) for t in ev.tokens] == expected
+        for k in range(1, 7):
+            options = GenerateOptions(max_tokens=40, draft_length=k, adaptive=False)
+            events = list(drafting.generate(prompt, options))
+            assert [t for ev in events for t in ev.tokens] == expected, f"k={k}"
+            assert events[-1].stats.exact is True
+    assert plain.steps.graphs and drafting.steps.graphs and drafting.steps.off is None
