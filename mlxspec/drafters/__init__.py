@@ -29,9 +29,11 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
     return kind, int(arg) if arg else None
 
 
-def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, lookup_memory: int | None = None) -> Drafter:
+def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, lookup_memory: int | None = None,
+                 compiled: bool = False) -> Drafter:
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `lookup_memory`:
-    output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS)."""
+    output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
+    draft model's steps run through compiled graphs (step_graph.py)."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
@@ -49,7 +51,7 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, loo
     if kind == "eagle":
         return EagleDrafter(target, arg)
     if kind == "draft-model":
-        return ModelDrafter(draft, min_confidence)
+        return ModelDrafter(draft, min_confidence, compiled)
     return NoDrafter()
 
 

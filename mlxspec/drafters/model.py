@@ -12,14 +12,16 @@ import mlx.nn as nn
 from ..cache import PrefixCache, rewind
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
+from ..step_graph import StepGraphs
 from .base import Draft, Drafter
 
 
 class ModelDrafter(Drafter):
     name = "draft-model"
 
-    def __init__(self, model: nn.Module, min_confidence: float = 0.0):
+    def __init__(self, model: nn.Module, min_confidence: float = 0.0, compiled: bool = False):
         self.model = model
+        self.steps = StepGraphs(model, enabled=compiled)  # its draft steps: compiled graphs (on GPUs), or eager
         self.kv = PrefixCache(model)  # kept across requests: a shared prompt prefix is not recomputed
         # Stop a proposal after a token whose draft probability is below this (0 = never). Each
         # check reads one number back while the next draft step computes: a sync per draft step,
@@ -44,7 +46,7 @@ class ModelDrafter(Drafter):
         keys = None if sampling.greedy else mx.random.split(key, k)
         tokens, probs, confidence = [], [], []
         for i in range(k):
-            logits = self.model(x, cache=self.kv.cache)[0, -1]  # (V_draft,)
+            logits = self.steps(x, self.kv.cache)[0, -1]  # (V_draft,)
             q = probabilities(logits, sampling) if not sampling.greedy else None
             t = mx.argmax(logits, axis=-1) if q is None else sample(q, keys[i])
             mx.async_eval(t)  # start computing; no read-back
