@@ -318,7 +318,9 @@ def family_checks(size: str, context: int, repeats: int) -> dict:
 
 
 def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> dict:
-    """Greedy plain vs lookup through the engine, and mlx-lm's stream_generate over the same weights."""
+    """Greedy plain vs lookup through the engine (decoding passes through compiled step graphs, as GPUs
+    run them by default; plain also with eagerly built steps, MLXSPEC_COMPILE=0), and mlx-lm's
+    stream_generate over the same weights."""
     from mlx_lm import stream_generate
 
     from mlxspec.engine import Engine
@@ -336,8 +338,9 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
     opts = GenerateOptions(max_tokens=16 if quick else max_tokens, temperature=0)
     out = {"model": ref}
     answers = {}
-    for drafter in ("none", "lookup"):
-        stamp(f"engine: loading {ref} (drafter {drafter})")
+    for name, drafter, compiled in (("none", "none", "1"), ("none_eager", "none", "0"), ("lookup", "lookup", "1")):
+        stamp(f"engine: loading {ref} (drafter {drafter}, MLXSPEC_COMPILE={compiled})")
+        os.environ["MLXSPEC_COMPILE"] = compiled  # read by Engine.load
         engine = Engine.load(ref, drafter=drafter)
         stamp("engine: loaded")
         n, seconds, last = 0, 0.0, None
@@ -351,12 +354,14 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
             seconds += time.perf_counter() - t
             n += len(tokens)
             answers.setdefault(prompt, tokens)
-            out.setdefault(f"{drafter}_same_as_plain", True)
-            out[f"{drafter}_same_as_plain"] &= answers[prompt] == tokens
+            out.setdefault(f"{name}_same_as_plain", True)
+            out[f"{name}_same_as_plain"] &= answers[prompt] == tokens
         kernels = engine.kernels.get("target", {})
-        out[drafter] = {"tokens": n, "tokens_per_s": round(n / seconds, 1), "exact": last.stats.exact,
-                        "kernels_backend": kernels.get("backend"), "kernels_timed": kernels.get("timed")}
-        print(f"engine {drafter}: {out[drafter]}, same as plain: {out[f'{drafter}_same_as_plain']}", flush=True)
+        out[name] = {"tokens": n, "tokens_per_s": round(n / seconds, 1), "exact": last.stats.exact,
+                     "kernels_backend": kernels.get("backend"), "kernels_timed": kernels.get("timed"),
+                     "compiled_steps": engine.info["compiled_steps"], "graphs": len(engine.steps.graphs)}
+        print(f"engine {name}: {out[name]}, same as plain: {out[f'{name}_same_as_plain']}", flush=True)
+    os.environ.pop("MLXSPEC_COMPILE", None)
     plain = load(ref)  # MLX's ops, mlx-lm's loop
     n = tps = 0
     for prompt in prompts:

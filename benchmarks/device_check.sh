@@ -6,9 +6,11 @@
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
-#    GGUF models of each kind and a MoE one: joined projections, the grouped gather)
+#    GGUF models of each kind and a MoE one: joined projections, the grouped gather); compiled decoding
+#    steps (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length)
+#    == eager steps bit for bit
 # 3. bench_gpu.py one section a step, the "done when" first: the engine on SmolLM2 (exact flag,
-#    tok/s vs mlx-lm), 8B-shape forwards at M = 1..16, the ops table, then the families
+#    tok/s vs mlx-lm; plain with compiled and with eagerly built steps), 8B-shape forwards at M = 1..16, the ops table, then the families
 #    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
@@ -41,6 +43,7 @@ nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
 step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py \
   tests/test_loading.py -k "speculative_equals_plain or mixture or gguf_file_through"  # + MoE, GGUF kinds
+step compiled-steps 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_step_graph.py
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 for section in engine:150 forward:180; do

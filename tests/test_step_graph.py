@@ -27,6 +27,7 @@ from mlxspec.settings import DecodeSettings
 from mlxspec.step_graph import StepGraphs
 
 PREFIX = 250  # six positions short of the caches' first 256-position capacity
+ON_CPU = mx.default_device() == mx.cpu  # on a GPU (device_check.sh) the GPU kernels are the ones installed
 
 
 @pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels", "gguf-cpu-kernels"])
@@ -35,12 +36,12 @@ def model(request, tiny_llama, tmp_path_factory):
         from gguf_fixtures import write_tiny_llama_gguf
 
         m = load(str(write_tiny_llama_gguf(tmp_path_factory.mktemp("gguf") / "m.gguf", "Q4_0"))).model
-        assert type(make_prompt_cache(m)[0]) is HalfKVCache
+        assert type(make_prompt_cache(m)[0]) is HalfKVCache or not ON_CPU  # a GPU's engine decides later
     else:
         m = load(str(tiny_llama), "q4g32").model
     if request.param.endswith("cpu-kernels"):
         report = install_kernels(m, fuse=False)  # the per-op kernels: what a GPU runs, here on the CPU
-        assert report["attention"]["routed"] and report["pointwise"]["swapped"]["rope"]
+        assert report["attention"]["routed"] and (report["pointwise"]["swapped"]["rope"] or not ON_CPU)
     return m
 
 
