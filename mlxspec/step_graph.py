@@ -8,8 +8,8 @@ buffers whose capacity grows 256 positions at a time -- with the position as an 
 writes its rows there (`slice_update`), RoPE takes it as an array offset, and attention reads the
 whole buffer with the number of keys that count (mlxspec's attention kernels take it as `length=`
 and compute exactly what a call over those keys computes; MLX's op gets a mask instead).
-One graph per (rows, capacity): plain decoding traces once per 256 positions, a verify pass once per
-new row count. Every row of every decoding pass goes through the same kind of graph, so speculation
+One graph per (rows, capacity): the buffers double as they fill (by at most 4096 positions at once),
+so a generation traces each row count a handful of times (~20 ms a trace on the CPU). Every row of every decoding pass goes through the same kind of graph, so speculation
 stays exact wherever the kernels are row-invariant.
 
     steps = StepGraphs(model)                  # enabled=False: model(x, cache=cache) itself
@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
 MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
+MAX_GROWTH = 4096  # positions a cache's buffers grow by at most at once (they double up to that)
 
 
 class KVView:
@@ -125,13 +126,14 @@ def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):
 
 
 def _make_room(c: KVCache, rows: int) -> None:
-    """Grow the buffers for `rows` more positions exactly as KVCache.update_and_fetch would (the
-    same capacities, so the same graphs whichever path grew them)."""
+    """Grow the buffers for `rows` more positions as KVCache.update_and_fetch would, but by the
+    capacity so far (at least 256 positions, at most MAX_GROWTH): each capacity is one more graph per
+    row count to trace (~20 ms each on the CPU), so a long generation should see few of them."""
     prev = c.offset
     if prev + rows <= c.keys.shape[2]:
         return
     if prev % c.step:
         c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
-    grow = (c.step + rows - 1) // c.step * c.step
+    grow = max((c.step + rows - 1) // c.step * c.step, min(c.keys.shape[2], MAX_GROWTH) // c.step * c.step)
     c.keys, c.values = (mx.concatenate([a, mx.zeros((*a.shape[:2], grow, a.shape[3]), a.dtype)], axis=2)
                         for a in (c.keys, c.values))

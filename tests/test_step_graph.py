@@ -69,10 +69,22 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
         want, got = model(x, cache=eager), steps(x, compiled)
         assert got.shape == want.shape and mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
     for e, c in zip(eager, compiled):
-        assert (c.offset, c.keys.shape) == (e.offset, e.keys.shape)  # the same capacity (grown past 256)
-        assert all(mx.array_equal(a, b).item() for a, b in zip(c.state, e.state))
-    assert compiled[0].keys.shape[2] > 256 and steps.off is None
+        assert c.offset == e.offset and all(mx.array_equal(a, b).item() for a, b in zip(c.state, e.state))
+    assert compiled[0].keys.shape[2] > 256  # grown past the first capacity
+    assert steps.off is None
     assert {g[0] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
+
+
+def test_buffers_double_as_they_fill(model):
+    cache = prefilled(model)
+    steps = StepGraphs(model)
+    seen = []
+    for _ in range(3):
+        while cache[0].offset < cache[0].keys.shape[2]:  # fill it (eagerly: quicker), then one compiled step
+            model(ids(min(64, cache[0].keys.shape[2] - cache[0].offset)), cache=cache)
+        mx.eval(steps(ids(1), cache))
+        seen.append(cache[0].keys.shape[2])
+    assert seen == [512, 1024, 2048]  # three capacities for 2,048 positions: three graphs, not eight
 
 
 def test_rows_of_a_compiled_pass_equal_compiled_one_row_steps(model):
