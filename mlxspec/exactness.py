@@ -26,11 +26,14 @@ PREFIX = 24  # tokens of context before the checked rows (so attention reads a r
 
 class RowInvariance:
     """`forward(x, cache)`: how decoding passes run the model (the engine's step_graph.StepGraphs);
-    default the model itself."""
+    default the model itself. Where it is given, M-row passes built eagerly (as tree rounds build
+    theirs) must equal its one-row steps too."""
 
     def __init__(self, model: nn.Module, seed: int = 0, forward=None):
         self.model, self.vocab_size, self.seed = model, vocabulary_size(model), seed
-        self.forward = forward or (lambda x, cache: model(x, cache=cache))
+        eager = lambda x, cache: model(x, cache=cache)  # noqa: E731
+        self.forward = forward or eager
+        self.passes = {"": self.forward} | ({" (built eagerly, as tree rounds build it)": eager} if forward else {})
         self.results: dict[int, str | None] = {}  # M -> None (identical) or how it differed
 
     def holds(self, rows: int) -> bool:
@@ -57,11 +60,15 @@ class RowInvariance:
         restore(saved)
         out = {}
         for m in counts:
-            rows = self.forward(mx.array(tokens[PREFIX : PREFIX + m])[None], cache)[0]  # (m, V)
-            mx.eval(rows)
-            rewind(cache, m)
-            restore(saved)
-            out[m] = _compare(rows, steps[:m])
+            out[m] = None
+            for label, forward in self.passes.items():
+                rows = forward(mx.array(tokens[PREFIX : PREFIX + m])[None], cache)[0]  # (m, V)
+                mx.eval(rows)
+                rewind(cache, m)
+                restore(saved)
+                if why := _compare(rows, steps[:m]):
+                    out[m] = why + label
+                    break
         return out
 
 

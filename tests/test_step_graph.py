@@ -92,6 +92,36 @@ def test_rows_of_a_compiled_pass_equal_compiled_one_row_steps(model):
     assert check.holds(9) and check.failures() == {}
 
 
+def test_eagerly_built_passes_must_equal_compiled_steps_too(tiny_llama):
+    """Tree rounds build their passes eagerly: the exactness check holds them to the compiled one-row
+    steps too, and says which kind of pass differs."""
+    model = load(str(tiny_llama)).model
+    mlp = model.model.layers[0].mlp
+    check = RowInvariance(model, forward=StepGraphs(model))
+    mlp.down_proj = Traced(mlp.down_proj)  # traced graphs (compiled steps) compute other bits
+    assert not check.holds(3) and "built eagerly" in check.failures()[2]
+
+
+class Traced(nn.Module):
+    """Other bits inside a trace than outside (as a compiled graph that fused ops differently would)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def __call__(self, x):
+        y = self.inner(x)
+        return y * (1 + 1e-3) if _tracing(y) else y
+
+
+def _tracing(a: mx.array) -> bool:
+    try:
+        mx.eval(a)
+        return False
+    except Exception:  # MLX refuses to evaluate inside a trace
+        return True
+
+
 def test_hidden_states_are_target_forwards(model):
     eager, compiled = prefilled(model), prefilled(model)
     x = ids(3, seed=7)
