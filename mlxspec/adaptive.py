@@ -203,9 +203,10 @@ class DraftController:
     def _rate(self, width: int, k: int) -> float:
         return self.expected(width, k) / self._table(width).round_cost(k)
 
-    def record(self, drafted: int, accepted: int, seconds: float, width: int = 1) -> None:
-        """A round finished: `drafted` proposed (a tree: its depth), `accepted` kept, in `seconds`."""
-        if self.costs is not None:
+    def record(self, drafted: int, accepted: int, seconds: float | None, width: int = 1) -> None:
+        """A round finished: `drafted` proposed (a tree: its depth), `accepted` kept, in `seconds`
+        (None: not a timing to learn from, e.g. the round built a new compiled step graph)."""
+        if self.costs is not None and seconds is not None:
             (self._table(width) if drafted else self.costs).add(drafted, seconds)
         if drafted == 0:
             self.plain_left = max(0, self.plain_left - 1)

@@ -85,6 +85,8 @@ class Decoder:
         seed = options.seed if options.seed is not None else int.from_bytes(os.urandom(4), "little")
         self.constraint = constraint  # structured output: masks in the rounds, advanced here by what they emit
         verifier = Verifier(target, drafter, options, settings, stats, mx.random.key(seed), constraint, steps)
+        # compiled step graphs (the target's, a draft model's): a round that traces a new one is not timed
+        self.graphs = [s.graphs for s in (verifier.steps, getattr(drafter, "steps", None)) if isinstance(s, StepGraphs)]
         self.plain = PlainRound(verifier, settings)
         # the strategies of rounds that draft (k > 0), by width: the chain, and a tree where it applies
         self.speculative = {1: speculative(verifier)} | ({width: tree_round(width)(verifier)} if tree else {})
@@ -123,14 +125,15 @@ class Decoder:
                 k = self._plan(self.emitter.left) if k is None else k
                 width = self.width if k else 1
                 strategy = self.plain if k == 0 else self.speculative[width]
-                round_start = time.perf_counter()
+                round_start, traced = time.perf_counter(), sum(map(len, self.graphs))
                 self.in_flight = True  # the cache is not trusted until the round completes
                 out = strategy.run(cache, context, k, self._plan_after)
                 if self.constraint is not None:
                     self.constraint.commit(out.tokens)
                 context.extend(out.tokens)  # the cache holds all of context but the newest (+ a queued step)
                 self.in_flight = False
-                self._learn(out, time.perf_counter() - round_start, width)
+                seconds = time.perf_counter() - round_start
+                self._learn(out, None if sum(map(len, self.graphs)) != traced else seconds, width)
                 if self.controller is not None and self.controller.waiting and self.drafter.has_guess(context):
                     self.controller.hint()  # takes effect at the round after the one already queued
                 k = out.planned
@@ -160,7 +163,7 @@ class Decoder:
         budget = self.emitter.left - produced
         return self._plan(budget) if budget > 0 else None
 
-    def _learn(self, out: Outcome, seconds: float, width: int) -> None:
+    def _learn(self, out: Outcome, seconds: float | None, width: int) -> None:
         if self.controller is not None:
             self.controller.record(out.drafted, out.accepted, seconds, width)
             self.stats.draft_length, self.stats.backoffs = self.controller.k, self.controller.backoffs

@@ -64,6 +64,20 @@ def test_keeps_speculating_when_it_pays():
     assert always_plain <= 4000 * 1.05
 
 
+def test_rounds_without_a_timing_teach_acceptance_only():
+    """A round that built a new compiled step graph (~20 ms of tracing) is recorded without its time:
+    the costs stay those of the timed rounds, the acceptance still counts it."""
+    ctl = DraftController(4, CostModel())
+    ctl.record(0, 0, 0.010)
+    ctl.record(3, 3, 0.020)
+    before = (ctl.costs.plain, dict(ctl.costs.rounds), dict(ctl.costs.timed))
+    seen = list(ctl.seen[1])
+    ctl.record(0, 0, None)
+    ctl.record(3, 1, None)
+    assert (ctl.costs.plain, ctl.costs.rounds, ctl.costs.timed) == before
+    assert ctl.seen[1] != seen  # the kept and lost drafts did count
+
+
 def test_expected_tokens_formula():
     assert expected_tokens(0.0, 4) == 1.0
     assert expected_tokens(1.0, 4) == 5.0

@@ -7,7 +7,7 @@ import mlx.core as mx
 import pytest
 from test_decode_greedy import run
 
-from mlxspec import loading, rounds
+from mlxspec import loading, step_graph
 from mlxspec.adaptive import CostModel
 from mlxspec.cache import new_cache
 from mlxspec.drafters import ModelDrafter
@@ -86,7 +86,7 @@ def test_hidden_states_are_computed_only_for_a_drafter_that_wants_them(tiny_llam
     def refuse(*a, **k):
         raise AssertionError("target_forward called for a drafter that does not want hidden states")
 
-    monkeypatch.setattr(rounds, "target_forward", refuse)
+    monkeypatch.setattr(step_graph, "target_forward", refuse)  # where decoding passes call it
     spec = Engine.load(str(tiny_llama), draft=str(tiny_llama), draft_quantize="q4g32")
     tokens, _, last = run(spec, "Once upon a time", max_tokens=12, draft_length=3, adaptive=False)
     assert len(tokens) == 12 and last.stats.drafted > 0
