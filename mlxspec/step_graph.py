@@ -43,17 +43,16 @@ class KVView:
     """One layer's KVCache as a compiled step sees it: mlx-lm's cache interface (offset,
     update_and_fetch, make_mask) over the cache's buffers, with the position as an array."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array):
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
         self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
-        self.key_length: mx.array | None = None  # keys that count once this step's rows are in
+        self.at, self.key_length = at, key_length  # (1,) offset; () keys that count once the step's rows are in
+        # (the same arrays in every layer: one graph node each per step, not one per layer)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write the rows at the position (in the buffers' dtype, as the cache stores them); return
         the whole buffers: attention reads `key_length` of them."""
-        at = self.offset.reshape(1)
-        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), at, axes=(2,))
-        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), at, axes=(2,))
-        self.key_length = self.offset + keys.shape[2]
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), self.at, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), self.at, axes=(2,))
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
@@ -113,7 +112,8 @@ class StepGraphs:
 
     def _step(self, hidden: bool, x: mx.array, offset: mx.array, *buffers: mx.array) -> list[mx.array]:
         """The pass as a pure function of arrays: (ids, position, buffers) -> (logits[, hidden], buffers)."""
-        views = [KVView(buffers[i], buffers[i + 1], offset) for i in range(0, len(buffers), 2)]
+        at, key_length = offset.reshape(1), offset + x.shape[1]
+        views = [KVView(buffers[i], buffers[i + 1], offset, at, key_length) for i in range(0, len(buffers), 2)]
         heads = list(target_forward(self.model, x, views)) if hidden else [self.model(x, cache=views)]
         return heads + [a for v in views for a in (v.keys, v.values)]
 

@@ -62,15 +62,15 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         by_rows = window == 0 or keys <= window  # every row starts at key 0: its warps may mix rows too
-        fixed = [scale, float(causal), float(window), float(by_rows)]
+        params = mx.array([scale, float(causal), float(window), float(by_rows)], f32)
         if length is None:
-            params = mx.array(fixed + [float(keys)], f32)
-        else:  # a compiled step's cache length: a value of its graph (exact in float32 below 2^24 keys)
-            params = mx.concatenate([mx.array(fixed, f32), length.reshape(1).astype(f32)])
+            length = mx.array([keys], mx.int32)
+        elif length.dtype != mx.int32:  # a compiled step's cache length, a value of its graph: read in place
+            length = length.astype(mx.int32)
         slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dims_per_lane(q.shape[3], dv))
-        pmax, psum, pacc = partial(inputs=[q, k, v, params], template=targs,
+        pmax, psum, pacc = partial(inputs=[q, k, v, params, length], template=targs,
                                    grid=(32, partial_warps(h, hkv, m, heads, by_rows), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])

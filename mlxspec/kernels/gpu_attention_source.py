@@ -24,9 +24,10 @@ keys the row sees, so row m of an M-row call computes exactly what a 1-row call 
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
 Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
 (partial: slots a warp, dims a lane; neither changes the bits), SINKS (0 or 1). The mask is a runtime
-value (params = [scale, causal, window, by_rows, L]) so every mask runs the very same code. L, the keys
-that count, is a runtime value too: a compiled step passes its whole cache buffer (NCH from its capacity)
-and the length from its graph; chunks past L are empty, so the bits are those of a call over k[:, :, :L].
+value (params = [scale, causal, window, by_rows]) so every mask runs the very same code. L, the keys
+that count, is a runtime value too (`length`, one int32): a compiled step passes its whole cache buffer
+(NCH from its capacity) and the length from its graph; chunks past L are empty, so the bits are those of
+a call over k[:, :, :L].
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from .gpu_codegen import cuda_function, cuda_program, metal_function
 
 PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
-PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params"], ["pmax", "psum", "pacc"]
+PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params", "length"], ["pmax", "psum", "pacc"]  # length: int32
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
@@ -46,7 +47,7 @@ THREADGROUP = (32, 1, 1)
 
 PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
-  const int HKV = k_shape[1], L = int(params[4]), DV = v_shape[3];  // keys [0, L) of k count (L <= k_shape[2])
+  const int HKV = k_shape[1], L = length[0], DV = v_shape[3];  // keys [0, L) of k count (L <= k_shape[2])
   const float sc = params[0];
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;
@@ -258,7 +259,7 @@ def _kernels(dtype, kv_dtype=None) -> dict:
     f32, kv_dtype = mx.float32, kv_dtype or dtype
     return {
         "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
-                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32}),
+                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32}),
         "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
     }
 
@@ -267,7 +268,7 @@ def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dty
             heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "params": 4, "pmax": 99, "psum": 99, "pacc": 99,  # params: constant space
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 4, "length": 1, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
                                ("combine", "combine", combine_template(dtype, sinks))):

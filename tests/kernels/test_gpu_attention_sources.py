@@ -44,7 +44,8 @@ using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
 int H, HKV, D, DV;
-float params[5];  // scale, causal, window, by_rows, keys that count
+float params[4];  // scale, causal, window, by_rows
+int length[1];  // keys that count
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
 // keys [0, S): S = L, or (buffered, as a compiled step passes its cache) the whole capacity, L a runtime value
@@ -55,7 +56,7 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   params[2] = float(window);
   const bool by_rows = window == 0 || S <= window;  // as gpu_attention.py: every row starts at key 0
   params[3] = by_rows ? 1.0f : 0.0f;
-  params[4] = float(L);
+  length[0] = L;
   const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + HEADS_ - 1) / HEADS_);
   const int NCH = ((window > 0 && window < S ? window : S) + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
@@ -105,15 +106,15 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] =
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH, HEADS_, DPL_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(), pacc.data(),
-                      at);"""
+  {p}<T, CH, HEADS_, DPL_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, pmax.data(), psum.data(),
+                      pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}};
   Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
-  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, pmax.data(), psum.data(),
+  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, pmax.data(), psum.data(),
                      pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
