@@ -17,6 +17,7 @@ import os
 from .bench import blas as blas_mod
 from .bench import blas_preload
 from .bench.hardware import available_memory_bytes, machine_facts, mlx_facts
+from .settings import DecodeSettings
 from .versions import version_problems
 
 GB = 1e9
@@ -82,7 +83,9 @@ def gemm_comparison(report: dict) -> dict:
     return {"this_process": here, "alternative": {**(other or {"gflops": None}), "label": label}}
 
 
-def doctor(measure: bool = True, kernels: bool = True) -> dict:
+def doctor(measure: bool = True, kernels: bool = True, settings: DecodeSettings | None = None) -> dict:
+    """`settings`: the engine settings to report (default: read from the environment, as an Engine would)."""
+    settings = settings or DecodeSettings.from_env()
     versions = mlx_facts()
     machine = machine_facts()
     blas = blas_mod.blas_report()
@@ -94,6 +97,7 @@ def doctor(measure: bool = True, kernels: bool = True) -> dict:
         "memory": {"total_bytes": machine["memory_bytes"], "available_bytes": available_memory_bytes(),
                    "gpu_bytes": versions.get("gpu_memory_bytes")},
         "kernels": kernel_status(load=kernels),
+        "compiled_steps": settings.compile_steps(),
         "blas": blas,
         "blas_preload": dataclasses.asdict(blas_preload.plan()),
     }
@@ -127,6 +131,9 @@ def render(report: dict) -> str:
         f"memory:    {_gb(mem['total_bytes'])} total, {_gb(mem['available_bytes'])} available"
         + (f", GPU working set {_gb(mem['gpu_bytes'])}" if mem.get("gpu_bytes") else ""),
         f"kernels:   {_render_kernels(report['kernels'])}",
+        "steps:     " + ("decoding passes replay compiled step graphs (MLXSPEC_COMPILE=0: built each step)"
+                         if report["compiled_steps"] else
+                         "decoding passes are built each step (MLXSPEC_COMPILE=1: compiled step graphs)"),
         f"BLAS:      {b['kind']} ({b['library']})" + (" - the slow reference BLAS" if b["reference"] else ""),
     ]
     if b.get("preloaded_by_mlxspec"):

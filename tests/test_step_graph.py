@@ -237,3 +237,15 @@ def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypa
             assert events[-1].stats.exact is True
     assert plain.steps.graphs and drafting.steps.graphs and drafting.steps.off is None
     assert drafting.drafter.steps.graphs and not reference.steps.graphs  # the draft model's steps compiled too
+
+
+def test_seeded_sampling_draws_the_same_tokens_compiled_or_not(tiny_llama, monkeypatch):
+    """The same logits and the same random keys: a seeded speculative sampling run is the same run."""
+    target, runs = str(tiny_llama), []
+    for compiled in ("0", "1"):
+        monkeypatch.setenv("MLXSPEC_COMPILE", compiled)
+        engine = Engine.load(target, draft=target, draft_quantize="q4g32", kernels="ops")
+        options = GenerateOptions(max_tokens=40, temperature=0.9, seed=7, draft_length=3)
+        runs.append([t for ev in engine.generate("Once upon a time", options) for t in ev.tokens])
+        assert bool(engine.steps.graphs) == (compiled == "1")
+    assert runs[0] == runs[1] and len(runs[0]) == 40

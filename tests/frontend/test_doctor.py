@@ -34,8 +34,18 @@ def test_detects_the_blas_library_name(report):
 
 def test_render_shows_every_section(report):
     text = doctor_mod.render(report)
-    for label in ("backend:", "versions:", "memory:", "kernels:", "BLAS:"):
+    for label in ("backend:", "versions:", "memory:", "kernels:", "steps:", "BLAS:"):
         assert label in text
+
+
+def test_says_whether_decoding_passes_are_compiled():
+    from mlxspec.settings import DecodeSettings
+
+    for on in (True, False):
+        report = doctor_mod.doctor(measure=False, kernels=False, settings=DecodeSettings(compiled_steps=on))
+        assert report["compiled_steps"] is on
+        line = next(x for x in doctor_mod.render(report).splitlines() if x.startswith("steps:"))
+        assert ("replay compiled step graphs" in line) is on
 
 
 def test_gemm_is_measured_here_and_with_the_alternative(monkeypatch):
