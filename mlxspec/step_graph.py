@@ -16,6 +16,10 @@ stays exact wherever the kernels are row-invariant.
     logits = steps(x, cache)                   # (1, M) ids -> (1, M, V), as model(x, cache=cache)
     logits, hidden = steps(x, cache, hidden=True)   # as features.target_forward
 
+Each row count's first pass is also built eagerly (kernels check and time themselves on first use,
+which a trace cannot) and the compiled pass is checked against it once: the same bits, or close
+(another fusion of elementwise ops; every decoding pass runs compiled, so speculation stays exact),
+or compiled steps go off for the model (`status()` says how each row count matched).
 Caches other than mlx-lm's KVCache (and mlxspec's HalfKVCache) -- sliding windows, recurrent
 states, quantized caches -- and models that cannot trace this way run eagerly, as before.
 """
@@ -36,6 +40,7 @@ log = logging.getLogger(__name__)
 
 COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
 MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
+CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
 MAX_GROWTH = 4096  # positions a cache's buffers grow by at most at once (they double up to that)
 
 
@@ -77,7 +82,7 @@ class StepGraphs:
         if enabled and kinds:
             self.off = f"off: its caches are not all KV caches ({', '.join(sorted(kinds))})"
         self._compiled = {hidden: mx.compile(partial(self._step, hidden)) for hidden in (False, True)}
-        self._primed: set[tuple[int, bool]] = set()  # (rows, hidden) whose kernels ran their first calls eagerly
+        self.checks: dict[tuple[int, bool], str] = {}  # (rows, hidden) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
 
     def __call__(self, x: mx.array, cache: list, hidden: bool = False):
@@ -88,23 +93,43 @@ class StepGraphs:
             _make_room(c, rows)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
         buffers = [a for c in cache for a in (c.keys, c.values)]
+        heads = 2 if hidden else 1
         try:
-            if (rows, hidden) not in self._primed:
-                # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a
-                # trace cannot: build this pass once eagerly (never evaluated) so they do it here.
-                self._step(hidden, x, offset, *buffers)
-                self._primed.add((rows, hidden))
+            # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a trace
+            # cannot: a row count's first pass is built eagerly too, and its compiled graph checked against it.
+            eager = None if (rows, hidden) in self.checks else self._step(hidden, x, offset, *buffers)
             out = self._compiled[hidden](x, offset, *buffers)
+            if eager is not None:
+                out = self._check(rows, hidden, eager, out)
         except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
-            self.off = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", self.off)
+            self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return _eager(self.model, x, cache, hidden)
         self.graphs.add((rows, hidden, cache[0].keys.shape[2], str(x.dtype)))
-        heads = 2 if hidden else 1
         for i, c in enumerate(cache):
             c.keys, c.values = out[heads + 2 * i], out[heads + 2 * i + 1]
             c.offset += rows
         return tuple(out[:2]) if hidden else out[0]
+
+    def _check(self, rows: int, hidden: bool, eager: list, compiled: list) -> list:
+        """The self-check of a row count's first compiled pass: its logits against the eager pass's (one
+        evaluation of each, once). The same bits, or within CLOSE of the largest logit (another fusion of
+        elementwise ops, say: decoding passes all run compiled, so speculation stays exact), or compiled
+        steps go off for this model. Returns the outputs to use."""
+        mx.eval(eager[0], compiled[0])
+        want, got = eager[0].astype(mx.float32), compiled[0].astype(mx.float32)
+        if mx.array_equal(want, got).item():
+            self.checks[(rows, hidden)] = "same bits"
+            return compiled
+        diff, scale = mx.abs(want - got).max().item(), mx.abs(want).max().item()
+        self.checks[(rows, hidden)] = f"max |diff| {diff:.3g} of logits up to {scale:.3g}"
+        if not diff <= CLOSE * scale:  # NaN fails too
+            self._turn_off(f"compiled {rows}-row passes disagree with eager ones ({self.checks[(rows, hidden)]})")
+            return eager
+        return compiled
+
+    def _turn_off(self, why: str) -> None:
+        self.off = why
+        log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", why)
 
     def _applies(self, x: mx.array, cache: list) -> bool:
         return (self.off is None and x.ndim == 2 and x.shape[0] == 1 and 0 < x.shape[1] <= MAX_ROWS and bool(cache)
@@ -118,7 +143,8 @@ class StepGraphs:
         return heads + [a for v in views for a in (v.keys, v.values)]
 
     def status(self) -> dict:
-        return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs)}
+        checks = {f"{rows} rows" + (" +hidden" if hidden else ""): how for (rows, hidden), how in sorted(self.checks.items())}
+        return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks}
 
 
 def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):

@@ -103,15 +103,38 @@ def test_eagerly_built_passes_must_equal_compiled_steps_too(tiny_llama):
 
 
 class Traced(nn.Module):
-    """Other bits inside a trace than outside (as a compiled graph that fused ops differently would)."""
+    """Other bits inside a trace than outside (as a compiled graph that fused ops differently would);
+    factor 2: a wrong compiled graph."""
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, factor: float = 1 + 1e-3):
         super().__init__()
-        self.inner = inner
+        self.inner, self.factor = inner, factor
 
     def __call__(self, x):
         y = self.inner(x)
-        return y * (1 + 1e-3) if _tracing(y) else y
+        return y * self.factor if _tracing(y) else y
+
+
+def test_each_row_count_first_compiled_pass_is_checked_against_the_eager_one(tiny_llama, caplog):
+    model = load(str(tiny_llama)).model
+    cache, eager = prefilled(model), prefilled(model)
+    steps = StepGraphs(model)
+    for rows in (1, 3, 1):
+        x = ids(rows, seed=rows)
+        assert mx.array_equal(steps(x, cache), model(x, cache=eager)).item()
+    assert steps.status()["checks"] == {"1 rows": "same bits", "3 rows": "same bits"}
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = Traced(mlp.down_proj)  # a little off inside traces: kept (every pass runs compiled)
+    drifting = StepGraphs(model)
+    drifting(ids(2), prefilled(model))
+    assert drifting.off is None and drifting.status()["checks"]["2 rows"].startswith("max |diff|")
+    mlp.down_proj = Traced(mlp.down_proj.inner, factor=2.0)  # a wrong compiled graph: off, eager results
+    wrong = StepGraphs(model)
+    cache, eager = prefilled(model), prefilled(model)
+    x = ids(2, seed=5)
+    assert mx.array_equal(wrong(x, cache), model(x, cache=eager)).item()
+    assert wrong.off and "disagree with eager" in wrong.off and "compiled decoding steps off" in caplog.text
+    assert all(mx.array_equal(a, b).item() for c, e in zip(cache, eager) for a, b in zip(c.state, e.state))
 
 
 def _tracing(a: mx.array) -> bool:
