@@ -70,6 +70,7 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
         assert got.shape == want.shape and mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
     for e, c in zip(eager, compiled):
         assert c.offset == e.offset and all(mx.array_equal(a, b).item() for a, b in zip(c.state, e.state))
+        assert (c.keys.dtype, c.values.dtype) == (e.keys.dtype, e.values.dtype)  # float16 where HalfKVCache stores it
     assert compiled[0].keys.shape[2] > 256  # grown past the first capacity
     assert steps.off is None
     assert {g[0] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
