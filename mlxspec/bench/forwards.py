@@ -17,7 +17,10 @@ def interleaved_forwards(model, cache, variants: dict[str, Callable[[], object]]
                          vocab: int = 500, build: dict | None = None) -> dict:
     """{variant: {M: [seconds of one M-row forward]}}: every variant (name -> install it) in every repeat,
     after a warm-up round; the cache is rewound after each forward, so all run at the same context.
-    build (a dict): filled the same way with the seconds spent building each forward's graph (Python)."""
+    An install may return the forward to time, `forward(x, cache)` (a step_graph.StepGraphs: each shape
+    is run once untimed first, so its trace is not timed), else model(x, cache=cache) is timed.
+    build (a dict): filled the same way with the seconds spent building each forward's graph (Python;
+    for compiled steps, replaying it)."""
     from ..cache import rewind
 
     times = {v: {m: [] for m in rows} for v in variants}
@@ -25,12 +28,17 @@ def interleaved_forwards(model, cache, variants: dict[str, Callable[[], object]]
         build.update({v: {m: [] for m in rows} for v in variants})
     for rep in range(repeats + 1):  # the first round warms up
         for name, use in variants.items():
-            use()
+            forward = use()
+            compiled = callable(forward)
+            forward = forward if compiled else (lambda x, c: model(x, cache=c))
             for m in rows:
                 x = mx.random.randint(0, vocab, (1, m))
                 mx.eval(x)
+                if compiled:  # its first pass of a shape traces (and checks) the graph: not what a step costs
+                    mx.eval(forward(x, cache))
+                    rewind(cache, m)
                 t = time.perf_counter()
-                out = model(x, cache=cache)
+                out = forward(x, cache)
                 built = time.perf_counter() - t
                 mx.eval(out)
                 if rep:
