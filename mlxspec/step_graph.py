@@ -3,14 +3,15 @@
 Building a decoding step's graph in Python costs about as much as a GPU takes to run it for a small
 model (SmolLM2-135M: ~2.7 ms of Python in a ~7 ms step on an H100, ~900 graph nodes). `mx.compile`
 records the graph once per input shape and replays it from C++. Its inputs must be arrays of fixed
-shapes, so a compiled step sees each layer's KV cache as what mlx-lm's KVCache already holds --
-buffers whose capacity grows 256 positions at a time -- with the position as an array: each layer
-writes its rows there (`slice_update`), RoPE takes it as an array offset, and attention reads the
-whole buffer with the number of keys that count (mlxspec's attention kernels take it as `length=`
-and compute exactly what a call over those keys computes; MLX's op gets a mask instead).
-One graph per (rows, capacity): the buffers double as they fill (by at most 4096 positions at once),
-so a generation traces each row count a handful of times (~20 ms a trace on the CPU). Every row of every decoding pass goes through the same kind of graph, so speculation
-stays exact wherever the kernels are row-invariant.
+shapes, so a compiled step sees each layer's KV cache as the buffers mlx-lm's KVCache holds, with the
+position as an array: each layer writes its rows there (`slice_update`), RoPE takes it as an array
+offset, and attention reads the whole buffer with the number of keys that count (mlxspec's attention
+kernels take it as `length=` and compute exactly what a call over those keys computes; MLX's op gets
+a mask instead). Every decoding pass goes through such a graph, so speculation stays exact wherever
+the kernels are row-invariant.
+
+One graph per (rows, capacity). The buffers double as they fill (by at most MAX_GROWTH positions at
+once), so a generation traces each row count a handful of times (~20 ms a trace on the CPU).
 
     steps = StepGraphs(model)                  # enabled=False: model(x, cache=cache) itself
     logits = steps(x, cache)                   # (1, M) ids -> (1, M, V), as model(x, cache=cache)
@@ -78,8 +79,8 @@ class StepGraphs:
     def __init__(self, model: nn.Module, enabled: bool = True):
         self.model = model
         self.off: str | None = None if enabled else "off"
-        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in COMPILABLE}
-        if enabled and kinds:
+        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in COMPILABLE} if enabled else ()
+        if kinds:
             self.off = f"off: its caches are not all KV caches ({', '.join(sorted(kinds))})"
         self._compiled = {hidden: mx.compile(partial(self._step, hidden)) for hidden in (False, True)}
         self.checks: dict[tuple[int, bool], str] = {}  # (rows, hidden) -> how its compiled pass matched the eager one
@@ -143,7 +144,8 @@ class StepGraphs:
         return heads + [a for v in views for a in (v.keys, v.values)]
 
     def status(self) -> dict:
-        checks = {f"{rows} rows" + (" +hidden" if hidden else ""): how for (rows, hidden), how in sorted(self.checks.items())}
+        checks = {f"{rows} rows" + (" +hidden" if hidden else ""): how
+                  for (rows, hidden), how in sorted(self.checks.items())}
         return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks}
 
 

@@ -12,8 +12,8 @@ Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
 kernel reads as its sliding window, or a compiled step's cache buffers with the length that counts
-(step_graph.py), which kernels with `lengths` take; sinks (gpt-oss) where the kernel takes them, as the CPU and GPU
-ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
+(step_graph.py), which kernels with `lengths` take; sinks (gpt-oss) where the kernel takes them, as
+the CPU and GPU ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
 mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
 """
 

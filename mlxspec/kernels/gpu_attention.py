@@ -9,8 +9,8 @@ not (the mask is a runtime value: one compiled kernel), whether its warp serves 
 several; with a window, to a 1-row call over the last W
 of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
 float16 cache (each value is read as float32 either way). `length=` (an array): only keys [0, length)
-count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). q, k and v are read in place through their
-strides (ensure_row_contiguous=False): a KV cache view costs no copy.
+count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). q, k and
+v are read in place through their strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
 from __future__ import annotations
