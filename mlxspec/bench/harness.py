@@ -166,6 +166,7 @@ def run_bench(spec: BenchSpec, progress: Progress = lambda _: None, bandwidth=No
         "versions": mlx_facts(),
         "blas": _blas_summary(),
         "kernels": loaded.kernels,
+        "compiled_steps": loaded.runners.settings.compile_steps(),  # decoding passes replayed (step_graph.py)
         "spec": asdict(spec),
         "target": _model_facts(loaded.runners.target, target_bytes),
         "draft": _model_facts(loaded.runners.draft, loaded.bytes.get("draft-model")) if spec.draft else None,

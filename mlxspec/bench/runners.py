@@ -24,6 +24,7 @@ from ..drafters import make_drafter
 from ..engine import Engine
 from ..loading import LoadedModel
 from ..options import GenerateOptions
+from ..settings import DecodeSettings
 from ..stats import Stats
 from . import memory
 from .configs import ENGINE, MLX_LM, MLX_LM_SPECULATIVE, Config
@@ -75,8 +76,10 @@ class Runners:
         draft: LoadedModel | None = None,
         peer_target: LoadedModel | None = None,
         peer_draft: LoadedModel | None = None,
+        settings: DecodeSettings | None = None,
     ):
         self.target, self.draft = target, draft
+        self.settings = settings or DecodeSettings.from_env()  # as Engine.load reads them: once, for every engine
         self.peer_model = (peer_target or target).model  # mlx-lm's copy: unmodified when mlxspec swaps kernels
         self.peer_draft = (peer_draft or draft).model if draft is not None else None
         self.engines: dict[str, Engine] = {}
@@ -89,8 +92,9 @@ class Runners:
 
     def _build(self, drafter: str) -> Engine:
         draft = self.draft if drafter.startswith("draft-model") else None
-        built = make_drafter(drafter, self.target.model, draft.model if draft else None)
-        return Engine(self.target, built, draft)
+        built = make_drafter(drafter, self.target.model, draft.model if draft else None,
+                             compiled=self.settings.compile_steps())
+        return Engine(self.target, built, draft, settings=self.settings)
 
     def run(self, config: Config, ids: list[int], max_tokens: int, cold: bool = True) -> Run:
         memory.reset_peak()

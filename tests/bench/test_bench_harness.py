@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
+
 import pytest
 
 from mlxspec.bench import harness
@@ -86,6 +88,7 @@ def test_table_and_json(result, tmp_path):
     data = json.loads(written[0].read_text())
     assert data["schema"] == harness.SCHEMA and data["configs"] == result["configs"]
     assert {"machine", "versions", "date", "bandwidth", "roofline", "definitions"} <= set(data)
+    assert data["compiled_steps"] is (mx.default_device().type == mx.DeviceType.gpu)  # the default: on GPUs
     assert "| plain |" in written[1].read_text()
 
 
