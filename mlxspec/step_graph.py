@@ -74,57 +74,72 @@ class KVView:
 
 class StepGraphs:
     """Decoding passes (up to MAX_ROWS rows) of one model through compiled graphs, on the model's own
-    KV caches; anything else through the model eagerly. `off` says why compiled steps are not used."""
+    KV caches; anything else through the model eagerly. `off` says why compiled steps are not used.
+    A subclass may trace other passes over a KV cache (`_pass`, `replay`): EAGLE's draft steps do."""
 
-    def __init__(self, model: nn.Module, enabled: bool = True):
+    def __init__(self, model: nn.Module | None, enabled: bool = True):
         self.model = model
         self.off: str | None = None if enabled else "off"
-        kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) not in COMPILABLE} if enabled else ()
+        caches = make_prompt_cache(model) if enabled and model is not None else []
+        kinds = {type(c).__name__ for c in caches if type(c) not in COMPILABLE}
         if kinds:
             self.off = f"off: its caches are not all KV caches ({', '.join(sorted(kinds))})"
-        self._compiled = {hidden: mx.compile(partial(self._step, hidden)) for hidden in (False, True)}
-        self.checks: dict[tuple[int, bool], str] = {}  # (rows, hidden) -> how its compiled pass matched the eager one
+        self._compiled: dict[str, object] = {}  # pass name -> its mx.compile'd function (made on first use)
+        self.checks: dict[tuple[str, int], str] = {}  # (pass, rows) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
 
     def __call__(self, x: mx.array, cache: list, hidden: bool = False):
-        if not self._applies(x, cache):
+        """(1, M) ids -> logits (1, M, V) [, hidden (1, M, H)], as model(x, cache=cache) / target_forward."""
+        out = self.replay("hidden" if hidden else "logits", (x,), cache) if x.ndim == 2 and x.shape[0] == 1 else None
+        if out is None:
             return _eager(self.model, x, cache, hidden)
-        rows = x.shape[1]
+        return tuple(out) if hidden else out[0]
+
+    def replay(self, name: str, inputs: tuple, cache: list) -> list | None:
+        """Pass `name` (`_pass`) over inputs (inputs[0]: (1, rows) ids or (rows,) ones) through its
+        compiled graph, writing its rows into the cache; its outputs, or None where compiled steps do
+        not apply (then nothing was written)."""
+        rows = inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
+        if not self._applies(rows, cache):
+            return None
         for c in cache:
             _make_room(c, rows)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
         buffers = [a for c in cache for a in (c.keys, c.values)]
-        heads = 2 if hidden else 1
+        if name not in self._compiled:
+            self._compiled[name] = mx.compile(partial(self._traced, name, len(inputs)))
         try:
             # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a trace
             # cannot: a row count's first pass is built eagerly too, and its compiled graph checked against it.
-            eager = None if (rows, hidden) in self.checks else self._step(hidden, x, offset, *buffers)
-            out = self._compiled[hidden](x, offset, *buffers)
-            if eager is not None:
-                out = self._check(rows, hidden, eager, out)
+            first = (name, rows) not in self.checks
+            eager = self._traced(name, len(inputs), offset, *inputs, *buffers) if first else None
+            out = self._compiled[name](offset, *inputs, *buffers)
+            if first:
+                out = self._check(name, rows, eager, out)
         except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
             self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
-            return _eager(self.model, x, cache, hidden)
-        self.graphs.add((rows, hidden, cache[0].keys.shape[2], str(x.dtype)))
+            return None
+        self.graphs.add((name, rows, cache[0].keys.shape[2], *(str(a.dtype) for a in inputs)))
+        heads = len(out) - len(buffers)
         for i, c in enumerate(cache):
             c.keys, c.values = out[heads + 2 * i], out[heads + 2 * i + 1]
             c.offset += rows
-        return tuple(out[:2]) if hidden else out[0]
+        return out[:heads]
 
-    def _check(self, rows: int, hidden: bool, eager: list, compiled: list) -> list:
-        """The self-check of a row count's first compiled pass: its logits against the eager pass's (one
-        evaluation of each, once). The same bits, or within CLOSE of the largest logit (another fusion of
-        elementwise ops, say: decoding passes all run compiled, so speculation stays exact), or compiled
+    def _check(self, name: str, rows: int, eager: list, compiled: list) -> list:
+        """The self-check of a row count's first compiled pass: its first output against the eager pass's
+        (one evaluation of each, once). The same bits, or within CLOSE of its largest value (another fusion
+        of elementwise ops, say: these passes all run compiled, so speculation stays exact), or compiled
         steps go off for this model. Returns the outputs to use."""
         mx.eval(eager[0], compiled[0])
         want, got = eager[0].astype(mx.float32), compiled[0].astype(mx.float32)
         if mx.array_equal(want, got).item():
-            self.checks[(rows, hidden)] = "same bits"
+            self.checks[(name, rows)] = "same bits"
             return compiled
         diff, scale = mx.abs(want - got).max().item(), mx.abs(want).max().item()
-        self.checks[(rows, hidden)] = f"max |diff| {diff:.3g} of logits up to {scale:.3g}"
+        self.checks[(name, rows)] = f"max |diff| {diff:.3g} of values up to {scale:.3g}"
         if not diff <= CLOSE * scale:  # NaN fails too
-            self._turn_off(f"compiled {rows}-row passes disagree with eager ones ({self.checks[(rows, hidden)]})")
+            self._turn_off(f"compiled {rows}-row {name} passes disagree with eager ones ({self.checks[(name, rows)]})")
             return eager
         return compiled
 
@@ -132,20 +147,26 @@ class StepGraphs:
         self.off = why
         log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", why)
 
-    def _applies(self, x: mx.array, cache: list) -> bool:
-        return (self.off is None and x.ndim == 2 and x.shape[0] == 1 and 0 < x.shape[1] <= MAX_ROWS and bool(cache)
+    def _applies(self, rows: int, cache: list) -> bool:
+        return (self.off is None and 0 < rows <= MAX_ROWS and bool(cache)
                 and all(type(c) in COMPILABLE and c.keys is not None for c in cache))
 
-    def _step(self, hidden: bool, x: mx.array, offset: mx.array, *buffers: mx.array) -> list[mx.array]:
-        """The pass as a pure function of arrays: (ids, position, buffers) -> (logits[, hidden], buffers)."""
-        at, key_length = offset.reshape(1), offset + x.shape[1]
+    def _traced(self, name: str, n: int, offset: mx.array, *arrays: mx.array) -> list[mx.array]:
+        """A pass as a pure function of arrays: (position, n inputs, buffers) -> (outputs, buffers)."""
+        inputs, buffers = arrays[:n], arrays[n:]
+        rows = inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
+        at, key_length = offset.reshape(1), offset + rows
         views = [KVView(buffers[i], buffers[i + 1], offset, at, key_length) for i in range(0, len(buffers), 2)]
-        heads = list(target_forward(self.model, x, views)) if hidden else [self.model(x, cache=views)]
-        return heads + [a for v in views for a in (v.keys, v.values)]
+        return self._pass(name, inputs, views) + [a for v in views for a in (v.keys, v.values)]
+
+    def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
+        """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden)."""
+        (x,) = inputs
+        return list(target_forward(self.model, x, views)) if name == "hidden" else [self.model(x, cache=views)]
 
     def status(self) -> dict:
-        checks = {f"{rows} rows" + (" +hidden" if hidden else ""): how
-                  for (rows, hidden), how in sorted(self.checks.items())}
+        checks = {f"{rows} rows" + ("" if name == "logits" else f" ({name})"): how
+                  for (name, rows), how in sorted(self.checks.items())}
         return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks}
 
 

@@ -192,6 +192,26 @@ def test_greedy_output_is_token_identical_to_plain(arch, tiny_llama, tiny_qwen2,
     assert drafted > 0
 
 
+@pytest.mark.parametrize("kernels", ["ops", False])
+def test_compiled_draft_steps_draft_what_eager_ones_draft(tiny_llama, trained, monkeypatch, kernels):
+    """EAGLE's draft steps through compiled graphs (step_graph.py, as GPUs run them): the same drafts,
+    hence the same tokens and acceptance, as steps built eagerly; greedy and sampled."""
+    runs = []
+    for compiled in ("0", "1"):
+        monkeypatch.setenv("MLXSPEC_COMPILE", compiled)
+        spec = Engine.load(str(tiny_llama), drafter=f"eagle:{trained[0]}", kernels=kernels)
+        drafts, propose = [], spec.drafter.propose
+        monkeypatch.setattr(spec.drafter, "propose", lambda *a, **k: drafts.append(propose(*a, **k)) or drafts[-1])
+        out = []
+        for temperature in (0.0, 0.8):
+            opts = GenerateOptions(max_tokens=40, temperature=temperature, seed=3, draft_length=4, adaptive=False)
+            events = list(spec.generate(spec.encode("Tell a story about a fox."), opts))
+            out.append(([t for e in events for t in e.tokens], events[-1].stats.accepted_per_position))
+        runs.append((out, [d.tokens.tolist() for d in drafts]))
+        assert bool(spec.drafter.steps.graphs) == (compiled == "1") and spec.drafter.steps.off in (None, "off")
+    assert runs[0] == runs[1] and sum(runs[0][0][0][1]) > 0  # drafts were kept
+
+
 def test_a_chat_turn_reuses_the_prefix_and_stays_exact(plain, tiny_llama, trained):
     spec = Engine.load(str(tiny_llama), drafter=f"eagle:{trained[0]}")
     history = [{"role": "user", "content": HELD_OUT[1]}]

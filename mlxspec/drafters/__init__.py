@@ -33,7 +33,7 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, loo
                  compiled: bool = False) -> Drafter:
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `lookup_memory`:
     output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
-    draft model's steps run through compiled graphs (step_graph.py)."""
+    draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py)."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
@@ -49,7 +49,7 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, loo
     if kind == "medusa":
         return MedusaDrafter(target, arg)
     if kind == "eagle":
-        return EagleDrafter(target, arg)
+        return EagleDrafter(target, arg, compiled=compiled)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence, compiled)
     return NoDrafter()

@@ -7,6 +7,8 @@ proposal feeds them (one short prefill of the head), which also yields f_T, the 
 draft is read from. Draft steps then feed (d_i, f) with the head's own predicted feature; their
 cache entries are taken out again after verification, since the target's real features replace
 them. Nothing here reads back to the host: the drafts stay lazy until the verify pass is read.
+Where decoding passes are compiled (step_graph.py: on GPUs by default), each draft step -- feed one
+token and feature, read the draft logits -- replays a compiled graph (DraftSteps) instead of building one.
 
 Greedy: each draft is the argmax over the draft vocabulary. Sampling: each draft is drawn from q_i,
 the sampling law over the draft vocabulary (zero elsewhere), which is exactly what rejection
@@ -24,6 +26,7 @@ from ..errors import MlxspecError
 from ..heads.eagle import DraftHead, read
 from ..heads.files import check_target, drafter_path
 from ..sampling import Sampling, probabilities, sample
+from ..step_graph import StepGraphs
 from .base import Draft, Drafter
 
 
@@ -31,7 +34,7 @@ class EagleDrafter(Drafter):
     wants_hidden = True
     trees = True
 
-    def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8):
+    def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8, compiled: bool = False):
         path = drafter_path(name_or_path)
         if not path.is_file():
             raise MlxspecError(f"no eagle drafter at {path}: train one with `mlxspec train-drafter MODEL --kind eagle`")
@@ -51,6 +54,7 @@ class EagleDrafter(Drafter):
         self.pending: list[mx.array] = []  # target features (m, D) not yet fed to the head
         self.next = 1  # the token paired with pending[0][0]: pending rows pair with context[next:]
         self.drafted = 0  # cache entries written from predicted features, past the real ones
+        self.steps = DraftSteps(self, compiled)  # its draft steps: compiled graphs (on GPUs), or eager
 
     def kernel_modules(self) -> list[nn.Module]:
         return [self.head, self.draft_head]
@@ -74,8 +78,8 @@ class EagleDrafter(Drafter):
         tree = width > 1 and sampling.greedy
         keys = mx.random.split(key, k) if not sampling.greedy else [None] * k
         tokens, probs = [], []
+        logits = self.draft_head(f)  # (V',)
         for i in range(k):
-            logits = self.draft_head(f)  # (V',)
             if tree:  # the favourite continues the chain; the runners-up are leaves beside it
                 ranked = mx.argsort(-logits)[:width]
                 index = ranked[0]
@@ -89,7 +93,7 @@ class EagleDrafter(Drafter):
                 probs.append(mx.zeros((self.vocab_size,), q.dtype).at[self.vocab].add(q))
                 tokens.append(self.vocab[index][None])
             if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
-                f = self._feed(None, f[None], token=self.vocab[index])[-1]
+                f, logits = self._draft_step(self.vocab[index], f)
                 self.drafted += 1
         if tree:
             return Draft.favourites_tree(mx.stack(tokens))  # (k, w): favourite first at every depth
@@ -104,6 +108,14 @@ class EagleDrafter(Drafter):
     def finish(self) -> None:
         self.cache, self.pending, self.drafted = [], [], 0
 
+    def _draft_step(self, token: mx.array, f: mx.array) -> tuple[mx.array, mx.array]:
+        """(draft token id, its position's feature (D,)) -> (the next feature (D,), its draft logits (V',))."""
+        out = self.steps.replay("feed", (token.reshape(1), f[None]), self.cache)
+        if out is None:  # compiled steps off (or not applicable): built here
+            f = self._feed(None, f[None], token=token)[-1]
+            return f, self.draft_head(f)
+        return out[0][0], out[1][0]
+
     def _feed(self, tokens: list[int] | None, features: mx.array, token: mx.array | None = None) -> mx.array:
         """(m, D) features of positions t-1 with the tokens at t -> (m, D) predicted features at t."""
         ids = mx.array(tokens, dtype=mx.uint32) if token is None else token.reshape(1)
@@ -113,3 +125,18 @@ class EagleDrafter(Drafter):
             h = features[i : i + PREFILL_CHUNK][None]
             out.append(self.head(e, h, self.cache[0], "causal" if e.shape[1] > 1 else None)[0])
         return out[0] if len(out) == 1 else mx.concatenate(out)
+
+
+class DraftSteps(StepGraphs):
+    """EAGLE's draft steps as compiled graphs over the head's KV cache (step_graph.py): 'feed' takes
+    (token (1,), feature (1, D)) to (the next feature (1, D), its draft logits (1, V'))."""
+
+    def __init__(self, drafter: EagleDrafter, enabled: bool):
+        super().__init__(None, enabled)
+        self.drafter = drafter
+
+    def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
+        token, f = inputs
+        d, view = self.drafter, views[0]
+        nxt = d.head(d.embed(token)[None], f[None], view, view.make_mask(1))[0]  # (1, D)
+        return [nxt, d.draft_head(nxt)]
