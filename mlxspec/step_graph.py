@@ -99,7 +99,7 @@ class StepGraphs:
         """Pass `name` (`_pass`) over inputs (inputs[0]: (1, rows) ids or (rows,) ones) through its
         compiled graph, writing its rows into the cache; its outputs, or None where compiled steps do
         not apply (then nothing was written)."""
-        rows = inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
+        rows = _rows(inputs)
         if not self._applies(rows, cache):
             return None
         for c in cache:
@@ -154,8 +154,7 @@ class StepGraphs:
     def _traced(self, name: str, n: int, offset: mx.array, *arrays: mx.array) -> list[mx.array]:
         """A pass as a pure function of arrays: (position, n inputs, buffers) -> (outputs, buffers)."""
         inputs, buffers = arrays[:n], arrays[n:]
-        rows = inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
-        at, key_length = offset.reshape(1), offset + rows
+        at, key_length = offset.reshape(1), offset + _rows(inputs)
         views = [KVView(buffers[i], buffers[i + 1], offset, at, key_length) for i in range(0, len(buffers), 2)]
         return self._pass(name, inputs, views) + [a for v in views for a in (v.keys, v.values)]
 
@@ -168,6 +167,11 @@ class StepGraphs:
         checks = {f"{rows} rows" + ("" if name == "logits" else f" ({name})"): how
                   for (name, rows), how in sorted(self.checks.items())}
         return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks}
+
+
+def _rows(inputs: tuple) -> int:
+    """A pass's rows: inputs[0] is (1, rows) ids or (rows,) ones."""
+    return inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
 
 
 def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):
