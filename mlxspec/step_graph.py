@@ -10,8 +10,9 @@ kernels take it as `length=` and compute exactly what a call over those keys com
 a mask instead). Every decoding pass goes through such a graph, so speculation stays exact wherever
 the kernels are row-invariant.
 
-One graph per (rows, capacity). The buffers double as they fill (by at most MAX_GROWTH positions at
-once), so a generation traces each row count a handful of times (~20 ms a trace on the CPU).
+One graph per (pass, rows, capacity). Capacities come from fixed buckets (powers of two from 256 up
+to MAX_GROWTH, then its multiples), so every request meets the same few and each is traced once per
+row count for the whole process (~20 ms a trace on the CPU).
 
     steps = StepGraphs(model)                  # enabled=False: model(x, cache=cache) itself
     logits = steps(x, cache)                   # (1, M) ids -> (1, M, V), as model(x, cache=cache)
@@ -42,7 +43,7 @@ log = logging.getLogger(__name__)
 COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
 MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
 CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
-MAX_GROWTH = 4096  # positions a cache's buffers grow by at most at once (they double up to that)
+MAX_GROWTH = 4096  # cache capacities double up to this many positions, then grow by it
 
 
 class KVView:
@@ -179,14 +180,20 @@ def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):
 
 
 def _make_room(c: KVCache, rows: int) -> None:
-    """Grow the buffers for `rows` more positions as KVCache.update_and_fetch would, but by the
-    capacity so far (at least 256 positions, at most MAX_GROWTH): each capacity is one more graph per
-    row count to trace (~20 ms each on the CPU), so a long generation should see few of them."""
-    prev = c.offset
-    if prev + rows <= c.keys.shape[2]:
+    """Room for `rows` more positions, in buffers of a bucket's capacity (`capacity`): every request
+    then meets the same few capacities, each traced once per row count for the whole process (~20 ms a
+    trace on the CPU), where KVCache's own growth (256 at a time, from wherever a prefill ended) would
+    give each prompt length its own series. A cache off the buckets (after a prefill) is moved once."""
+    held, need = c.keys.shape[2], c.offset + rows
+    if need <= held and held == capacity(held):
         return
-    if prev % c.step:
-        c.keys, c.values = c.keys[..., :prev, :], c.values[..., :prev, :]
-    grow = max((c.step + rows - 1) // c.step * c.step, min(c.keys.shape[2], MAX_GROWTH) // c.step * c.step)
-    c.keys, c.values = (mx.concatenate([a, mx.zeros((*a.shape[:2], grow, a.shape[3]), a.dtype)], axis=2)
-                        for a in (c.keys, c.values))
+    room = capacity(max(need, held)) - c.offset
+    c.keys, c.values = (mx.concatenate([a[..., : c.offset, :], mx.zeros((*a.shape[:2], room, a.shape[3]), a.dtype)],
+                                       axis=2) for a in (c.keys, c.values))
+
+
+def capacity(positions: int) -> int:
+    """The bucket holding this many positions: powers of two from 256 up to MAX_GROWTH, then its multiples."""
+    if positions <= MAX_GROWTH:
+        return max(256, 1 << (positions - 1).bit_length())
+    return -(-positions // MAX_GROWTH) * MAX_GROWTH

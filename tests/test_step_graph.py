@@ -59,6 +59,11 @@ def ids(n: int, seed: int = 0) -> mx.array:
     return mx.random.randint(0, 300, (1, n), key=mx.random.key(seed))
 
 
+def held(c) -> tuple[mx.array, mx.array]:
+    """The keys and values a cache holds (its buffers' first `offset` positions)."""
+    return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+
+
 def prefilled(model) -> list:
     cache = make_prompt_cache(model)
     model(ids(PREFIX), cache=cache)
@@ -79,7 +84,7 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
         want, got = model(x, cache=eager), steps(x, compiled)
         assert got.shape == want.shape and mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
     for e, c in zip(eager, compiled):
-        assert c.offset == e.offset and all(mx.array_equal(a, b).item() for a, b in zip(c.state, e.state))
+        assert c.offset == e.offset and all(mx.array_equal(a, b).item() for a, b in zip(held(c), held(e)))
         assert (c.keys.dtype, c.values.dtype) == (e.keys.dtype, e.values.dtype)  # float16 where HalfKVCache stores it
     assert compiled[0].keys.shape[2] > 256  # grown past the first capacity
     assert steps.off is None
@@ -96,6 +101,21 @@ def test_buffers_double_as_they_fill(model):
         mx.eval(steps(ids(1), cache))
         seen.append(cache[0].keys.shape[2])
     assert seen == [512, 1024, 2048]  # three capacities for 2,048 positions: three graphs, not eight
+
+
+def test_prompts_of_any_length_meet_the_same_few_capacities(model):
+    """Capacities come from buckets (256, 512, 1024, ...): caches prefilled to other lengths share
+    graphs, and one left off the buckets by a prefill (768 positions) is moved to the next (1024)."""
+    steps, capacities = StepGraphs(model), []
+    for length in (100, 180, 300, 400, 600):
+        cache = make_prompt_cache(model)
+        for start in range(0, length, 512):  # as cache.prefill feeds a prompt: 512 positions a chunk
+            model(ids(min(512, length - start), seed=start), cache=cache)
+        held = cache[0].keys.shape[2]
+        mx.eval(steps(ids(1), cache))
+        capacities.append((held, cache[0].keys.shape[2]))
+    assert capacities == [(256, 256), (256, 256), (512, 512), (512, 512), (768, 1024)]
+    assert sorted(g[2] for g in steps.graphs) == [256, 512, 1024]  # five prompts, three graphs
 
 
 def test_rows_of_a_compiled_pass_equal_compiled_one_row_steps(model):
@@ -145,7 +165,7 @@ def test_each_row_count_first_compiled_pass_is_checked_against_the_eager_one(tin
     x = ids(2, seed=5)
     assert mx.array_equal(wrong(x, cache), model(x, cache=eager)).item()
     assert wrong.off and "disagree with eager" in wrong.off and "compiled decoding steps off" in caplog.text
-    assert all(mx.array_equal(a, b).item() for c, e in zip(cache, eager) for a, b in zip(c.state, e.state))
+    assert all(mx.array_equal(a, b).item() for c, e in zip(cache, eager) for a, b in zip(held(c), held(e)))
 
 
 def _tracing(a: mx.array) -> bool:
