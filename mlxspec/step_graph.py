@@ -52,7 +52,7 @@ class KVView:
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
         self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
-        self.at, self.key_length = at, key_length  # (1,) offset; () keys that count once the step's rows are in
+        self.at, self.key_length = at, key_length  # (1,) offset; (1,) keys that count once the step's rows are in
         # (the same arrays in every layer: one graph node each per step, not one per layer)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
@@ -155,7 +155,8 @@ class StepGraphs:
     def _traced(self, name: str, n: int, offset: mx.array, *arrays: mx.array) -> list[mx.array]:
         """A pass as a pure function of arrays: (position, n inputs, buffers) -> (outputs, buffers)."""
         inputs, buffers = arrays[:n], arrays[n:]
-        at, key_length = offset.reshape(1), offset + _rows(inputs)
+        at = offset.reshape(1)
+        key_length = at + _rows(inputs)  # (1,): MLX's Metal kernels take a 0-d input by reference, not pointer
         views = [KVView(buffers[i], buffers[i + 1], offset, at, key_length) for i in range(0, len(buffers), 2)]
         return self._pass(name, inputs, views) + [a for v in views for a in (v.keys, v.values)]
 

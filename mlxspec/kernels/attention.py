@@ -83,7 +83,7 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
             if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
                 return f"row {i} of a {rows}-row causal call differs from the one-row call"
         if getattr(sdpa, "lengths", False):  # a compiled step's call: the whole buffer, `keys` of them counting
-            whole = sdpa(q, k_buffer, v_buffer, scale, True, length=mx.array(keys))
+            whole = sdpa(q, k_buffer, v_buffer, scale, True, length=mx.array([keys]))
             if not mx.array_equal(whole, y).item():
                 return "a call over a longer buffer with a length differs from the call over those keys"
         if getattr(sdpa, "windows", False) and (err := _check_window(sdpa, q, k, v, scale)):

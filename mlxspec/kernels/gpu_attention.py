@@ -65,8 +65,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         params = mx.array([scale, float(causal), float(window), float(by_rows)], f32)
         if length is None:
             length = mx.array([keys], mx.int32)
-        elif length.dtype != mx.int32:  # a compiled step's cache length, a value of its graph: read in place
-            length = length.astype(mx.int32)
+        else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
+            length = length.reshape(1).astype(mx.int32)  # input would be a reference in MLX's Metal signature)
         slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dims_per_lane(q.shape[3], dv))

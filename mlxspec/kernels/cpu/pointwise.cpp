@@ -157,7 +157,7 @@ static mx::array rope(const mx::array& x, const mx::array& inv_freq, int dims, b
   std::vector<mx::array> inputs = {x, inv_freq};
   if (position) {  // added to offset when the step runs: one graph serves every position
     if (position->size() != 1) throw std::invalid_argument("mlxspec rope: position must be one number");
-    inputs.push_back(mx::astype(mx::reshape(*position, {}, stream), mx::int32, stream));
+    inputs.push_back(mx::astype(*position, mx::int32, stream));  // any shape holding one number
   }
   return mx::array(x.shape(), x.dtype(), std::make_shared<Pointwise>(stream, PwOp::rope, p), std::move(inputs));
 }
