@@ -92,3 +92,29 @@ def test_gather_groups_rows_by_expert_only_when_asked(launches):
     (name1, _, t1, _, grid1), (name2, _, t2, _, grid2) = launches
     assert (name1, t1["ROWS"], grid1[2]) == (gpu.GATHER_NAME, 1, 4)  # one row per z
     assert (name2, t2["ROWS"], grid2[2]) == (gpu.GROUPED_NAME, 2, 3)  # one expert per z
+
+
+def test_attention_wrapper_passes_a_compiled_steps_length_as_a_one_number_int32_array():
+    """MLX's Metal signature takes a 0-d input by reference, which the kernel's `length[0]` cannot
+    read: the keys that count reach both attention launches' inputs as (1,) int32, from a () or (1,)
+    array of the compiled step's graph, and a call without a length sends its buffer's key count."""
+    from mlxspec.kernels import gpu_attention
+
+    seen = []
+
+    def make(name, input_names, **_):
+        def launch(inputs, output_shapes, output_dtypes, **__):
+            seen.append((name, dict(zip(input_names, inputs))))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return launch
+
+    sdpa = gpu_attention._sdpa_function(make, "cuda")
+    q, k = mx.zeros((1, 4, 2, 64)), mx.zeros((1, 2, 512, 64))
+    for length, want in ((mx.array(300, mx.int32), 300), (mx.array([300]), 300), (None, 512)):
+        seen.clear()
+        sdpa(q, k, k, 0.125, True, length=length)
+        for name, inputs in seen:
+            assert all(a.ndim >= 1 for a in inputs.values()), name
+        partial = seen[0][1]
+        assert partial["length"].shape == (1,) and partial["length"].dtype == mx.int32
+        assert partial["length"].item() == want
