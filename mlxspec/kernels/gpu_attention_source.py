@@ -47,7 +47,8 @@ THREADGROUP = (32, 1, 1)
 
 PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
-  const int HKV = k_shape[1], L = length[0], DV = v_shape[3];  // keys [0, L) of k count (L <= k_shape[2])
+  const int HKV = k_shape[1], DV = v_shape[3];
+  const int L = length[0] < k_shape[2] ? length[0] : k_shape[2];  // keys [0, L) of k count (never past k)
   const float sc = params[0];
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;

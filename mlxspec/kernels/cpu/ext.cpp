@@ -317,7 +317,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
       : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window), sinks_(sinks),
         length_(length) {}
 
-  // inputs {q, k, v[, sinks (H,) float32][, length () int32]}: with a length, only keys [0, length) of k
+  // inputs {q, k, v[, sinks (H,) float32][, length: one int32]}: with a length, only keys [0, length) of k
   // and v count (a compiled step's cache buffer): the same arithmetic as a call over k[:, :, :length]
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
