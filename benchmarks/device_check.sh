@@ -6,11 +6,11 @@
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
-#    GGUF models of each kind and a MoE one: joined projections, the grouped gather); compiled decoding
-#    steps (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length)
-#    == eager steps bit for bit
+#    GGUF models of each kind and a MoE one: joined projections, the grouped gather)
 # 3. bench_gpu.py one section a step, the issue's "done when" first: the engine on SmolLM2 (exact flag,
-#    tok/s vs mlx-lm; plain with compiled and with eagerly built steps), 8B-shape forwards at M = 1..16, the ops table, then the families
+#    tok/s vs mlx-lm; plain with compiled and with eagerly built steps); then compiled decoding steps
+#    (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length) ==
+#    eager steps bit for bit (tests/test_step_graph.py); then 8B-shape forwards at M = 1..16, the ops table, then the families
 #    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
@@ -43,19 +43,20 @@ nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
 step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py \
   tests/test_loading.py -k "speculative_equals_plain or mixture or gguf_file_through"  # + MoE, GGUF kinds
-step compiled-steps 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_step_graph.py
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
-for section in engine:150 forward:180; do
-  step "bench-${section%%:*}" "${section##*:}" python3 -u benchmarks/bench_gpu.py --sections "${section%%:*}" \
-    --out "$out/gpu-${section%%:*}.json" "${model[@]}"
-done
+bench() {  # bench SECTION SECONDS: one bench_gpu.py section
+  step "bench-$1" "$2" python3 -u benchmarks/bench_gpu.py --sections "$1" --out "$out/gpu-$1.json" "${model[@]}"
+}
+bench engine 150  # issue 15's GPU clause: plain with compiled and eager steps vs mlx-lm
+step compiled-steps 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_step_graph.py
+bench forward 180
 command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
   --section LaunchStats python3 -u benchmarks/ncu_qmm.py  # one launch of each qmm: duration, DRAM rate, occupancy
-step bench-ops 240 python3 -u benchmarks/bench_gpu.py --sections ops --out "$out/gpu-ops.json"
+bench ops 240
 [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 python3 -m mlxspec bench /var/tmp/stash/smol.gguf \
   --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
-step bench-families 120 python3 -u benchmarks/bench_gpu.py --sections families --out "$out/gpu-families.json"
+bench families 120
 step suite 600 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests --ignore=tests/server
 tar -czf "$out/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
