@@ -133,15 +133,16 @@ class Engine:
             same = draft == target and (draft_quantize or None) == (quantize or None)
             dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
+        settings = DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations,
-                                      timed=kernels != "exact") if kernels else {"disabled": "kernels off"})
+                                      timed=kernels != "exact", compiled=settings.compile_steps())
+                         if kernels else {"disabled": "kernels off"})
         if kv_cache == "f16" and gpu_attention_kept(kernel_report):
             for m in {id(m): m for m in (tgt, dft) if m is not None and loading.is_gguf(m)}.values():
                 store_kv_in_half(m.model)
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        settings = DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
                              compiled=settings.compile_steps())
         if kernels:
@@ -291,18 +292,20 @@ def gpu_attention_kept(report: dict) -> bool:
 
 
 def _use_kernels(target: LoadedModel, draft: LoadedModel | None, fuse: bool = True, activations: str = "f32",
-                 timed: bool = True) -> dict:
+                 timed: bool = True, compiled: bool = False) -> dict:
     """Install mlxspec's kernels in each model where they passed their self-check on this device.
 
     A kernel that cannot build or disagrees with its reference is reported (one warning) and MLX's
     own op stays: the reference defines the result, kernels only make it faster. timed=False keeps
-    the target's kernels on a GPU whatever they cost (kernels="exact").
+    the target's kernels on a GPU whatever they cost (kernels="exact"). compiled: decoding will run
+    compiled step graphs, so the timing does too (the Python of building a step is not part of it).
     """
     from .kernels import install_kernels
     from .kernels.install import install_timed
 
     act = resolve_activations(activations, target)
-    report = {"target": install_timed(target.model, fuse=fuse, activations=act) if timed
+    steps = StepGraphs if compiled else None
+    report = {"target": install_timed(target.model, fuse=fuse, activations=act, steps=steps) if timed
               else install_kernels(target.model, fuse=fuse, activations=act) | {"timed": "not timed: kernels='exact'"}}
     if draft is not None and draft is not target:  # the draft's bits never reach the output
         report["draft"] = install_kernels(draft.model, fuse=fuse, activations=resolve_activations(activations, draft))

@@ -14,6 +14,7 @@ from .. import loading
 from ..ollama_store import OllamaStore
 from ..drafters import check_compatible
 from ..drafters.selfdraft import early_exit_view
+from ..settings import DecodeSettings
 from . import accounting, memory
 from .bandwidth import DEFAULT_MIB, measure_bandwidth
 from .configs import ENGINE, PLAIN, Config, build_configs, parse_drafters
@@ -66,22 +67,23 @@ def load(spec: BenchSpec, progress: Progress) -> tuple[Loaded, object]:
         draft = loading.load(spec.draft, spec.draft_quantize, ollama=ollama)
         check_compatible(target.tokenizer, draft.tokenizer)
     peer_target, peer_draft, kernels = None, None, None
+    settings = DecodeSettings.from_env()  # as Engine.load reads them: once, for the kernels' timing and every engine
     if spec.kernels:  # the peers get their own untouched copies: kernels swap layers in place
         peer_target = loading.load(spec.target, spec.quantize, ollama=ollama) if spec.peers else None
         peer_draft = loading.load(spec.draft, spec.draft_quantize, ollama=ollama) if spec.peers and spec.draft else None
-        kernels = _use_kernels(target, draft, progress)
-    runners = Runners(target, draft, peer_target, peer_draft)
+        kernels = _use_kernels(target, draft, progress, settings.compile_steps())
+    runners = Runners(target, draft, peer_target, peer_draft, settings)
     configs = build_configs(drafters, spec.draft_lengths, peers=spec.peers, adaptive=spec.adaptive)
     prompts = [(p, p.token_ids(target.tokenizer)) for p in prompt_set.prompts]
     return Loaded(runners, configs, prompts, _drafter_bytes(runners, drafters), kernels), prompt_set
 
 
-def _use_kernels(target, draft, progress: Progress) -> dict:
+def _use_kernels(target, draft, progress: Progress, compiled: bool) -> dict:
     """Swap in mlxspec's verify kernels as the engine does; a summary of what was swapped."""
     progress("loading and self-checking the custom kernels")
     from ..engine import _use_kernels as engine_kernels
 
-    full = engine_kernels(target, draft)["target"]
+    full = engine_kernels(target, draft, compiled=compiled)["target"]
     layers, attention = full["layers"], full["attention"]
     return {"backend": full["backend"], "swapped": len(layers["swapped"]), "kept": len(layers["kept"]),
             "kinds": sorted(set(layers["swapped"].values())),

@@ -69,16 +69,18 @@ def installed(model: nn.Module) -> bool:
 
 
 def install_timed(model: nn.Module, device: mx.Device | None = None, fuse: bool = True,
-                  activations: str = "f32") -> dict:
+                  activations: str = "f32", steps=None) -> dict:
     """install_kernels, and on a GPU keep them only if a one-row forward costs at most EXACT_BUDGET
-    times MLX's own (measured here, interleaved). On the CPU the kernels are 5-25x faster than
+    times MLX's own (measured here, interleaved; through `steps(model)`, the forward decoding will
+    run, where given: timing.forward_cost_ratio). On the CPU the kernels are 5-25x faster than
     MLX's ops (benchmarks/results/kernels.txt), so they stay without a timing."""
     from .timing import EXACT_BUDGET, forward_cost_ratio
 
     report = install_kernels(model, device, fuse, activations)
     if report["backend"] == "cpu" or not installed(model):
         return report
-    cost = forward_cost_ratio(model, lambda: install_kernels(model, device, fuse), lambda: remove_kernels(model))
+    cost = forward_cost_ratio(model, lambda: install_kernels(model, device, fuse), lambda: remove_kernels(model),
+                              steps=steps)
     cost["budget"], cost["kept"] = EXACT_BUDGET, cost["ratio"] <= EXACT_BUDGET
     if cost["kept"]:
         install_kernels(model, device, fuse)

@@ -46,6 +46,36 @@ def test_forward_cost_ratio_measures_both_ways(tiny_llama):
     assert calls == ["on", "off"] * 3 and cost["kernels_us"] > 0 and cost["mlx_us"] > 0
 
 
+def test_forward_cost_ratio_times_the_forward_decoding_runs(tiny_llama):
+    """With compiled decoding steps the timing goes through them: a fresh one after every install
+    (the graph captures the installed modules), and every timed step through it."""
+    from mlxspec.loading import load
+    from mlxspec.step_graph import StepGraphs
+
+    model = load(str(tiny_llama), "q4g32").model
+    made = []
+
+    def steps(m):
+        made.append(StepGraphs(m))
+        return made[-1]
+
+    cost = timing.forward_cost_ratio(model, lambda: None, lambda: None, context=8, steps=steps)
+    assert len(made) == 6 and all(s.graphs and s.off is None for s in made) and cost["ratio"] > 0
+
+
+def test_the_engine_times_kernels_through_compiled_steps_when_decoding_uses_them(tiny_llama, monkeypatch):
+    from mlxspec import engine
+    from mlxspec.loading import load
+    from mlxspec.step_graph import StepGraphs
+
+    seen = []
+    monkeypatch.setattr(install, "install_timed", lambda model, **kw: seen.append(kw.get("steps")) or {})
+    target = load(str(tiny_llama), "q4g32")
+    for compiled, want in ((True, StepGraphs), (False, None)):
+        engine._use_kernels(target, None, compiled=compiled)
+        assert seen[-1] is want
+
+
 def test_time_call_batches_calls_into_one_evaluation(monkeypatch):
     """batch=16: every repeat builds 16 independent calls and evaluates them together (one GPU sync,
     not 16), and the time returned is per call."""
