@@ -64,7 +64,8 @@ class Engine:
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         # decoding passes through compiled graphs (kernels are installed by now: the graphs capture them)
         self.steps = StepGraphs(target.model, enabled=self.settings.compile_steps())
-        self.rows = RowInvariance(target.model, forward=self.steps)  # is speculation exact here? per row count
+        # is speculation exact here? per row count, through the passes decoding runs
+        self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None)
         self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)
