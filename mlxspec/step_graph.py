@@ -69,9 +69,6 @@ class KVView:
         queries = self.offset + mx.arange(n)[:, None]
         return mx.arange(self.keys.shape[2])[None] <= queries
 
-    def is_trimmable(self) -> bool:  # some models ask their caches
-        return True
-
 
 class StepGraphs:
     """Decoding passes (up to MAX_ROWS rows) of one model through compiled graphs, on the model's own
