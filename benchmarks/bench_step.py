@@ -6,10 +6,11 @@
     python benchmarks/bench_step.py --kv-cache f32  # a GGUF model's keys and values kept in float32
     python benchmarks/bench_step.py --activations q8,f32 --verify-rows 2,4,8   # int8 vs fp32 activations, verify costs
     python benchmarks/bench_step.py --activations q8 --unpacked   # q8 codes packed (the default) vs MLX's rows
+    python benchmarks/bench_step.py --engine-steps both   # the engine with compiled steps and with eager ones
 
 Each engine decodes the same prompt token ids greedily for --tokens steps after an untimed
 prefill; engines are interleaved within every repeat, so the ratios come from one run on one
-machine state. The "fused", "per-op" and "per-op compiled" (step_graph.py, as GPUs decode) rows step the model one synchronous step at a time (as
+machine state. The "fused", "per-op" and "compiled" (step_graph.py) rows step the model one synchronous step at a time (as
 the llama.cpp row does); the "engine" row is Engine.generate's plain decoding, pipelined as users
 get it. Per mlxspec variant it also reports where a step's time goes: Python graph
 building, MLX evaluation (the kernels plus MLX's dispatch), graph nodes per step, and the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -120,10 +122,13 @@ class EngineRunner:
     next step's graph is built while this one computes), detokenizing and stop checks included.
     tok/s from its statistics (prefill excluded); it stops early at an end-of-sequence token."""
 
-    def __init__(self, reference: str, kv_cache: str, activations: str = "f32"):
+    def __init__(self, reference: str, kv_cache: str, activations: str = "f32", compiled: str = ""):
+        from unittest import mock
+
         from mlxspec.engine import Engine
 
-        self.engine = Engine.load(reference, kv_cache=kv_cache, activations=activations)
+        with mock.patch.dict(os.environ, {"MLXSPEC_COMPILE": compiled}):  # "": the default for the device
+            self.engine = Engine.load(reference, kv_cache=kv_cache, activations=activations)
 
     def run(self, ids: list[int], tokens: int) -> dict:
         from mlxspec.options import GenerateOptions
@@ -173,6 +178,8 @@ def main() -> None:
                     help="mlxspec rows per activation kind: q8 (int8, llama.cpp's arithmetic), f32")
     ap.add_argument("--verify-rows", default="", help="e.g. 2,4,8: time forwards of that many rows (fused rows)")
     ap.add_argument("--unpacked", action="store_true", help="also q8 fused rows over MLX's row layout of the codes")
+    ap.add_argument("--engine-steps", default="", choices=("", "1", "0", "both"),
+                    help="the engine row's MLXSPEC_COMPILE ('': the device's default; both: a row each)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
@@ -189,9 +196,14 @@ def main() -> None:
     runners = {}
     for act in kinds:
         runners[f"mlxspec fused {act}"] = MlxspecRunner(model, True, act, verify_rows)
+        runners[f"mlxspec fused {act} compiled"] = MlxspecRunner(model, True, act, compiled=True)
         if act == "q8" and args.unpacked:
             runners["mlxspec fused q8 unpacked"] = MlxspecRunner(model, True, act, verify_rows, pack=False)
-        runners[f"mlxspec engine {act} (pipelined)"] = EngineRunner(args.model, args.kv_cache, act)
+        if args.engine_steps == "both":  # the engine's steps compiled and built each step, side by side
+            runners[f"mlxspec engine {act} (pipelined, compiled)"] = EngineRunner(args.model, args.kv_cache, act, "1")
+            runners[f"mlxspec engine {act} (pipelined, eager)"] = EngineRunner(args.model, args.kv_cache, act, "0")
+        else:
+            runners[f"mlxspec engine {act} (pipelined)"] = EngineRunner(args.model, args.kv_cache, act, args.engine_steps)
     runners["mlxspec per-op f32"] = MlxspecRunner(model, False)
     runners["mlxspec per-op f32 compiled"] = MlxspecRunner(model, False, compiled=True)
     if not args.no_llama_cpp:

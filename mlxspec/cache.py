@@ -26,6 +26,30 @@ class HalfKVCache(KVCache):
                                         values.astype(self.stored_dtype(values.dtype)))
 
 
+class KVView:
+    """One layer's KVCache as a compiled step sees it: mlx-lm's cache interface (offset,
+    update_and_fetch, make_mask) over the cache's buffers, with the position as an array."""
+
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
+        self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
+        self.at, self.key_length = at, key_length  # (1,) offset; (1,) keys that count once the step's rows are in
+        # (the same arrays in every layer: one graph node each per step, not one per layer)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Write the rows at the position (in the buffers' dtype, as the cache stores them); return
+        the whole buffers: attention reads `key_length` of them."""
+        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), self.at, axes=(2,))
+        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), self.at, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
+        """Causal rows over the buffer: row i sees the keys up to position offset + i (for MLX's attention)."""
+        if window_size:
+            raise NotImplementedError("sliding-window layers are not compiled")
+        queries = self.offset + mx.arange(n)[:, None]
+        return mx.arange(self.keys.shape[2])[None] <= queries
+
+
 def store_kv_in_half(model: nn.Module) -> None:
     """Make this model's caches (every make_prompt_cache(model), mlx-lm's included) HalfKVCaches where
     they would be plain KVCaches, and its WindowKVCaches (`exact_windows` first) half-storing ones;

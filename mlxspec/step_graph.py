@@ -35,7 +35,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .cache import HalfKVCache
+from .cache import HalfKVCache, KVView
 from .features import target_forward
 
 log = logging.getLogger(__name__)
@@ -44,30 +44,6 @@ COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store
 MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
 CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
 MAX_GROWTH = 4096  # cache capacities double up to this many positions, then grow by it
-
-
-class KVView:
-    """One layer's KVCache as a compiled step sees it: mlx-lm's cache interface (offset,
-    update_and_fetch, make_mask) over the cache's buffers, with the position as an array."""
-
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
-        self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
-        self.at, self.key_length = at, key_length  # (1,) offset; (1,) keys that count once the step's rows are in
-        # (the same arrays in every layer: one graph node each per step, not one per layer)
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Write the rows at the position (in the buffers' dtype, as the cache stores them); return
-        the whole buffers: attention reads `key_length` of them."""
-        self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), self.at, axes=(2,))
-        self.values = mx.slice_update(self.values, values.astype(self.values.dtype), self.at, axes=(2,))
-        return self.keys, self.values
-
-    def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        """Causal rows over the buffer: row i sees the keys up to position offset + i (for MLX's attention)."""
-        if window_size:
-            raise NotImplementedError("sliding-window layers are not compiled")
-        queries = self.offset + mx.arange(n)[:, None]
-        return mx.arange(self.keys.shape[2])[None] <= queries
 
 
 class StepGraphs:

@@ -16,10 +16,11 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxspec.cache import HalfKVCache, rewind
+from mlxspec.cache import HalfKVCache, KVView, rewind
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
 from mlxspec.features import target_forward
+from mlxspec.kernels.fused_layer import fused
 from mlxspec.kernels.install import install_kernels
 from mlxspec.loading import load
 from mlxspec.options import GenerateOptions
@@ -38,10 +39,12 @@ def exact_model(tiny_llama) -> nn.Module:
     return model
 
 
-@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels", "gguf-cpu-kernels"])
+@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels", "gguf-cpu-kernels", "cpu-fused", "gguf-cpu-fused"])
 def model(request, tiny_llama, tmp_path_factory):
     if request.param == "mlx-ops" and not ON_CPU:
         pytest.skip(GPU_MLX_OPS)
+    if request.param.endswith("fused") and not ON_CPU:
+        pytest.skip("the fused blocks are CPU kernels")
     if request.param.startswith("gguf"):  # float32 activations over a float16 cache (HalfKVCache)
         from gguf_fixtures import write_tiny_llama_gguf
 
@@ -52,7 +55,16 @@ def model(request, tiny_llama, tmp_path_factory):
     if request.param.endswith("cpu-kernels"):
         report = install_kernels(m, fuse=False)  # the per-op kernels: what a GPU runs, here on the CPU
         assert report["attention"]["routed"] and (report["pointwise"]["swapped"]["rope"] or not ON_CPU)
+    if request.param.endswith("fused"):  # one primitive per block, the position an array inside a trace
+        assert install_kernels(m)["fused"]["fused"] == len(m.model.layers)
     return m
+
+
+def fused_in_traces(model) -> bool:
+    """Did every fused block pass its self-check over a compiled step's cache views (so it, not the
+    module path, ran inside the traces)?"""
+    plans = [getattr(b, "_mlxspec_plan", None) for b in model.model.layers]
+    return all(p is not None and any(key[1] is KVView and ok for key, (ok, _) in p.ok.items()) for p in plans)
 
 
 def ids(n: int, seed: int = 0) -> mx.array:
@@ -88,6 +100,7 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
         assert (c.keys.dtype, c.values.dtype) == (e.keys.dtype, e.values.dtype)  # float16 where HalfKVCache stores it
     assert compiled[0].keys.shape[2] > 256  # grown past the first capacity
     assert steps.off is None
+    assert fused_in_traces(model) == fused(model)
     assert {g[1] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
 
 
@@ -184,10 +197,16 @@ def test_hidden_states_are_target_forwards(model):
     assert all(mx.array_equal(a, b).item() for a, b in zip(got, want))
 
 
-def test_cache_buffers_are_updated_in_place(tiny_llama):
+@pytest.mark.parametrize("blocks", ["mlx-ops", "fused"])
+def test_cache_buffers_are_updated_in_place(tiny_llama, blocks):
     """The old buffers go into the graph alone, so MLX writes the step's rows into them instead of
-    copying the cache every step (a copy would cost as much memory traffic as the cache itself)."""
-    model = load(str(tiny_llama)).model
+    copying the cache every step (a copy would cost as much memory traffic as the cache itself);
+    the fused CPU blocks' writes too (once the block that read the old buffer has run)."""
+    if blocks == "fused" and not ON_CPU:
+        pytest.skip("the fused blocks are CPU kernels")
+    model = load(str(tiny_llama), "q4g32" if blocks == "fused" else None).model
+    if blocks == "fused":
+        install_kernels(model)
     cache = make_prompt_cache(model)
     model(ids(4000), cache=cache)
     mx.eval([c.state for c in cache])
@@ -203,15 +222,17 @@ def test_cache_buffers_are_updated_in_place(tiny_llama):
         try:
             before = mx.get_active_memory()
             mx.reset_peak_memory()
-            mx.eval(steps(x, cache), [c.keys for c in cache])
+            mx.eval(steps(x, cache))  # as decoding evaluates a step: its logits, then (with the next step) its cache
+            mx.eval([c.keys for c in cache])
             return mx.get_peak_memory() - before
         finally:
             mx.set_cache_limit(limit)
 
+    assert fused_in_traces(model) == (blocks == "fused")
     grew = allocated()
     assert grew < held / 4, f"a compiled step allocated {grew} bytes: it copied the cache ({held} bytes)"
     elsewhere = [a for c in cache for a in (c.keys, c.values)]  # the control: buffers someone else still reads
-    assert allocated() >= held, "the measurement cannot see a copy"
+    assert allocated() >= held / 4, "the measurement cannot see a copy"
     del elsewhere
 
 
@@ -293,6 +314,25 @@ def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypa
             assert events[-1].stats.exact is True
     assert plain.steps.graphs and drafting.steps.graphs and drafting.steps.off is None
     assert drafting.drafter.steps.graphs and not reference.steps.graphs  # the draft model's steps compiled too
+
+
+def test_compiled_steps_on_the_cpu_keep_the_fused_blocks(tiny_llama, monkeypatch):
+    """MLXSPEC_COMPILE=1 on the CPU: the fused blocks run inside the compiled steps (not the per-op
+    path, ~25% slower on SmolLM2), with eager decoding's tokens, plain and speculative."""
+    if not ON_CPU:
+        pytest.skip("the fused blocks are CPU kernels")
+    target = str(tiny_llama)
+    monkeypatch.setenv("MLXSPEC_COMPILE", "0")
+    reference = Engine.load(target, quantize="q4g32")
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")
+    engine = Engine.load(target, quantize="q4g32", draft=target, draft_quantize="q4g32")
+    assert fused(engine.target.model) and engine.info["compiled_steps"] == "on"
+    for prompt in ("Once upon a time", "def add(a, b):"):
+        expected = [t for ev in reference.generate(prompt, GenerateOptions(max_tokens=40)) for t in ev.tokens]
+        for k in (0, 3):
+            options = GenerateOptions(max_tokens=40, draft_length=k, adaptive=False)
+            assert [t for ev in engine.generate(prompt, options) for t in ev.tokens] == expected, f"k={k}"
+    assert fused_in_traces(engine.target.model) and engine.steps.graphs
 
 
 def test_seeded_sampling_draws_the_same_tokens_compiled_or_not(tiny_llama, monkeypatch):

@@ -184,7 +184,7 @@ def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, valu
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
     rec = _record()  # once per call: this runs for every attention layer of every step
-    length = getattr(cache, "key_length", None)  # a compiled step's cache (step_graph.KVView): its whole buffers
+    length = getattr(cache, "key_length", None)  # a compiled step's cache (cache.KVView): its whole buffers
     if length is not None:
         if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks):
             extra = {"sinks": sinks} if sinks is not None else {}

@@ -29,7 +29,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from . import registry
-from ..cache import WindowKVCache
+from ..cache import HalfKVCache, KVView, WindowKVCache
 from .hooks import routed
 from .layers import KernelQuantizedLinear
 from .pointwise import KernelOffsetRMSNorm, KernelRMSNorm, KernelRoPE, _ext, geglu_swapped
@@ -240,6 +240,9 @@ def _stored_dtype(cache, keys: mx.Dtype) -> mx.Dtype | None:
     (the C++ side takes a cache in the keys' dtype, or float16 under float32 keys)."""
     if type(cache) is KVCache:
         return keys
+    if isinstance(cache, KVView):  # a compiled step's: its buffers say
+        kv = cache.keys.dtype
+        return kv if kv == keys or (keys == mx.float32 and kv == mx.float16) else None
     stored = getattr(cache, "stored_dtype", None)
     if not isinstance(cache, (KVCache, WindowKVCache)) or stored is None:
         return None
@@ -249,14 +252,15 @@ def _stored_dtype(cache, keys: mx.Dtype) -> mx.Dtype | None:
 
 def _ok_key(x: mx.array, cache) -> tuple:
     """What a block's self-check verdict depends on besides its weights: x's dtype, the kind of cache."""
-    return x.dtype, type(cache), getattr(cache, "half", False)
+    return x.dtype, type(cache), cache.keys.dtype if isinstance(cache, KVView) else getattr(cache, "half", False)
 
 
 def _applies(block, x: mx.array, mask, cache) -> bool:
     window = isinstance(cache, WindowKVCache)  # a sliding layer: the mask is the window the cache made
-    if not (isinstance(cache, KVCache) or window) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
+    view = isinstance(cache, KVView)  # a compiled step: the mask is the view's causal rows over its buffer
+    if not (isinstance(cache, KVCache) or window or view) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
         return False
-    if not (isinstance(mask, mx.array) if window else
+    if not (isinstance(mask, mx.array) if window or view else
             mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
         return False
     if _gemma(block) and x.dtype == mx.float16:  # gemma3 clips its float16 residual adds
@@ -266,14 +270,17 @@ def _applies(block, x: mx.array, mask, cache) -> bool:
         kv = _stored_dtype(cache, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
         if x.dtype not in (mx.float32, mx.float16, mx.bfloat16) or kv is None:
             return False
-        check = lambda: _self_check(block, x.dtype, _like(cache), kv)  # noqa: E731
+        check = lambda: _self_check(block, x.dtype, _like(cache, kv), kv, view)  # noqa: E731
         kind = ("window",) if window else ()
         plan.ok[key] = (_record().check((*plan.signature, str(x.dtype), str(kv), *kind), check) is None, kv)
     return plan.ok[key][0]
 
 
-def _like(cache):
-    """A fresh, empty cache of this one's kind (its window, slack and storage)."""
+def _like(cache, kv: mx.Dtype):
+    """A fresh, empty cache of this one's kind (its window, slack and storage; a view's: the KVCache
+    that stores `kv`, its buffers' dtype)."""
+    if isinstance(cache, KVView):  # (a HalfKVCache stores float16 keys as they come, float32 ones as float16)
+        return HalfKVCache if kv == mx.float16 else KVCache
     if isinstance(cache, WindowKVCache):
         return lambda: WindowKVCache(cache.window, cache.slack, half=cache.half)
     return type(cache)
@@ -301,6 +308,9 @@ def fused_forward(plan: LayerPlan, x: mx.array, cache, parents: tuple[int, ...] 
     `parents`: a tree pass (TreeMask), else the rows are a causal chain. A WindowKVCache makes room
     as its update_and_fetch would, and attention reads the rows that would return, over its window."""
     rows, prev, kv = x.shape[1], cache.offset, plan.ok[_ok_key(x, cache)][1]
+    if isinstance(cache, KVView):  # a compiled step: the position is an array, the buffers have room
+        out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, cache.at, list(parents))
+        return out
     if isinstance(cache, WindowKVCache):
         held, past = cache.reserve(rows, (1, plan.kv_heads), plan.head_dim, plan.head_dim, kv, kv)
         out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, held, list(parents), position=prev,
@@ -312,25 +322,45 @@ def fused_forward(plan: LayerPlan, x: mx.array, cache, parents: tuple[int, ...] 
     return out
 
 
-def _self_check(block, dtype, make_cache, kv: mx.Dtype) -> str | None:
+def _self_check(block, dtype, make_cache, kv: mx.Dtype, view: bool = False) -> str | None:
     """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache
-    (made by `make_cache`, holding `kv`) too."""
+    (made by `make_cache`, holding `kv`) too. `view`: the fused calls go through KVViews over fixed
+    buffers with the position as an array (as a compiled step makes them)."""
     base = getattr(type(block), FUSED_FROM)
     dims = block.input_layernorm.weight.shape[0]
     x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
-    a, b = make_cache(), make_cache()
-    block._mlxspec_plan.ok[_ok_key(x, a)] = (True, kv)
+    a, b = make_cache(), _Views(block._mlxspec_plan, kv) if view else make_cache()
+    block._mlxspec_plan.ok[_ok_key(x, b.at(0, 0) if view else a)] = (True, kv)
     for lo, hi in ((0, 5), (5, 6), (6, 9)):
         rows = x[:, lo:hi]
         mask = a.make_mask(hi - lo) if isinstance(a, WindowKVCache) else "causal" if hi - lo > 1 else None
         want = base.__call__(block, rows, mask, a)
-        got = fused_forward(block._mlxspec_plan, rows, b)
+        got = fused_forward(block._mlxspec_plan, rows, b.at(lo, hi - lo) if view else b)
         if got.dtype != want.dtype or not mx.array_equal(got, want).item():
             return f"{hi - lo}-row output differs from the module path"
-        (ka, va), (kb, vb) = _held(a), _held(b)
+        (ka, va), (kb, vb) = _held(a), b.held(hi) if view else _held(b)
         if kb.dtype != ka.dtype or not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
             return f"KV cache after {hi - lo} rows differs from the module path"
     return None
+
+
+class _Views:
+    """Fixed cache buffers seen through a KVView per call, as a compiled step sees its cache (the self-check's)."""
+
+    def __init__(self, plan: LayerPlan, kv: mx.Dtype, capacity: int = 16):
+        shape = (1, plan.kv_heads, capacity, plan.head_dim)
+        self.keys, self.values, self.view = mx.zeros(shape, kv), mx.zeros(shape, kv), None
+
+    def at(self, position: int, rows: int) -> KVView:
+        """A view for `rows` rows at this position (over the buffers as the last view left them)."""
+        if self.view is not None:
+            self.keys, self.values = self.view.keys, self.view.values
+        offset = mx.array(position, dtype=mx.int32)
+        self.view = KVView(self.keys, self.values, offset, offset.reshape(1), offset.reshape(1) + rows)
+        return self.view
+
+    def held(self, positions: int) -> tuple[mx.array, mx.array]:
+        return self.view.keys[..., :positions, :], self.view.values[..., :positions, :]
 
 
 def _held(cache) -> tuple[mx.array, mx.array]:

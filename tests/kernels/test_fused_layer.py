@@ -297,6 +297,56 @@ def test_cache_grows_and_trims_as_mlx_lm_does(tiny_llama, cpu_ext):
     assert got_cache[0].keys.shape == want_cache[0].keys.shape and got_cache[0].offset == want_cache[0].offset
 
 
+def test_an_array_offset_gives_the_bits_of_an_int_offset(tiny_llama, cpu_ext):
+    """Compiled steps hand the primitive its position as an array, read when the step runs: the same
+    output and cache writes as the number; another position, other bits (the array is read)."""
+    model = loaded(tiny_llama)
+    use_fused_layers(model)
+    block = model.model.layers[0]
+    dims = block.input_layernorm.weight.shape[0]
+
+    def prefilled() -> KVCache:  # each call writes into its own cache's buffers (in place)
+        cache = KVCache()
+        mx.eval(block(mx.random.normal((1, 5, dims), key=mx.random.key(2)), "causal", cache))
+        return cache
+
+    x = mx.random.normal((1, 3, dims), key=mx.random.key(3))
+    layer = block._mlxspec_plan.layer
+    (a, b, c) = (prefilled() for _ in range(3))
+    want = layer(x, a.keys, a.values, 5)
+    got = layer(x, b.keys, b.values, mx.array([5], dtype=mx.int32))
+    mx.eval(want, got)
+    assert all(mx.array_equal(w[..., :8, :], g[..., :8, :]).item() for w, g in zip(want, got))
+    other = layer(x, c.keys, c.values, mx.array(4))
+    assert not mx.array_equal(other[0], want[0]).item()
+    with pytest.raises(ValueError, match="window"):
+        layer(x, c.keys, c.values, mx.array([5]), window=4)
+
+
+def test_a_step_writes_its_rows_into_the_cache_in_place(tiny_llama, cpu_ext):
+    """Evaluated as decoding evaluates it (its logits; the cache's buffers with the next step), a step
+    copies no cache: MLX's update takes the old buffer over once the layer that read it has run."""
+    model = loaded(tiny_llama)
+    use_fused_layers(model)
+    cache = make_prompt_cache(model)
+    model(mx.array([[(5 * i) % 300 + 1 for i in range(4000)]]), cache=cache)
+    mx.eval([c.state for c in cache])
+    mx.eval(model(mx.array([[3]]), cache=cache))
+    held = sum(c.keys.nbytes + c.values.nbytes for c in cache)
+    x = mx.array([[7]])
+    mx.eval(x)
+    limit = mx.set_cache_limit(0)  # every allocation is a new one: the peak shows what the step allocated
+    try:
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
+        mx.eval(model(x, cache=cache))
+        mx.eval([c.keys for c in cache])
+        grew = mx.get_peak_memory() - before
+    finally:
+        mx.set_cache_limit(limit)
+    assert grew < held / 4, f"a step allocated {grew} bytes: it copied the cache ({held} bytes)"
+
+
 def test_what_the_primitive_does_not_handle_keeps_the_modules(tiny_llama, cpu_ext):
     model = loaded(tiny_llama)
     use_fused_layers(model)
@@ -317,7 +367,7 @@ def test_a_failed_self_check_keeps_the_modules(tiny_llama, cpu_ext, monkeypatch,
     model = loaded(tiny_llama)
     want, _ = decode(model, [5, 6, 7], 3)
     use_fused_layers(model)
-    monkeypatch.setattr(fl, "_self_check", lambda block, dtype, cache_class, kv: "disagrees (simulated)")
+    monkeypatch.setattr(fl, "_self_check", lambda block, dtype, cache_class, kv, view: "disagrees (simulated)")
     got, _ = decode(model, [5, 6, 7], 3)
     assert all(mx.array_equal(w, g).item() for w, g in zip(want, got))
     assert "disagrees (simulated)" in caplog.text

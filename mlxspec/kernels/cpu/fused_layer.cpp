@@ -23,7 +23,9 @@
 // sdpa_kernel.h, pointwise_kernel.h), rounded to the same dtypes at the same points as the module
 // path with mlxspec's kernels, so the output is bit-identical to that path (fused_layer.py checks it
 // per signature on first use) and every row is independent of the number of rows.
+#include <algorithm>
 #include <stdexcept>
+#include <variant>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -70,6 +72,7 @@ struct LayerParams {
   int position = 0;      // rope position of row 0 (the cache's row count `offset` unless a window cache compacted)
   int key_start = 0;     // first cache row attention reads
   int window = 0;        // rows see at most this many keys, their last ones (0: all)
+  bool dynamic = false;  // the offset is the last input (an int32 array, read when the step runs: a compiled step's)
   // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
   // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
   bool tree = false;
@@ -335,7 +338,14 @@ class FusedDecoderLayer : public mx::Primitive {
     for (auto& a : inputs) in.push_back(mx::array::unsafe_weak_copy(a));
     enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(outputs[0]),
                   k = mx::array::unsafe_weak_copy(outputs[1]), v = mx::array::unsafe_weak_copy(outputs[2]), p = p_,
-                  t = t_]() mutable { layer(in, out, k, v, p, t); });
+                  t = t_]() mutable {
+      if (p.dynamic) {  // clamped to the room in the buffer (never read out of bounds; no throw in a task)
+        const int room = int(in[kKeys_].shape(2)) - int(in[kX].shape(1));
+        p.offset = p.position = std::max(0, std::min(room, int(in.back().data<int32_t>()[0])));
+        in.pop_back();
+      }
+      layer(in, out, k, v, p, t);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) override {
@@ -495,8 +505,13 @@ class FusedLayer {
   // keys' = keys with this step's rows written at [offset, offset + L) (a SliceUpdate, as mlx-lm's).
   // parents (optional, L entries): row m's parent row (-1 for row 0, else < m): a tree pass.
   // position (rope; -1: offset), key_start (first cache row attention reads), window (0: none): a window cache's.
-  std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values, int offset,
-                                    const std::vector<int>& parents, int position, int key_start, int window) {
+  // offset: an int, or an int32 array holding one (read when the step runs: a compiled step's position;
+  // then no window, key_start or position, and the buffers must have room for the rows from it).
+  std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values,
+                                    const std::variant<int, mx::array>& at, const std::vector<int>& parents,
+                                    int position, int key_start, int window) {
+    const bool dynamic = std::holds_alternative<mx::array>(at);
+    const int offset = dynamic ? 0 : std::get<int>(at);
     std::vector<mx::array> in;
     in.reserve(fixed_.size() + 3);
     in.push_back(x);
@@ -512,13 +527,25 @@ class FusedLayer {
     p.position = position < 0 ? offset : position, p.key_start = key_start, p.window = window;
     if (!parents.empty() && (window || key_start)) throw std::invalid_argument("mlxspec fused layer: no tree over a window");
     if (!parents.empty()) set_tree(p, parents, x.shape(1));
+    if (dynamic && (position >= 0 || key_start || window))
+      throw std::invalid_argument("mlxspec fused layer: an array offset takes no window, key_start or position");
     check_shapes(in, p);
     LayerTypes t = layer_types(in, p);
     const int L = x.shape(1), D = x.shape(2), KV = p.kv_heads, Dh = p.head_dim;
     if (keys.shape(2) < offset + L) throw std::invalid_argument("mlxspec fused layer: no room in the cache");
     auto stream = mx::default_stream(mx::Device::cpu);
+    if (dynamic) {
+      const auto& a = std::get<mx::array>(at);
+      if (a.size() != 1) throw std::invalid_argument("mlxspec fused layer: an array offset holds one number");
+      p.dynamic = true;
+      in.push_back(mx::reshape(mx::astype(a, mx::int32, stream), {1}, stream));
+    }
     auto outs = mx::array::make_arrays({{1, L, D}, {1, KV, L, Dh}, {1, KV, L, Dh}}, {t.out, t.kv, t.kv},
                                        std::make_shared<FusedDecoderLayer>(stream, p, t), in);
+    if (dynamic) {  // written where the step runs, as step_graph.KVView writes
+      const auto& start = in.back();
+      return {outs[0], mx::slice_update(keys, outs[1], start, {2}, stream), mx::slice_update(values, outs[2], start, {2}, stream)};
+    }
     const mx::Shape start{0, 0, offset, 0}, stop{1, KV, offset + L, Dh};
     return {outs[0], mx::slice_update(keys, outs[1], start, stop, stream), mx::slice_update(values, outs[2], start, stop, stream)};
   }
