@@ -27,8 +27,9 @@ class HalfKVCache(KVCache):
 
 
 class KVView:
-    """One layer's KVCache as a compiled step sees it: mlx-lm's cache interface (offset,
-    update_and_fetch, make_mask) over the cache's buffers, with the position as an array."""
+    """One layer's KVCache as a compiled step (step_graph.py) sees it: mlx-lm's cache interface (offset,
+    update_and_fetch, make_mask) over the cache's buffers, with the position as an array. Kernels that
+    read the cache themselves take `at` / `key_length` (the fused CPU block, the attention kernels)."""
 
     def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
         self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32

@@ -7,8 +7,8 @@ shapes, so a compiled step sees each layer's KV cache as the buffers mlx-lm's KV
 position as an array: each layer writes its rows there (`slice_update`), RoPE takes it as an array
 offset, and attention reads the whole buffer with the number of keys that count (mlxspec's attention
 kernels take it as `length=` and compute exactly what a call over those keys computes; MLX's op gets
-a mask instead). Every decoding pass goes through such a graph, so speculation stays exact wherever
-the kernels are row-invariant.
+a mask instead; the CPU's fused blocks take the position as an array). Every decoding pass goes
+through such a graph, so speculation stays exact wherever the kernels are row-invariant.
 
 One graph per (pass, rows, capacity). Capacities come from fixed buckets (powers of two from 256 up
 to MAX_GROWTH, then its multiples), so every request meets the same few and each is traced once per

@@ -18,6 +18,8 @@ WindowKVCache (its sliding layers: the window mask it made), an architecture oth
 llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head), gemma3's (qwen3's head norms,
 sandwich norms, GeGLU, sliding windows; not in float16, where its residual adds clip) or phi3's
 (q/k/v and gate/up as one matmul each: row slices of them; not with its long-rope scaling).
+Inside a compiled step (step_graph.py) a block's cache is a KVView: the primitive takes the position
+as an array, read when the step runs, and that path is self-checked against the module path too.
 """
 
 from __future__ import annotations
@@ -330,7 +332,7 @@ def _self_check(block, dtype, make_cache, kv: mx.Dtype, view: bool = False) -> s
     dims = block.input_layernorm.weight.shape[0]
     x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
     a, b = make_cache(), _Views(block._mlxspec_plan, kv) if view else make_cache()
-    block._mlxspec_plan.ok[_ok_key(x, b.at(0, 0) if view else a)] = (True, kv)
+    block._mlxspec_plan.ok[_ok_key(x, b.at(0, 0) if view else a)] = (True, kv)  # (the key being checked)
     for lo, hi in ((0, 5), (5, 6), (6, 9)):
         rows = x[:, lo:hi]
         mask = a.make_mask(hi - lo) if isinstance(a, WindowKVCache) else "causal" if hi - lo > 1 else None
