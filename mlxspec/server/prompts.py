@@ -222,7 +222,7 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
         if m.get("tool_calls") is not None:
             msg["tool_calls"] = _tool_calls(m["tool_calls"], i)
             names.update({c["id"]: c["function"]["name"] for c in msg["tool_calls"] if "id" in c})
-        if role == "tool" and "tool_name" not in msg and msg.get("tool_call_id") in names:
+        if role == "tool" and "tool_name" not in msg and "tool_call_id" in msg and msg["tool_call_id"] in names:
             msg["tool_name"] = names[msg["tool_call_id"]]  # OpenAI names the call by id; Ollama by tool_name
         out.append(msg)
     return out
@@ -247,7 +247,11 @@ def _tool_calls(calls, i: int) -> list[dict]:
                 raise ApiError(400, f"{where}[{j}].function.arguments is not valid JSON") from None
         if not isinstance(args, dict):
             raise ApiError(400, f"{where}[{j}].function.arguments must be an object")
-        out.append({**{k: call[k] for k in ("id", "type") if k in call}, "function": {"name": fn["name"], "arguments": args}})
+        for k in ("id", "type"):  # null: as if absent
+            if call.get(k) is not None and not isinstance(call[k], str):
+                raise ApiError(400, f"{where}[{j}].{k} must be a string")
+        out.append({**{k: call[k] for k in ("id", "type") if call.get(k) is not None},
+                    "function": {"name": fn["name"], "arguments": args}})
     return out
 
 

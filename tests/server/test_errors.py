@@ -233,3 +233,18 @@ def test_http_level_streaming_format(daemon):
     lines = [json.loads(line) for line in resp.read().splitlines() if line.strip()]
     assert lines[-1]["done"] is True and all(line["done"] is False for line in lines[:-1])
     assert "".join(line["response"] for line in lines) and lines[-1]["eval_count"] == 5
+
+
+def test_a_tool_reply_without_an_id_after_calls_without_ids_is_answered(daemon):
+    """OpenAI names a tool's reply by the call's id; calls with a null id and a reply with none (found
+    by the fuzz: a KeyError, answered 500) read as no id at all."""
+    status, body = post(daemon.url + "/v1/chat/completions", {"model": "tiny", "max_tokens": 3, "messages": [
+        {"role": "user", "content": "add"},
+        {"role": "assistant", "tool_calls": [{"id": None, "type": None, "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "1"}]})
+    assert status == 200, body
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    calls = [{"id": ["x"], "function": {"name": "f", "arguments": "{}"}}]  # an id that is no string: a 400
+    status, body = post(daemon.url + "/v1/chat/completions", {"model": "tiny", "messages": [
+        {"role": "assistant", "tool_calls": calls}, {"role": "tool", "content": "1"}]})
+    assert status == 400 and "tool_calls[0].id must be a string" in body["error"]["message"], body
