@@ -12,6 +12,7 @@
 #    (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length) ==
 #    eager steps bit for bit (tests/test_step_graph.py); then 8B-shape forwards at M = 1..16, the ops table, then the families
 #    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
+#    (after the engine: benchmarks/cache_copies.py, whether a decoding step copies the KV cache there)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
 # MLX's CUDA JIT keeps compiled kernels on disk (MLX_PTX_CACHE_DIR); the last step saves that cache to
@@ -49,6 +50,8 @@ bench() {  # bench SECTION SECONDS: one bench_gpu.py section
   step "bench-$1" "$2" python3 -u benchmarks/bench_gpu.py --sections "$1" --out "$out/gpu-$1.json" "${model[@]}"
 }
 bench engine 150  # issue 15's GPU clause: plain with compiled and eager steps vs mlx-lm
+[ -f /var/tmp/stash/smol.gguf ] && step cache-copies 60 python3 -u benchmarks/cache_copies.py "${model[@]}" \
+  --out "$out/cache_copies.json"  # does a (pipelined) step copy the KV cache on the GPU? (none on the CPU)
 step compiled-steps 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_step_graph.py
 bench forward 180
 command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
