@@ -4,21 +4,15 @@ out row-invariant in them (as the exactness suite says they are)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import mlx.core as mx
 import pytest
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "bench_gpu.py"
+from benchmark_scripts import load
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("bench_gpu")
 
 
 def test_row_gap_sees_a_row_dependent_op(bench):

@@ -3,23 +3,15 @@ plain steps write the KV cache in place here, and a step that copies it shows.""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-import mlx.core as mx
 import pytest
 
+from benchmark_scripts import load
 from mlxspec.engine import Engine
-
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cache_copies.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("cache_copies", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load("cache_copies")
 
 
 def test_plain_steps_write_the_cache_in_place(script, tiny_llama):

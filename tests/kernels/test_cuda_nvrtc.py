@@ -9,19 +9,12 @@ every layout and row capacity and reports registers and the loops' instruction m
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
+from benchmark_scripts import load
 from mlxspec.kernels import gpu_mma_source
 
-SCRIPT = Path(__file__).parents[2] / "benchmarks" / "cuda_static.py"
-spec = importlib.util.spec_from_file_location("cuda_static", SCRIPT)
-cuda_static = importlib.util.module_from_spec(spec)
-sys.modules["cuda_static"] = cuda_static  # dataclasses look their module up
-spec.loader.exec_module(cuda_static)
+cuda_static = load("cuda_static")
 
 ROOT = cuda_static.nvidia_root()
 pytestmark = pytest.mark.skipif(ROOT is None, reason="NVRTC not installed (nvidia-cuda-nvrtc: [dev] extra, Linux x86_64)")
