@@ -127,7 +127,7 @@ class EngineRunner:
 
         from mlxspec.engine import Engine
 
-        with mock.patch.dict(os.environ, {"MLXSPEC_COMPILE": compiled}):  # "": the default for the device
+        with mock.patch.dict(os.environ, {"MLXSPEC_COMPILE": compiled} if compiled else {}):  # "": as the environment says
             self.engine = Engine.load(reference, kv_cache=kv_cache, activations=activations)
 
     def run(self, ids: list[int], tokens: int) -> dict:
@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument("--verify-rows", default="", help="e.g. 2,4,8: time forwards of that many rows (fused rows)")
     ap.add_argument("--unpacked", action="store_true", help="also q8 fused rows over MLX's row layout of the codes")
     ap.add_argument("--engine-steps", default="", choices=("", "1", "0", "both"),
-                    help="the engine row's MLXSPEC_COMPILE ('': the device's default; both: a row each)")
+                    help="the engine row's MLXSPEC_COMPILE ('': as set, else the device's default; both: a row each)")
     ap.add_argument("--no-llama-cpp", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "step.json"))
     args = ap.parse_args()
