@@ -29,6 +29,7 @@ sys.path[:0] = [str(HERE.parent)]
 
 import mlx.core as mx  # noqa: E402
 
+from mlxspec.bench.memory import allocated  # noqa: E402
 from mlxspec.cache import new_cache, prefill  # noqa: E402
 from mlxspec.engine import Engine  # noqa: E402
 
@@ -45,10 +46,7 @@ def run(engine: Engine, context: int, steps: int, pipelined: bool) -> dict:
         y = step(y)
         mx.eval(y)
     held = sum(c.keys.nbytes + c.values.nbytes for c in cache)
-    limit = mx.set_cache_limit(0)  # every allocation a new one: the peak shows what the steps allocated
-    try:
-        before = mx.get_active_memory()
-        mx.reset_peak_memory()
+    with allocated() as grew:  # MLX's buffer cache off: the peak shows what the steps allocated
         start = time.perf_counter()
         if pipelined:  # as the engine's plain rounds: the next step queued before this token is read
             mx.async_eval(y)
@@ -63,9 +61,7 @@ def run(engine: Engine, context: int, steps: int, pipelined: bool) -> dict:
                 y = step(y)
                 mx.eval(y)
         seconds = time.perf_counter() - start
-        peak = mx.get_peak_memory() - before
-    finally:
-        mx.set_cache_limit(limit)
+    peak = grew["bytes"]
     layer = cache[0].keys.nbytes + cache[0].values.nbytes
     return {"pipelined": pipelined, "ms_per_step": round(1e3 * seconds / steps, 2), "peak_above_start_mb": round(peak / 1e6, 2),
             "cache_mb": round(held / 1e6, 1), "layer_mb": round(layer / 1e6, 2), "copies": peak >= layer}

@@ -16,6 +16,7 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxspec.bench.memory import allocated
 from mlxspec.cache import HalfKVCache, KVView, rewind
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
@@ -215,24 +216,19 @@ def test_cache_buffers_are_updated_in_place(tiny_llama, blocks):
         mx.eval(steps(ids(1), cache))
     held = sum(c.keys.nbytes + c.values.nbytes for c in cache)
 
-    def allocated() -> int:  # bytes one compiled step allocates
+    def step_allocates() -> int:  # bytes one compiled step allocates
         x = ids(1)
         mx.eval(x)
-        limit = mx.set_cache_limit(0)  # every allocation is a new one: the peak shows what the step allocated
-        try:
-            before = mx.get_active_memory()
-            mx.reset_peak_memory()
+        with allocated() as grew:
             mx.eval(steps(x, cache))  # as decoding evaluates a step: its logits, then (with the next step) its cache
             mx.eval([c.keys for c in cache])
-            return mx.get_peak_memory() - before
-        finally:
-            mx.set_cache_limit(limit)
+        return grew["bytes"]
 
     assert fused_in_traces(model) == (blocks == "fused")
-    grew = allocated()
+    grew = step_allocates()
     assert grew < held / 4, f"a compiled step allocated {grew} bytes: it copied the cache ({held} bytes)"
     elsewhere = [a for c in cache for a in (c.keys, c.values)]  # the control: buffers someone else still reads
-    assert allocated() >= held / 4, "the measurement cannot see a copy"
+    assert step_allocates() >= held / 4, "the measurement cannot see a copy"
     del elsewhere
 
 

@@ -13,6 +13,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlxspec.bench.memory import allocated
 from mlxspec.cache import HalfKVCache, store_kv_in_half
 from mlxspec.exactness import RowInvariance
 from mlxspec.kernels import registry
@@ -335,16 +336,10 @@ def test_a_step_writes_its_rows_into_the_cache_in_place(tiny_llama, cpu_ext):
     held = sum(c.keys.nbytes + c.values.nbytes for c in cache)
     x = mx.array([[7]])
     mx.eval(x)
-    limit = mx.set_cache_limit(0)  # every allocation is a new one: the peak shows what the step allocated
-    try:
-        before = mx.get_active_memory()
-        mx.reset_peak_memory()
+    with allocated() as grew:
         mx.eval(model(x, cache=cache))
         mx.eval([c.keys for c in cache])
-        grew = mx.get_peak_memory() - before
-    finally:
-        mx.set_cache_limit(limit)
-    assert grew < held / 4, f"a step allocated {grew} bytes: it copied the cache ({held} bytes)"
+    assert grew["bytes"] < held / 4, f"a step allocated {grew['bytes']} bytes: it copied the cache ({held} bytes)"
 
 
 def test_what_the_primitive_does_not_handle_keeps_the_modules(tiny_llama, cpu_ext):
