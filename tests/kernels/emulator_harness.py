@@ -6,6 +6,7 @@ their code, and run in parallel (each is ~1-2 s).
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ NP_TYPES = {mx.float32: np.float32, mx.float16: np.float16, mx.bfloat16: np.uint
             mx.uint8: np.uint8}
 _BUILT: dict[str, Path] = {}
 _DIR = Path(tempfile.mkdtemp(prefix="mlxspec-emu-"))
+atexit.register(shutil.rmtree, _DIR, ignore_errors=True)  # one per test process; builds are not reused across runs
 
 PRELUDE = """
 #include <cstdio>
