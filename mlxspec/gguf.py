@@ -11,7 +11,8 @@ model is never in memory twice. `config["gguf_conversion"]` says which tensors w
 error of the others.
 
 The architecture runs on mlx-lm's model code; names, config and conventions are mapped by
-mlxspec.gguf_archs. The tokenizer is rebuilt from the `tokenizer.ggml.*` metadata by
+mlxspec.gguf_archs, after mlxspec.gguf_ollama has read the header of a file from Ollama's own converter
+as llama.cpp's layout (as Ollama itself does). The tokenizer is rebuilt from the `tokenizer.ggml.*` metadata by
 mlxspec.gguf_tokenizer, as llama.cpp reads it.
 """
 
@@ -29,6 +30,7 @@ import numpy as np
 from . import gguf_archs as archs
 from .errors import ModelLoadError
 from .gguf_header import Header, read_header
+from .gguf_ollama import translate
 from .gguf_quants import GROUP, SUPPORTED, TensorReport, convert_tensor
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ _WHY_NOT = {
 
 def gguf_tensor_types(path: str | Path) -> dict[str, str]:
     """Tensor name -> ggml type name ("Q4_0", "F16", ...), read from the file's header."""
-    return {t.name: t.type for t in read_header(path).tensors}
+    return {t.name: t.type for t in translate(read_header(path)).tensors}
 
 
 def _check_types(header: Header) -> Counter:
@@ -75,7 +77,7 @@ def _check_types(header: Header) -> Counter:
 def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     """GGUF file -> (mlx-lm model with weights loaded and evaluated, mlx-lm TokenizerWrapper, config dict)."""
     path = Path(path)
-    header = read_header(path)
+    header = translate(read_header(path))  # Ollama's own layouts, as llama.cpp's converter writes them
     type_counts = _check_types(header)  # before any tensor data is read
     name, arch = archs.arch_for(header.metadata, path)
     weights, reports, rope_freqs = _read_weights(header, arch)

@@ -116,9 +116,6 @@ PARAMETERS = ("self_attn.sinks",)  # GGUF "<name>.weight" tensors that are mlx-l
 
 def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
     name = metadata.get("general.architecture")
-    if name == "gptoss":  # Ollama's converter: fused gate/up experts, its own MXFP4 byte order
-        raise ModelLoadError(f"{path.name}: Ollama's own gpt-oss layout ('gptoss') is not supported; use llama.cpp's "
-                             "conversion (architecture 'gpt-oss', e.g. ggml-org/gpt-oss-20b-GGUF) or an MLX gpt-oss model")
     if name not in ARCHS:
         raise ModelLoadError(f"{path.name}: architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
     if name == "llama" and metadata.get("llama.expert_count", 0) > 0:

@@ -155,9 +155,3 @@ def test_rope_freqs_of_wrong_size_refused(tmp_path):
     path = write_tiny_llama_gguf(tmp_path / "bad.gguf", "Q8_0", extra_tensors={"rope_freqs.weight": np.ones(5)})
     with pytest.raises(ModelLoadError, match="rope_freqs"):
         load_gguf(path)
-
-
-def test_ollamas_own_gpt_oss_layout_is_refused_by_name(tmp_path):
-    path = write_tiny_llama_gguf(tmp_path / "oss.gguf", "Q8_0", arch="gptoss")
-    with pytest.raises(ModelLoadError, match="Ollama's own gpt-oss layout"):
-        load_gguf(path)
