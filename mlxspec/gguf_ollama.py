@@ -64,6 +64,9 @@ def is_ollama_gemma3(header: Header) -> bool:
 
 
 def _gemma3(header: Header) -> Header:
+    if any(t.name == "dense.0.weight" for t in header.tensors):  # Ollama's marker for embeddinggemma
+        raise ModelLoadError(f"{header.path.name}: embeddinggemma is an embedding-only model (bidirectional "
+                             "attention, a dense projection head); mlxspec runs generative models")
     if not is_ollama_gemma3(header):
         return header
     meta = dict(header.metadata)

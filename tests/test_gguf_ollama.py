@@ -75,6 +75,14 @@ def test_a_short_context_ollama_gemma3_gets_no_rope_scaling(tmp_path):
     assert "rope_scaling" not in config and config["rope_theta"] == 1e4
 
 
+def test_ollamas_embeddinggemma_is_refused_by_name(tmp_path):
+    src, _ = write_case(tmp_path, "gemma3")
+    path = rewrite(src, tmp_path / "embeddinggemma.gguf", extra_tensors={"dense.0.weight": np.ones((8, 8)),
+                                                                        "dense.1.weight": np.ones((8, 8))})
+    with pytest.raises(ModelLoadError, match="embedding-only model"):
+        load_gguf(path)
+
+
 def test_llama_cpp_files_pass_through_unchanged(tmp_path):
     for name in ("gemma3", "gpt-oss", "llama3"):
         header = read_header(write_case(tmp_path, name)[0])
