@@ -93,6 +93,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
 
     model = _build_model(arch, config, weights, path)
     archs.interleave_rope(arch, model, config)
+    archs.use_gelu_tanh(arch, model)
     if rope_freqs is not None:
         archs.apply_rope_freqs(arch, model, config, rope_freqs, path)
     tokenizer = _build_tokenizer(header.metadata, path)

@@ -83,6 +83,11 @@ GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections, a plain GELU MLP
+    "ffn_up": "mlp.c_fc",
+    "ffn_down": "mlp.c_proj",
+}
+
 # Tensors of a multimodal file's vision tower and projector (Ollama's gemma3): not the text model.
 IGNORED_PREFIXES = ("v.", "mm.")
 
@@ -96,18 +101,22 @@ class Arch:
     norm_plus_one: bool = False  # GGUF norm weights hold 1 + w (gemma)
     rope_freqs: bool = False  # a `rope_freqs` tensor can replace the layers' rope
     interleaved_rope: bool = False  # the module hard-codes NEOX rope: give its layers an interleaved one
+    gelu_tanh: bool = False  # llama.cpp's GELU (the tanh form) where mlx-lm's module uses the erf one
+    layer_norm: bool = False  # LayerNorm (eps: attention.layer_norm_epsilon), not RMSNorm
 
 
 ARCHS = {
     "llama": Arch("llama", "llama", True, rope_freqs=True),  # also Mistral, SmolLM, Llama 3.x
     "qwen2": Arch("qwen2", "qwen2", False),
     "qwen3": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS),
+    "gemma": Arch("gemma", "gemma", False, norm_plus_one=True, gelu_tanh=True),  # Gemma 1, CodeGemma
     "gemma2": Arch("gemma2", "gemma2", False, GEMMA2_BLOCK, norm_plus_one=True),
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
     "granite": Arch("granite", "granite", True, interleaved_rope=True),
     "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
+    "starcoder2": Arch("starcoder2", "starcoder2", False, STARCODER2_BLOCK, gelu_tanh=True, layer_norm=True),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -154,13 +163,16 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         "num_attention_heads": heads,
         "num_key_value_heads": get("attention.head_count_kv", heads),
         "head_dim": head_dim,
-        "rms_norm_eps": get("attention.layer_norm_rms_epsilon"),
         "vocab_size": vocab_size,
         "max_position_embeddings": get("context_length"),
         "rope_theta": get("rope.freq_base", 10000.0),
         "rope_traditional": arch.rope_traditional,
         "tie_word_embeddings": tied,
     }
+    if arch.layer_norm:
+        config["norm_epsilon"] = get("attention.layer_norm_epsilon")
+    else:
+        config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
     rope_dims = get("rope.dimension_count", head_dim)
     if name == "phi3":
         if head_dim != hidden // heads:
@@ -280,6 +292,29 @@ def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
     rope = nn.RoPE(config["head_dim"], traditional=True, base=config["rope_theta"])
     for layer in model.layers:
         layer.self_attn.rope = rope
+
+
+class GeluTanhMLP(nn.Module):
+    """An mlx-lm MLP (gated gate/up/down, or starcoder2's c_fc/c_proj) with GELU in its tanh form, as
+    llama.cpp (and Hugging Face's gelu_pytorch_tanh) compute it; the same children, so the same weights."""
+
+    def __init__(self, mlp: nn.Module):
+        super().__init__()
+        for name, child in mlp.children().items():
+            setattr(self, name, child)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if "c_fc" in self:
+            return self.c_proj(nn.gelu_approx(self.c_fc(x)))
+        return self.down_proj(nn.gelu_approx(self.gate_proj(x)) * self.up_proj(x))
+
+
+def use_gelu_tanh(arch: Arch, model: nn.Module) -> None:
+    """gemma, starcoder2: mlx-lm's modules apply the erf GELU; the files were trained with the tanh
+    one, which llama.cpp runs (a ~1e-3 difference per activation). Per model: this instance's layers."""
+    if arch.gelu_tanh:
+        for layer in model.layers:
+            layer.mlp = GeluTanhMLP(layer.mlp)
 
 
 def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:

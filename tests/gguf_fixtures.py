@@ -120,8 +120,9 @@ def write_tiny_llama_gguf(
     `output.weight` of that type; otherwise the head is tied to the embedding.
     type_overrides: {gguf tensor name: type} for any tensor, e.g. {"blk.0.ffn_down.weight": "Q4_K"};
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
-    arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma2", "gemma3" (post
-    norms; gemma3 also q/k norms), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
+    arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma" (llama's tensors),
+    "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
+    biased projections, an ungated up/down MLP; layer_norm_epsilon), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
@@ -150,7 +151,10 @@ def write_tiny_llama_gguf(
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
-    writer.add_layer_norm_rms_eps(RMS_EPS)
+    if arch == "starcoder2":
+        writer.add_layer_norm_eps(RMS_EPS)
+    else:
+        writer.add_layer_norm_rms_eps(RMS_EPS)
     writer.add_rope_dimension_count(dims.rope_dims or dims.hd)
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
@@ -228,8 +232,14 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
                        f"{b}.attn_v.weight": (kv_rows, hidden)}
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
-        if arch == "qwen2":
+        if arch in ("qwen2", "starcoder2"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
+        if arch == "starcoder2":
+            shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.attn_output.bias": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
+                       f"{b}.ffn_up.weight": (dims.ffn, hidden), f"{b}.ffn_up.bias": (dims.ffn,),
+                       f"{b}.ffn_down.weight": (hidden, dims.ffn), f"{b}.ffn_down.bias": (hidden,),
+                       f"{b}.ffn_norm.weight": (hidden,)}
+            continue
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
         if arch in ("gemma2", "gemma3"):
@@ -248,6 +258,8 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch in ("gemma2", "gemma3"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
     shapes["output_norm.weight"] = (hidden,)
+    if arch == "starcoder2":
+        shapes["output_norm.bias"] = (hidden,)
     if untied:
         shapes["output.weight"] = (vocab, hidden)
     return shapes

@@ -18,7 +18,7 @@ import numpy as np
 
 import gguf
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss")
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2")
 
 
 @dataclass
@@ -68,7 +68,7 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
     n_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
     for i in range(n_layers):
         x = _block(w, f"blk.{i}.", hp, i, x)
-    x = _rms(x, w["output_norm.weight"], hp.eps)
+    x = _norm(w, "output_norm", hp, x)
     logits = x @ w.get("output.weight", w["token_embd.weight"]).T
     if hp.final_softcap:
         logits = np.tanh(logits / hp.final_softcap) * hp.final_softcap
@@ -77,7 +77,7 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
 
 def _block(w, p, hp: Hparams, layer: int, x):
     T, hd = len(x), hp.head_dim
-    h = _rms(x, w[p + "attn_norm.weight"], hp.eps)
+    h = _norm(w, p + "attn_norm", hp, x)
     if p + "attn_qkv.weight" in w:  # phi3: q rows, then k, then v
         q, k, v = np.split(h @ w[p + "attn_qkv.weight"].T, [hp.heads * hd, (hp.heads + hp.kv_heads) * hd], axis=-1)
     else:
@@ -113,9 +113,12 @@ def _block(w, p, hp: Hparams, layer: int, x):
         out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
     x = x + out * hp.residual_scale
 
-    h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
+    h = _norm(w, p + "ffn_norm", hp, x)
     if p + "ffn_gate_inp.weight" in w:
         return x + _moe(w, p, hp, h)
+    if hp.arch == "starcoder2":  # llama.cpp's LLM_FFN_GELU, LLM_FFN_SEQ: up, GELU, down, each biased
+        up = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
+        return x + _gelu_tanh(up) @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
     if p + "ffn_gate.weight" in w:
         gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
     else:  # phi3: gate rows, then up rows
@@ -157,6 +160,14 @@ def _oai_moe(w, p, hp: Hparams, h):
             act = gate / (1 + np.exp(-1.702 * gate)) * (up + 1)
             out[t] += weight * (w[p + "ffn_down_exps.weight"][e] @ act + w[p + "ffn_down_exps.bias"][e])
     return out
+
+
+def _norm(w, name: str, hp: Hparams, x):
+    """llama.cpp's LLM_NORM (LayerNorm, weight and bias: starcoder2) or LLM_NORM_RMS (the others)."""
+    if hp.arch != "starcoder2":
+        return _rms(x, w[name + ".weight"], hp.eps)
+    centred = x - x.mean(-1, keepdims=True)
+    return centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + hp.eps) * w[name + ".weight"] + w[name + ".bias"]
 
 
 def _rms(x, weight, eps):

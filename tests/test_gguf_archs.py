@@ -38,6 +38,8 @@ CASES = {
     "mistral": dict(arch="llama", dims=Dims(kv_heads=1, head_dim=32), tokenizer="llama", output_qtype="Q8_0"),
     "qwen3": dict(arch="qwen3", dims=Dims(head_dim=32), metadata={"rope.freq_base": 1000000.0},
                   hp=dict(rope_base=1000000.0)),
+    # Gemma 1 / CodeGemma 2B: one KV head, head_dim != hidden/heads, norms stored as 1 + w, GELU (tanh) gating.
+    "gemma": dict(arch="gemma", dims=Dims(kv_heads=1, head_dim=32), tokenizer="llama"),
     "gemma2": dict(arch="gemma2", dims=Dims(head_dim=32), tokenizer="llama",
                    metadata={"attn_logit_softcapping": 5.0, "final_logit_softcapping": 3.0,
                              "attention.sliding_window": 4096},
@@ -62,6 +64,8 @@ CASES = {
                     metadata={"rope.freq_base": 150000.0, "attention.sliding_window": 4, "rope.scaling.type": "yarn",
                               "rope.scaling.factor": 32.0, "rope.scaling.original_context_length": 4096},
                     hp=dict(rope_base=150000.0, swa_window=4, swa_pattern=2, yarn=(32.0, 4096), experts_used=3)),
+    # StarCoder2 (code completion): LayerNorms with biases, biased q/k/v/o, an ungated GELU (tanh) MLP, NEOX rope.
+    "starcoder2": dict(arch="starcoder2", metadata={"rope.freq_base": 100000.0}, hp=dict(rope_base=100000.0)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -73,6 +77,7 @@ TEETH = {
     "llama-linear": [dict(rope_scale=1.0)],
     "mistral": [dict(arch="qwen2")],  # NEOX rope instead of llama's interleaved pairs
     "qwen3": [dict(rope_base=10000.0)],
+    "gemma": [dict(arch="llama")],  # interleaved rope, no embedding scale, SiLU
     "gemma2": [dict(attn_softcap=None), dict(final_softcap=None)],
     "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
     "phi3": [dict(rope_dims=None)],
@@ -81,6 +86,7 @@ TEETH = {
                 dict(arch="qwen2")],  # qwen2: NEOX rope in place of the interleaved one
     "mixtral": [dict(arch="qwen2"), dict(norm_topk=False)],
     "gpt-oss": [dict(yarn=None), dict(sinks=False), dict(swa_window=None), dict(experts_used=2)],
+    "starcoder2": [dict(rope_base=10000.0)],
 }
 
 
@@ -111,7 +117,8 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite"])
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite",
+                                  "starcoder2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

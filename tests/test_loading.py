@@ -178,6 +178,21 @@ def test_granite_gguf_runs_the_kernels_and_speculates_exactly(tmp_path):
     assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0 and last.stats.exact
 
 
+@pytest.mark.parametrize("arch", ["gemma", "starcoder2"])
+def test_code_model_ggufs_run_the_kernels_and_speculate_exactly(tmp_path, arch):
+    """CodeGemma's and StarCoder2's architectures (llama.cpp's tanh GELU swapped into mlx-lm's MLPs;
+    starcoder2's biased projections): the per-op kernels run them, and lookup keeps plain's tokens."""
+    path = str(write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q4_0", arch=arch, tokenizer="llama"))
+    plain = Engine.load(path)
+    assert plain.info["architecture"] == arch
+    report = plain.kernels["target"]
+    assert report["layers"]["swapped"] and report["attention"]["routed"] == len(plain.target.model.layers)
+    lookup = Engine.load(path, drafter="lookup")
+    prompt = "the world and the world and the"
+    tokens, _, last = run(lookup, prompt, max_tokens=30, draft_length=3)
+    assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0 and last.stats.exact
+
+
 def test_auto_activations_and_a_bad_setting(tmp_path, tiny_llama, monkeypatch):
     """'auto' is q8 for GGUF files where the CPU has int8 dot products, f32 for MLX models (their
     reference is MLX's fp16/bf16 arithmetic); an unknown value is a one-line error."""
