@@ -137,7 +137,7 @@ class Decoder:
                 if self.controller is not None and self.controller.waiting and self.drafter.has_guess(context):
                     self.controller.hint()  # takes effect at the round after the one already queued
                 k = out.planned
-                event = self.emitter.emit(out.tokens, out.accepted)
+                event = self.emitter.emit(out.tokens, out.accepted, out.logprobs)
                 self.stats.decode_time = time.perf_counter() - decode_start
                 if event.tokens:
                     yield event

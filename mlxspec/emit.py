@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 
+from .logprobs import TokenLogprob
 from .stats import Stats
 from .stops import StopMatcher
 
@@ -20,6 +21,7 @@ class Event:
     text: str = ""  # new text since the previous event
     tokens: list[int] = field(default_factory=list)  # token ids behind it
     from_draft: list[bool] = field(default_factory=list)  # per token: proposed by the drafter and kept
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # per token, where the options asked for them
     done: bool = False
     finish_reason: str | None = None  # on the last event: 'stop', 'length' or 'cancelled'
     stats: Stats | None = None  # on the last event
@@ -52,8 +54,9 @@ class Emitter:
                 self.finish_reason = "length"
         return self.finish_reason is not None
 
-    def emit(self, tokens: list[int], from_draft: int) -> Event:
-        """A round's tokens, the first `from_draft` of them drafted -> the event to stream."""
+    def emit(self, tokens: list[int], from_draft: int, logprobs: list[TokenLogprob] | None = None) -> Event:
+        """A round's tokens, the first `from_draft` of them drafted (and their logprobs, if any) -> the
+        event to stream."""
         event = Event()
         for i, t in enumerate(tokens):
             if t in self.eos_ids:
@@ -62,6 +65,8 @@ class Emitter:
             event.text += self._text(t)
             event.tokens.append(t)
             event.from_draft.append(i < from_draft)
+            if logprobs is not None:
+                event.logprobs.append(logprobs[i])
             self.left -= 1
             if self.stops.hit:
                 self.finish_reason = "stop"

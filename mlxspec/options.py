@@ -14,6 +14,8 @@ from typing import Any
 
 from .errors import MlxspecError
 
+MAX_TOP_LOGPROBS = 20  # alternatives per token, as Ollama allows
+
 
 # Below this temperature logits / T overflow float32 (1e-39 is flushed to 0: 0/0 = NaN, then token 0
 # forever); the distribution is one-hot long before, so such temperatures are greedy decoding.
@@ -44,6 +46,9 @@ class GenerateOptions:
     # candidates per draft depth: > 1 verifies a tree of drafts (greedy, a drafter that drafts trees,
     # the CPU's fused kernels); None = the engine's default
     draft_width: int | None = None
+    # log-probabilities of the emitted tokens (Event.logprobs), each with this many most likely
+    # alternatives (0..20); None = none (Ollama's logprobs + top_logprobs, OpenAI's)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,6 +86,8 @@ class GenerateOptions:
         check(isinstance(self.adaptive, bool), "adaptive", "must be true or false")
         check(self.draft_width is None or (_is_int(self.draft_width) and 1 <= self.draft_width <= 8),
               "draft_width", "must be an integer in [1, 8]")
+        check(self.logprobs is None or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_TOP_LOGPROBS), "logprobs",
+              f"must be an integer in [0, {MAX_TOP_LOGPROBS}] (alternatives per token)")
 
     @property
     def greedy(self) -> bool:
@@ -121,7 +128,7 @@ class GenerateOptions:
             name = cls.OLLAMA_NAMES.get(key, key)
             if name not in known:
                 raise OptionsError(f"unknown option {key!r}")
-            if value is None and name not in ("seed", "num_ctx", "draft_length"):
+            if value is None and name not in ("seed", "num_ctx", "draft_length", "logprobs"):
                 continue
             if name == "seed" and value == -1:
                 value = None  # llama.cpp's and Ollama's "random seed"

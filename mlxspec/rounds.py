@@ -21,6 +21,7 @@ import mlx.nn as nn
 from .cache import restore, rewind, snapshot
 from .drafters.base import Draft, Drafter
 from .kernels.accept import fused_greedy_accept, fused_rejection_accept
+from .logprobs import LogprobRows, TokenLogprob
 from .options import GenerateOptions
 from .sampling import Sampling, penalize, probabilities
 from .settings import DecodeSettings
@@ -38,6 +39,7 @@ class Outcome:
     accepted: int  # kept drafts
     drafted: int
     planned: int | None = None  # the next round's draft length, when this round had to plan it early
+    logprobs: list[TokenLogprob] | None = None  # per token, when the options ask for them
 
 
 class RoundStrategy(Protocol):
@@ -66,13 +68,15 @@ class Verifier:
         return draft_key, verify_key
 
     def forward(self, x: mx.array, cache: list, history: list[int] | None, drafts: mx.array | None):
-        """(R,) ids -> (R, V) logits (repeat-penalised against `history`), (R, H) hidden or None.
-        Hidden states are computed only for a drafter that wants them."""
+        """(R,) ids -> (R, V) logits (repeat-penalised against `history`), (R, H) hidden or None, and
+        the model's own logits (before penalties and masks: what logprobs report). Hidden states are
+        computed only for a drafter that wants them."""
         if self.drafter.wants_hidden:
             logits, hidden = self.steps(x[None], cache, hidden=True)
             logits, hidden = logits[0], hidden[0]
         else:
             logits, hidden = self.steps(x[None], cache)[0], None
+        raw = logits
         if history is not None:
             logits = penalize(logits, history, drafts, self.opts.repeat_penalty, self.opts.repeat_last_n)
         if self.constraint is not None:  # row i: what the grammar allows after the drafts before it
@@ -80,7 +84,12 @@ class Verifier:
             self.stats.host_syncs += drafts is not None
             allowed = mx.array(self.constraint.masks(ids))
             logits = mx.where(allowed[:, : logits.shape[-1]], logits, mx.array(-float("inf"), dtype=logits.dtype))
-        return logits, hidden
+        return logits, hidden, raw
+
+    def logprobs(self, raw: mx.array, tokens: mx.array) -> LogprobRows | None:
+        """Lazy logprobs of `tokens`, row by row, where the options ask for them."""
+        top = self.opts.logprobs
+        return None if top is None else LogprobRows.of(raw, tokens, top)
 
     def accept(self, logits: mx.array, draft: Draft, verify_key) -> tuple[mx.array, mx.array]:
         """(accepted count, next token), lazy: greedy, or rejection sampling against the draft."""
@@ -99,21 +108,21 @@ class PlainRound:
         opts = v.opts
         self.can_queue = settings.pipeline and (opts.repeat_penalty == 1.0 or opts.repeat_last_n == 0)
         self.can_queue = self.can_queue and v.constraint is None  # a mask needs the grammar state, on the host
-        self.queued: tuple[mx.array, mx.array | None] | None = None  # (next token, hidden), lazy
+        self.queued: tuple | None = None  # (next token, hidden, logprob rows), lazy
 
     def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
         if self.queued is None:
             self.queued = self._step(cache, mx.array(context[-1:], dtype=mx.uint32), context)
-        (nxt, hidden), self.queued = self.queued, None
+        (nxt, hidden, rows), self.queued = self.queued, None
         planned = plan_next(1) if self.can_queue else None  # the next round's, before this token is known
         if planned == 0:
             self.queued = self._step(cache, nxt.reshape(1).astype(mx.uint32), None)
-        token = int(nxt.item())  # the round's one host synchronisation
+        token = int(nxt.item())  # the round's one host synchronisation (logprob rows were queued with it)
         self.v.stats.host_syncs += 1
         self.v.stats.record_round(0, 0)
         if hidden is not None:
             self.v.drafter.accept(0, hidden=hidden)
-        return Outcome([token], 0, 0, planned)
+        return Outcome([token], 0, 0, planned, None if rows is None else rows.read(1))
 
     def drop(self, cache: list) -> None:
         if self.queued is not None:  # a step queued past the end (EOS, cancel, the caller leaving)
@@ -121,12 +130,13 @@ class PlainRound:
             self.queued = None
 
     def _step(self, cache: list, token: mx.array, history: list[int] | None):
-        """Queue one target step on a (1,) token -> (its next token, hidden row), lazy, computing."""
+        """Queue one target step on a (1,) token -> (its next token, hidden row, logprob rows), lazy, computing."""
         verify_key = self.v.keys()[1]
-        logits, hidden = self.v.forward(token, cache, history, None)
+        logits, hidden, raw = self.v.forward(token, cache, history, None)
         _, nxt = self.v.accept(logits, Draft.empty(), verify_key)
-        mx.async_eval(nxt)
-        return nxt, hidden
+        rows = self.v.logprobs(raw, nxt.reshape(1))
+        mx.async_eval(nxt, *([] if rows is None else rows.arrays))
+        return nxt, hidden, rows
 
 
 class ChainRound:
@@ -143,9 +153,12 @@ class ChainRound:
         stats.host_syncs += drafter.syncs - drafter_syncs
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (1 + kd,)
         saved = snapshot(cache)  # recurrent layers' states (hybrid models): their rows cannot be trimmed
-        logits, hidden = v.forward(x, cache, context, draft.tokens)  # (1 + kd, V)
+        logits, hidden, raw = v.forward(x, cache, context, draft.tokens)  # (1 + kd, V)
         n, nxt = v.accept(logits, draft, verify_key)
-        mx.eval(n, nxt, draft.tokens)  # the round's one host synchronisation
+        # row i gives token i: the draft it kept, or (row n) the target's own
+        emitted = mx.where(mx.arange(draft.count + 1) < n, mx.concatenate([draft.tokens, nxt.reshape(1)]), nxt)
+        rows = v.logprobs(raw, emitted.astype(mx.uint32))
+        mx.eval(n, nxt, draft.tokens, *([] if rows is None else rows.arrays))  # the round's one host synchronisation
         stats.host_syncs += 1
         n = int(n.item())
         if saved and n < draft.count:  # back to before the pass, then the kept rows again
@@ -159,7 +172,8 @@ class ChainRound:
         else:  # rows 0..n: the last context token and the kept drafts, whose next tokens are now known
             drafter.accept(n, hidden=hidden[: n + 1])
         stats.record_round(draft.count, n)
-        return Outcome(draft.tokens.tolist()[:n] + [int(nxt.item())], n, draft.count)
+        tokens = draft.tokens.tolist()[:n] + [int(nxt.item())]
+        return Outcome(tokens, n, draft.count, logprobs=None if rows is None else rows.read(n + 1))
 
     def drop(self, cache: list) -> None:
         """Nothing is queued past a chain round."""

@@ -66,8 +66,8 @@ def keep_path(cache: list, start: int, path: list[int]) -> None:
 
 def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int) -> bool:
     """Tree rounds apply: width > 1, a drafter that drafts trees, greedy, no repeat penalty or
-    grammar (they read the drafts as one history), and a target whose every block runs the fused kernel."""
-    if width <= 1 or not drafter.trees or not opts.greedy or constraint is not None:
+    grammar (they read the drafts as one history), no logprobs (chains report them), and a target whose every block runs the fused kernel."""
+    if width <= 1 or not drafter.trees or not opts.greedy or constraint is not None or opts.logprobs is not None:
         return False
     if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
         return False
