@@ -31,6 +31,7 @@ from .exactness import RowInvariance
 from .features import vocabulary_size
 from .kernels.cpu import ACTIVATION_SETTINGS
 from .loading import LoadedModel
+from .logprobs import token_bytes
 from .options import GenerateOptions
 from .settings import DecodeSettings
 
@@ -60,6 +61,7 @@ class Engine:
         self.tree_costs: dict[int, CostModel] = {}  # the same for tree rounds, per width
         self.draft_width = 1  # candidates per draft depth (options.draft_width overrides): > 1 verifies trees
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
+        self._token_bytes = None  # token id -> bytes, built on first use
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         # decoding passes through compiled graphs (kernels are installed by now: the graphs capture them)
@@ -185,6 +187,12 @@ class Engine:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+
+    def token_bytes(self, token: int) -> bytes:
+        """A token's bytes (logprobs show them: a piece may end mid-character)."""
+        if self._token_bytes is None:
+            self._token_bytes = token_bytes(self.tokenizer)
+        return self._token_bytes(token)
 
     def chat_prompt(self, messages: list[dict], chat_template: str | None = None, **template_kwargs) -> list[int]:
         """Token ids of a chat, rendered with the model's own chat template (or `chat_template`, Jinja)."""

@@ -8,11 +8,13 @@ passes it on). A verify pass scores every position it keeps with the same bits a
     rows = LogprobRows.of(logits, tokens, top)   # (R, V) logits, (R,) tokens -> lazy arrays
     mx.eval(..., *rows.arrays)                   # with the round's one host read-back
     rows.read(n)                                 # the first n rows -> [TokenLogprob]
+    token_bytes(tokenizer)(id)                   # what the daemon shows of a token: its bytes
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import mlx.core as mx
 
@@ -57,3 +59,19 @@ class LogprobRows:
             return [TokenLogprob(t, c) for t, c in zip(tokens, chosen)]
         ids, values = self.top_ids[:n].tolist(), self.top_values[:n].tolist()
         return [TokenLogprob(t, c, list(zip(i, v))) for t, c, i, v in zip(tokens, chosen, ids, values)]
+
+
+def token_bytes(tokenizer) -> Callable[[int], bytes]:
+    """token id -> its bytes (a piece of UTF-8 that may end mid-character), read from the table of
+    mlx-lm's streaming detokenizer for this vocabulary: byte-level BPE pieces through GPT-2's byte
+    alphabet, SentencePiece pieces with their space marker and <0xNN> byte tokens."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, _byte_decoder
+
+    detokenizer = tokenizer.detokenizer
+    if isinstance(detokenizer, SPMStreamingDetokenizer):
+        table, space = detokenizer.tokenmap, "\u2581".encode()
+        return lambda token: table[token].replace(space, b" ")
+    if isinstance(detokenizer, BPEStreamingDetokenizer):
+        alphabet, table = _byte_decoder(), detokenizer.tokenmap  # as the detokenizer decodes them
+        return lambda token: b"".join(bytes([alphabet[c]]) if c in alphabet else c.encode() for c in table[token])
+    return lambda token: tokenizer.decode([token]).encode()

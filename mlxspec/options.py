@@ -96,6 +96,8 @@ class GenerateOptions:
     # Ollama option name -> our field name, where they differ.
     OLLAMA_NAMES = {"num_predict": "max_tokens", "draft_num_predict": "draft_length"}
     # Ollama runner options we accept and ignore (with their types): they tune llama.cpp, not this engine.
+    # Fields a request sets beside its options (APIs' own fields), not options: not in from_dict or Modelfiles.
+    REQUEST_FIELDS = ("logprobs",)
     IGNORED = {"num_keep": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
                "use_mmap": bool, "use_mlock": bool, "numa": bool, "low_vram": bool}
 
@@ -106,6 +108,8 @@ class GenerateOptions:
         hints = typing.get_type_hints(cls)
         kinds = {}
         for f in dataclasses.fields(cls):
+            if f.name in cls.REQUEST_FIELDS:
+                continue
             hint = str(hints[f.name])
             kinds[f.name] = list if "list" in hint else bool if "bool" in hint else float if "float" in hint else int
         for ours, theirs in ((v, k) for k, v in cls.OLLAMA_NAMES.items()):
@@ -119,7 +123,7 @@ class GenerateOptions:
             options = {}
         if not isinstance(options, dict):
             raise OptionsError("options must be a JSON object")
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = {f.name for f in dataclasses.fields(cls)} - set(cls.REQUEST_FIELDS)
         ints = {name: kind is int for name, kind in cls.names().items()}
         kwargs: dict[str, Any] = {}
         for key, value in {**options, **overrides}.items():
@@ -128,7 +132,7 @@ class GenerateOptions:
             name = cls.OLLAMA_NAMES.get(key, key)
             if name not in known:
                 raise OptionsError(f"unknown option {key!r}")
-            if value is None and name not in ("seed", "num_ctx", "draft_length", "logprobs"):
+            if value is None and name not in ("seed", "num_ctx", "draft_length"):
                 continue
             if name == "seed" and value == -1:
                 value = None  # llama.cpp's and Ollama's "random seed"

@@ -92,5 +92,5 @@ def test_rows_read_and_a_bad_count():
     assert len(rows.read(1)) == 1
     with pytest.raises(OptionsError, match="logprobs"):
         GenerateOptions(logprobs=21)
-    with pytest.raises(OptionsError, match="logprobs"):
-        GenerateOptions.from_dict({"logprobs": True})
+    with pytest.raises(OptionsError, match="unknown option 'logprobs'"):  # a request field, not an option
+        GenerateOptions.from_dict({"logprobs": 3})

@@ -91,18 +91,19 @@ OPENAI_MESSAGE = obj({
 
 _NAMED = {"anyOf": [{"required": ["model"]}, {"required": ["name"]}]}  # `name`: the legacy field some clients send
 _COMMON = {"options": ref("Options"), "stream": BOOL, "keep_alive": DURATION}
-_REFUSED = {"format": {"anyOf": [{"enum": ["", "json"]}, {"type": "object", "description": "a JSON schema the output follows"}],
-                       "description": "structured output: constrained decoding (400 for a schema it cannot follow)"},
-            "logprobs": {"enum": [False]}}
+TOP_LOGPROBS = {"type": "integer", "minimum": 0, "maximum": 20, "description": "alternatives per token, with logprobs"}
+_OUTPUT = {"format": {"anyOf": [{"enum": ["", "json"]}, {"type": "object", "description": "a JSON schema the output follows"}],
+                      "description": "structured output: constrained decoding (400 for a schema it cannot follow)"},
+           "logprobs": BOOL, "top_logprobs": TOP_LOGPROBS}
 GENERATE = obj({
     "model": MODEL, "name": MODEL, "prompt": STR, "suffix": STR, "system": STR,
     "template": {"type": "string", "description": "Jinja, or Ollama's Go syntax (the common subset)"},
     "raw": BOOL, "context": array({"type": "integer", "minimum": 0}, description="token ids from an earlier answer"),
-    "images": array(STR, **NONE_OF), "think": {"enum": [False]}, **_REFUSED, **_COMMON,
+    "images": array(STR, **NONE_OF), "think": {"enum": [False]}, **_OUTPUT, **_COMMON,
 }, **_NAMED)
 CHAT = obj({
     "model": MODEL, "name": MODEL, "messages": array(ref("Message")), "tools": array(ref("Tool")),
-    "think": {"anyOf": [BOOL, {"enum": ["low", "medium", "high", "max"]}]}, **_REFUSED, **_COMMON,
+    "think": {"anyOf": [BOOL, {"enum": ["low", "medium", "high", "max"]}]}, **_OUTPUT, **_COMMON,
 }, **_NAMED)
 NAMED = obj({"model": MODEL, "name": MODEL, "verbose": BOOL, "insecure": BOOL, "stream": BOOL}, **_NAMED)
 EMBED = obj({"model": MODEL, "name": MODEL, "input": {"anyOf": [STR, array(STR)]}, "prompt": STR, "truncate": BOOL,
@@ -124,7 +125,7 @@ _OPENAI_COMMON = {
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "seed": {"type": "integer", "minimum": -1, "maximum": 2**64 - 1},
     "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
     "stream": BOOL, "stream_options": obj({"include_usage": BOOL}), "n": {"enum": [1]},
-    "frequency_penalty": {"enum": [0]}, "presence_penalty": {"enum": [0]}, "logprobs": {"enum": [False]},
+    "frequency_penalty": {"enum": [0]}, "presence_penalty": {"enum": [0]},
     "response_format": obj({"type": {"enum": ["text", "json_object", "json_schema"]},
                             "json_schema": obj({"name": STR, "schema": {"type": "object"}, "strict": BOOL})}, ("type",)),
     "options": ref("Options"),
@@ -132,10 +133,11 @@ _OPENAI_COMMON = {
 CHAT_COMPLETION = obj({
     **_OPENAI_COMMON, "messages": array(ref("OpenAIMessage"), minItems=1), "tools": array(ref("Tool")),
     "tool_choice": {"enum": ["auto", "none"]}, "reasoning_effort": {"enum": ["none", "minimal", "low", "medium", "high"]},
-    "think": BOOL,
+    "think": BOOL, "logprobs": BOOL, "top_logprobs": TOP_LOGPROBS,
 }, ("model", "messages"))
 COMPLETION = obj({
     **_OPENAI_COMMON, "prompt": {"anyOf": [STR, array(STR, minItems=1, maxItems=1)]}, "suffix": STR, "echo": {"enum": [False]},
+    "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20, "description": "alternatives per token"},
 }, ("model", "prompt"))
 _RESPONSE_INPUT = {"anyOf": [
     obj({"type": {"enum": ["message"]}, "role": {"enum": ["user", "system", "developer", "assistant"]},
@@ -192,7 +194,9 @@ SPECULATIVE = obj({"drafter": STR, "draft_length": INT, "drafted": INT, "accepte
 _DONE = {"done_reason": STR, "context": array(INT), "total_duration": INT, "load_duration": INT,
          "prompt_eval_count": INT, "prompt_eval_duration": INT, "eval_count": INT, "eval_duration": INT,
          "speculative": ref("Speculative")}
-_PIECE = {"model": STR, "created_at": STR, "done": BOOL}
+_TOKEN = {"token": STR, "logprob": NUM, "bytes": array(INT)}
+LOGPROB = obj({**_TOKEN, "top_logprobs": array(obj(_TOKEN, ("token", "logprob")))}, ("token", "logprob"))
+_PIECE = {"model": STR, "created_at": STR, "done": BOOL, "logprobs": array(LOGPROB)}
 GENERATED = obj({**_PIECE, "response": STR, **_DONE}, ("model", "created_at", "response", "done"))
 ANSWER = obj({"role": {"enum": ["assistant"]}, "content": STR, "thinking": STR, "tool_calls": array(OLLAMA_CALL)},
              ("role", "content"))
@@ -212,16 +216,22 @@ SHOW = obj({"modelfile": STR, "parameters": STR, "template": STR, "system": STR,
            ("modelfile", "parameters", "template", "details", "model_info", "capabilities"))
 VERSION = obj({"version": STR, "mlxspec_version": STR}, ("version",))
 USAGE = obj({"prompt_tokens": INT, "completion_tokens": INT, "total_tokens": INT})
+CHAT_LOGPROBS = obj({"content": array(LOGPROB)}, ("content",))
 _HEAD = {"id": STR, "created": INT, "model": STR, "system_fingerprint": STR, "speculative": ref("Speculative")}
 OPENAI_ANSWER = obj({"role": {"enum": ["assistant"]}, "content": {"type": ["string", "null"]}, "reasoning": STR,
                      "tool_calls": array(obj({"index": INT, "id": STR, "type": STR, "function": obj({"name": STR, "arguments": STR})}))})
 CHAT_COMPLETED = obj({**_HEAD, "object": {"enum": ["chat.completion"]}, "usage": USAGE, "choices": array(obj(
-    {"index": INT, "message": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls"]}}))},
+    {"index": INT, "message": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls"]},
+     "logprobs": CHAT_LOGPROBS}))},
     ("id", "object", "choices"))
 CHAT_CHUNK = obj({**_HEAD, "object": {"enum": ["chat.completion.chunk"]}, "usage": USAGE, "choices": array(obj(
-    {"index": INT, "delta": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls", None]}}))},
+    {"index": INT, "delta": OPENAI_ANSWER, "finish_reason": {"enum": ["stop", "length", "tool_calls", None]},
+     "logprobs": CHAT_LOGPROBS}))},
     ("id", "object", "choices"))
-TEXT_CHOICES = array(obj({"index": INT, "text": STR, "logprobs": {"type": "null"},
+TEXT_LOGPROBS = {"anyOf": [{"type": "null"}, obj({
+    "tokens": array(STR), "token_logprobs": array(NUM), "top_logprobs": array({"type": "object", "additionalProperties": NUM}),
+    "text_offset": array(INT)}, ("tokens", "token_logprobs", "top_logprobs", "text_offset"))]}
+TEXT_CHOICES = array(obj({"index": INT, "text": STR, "logprobs": TEXT_LOGPROBS,
                           "finish_reason": {"enum": ["stop", "length", None]}}))
 COMPLETED = obj({**_HEAD, "object": {"enum": ["text_completion"]}, "usage": USAGE, "choices": TEXT_CHOICES},
                 ("id", "object", "choices"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from importlib.metadata import version as package_version
 from typing import Callable
@@ -10,6 +11,7 @@ from aiohttp import web
 
 from ..options import GenerateOptions
 from ..store import Manifest
+from . import logprobs as logprob_fields
 from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids, reply_splitter
 from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
@@ -98,8 +100,11 @@ def context_field(body: dict) -> list[int]:
 
 
 def options(body: dict, manifest: Manifest) -> GenerateOptions:
-    """Request options over the model's parameters; Ollama's default num_predict is -1 (to EOS)."""
-    return manifest.options(field(body, "options", dict, {}), defaults={"num_predict": -1})
+    """Request options over the model's parameters; Ollama's default num_predict is -1 (to EOS);
+    `logprobs` / `top_logprobs` are request fields, not options."""
+    opts = manifest.options(field(body, "options", dict, {}), defaults={"num_predict": -1})
+    top = logprob_fields.requested(body)
+    return opts if top is None else dataclasses.replace(opts, logprobs=top)
 
 
 def think_field(body: dict) -> bool | str | None:
@@ -115,8 +120,6 @@ def refuse_unsupported(body: dict, chat: bool = False) -> None:
         raise ApiError(400, "this model does not support images")
     if not chat and body.get("think") not in (None, False):  # chat passes it to the template
         raise ApiError(400, "think: thinking is only supported on /api/chat")
-    if body.get("logprobs"):
-        raise ApiError(400, "logprobs are not supported by mlxspec")
 
 
 def _message(text: str, calls: list[ToolCall], thinking: str = "") -> dict:
@@ -158,27 +161,41 @@ async def respond(
         events = pieces(job.events(), found)
         if stream:
             return await ndjson(request, _chunks(job, events, piece, context))
-        text, calls, tokens, thoughts, last = [], [], [], [], None
+        text, calls, tokens, thoughts, lps, last = [], [], [], [], [], None
         async for content, new_calls, event, thinking in events:
             text.append(content)
             thoughts.append(thinking)
             calls += new_calls
             tokens += event.tokens
+            lps += event.logprobs
             last = event
-        return web.json_response(final(job, last, piece("".join(text), calls, "".join(thoughts)), tokens if context else None))
+        whole = {**piece("".join(text), calls, "".join(thoughts)), **_logprobs(job, lps)}
+        return web.json_response(final(job, last, whole, tokens if context else None))
 
 
 async def _chunks(job: Job, events, piece: Callable[..., dict], context: bool):
     tokens: list[int] = []
+    pending: list = []  # logprobs of tokens whose text was held back: they go with the next chunk
     async for content, calls, event, thinking in events:
         tokens += event.tokens
+        pending += event.logprobs
         if calls:  # Ollama sends the calls in a chunk of their own, before the final one
-            yield {"model": job.name, "created_at": now_iso(), **piece(content, calls, thinking), "done": False}
-            content = thinking = ""
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, calls, thinking),
+                   **_logprobs(job, pending), "done": False}
+            content, thinking, pending = "", "", []
         if event.done:
-            yield final(job, event, piece(content, [], thinking), tokens if context else None)
+            yield final(job, event, {**piece(content, [], thinking), **_logprobs(job, pending)}, tokens if context else None)
         elif content or thinking:
-            yield {"model": job.name, "created_at": now_iso(), **piece(content, [], thinking), "done": False}
+            yield {"model": job.name, "created_at": now_iso(), **piece(content, [], thinking),
+                   **_logprobs(job, pending), "done": False}
+            pending = []
+
+
+def _logprobs(job: Job, logprobs: list) -> dict:
+    """{"logprobs": [...]} where the request asked for them (the final chunk's may be empty)."""
+    if job.options.logprobs is None:
+        return {}
+    return {"logprobs": logprob_fields.ollama(logprobs, job.token_bytes, job.options.logprobs > 0)}
 
 
 def final(job: Job, event, piece: dict, tokens: list[int] | None) -> dict:

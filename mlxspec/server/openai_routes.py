@@ -6,6 +6,7 @@ Errors on these paths take OpenAI's shape (see app.py). As in Ollama, `temperatu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import time
@@ -15,6 +16,7 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
+from . import logprobs as logprob_fields
 from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
@@ -36,7 +38,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     tools, think, found = tools_field(body), think_field(body), Found()
 
     build = chat_build(manifest, name, messages, tools, think, found)  # reasoning: message.reasoning (as Ollama's)
-    job = Job(name, manifest, build, options(body, manifest), format=response_format(body))
+    opts = options(body, manifest, logprob_fields.requested(body))
+    job = Job(name, manifest, build, opts, format=response_format(body))
     return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
 
 
@@ -76,8 +79,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
     if field(body, "echo", bool, False):
         raise ApiError(400, "echo is not supported")
     req = GeneratePrompt(prompt, suffix=field(body, "suffix", str) or None)
-    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), options(body, manifest),
-              format=response_format(body))
+    opts = options(body, manifest, logprob_fields.requested_count(body))
+    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), opts, format=response_format(body))
     return await _respond(request, job, body, "cmpl", "text_completion", _text_choice)
 
 
@@ -115,15 +118,14 @@ def response_format(body: dict) -> str | dict | None:
     raise ApiError(400, "response_format.type must be text, json_object or json_schema")
 
 
-def options(body: dict, manifest: Manifest) -> GenerateOptions:
-    """OpenAI sampling fields -> GenerateOptions; what we cannot honour is a 400, not ignored."""
+def options(body: dict, manifest: Manifest, logprobs: int | None = None) -> GenerateOptions:
+    """OpenAI sampling fields -> GenerateOptions; what we cannot honour is a 400, not ignored.
+    `logprobs`: alternatives per token where the request asks for logprobs (their field differs per API)."""
     if field(body, "n", int, 1) != 1:
         raise ApiError(400, "n must be 1")
     for key in ("frequency_penalty", "presence_penalty"):
         if field(body, key, float, 0) != 0:
             raise ApiError(400, f"{key} is not supported; use options.repeat_penalty")
-    if body.get("logprobs"):
-        raise ApiError(400, "logprobs are not supported by mlxspec")
     opts = field(body, "options", dict, {})
     max_tokens = field(body, "max_completion_tokens", int)
     max_tokens = field(body, "max_tokens", int) if max_tokens is None else max_tokens
@@ -136,7 +138,8 @@ def options(body: dict, manifest: Manifest) -> GenerateOptions:
     ):
         if value is not None:
             opts[key] = value
-    return manifest.options(opts, defaults={"num_predict": -1, "temperature": 1.0})
+    opts = manifest.options(opts, defaults={"num_predict": -1, "temperature": 1.0})
+    return opts if logprobs is None else dataclasses.replace(opts, logprobs=logprobs)
 
 
 def _chat_choice(text: str, delta: bool, calls: list[ToolCall] = (), thinking: str = "") -> dict:
@@ -155,35 +158,66 @@ def _text_choice(text: str, delta: bool, calls=(), thinking: str = "") -> dict:
     return {"text": text, "logprobs": None}
 
 
+def _logprob_shape(job: Job, kind: str):
+    """list[TokenLogprob] -> a choice's `logprobs` (chat: {"content": [...]}, completions: parallel lists
+    with each token's offset in the completion's text), or None where the request did not ask."""
+    if job.options.logprobs is None:
+        return None
+    if kind.startswith("chat"):
+        return lambda lps: logprob_fields.openai_chat(lps, job.token_bytes)
+    offsets = logprob_fields.TextOffsets()  # the text the earlier chunks' tokens spelled
+    return lambda lps: logprob_fields.openai_completion(lps, job.token_bytes, offsets)
+
+
 async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind: str, choice,
                    found: Found | None = None) -> web.StreamResponse:
     state = request.app[STATE]
     stream_options = field(body, "stream_options", dict, {})
     head = {"id": f"{prefix}-{secrets.token_hex(6)}", "created": int(time.time()), "model": job.name,
             "system_fingerprint": "fp_mlxspec"}
+    shape = _logprob_shape(job, kind)
     async with state.scheduler.session(job):
         events = pieces(job.events(), found)
         if field(body, "stream", bool, False):
             chunks = _chunks(events, head, kind + ("" if kind == "text_completion" else ".chunk"), choice,
-                             bool(stream_options.get("include_usage")))
+                             bool(stream_options.get("include_usage")), shape)
             return await sse(request, chunks, _error)
-        text, calls, thoughts, last = await collect(events)
+        logprobs: list = []
+        text, calls, thoughts, last = await collect(_noting_logprobs(events, logprobs))
         reason = "tool_calls" if calls else FINISH[last.finish_reason]
+        answer = {"index": 0, **choice(text, False, calls, thoughts), "finish_reason": reason}
+        if shape is not None:
+            answer["logprobs"] = shape(logprobs)
         return web.json_response(
-            {**head, "object": kind,
-             "choices": [{"index": 0, **choice(text, False, calls, thoughts), "finish_reason": reason}],
-             "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
+            {**head, "object": kind, "choices": [answer], "usage": _usage(last.stats), "speculative": last.stats.to_dict()}
         )
 
 
-async def _chunks(events, head: dict, kind: str, choice, include_usage: bool):
+async def _noting_logprobs(events, logprobs: list):
+    async for item in events:
+        logprobs += item[2].logprobs
+        yield item
+
+
+async def _chunks(events, head: dict, kind: str, choice, include_usage: bool, shape=None):
+    """`shape`: a chunk's logprobs (those of the tokens since the last chunk), or None."""
+    pending: list = []
+
+    def piece(content: str, calls, thinking: str, reason: str | None) -> dict:
+        nonlocal pending
+        answer = {"index": 0, **choice(content, True, calls, thinking), "finish_reason": reason}
+        if shape is not None:
+            answer["logprobs"], pending = shape(pending), []
+        return {**head, "object": kind, "choices": [answer]}
+
     async for content, calls, event, thinking in events:
+        pending += event.logprobs
         if calls:  # the calls in a chunk of their own, then the finish chunk says "tool_calls"
-            yield {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, calls, thinking), "finish_reason": None}]}
+            yield piece(content, calls, thinking, None)
             content = thinking = ""
         if content or thinking or event.done:
             reason = ("tool_calls" if calls else FINISH[event.finish_reason]) if event.done else None
-            chunk = {**head, "object": kind, "choices": [{"index": 0, **choice(content, True, (), thinking), "finish_reason": reason}]}
+            chunk = piece(content, (), thinking, reason)
             if event.done:
                 chunk["speculative"] = event.stats.to_dict()
             yield chunk

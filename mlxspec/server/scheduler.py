@@ -38,6 +38,7 @@ class Job:
     received: float = field(default_factory=time.perf_counter)
     load_seconds: float = 0.0
     prompt_ids: list[int] = field(default_factory=list)
+    token_bytes: Callable[[int], bytes] | None = None  # the model's, once it is loaded (logprobs show tokens)
     items: asyncio.Queue = field(default_factory=asyncio.Queue)
 
     def put(self, kind: str, value=None) -> None:
@@ -110,6 +111,7 @@ class Scheduler:
         entry, job.load_seconds = await self.registry.acquire(job.name, job.manifest)
         try:
             engine = entry.engine
+            job.token_bytes = engine.token_bytes
             # Templates render on a worker thread, time-limited: a slow one never holds the MLX thread.
             job.prompt_ids = await asyncio.get_running_loop().run_in_executor(None, job.build_prompt, engine)
             gen = engine.generate(job.prompt_ids, job.options, cancel=job.cancel, format=job.format)
