@@ -44,9 +44,16 @@ _O200K = (
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+# Mistral's tekken (Mistral NeMo, Ministral, Mistral Small 3.x, Devstral, Magistral): the tokenizer.json
+# regex llama.cpp quotes; o200k's without contractions, digits one by one
+_TEKKEN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 # (regexes in order, ignore_merges) per llama.cpp pre-tokenizer type. ignore_merges: a piece that is
-# a whole token is taken as it is, without merging (llama.cpp sets it for llama-3).
+# a whole token is taken as it is, without merging (llama.cpp sets it for llama-3 and tekken).
 _PRE_TYPES = {
     "default": ([r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"], False),
     "gpt2": ([_GPT2], False),
@@ -55,6 +62,7 @@ _PRE_TYPES = {
     "dbrx": ([_LLAMA3], False),  # llama-3's regex without its ignore_merges and BOS (dbrx, smaug-bpe)
     "qwen2": ([_QWEN2], False),
     "gpt-4o": ([_O200K], False),
+    "tekken": ([_TEKKEN], True),
 }
 # tokenizer.ggml.pre names -> the types above (llama_vocab::impl::load).
 PRE_TOKENIZERS = {
@@ -65,9 +73,10 @@ PRE_TOKENIZERS = {
     **dict.fromkeys(["dbrx", "smaug-bpe"], "dbrx"),
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], "qwen2"),
     **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], "gpt-4o"),
+    "tekken": "tekken",
 }
 # Pre-tokenizer types after which llama.cpp adds BOS unless the file says otherwise.
-BOS_BY_DEFAULT = {"llama3"}
+BOS_BY_DEFAULT = {"llama3", "tekken"}
 
 MODELS = ("gpt2", "llama")
 

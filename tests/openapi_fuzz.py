@@ -108,12 +108,8 @@ def requests(doc: dict, models: list[str], references: list[str]) -> st.SearchSt
     import schemathesis
     from schemathesis.generation.modes import GenerationMode
 
-    for name, strategy in formats(models, references).items():
-        schemathesis.openapi.format(name, strategy)
-    schema = schemathesis.openapi.from_dict(copy.deepcopy(doc))
     calls = []
-    for result in schema.get_all_operations():
-        op = result.ok()
+    for op in _operations(doc, models, references):
         valid = op.as_strategy(GenerationMode.POSITIVE).map(lambda case, op=op: _call(op, case, "valid", models))
         if "requestBody" not in op.definition.raw:  # GET / HEAD: no body, now and then one anyway
             weird = st.tuples(valid, WEIRD).map(lambda t: _with(t[0], body=t[1], mode="hostile"))
@@ -130,6 +126,22 @@ def requests(doc: dict, models: list[str], references: list[str]) -> st.SearchSt
 
 
 GENERATION = ("/api/generate", "/api/chat", "/v1/chat/completions", "/v1/completions")  # drawn 3x as often: the deep paths
+
+
+def valid_requests(doc: dict, models: list[str], references: list[str], path: str) -> st.SearchStrategy:
+    """Schema-valid calls of the POST operation at `path` alone."""
+    from schemathesis.generation.modes import GenerationMode
+
+    op = next(op for op in _operations(doc, models, references) if op.path == path and op.method == "post")
+    return op.as_strategy(GenerationMode.POSITIVE).map(lambda case: _call(op, case, "valid", models))
+
+
+def _operations(doc: dict, models: list[str], references: list[str]) -> list:
+    import schemathesis
+
+    for name, strategy in formats(models, references).items():
+        schemathesis.openapi.format(name, strategy)
+    return [result.ok() for result in schemathesis.openapi.from_dict(copy.deepcopy(doc)).get_all_operations()]
 
 
 def _call(op, case, mode: str, models: list[str]) -> Call:

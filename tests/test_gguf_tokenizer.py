@@ -67,9 +67,16 @@ def test_o200k_keeps_contractions_with_their_word():
     assert split("llama-bpe", " It'S 12345") == ["ĠIt", "'S", "Ġ", "123", "45"]
 
 
-def test_llama3_takes_whole_tokens_before_merging():
-    """llama.cpp sets ignore_merges for llama-3: a piece that is a token is that token."""
-    vocab = gpt2_vocab("llama-bpe", extra=("Ġxyz",))
+def test_tekken_splits_case_runs_and_single_digits():
+    """Mistral's tekken: o200k's letter runs without its contractions, digits one by one."""
+    pieces = [p for p, _ in build_backend(gpt2_vocab("tekken"), "t").pre_tokenizer.pre_tokenize_str(" It'S 12345")]
+    assert pieces == ["ĠIt", "'S", "Ġ", "1", "2", "3", "4", "5"]
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "tekken"])
+def test_llama3_takes_whole_tokens_before_merging(pre):
+    """llama.cpp sets ignore_merges for llama-3 and tekken: a piece that is a token is that token."""
+    vocab = gpt2_vocab(pre, extra=("Ġxyz",))
     tokens = vocab["tokens"]
     assert [tokens[i] for i in build_backend(vocab, "t").encode(" xyz").ids] == ["Ġxyz"]
     vocab["pre"] = "gpt-2"  # no merge builds it, so BPE alone spells it out
@@ -133,9 +140,9 @@ def test_unknown_pre_tokenizer_refused_on_load(tmp_path):
 
 
 @pytest.mark.parametrize("pre, add_bos, bos", [("llama-bpe", None, True), ("llama-bpe", False, False),
-                                               ("smollm", None, False), ("smollm", True, True)])
+                                               ("tekken", None, True), ("smollm", None, False), ("smollm", True, True)])
 def test_bos_follows_the_file_then_llama_cpp_default(tmp_path, pre, add_bos, bos):
-    """No add_bos flag: llama.cpp adds BOS for llama-3 vocabularies, not for other byte-level ones."""
+    """No add_bos flag: llama.cpp adds BOS for llama-3 and tekken vocabularies, not for other byte-level ones."""
     _, tokenizer, _ = load_gguf(fx.write_tiny_llama_gguf(tmp_path / "b.gguf", "Q4_0", pre=pre, add_bos=add_bos))
     ids = tokenizer.encode(" the world")
     assert (ids[0] == fx.BOS_ID) is bos and len(ids) == 2 + bos
