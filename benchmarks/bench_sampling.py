@@ -43,8 +43,8 @@ PROMPTS = ["Write a short story about a robot.", "Explain how a bicycle works.",
            "What is the capital of France? Answer in detail."]
 
 
-def mlx_lm_draw(logits: mx.array, s: Sampling, key: mx.array) -> mx.array:
-    """mlx-lm's filters over the vocabulary in mlx-lm's order, then its categorical draw."""
+def mlx_lm_filtered(logits: mx.array, s: Sampling) -> mx.array:
+    """mlx-lm's filters over the vocabulary in mlx-lm's order: log-probabilities, -inf where dropped."""
     lp = logits.astype(mx.float32)
     lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
     if s.top_p < 1.0:
@@ -53,7 +53,12 @@ def mlx_lm_draw(logits: mx.array, s: Sampling, key: mx.array) -> mx.array:
         lp = apply_min_p(lp, s.min_p)
     if 0 < s.top_k < lp.shape[-1]:
         lp = apply_top_k(lp, s.top_k)
-    return mx.random.categorical(lp / s.temperature, key=key)
+    return lp
+
+
+def mlx_lm_draw(logits: mx.array, s: Sampling, key: mx.array) -> mx.array:
+    """mlx-lm's filters, then its categorical draw (mlx_lm.sample_utils.categorical_sampling)."""
+    return mx.random.categorical(mlx_lm_filtered(logits, s) / s.temperature, key=key)
 
 
 def math_ms(vocab: int, repeats: int = 100) -> dict:

@@ -6,23 +6,16 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
 from scipy.stats import chisquare
+
+from benchmark_scripts import load
 
 from mlxspec.sampling import Sampling, probabilities, sample
 
 
 def mlx_lm_probabilities(logits: mx.array, s: Sampling) -> mx.array:
     """The definition: mlx-lm's filters in mlx-lm's order over the vocabulary, then temperature."""
-    lp = logits.astype(mx.float32)
-    lp = lp - mx.logsumexp(lp, axis=-1, keepdims=True)
-    if s.top_p < 1.0:
-        lp = apply_top_p(lp, s.top_p)
-    if s.min_p > 0.0:
-        lp = apply_min_p(lp, s.min_p)
-    if 0 < s.top_k < lp.shape[-1]:
-        lp = apply_top_k(lp, s.top_k)
-    return mx.softmax(lp / s.temperature, axis=-1)
+    return mx.softmax(load("bench_sampling").mlx_lm_filtered(logits, s) / s.temperature, axis=-1)
 
 
 SETTINGS = [Sampling(0.8), Sampling(0.8, 40, 0.9), Sampling(1.0, 0, 0.9), Sampling(0.7, 40, 1.0, 0.05),
