@@ -86,11 +86,6 @@ class Verifier:
             logits = mx.where(allowed[:, : logits.shape[-1]], logits, mx.array(-float("inf"), dtype=logits.dtype))
         return logits, hidden, raw
 
-    def logprobs(self, raw: mx.array, tokens: mx.array) -> LogprobRows | None:
-        """Lazy logprobs of `tokens`, row by row, where the options ask for them."""
-        top = self.opts.logprobs
-        return None if top is None else LogprobRows.of(raw, tokens, top)
-
     def accept(self, logits: mx.array, draft: Draft, verify_key) -> tuple[mx.array, mx.array]:
         """(accepted count, next token), lazy: greedy, or rejection sampling against the draft."""
         if self.sampling.greedy:
@@ -134,7 +129,8 @@ class PlainRound:
         verify_key = self.v.keys()[1]
         logits, hidden, raw = self.v.forward(token, cache, history, None)
         _, nxt = self.v.accept(logits, Draft.empty(), verify_key)
-        rows = self.v.logprobs(raw, nxt.reshape(1))
+        top = self.v.opts.logprobs
+        rows = None if top is None else LogprobRows.of(raw, nxt.reshape(1), top)
         mx.async_eval(nxt, *([] if rows is None else rows.arrays))
         return nxt, hidden, rows
 
@@ -155,9 +151,10 @@ class ChainRound:
         saved = snapshot(cache)  # recurrent layers' states (hybrid models): their rows cannot be trimmed
         logits, hidden, raw = v.forward(x, cache, context, draft.tokens)  # (1 + kd, V)
         n, nxt = v.accept(logits, draft, verify_key)
-        # row i gives token i: the draft it kept, or (row n) the target's own
-        emitted = mx.where(mx.arange(draft.count + 1) < n, mx.concatenate([draft.tokens, nxt.reshape(1)]), nxt)
-        rows = v.logprobs(raw, emitted.astype(mx.uint32))
+        rows = None
+        if v.opts.logprobs is not None:  # row i gives token i: the draft it kept, or (row n) the target's own
+            emitted = mx.where(mx.arange(draft.count + 1) < n, mx.concatenate([draft.tokens, nxt.reshape(1)]), nxt)
+            rows = LogprobRows.of(raw, emitted.astype(mx.uint32), v.opts.logprobs)
         mx.eval(n, nxt, draft.tokens, *([] if rows is None else rows.arrays))  # the round's one host synchronisation
         stats.host_syncs += 1
         n = int(n.item())
