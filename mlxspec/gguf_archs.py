@@ -184,7 +184,7 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
     config |= _rope_scaling(name, get, path)
     if name in ("gemma2", "gemma3"):
-        config |= _gemma_config(name, get, config)
+        config |= _gemma_config(name, get, config, path)
     if name == "qwen3moe":
         config |= _moe_config(get)
     if arch is MIXTRAL:  # experts in place of the FFN; feed_forward_length is an expert's
@@ -247,7 +247,7 @@ def _rope_scaling(name: str, get, path: Path) -> dict:
     raise ModelLoadError(f"{path.name}: rope scaling {scaling!r} is not supported for {name}")
 
 
-def _gemma_config(name: str, get, config: dict) -> dict:
+def _gemma_config(name: str, get, config: dict, path: Path) -> dict:
     big = config["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[name]  # the 27B sizes
     scalar = config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
     extra = {"query_pre_attn_scalar": scalar}
@@ -259,9 +259,21 @@ def _gemma_config(name: str, get, config: dict) -> dict:
         extra["sliding_window"] = get("attention.sliding_window", 4096)
     else:
         extra["sliding_window"] = get("attention.sliding_window")
-        extra["sliding_window_pattern"] = get("attention.sliding_window_pattern", 6)
+        extra["sliding_window_pattern"] = _window_pattern(get("attention.sliding_window_pattern", 6),
+                                                          config["num_hidden_layers"], path)
         extra["rope_local_base_freq"] = get("rope.freq_base_swa", 10000.0)
     return extra
+
+
+def _window_pattern(pattern, layers: int, path: Path) -> int:
+    """gemma3's sliding-window pattern as mlx-lm's period (every n-th layer global). Ollama's converter
+    writes it per layer (true: sliding), as Hugging Face's layer_types; a period must describe it."""
+    if not isinstance(pattern, list):
+        return pattern
+    period = next((i + 1 for i, sliding in enumerate(pattern) if not sliding), len(pattern) + 1)
+    if len(pattern) != layers or any(bool(sliding) != ((i + 1) % period != 0) for i, sliding in enumerate(pattern)):
+        raise ModelLoadError(f"{path.name}: a sliding-window pattern that is not every n-th layer global is not supported")
+    return period
 
 
 def adapt_tensor(arch: Arch, gguf_name: str, array: mx.array) -> mx.array:

@@ -75,6 +75,18 @@ def test_a_short_context_ollama_gemma3_gets_no_rope_scaling(tmp_path):
     assert "rope_scaling" not in config and config["rope_theta"] == 1e4
 
 
+def test_ollamas_per_layer_window_pattern_is_read_as_a_period(tmp_path):
+    """Ollama's converter writes gemma3:1b's pattern per layer (true: sliding), as layer_types."""
+    src, hp = write_case(tmp_path, "gemma3")  # six layers: five sliding, then a global one
+    path = rewrite(src, tmp_path / "pattern.gguf", set={"gemma3.attention.sliding_window_pattern": [True] * 5 + [False]})
+    model, _, config = load_gguf(path)
+    assert config["sliding_window_pattern"] == 6
+    np.testing.assert_array_equal(mlx_logits(model, TOKENS), mlx_logits(load_gguf(src)[0], TOKENS))
+    odd = rewrite(src, tmp_path / "odd.gguf", set={"gemma3.attention.sliding_window_pattern": [True, False] * 2 + [True] * 2})
+    with pytest.raises(ModelLoadError, match="not every n-th layer global"):
+        load_gguf(odd)
+
+
 def test_ollamas_embeddinggemma_is_refused_by_name(tmp_path):
     src, _ = write_case(tmp_path, "gemma3")
     path = rewrite(src, tmp_path / "embeddinggemma.gguf", extra_tensors={"dense.0.weight": np.ones((8, 8)),
