@@ -117,6 +117,9 @@ ARCHS = {
     "granite": Arch("granite", "granite", True, interleaved_rope=True),
     "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
     "starcoder2": Arch("starcoder2", "starcoder2", False, STARCODER2_BLOCK, gelu_tanh=True, layer_norm=True),
+    # Ministral 3, Mistral Small 3.1/3.2, Magistral, Devstral 2: llama's tensors and interleaved rope,
+    # YaRN, and Llama 4's attention temperature (queries scaled up past each original context length)
+    "mistral3": Arch("ministral3", "ministral3", True, interleaved_rope=True),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -193,6 +196,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count")}
     if name == "gpt-oss":
         config |= _gpt_oss_config(get, config)
+    if name == "mistral3":
+        config |= _mistral3_config(get, config, path)
     if name == "granite":
         if head_dim != hidden // heads or "rope_scaling" in config:
             raise ModelLoadError(f"{path.name}: granite with head_dim != hidden/heads or rope scaling is not supported")
@@ -201,6 +206,20 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
                    "attention_multiplier": get("attention.scale", 0.0) or head_dim**-0.5,
                    "logits_scaling": get("logit_scale", 1.0), "attention_bias": False, "mlp_bias": False}
     return config
+
+
+def _mistral3_config(get, config: dict, path: Path) -> dict:
+    """mlx-lm's ministral3 `rope_parameters`. llama.cpp's mistral3 graph cancels YaRN's magnitude
+    factor (attn_factor = 1 / (1 + 0.1 ln factor)): mscale = mscale_all_dim = 1 says the same here."""
+    if config.get("num_local_experts") or get("expert_count", 0):
+        raise ModelLoadError(f"{path.name}: mistral3 with experts is not supported")
+    if "rope_scaling" in config and config["rope_scaling"]["rope_type"] != "yarn":
+        raise ModelLoadError(f"{path.name}: mistral3 with {config['rope_scaling']['rope_type']} rope scaling is not supported")
+    yarn = config.pop("rope_scaling", None)
+    original = yarn["original_max_position_embeddings"] if yarn else config["max_position_embeddings"]
+    rope = {"rope_type": "default"} if yarn is None else {**yarn, "mscale": 1.0, "mscale_all_dim": 1.0}
+    return {"rope_parameters": {**rope, "rope_theta": config["rope_theta"], "original_max_position_embeddings": original,
+                                "llama_4_scaling_beta": float(get("attention.temperature_scale", 0.0))}}
 
 
 def _gpt_oss_config(get, config: dict) -> dict:
@@ -233,10 +252,11 @@ def _rope_scaling(name: str, get, path: Path) -> dict:
         return {}
     if scaling == "linear" and name != "phi3":
         return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(get("rope.scaling.factor"))}}
-    if scaling == "yarn" and name == "gpt-oss":  # llama.cpp's defaults: beta_fast 32, beta_slow 1
+    if scaling == "yarn" and name in ("gpt-oss", "mistral3"):  # llama.cpp's defaults: beta_fast 32, beta_slow 1
         tuned = {"yarn_ext_factor": (get("rope.scaling.yarn_ext_factor", -1.0), (-1.0, 1.0)),
-                 "yarn_attn_factor": (get("rope.scaling.yarn_attn_factor", 1.0), (1.0,)),
-                 "yarn_log_multiplier": (get("rope.scaling.yarn_log_multiplier", 0.0), (0.0,))}
+                 "yarn_attn_factor": (get("rope.scaling.yarn_attn_factor", 1.0), (1.0,))}
+        if name == "gpt-oss":  # mistral3's graph sets its own magnitude factor: the multiplier changes nothing there
+            tuned["yarn_log_multiplier"] = (get("rope.scaling.yarn_log_multiplier", 0.0), (0.0,))
         odd = [f"{key}={value}" for key, (value, usual) in tuned.items() if value not in usual]
         if odd:  # mlx-lm's YaRN has no such knobs
             raise ModelLoadError(f"{path.name}: YaRN with {', '.join(odd)} is not supported")
@@ -297,11 +317,14 @@ class FreqFactorRoPE(Llama3RoPE):
 
 
 def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
-    """Granite: llama.cpp's converter permuted q/k for interleaved rope, which mlx-lm's module does
-    not offer: each layer gets MLX's interleaved RoPE (per model: this instance's modules)."""
+    """Granite, mistral3: llama.cpp's converter permuted q/k for interleaved rope, which mlx-lm's
+    modules do not offer: each layer gets the same rope, interleaved (per model: this instance's modules)."""
     if not arch.interleaved_rope:
         return
-    rope = nn.RoPE(config["head_dim"], traditional=True, base=config["rope_theta"])
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    scaling = config.get("rope_parameters") or config.get("rope_scaling")
+    rope = initialize_rope(config["head_dim"], config["rope_theta"], True, scaling, config["max_position_embeddings"])
     for layer in model.layers:
         layer.self_attn.rope = rope
 

@@ -13,6 +13,7 @@ gguf_archs only ever sees llama.cpp's layout:
              expert FFN length, no YaRN type, the wrong pre-tokenizer name
     llama    Llama 3 vocabularies without a pre-tokenizer name, or with no end of turn where chats
              end with <|eot_id|>
+    mistral3 YaRN's betas and the attention temperature under other key names, no pre-tokenizer name
 
     header = translate(read_header(path))   # a llama.cpp-layout header, or the same one
 
@@ -39,6 +40,9 @@ GEMMA3_CHAT_TEMPLATE = (
 GEMMA3_MARKERS = ("gemma3.mm.tokens_per_image", "gemma3.rope.global.freq_base", "gemma3.rope.local.freq_base",
                   "tokenizer.ggml.add_padding_token", "tokenizer.ggml.add_unknown_token")
 GPTOSS_TENSORS = {"attn_out": "attn_output", "ffn_norm": "post_attention_norm"}  # blk.N.<part>.weight
+MISTRAL3_KEYS = {  # Ollama's name -> llama.cpp's, under mistral3.
+    "rope.scaling.beta_fast": "rope.scaling.yarn_beta_fast", "rope.scaling.beta_slow": "rope.scaling.yarn_beta_slow",
+    "rope.scaling.mscale_all_dim": "rope.scaling.yarn_log_multiplier", "rope.scaling_beta": "attention.temperature_scale"}
 LLAMA3_EOT = 128009  # <|eot_id|>
 LLAMA3_END_OF_TEXT = 128001  # <|end_of_text|>
 
@@ -46,7 +50,7 @@ LLAMA3_END_OF_TEXT = 128001  # <|end_of_text|>
 def translate(header: Header) -> Header:
     """The header as llama.cpp's converter would have written it (the same object if nothing changes)."""
     arch = header.metadata.get("general.architecture")
-    fix = {"gemma3": _gemma3, "gptoss": _gptoss, "llama": _llama3}.get(arch)
+    fix = {"gemma3": _gemma3, "gptoss": _gptoss, "llama": _llama3, "mistral3": _mistral3}.get(arch)
     return fix(header) if fix is not None else header
 
 
@@ -142,3 +146,17 @@ def _llama3(header: Header) -> Header:
     if meta.get("tokenizer.ggml.eot_token_id") in (None, LLAMA3_END_OF_TEXT):
         meta["tokenizer.ggml.eot_token_id"] = LLAMA3_EOT
     return _replace(header, meta)
+
+
+def _mistral3(header: Header) -> Header:
+    meta = header.metadata
+    ollamas = any(f"mistral3.{key}" in meta for key in MISTRAL3_KEYS if key != "rope.scaling.beta_slow")
+    if not ollamas and not any(t.name.startswith(("v.", "mm.")) for t in header.tensors):
+        return header
+    meta = dict(meta)
+    for theirs, ours in MISTRAL3_KEYS.items():
+        if f"mistral3.{theirs}" in meta:
+            meta.setdefault(f"mistral3.{ours}", meta[f"mistral3.{theirs}"])
+    if meta.get("tokenizer.ggml.pre") in (None, "", "default"):
+        meta["tokenizer.ggml.pre"] = "tekken"
+    return _replace(header, meta)  # the vision tower (v.*, mm.*) is skipped by gguf_archs.IGNORED_PREFIXES

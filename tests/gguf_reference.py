@@ -41,7 +41,9 @@ class Hparams:
     swa_rope_base: float = 10000.0  # gemma3 sliding layers' rope base
     experts_used: int = 2  # qwen3moe, gpt-oss: experts per token
     norm_topk: bool = True  # qwen3moe: the chosen experts' weights renormalized to sum to 1
-    yarn: tuple[float, int] | None = None  # gpt-oss: YaRN (factor, original context), betas 32 and 1
+    yarn: tuple[float, int] | None = None  # gpt-oss, mistral3: YaRN (factor, original context), betas 32 and 1
+    yarn_magnitude: bool = True  # YaRN's 1 + 0.1 ln(factor) on cos and sin (mistral3's graph cancels it)
+    attn_temp: tuple[float, int] | None = None  # mistral3: queries x 1 + beta ln(1 + floor(pos / original context))
     sinks: bool = True  # gpt-oss: each head's learned sink joins its softmax
     embed_scale: float = 1.0  # granite: embeddings times this
     residual_scale: float = 1.0  # granite: each block's attention and FFN outputs times this
@@ -90,6 +92,9 @@ def _block(w, p, hp: Hparams, layer: int, x):
     gemma_local = sliding and hp.arch.startswith("gemma")  # gemma3's local layers: their own rope
     base, scale = (hp.swa_rope_base, 1.0) if gemma_local else (hp.rope_base, hp.rope_scale)
     q, k = (_rope(t, hp, base, scale) for t in (q, k))
+    if hp.attn_temp is not None:  # llama.cpp's attn_temp input (mistral3: no position offset)
+        beta, context = hp.attn_temp
+        q = q * (1 + beta * np.log(1 + np.floor(np.arange(T) / context)))[:, None, None]
 
     scores = np.einsum("thd,shd->hts", q, np.repeat(k, hp.heads // hp.kv_heads, axis=1))
     scores *= hp.attn_scale or hd**-0.5
@@ -191,7 +196,7 @@ def _rope(x, hp: Hparams, base: float, scale: float):
         low, high = max(0.0, np.floor(corr(32.0))), min(n_rot - 1.0, np.ceil(corr(1.0)))
         ramp = 1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)
         theta = theta / factor * (1 - ramp) + theta * ramp
-        mscale = 1 + 0.1 * np.log(factor)
+        mscale = 1 + 0.1 * np.log(factor) if hp.yarn_magnitude else 1.0
     angles = np.arange(len(x))[:, None] * theta[None, :] / scale  # (T, n_rot/2)
     cos, sin = mscale * np.cos(angles)[:, None, :], mscale * np.sin(angles)[:, None, :]
     out = x.copy()

@@ -66,6 +66,13 @@ CASES = {
                     hp=dict(rope_base=150000.0, swa_window=4, swa_pattern=2, yarn=(32.0, 4096), experts_used=3)),
     # StarCoder2 (code completion): LayerNorms with biases, biased q/k/v/o, an ungated GELU (tanh) MLP, NEOX rope.
     "starcoder2": dict(arch="starcoder2", metadata={"rope.freq_base": 100000.0}, hp=dict(rope_base=100000.0)),
+    # Ministral 3 / Mistral Small 3.2's layout: llama's tensors and interleaved rope, YaRN x4 over a 4-position
+    # original context, and the attention temperature past it (the positions of TOKENS reach 11)
+    "mistral3": dict(arch="mistral3", dims=Dims(head_dim=32), metadata={
+        "rope.freq_base": 1000000.0, "rope.scaling.type": "yarn", "rope.scaling.factor": 4.0,
+        "rope.scaling.original_context_length": 4, "rope.scaling.yarn_log_multiplier": 1.0,
+        "attention.temperature_scale": 0.5},
+        hp=dict(rope_base=1000000.0, yarn=(4.0, 4), yarn_magnitude=False, attn_temp=(0.5, 4))),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -87,6 +94,7 @@ TEETH = {
     "mixtral": [dict(arch="qwen2"), dict(norm_topk=False)],
     "gpt-oss": [dict(yarn=None), dict(sinks=False), dict(swa_window=None), dict(experts_used=2)],
     "starcoder2": [dict(rope_base=10000.0)],
+    "mistral3": [dict(attn_temp=None), dict(yarn=None), dict(yarn_magnitude=True), dict(arch="qwen2")],
 }
 
 
@@ -118,7 +126,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite",
-                                  "starcoder2"])
+                                  "starcoder2", "mistral3"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

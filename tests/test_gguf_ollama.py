@@ -96,7 +96,7 @@ def test_ollamas_embeddinggemma_is_refused_by_name(tmp_path):
 
 
 def test_llama_cpp_files_pass_through_unchanged(tmp_path):
-    for name in ("gemma3", "gpt-oss", "llama3"):
+    for name in ("gemma3", "gpt-oss", "llama3", "mistral3"):
         header = read_header(write_case(tmp_path, name)[0])
         assert translate(header) is header
 
@@ -134,6 +134,24 @@ def test_an_early_ollama_gptoss_is_refused_by_name(tmp_path, fused):
     _, path = ollama_gptoss(tmp_path, renames={f"blk.0.{part}.weight": f"blk.0.{fused}.weight"})
     with pytest.raises(ModelLoadError, match=f"early Ollama gpt-oss layout \\(fused blk.0.{fused}"):
         load_gguf(path)
+
+
+def test_an_ollama_mistral3_loads_as_llama_cpps(tmp_path):
+    """Ollama's mistral3 (Mistral Small 3.1/3.2, Ministral 3): YaRN's betas and the attention temperature
+    under its own names, a vision tower in the file, no pre-tokenizer name (tekken, as Ollama sets it)."""
+    src, _ = write_case(tmp_path, "mistral3")
+    meta = read_header(src).metadata
+    renames = {"rope.scaling.yarn_log_multiplier": "rope.scaling.mscale_all_dim",
+               "attention.temperature_scale": "rope.scaling_beta"}
+    path = rewrite(src, tmp_path / "ollama-mistral3.gguf", drop=[f"mistral3.{k}" for k in renames],
+                   set={**{f"mistral3.{theirs}": meta[f"mistral3.{ours}"] for ours, theirs in renames.items()},
+                        "mistral3.rope.scaling.beta_fast": 16.0, "tokenizer.ggml.pre": "default"},
+                   extra_tensors={"v.patch_conv.weight": np.ones((4, 4)), "mm.linear_1.weight": np.ones((4, 4))})
+    with_betas = rewrite(src, tmp_path / "betas.gguf", set={"mistral3.rope.scaling.yarn_beta_fast": 16.0})
+    model, _, config = load_gguf(path)
+    assert config["rope_parameters"]["llama_4_scaling_beta"] == 0.5 and config["rope_parameters"]["beta_fast"] == 16.0
+    assert np.array_equal(mlx_logits(model, TOKENS), mlx_logits(load_gguf(with_betas)[0], TOKENS))
+    assert translate(read_header(path)).metadata["tokenizer.ggml.pre"] == "tekken"
 
 
 def llama3_header(pre: str | None, eos: int | None, template: str = "") -> Header:

@@ -178,11 +178,18 @@ def test_granite_gguf_runs_the_kernels_and_speculates_exactly(tmp_path):
     assert tokens == run(plain, prompt, max_tokens=30)[0] and last.stats.drafted > 0 and last.stats.exact
 
 
-@pytest.mark.parametrize("arch", ["gemma", "starcoder2"])
+MISTRAL3 = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scaling.original_context_length": 8,
+            "attention.temperature_scale": 0.5}
+
+
+@pytest.mark.parametrize("arch", ["gemma", "starcoder2", "mistral3"])
 def test_code_model_ggufs_run_the_kernels_and_speculate_exactly(tmp_path, arch):
     """CodeGemma's and StarCoder2's architectures (llama.cpp's tanh GELU swapped into mlx-lm's MLPs;
-    starcoder2's biased projections): the per-op kernels run them, and lookup keeps plain's tokens."""
-    path = str(write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q4_0", arch=arch, tokenizer="llama"))
+    starcoder2's biased projections), and mistral3's (interleaved YaRN, the attention temperature past
+    8 positions: every verify row scaled for its own position): the per-op kernels run them, and lookup
+    keeps plain's tokens."""
+    path = str(write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q4_0", arch=arch, tokenizer="llama",
+                                     metadata=MISTRAL3 if arch == "mistral3" else None))
     plain = Engine.load(path)
     assert plain.info["architecture"] == arch
     report = plain.kernels["target"]
