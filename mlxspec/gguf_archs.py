@@ -209,8 +209,9 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
 
 
 def _mistral3_config(get, config: dict, path: Path) -> dict:
-    """mlx-lm's ministral3 `rope_parameters`. llama.cpp's mistral3 graph cancels YaRN's magnitude
-    factor (attn_factor = 1 / (1 + 0.1 ln factor)): mscale = mscale_all_dim = 1 says the same here."""
+    """mlx-lm's ministral3 `rope_parameters`. YaRN's magnitude is 1, as Ministral's config has it
+    (mscale = mscale_all_dim) and as llama.cpp's mistral3 graph set it (attn_factor = 1 / (1 + 0.1 ln
+    factor) against ggml's own factor); a file meaning otherwise is not told apart."""
     if config.get("num_local_experts") or get("expert_count", 0):
         raise ModelLoadError(f"{path.name}: mistral3 with experts is not supported")
     if "rope_scaling" in config and config["rope_scaling"]["rope_type"] != "yarn":
