@@ -83,6 +83,13 @@ GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
     "ffn_up_exps": "mlp.experts.up_proj",
     "ffn_down_exps": "mlp.experts.down_proj",
 }
+OLMO2_BLOCK = {  # no norms before attention and the MLP: after them, and q/k norms over whole projections
+    **{k: v for k, v in LLAMA_BLOCK.items() if not k.endswith("_norm")},
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
 STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections, a plain GELU MLP
     "ffn_up": "mlp.c_fc",
     "ffn_down": "mlp.c_proj",
@@ -120,6 +127,7 @@ ARCHS = {
     # Ministral 3, Mistral Small 3.1/3.2, Magistral, Devstral 2: llama's tensors and interleaved rope,
     # YaRN, and Llama 4's attention temperature (queries scaled up past each original context length)
     "mistral3": Arch("ministral3", "ministral3", True, interleaved_rope=True),
+    "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),  # OLMo 2 (OLMo 3's sliding windows: refused)
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -198,6 +206,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gpt_oss_config(get, config)
     if name == "mistral3":
         config |= _mistral3_config(get, config, path)
+    if name == "olmo2" and get("attention.sliding_window", 0):
+        raise ModelLoadError(f"{path.name}: olmo2 with sliding-window layers (OLMo 3) is not supported")
     if name == "granite":
         if head_dim != hidden // heads or "rope_scaling" in config:
             raise ModelLoadError(f"{path.name}: granite with head_dim != hidden/heads or rope scaling is not supported")

@@ -14,6 +14,7 @@ gguf_archs only ever sees llama.cpp's layout:
     llama    Llama 3 vocabularies without a pre-tokenizer name, or with no end of turn where chats
              end with <|eot_id|>
     mistral3 YaRN's betas and the attention temperature under other key names, no pre-tokenizer name
+    olmo3    llama.cpp has no such name: its olmo2 reads the same layout
 
     header = translate(read_header(path))   # a llama.cpp-layout header, or the same one
 
@@ -50,7 +51,7 @@ LLAMA3_END_OF_TEXT = 128001  # <|end_of_text|>
 def translate(header: Header) -> Header:
     """The header as llama.cpp's converter would have written it (the same object if nothing changes)."""
     arch = header.metadata.get("general.architecture")
-    fix = {"gemma3": _gemma3, "gptoss": _gptoss, "llama": _llama3, "mistral3": _mistral3}.get(arch)
+    fix = {"gemma3": _gemma3, "gptoss": _gptoss, "llama": _llama3, "mistral3": _mistral3, "olmo3": _olmo3}.get(arch)
     return fix(header) if fix is not None else header
 
 
@@ -160,3 +161,12 @@ def _mistral3(header: Header) -> Header:
     if meta.get("tokenizer.ggml.pre") in (None, "", "default"):
         meta["tokenizer.ggml.pre"] = "tekken"
     return _replace(header, meta)  # the vision tower (v.*, mm.*) is skipped by gguf_archs.IGNORED_PREFIXES
+
+
+def _olmo3(header: Header) -> Header:
+    meta = {key: value for key, value in header.metadata.items() if not key.startswith("olmo3.")}
+    for key, value in header.metadata.items():
+        if key.startswith("olmo3."):
+            meta.setdefault("olmo2." + key[len("olmo3."):], value)
+    meta["general.architecture"] = "olmo2"
+    return _replace(header, meta)

@@ -122,7 +122,8 @@ def write_tiny_llama_gguf(
     types the `gguf` package cannot quantize (K-quants) get random bytes of the right size.
     arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma" (llama's tensors),
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
-    biased projections, an ungated up/down MLP; layer_norm_epsilon), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
+    biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
+    the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
@@ -222,7 +223,8 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
     shapes = {"token_embd.weight": (vocab, hidden)}
     for i in range(dims.layers):
         b = f"blk.{i}"
-        shapes[f"{b}.attn_norm.weight"] = (hidden,)
+        if arch != "olmo2":  # olmo2 norms after attention and the MLP, not before
+            shapes[f"{b}.attn_norm.weight"] = (hidden,)
         if arch == "gpt-oss":
             shapes |= _gpt_oss_block(b, dims)
             continue
@@ -242,9 +244,12 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             continue
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
-        if arch in ("gemma2", "gemma3"):
+        if arch == "olmo2":  # over the whole projections
+            shapes |= {f"{b}.attn_q_norm.weight": (q_rows,), f"{b}.attn_k_norm.weight": (kv_rows,)}
+        if arch in ("gemma2", "gemma3", "olmo2"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
-        shapes[f"{b}.ffn_norm.weight"] = (hidden,)
+        if arch != "olmo2":
+            shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch == "phi3":
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
         elif arch in ("qwen3moe", "mixtral"):
@@ -255,7 +260,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         else:
             shapes |= {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden)}
         shapes[f"{b}.ffn_down.weight"] = (hidden, dims.ffn)
-        if arch in ("gemma2", "gemma3"):
+        if arch in ("gemma2", "gemma3", "olmo2"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
     shapes["output_norm.weight"] = (hidden,)
     if arch == "starcoder2":

@@ -18,7 +18,7 @@ import numpy as np
 
 import gguf
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2")
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2")
 
 
 @dataclass
@@ -79,13 +79,16 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
 
 def _block(w, p, hp: Hparams, layer: int, x):
     T, hd = len(x), hp.head_dim
-    h = _norm(w, p + "attn_norm", hp, x)
+    olmo2 = hp.arch == "olmo2"  # no norm before attention or the MLP; q/k normed over whole projections
+    h = x if olmo2 else _norm(w, p + "attn_norm", hp, x)
     if p + "attn_qkv.weight" in w:  # phi3: q rows, then k, then v
         q, k, v = np.split(h @ w[p + "attn_qkv.weight"].T, [hp.heads * hd, (hp.heads + hp.kv_heads) * hd], axis=-1)
     else:
         q, k, v = (h @ w[p + f"attn_{n}.weight"].T + w.get(p + f"attn_{n}.bias", 0.0) for n in "qkv")
+    if olmo2:
+        q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
     q, k, v = q.reshape(T, hp.heads, hd), k.reshape(T, hp.kv_heads, hd), v.reshape(T, hp.kv_heads, hd)
-    if p + "attn_q_norm.weight" in w:
+    if p + "attn_q_norm.weight" in w and not olmo2:
         q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
 
     sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
@@ -118,7 +121,7 @@ def _block(w, p, hp: Hparams, layer: int, x):
         out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
     x = x + out * hp.residual_scale
 
-    h = _norm(w, p + "ffn_norm", hp, x)
+    h = x if olmo2 else _norm(w, p + "ffn_norm", hp, x)
     if p + "ffn_gate_inp.weight" in w:
         return x + _moe(w, p, hp, h)
     if hp.arch == "starcoder2":  # llama.cpp's LLM_FFN_GELU, LLM_FFN_SEQ: up, GELU, down, each biased

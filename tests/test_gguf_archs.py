@@ -73,6 +73,8 @@ CASES = {
         "rope.scaling.original_context_length": 4, "rope.scaling.yarn_log_multiplier": 1.0,
         "attention.temperature_scale": 0.5},
         hp=dict(rope_base=1000000.0, yarn=(4.0, 4), yarn_magnitude=False, attn_temp=(0.5, 4))),
+    # OLMo 2: norms after attention and the MLP (none before), q/k norms over the whole projections, NEOX rope.
+    "olmo2": dict(arch="olmo2", metadata={"rope.freq_base": 500000.0}, hp=dict(rope_base=500000.0)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -95,6 +97,7 @@ TEETH = {
     "gpt-oss": [dict(yarn=None), dict(sinks=False), dict(swa_window=None), dict(experts_used=2)],
     "starcoder2": [dict(rope_base=10000.0)],
     "mistral3": [dict(attn_temp=None), dict(yarn=None), dict(yarn_magnitude=True), dict(arch="qwen2")],
+    "olmo2": [dict(rope_base=10000.0), dict(rope_dims=8)],
 }
 
 
@@ -126,7 +129,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite",
-                                  "starcoder2", "mistral3"])
+                                  "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

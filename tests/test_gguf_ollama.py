@@ -154,6 +154,15 @@ def test_an_ollama_mistral3_loads_as_llama_cpps(tmp_path):
     assert translate(read_header(path)).metadata["tokenizer.ggml.pre"] == "tekken"
 
 
+def test_ollamas_olmo3_reads_as_olmo2_and_its_sliding_windows_are_refused_by_name(tmp_path):
+    src, _ = write_case(tmp_path, "olmo2")
+    renamed = rewrite(src, tmp_path / "olmo3.gguf", arch="olmo3")
+    assert np.array_equal(mlx_logits(load_gguf(renamed)[0], TOKENS), mlx_logits(load_gguf(src)[0], TOKENS))
+    windowed = rewrite(src, tmp_path / "olmo3-swa.gguf", arch="olmo3", set={"olmo3.attention.sliding_window": 4096})
+    with pytest.raises(ModelLoadError, match="sliding-window layers"):
+        load_gguf(windowed)
+
+
 def llama3_header(pre: str | None, eos: int | None, template: str = "") -> Header:
     tokens = [f"t{i}" for i in range(128256)]
     tokens[128001], tokens[128006], tokens[128009] = "<|end_of_text|>", "<|start_header_id|>", "<|eot_id|>"

@@ -182,7 +182,7 @@ MISTRAL3 = {"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0, "rope.scali
             "attention.temperature_scale": 0.5}
 
 
-@pytest.mark.parametrize("arch", ["gemma", "starcoder2", "mistral3"])
+@pytest.mark.parametrize("arch", ["gemma", "starcoder2", "mistral3", "olmo2"])
 def test_code_model_ggufs_run_the_kernels_and_speculate_exactly(tmp_path, arch):
     """CodeGemma's and StarCoder2's architectures (llama.cpp's tanh GELU swapped into mlx-lm's MLPs;
     starcoder2's biased projections), and mistral3's (interleaved YaRN, the attention temperature past
