@@ -62,6 +62,16 @@ def _replace(header: Header, metadata: dict, renames: dict[str, str] | None = No
     return dataclasses.replace(header, metadata=metadata, tensors=tensors)
 
 
+def _renamed_architecture(metadata: dict, old: str, new: str) -> dict:
+    """The architecture and its key prefix renamed (keys already under the new name win)."""
+    meta = {key: value for key, value in metadata.items() if not key.startswith(f"{old}.")}
+    for key, value in metadata.items():
+        if key.startswith(f"{old}."):
+            meta.setdefault(f"{new}.{key[len(old) + 1:]}", value)
+    meta["general.architecture"] = new
+    return meta
+
+
 def is_ollama_gemma3(header: Header) -> bool:
     meta = header.metadata
     return (any(key in meta for key in GEMMA3_MARKERS) or "gemma3.attention.layer_norm_rms_epsilon" not in meta
@@ -104,11 +114,7 @@ def _gptoss(header: Header) -> Header:
         what = f"fused {fused[0]}" if fused else "MXFP4 stored as type 4"
         raise ModelLoadError(f"{header.path.name}: an early Ollama gpt-oss layout ({what}) is not supported; "
                              "use llama.cpp's conversion (architecture 'gpt-oss', e.g. ggml-org/gpt-oss-20b-GGUF)")
-    meta = {key: value for key, value in header.metadata.items() if not key.startswith("gptoss.")}
-    for key, value in header.metadata.items():
-        if key.startswith("gptoss."):
-            meta.setdefault("gpt-oss." + key[len("gptoss."):], value)
-    meta["general.architecture"] = "gpt-oss"
+    meta = _renamed_architecture(header.metadata, "gptoss", "gpt-oss")
     gate = next((t for t in header.tensors if t.name == "blk.0.ffn_gate_exps.weight"), None)
     if gate is not None:  # (experts, expert FFN, hidden)
         meta.setdefault("gpt-oss.expert_feed_forward_length", gate.shape[1])
@@ -164,9 +170,4 @@ def _mistral3(header: Header) -> Header:
 
 
 def _olmo3(header: Header) -> Header:
-    meta = {key: value for key, value in header.metadata.items() if not key.startswith("olmo3.")}
-    for key, value in header.metadata.items():
-        if key.startswith("olmo3."):
-            meta.setdefault("olmo2." + key[len("olmo3."):], value)
-    meta["general.architecture"] = "olmo2"
-    return _replace(header, meta)
+    return _replace(header, _renamed_architecture(header.metadata, "olmo3", "olmo2"))
