@@ -6,7 +6,7 @@
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
-#    GGUF models of each kind and a MoE one: joined projections, the grouped gather)
+#    GGUF models of each kind and a MoE one: joined projections, the grouped gather); logprobs and sampling
 # 3. bench_gpu.py one section a step, the "done when" first: the engine on SmolLM2 (exact flag,
 #    tok/s vs mlx-lm; plain with compiled and with eagerly built steps); then compiled decoding steps
 #    (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length) ==
@@ -44,6 +44,9 @@ nvidia-smi >> "$out/device.txt" 2>&1
 step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
 step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py \
   tests/test_loading.py -k "speculative_equals_plain or mixture or gguf_file_through"  # + MoE, GGUF kinds
+# logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
+# the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
+step logprobs-sampling 60 python3 -m pytest -q -p no:cacheprovider -rf tests/test_logprobs.py tests/test_sampling.py
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 bench() {  # bench SECTION SECONDS: one bench_gpu.py section
