@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 
 from .errors import ModelLoadError
+from .gguf_archs import IGNORED_PREFIXES
 from .gguf_header import Header
 
 # llama.cpp's gemma3 chat template, as Ollama's compat layer puts into files without one
@@ -72,10 +73,15 @@ def _renamed_architecture(metadata: dict, old: str, new: str) -> dict:
     return meta
 
 
+def _has_vision_tower(header: Header) -> bool:
+    """Ollama's multimodal blobs keep the vision tower in the same file (llama.cpp's: a separate mmproj)."""
+    return any(t.name.startswith(IGNORED_PREFIXES) for t in header.tensors)
+
+
 def is_ollama_gemma3(header: Header) -> bool:
     meta = header.metadata
     return (any(key in meta for key in GEMMA3_MARKERS) or "gemma3.attention.layer_norm_rms_epsilon" not in meta
-            or any(t.name.startswith(("v.", "mm.")) for t in header.tensors))
+            or _has_vision_tower(header))
 
 
 def _gemma3(header: Header) -> Header:
@@ -158,7 +164,7 @@ def _llama3(header: Header) -> Header:
 def _mistral3(header: Header) -> Header:
     meta = header.metadata
     ollamas = any(f"mistral3.{key}" in meta for key in MISTRAL3_KEYS if key != "rope.scaling.beta_slow")
-    if not ollamas and not any(t.name.startswith(("v.", "mm.")) for t in header.tensors):
+    if not ollamas and not _has_vision_tower(header):
         return header
     meta = dict(meta)
     for theirs, ours in MISTRAL3_KEYS.items():
