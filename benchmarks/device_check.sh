@@ -3,6 +3,7 @@
 # log and JSON go to $OUT (default ./device-out). Run from the project root after the device recipe in
 # ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:$PWD`):
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
+#     STEPS="exactness engine forward" bash benchmarks/device_check.sh 400   # named steps, in that order
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
@@ -41,28 +42,37 @@ export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
 mkdir -p "$MLX_PTX_CACHE_DIR" && [ -d .gpu-ptx ] && cp -n .gpu-ptx/* "$MLX_PTX_CACHE_DIR"/ 2>/dev/null
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
-step kernels 100 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/kernels/test_gpu_on_device.py
-step exactness 150 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_decode_greedy.py \
-  tests/test_loading.py -k "speculative_equals_plain or mixture or gguf_file_through"  # + MoE, GGUF kinds
-# logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
-# the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
-step logprobs-sampling 60 python3 -m pytest -q -p no:cacheprovider -rf tests/test_logprobs.py tests/test_sampling.py
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 bench() {  # bench SECTION SECONDS: one bench_gpu.py section
   step "bench-$1" "$2" python3 -u benchmarks/bench_gpu.py --sections "$1" --out "$out/gpu-$1.json" "${model[@]}"
 }
-bench engine 150  # issue 15's GPU clause: plain with compiled and eager steps vs mlx-lm
-[ -f /var/tmp/stash/smol.gguf ] && step cache-copies 60 python3 -u benchmarks/cache_copies.py "${model[@]}" \
-  --out "$out/cache_copies.json"  # does a (pipelined) step copy the KV cache on the GPU? (none on the CPU)
-step compiled-steps 120 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests/test_step_graph.py
-bench forward 180
-command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight --section Occupancy \
-  --section LaunchStats python3 -u benchmarks/ncu_qmm.py  # one launch of each qmm: duration, DRAM rate, occupancy
-bench ops 240
-[ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 python3 -m mlxspec bench /var/tmp/stash/smol.gguf \
-  --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown
-bench families 120
-step suite 600 python3 -m pytest -q -p no:cacheprovider -rf "${par[@]}" tests --ignore=tests/server
+pytest_step() { local name=$1 want=$2; shift 2; step "$name" "$want" python3 -m pytest -q -p no:cacheprovider -rf "$@"; }
+run_step() {  # run_step NAME: one named step (STEPS lists them in the order to run)
+  case $1 in
+    kernels) pytest_step kernels 100 "${par[@]}" tests/kernels/test_gpu_on_device.py ;;
+    exactness) pytest_step exactness 150 "${par[@]}" tests/test_decode_greedy.py tests/test_loading.py \
+      -k "speculative_equals_plain or mixture or gguf_file_through" ;;  # + MoE, GGUF kinds
+    # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
+    # the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
+    logprobs-sampling) pytest_step logprobs-sampling 60 tests/test_logprobs.py tests/test_sampling.py ;;
+    engine) bench engine 150 ;;  # issue 15's GPU clause: plain with compiled and eager steps vs mlx-lm
+    cache-copies) [ -f /var/tmp/stash/smol.gguf ] && step cache-copies 60 python3 -u benchmarks/cache_copies.py \
+      "${model[@]}" --out "$out/cache_copies.json" ;;  # does a (pipelined) step copy the KV cache on the GPU?
+    compiled-steps) pytest_step compiled-steps 120 "${par[@]}" tests/test_step_graph.py ;;
+    forward) bench forward 180 ;;
+    ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
+      --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
+    ops) bench ops 240 ;;
+    mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
+      /var/tmp/stash/smol.gguf --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
+      # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
+    families) bench families 120 ;;
+    suite) pytest_step suite 600 "${par[@]}" tests --ignore=tests/server ;;
+    *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
+  esac
+}
+for s in ${STEPS:-kernels exactness logprobs-sampling engine cache-copies compiled-steps forward ncu ops \
+    mlxspec-bench families suite}; do run_step "$s"; done
 tar -czf "$out/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
