@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 10's checks on a lent CUDA machine, in the order that matters if time runs out. Each step's
-# log and JSON go to $OUT (default ./device-out). Run from the project root after the device recipe in
+# log and JSON go to a work folder; at the end $OUT (default ./device-out) gets three files: summary.txt,
+# results.tgz (every log and JSON) and ptx.tar.gz (the device tool returns at most 8 files). Run from the project root after the device recipe in
 # ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:$PWD`):
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
 #     STEPS="exactness engine forward" bash benchmarks/device_check.sh 400   # named steps, in that order
@@ -24,8 +25,9 @@
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 set -uo pipefail
 budget=${1:-480}
-out=${OUT:-device-out}
-mkdir -p "$out"
+final=${OUT:-device-out}
+out=$(mktemp -d /tmp/device-check.XXXX)  # every step's files; packed into $final at the end
+mkdir -p "$final"
 start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and what is left
@@ -47,7 +49,7 @@ model=()
 bench() {  # bench SECTION SECONDS: one bench_gpu.py section
   step "bench-$1" "$2" python3 -u benchmarks/bench_gpu.py --sections "$1" --out "$out/gpu-$1.json" "${model[@]}"
 }
-pytest_step() { local name=$1 want=$2; shift 2; step "$name" "$want" python3 -m pytest -q -p no:cacheprovider -rf "$@"; }
+pytest_step() { local name=$1 want=$2; shift 2; step "$name" "$want" python3 -m pytest -v -p no:cacheprovider -rf "$@"; }  # -v: which tests ran, if a step times out
 run_step() {  # run_step NAME: one named step (STEPS lists them in the order to run)
   case $1 in
     kernels) pytest_step kernels 100 "${par[@]}" tests/kernels/test_gpu_on_device.py ;;
@@ -55,7 +57,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
       -k "speculative_equals_plain or mixture or gguf_file_through" ;;  # + MoE, GGUF kinds
     # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
     # the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
-    logprobs-sampling) pytest_step logprobs-sampling 60 tests/test_logprobs.py tests/test_sampling.py ;;
+    logprobs-sampling) pytest_step logprobs-sampling 60 "${par[@]}" tests/test_logprobs.py tests/test_sampling.py ;;
     engine) bench engine 150 ;;  # issue 15's GPU clause: plain with compiled and eager steps vs mlx-lm
     cache-copies) [ -f /var/tmp/stash/smol.gguf ] && step cache-copies 60 python3 -u benchmarks/cache_copies.py \
       "${model[@]}" --out "$out/cache_copies.json" ;;  # does a (pipelined) step copy the KV cache on the GPU?
@@ -74,5 +76,6 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 }
 for s in ${STEPS:-kernels exactness logprobs-sampling engine cache-copies compiled-steps forward ncu ops \
     mlxspec-bench families suite}; do run_step "$s"; done
-tar -czf "$out/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
+tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
+cp "$out/summary.txt" "$final/" && tar -czf "$final/results.tgz" -C "$out" .

@@ -15,6 +15,7 @@ from typing import Any
 from .errors import MlxspecError
 
 MAX_TOP_LOGPROBS = 20  # alternatives per token, as Ollama allows
+MAX_DRAFT_LENGTH = 32  # a chain verifies at most 33 rows (kernels.passes.DECODE_ROWS bounds every decoding pass)
 
 
 # Below this temperature logits / T overflow float32 (1e-39 is flushed to 0: 0/0 = NaN, then token 0
@@ -79,9 +80,9 @@ class GenerateOptions:
         check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n", "must be an integer >= -1")
         check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be >= 1")
         check(
-            self.draft_length is None or (_is_int(self.draft_length) and 0 <= self.draft_length <= 32),
+            self.draft_length is None or (_is_int(self.draft_length) and 0 <= self.draft_length <= MAX_DRAFT_LENGTH),
             "draft_length",
-            "must be an integer in [0, 32]",
+            f"must be an integer in [0, {MAX_DRAFT_LENGTH}]",
         )
         check(isinstance(self.adaptive, bool), "adaptive", "must be true or false")
         check(self.draft_width is None or (_is_int(self.draft_width) and 1 <= self.draft_width <= 8),

@@ -37,11 +37,12 @@ from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from .cache import HalfKVCache, KVView
 from .features import target_forward
+from .kernels.passes import DECODE_ROWS
 
 log = logging.getLogger(__name__)
 
 COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
-MAX_ROWS = 64  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
+MAX_ROWS = DECODE_ROWS  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
 CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
 MAX_GROWTH = 4096  # cache capacities double up to this many positions, then grow by it
 

@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from . import registry
 from .hooks import route_functions, unroute_functions
+from .passes import prompt_queries
 from .reference import on_cpu
 
 NAME = "scaled_dot_product_attention"  # the function mlx-lm's attention modules call
@@ -184,6 +185,8 @@ def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, valu
 def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
     rec = _record()  # once per call: this runs for every attention layer of every step
+    if rec.backend != "cpu" and prompt_queries(queries):  # a prompt chunk on a GPU: MLX's (passes.py)
+        return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     length = getattr(cache, "key_length", None)  # a compiled step's cache (cache.KVView): its whole buffers
     if length is not None:
         if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks):

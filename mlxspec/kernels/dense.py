@@ -16,6 +16,7 @@ import mlx.nn as nn
 
 from . import registry
 from .build import KernelUnavailable
+from .passes import prompt_chunk
 
 CHECK_ROWS = 4
 
@@ -50,9 +51,11 @@ def self_check(dense, n: int, k: int, dtype) -> str | None:
 
 
 class KernelLinear(nn.Linear):
-    """nn.Linear whose matmul is the dense kernel: y = dense(x, weight) (+ bias)."""
+    """nn.Linear whose matmul is the dense kernel: y = dense(x, weight) (+ bias); prompt chunks MLX's (passes.py)."""
 
     def __call__(self, x: mx.array) -> mx.array:
+        if prompt_chunk(x):
+            return super().__call__(x)
         y = self._dense(x, self["weight"])
         return y + self["bias"] if "bias" in self else y
 
@@ -61,7 +64,7 @@ class KernelEmbedding(nn.Embedding):
     """nn.Embedding: lookups unchanged, `as_linear` (a tied head) through the dense kernel."""
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return self._dense(x, self["weight"])
+        return super().as_linear(x) if prompt_chunk(x) else self._dense(x, self["weight"])
 
 
 def use_dense_kernels(model: nn.Module) -> dict:

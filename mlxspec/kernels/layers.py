@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
+from .passes import prompt_chunk
 from .packing import code_rows, implied_bias, layout_args, pack_layer, packable, unpack_layer
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
@@ -38,6 +39,7 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
 
     _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
     _shared, _rows = None, None  # projections.py (GPUs): this layer's rows of a joined q/k/v or gate/up launch
+    _gpu = False  # a GPU kernel: prompt chunks take MLX's op (passes.py)
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedLinear, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedLinear":
@@ -46,6 +48,8 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
         return new
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self._gpu and prompt_chunk(x):
+            return super().__call__(x)  # nn.QuantizedLinear: MLX's quantized_matmul (views of a joined matrix too)
         if self._shared is not None:
             y = self._shared(x)[..., self._rows]
         else:
@@ -98,6 +102,7 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
     (a tied head) through the kernel."""
 
     _pack, _bias_of_scale = 1, 0.0  # packing.layout_args
+    _gpu = False  # a GPU kernel: prompt chunks take MLX's op (passes.py)
 
     @classmethod
     def wrap(cls, layer: nn.QuantizedEmbedding, qmm: Callable[..., mx.array], kernel: str) -> "KernelQuantizedEmbedding":
@@ -115,6 +120,8 @@ class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
                              group_size=self.group_size, bits=self.bits, mode=self.mode)
 
     def as_linear(self, x: mx.array) -> mx.array:
+        if self._gpu and prompt_chunk(x):
+            return super().as_linear(x)
         scales, biases = self._params or (self["scales"], self["biases"])
         return self._qmm(x, self["weight"], scales, biases, self.group_size, self.bits, **self._mode, **layout_args(self))
 
@@ -234,6 +241,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
             report["kept"][path] = why
             continue
         swaps.append((path, wrapper.wrap(layer, qmm, why)))
+        swaps[-1][1]._gpu = backend != "cpu"
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)
