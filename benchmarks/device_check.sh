@@ -66,8 +66,8 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
     ops) bench ops 240 ;;
-    mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 120 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
-      /var/tmp/stash/smol.gguf --repeats 2 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
+    mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
+      /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
     families) bench families 120 ;;
     suite) pytest_step suite 600 "${par[@]}" tests --ignore=tests/server ;;
