@@ -141,27 +141,23 @@ class EngineRunner:
 
 class LlamaCppRunner:
     def __init__(self, path: Path, threads: int, n_ctx: int = 2048):
-        from llama_cpp import Llama
+        from llama_cpp_peer import open_gguf
 
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=n_ctx,
-                         n_batch=n_ctx, verbose=False)  # n_batch: llama-cpp-python keeps that many rows of scores
+        self.llm = open_gguf(path, threads, n_ctx)
 
     def run(self, ids: list[int], tokens: int) -> dict:
+        from llama_cpp_peer import greedy_next
+
         llm = self.llm
         llm.reset()
         llm.eval(ids)
-        tok, out = self._greedy(), []
+        tok, out = greedy_next(llm), []
         start = time.perf_counter()
         for _ in range(tokens):
             llm.eval([tok])
-            tok = self._greedy()
+            tok = greedy_next(llm)
             out.append(tok)
         return {"tok_s": tokens / (time.perf_counter() - start), "tokens": out}
-
-    def _greedy(self) -> int:
-        import numpy as np
-
-        return int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
 
 
 def main() -> None:
