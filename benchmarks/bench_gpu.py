@@ -228,8 +228,9 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
 
     variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model),
                 "kernels compiled": lambda: (install_kernels(model), StepGraphs(model))[1]}  # as GPUs decode
-    report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()}}
-    stamp("forward: kernels installed; timing")
+    report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()},
+              "matmul_kernels": matmul_kernels(model)}
+    stamp(f"forward: kernels installed; each matmul's kernel: {report['matmul_kernels']}; timing")
     cache = new_cache(model)
     model(mx.random.randint(0, 1000, (1, context)), cache=cache)
     mx.eval([c.state for c in cache])
@@ -249,6 +250,16 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
         print(f"forward {name}: {report[name]}", flush=True)
     remove_kernels(model)
     return report
+
+
+def matmul_kernels(model: nn.Module) -> dict:
+    """How many quantized matmuls run each kernel (FMA or tensor cores), a joined projection's as its launch."""
+    from collections import Counter
+
+    from mlxspec.kernels.layers import KernelQuantizedLinear
+
+    return dict(Counter(m._shared.kernel if m._shared is not None else m.kernel
+                        for _, m in model.named_modules() if isinstance(m, KernelQuantizedLinear)))
 
 
 # ---------------------------------------------------------------- families

@@ -28,8 +28,8 @@ class SharedProjection:
     """Several projections' rows in one matrix: y = qmm(x, W).T over all of them, computed once per x."""
 
     def __init__(self, qmm, weight: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
-                 mode: dict):
-        self.qmm, self.weight, self.scales, self.biases = qmm, weight, scales, biases
+                 mode: dict, kernel: str = ""):
+        self.qmm, self.weight, self.scales, self.biases, self.kernel = qmm, weight, scales, biases, kernel
         self.group_size, self.bits, self.mode = group_size, bits, mode
         self._last = (None, None)  # (x, y): one attribute, so a reader never pairs one call's x with another's y
 
@@ -75,13 +75,13 @@ def _join(parts: list[KernelQuantizedLinear], device) -> bool:
     keys = ["weight", "scales"] + (["biases"] if "biases" in first else [])
     joined = {key: mx.concatenate([p[key] for p in parts]) for key in keys}
     n, k = joined["weight"].shape[0], first["weight"].shape[1] * 32 // first.bits
-    qmm, _ = kernel_for_layer(n, k, first.group_size, first.bits, first["scales"].dtype, device,
+    qmm, why = kernel_for_layer(n, k, first.group_size, first.bits, first["scales"].dtype, device,
                               mode=first._mode.get("mode", "affine"))
     if qmm is None:  # the joined shape failed its check here: the parts keep their own launches
         return False
     mx.eval(joined)
     shared = SharedProjection(qmm, joined["weight"], joined["scales"], joined.get("biases"), first.group_size,
-                              first.bits, first._mode)
+                              first.bits, first._mode, why)
     start = 0
     for p in parts:
         rows = p["weight"].shape[0]

@@ -33,6 +33,7 @@ def test_ops_and_forward_sections_on_the_cpu(bench):
             assert row["ours_row_gap"] == 0.0, (entry, m)
     assert forward["kernels"]["row_invariant_to_16"] and not forward["kernels"]["failures"]
     assert set(forward["kernels"]["ms"]) == {1, 2, 4, 8, 16}
+    assert sum(forward["matmul_kernels"].values()) == 2 * 7 + 1  # q/k/v/o, gate/up/down a block; the head
     for variant in ("mlx", "kernels"):  # graph building is part of a forward; every forward builds nodes
         row = forward[variant]
         assert all(0 < row["build_ms"][m] <= row["ms"][m] for m in row["ms"]) and row["graph_nodes_M1"] > 10

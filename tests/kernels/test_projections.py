@@ -35,6 +35,7 @@ def test_joined_projections_launch_once_and_keep_the_logits(pretend_cuda):
     model(tokens)
     assert len(pretend_cuda) == 2 * 7 + 1  # q, k, v, o, gate, up, down a block; the head
     assert join_projections(model, mx.cpu) == 2 * 2  # q/k/v and gate/up in each block
+    assert model.model.layers[0].mlp.up_proj._shared.kernel.startswith("cuda (stand-in")  # what the launch runs
     mx.eval(model.parameters())
     assert weight_bytes(model) == before  # the parts' parameters are row slices of the joined matrices
     pretend_cuda.clear()
