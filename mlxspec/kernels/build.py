@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import logging
 import os
 import platform
 import shutil
@@ -21,6 +22,8 @@ import sysconfig
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
 SOURCES = ("CMakeLists.txt", "ext.cpp", "pointwise.cpp", "fused_layer.cpp", "mlx_io.h", "parallel.h",
@@ -141,6 +144,8 @@ def _build(root: Path, key: str, verbose: bool) -> None:
     import nanobind
 
     mlx_dir = Path(list(mlx.__path__)[0]) / "share" / "cmake" / "MLX"
+    # a warning so that it shows without logging set up: the first load waits this long, once per machine
+    log.warning("building mlxspec's CPU kernels for this CPU (first use only: about a minute on 2 cores)")
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{key}-", dir=root))
     try:
         out = tmp / "out"

@@ -33,7 +33,7 @@ def test_missing_tools_are_named(tmp_path, monkeypatch):
     assert not list((tmp_path / "kernels").glob(".tmp-*"))  # no half-built directory left behind
 
 
-def test_a_failing_compile_reports_the_compiler_output(tmp_path, monkeypatch):
+def test_a_failing_compile_reports_the_compiler_output(tmp_path, monkeypatch, caplog):
     copy = tmp_path / "cpu"
     shutil.copytree(build.SOURCE_DIR, copy)
     (copy / "ext.cpp").write_text("#error deliberately broken\n")
@@ -44,3 +44,4 @@ def test_a_failing_compile_reports_the_compiler_output(tmp_path, monkeypatch):
     with pytest.raises(build.KernelUnavailable, match="deliberately broken"):
         build.ensure_built()
     assert build.built_module_path() is None
+    assert "first use only" in caplog.text  # the wait is announced before the compiler runs
