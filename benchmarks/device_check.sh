@@ -23,6 +23,9 @@
 # (.gpu/c): unchanged kernels then skip their NVRTC compiles.
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
+# 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
+# and, within the 30 s the machine waits, a second call with the steps left (225 s) spent the 15 minutes.
+# The engine section took 104 s (its first load 85 s), the forwards 180 s, exactness over 150 s on 4 workers.
 set -uo pipefail
 budget=${1:-480}
 final=${OUT:-device-out}
@@ -74,8 +77,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-for s in ${STEPS:-kernels exactness logprobs-sampling engine cache-copies compiled-steps forward ncu ops \
-    mlxspec-bench families suite}; do run_step "$s"; done
+# The default order puts first what no device session has measured yet (2026-11-27: the ops table with
+# batched timing, the forwards with the prompt-chunk rule and each matmul's kernel, the kernel tests).
+for s in ${STEPS:-ops forward exactness kernels families mlxspec-bench engine logprobs-sampling compiled-steps \
+    cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
 cp "$out/summary.txt" "$final/" && tar -czf "$final/results.tgz" -C "$out" .
