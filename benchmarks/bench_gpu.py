@@ -11,7 +11,7 @@ asks for in one call and writes its JSON after every section (a timeout still re
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
-  rows (1-16, and a 512-row prompt chunk: what the kernels cost the time to first token) after 256
+  rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
   graphs: step_graph.py), interleaved: milliseconds, the Python graph-building (or replay) share, graph
   nodes; and whether M-row forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance)
@@ -216,7 +216,8 @@ def random_llama(config: dict) -> nn.Module:
 def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: int = 0) -> dict:
     """Median ms of one M-row forward after `context` tokens, MLX's ops vs our kernels, interleaved;
     and which M-row forwards equal one-row steps bit for bit, for each. prefill > 0 also times one
-    prompt chunk of that many rows (the kernels run it 16 rows a launch: the time to first token)."""
+    prompt chunk of that many rows (the time to first token; on GPUs a chunk of more than 64 rows runs
+    MLX's ops with the kernels installed too: kernels/passes.py)."""
     from mlxspec.cache import new_cache
     from mlxspec.exactness import RowInvariance
     from mlxspec.kernels.install import install_kernels, remove_kernels
