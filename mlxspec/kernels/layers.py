@@ -240,8 +240,9 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         if qmm is None:
             report["kept"][path] = why
             continue
-        swaps.append((path, wrapper.wrap(layer, qmm, why)))
-        swaps[-1][1]._gpu = backend != "cpu"
+        module = wrapper.wrap(layer, qmm, why)
+        module._gpu = backend != "cpu"
+        swaps.append((path, module))
         report["swapped"][path] = why
     for path, module in swaps:
         _set_module(model, path, module)

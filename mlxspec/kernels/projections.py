@@ -76,7 +76,7 @@ def _join(parts: list[KernelQuantizedLinear], device) -> bool:
     joined = {key: mx.concatenate([p[key] for p in parts]) for key in keys}
     n, k = joined["weight"].shape[0], first["weight"].shape[1] * 32 // first.bits
     qmm, why = kernel_for_layer(n, k, first.group_size, first.bits, first["scales"].dtype, device,
-                              mode=first._mode.get("mode", "affine"))
+                                mode=first._mode.get("mode", "affine"))
     if qmm is None:  # the joined shape failed its check here: the parts keep their own launches
         return False
     mx.eval(joined)
