@@ -51,6 +51,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_layer
+from mlxspec.kernels.registry import status as registry_status
 from mlxspec.bench.forwards import graph_nodes, interleaved_forwards
 from mlxspec.kernels.timing import op_batch, time_call
 
@@ -359,7 +360,10 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
         stamp(f"engine: loading {ref} (drafter {drafter}, MLXSPEC_COMPILE={compiled})")
         os.environ["MLXSPEC_COMPILE"] = compiled  # read by Engine.load
         engine = Engine.load(ref, drafter=drafter)
-        stamp("engine: loaded")
+        spent = {e["kernel"]: e["seconds"] for e in registry_status() if e.get("seconds")}
+        stamp(f"engine: loaded; kernels' first use so far (s): {spent}; the timing: "
+              f"{engine.kernels.get('target', {}).get('timed', {}).get('seconds')} s")
+        out.setdefault("first_use_seconds", spent)
         n, seconds, last = 0, 0.0, None
         for prompt in prompts:
             ids = engine.chat_prompt([{"role": "user", "content": prompt}])

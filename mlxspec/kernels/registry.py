@@ -15,6 +15,8 @@ speculative decoding relies on). A failure logs one warning and the caller keeps
 from __future__ import annotations
 
 import logging
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,6 +40,7 @@ class KernelRecord:
     checks: dict = field(default_factory=dict)  # signature -> None (passed) or the failure
     timings: dict = field(default_factory=dict)  # signature -> {"kernel_us": .., "mlx_us": ..}
     chosen: dict = field(default_factory=dict)  # signature -> did the timings pick this kernel (qmm-mma)
+    seconds: dict = field(default_factory=dict)  # "load" / "checks" / "timing" -> wall seconds first use cost here
 
     @property
     def name(self) -> str:
@@ -48,14 +51,24 @@ class KernelRecord:
         if self.error:
             return self.error
         if signature not in self.checks:
-            try:
-                failure = run()
-            except Exception as e:  # a kernel that throws is a kernel that failed
-                failure = one_line(e)
+            with self.spending("checks"):  # a GPU kernel's first call compiles it (NVRTC, Metal)
+                try:
+                    failure = run()
+                except Exception as e:  # a kernel that throws is a kernel that failed
+                    failure = one_line(e)
             self.checks[signature] = failure
             if failure:
                 warn_once(f"mlxspec {self.name} kernel failed its self-check on {signature}: {failure}")
         return self.checks[signature]
+
+    @contextmanager
+    def spending(self, what: str):
+        """Add the wall time of the block to seconds[what] (status shows it: where a first load goes)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - start
 
     def status(self) -> dict:
         passed = [str(s) for s, f in self.checks.items() if f is None]
@@ -64,6 +77,7 @@ class KernelRecord:
         return {"kernel": self.name, "active": self.error is None and bool(passed), "detail": self.detail,
                 "reason": reason, "passed": passed, "failed": failed,
                 "timings": {str(s): t for s, t in self.timings.items()},
+                "seconds": {what: round(t, 3) for what, t in self.seconds.items()},
                 **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {}),
                 **({"groups_experts": self.fn.groups_experts} if hasattr(self.fn, "groups_experts") else {})}
 
@@ -85,7 +99,8 @@ def kernel(family: str, backend: str | None = None) -> KernelRecord:
     if key not in _records:
         rec = KernelRecord(family, backend)
         try:
-            rec.fn, rec.detail = _loaders[family](backend)
+            with rec.spending("load"):  # the CPU extension's first build, a GPU program's source
+                rec.fn, rec.detail = _loaders[family](backend)
         except KernelUnavailable as e:
             rec.error = str(e)
         except Exception as e:  # a broken toolchain must not break model loading
@@ -220,7 +235,8 @@ def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size
     if signature not in rec.chosen:  # timed once per shape and process (and the timings once per device)
         from .timing import prefer_tensor_cores
 
-        rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype)
+        with rec.spending("timing"):
+            rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype)
     return (mma, mma_why) if rec.chosen[signature] else (fma, why)
 
 

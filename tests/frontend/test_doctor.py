@@ -82,6 +82,13 @@ def test_the_moe_gather_says_whether_it_groups_verify_rows_by_expert():
     assert doctor_mod._kernel_line(entry | {"groups_experts": False}).endswith("; grouping off (self-check)")
 
 
+def test_a_kernels_first_use_costs_are_shown_where_they_count():
+    entry = {"kernel": "cuda-qmm", "active": True, "reason": "self-check passed on 5 signature(s)"}
+    line = doctor_mod._kernel_line(entry | {"seconds": {"load": 0.001, "checks": 41.27, "timing": 3.0}})
+    assert line.endswith("; first use load 0.0 s, checks 41.3 s, timing 3.0 s")
+    assert "first use" not in doctor_mod._kernel_line(entry | {"seconds": {"load": 0.01}})  # nothing to speak of
+
+
 def test_kernel_status_without_a_status_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlxspec.kernels", types.ModuleType("mlxspec.kernels"))
     monkeypatch.setitem(sys.modules, "mlxspec.kernels.registry", types.ModuleType("mlxspec.kernels.registry"))
