@@ -27,7 +27,7 @@ import mlx.nn as nn
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
-from .passes import prompt_chunk
+from .passes import prompt_chunk, prompt_pairs
 from .packing import code_rows, implied_bias, layout_args, pack_layer, packable, unpack_layer
 from .registry import device_backend_name, gather_for_layer, kernel_for_layer
 
@@ -74,6 +74,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
     """mlx-lm's QuantizedSwitchLinear (MoE experts) through a gather kernel (CPU or GPU): each (token,
     expert) row is computed as a one-row matmul with that expert's weights, whatever rows share the call."""
 
+    _gpu, _top_k = False, 0  # GPUs: prompt chunks take MLX's gather where the model says its top-k (passes.py)
+
     @classmethod
     def wrap(cls, layer: QuantizedSwitchLinear, gather: Callable[..., mx.array], kernel: str):
         new = _new_like(cls, layer, kernel)
@@ -81,6 +83,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         return new
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        if self._gpu and prompt_pairs(indices, self._top_k):  # a prompt chunk on a GPU: MLX's gather_qmm
+            return super().__call__(x, indices, sorted_indices)
         if x.shape[-2] != 1:  # SwitchGLU always passes one row per (token, expert); anything else: MLX
             return super().__call__(x, indices, sorted_indices)
         lead = mx.broadcast_shapes(x.shape[:-2], indices.shape)
@@ -242,6 +246,8 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
             continue
         module = wrapper.wrap(layer, qmm, why)
         module._gpu = backend != "cpu"
+        if wrapper is KernelQuantizedSwitchLinear:  # how many experts each token takes, where the model says
+            module._top_k = int(getattr(getattr(model, "args", None), "num_experts_per_tok", 0) or 0)
         swaps.append((path, module))
         report["swapped"][path] = why
     for path, module in swaps:

@@ -15,6 +15,11 @@ from mlxspec.loading import load
 from mlxspec.options import MAX_DRAFT_LENGTH, GenerateOptions
 from mlxspec.tree import MAX_TREE_NODES
 
+QWEN3_MOE = {"model_type": "qwen3_moe", "num_hidden_layers": 2, "vocab_size": 96, "hidden_size": 64,
+             "intermediate_size": 128, "moe_intermediate_size": 64, "num_experts": 4, "num_experts_per_tok": 2,
+             "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+             "max_position_embeddings": 512, "tie_word_embeddings": False}
 LLAMA = {"model_type": "llama", "num_hidden_layers": 2, "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
          "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
          "tie_word_embeddings": False}
@@ -37,6 +42,22 @@ def test_quantized_layers_run_prompt_chunks_through_mlx_and_decoding_passes_thro
     assert mx.array_equal(model(chunk), want).item() and not pretend_cuda  # bit for bit MLX's, no kernel call
     model(chunk[:, :DECODE_ROWS])  # the largest decoding pass: every matmul through the kernel
     assert len(pretend_cuda) == 2 * 4 + 1  # qkv, o, gate/up, down a block; the head
+
+
+def test_experts_count_a_passs_tokens_by_the_models_top_k(pretend_cuda):
+    """A prompt chunk's (token, expert) pairs take MLX's gather_qmm (sorted by expert there); the
+    largest decoding pass's pairs (sorted too: 128 of them) the gather kernel."""
+    model = build_model(QWEN3_MOE, seed=5)
+    nn.quantize(model, group_size=32, bits=4)
+    chunk = (mx.arange(DECODE_ROWS + 1) % 96)[None]
+    want = model(chunk)
+    layers.use_kernels(model, gpu=True, device=mx.cpu)
+    experts = [m for _, m in model.named_modules() if isinstance(m, layers.KernelQuantizedSwitchLinear)]
+    assert len(experts) == 2 * 3 and all(m._top_k == 2 for m in experts)
+    pretend_cuda.clear()
+    assert mx.array_equal(model(chunk), want).item() and not pretend_cuda
+    mx.eval(model(chunk[:, :DECODE_ROWS]))
+    assert sum(kind == "gather" for kind, _ in pretend_cuda) == 2 * 3
 
 
 def test_the_cpu_kernels_keep_prompt_chunks(cpu_ext):
