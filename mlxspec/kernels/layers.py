@@ -83,9 +83,8 @@ class KernelQuantizedSwitchLinear(QuantizedSwitchLinear):
         return new
 
     def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
-        if self._gpu and prompt_pairs(indices, self._top_k):  # a prompt chunk on a GPU: MLX's gather_qmm
-            return super().__call__(x, indices, sorted_indices)
-        if x.shape[-2] != 1:  # SwitchGLU always passes one row per (token, expert); anything else: MLX
+        # SwitchGLU passes one row per (token, expert): anything else, and a GPU's prompt chunk, MLX's gather_qmm
+        if x.shape[-2] != 1 or (self._gpu and prompt_pairs(indices, self._top_k)):
             return super().__call__(x, indices, sorted_indices)
         lead = mx.broadcast_shapes(x.shape[:-2], indices.shape)
         k = x.shape[-1]
