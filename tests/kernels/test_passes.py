@@ -44,7 +44,7 @@ def test_quantized_layers_run_prompt_chunks_through_mlx_and_decoding_passes_thro
     assert len(pretend_cuda) == 2 * 4 + 1  # qkv, o, gate/up, down a block; the head
 
 
-def test_experts_count_a_passs_tokens_by_the_models_top_k(pretend_cuda):
+def test_experts_count_a_passes_tokens_by_the_models_top_k(pretend_cuda):
     """A prompt chunk's (token, expert) pairs take MLX's gather_qmm (sorted by expert there); the
     largest decoding pass's pairs (sorted too: 128 of them) the gather kernel."""
     model = build_model(QWEN3_MOE, seed=5)
