@@ -202,12 +202,15 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
 # ---------------------------------------------------------------- forward
 
 
-def random_llama(config: dict) -> nn.Module:
-    """A 4-bit (group 64) llama of this shape with random weights, quantized layer by layer."""
+def random_llama(config: dict, dtype: mx.Dtype = mx.float16) -> nn.Module:
+    """A 4-bit (group 64) llama of this shape with random weights, quantized layer by layer, in the
+    dtype of a real checkpoint (float16: its activations and scales; mlx-lm builds float32 modules,
+    whose float32 scales the tensor-core qmm does not take, and which no MLX checkpoint runs in)."""
     from mlx_lm.utils import _get_classes
 
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
+    model.set_dtype(dtype)  # lazily, like the weights themselves
     nn.quantize(model, 64, 4)  # lazily: each float weight exists only while its layer is evaluated
     for layer in [model.model.embed_tokens, *model.model.layers, model.lm_head]:
         mx.eval(layer.parameters())
@@ -232,6 +235,7 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
                 "kernels compiled": lambda: (install_kernels(model), StepGraphs(model))[1]}  # as GPUs decode
     report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()},
               "matmul_kernels": matmul_kernels(model)}
+    variants |= forced_qmm_variants(model, StepGraphs)
     stamp(f"forward: kernels installed; each matmul's kernel: {report['matmul_kernels']}; timing")
     cache = new_cache(model)
     model(mx.random.randint(0, 1000, (1, context)), cache=cache)
@@ -248,10 +252,34 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
                         "build_ms": {m: round(statistics.median(ts) * 1e3, 2) for m, ts in build[name].items()},
                         # each a dispatch: the host's share of a step (an eager graph's count: None for compiled)
                         "graph_nodes_M1": None if callable(steps) else graph_nodes(model, cache),
-                        "row_invariant_to_16": check.holds(16), "failures": check.failures()}
+                        "row_invariant_to_16": check.holds(16), "failures": check.failures(),
+                        "matmul_kernels": matmul_kernels(model)}
         print(f"forward {name}: {report[name]}", flush=True)
     remove_kernels(model)
     return report
+
+
+def forced_qmm_variants(model: nn.Module, StepGraphs) -> dict:
+    """On CUDA, compiled forwards with every layer on the FMA qmm, and every one on the tensor-core
+    qmm, whatever the timed choice (registry: qmm-mma's `chosen` per layer shape): which kernel meets
+    "M=8 at most 1.3x M=1"? Each variant restores the timed choice after installing."""
+    from mlxspec.kernels.install import install_kernels, remove_kernels
+
+    rec = kernel("qmm-mma", "cuda") if device_backend_name() == "cuda" else None
+    timed = dict(rec.chosen) if rec is not None else {}
+    if not timed:
+        return {}
+
+    def forced(tensor_cores: bool):
+        def use():
+            remove_kernels(model)
+            rec.chosen.update(dict.fromkeys(timed, tensor_cores))
+            install_kernels(model)
+            rec.chosen.update(timed)
+            return StepGraphs(model)
+        return use
+
+    return {"compiled, FMA qmm": forced(False), "compiled, tensor-core qmm": forced(True)}
 
 
 def matmul_kernels(model: nn.Module) -> dict:
@@ -295,6 +323,7 @@ def family_model(name: str, size: str) -> nn.Module:
         config["layer_types"] = ["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
+    model.set_dtype(mx.bfloat16 if mode == "mxfp4" else mx.float16)  # as their checkpoints run (random_llama)
     nn.quantize(model, 32 if mode == "mxfp4" else 64, 4, mode=mode)
     mx.eval(model.parameters())
     exact_windows(model)  # what loading.load does: windows rewind exactly
