@@ -77,9 +77,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-# The default order puts first what no device session has measured yet (2026-11-27: the ops table with
-# batched timing, the forwards with the prompt-chunk rule and each matmul's kernel, the kernel tests).
-for s in ${STEPS:-ops forward exactness kernels families mlxspec-bench engine logprobs-sampling compiled-steps \
+# The default order puts first what no device session has measured yet: the 8B-shape forwards in float16
+# (those of 2026-11-27 were float32, all FMA qmm) with every layer forced onto each qmm, the ops table with
+# batched timing, the kernel tests.
+for s in ${STEPS:-forward ops exactness kernels families mlxspec-bench engine logprobs-sampling compiled-steps \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
