@@ -282,6 +282,11 @@ inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s) {  // byte n of 
   for (int n = 0; n < 4; ++n) r |= uint32_t((v >> (8 * ((s >> (4 * n)) & 7))) & 0xFFu) << (8 * n);
   return r;
 }
+inline float __uint_as_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 inline float __shfl_xor_sync(unsigned, float v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline int __shfl_xor_sync(unsigned, int v, int offset) { return emu::exchange(v, emu::lane ^ offset); }
 inline float __shfl_sync(unsigned, float v, int src) { return emu::exchange(v, src); }
