@@ -31,6 +31,7 @@ from . import gguf_archs as archs
 from .errors import ModelLoadError
 from .gguf_header import Header, read_header
 from .gguf_ollama import translate
+from .gguf_rope import ROPE_TENSORS, apply_file_rope
 from .gguf_quants import GROUP, SUPPORTED, TensorReport, convert_tensor
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     header = translate(read_header(path))  # Ollama's own layouts, as llama.cpp's converter writes them
     type_counts = _check_types(header)  # before any tensor data is read
     name, arch = archs.arch_for(header.metadata, path)
-    weights, reports, rope_freqs = _read_weights(header, arch)
+    weights, reports, rope_tensors = _read_weights(header, arch)
 
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else weights["model.embed_tokens.weight"].shape[0]
@@ -94,8 +95,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     model = _build_model(arch, config, weights, path)
     archs.interleave_rope(arch, model, config)
     archs.use_gelu_tanh(arch, model)
-    if rope_freqs is not None:
-        archs.apply_rope_freqs(arch, model, config, rope_freqs, path)
+    apply_file_rope(name, arch, model, config, rope_tensors, header.metadata, path)
     tokenizer = _build_tokenizer(header.metadata, path)
     return model, tokenizer, config
 
@@ -103,16 +103,16 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
 def _read_weights(header: Header, arch: archs.Arch):
     """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept."""
     wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES)]
-    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name != "rope_freqs.weight"]
-    if unknown:  # e.g. another MoE layout or phi3's long-rope factors: not a model we can run right
+    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name not in ROPE_TENSORS]
+    if unknown:  # e.g. another MoE layout: not a model we can run right
         raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
-    weights, reports, rope_freqs = {}, {}, None
+    weights, reports, rope_tensors = {}, {}, {}
     for t in wanted:
         arrays, reports[t.name] = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
         target = archs.mlx_name(arch, t.name)
-        if target is None:  # rope_freqs: applied to the model's rope, not a weight
-            rope_freqs = arrays["weight"]
+        if target is None:  # rope_freqs, rope_factors_*: the model's rope (gguf_rope.py), not weights
+            rope_tensors[t.name] = arrays["weight"]
             continue
         arrays["weight"] = archs.adapt_tensor(arch, t.name, arrays["weight"])
         mx.eval(list(arrays.values()))
@@ -120,7 +120,7 @@ def _read_weights(header: Header, arch: archs.Arch):
         for key, array in arrays.items():
             weights[target if key == "weight" else f"{stem}.{key}"] = array
     del data
-    return weights, reports, rope_freqs
+    return weights, reports, rope_tensors
 
 
 def conversion_summary(reports: dict[str, TensorReport]) -> dict:

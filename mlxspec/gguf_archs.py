@@ -8,7 +8,8 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
   is MLX's rope_traditional=True, so llama-family weights load unpermuted; qwen2/qwen3/gemma*/phi3
   use NEOX rope (halves), rope_traditional=False.
 - Llama 3.x rope scaling is the `rope_freqs` tensor (a divisor per frequency): it replaces the
-  rope of every layer with one built from it, as llama.cpp applies it.
+  rope of every layer with one built from it, as llama.cpp applies it; Phi-3/4's LongRoPE factor
+  tensors likewise (gguf_rope.py).
 - gemma*: the converter stores RMSNorm weights as 1 + w; mlx-lm's Gemma RMSNorm adds the 1 itself.
 - gemma2/gemma3 query scale: 1/sqrt(head_dim), except the 27B sizes' 1/sqrt(hidden/heads), which
   llama.cpp picks by layer count (46 for gemma2, 62 for gemma3); gemma3's local layers use rope base
@@ -259,7 +260,7 @@ def _moe_config(get) -> dict:
 
 def _rope_scaling(name: str, get, path: Path) -> dict:
     scaling = get("rope.scaling.type", "none")
-    if scaling == "none":
+    if scaling == "none" or (scaling == "longrope" and name == "phi3"):  # phi3's: its factor tensors (gguf_rope.py)
         return {}
     if scaling == "linear" and name != "phi3":
         return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(get("rope.scaling.factor"))}}

@@ -32,7 +32,8 @@ class Hparams:
     rope_base: float = 10000.0
     rope_dims: int | None = None  # partial rotary (phi3)
     rope_scale: float = 1.0  # linear scaling factor (positions divided by it)
-    freq_factors: np.ndarray | None = None  # llama-3 rope_freqs
+    freq_factors: np.ndarray | None = None  # llama-3 rope_freqs, phi3's rope_factors_short/long
+    attn_factor: float = 1.0  # rope.scaling.attn_factor: multiplies cos and sin (llama.cpp's rope mscale)
     attn_scale: float | None = None  # default 1/sqrt(head_dim)
     attn_softcap: float | None = None  # gemma2
     final_softcap: float | None = None  # gemma2
@@ -192,14 +193,14 @@ def _rope(x, hp: Hparams, base: float, scale: float):
     theta = base ** (-np.arange(0, n_rot, 2) / n_rot)
     if hp.freq_factors is not None:
         theta = theta / hp.freq_factors
-    mscale = 1.0
+    mscale = hp.attn_factor
     if hp.yarn is not None:  # llama.cpp's rope_yarn with ext_factor 1: interpolate the slow dims
         factor, context = hp.yarn
         corr = lambda beta: n_rot * np.log(context / (beta * 2 * np.pi)) / (2 * np.log(base))  # noqa: E731
         low, high = max(0.0, np.floor(corr(32.0))), min(n_rot - 1.0, np.ceil(corr(1.0)))
         ramp = 1 - np.clip((np.arange(n_rot // 2) - low) / max(0.001, high - low), 0, 1)
         theta = theta / factor * (1 - ramp) + theta * ramp
-        mscale = 1 + 0.1 * np.log(factor) if hp.yarn_magnitude else 1.0
+        mscale *= 1 + 0.1 * np.log(factor) if hp.yarn_magnitude else 1.0
     angles = np.arange(len(x))[:, None] * theta[None, :] / scale  # (T, n_rot/2)
     cos, sin = mscale * np.cos(angles)[:, None, :], mscale * np.sin(angles)[:, None, :]
     out = x.copy()

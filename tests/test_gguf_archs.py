@@ -25,6 +25,10 @@ from mlxspec.gguf import load_gguf
 TOKENS = [5, 77, 271, 12, 9, 150, 44, 260, 3, 88, 199, 31]
 # Llama 3.x-style per-frequency divisors (1 for high frequencies up to 8 for low ones).
 LLAMA3_FACTORS = np.linspace(1.0, 8.0, 8).astype(np.float32)
+# Phi-4-mini's LongRoPE as its converter writes it (12 rotary dims here: 6 factors each), its
+# attention factor sqrt(1 + ln(131072 / 4096) / ln(4096)) and the original context (here 64 positions).
+PHI_SHORT, PHI_LONG = np.linspace(1.5, 4.0, 6).astype(np.float32), np.linspace(2.0, 40.0, 6).astype(np.float32)
+PHI_ATTN = 1.1902380714238083
 
 CASES = {
     # Llama 3.x: rope scaling as the rope_freqs tensor, a high rope base.
@@ -52,6 +56,12 @@ CASES = {
     # Phi-3: fused qkv and gate_up, an untied head; partial rotary as Phi-4-mini has it.
     "phi3": dict(arch="phi3", dims=Dims(rope_dims=12), tokenizer="llama", output_qtype="Q8_0",
                  hp=dict(rope_dims=12)),
+    # Phi-4-mini: phi3 with LongRoPE factor tensors; within the original context llama.cpp takes the short
+    # factors and scales the rotated dims of q and k by the attention factor.
+    "phi4-mini": dict(arch="phi3", dims=Dims(rope_dims=12), tokenizer="llama", output_qtype="Q8_0",
+                      metadata={"rope.scaling.attn_factor": PHI_ATTN, "rope.scaling.original_context_length": 64},
+                      extra_tensors={"rope_factors_short.weight": PHI_SHORT, "rope_factors_long.weight": PHI_LONG},
+                      hp=dict(rope_dims=12, freq_factors=PHI_SHORT, attn_factor=PHI_ATTN)),
     # Qwen3-30B-A3B's layout: qwen3 attention, 8 experts per layer (3 used per token), F32 routers.
     "qwen3moe": dict(arch="qwen3moe", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
                      metadata={"rope.freq_base": 1000000.0}, hp=dict(rope_base=1000000.0, experts_used=3)),
@@ -90,6 +100,7 @@ TEETH = {
     "gemma2": [dict(attn_softcap=None), dict(final_softcap=None)],
     "gemma3": [dict(swa_window=None), dict(rope_scale=1.0), dict(swa_rope_base=1000000.0)],
     "phi3": [dict(rope_dims=None)],
+    "phi4-mini": [dict(freq_factors=PHI_LONG), dict(freq_factors=None), dict(attn_factor=1.0)],
     "qwen3moe": [dict(norm_topk=False), dict(experts_used=2)],
     "granite": [dict(embed_scale=1.0), dict(residual_scale=1.0), dict(attn_scale=None), dict(logit_scale=1.0),
                 dict(arch="qwen2")],  # qwen2: NEOX rope in place of the interleaved one
@@ -128,7 +139,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
@@ -149,15 +160,24 @@ def test_configs(tmp_path):
     assert gemma3["query_pre_attn_scalar"] == 32 and gemma3["tie_word_embeddings"] is True
     _, _, phi3 = load_gguf(write_case(tmp_path, "phi3")[0])
     assert phi3["partial_rotary_factor"] == 0.75 and phi3["tie_word_embeddings"] is False
+    _, _, phi4 = load_gguf(write_case(tmp_path, "phi4-mini")[0])  # served within its original context
+    assert phi4["max_position_embeddings"] == 64 and phi4["longrope"] == {
+        "factors": "short", "attn_factor": pytest.approx(PHI_ATTN), "original_context_length": 64,
+        "trained_context_length": fx.CONTEXT}
 
 
 @pytest.mark.parametrize(
     "arch, extra, match",
     [
-        ("phi3", dict(metadata={"rope.scaling.type": "longrope"}), "longrope"),
-        # the 128k variants' factor tensors, which mlx-lm's phi3 would apply at every length
-        ("phi3", dict(extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
-         "rope_factors_long"),
+        ("phi3", dict(metadata={"rope.scaling.type": "longrope"}), "longrope"),  # no factor tensors
+        ("phi3", dict(extra_tensors={"rope_factors_long.weight": np.ones(6), "rope_factors_short.weight": np.ones(6)}),
+         "original_context_length"),  # factors, but no original context to serve them within
+        ("phi3", dict(metadata={"rope.scaling.original_context_length": 64},
+                      extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
+         "12 rotary dims"),
+        ("llama", dict(metadata={"rope.scaling.original_context_length": 64},
+                       extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
+         "phi3"),
         ("llama", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
         ("qwen3", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
     ],
