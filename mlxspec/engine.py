@@ -91,6 +91,7 @@ class Engine:
         kv_cache: str | None = None,
         activations: str | None = None,
         lookup_memory: int | None = None,
+        context: int | None = None,
     ) -> "Engine":
         """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
 
@@ -112,7 +113,10 @@ class Engine:
         MLXSPEC_ACTIVATIONS, here only. Either way speculation keeps plain decoding's tokens.
         `lookup_memory`: output tokens of earlier requests the lookup drafter remembers (n-gram
         counts in memory, drafts/ngram_memory.py; 0 = none); None reads MLXSPEC_LOOKUP_MEMORY, here
-        only (default 100000).
+        only (default 100000). `context`: the context window to load for (Ollama's num_ctx at load time; a
+        Modelfile's PARAMETER num_ctx): a GGUF with LongRoPE factors (Phi-3/4) takes its long factors
+        past its original context and its short ones within it, as llama.cpp does (gguf_rope.py);
+        None: the short ones. Other models ignore it.
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
@@ -130,11 +134,11 @@ class Engine:
         kind, _ = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
-        tgt = loading.load(target, quantize, progress, ollama, kv_cache)
+        tgt = loading.load(target, quantize, progress, ollama, kv_cache, context)
         dft = None
         if kind == "draft-model":
             same = draft == target and (draft_quantize or None) == (quantize or None)
-            dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache)  # one copy when identical
+            dft = tgt if same else loading.load(draft, draft_quantize, progress, ollama, kv_cache, context)  # one copy when identical
             check_compatible(tgt.tokenizer, dft.tokenizer)
         settings = DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         kernel_report = (_use_kernels(tgt, dft, fuse=kernels != "ops", activations=activations,

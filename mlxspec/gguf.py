@@ -75,8 +75,9 @@ def _check_types(header: Header) -> Counter:
 # ---------------------------------------------------------------- model
 
 
-def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
-    """GGUF file -> (mlx-lm model with weights loaded and evaluated, mlx-lm TokenizerWrapper, config dict)."""
+def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, TokenizerWrapper, dict]:
+    """GGUF file -> (mlx-lm model with weights loaded and evaluated, mlx-lm TokenizerWrapper, config dict).
+    `context`: the window to load for, where the file's rope depends on it (gguf_rope.py)."""
     path = Path(path)
     header = translate(read_header(path))  # Ollama's own layouts, as llama.cpp's converter writes them
     type_counts = _check_types(header)  # before any tensor data is read
@@ -95,7 +96,7 @@ def load_gguf(path: str | Path) -> tuple[nn.Module, TokenizerWrapper, dict]:
     model = _build_model(arch, config, weights, path)
     archs.interleave_rope(arch, model, config)
     archs.use_gelu_tanh(arch, model)
-    apply_file_rope(name, arch, model, config, rope_tensors, header.metadata, path)
+    apply_file_rope(name, arch, model, config, rope_tensors, header.metadata, path, context)
     tokenizer = _build_tokenizer(header.metadata, path)
     return model, tokenizer, config
 

@@ -1,7 +1,7 @@
 """RoPE that a GGUF file carries as tensors rather than metadata, applied to every layer of the model.
 
     tensors = {name: array for the names in ROPE_TENSORS}   # read with the weights, not weights themselves
-    apply_file_rope(name, arch, model, config, tensors, metadata, path)   # name: the file's architecture
+    apply_file_rope(name, arch, model, config, tensors, metadata, path, context)   # name: the file's architecture
 
 - `rope_freqs` (Llama 3.x): a divisor per frequency (gguf_archs.FreqFactorRoPE).
 - `rope_factors_long` / `rope_factors_short` (Phi-3/Phi-4 "LongRoPE", e.g. Phi-4-mini): a divisor per
@@ -9,9 +9,11 @@
   multiplying the rotated dims of q and k. llama.cpp picks the short factors when its context per
   sequence is at most `rope.scaling.original_context_length` (Ollama's default context is), the long
   ones past it, and keeps that choice for the whole context: switching factors mid-sequence would leave
-  cached keys rotated the other way. mlxspec serves these files the short way, so its context window
-  is the original one (a longer prompt is refused with the window's size); mlx-lm's phi3 would use the
-  long factors at every length, which neither llama.cpp nor Hugging Face does for short contexts.
+  cached keys rotated the other way. mlxspec chooses the same way by the context a model is loaded for
+  (`context`: Ollama's num_ctx, from a Modelfile; None: the default, within the original context). Within
+  it, the original context is the model's window (a longer prompt is refused with the window's size);
+  past it, the window is the trained one. mlx-lm's phi3 would use the long factors at every length,
+  which neither llama.cpp nor Hugging Face does for short contexts.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def apply_file_rope(name: str, arch, model: nn.Module, config: dict, tensors: dict[str, mx.array], metadata: dict,
-                    path: Path) -> None:
+                    path: Path, context: int | None = None) -> None:
     """Give every layer the rope the file's tensors describe (none: the rope mlx-lm built stays)."""
     from .gguf_archs import apply_rope_freqs
 
@@ -39,14 +41,16 @@ def apply_file_rope(name: str, arch, model: nn.Module, config: dict, tensors: di
     if "rope_freqs.weight" in tensors:
         apply_rope_freqs(arch, model, config, tensors["rope_freqs.weight"], path)
     if any(name in tensors for name in LONGROPE):
-        rope = _short_longrope(name, config, tensors, metadata, path)
+        rope = _longrope(name, config, tensors, metadata, path, context)
         for layer in model.layers:
             layer.self_attn.rope = rope
 
 
-def _short_longrope(name: str, config: dict, tensors: dict[str, mx.array], metadata: dict, path: Path) -> nn.Module:
-    """Phi-3/4's rope within the original context: the short factors, the attention factor; the
-    config's context window becomes the original one (what `context_length` then reports)."""
+def _longrope(name: str, config: dict, tensors: dict[str, mx.array], metadata: dict, path: Path,
+              context: int | None) -> nn.Module:
+    """Phi-3/4's rope for a `context`: within the original one the short factors, and the original
+    context becomes the config's window (what `context_length` then reports); past it the long ones
+    over the trained window. The attention factor either way."""
     get = lambda key, default=None: metadata.get(f"{name}.{key}", default)  # noqa: E731
     rope_dims = int(config["head_dim"] * config.get("partial_rotary_factor", 1.0))
     short, long = tensors.get("rope_factors_short.weight"), tensors.get("rope_factors_long.weight")
@@ -56,13 +60,16 @@ def _short_longrope(name: str, config: dict, tensors: dict[str, mx.array], metad
                              "tensors and rope.scaling.original_context_length")
     if short.size != rope_dims // 2 or long.size != rope_dims // 2:
         raise ModelLoadError(f"{path.name}: rope_factors of {short.size}/{long.size} values for {rope_dims} rotary dims")
-    trained = config["max_position_embeddings"]
+    trained, original = config["max_position_embeddings"], int(original)
     attn_factor = float(get("rope.scaling.attn_factor", 1.0))
-    config["max_position_embeddings"] = min(int(original), trained)
-    config["longrope"] = {"factors": "short", "attn_factor": attn_factor, "original_context_length": int(original),
-                          "trained_context_length": trained}
+    long_context = context is not None and context > original  # llama.cpp: n_ctx_per_seq > n_ctx_orig_yarn
+    factors = long if long_context else short
+    if not long_context:
+        config["max_position_embeddings"] = min(original, trained)
+    config["longrope"] = {"factors": "long" if long_context else "short", "attn_factor": attn_factor,
+                          "original_context_length": original, "trained_context_length": trained}
     # mlx-lm's LongRoPE module applies the factors it is given as `long_factor` at every position and
-    # scales the rotated dims by `long_mscale`: given the short factors, it computes llama.cpp's short rope
+    # scales the rotated dims by `long_mscale`: llama.cpp's rope with either set of factors
     return SuScaledRoPE(rope_dims, base=config["rope_theta"], max_position_embeddings=trained,
-                        original_max_position_embeddings=int(original), long_factor=short.astype(mx.float32).tolist(),
+                        original_max_position_embeddings=original, long_factor=factors.astype(mx.float32).tolist(),
                         long_mscale=attn_factor)

@@ -148,7 +148,7 @@ def download(repo_id: str, progress: Any = None) -> str:
 
 def load(
     reference: str, quantize: str | None = None, progress: Any = None, ollama: ollama_store.OllamaStore | None = None,
-    kv_cache: str = "f16",
+    kv_cache: str = "f16", context: int | None = None,
 ) -> LoadedModel:
     """Load a model reference, quantizing on load when asked (e.g. quantize='q4').
 
@@ -158,7 +158,8 @@ def load(
     and Ollama's default; the CPU kernels read them directly), 'f32' keeps them as computed. MLX
     models keep mlx-lm's cache (their activations are already half precision). On a GPU the choice
     waits for the kernels (Engine.load): float16 where mlxspec's attention kernel stays and reads
-    the mixed pair, float32 where MLX's attention runs.
+    the mixed pair, float32 where MLX's attention runs. `context`: the window a GGUF's LongRoPE
+    factors are chosen for (gguf_rope.py; None: within the original context).
     """
     if kv_cache not in KV_CACHE_TYPES:
         raise MlxspecError(f"unknown KV cache type {kv_cache!r} (one of {', '.join(KV_CACHE_TYPES)})")
@@ -171,7 +172,7 @@ def load(
         if path.is_file() and (path.suffix.lower() == ".gguf" or from_ollama):
             from .gguf import load_gguf
 
-            model, tokenizer, config = load_gguf(path)
+            model, tokenizer, config = load_gguf(path, context)
             exact_windows(model)
             if kv_cache == "f16" and on_cpu():  # on a GPU, Engine.load decides once the kernels are in
                 store_kv_in_half(model)

@@ -415,6 +415,9 @@ def _exists(path: Path) -> bool:
 def load_engine(manifest: Manifest, ollama: OllamaStore | None = None) -> Engine:
     """The Engine a manifest describes (loads the weights; downloads repo ids not cached yet)."""
     kwargs = {"draft_length": manifest.draft_length} if manifest.draft_length is not None else {}
+    context = manifest.parameters.get("num_ctx")  # as Ollama: the context a model is loaded for
+    if context is not None:
+        kwargs["context"] = context
     return Engine.load(
         manifest.target,
         draft=manifest.draft,

@@ -193,3 +193,33 @@ def test_rope_freqs_of_wrong_size_refused(tmp_path):
     path = write_tiny_llama_gguf(tmp_path / "bad.gguf", "Q8_0", extra_tensors={"rope_freqs.weight": np.ones(5)})
     with pytest.raises(ModelLoadError, match="rope_freqs"):
         load_gguf(path)
+
+
+@pytest.mark.parametrize("context, factors, window", [(None, "short", 64), (64, "short", 64), (65, "long", fx.CONTEXT)])
+def test_longrope_factors_follow_the_context_loaded_for(tmp_path, context, factors, window):
+    """As llama.cpp: the long factors once the context loaded for exceeds the original one, and the
+    trained window then; the short ones and the original window within it."""
+    path, hp = write_case(tmp_path, "phi4-mini")
+    model, _, config = load_gguf(path, context)
+    assert config["longrope"]["factors"] == factors and config["max_position_embeddings"] == window
+    hp = dataclasses.replace(hp, freq_factors=PHI_LONG if factors == "long" else PHI_SHORT)
+    np.testing.assert_allclose(mlx_logits(model, TOKENS), forward(dequantized_weights(path), hp, TOKENS),
+                               atol=5e-5, rtol=0)
+
+
+def test_a_modelfile_num_ctx_loads_phi4_minis_long_context(tmp_path):
+    """store.load_engine passes a manifest's num_ctx as the context to load for (Ollama's reload
+    semantics); without it the window is the original context and a longer prompt is refused."""
+    from mlxspec.decode import PromptError
+    from mlxspec.options import GenerateOptions
+    from mlxspec.store import Manifest, load_engine
+
+    path, _ = write_case(tmp_path, "phi4-mini")
+    short = load_engine(Manifest(target=str(path), drafter="none"))
+    long = load_engine(Manifest(target=str(path), drafter="none", parameters={"num_ctx": 200}))
+    assert (short.context_length, long.context_length) == (64, fx.CONTEXT)
+    prompt = list(range(5, 75))  # 70 tokens
+    with pytest.raises(PromptError, match="context window is 64"):
+        next(iter(short.generate(prompt, GenerateOptions(max_tokens=2))))
+    events = list(long.generate(prompt, GenerateOptions(max_tokens=2, temperature=0)))
+    assert sum(len(e.tokens) for e in events) == 2
