@@ -36,11 +36,11 @@ def apply_file_rope(name: str, arch, model: nn.Module, config: dict, tensors: di
     from .gguf_archs import apply_rope_freqs
 
     scaling = metadata.get(f"{name}.rope.scaling.type")
-    if scaling == "longrope" and not all(name in tensors for name in LONGROPE):
+    if scaling == "longrope" and not all(t in tensors for t in LONGROPE):
         raise ModelLoadError(f"{path.name}: longrope scaling without its rope_factors_long/short tensors")
     if "rope_freqs.weight" in tensors:
         apply_rope_freqs(arch, model, config, tensors["rope_freqs.weight"], path)
-    if any(name in tensors for name in LONGROPE):
+    if any(t in tensors for t in LONGROPE):
         rope = _longrope(name, config, tensors, metadata, path, context)
         for layer in model.layers:
             layer.self_attn.rope = rope
