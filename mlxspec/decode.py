@@ -56,6 +56,7 @@ class Decoder:
         width: int = 1,
         tree_costs: dict[int, CostModel] | None = None,
         steps: StepGraphs | None = None,
+        window_note: str = "",
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
@@ -76,7 +77,7 @@ class Decoder:
         self.width = width if tree else 1  # of the next speculative round (the controller may change it)
         num_ctx = min(options.num_ctx or context_length, context_length)
         if len(self.prompt) >= num_ctx:
-            raise PromptError(f"the prompt is {len(self.prompt)} tokens; the context window is {num_ctx}")
+            raise PromptError(f"the prompt is {len(self.prompt)} tokens; the context window is {num_ctx}{window_note}")
         limit = num_ctx - len(self.prompt)  # every emitted token enters the context
         if options.max_tokens >= 0:
             limit = min(limit, options.max_tokens)

@@ -174,6 +174,15 @@ class Engine:
         return int(self.target.info["context_length"])
 
     @property
+    def window_note(self) -> str:
+        """What a prompt past the window can do about it, where the model says (gguf_rope.py)."""
+        longrope = self.target.config.get("longrope") or {}
+        if longrope.get("factors") != "short":
+            return ""
+        return (f" (this model's original context; PARAMETER num_ctx up to {longrope['trained_context_length']} "
+                "in a Modelfile loads its long one)")
+
+    @property
     def info(self) -> dict:
         return {
             "target": self.target.reference,
@@ -250,6 +259,7 @@ class Engine:
                 kv=self.kv,
                 settings=self.settings,
                 steps=self.steps,
+                window_note=self.window_note,
                 detokenizer=self.tokenizer.detokenizer,
                 constraint=constraint,
             )

@@ -219,7 +219,7 @@ def test_a_modelfile_num_ctx_loads_phi4_minis_long_context(tmp_path):
     long = load_engine(Manifest(target=str(path), drafter="none", parameters={"num_ctx": 200}))
     assert (short.context_length, long.context_length) == (64, fx.CONTEXT)
     prompt = list(range(5, 75))  # 70 tokens
-    with pytest.raises(PromptError, match="context window is 64"):
+    with pytest.raises(PromptError, match=r"context window is 64 \(this model's original context; PARAMETER num_ctx"):
         next(iter(short.generate(prompt, GenerateOptions(max_tokens=2))))
     events = list(long.generate(prompt, GenerateOptions(max_tokens=2, temperature=0)))
     assert sum(len(e.tokens) for e in events) == 2
