@@ -86,7 +86,8 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
 
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else weights["model.embed_tokens.weight"].shape[0]
-    config = archs.model_config(name, arch, header.metadata, vocab_size, "lm_head.weight" not in weights, path)
+    config = archs.model_config(name, arch, header.metadata, vocab_size, "lm_head.weight" not in weights, path,
+                                attention_bias="model.layers.0.self_attn.q_proj.bias" in weights)
     config["quantization"] = _quantization_config(weights)
     config["gguf_architecture"] = name  # what Ollama calls the family: "qwen3moe", "gemma3"
     config["gguf_file_type"] = header.metadata.get("general.file_type")
@@ -199,7 +200,7 @@ def _build_tokenizer(metadata: dict, path: Path):
     )
     from transformers import PreTrainedTokenizerFast
 
-    from .gguf_tokenizer import BOS_BY_DEFAULT, build_backend, pre_tokenizer_type, set_special_template
+    from .gguf_tokenizer import BOS_BY_DEFAULT, NO_BOS, build_backend, pre_tokenizer_type, set_special_template
 
     prefix = "tokenizer.ggml."
     vocab = {key[len(prefix):]: value for key, value in metadata.items() if key.startswith(prefix)}
@@ -213,7 +214,7 @@ def _build_tokenizer(metadata: dict, path: Path):
     (bos_id, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
     # llama.cpp's default when the file does not say: BOS for sentencepiece and llama-3 vocabularies.
     bos_default = kind == "llama" or pre_tokenizer_type(vocab, path.name) in BOS_BY_DEFAULT
-    add_bos = bool(vocab.get("add_bos_token", bos_default)) and bos is not None
+    add_bos = bool(vocab.get("add_bos_token", bos_default)) and bos is not None and vocab.get("pre") not in NO_BOS
     add_eos = bool(vocab.get("add_eos_token", False)) and eos is not None
     set_special_template(backend, (bos_id, bos) if add_bos else None, (eos_id, eos) if add_eos else None)
     hf_tokenizer = PreTrainedTokenizerFast(

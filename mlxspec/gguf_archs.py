@@ -28,6 +28,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - gpt-oss: MXFP4 experts with biases (mlx-lm's gpt_oss SwitchGLU in mxfp4 mode), a biased router
   whose top k logits are softmaxed, attention with biases and a learned sink per head, a 128-token
   window on even layers, YaRN rope (llama.cpp and mlx-lm both truncate its correction range).
+- glm4 (GLM-4-0414, GLM-Z1): biased q/k/v, interleaved rope on the first rope.dimension_count dims
+  of each head (no q/k permutation: Hugging Face's GLM rope is interleaved already), a norm after
+  attention and after the MLP as well as before each, and gate/up fused in ffn_up (gate rows first).
 """
 
 from __future__ import annotations
@@ -91,6 +94,12 @@ OLMO2_BLOCK = {  # no norms before attention and the MLP: after them, and q/k no
     "post_attention_norm": "post_attention_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
 }
+GLM4_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_gate"} | {  # a norm after attention and the MLP too
+    "post_attention_norm": "post_self_attn_layernorm",
+    "ffn_norm": "post_attention_layernorm",  # mlx-lm's name for the norm before the MLP
+    "ffn_up": "mlp.gate_up_proj",  # gate rows then up rows (llama.cpp's SWIGLU halves), as mlx-lm splits them
+    "post_ffw_norm": "post_mlp_layernorm",
+}
 STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections, a plain GELU MLP
     "ffn_up": "mlp.c_fc",
     "ffn_down": "mlp.c_proj",
@@ -128,7 +137,8 @@ ARCHS = {
     # Ministral 3, Mistral Small 3.1/3.2, Magistral, Devstral 2: llama's tensors and interleaved rope,
     # YaRN, and Llama 4's attention temperature (queries scaled up past each original context length)
     "mistral3": Arch("ministral3", "ministral3", True, interleaved_rope=True),
-    "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),  # OLMo 2 (OLMo 3's sliding windows: refused)
+    "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),
+    "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head  # OLMo 2 (OLMo 3's sliding windows: refused)
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -156,8 +166,10 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
     return None
 
 
-def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path) -> dict:
-    """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata."""
+def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path,
+                 attention_bias: bool = False) -> dict:
+    """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata; `attention_bias`: the file's
+    q/k/v projections have biases (where the module makes them optional: glm4)."""
 
     def get(key, default=None):
         value = metadata.get(f"{name}.{key}", default)
@@ -190,6 +202,10 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         if head_dim != hidden // heads:
             raise ModelLoadError(f"{path.name}: phi3 with head_dim {head_dim} != hidden/heads is not supported")
         config["partial_rotary_factor"] = rope_dims / head_dim
+    elif name == "glm4":
+        if get("rope.dimension_sections", 0):  # GLM-4.1V's multimodal rope
+            raise ModelLoadError(f"{path.name}: glm4 with sectioned (multimodal) rope is not supported")
+        config |= {"partial_rotary_factor": rope_dims / head_dim, "attention_bias": attention_bias}
     elif rope_dims != head_dim:
         raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
     if name == "qwen2" and head_dim != hidden // heads:

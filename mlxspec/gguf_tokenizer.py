@@ -70,13 +70,16 @@ PRE_TOKENIZERS = {
     **dict.fromkeys(["gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4"], "gpt2"),
     **dict.fromkeys(["smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"], "smollm"),
     **dict.fromkeys(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "lfm2"], "llama3"),
-    **dict.fromkeys(["dbrx", "smaug-bpe"], "dbrx"),
+    **dict.fromkeys(["dbrx", "smaug-bpe", "glm4", "chatglm-bpe"], "dbrx"),  # glm4: llama.cpp's CHATGLM4, llama-3's regex
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], "qwen2"),
     **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], "gpt-4o"),
     "tekken": "tekken",
 }
 # Pre-tokenizer types after which llama.cpp adds BOS unless the file says otherwise.
 BOS_BY_DEFAULT = {"llama3", "tekken"}
+# tokenizer.ggml.pre names for which llama.cpp never adds BOS, whatever the file says (GLM-4's chat
+# template writes its own [gMASK]<sop> prefix).
+NO_BOS = {"glm4", "chatglm-bpe"}
 
 MODELS = ("gpt2", "llama")
 

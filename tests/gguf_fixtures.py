@@ -123,7 +123,8 @@ def write_tiny_llama_gguf(
     arch: "llama", "qwen2" (adds q/k/v biases), "qwen3" (q/k norms), "gemma" (llama's tensors),
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
-    the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up) or "qwen3moe"
+    the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
+    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
@@ -234,7 +235,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
                        f"{b}.attn_v.weight": (kv_rows, hidden)}
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
-        if arch in ("qwen2", "starcoder2"):
+        if arch in ("qwen2", "starcoder2", "glm4"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
         if arch == "starcoder2":
             shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.attn_output.bias": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
@@ -246,11 +247,11 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
         if arch == "olmo2":  # over the whole projections
             shapes |= {f"{b}.attn_q_norm.weight": (q_rows,), f"{b}.attn_k_norm.weight": (kv_rows,)}
-        if arch in ("gemma2", "gemma3", "olmo2"):
+        if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
         if arch != "olmo2":
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
-        if arch == "phi3":
+        if arch in ("phi3", "glm4"):
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
         elif arch in ("qwen3moe", "mixtral"):
             e, f = dims.experts, dims.expert_ffn
@@ -260,7 +261,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         else:
             shapes |= {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden)}
         shapes[f"{b}.ffn_down.weight"] = (hidden, dims.ffn)
-        if arch in ("gemma2", "gemma3", "olmo2"):
+        if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
     shapes["output_norm.weight"] = (hidden,)
     if arch == "starcoder2":

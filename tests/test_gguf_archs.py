@@ -85,6 +85,10 @@ CASES = {
         hp=dict(rope_base=1000000.0, yarn=(4.0, 4), yarn_magnitude=False, attn_temp=(0.5, 4))),
     # OLMo 2: norms after attention and the MLP (none before), q/k norms over the whole projections, NEOX rope.
     "olmo2": dict(arch="olmo2", metadata={"rope.freq_base": 500000.0}, hp=dict(rope_base=500000.0)),
+    # GLM-4-0414: biased q/k/v, interleaved rope on half of each head, four norms a block, gate+up fused;
+    # its BPE pre-tokenizer, after which llama.cpp never adds BOS (the file says add it)
+    "glm4": dict(arch="glm4", dims=Dims(rope_dims=8), pre="glm4", add_bos=True, output_qtype="Q8_0", metadata={"rope.freq_base": 10000.0},
+                 hp=dict(rope_dims=8)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -109,6 +113,7 @@ TEETH = {
     "starcoder2": [dict(rope_base=10000.0)],
     "mistral3": [dict(attn_temp=None), dict(yarn=None), dict(yarn_magnitude=True), dict(arch="qwen2")],
     "olmo2": [dict(rope_base=10000.0), dict(rope_dims=8)],
+    "glm4": [dict(rope_dims=None), dict(arch="qwen2")],  # whole-head rope; NEOX halves instead of pairs
 }
 
 
@@ -139,7 +144,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
@@ -223,3 +228,15 @@ def test_a_modelfile_num_ctx_loads_phi4_minis_long_context(tmp_path):
         next(iter(short.generate(prompt, GenerateOptions(max_tokens=2))))
     events = list(long.generate(prompt, GenerateOptions(max_tokens=2, temperature=0)))
     assert sum(len(e.tokens) for e in events) == 2
+
+
+def test_glm4_vocabulary_never_adds_bos(tmp_path):
+    """llama.cpp's CHATGLM4 pre-tokenizer drops BOS whatever the file says (the chat template writes
+    GLM's own prefix); another pre-tokenizer with the same flag adds it."""
+    path, _ = write_case(tmp_path, "glm4")
+    _, glm, config = load_gguf(path)
+    assert config["attention_bias"] is True and config["partial_rotary_factor"] == 0.5
+    other = write_tiny_llama_gguf(tmp_path / "bos.gguf", "Q8_0", add_bos=True)
+    _, smol, _ = load_gguf(other)
+    assert smol.encode("the world")[0] == fx.BOS_ID and glm.encode("the world")[0] != fx.BOS_ID
+    assert glm.encode("the world") == smol.encode("the world")[1:]  # llama-3's regex splits this alike

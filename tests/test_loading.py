@@ -139,6 +139,22 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
         assert tokens == want and last.stats.accepted > 0
 
 
+def test_a_glm4_gguf_speculates_exactly(tmp_path):
+    """GLM-4 (biased q/k/v, rope on half of each head, four norms a block, fused gate/up): its
+    projections run the kernels and greedy lookup speculation gives plain decoding's tokens."""
+    path = str(write_tiny_llama_gguf(tmp_path / "glm4.gguf", "Q4_0", arch="glm4", dims=Dims(rope_dims=8),
+                                     pre="glm4", output_qtype="Q8_0"))
+    plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
+    assert plain.info["architecture"] == "glm4"
+    swapped = plain.kernels["target"]["layers"]["swapped"]
+    assert sum(".self_attn." in p or ".mlp." in p for p in swapped) == 6 * 2  # q/k/v/o, gate_up, down a layer
+    prompt = "the world and the world and the"
+    want = run(plain, prompt, max_tokens=40)[0]
+    for k in (3, 7):
+        tokens, _, last = run(lookup, prompt, max_tokens=40, draft_length=k)
+        assert tokens == want and last.stats.accepted > 0
+
+
 def test_gpt_oss_mxfp4_experts_run_the_int8_kernel_and_speculate_exactly(tmp_path):
     """A gpt-oss GGUF (MXFP4 experts, sinks, windows): with int8 activations its mxfp4 experts run
     mlxspec's kernel (kE2m1 codes), with fp32 ones MLX's op; lookup speculation gives plain
