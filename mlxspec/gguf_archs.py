@@ -31,6 +31,8 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - glm4 (GLM-4-0414, GLM-Z1): biased q/k/v, interleaved rope on the first rope.dimension_count dims
   of each head (no q/k permutation: Hugging Face's GLM rope is interleaved already), a norm after
   attention and after the MLP as well as before each, and gate/up fused in ffn_up (gate rows first).
+- exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
+  q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
 """
 
 from __future__ import annotations
@@ -137,8 +139,9 @@ ARCHS = {
     # Ministral 3, Mistral Small 3.1/3.2, Magistral, Devstral 2: llama's tensors and interleaved rope,
     # YaRN, and Llama 4's attention temperature (queries scaled up past each original context length)
     "mistral3": Arch("ministral3", "ministral3", True, interleaved_rope=True),
-    "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),
-    "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head  # OLMo 2 (OLMo 3's sliding windows: refused)
+    "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),  # OLMo 2 (OLMo 3's sliding windows: refused)
+    "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
+    "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -206,6 +209,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         if get("rope.dimension_sections", 0):  # GLM-4.1V's multimodal rope
             raise ModelLoadError(f"{path.name}: glm4 with sectioned (multimodal) rope is not supported")
         config |= {"partial_rotary_factor": rope_dims / head_dim, "attention_bias": attention_bias}
+    elif name == "exaone":
+        config["attention_bias"] = attention_bias  # EXAONE 3.5 has none; the format allows q/k/v/o biases
     elif rope_dims != head_dim:
         raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
     if name == "qwen2" and head_dim != hidden // heads:

@@ -18,7 +18,8 @@ import numpy as np
 
 import gguf
 
-NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2")
+NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
+              "exaone")
 
 
 @dataclass

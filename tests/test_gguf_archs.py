@@ -89,6 +89,10 @@ CASES = {
     # its BPE pre-tokenizer, after which llama.cpp never adds BOS (the file says add it)
     "glm4": dict(arch="glm4", dims=Dims(rope_dims=8), pre="glm4", add_bos=True, output_qtype="Q8_0", metadata={"rope.freq_base": 10000.0},
                  hp=dict(rope_dims=8)),
+    # EXAONE 3.5: llama's tensors with NEOX rope and Llama 3 rope scaling (rope_freqs); its BPE pre-tokenizer
+    "exaone": dict(arch="exaone", pre="exaone", metadata={"rope.freq_base": 1000000.0},
+                   extra_tensors={"rope_freqs.weight": LLAMA3_FACTORS},
+                   hp=dict(rope_base=1000000.0, freq_factors=LLAMA3_FACTORS)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -113,7 +117,8 @@ TEETH = {
     "starcoder2": [dict(rope_base=10000.0)],
     "mistral3": [dict(attn_temp=None), dict(yarn=None), dict(yarn_magnitude=True), dict(arch="qwen2")],
     "olmo2": [dict(rope_base=10000.0), dict(rope_dims=8)],
-    "glm4": [dict(rope_dims=None), dict(arch="qwen2")],  # whole-head rope; NEOX halves instead of pairs
+    "glm4": [dict(rope_dims=None), dict(arch="qwen2")],
+    "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling  # whole-head rope; NEOX halves instead of pairs
 }
 
 
@@ -144,7 +149,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""

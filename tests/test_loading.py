@@ -139,15 +139,19 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
         assert tokens == want and last.stats.accepted > 0
 
 
-def test_a_glm4_gguf_speculates_exactly(tmp_path):
-    """GLM-4 (biased q/k/v, rope on half of each head, four norms a block, fused gate/up): its
-    projections run the kernels and greedy lookup speculation gives plain decoding's tokens."""
-    path = str(write_tiny_llama_gguf(tmp_path / "glm4.gguf", "Q4_0", arch="glm4", dims=Dims(rope_dims=8),
-                                     pre="glm4", output_qtype="Q8_0"))
+@pytest.mark.parametrize("arch, extra", [
+    # GLM-4: biased q/k/v, rope on half of each head, four norms a block, fused gate/up
+    ("glm4", dict(dims=Dims(rope_dims=8), pre="glm4", output_qtype="Q8_0")),
+    # EXAONE 3.5: llama's block with NEOX rope and Llama 3 rope scaling (rope_freqs)
+    ("exaone", dict(pre="exaone", extra_tensors={"rope_freqs.weight": np.linspace(1.0, 8.0, 8)})),
+])
+def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
+    """Their projections run the kernels and greedy lookup speculation gives plain decoding's tokens."""
+    path = str(write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q4_0", arch=arch, **extra))
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
-    assert plain.info["architecture"] == "glm4"
+    assert plain.info["architecture"] == arch
     swapped = plain.kernels["target"]["layers"]["swapped"]
-    assert sum(".self_attn." in p or ".mlp." in p for p in swapped) == 6 * 2  # q/k/v/o, gate_up, down a layer
+    assert sum(".self_attn." in p or ".mlp." in p for p in swapped) == {"glm4": 6, "exaone": 7}[arch] * 2
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
     for k in (3, 7):
