@@ -31,6 +31,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - glm4 (GLM-4-0414, GLM-Z1): biased q/k/v, interleaved rope on the first rope.dimension_count dims
   of each head (no q/k permutation: Hugging Face's GLM rope is interleaved already), a norm after
   attention and after the MLP as well as before each, and gate/up fused in ffn_up (gate rows first).
+- cohere2 (Command R7B, Command A): one bias-free LayerNorm feeds attention and the MLP side by side,
+  interleaved rope on the sliding-window layers only (3 of every 4; the global ones have none), the
+  logits scaled by logit_scale, the head tied to the embeddings.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
 """
@@ -102,6 +105,7 @@ GLM4_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_gate"} | {  # a 
     "ffn_up": "mlp.gate_up_proj",  # gate rows then up rows (llama.cpp's SWIGLU halves), as mlx-lm splits them
     "post_ffw_norm": "post_mlp_layernorm",
 }
+COHERE2_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_norm"}  # attention and MLP read one norm
 STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections, a plain GELU MLP
     "ffn_up": "mlp.c_fc",
     "ffn_down": "mlp.c_proj",
@@ -142,6 +146,7 @@ ARCHS = {
     "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),  # OLMo 2 (OLMo 3's sliding windows: refused)
     "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
     "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
+    "cohere2": Arch("cohere2", "cohere2", True, COHERE2_BLOCK, layer_norm=True),  # Command R7B, Command A
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -228,6 +233,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gpt_oss_config(get, config)
     if name == "mistral3":
         config |= _mistral3_config(get, config, path)
+    if name == "cohere2":
+        config |= _cohere2_config(get, config, attention_bias)
     if name == "olmo2" and get("attention.sliding_window", 0):
         raise ModelLoadError(f"{path.name}: olmo2 with sliding-window layers (OLMo 3) is not supported")
     if name == "granite":
@@ -253,6 +260,15 @@ def _mistral3_config(get, config: dict, path: Path) -> dict:
     rope = {"rope_type": "default"} if yarn is None else {**yarn, "mscale": 1.0, "mscale_all_dim": 1.0}
     return {"rope_parameters": {**rope, "rope_theta": config["rope_theta"], "original_max_position_embeddings": original,
                                 "llama_4_scaling_beta": float(get("attention.temperature_scale", 0.0))}}
+
+
+def _cohere2_config(get, config: dict, attention_bias: bool) -> dict:
+    """Command R7B / Command A: a parallel block (attention and MLP read one bias-free LayerNorm), rope
+    on the sliding layers only (three of every four: llama.cpp's pattern, mlx-lm's default), the logits
+    times logit_scale, the head tied to the embeddings."""
+    return {"layer_norm_eps": config.pop("norm_epsilon"), "logit_scale": get("logit_scale", 1.0),
+            "sliding_window": get("attention.sliding_window"), "sliding_window_pattern": 4,
+            "layer_norm_bias": False, "attention_bias": attention_bias}
 
 
 def _gpt_oss_config(get, config: dict) -> dict:

@@ -124,7 +124,8 @@ def write_tiny_llama_gguf(
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
-    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up) or "qwen3moe"
+    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "cohere2"
+    (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
@@ -153,7 +154,7 @@ def write_tiny_llama_gguf(
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
-    if arch == "starcoder2":
+    if arch in ("starcoder2", "cohere2"):
         writer.add_layer_norm_eps(RMS_EPS)
     else:
         writer.add_layer_norm_rms_eps(RMS_EPS)
@@ -249,7 +250,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q_norm.weight": (q_rows,), f"{b}.attn_k_norm.weight": (kv_rows,)}
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
-        if arch != "olmo2":
+        if arch not in ("olmo2", "cohere2"):  # cohere2: the MLP reads the attention's norm
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch in ("phi3", "glm4"):
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows

@@ -49,7 +49,9 @@ class Hparams:
     sinks: bool = True  # gpt-oss: each head's learned sink joins its softmax
     embed_scale: float = 1.0  # granite: embeddings times this
     residual_scale: float = 1.0  # granite: each block's attention and FFN outputs times this
-    logit_scale: float = 1.0  # granite: logits divided by this
+    logit_scale: float = 1.0  # granite: logits divided by this (cohere2: multiplied by its inverse)
+    parallel: bool = False  # cohere2: attention and the MLP both read the block's one norm; both added
+    nope_global: bool = False  # cohere2: the global (non-sliding) layers take no rope
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -96,7 +98,8 @@ def _block(w, p, hp: Hparams, layer: int, x):
     sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
     gemma_local = sliding and hp.arch.startswith("gemma")  # gemma3's local layers: their own rope
     base, scale = (hp.swa_rope_base, 1.0) if gemma_local else (hp.rope_base, hp.rope_scale)
-    q, k = (_rope(t, hp, base, scale) for t in (q, k))
+    if not (hp.nope_global and not sliding):
+        q, k = (_rope(t, hp, base, scale) for t in (q, k))
     if hp.attn_temp is not None:  # llama.cpp's attn_temp input (mistral3: no position offset)
         beta, context = hp.attn_temp
         q = q * (1 + beta * np.log(1 + np.floor(np.arange(T) / context)))[:, None, None]
@@ -121,9 +124,11 @@ def _block(w, p, hp: Hparams, layer: int, x):
         return x + out + _oai_moe(w, p, hp, _rms(x + out, w[p + "post_attention_norm.weight"], hp.eps))
     if p + "post_attention_norm.weight" in w:
         out = _rms(out, w[p + "post_attention_norm.weight"], hp.eps)
+    if hp.parallel:  # the MLP reads the attention's input norm; x, attention and MLP outputs added
+        x, out = x + out, 0.0
     x = x + out * hp.residual_scale
 
-    h = x if olmo2 else _norm(w, p + "ffn_norm", hp, x)
+    h = h if hp.parallel else x if olmo2 else _norm(w, p + "ffn_norm", hp, x)
     if p + "ffn_gate_inp.weight" in w:
         return x + _moe(w, p, hp, h)
     if hp.arch == "starcoder2":  # llama.cpp's LLM_FFN_GELU, LLM_FFN_SEQ: up, GELU, down, each biased
@@ -173,11 +178,12 @@ def _oai_moe(w, p, hp: Hparams, h):
 
 
 def _norm(w, name: str, hp: Hparams, x):
-    """llama.cpp's LLM_NORM (LayerNorm, weight and bias: starcoder2) or LLM_NORM_RMS (the others)."""
-    if hp.arch != "starcoder2":
+    """llama.cpp's LLM_NORM (LayerNorm: starcoder2 with a bias, cohere2 without) or LLM_NORM_RMS (the others)."""
+    if hp.arch not in ("starcoder2", "cohere2"):
         return _rms(x, w[name + ".weight"], hp.eps)
     centred = x - x.mean(-1, keepdims=True)
-    return centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + hp.eps) * w[name + ".weight"] + w[name + ".bias"]
+    normed = centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + hp.eps) * w[name + ".weight"]
+    return normed + w.get(name + ".bias", 0.0)
 
 
 def _rms(x, weight, eps):

@@ -93,6 +93,12 @@ CASES = {
     "exaone": dict(arch="exaone", pre="exaone", metadata={"rope.freq_base": 1000000.0},
                    extra_tensors={"rope_freqs.weight": LLAMA3_FACTORS},
                    hp=dict(rope_base=1000000.0, freq_factors=LLAMA3_FACTORS)),
+    # Command R7B: a parallel block under one bias-free LayerNorm, interleaved rope on 3 of every 4 layers
+    # (a 4-position window there), none on the 4th (global), the tied head's logits times logit_scale
+    "cohere2": dict(arch="cohere2", dims=Dims(layers=4), pre="command-r",
+                    metadata={"logit_scale": 0.5, "attention.sliding_window": 4, "rope.freq_base": 50000.0},
+                    hp=dict(rope_base=50000.0, logit_scale=2.0, swa_window=4, swa_pattern=4, parallel=True,
+                            nope_global=True)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -118,7 +124,8 @@ TEETH = {
     "mistral3": [dict(attn_temp=None), dict(yarn=None), dict(yarn_magnitude=True), dict(arch="qwen2")],
     "olmo2": [dict(rope_base=10000.0), dict(rope_dims=8)],
     "glm4": [dict(rope_dims=None), dict(arch="qwen2")],
-    "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling  # whole-head rope; NEOX halves instead of pairs
+    "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
+    "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],  # whole-head rope; NEOX halves instead of pairs
 }
 
 
@@ -149,7 +156,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
