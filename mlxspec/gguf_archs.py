@@ -147,6 +147,9 @@ ARCHS = {
     "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
     "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
     "cohere2": Arch("cohere2", "cohere2", True, COHERE2_BLOCK, layer_norm=True),  # Command R7B, Command A
+    # Command R (35B), Command R+, Aya Expanse / Aya 23: cohere2's block without windows, rope on every
+    # layer; R+'s per-head q/k LayerNorms (one weight row per head)
+    "command-r": Arch("cohere", "cohere", True, COHERE2_BLOCK | QK_NORMS, layer_norm=True),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -175,9 +178,10 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
 
 
 def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path,
-                 attention_bias: bool = False) -> dict:
-    """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata; `attention_bias`: the file's
-    q/k/v projections have biases (where the module makes them optional: glm4)."""
+                 attention_bias: bool = False, qk_norms: bool = False) -> dict:
+    """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata; `attention_bias`, `qk_norms`:
+    the file's q/k/v projections have biases, its attention q/k norms (where the module makes them
+    optional: glm4, exaone, the cohere family)."""
 
     def get(key, default=None):
         value = metadata.get(f"{name}.{key}", default)
@@ -233,8 +237,11 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gpt_oss_config(get, config)
     if name == "mistral3":
         config |= _mistral3_config(get, config, path)
-    if name == "cohere2":
+    if name in ("cohere2", "command-r"):
         config |= _cohere2_config(get, config, attention_bias)
+        if name == "command-r":  # no windows; q/k norms where the file has them
+            del config["sliding_window"], config["sliding_window_pattern"]
+            config["use_qk_norm"] = qk_norms
     if name == "olmo2" and get("attention.sliding_window", 0):
         raise ModelLoadError(f"{path.name}: olmo2 with sliding-window layers (OLMo 3) is not supported")
     if name == "granite":
@@ -267,7 +274,7 @@ def _cohere2_config(get, config: dict, attention_bias: bool) -> dict:
     on the sliding layers only (three of every four: llama.cpp's pattern, mlx-lm's default), the logits
     times logit_scale, the head tied to the embeddings."""
     return {"layer_norm_eps": config.pop("norm_epsilon"), "logit_scale": get("logit_scale", 1.0),
-            "sliding_window": get("attention.sliding_window"), "sliding_window_pattern": 4,
+            "sliding_window": get("attention.sliding_window", 0), "sliding_window_pattern": 4,
             "layer_norm_bias": False, "attention_bias": attention_bias}
 
 

@@ -125,7 +125,8 @@ def write_tiny_llama_gguf(
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
     "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "cohere2"
-    (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon) or "qwen3moe"
+    (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon), "command-r" (cohere2's
+    and Command R+'s per-head q/k LayerNorm weights) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
@@ -154,7 +155,7 @@ def write_tiny_llama_gguf(
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
-    if arch in ("starcoder2", "cohere2"):
+    if arch in ("starcoder2", "cohere2", "command-r"):
         writer.add_layer_norm_eps(RMS_EPS)
     else:
         writer.add_layer_norm_rms_eps(RMS_EPS)
@@ -246,11 +247,13 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             continue
         if arch in ("qwen3", "gemma3", "qwen3moe"):
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
+        if arch == "command-r":  # Command R+: a LayerNorm per head, one weight row each
+            shapes |= {f"{b}.attn_q_norm.weight": (dims.heads, hd), f"{b}.attn_k_norm.weight": (dims.kv_heads, hd)}
         if arch == "olmo2":  # over the whole projections
             shapes |= {f"{b}.attn_q_norm.weight": (q_rows,), f"{b}.attn_k_norm.weight": (kv_rows,)}
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
-        if arch not in ("olmo2", "cohere2"):  # cohere2: the MLP reads the attention's norm
+        if arch not in ("olmo2", "cohere2", "command-r"):  # the cohere family: the MLP reads the attention's norm
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch in ("phi3", "glm4"):
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
@@ -290,8 +293,8 @@ def _gpt_oss_block(b: str, dims: Dims) -> dict[str, tuple[int, ...]]:
 def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides, dims=Dims()) -> dict[str, str]:
     types = {}
     for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None, dims).items():
-        # routers and biases stay F32, as llama.cpp keeps them; gpt-oss experts come as MXFP4
-        plain = len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", ".bias"))
+        # routers, norms and biases stay F32, as llama.cpp keeps them; gpt-oss experts come as MXFP4
+        plain = len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "norm.weight", ".bias"))
         types[name] = "F32" if plain else ("MXFP4" if arch == "gpt-oss" and "_exps." in name else qtype)
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:

@@ -92,8 +92,9 @@ def _block(w, p, hp: Hparams, layer: int, x):
     if olmo2:
         q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
     q, k, v = q.reshape(T, hp.heads, hd), k.reshape(T, hp.kv_heads, hd), v.reshape(T, hp.kv_heads, hd)
-    if p + "attn_q_norm.weight" in w and not olmo2:
-        q, k = _rms(q, w[p + "attn_q_norm.weight"], hp.eps), _rms(k, w[p + "attn_k_norm.weight"], hp.eps)
+    if p + "attn_q_norm.weight" in w and not olmo2:  # command-r: a LayerNorm per head, a weight row each
+        norm = _layer_norm if hp.arch == "command-r" else _rms
+        q, k = norm(q, w[p + "attn_q_norm.weight"], hp.eps), norm(k, w[p + "attn_k_norm.weight"], hp.eps)
 
     sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
     gemma_local = sliding and hp.arch.startswith("gemma")  # gemma3's local layers: their own rope
@@ -179,11 +180,14 @@ def _oai_moe(w, p, hp: Hparams, h):
 
 def _norm(w, name: str, hp: Hparams, x):
     """llama.cpp's LLM_NORM (LayerNorm: starcoder2 with a bias, cohere2 without) or LLM_NORM_RMS (the others)."""
-    if hp.arch not in ("starcoder2", "cohere2"):
+    if hp.arch not in ("starcoder2", "cohere2", "command-r"):
         return _rms(x, w[name + ".weight"], hp.eps)
+    return _layer_norm(x, w[name + ".weight"], hp.eps) + w.get(name + ".bias", 0.0)
+
+
+def _layer_norm(x, weight, eps):
     centred = x - x.mean(-1, keepdims=True)
-    normed = centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + hp.eps) * w[name + ".weight"]
-    return normed + w.get(name + ".bias", 0.0)
+    return centred / np.sqrt(np.mean(centred * centred, axis=-1, keepdims=True) + eps) * weight
 
 
 def _rms(x, weight, eps):

@@ -99,6 +99,10 @@ CASES = {
                     metadata={"logit_scale": 0.5, "attention.sliding_window": 4, "rope.freq_base": 50000.0},
                     hp=dict(rope_base=50000.0, logit_scale=2.0, swa_window=4, swa_pattern=4, parallel=True,
                             nope_global=True)),
+    # Command R+ (and Command R, Aya Expanse without the q/k norms): cohere2's block, rope on every layer, no
+    # windows, per-head q/k LayerNorms
+    "command-r": dict(arch="command-r", pre="command-r", metadata={"logit_scale": 0.5, "rope.freq_base": 8000000.0},
+                      hp=dict(rope_base=8000000.0, logit_scale=2.0, parallel=True)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -125,7 +129,8 @@ TEETH = {
     "olmo2": [dict(rope_base=10000.0), dict(rope_dims=8)],
     "glm4": [dict(rope_dims=None), dict(arch="qwen2")],
     "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
-    "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],  # whole-head rope; NEOX halves instead of pairs
+    "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
+    "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
 }
 
 
@@ -156,7 +161,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
