@@ -34,6 +34,7 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - cohere2 (Command R7B, Command A): one bias-free LayerNorm feeds attention and the MLP side by side,
   interleaved rope on the sliding-window layers only (3 of every 4; the global ones have none), the
   logits scaled by logit_scale, the head tied to the embeddings.
+- smollm3 (SmolLM3): llama's tensors and interleaved rope, except every 4th layer, which has none.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
 """
@@ -146,6 +147,7 @@ ARCHS = {
     "olmo2": Arch("olmo2", "olmo2", False, OLMO2_BLOCK),  # OLMo 2 (OLMo 3's sliding windows: refused)
     "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
     "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
+    "smollm3": Arch("smollm3", "smollm3", True),  # SmolLM3: llama's, without rope on every 4th layer
     "cohere2": Arch("cohere2", "cohere2", True, COHERE2_BLOCK, layer_norm=True),  # Command R7B, Command A
     # Command R (35B), Command R+, Aya Expanse / Aya 23: cohere2's block without windows, rope on every
     # layer; R+'s per-head q/k LayerNorms (one weight row per head)
@@ -237,6 +239,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config |= _gpt_oss_config(get, config)
     if name == "mistral3":
         config |= _mistral3_config(get, config, path)
+    if name == "smollm3":  # llama.cpp's n_no_rope_layer_step, fixed at 4 for this architecture
+        config["no_rope_layer_interval"] = 4
     if name in ("cohere2", "command-r"):
         config |= _cohere2_config(get, config, attention_bias)
         if name == "command-r":  # no windows; q/k norms where the file has them

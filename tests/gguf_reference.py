@@ -52,6 +52,7 @@ class Hparams:
     logit_scale: float = 1.0  # granite: logits divided by this (cohere2: multiplied by its inverse)
     parallel: bool = False  # cohere2: attention and the MLP both read the block's one norm; both added
     nope_global: bool = False  # cohere2: the global (non-sliding) layers take no rope
+    nope_step: int = 0  # smollm3: every nope_step-th layer takes no rope
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -99,7 +100,7 @@ def _block(w, p, hp: Hparams, layer: int, x):
     sliding = hp.swa_window is not None and layer % hp.swa_pattern < hp.swa_pattern - 1
     gemma_local = sliding and hp.arch.startswith("gemma")  # gemma3's local layers: their own rope
     base, scale = (hp.swa_rope_base, 1.0) if gemma_local else (hp.rope_base, hp.rope_scale)
-    if not (hp.nope_global and not sliding):
+    if not (hp.nope_global and not sliding) and not (hp.nope_step and (layer + 1) % hp.nope_step == 0):
         q, k = (_rope(t, hp, base, scale) for t in (q, k))
     if hp.attn_temp is not None:  # llama.cpp's attn_temp input (mistral3: no position offset)
         beta, context = hp.attn_temp
