@@ -85,6 +85,12 @@ MIXTRAL_BLOCK = {k: v for k, v in MOE_BLOCK.items() if not k.startswith("ffn_") 
     "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
     "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
 }
+GRANITEMOE_BLOCK = {k: v for k, v in MOE_BLOCK.items() if not k.startswith("ffn_") or k == "ffn_norm"} | {
+    "ffn_gate_inp": "block_sparse_moe.router.layer",
+    "ffn_gate_exps": "block_sparse_moe.switch_mlp.gate_proj",
+    "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
+    "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
+}
 GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
     "post_attention_norm": "post_attention_layernorm",
     "attn_sinks": "self_attn.sinks",  # a parameter itself, not a module's weight
@@ -139,6 +145,8 @@ ARCHS = {
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
     "granite": Arch("granite", "granite", True, interleaved_rope=True),
+    # IBM Granite 3.x MoE (1B-A400M, 3B-A800M): granite's scales, every FFN a mixture of experts
+    "granitemoe": Arch("granitemoe", "granitemoe", True, GRANITEMOE_BLOCK, interleaved_rope=True),
     "gpt-oss": Arch("gpt_oss", "gpt_oss", False, GPT_OSS_BLOCK),
     "starcoder2": Arch("starcoder2", "starcoder2", False, STARCODER2_BLOCK, gelu_tanh=True, layer_norm=True),
     # Ministral 3, Mistral Small 3.1/3.2, Magistral, Devstral 2: llama's tensors and interleaved rope,
@@ -248,13 +256,16 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
             config["use_qk_norm"] = qk_norms
     if name == "olmo2" and get("attention.sliding_window", 0):
         raise ModelLoadError(f"{path.name}: olmo2 with sliding-window layers (OLMo 3) is not supported")
-    if name == "granite":
+    if name in ("granite", "granitemoe"):
         if head_dim != hidden // heads or "rope_scaling" in config:
             raise ModelLoadError(f"{path.name}: granite with head_dim != hidden/heads or rope scaling is not supported")
         config |= {"embedding_multiplier": get("embedding_scale", 1.0), "residual_multiplier": get("residual_scale", 1.0),
                    # llama.cpp: an attention.scale of 0 (or none) means 1/sqrt(head_dim)
                    "attention_multiplier": get("attention.scale", 0.0) or head_dim**-0.5,
                    "logits_scaling": get("logit_scale", 1.0), "attention_bias": False, "mlp_bias": False}
+    if name == "granitemoe":  # softmax over the top k router logits: llama.cpp's softmax with the top k renormalized
+        config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
+                   "intermediate_size": get("expert_feed_forward_length", config["intermediate_size"])}
     return config
 
 

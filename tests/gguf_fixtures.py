@@ -128,7 +128,8 @@ def write_tiny_llama_gguf(
     (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon), "command-r" (cohere2's
     and Command R+'s per-head q/k LayerNorm weights) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
-    "mixtral" (a "llama" file with qwen3moe's experts and llama's attention) or
+    "mixtral" (a "llama" file with qwen3moe's experts and llama's attention), "granitemoe" (llama's attention,
+    qwen3moe's experts) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
     biases, post_attention_norm before the experts; pass the window and YaRN keys in metadata), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
@@ -163,7 +164,7 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss", "mixtral"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
@@ -257,7 +258,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch in ("phi3", "glm4"):
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
-        elif arch in ("qwen3moe", "mixtral"):
+        elif arch in ("qwen3moe", "mixtral", "granitemoe"):
             e, f = dims.experts, dims.expert_ffn
             shapes |= {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_exps.weight": (e, f, hidden),
                        f"{b}.ffn_up_exps.weight": (e, f, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f)}

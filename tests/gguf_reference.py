@@ -132,7 +132,7 @@ def _block(w, p, hp: Hparams, layer: int, x):
 
     h = h if hp.parallel else x if olmo2 else _norm(w, p + "ffn_norm", hp, x)
     if p + "ffn_gate_inp.weight" in w:
-        return x + _moe(w, p, hp, h)
+        return x + _moe(w, p, hp, h) * hp.residual_scale
     if hp.arch == "starcoder2":  # llama.cpp's LLM_FFN_GELU, LLM_FFN_SEQ: up, GELU, down, each biased
         up = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
         return x + _gelu_tanh(up) @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]

@@ -106,6 +106,11 @@ CASES = {
     # SmolLM3: llama's tensors and rope, none on every 4th layer
     "smollm3": dict(arch="smollm3", dims=Dims(layers=4), pre="llama-bpe", metadata={"rope.freq_base": 5000000.0},
                     hp=dict(rope_base=5000000.0, nope_step=4)),
+    # IBM Granite 3.x MoE: granite's scales and interleaved rope, 8 experts a layer, 3 per token
+    "granitemoe": dict(arch="granitemoe", tokenizer="llama", dims=Dims(experts=8, experts_used=3),
+                       metadata={"embedding_scale": 12.0, "residual_scale": 0.5, "attention.scale": 0.15,
+                                 "logit_scale": 2.0},
+                       hp=dict(embed_scale=12.0, residual_scale=0.5, attn_scale=0.15, logit_scale=2.0, experts_used=3)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -133,7 +138,8 @@ TEETH = {
     "glm4": [dict(rope_dims=None), dict(arch="qwen2")],
     "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
     "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
-    "smollm3": [dict(nope_step=0), dict(arch="qwen2")],  # rope on every layer; NEOX halves
+    "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
+    "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
 }
 
@@ -165,7 +171,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
