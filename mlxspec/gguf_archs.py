@@ -34,6 +34,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - cohere2 (Command R7B, Command A): one bias-free LayerNorm feeds attention and the MLP side by side,
   interleaved rope on the sliding-window layers only (3 of every 4; the global ones have none), the
   logits scaled by logit_scale, the head tied to the embeddings.
+- nemotron (Nemotron-Mini 4B, Minitron): LayerNorms with biases whose weights the converter stored
+  as 1 + w (mlx-lm's LayerNorm1P adds the 1 itself), NEOX rope on rope.dimension_count dims of each
+  head, an up/down MLP with relu squared between.
 - smollm3 (SmolLM3): llama's tensors and interleaved rope, except every 4th layer, which has none.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
@@ -112,6 +115,7 @@ GLM4_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_gate"} | {  # a 
     "ffn_up": "mlp.gate_up_proj",  # gate rows then up rows (llama.cpp's SWIGLU halves), as mlx-lm splits them
     "post_ffw_norm": "post_mlp_layernorm",
 }
+NEMOTRON_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_gate"}  # up, relu squared, down
 COHERE2_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_norm"}  # attention and MLP read one norm
 STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections, a plain GELU MLP
     "ffn_up": "mlp.c_fc",
@@ -156,6 +160,9 @@ ARCHS = {
     "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
     "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
     "smollm3": Arch("smollm3", "smollm3", True),  # SmolLM3: llama's, without rope on every 4th layer
+    # Nemotron-Mini, Minitron: LayerNorms stored as 1 + w with biases, NEOX rope on part of each head,
+    # an ungated relu-squared MLP
+    "nemotron": Arch("nemotron", "nemotron", False, NEMOTRON_BLOCK, norm_plus_one=True, layer_norm=True),
     "cohere2": Arch("cohere2", "cohere2", True, COHERE2_BLOCK, layer_norm=True),  # Command R7B, Command A
     # Command R (35B), Command R+, Aya Expanse / Aya 23: cohere2's block without windows, rope on every
     # layer; R+'s per-head q/k LayerNorms (one weight row per head)
@@ -220,7 +227,10 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     else:
         config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
     rope_dims = get("rope.dimension_count", head_dim)
-    if name == "phi3":
+    if name == "nemotron":
+        config |= {"norm_eps": config.pop("norm_epsilon"), "hidden_act": "relu2", "attention_bias": attention_bias,
+                   "partial_rotary_factor": rope_dims / head_dim}
+    elif name == "phi3":
         if head_dim != hidden // heads:
             raise ModelLoadError(f"{path.name}: phi3 with head_dim {head_dim} != hidden/heads is not supported")
         config["partial_rotary_factor"] = rope_dims / head_dim

@@ -126,7 +126,8 @@ def write_tiny_llama_gguf(
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
     "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "cohere2"
     (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon), "command-r" (cohere2's
-    and Command R+'s per-head q/k LayerNorm weights) or "qwen3moe"
+    and Command R+'s per-head q/k LayerNorm weights), "nemotron" (LayerNorms with biases, an ungated up/down
+    MLP) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention), "granitemoe" (llama's attention,
     qwen3moe's experts) or
@@ -156,7 +157,7 @@ def write_tiny_llama_gguf(
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
-    if arch in ("starcoder2", "cohere2", "command-r"):
+    if arch in ("starcoder2", "cohere2", "command-r", "nemotron"):
         writer.add_layer_norm_eps(RMS_EPS)
     else:
         writer.add_layer_norm_rms_eps(RMS_EPS)
@@ -240,6 +241,10 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
         if arch in ("qwen2", "starcoder2", "glm4"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
+        if arch == "nemotron":  # LayerNorms with biases, an ungated up/down MLP
+            shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.ffn_norm.weight": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
+                       f"{b}.ffn_up.weight": (dims.ffn, hidden), f"{b}.ffn_down.weight": (hidden, dims.ffn)}
+            continue
         if arch == "starcoder2":
             shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.attn_output.bias": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
                        f"{b}.ffn_up.weight": (dims.ffn, hidden), f"{b}.ffn_up.bias": (dims.ffn,),
@@ -269,7 +274,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
     shapes["output_norm.weight"] = (hidden,)
-    if arch == "starcoder2":
+    if arch in ("starcoder2", "nemotron"):
         shapes["output_norm.bias"] = (hidden,)
     if untied:
         shapes["output.weight"] = (vocab, hidden)

@@ -19,7 +19,7 @@ import numpy as np
 import gguf
 
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
-              "exaone")
+              "exaone", "nemotron")
 
 
 @dataclass
@@ -133,6 +133,8 @@ def _block(w, p, hp: Hparams, layer: int, x):
     h = h if hp.parallel else x if olmo2 else _norm(w, p + "ffn_norm", hp, x)
     if p + "ffn_gate_inp.weight" in w:
         return x + _moe(w, p, hp, h) * hp.residual_scale
+    if hp.arch == "nemotron":  # llama.cpp's LLM_FFN_RELU_SQR, LLM_FFN_SEQ: up, relu squared, down
+        return x + np.maximum(h @ w[p + "ffn_up.weight"].T, 0.0) ** 2 @ w[p + "ffn_down.weight"].T
     if hp.arch == "starcoder2":  # llama.cpp's LLM_FFN_GELU, LLM_FFN_SEQ: up, GELU, down, each biased
         up = h @ w[p + "ffn_up.weight"].T + w[p + "ffn_up.bias"]
         return x + _gelu_tanh(up) @ w[p + "ffn_down.weight"].T + w[p + "ffn_down.bias"]
@@ -181,7 +183,7 @@ def _oai_moe(w, p, hp: Hparams, h):
 
 def _norm(w, name: str, hp: Hparams, x):
     """llama.cpp's LLM_NORM (LayerNorm: starcoder2 with a bias, cohere2 without) or LLM_NORM_RMS (the others)."""
-    if hp.arch not in ("starcoder2", "cohere2", "command-r"):
+    if hp.arch not in ("starcoder2", "cohere2", "command-r", "nemotron"):
         return _rms(x, w[name + ".weight"], hp.eps)
     return _layer_norm(x, w[name + ".weight"], hp.eps) + w.get(name + ".bias", 0.0)
 

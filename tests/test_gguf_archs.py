@@ -111,6 +111,9 @@ CASES = {
                        metadata={"embedding_scale": 12.0, "residual_scale": 0.5, "attention.scale": 0.15,
                                  "logit_scale": 2.0},
                        hp=dict(embed_scale=12.0, residual_scale=0.5, attn_scale=0.15, logit_scale=2.0, experts_used=3)),
+    # Nemotron-Mini: LayerNorms with biases stored as 1 + w, NEOX rope on half of each head, relu squared MLP
+    "nemotron": dict(arch="nemotron", tokenizer="llama", dims=Dims(rope_dims=8), output_qtype="Q8_0",
+                     hp=dict(rope_dims=8)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -139,6 +142,7 @@ TEETH = {
     "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
     "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
     "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
+    "nemotron": [dict(rope_dims=None)],  # whole-head rope (the loaded 1 + w norms and relu squared must match as they are)
     "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
 }
@@ -171,7 +175,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""

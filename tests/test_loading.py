@@ -149,6 +149,8 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
     # Granite 3 MoE: granite's scales, experts on the CPU kernel (3 of 8 a token)
     ("granitemoe", dict(tokenizer="llama", dims=Dims(experts=8, experts_used=3),
                         metadata={"embedding_scale": 12.0, "residual_scale": 0.5, "logit_scale": 2.0})),
+    # Nemotron-Mini: LayerNorms stored as 1 + w, NEOX rope on half of each head, relu squared MLP
+    ("nemotron", dict(tokenizer="llama", dims=Dims(rope_dims=8), output_qtype="Q8_0")),
     # SmolLM3: llama's block, no rope on every 4th layer
     ("smollm3", dict(dims=Dims(layers=4), pre="llama-bpe")),
     # Command R+: a parallel block, per-head q/k LayerNorms
@@ -160,7 +162,7 @@ def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
     assert plain.info["architecture"] == arch
     swapped = plain.kernels["target"]["layers"]["swapped"]
-    assert sum(".self_attn." in p or "mlp." in p for p in swapped) == {"glm4": 6, "exaone": 7, "cohere2": 7, "command-r": 7, "smollm3": 7, "granitemoe": 7}[arch] * plain.target.config["num_hidden_layers"]
+    assert sum(".self_attn." in p or "mlp." in p for p in swapped) == {"glm4": 6, "exaone": 7, "cohere2": 7, "command-r": 7, "smollm3": 7, "granitemoe": 7, "nemotron": 6}[arch] * plain.target.config["num_hidden_layers"]
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
     for k in (3, 7):
