@@ -94,6 +94,21 @@ GRANITEMOE_BLOCK = {k: v for k, v in MOE_BLOCK.items() if not k.startswith("ffn_
     "ffn_up_exps": "block_sparse_moe.switch_mlp.up_proj",
     "ffn_down_exps": "block_sparse_moe.switch_mlp.down_proj",
 }
+DEEPSEEK2_BLOCK = LLAMA_BLOCK | {  # multi-head latent attention; a dense FFN in the leading layers, else experts
+    "attn_q_a": "self_attn.q_a_proj",
+    "attn_q_a_norm": "self_attn.q_a_layernorm",
+    "attn_q_b": "self_attn.q_b_proj",
+    "attn_kv_a_mqa": "self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "self_attn.kv_a_layernorm",
+    "attn_kv_b": "self_attn.kv_b_proj",
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    "ffn_gate_shexp": "mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "mlp.shared_experts.down_proj",
+}
 GPT_OSS_BLOCK = {k: v for k, v in MOE_BLOCK.items() if k != "ffn_norm"} | {
     "post_attention_norm": "post_attention_layernorm",
     "attn_sinks": "self_attn.sinks",  # a parameter itself, not a module's weight
@@ -163,6 +178,9 @@ ARCHS = {
     # Nemotron-Mini, Minitron: LayerNorms stored as 1 + w with biases, NEOX rope on part of each head,
     # an ungated relu-squared MLP
     "nemotron": Arch("nemotron", "nemotron", False, NEMOTRON_BLOCK, norm_plus_one=True, layer_norm=True),
+    # DeepSeek-V2 / V2-Lite, DeepSeek-Coder-V2 (llama.cpp's layout with attn_kv_b whole): interleaved rope on
+    # the rope part of each head, YaRN folded into the attention scale, softmax-gated experts and shared ones
+    "deepseek2": Arch("deepseek_v2", "deepseek_v2", True, DEEPSEEK2_BLOCK),
     "cohere2": Arch("cohere2", "cohere2", True, COHERE2_BLOCK, layer_norm=True),  # Command R7B, Command A
     # Command R (35B), Command R+, Aya Expanse / Aya 23: cohere2's block without windows, rope on every
     # layer; R+'s per-head q/k LayerNorms (one weight row per head)
@@ -227,6 +245,8 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     else:
         config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
     rope_dims = get("rope.dimension_count", head_dim)
+    if name == "deepseek2":
+        return config | _deepseek2_config(get, config, metadata, path)
     if name == "nemotron":
         config |= {"norm_eps": config.pop("norm_epsilon"), "hidden_act": "relu2", "attention_bias": attention_bias,
                    "partial_rotary_factor": rope_dims / head_dim}
@@ -292,6 +312,37 @@ def _mistral3_config(get, config: dict, path: Path) -> dict:
     rope = {"rope_type": "default"} if yarn is None else {**yarn, "mscale": 1.0, "mscale_all_dim": 1.0}
     return {"rope_parameters": {**rope, "rope_theta": config["rope_theta"], "original_max_position_embeddings": original,
                                 "llama_4_scaling_beta": float(get("attention.temperature_scale", 0.0))}}
+
+
+def _deepseek2_config(get, config: dict, metadata: dict, path: Path) -> dict:
+    """mlx-lm's deepseek_v2 from llama.cpp's deepseek2 keys. The head sizes are the _mla keys where the
+    file has them (llama.cpp's newer converter) and key/value_length otherwise; YaRN's
+    yarn_log_multiplier is 0.1 * mscale_all_dim, and llama.cpp takes mscale = mscale_all_dim (its rope
+    magnitude is then 1, and the attention scale grows by mscale squared, as mlx-lm's module does)."""
+    if get("expert_gating_func", 1) != 1 or get("expert_weights_norm", False):
+        raise ModelLoadError(f"{path.name}: deepseek2 with sigmoid gating or renormalized expert weights "
+                             "(DeepSeek-V3 and later) is not supported")
+    qk = get("attention.key_length_mla", config["head_dim"])
+    rope_dims = get("rope.dimension_count")
+    scaling = {"factor": 1.0, "original_max_position_embeddings": config["max_position_embeddings"]}
+    if get("rope.scaling.type", "none") == "yarn":
+        mscale = float(get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        scaling = {"type": "yarn", "factor": float(get("rope.scaling.factor")),
+                   "original_max_position_embeddings": get("rope.scaling.original_context_length"),
+                   "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
+                   "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale}
+    elif get("rope.scaling.type", "none") != "none":
+        raise ModelLoadError(f"{path.name}: deepseek2 with {get('rope.scaling.type')} rope scaling is not supported")
+    return {
+        "intermediate_size": get("feed_forward_length"), "moe_intermediate_size": get("expert_feed_forward_length"),
+        "n_routed_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
+        "n_shared_experts": get("expert_shared_count", 0) or None, "routed_scaling_factor": get("expert_weights_scale", 1.0),
+        "first_k_dense_replace": get("leading_dense_block_count", 0), "moe_layer_freq": 1, "topk_method": "greedy",
+        "kv_lora_rank": get("attention.kv_lora_rank"), "q_lora_rank": get("attention.q_lora_rank", 0) or None,
+        "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": qk - rope_dims,
+        "v_head_dim": get("attention.value_length_mla", metadata.get("deepseek2.attention.value_length", qk)),
+        "rope_scaling": scaling, "rope_traditional": True,
+    }
 
 
 def _cohere2_config(get, config: dict, attention_bias: bool) -> dict:

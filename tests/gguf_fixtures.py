@@ -124,7 +124,9 @@ def write_tiny_llama_gguf(
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
-    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "cohere2"
+    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "deepseek2"
+    (DeepSeek-V2-Lite's layout: latent attention with attn_kv_b whole, a leading dense layer, then experts with
+    shared ones; sizes in MLA; pass YaRN keys in metadata), "cohere2"
     (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon), "command-r" (cohere2's
     and Command R+'s per-head q/k LayerNorm weights), "nemotron" (LayerNorms with biases, an ungated up/down
     MLP) or "qwen3moe"
@@ -159,16 +161,19 @@ def write_tiny_llama_gguf(
     writer.add_head_count_kv(dims.kv_heads)
     if arch in ("starcoder2", "cohere2", "command-r", "nemotron"):
         writer.add_layer_norm_eps(RMS_EPS)
-    else:
-        writer.add_layer_norm_rms_eps(RMS_EPS)
+    else:  # deepseek2: mlx-lm's module fixes its latent norms' epsilon at DeepSeek's 1e-6
+        writer.add_layer_norm_rms_eps(1e-6 if arch == "deepseek2" else RMS_EPS)
     writer.add_rope_dimension_count(dims.rope_dims or dims.hd)
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
+    if arch == "deepseek2":  # DeepSeek-V2-Lite's layout, tiny: no q LoRA, one leading dense layer, shared experts
+        for key, value in DEEPSEEK2_KEYS.items():
+            (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
@@ -233,6 +238,9 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch == "gpt-oss":
             shapes |= _gpt_oss_block(b, dims)
             continue
+        if arch == "deepseek2":
+            shapes |= _deepseek2_block(b, i, dims)
+            continue
         if arch == "phi3":
             shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
         else:
@@ -279,6 +287,31 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
     if untied:
         shapes["output.weight"] = (vocab, hidden)
     return shapes
+
+
+# deepseek2 (MLA) sizes, and its keys beyond the common ones: the leading dense layer, shared experts (2 of
+# the expert FFN's width, fused as the converter writes them), the latent ranks and the per-head sizes
+MLA = dict(kv_lora=64, nope=16, rope=16, v=16, shared=2)
+DEEPSEEK2_KEYS = {"leading_dense_block_count": 1, "expert_shared_count": MLA["shared"], "expert_weights_scale": 1.0,
+                  "attention.kv_lora_rank": MLA["kv_lora"], "attention.key_length": MLA["nope"] + MLA["rope"],
+                  "attention.value_length": MLA["v"]}
+
+
+def _deepseek2_block(b: str, i: int, dims: Dims) -> dict[str, tuple[int, ...]]:
+    hidden, heads, e, f = dims.hidden, dims.heads, dims.experts, dims.expert_ffn
+    qk, kv = MLA["nope"] + MLA["rope"], MLA["kv_lora"]
+    shapes = {f"{b}.attn_norm.weight": (hidden,), f"{b}.attn_q.weight": (heads * qk, hidden),
+              f"{b}.attn_kv_a_mqa.weight": (kv + MLA["rope"], hidden), f"{b}.attn_kv_a_norm.weight": (kv,),
+              f"{b}.attn_kv_b.weight": (heads * (MLA["nope"] + MLA["v"]), kv),
+              f"{b}.attn_output.weight": (hidden, heads * MLA["v"]), f"{b}.ffn_norm.weight": (hidden,)}
+    if i < DEEPSEEK2_KEYS["leading_dense_block_count"]:
+        return shapes | {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden),
+                         f"{b}.ffn_down.weight": (hidden, dims.ffn)}
+    sf = f * MLA["shared"]
+    return shapes | {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_exps.weight": (e, f, hidden),
+                     f"{b}.ffn_up_exps.weight": (e, f, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f),
+                     f"{b}.ffn_gate_shexp.weight": (sf, hidden), f"{b}.ffn_up_shexp.weight": (sf, hidden),
+                     f"{b}.ffn_down_shexp.weight": (hidden, sf)}
 
 
 def _gpt_oss_block(b: str, dims: Dims) -> dict[str, tuple[int, ...]]:

@@ -12,6 +12,7 @@ weight (gemma's 1 + w as stored), rope is "normal" (interleaved pairs) for llama
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +54,8 @@ class Hparams:
     parallel: bool = False  # cohere2: attention and the MLP both read the block's one norm; both added
     nope_global: bool = False  # cohere2: the global (non-sliding) layers take no rope
     nope_step: int = 0  # smollm3: every nope_step-th layer takes no rope
+    mla: tuple[int, int, int, int] | None = None  # deepseek2: (q/k no-rope dims, rope dims, v dims, kv latent rank)
+    expert_scale: float = 1.0  # deepseek2: the routed experts' weights times this
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -83,6 +86,8 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
 
 
 def _block(w, p, hp: Hparams, layer: int, x):
+    if hp.mla is not None:
+        return _mla_block(w, p, hp, x)
     T, hd = len(x), hp.head_dim
     olmo2 = hp.arch == "olmo2"  # no norm before attention or the MLP; q/k normed over whole projections
     h = x if olmo2 else _norm(w, p + "attn_norm", hp, x)
@@ -149,19 +154,56 @@ def _block(w, p, hp: Hparams, layer: int, x):
     return x + out * hp.residual_scale
 
 
+def _mla_block(w, p, hp: Hparams, x):
+    """llama.cpp's deepseek2 block without the absorption: q (or its LoRA), the latent kv split into its
+    compressed part (normed, then expanded to k_nope and v per head) and one rope key shared by the heads;
+    interleaved rope on the rope dims only; the scale hp.attn_scale; then a dense FFN or experts + shared."""
+    T, heads = len(x), hp.heads
+    nope, rope, vd, kvr = hp.mla
+    h = _rms(x, w[p + "attn_norm.weight"], hp.eps)
+    if p + "attn_q.weight" in w:
+        q = h @ w[p + "attn_q.weight"].T
+    else:
+        q = _rms(h @ w[p + "attn_q_a.weight"].T, w[p + "attn_q_a_norm.weight"], hp.eps) @ w[p + "attn_q_b.weight"].T
+    q = q.reshape(T, heads, nope + rope)
+    latent = h @ w[p + "attn_kv_a_mqa.weight"].T
+    kv = (_rms(latent[:, :kvr], w[p + "attn_kv_a_norm.weight"], hp.eps) @ w[p + "attn_kv_b.weight"].T).reshape(T, heads, nope + vd)
+    rotary = dataclasses.replace(hp, rope_dims=rope)
+    q_pe = _rope(q[..., nope:], rotary, hp.rope_base, hp.rope_scale)
+    k_pe = _rope(latent[:, None, kvr:], rotary, hp.rope_base, hp.rope_scale)
+    q = np.concatenate([q[..., :nope], q_pe], axis=-1)
+    k = np.concatenate([kv[..., :nope], np.repeat(k_pe, heads, axis=1)], axis=-1)
+    scores = np.einsum("thd,shd->hts", q, k) * (hp.attn_scale or (nope + rope) ** -0.5)
+    pos = np.arange(T)
+    scores = np.where(pos[None, :] <= pos[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, kv[..., nope:]).reshape(T, -1) @ w[p + "attn_output.weight"].T
+    x = x + out
+    h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
+    if p + "ffn_gate_inp.weight" in w:
+        return x + _moe(w, p, hp, h)
+    gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+    return x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+
+
 def _moe(w, p, hp: Hparams, h):
     """llama.cpp's build_moe_ffn (softmax gating, SiLU): per token, the top experts' SwiGLU outputs
-    weighted by their router probabilities (renormalized over the chosen ones with norm_topk)."""
+    weighted by their router probabilities (renormalized over the chosen ones with norm_topk, times
+    expert_scale); then any shared experts' SwiGLU (deepseek2) added."""
     logits = h @ w[p + "ffn_gate_inp.weight"].T  # (T, experts)
     probs = np.exp(logits - logits.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.zeros_like(h)
     for t in range(len(h)):
         chosen = np.argsort(-probs[t])[: hp.experts_used]
-        weights = probs[t, chosen] / (probs[t, chosen].sum() if hp.norm_topk else 1.0)
+        weights = probs[t, chosen] / (probs[t, chosen].sum() if hp.norm_topk else 1.0) * hp.expert_scale
         for e, weight in zip(chosen, weights):
             gate, up = w[p + "ffn_gate_exps.weight"][e] @ h[t], w[p + "ffn_up_exps.weight"][e] @ h[t]
             out[t] += weight * (w[p + "ffn_down_exps.weight"][e] @ (gate / (1 + np.exp(-gate)) * up))
+    if p + "ffn_gate_shexp.weight" in w:
+        gate, up = h @ w[p + "ffn_gate_shexp.weight"].T, h @ w[p + "ffn_up_shexp.weight"].T
+        out += (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down_shexp.weight"].T
     return out
 
 

@@ -114,6 +114,15 @@ CASES = {
     # Nemotron-Mini: LayerNorms with biases stored as 1 + w, NEOX rope on half of each head, relu squared MLP
     "nemotron": dict(arch="nemotron", tokenizer="llama", dims=Dims(rope_dims=8), output_qtype="Q8_0",
                      hp=dict(rope_dims=8)),
+    # DeepSeek-V2-Lite's layout: latent attention (attn_kv_b whole), rope on 16 of each head's 32 q/k dims,
+    # YaRN x40 over a 4-position original context with mscale_all_dim 0.707 (llama.cpp's log multiplier
+    # 0.0707: an attention scale times (1 + 0.0707 ln 40)^2, a rope of magnitude 1), a leading dense layer,
+    # then 8 experts (3 a token, softmax weights not renormalized) plus shared ones
+    "deepseek2": dict(arch="deepseek2", dims=Dims(experts=8, experts_used=3), output_qtype="Q8_0", metadata={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 4,
+        "rope.scaling.yarn_log_multiplier": 0.0707}, hp=dict(
+            eps=1e-6, experts_used=3, norm_topk=False, mla=(fx.MLA["nope"], fx.MLA["rope"], fx.MLA["v"], fx.MLA["kv_lora"]),
+            yarn=(40.0, 4), yarn_magnitude=False, attn_scale=(1 + 0.1 * 0.707 * np.log(40.0)) ** 2 / 32**0.5)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -142,6 +151,7 @@ TEETH = {
     "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
     "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
     "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
+    "deepseek2": [dict(yarn=None), dict(attn_scale=None), dict(norm_topk=True), dict(arch="qwen2")],
     "nemotron": [dict(rope_dims=None)],  # whole-head rope (the loaded 1 + w norms and relu squared must match as they are)
     "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
@@ -153,7 +163,7 @@ def write_case(tmp_path, name: str, qtype: str = "Q8_0"):
     hp_extra, dims = case.pop("hp", {}), case.get("dims", Dims())
     path = write_tiny_llama_gguf(tmp_path / f"{name}.gguf", qtype, seed=7, **case)
     hp = Hparams(arch=case["arch"], hidden=dims.hidden, heads=dims.heads, kv_heads=dims.kv_heads,
-                 head_dim=dims.hd, eps=fx.RMS_EPS, **hp_extra)
+                 head_dim=dims.hd, eps=hp_extra.pop("eps", fx.RMS_EPS), **hp_extra)
     return path, hp
 
 
@@ -175,7 +185,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "deepseek2", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
@@ -215,6 +225,8 @@ def test_configs(tmp_path):
                        extra_tensors={"rope_factors_long.weight": np.ones(8), "rope_factors_short.weight": np.ones(8)}),
          "phi3"),
         ("llama", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
+        # DeepSeek-V3's sigmoid gating (a "deepseek2" file too): mlx-lm's deepseek_v2 gates by softmax
+        ("deepseek2", dict(metadata={"expert_gating_func": 2}, output_qtype="Q8_0"), "sigmoid gating"),
         ("qwen3", dict(metadata={"rope.scaling.type": "yarn", "rope.scaling.factor": 4.0}), "yarn"),
     ],
 )

@@ -151,6 +151,10 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
                         metadata={"embedding_scale": 12.0, "residual_scale": 0.5, "logit_scale": 2.0})),
     # Nemotron-Mini: LayerNorms stored as 1 + w, NEOX rope on half of each head, relu squared MLP
     ("nemotron", dict(tokenizer="llama", dims=Dims(rope_dims=8), output_qtype="Q8_0")),
+    # DeepSeek-V2-Lite's layout: latent attention (k and v of different widths), YaRN, experts plus shared ones
+    ("deepseek2", dict(dims=Dims(experts=8, experts_used=3), output_qtype="Q8_0", metadata={
+        "rope.scaling.type": "yarn", "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 4,
+        "rope.scaling.yarn_log_multiplier": 0.0707})),
     # SmolLM3: llama's block, no rope on every 4th layer
     ("smollm3", dict(dims=Dims(layers=4), pre="llama-bpe")),
     # Command R+: a parallel block, per-head q/k LayerNorms
@@ -162,7 +166,10 @@ def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
     assert plain.info["architecture"] == arch
     swapped = plain.kernels["target"]["layers"]["swapped"]
-    assert sum(".self_attn." in p or "mlp." in p for p in swapped) == {"glm4": 6, "exaone": 7, "cohere2": 7, "command-r": 7, "smollm3": 7, "granitemoe": 7, "nemotron": 6}[arch] * plain.target.config["num_hidden_layers"]
+    # quantized matmuls: 4 or 3+1 attention and 3 or 2 FFN a layer; deepseek2's second layer adds 3 shared-expert ones
+    want_swapped = {"glm4": 12, "exaone": 14, "cohere2": 28, "command-r": 14, "smollm3": 28, "granitemoe": 14,
+                    "nemotron": 12, "deepseek2": 17}[arch]
+    assert sum(".self_attn." in p or "mlp." in p for p in swapped) == want_swapped
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
     for k in (3, 7):
