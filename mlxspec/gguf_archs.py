@@ -163,6 +163,12 @@ ARCHS = {
     "gemma3": Arch("gemma3_text", "gemma3_text", False, GEMMA2_BLOCK | QK_NORMS, norm_plus_one=True),
     "phi3": Arch("phi3", "phi3", False, PHI3_BLOCK),
     "qwen3moe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
+    # The Qwen vision-language models' text: multimodal rope (M-RoPE, Qwen3-VL's interleaved one) gives each
+    # section of a text token's rope its own copy of the same position, which is NEOX rope; their deepstack
+    # and vision parts only meet image inputs, which mlxspec does not take (a file's v.* tensors are skipped)
+    "qwen2vl": Arch("qwen2", "qwen2", False),  # Qwen2-VL, Qwen2.5-VL (llama.cpp's name for both)
+    "qwen3vl": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS),
+    "qwen3vlmoe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
     "granite": Arch("granite", "granite", True, interleaved_rope=True),
     # IBM Granite 3.x MoE (1B-A400M, 3B-A800M): granite's scales, every FFN a mixture of experts
     "granitemoe": Arch("granitemoe", "granitemoe", True, GRANITEMOE_BLOCK, interleaved_rope=True),
@@ -262,12 +268,12 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config["attention_bias"] = attention_bias  # EXAONE 3.5 has none; the format allows q/k/v/o biases
     elif rope_dims != head_dim:
         raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
-    if name == "qwen2" and head_dim != hidden // heads:
+    if name in ("qwen2", "qwen2vl") and head_dim != hidden // heads:
         raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
     config |= _rope_scaling(name, get, path)
     if name in ("gemma2", "gemma3"):
         config |= _gemma_config(name, get, config, path)
-    if name == "qwen3moe":
+    if name in ("qwen3moe", "qwen3vlmoe"):
         config |= _moe_config(get)
     if arch is MIXTRAL:  # experts in place of the FFN; feed_forward_length is an expert's
         if head_dim != hidden // heads:

@@ -124,7 +124,8 @@ def write_tiny_llama_gguf(
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
-    "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "deepseek2"
+    "qwen2vl", "qwen3vl", "qwen3vlmoe" (qwen2's, qwen3's and qwen3moe's text tensors; pass the multimodal rope's
+    sections in metadata), "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "deepseek2"
     (DeepSeek-V2-Lite's layout: latent attention with attn_kv_b whole, a leading dense layer, then experts with
     shared ones; sizes in MLA; pass YaRN keys in metadata), "cohere2"
     (llama's tensors without ffn_norm, LayerNorms without biases; layer_norm_epsilon), "command-r" (cohere2's
@@ -167,7 +168,7 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "qwen3vlmoe"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
@@ -176,7 +177,7 @@ def write_tiny_llama_gguf(
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
-        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string}[type(value)]
+        add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}[type(value)]
         add(f"{file_arch}.{key}", value)
     if tokenizer == "gpt2":
         writer.add_tokenizer_model("gpt2")
@@ -247,7 +248,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
                        f"{b}.attn_v.weight": (kv_rows, hidden)}
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
-        if arch in ("qwen2", "starcoder2", "glm4"):
+        if arch in ("qwen2", "starcoder2", "glm4", "qwen2vl"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
         if arch == "nemotron":  # LayerNorms with biases, an ungated up/down MLP
             shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.ffn_norm.weight": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
@@ -259,7 +260,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
                        f"{b}.ffn_down.weight": (hidden, dims.ffn), f"{b}.ffn_down.bias": (hidden,),
                        f"{b}.ffn_norm.weight": (hidden,)}
             continue
-        if arch in ("qwen3", "gemma3", "qwen3moe"):
+        if arch in ("qwen3", "gemma3", "qwen3moe", "qwen3vl", "qwen3vlmoe"):
             shapes |= {f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
         if arch == "command-r":  # Command R+: a LayerNorm per head, one weight row each
             shapes |= {f"{b}.attn_q_norm.weight": (dims.heads, hd), f"{b}.attn_k_norm.weight": (dims.kv_heads, hd)}
@@ -271,7 +272,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch in ("phi3", "glm4"):
             shapes[f"{b}.ffn_up.weight"] = (2 * dims.ffn, hidden)  # gate rows, then up rows
-        elif arch in ("qwen3moe", "mixtral", "granitemoe"):
+        elif arch in ("qwen3moe", "mixtral", "granitemoe", "qwen3vlmoe"):
             e, f = dims.experts, dims.expert_ffn
             shapes |= {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_gate_exps.weight": (e, f, hidden),
                        f"{b}.ffn_up_exps.weight": (e, f, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f)}

@@ -123,6 +123,15 @@ CASES = {
         "rope.scaling.yarn_log_multiplier": 0.0707}, hp=dict(
             eps=1e-6, experts_used=3, norm_topk=False, mla=(fx.MLA["nope"], fx.MLA["rope"], fx.MLA["v"], fx.MLA["kv_lora"]),
             yarn=(40.0, 4), yarn_magnitude=False, attn_scale=(1 + 0.1 * 0.707 * np.log(40.0)) ** 2 / 32**0.5)),
+    # The Qwen VL models' text (M-RoPE sections in the file; a text token's sections share its position)
+    "qwen2vl": dict(arch="qwen2vl", metadata={"rope.dimension_sections": [2, 3, 3, 0], "rope.freq_base": 1000000.0},
+                    hp=dict(rope_base=1000000.0)),
+    "qwen3vl": dict(arch="qwen3vl", dims=Dims(head_dim=32),
+                    metadata={"rope.dimension_sections": [4, 6, 6, 0], "rope.freq_base": 5000000.0},
+                    hp=dict(rope_base=5000000.0)),
+    "qwen3vlmoe": dict(arch="qwen3vlmoe", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
+                       metadata={"rope.dimension_sections": [4, 6, 6, 0], "rope.freq_base": 5000000.0},
+                       hp=dict(rope_base=5000000.0, experts_used=3)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -151,6 +160,9 @@ TEETH = {
     "exaone": [dict(arch="llama"), dict(freq_factors=None)],  # interleaved pairs; no rope scaling
     "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
     "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
+    "qwen2vl": [dict(arch="llama")],  # interleaved pairs in place of NEOX halves
+    "qwen3vl": [dict(arch="llama")],
+    "qwen3vlmoe": [dict(arch="llama"), dict(experts_used=2)],
     "deepseek2": [dict(yarn=None), dict(attn_scale=None), dict(norm_topk=True), dict(arch="qwen2")],
     "nemotron": [dict(rope_dims=None)],  # whole-head rope (the loaded 1 + w norms and relu squared must match as they are)
     "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
