@@ -37,6 +37,8 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - nemotron (Nemotron-Mini 4B, Minitron): LayerNorms with biases whose weights the converter stored
   as 1 + w (mlx-lm's LayerNorm1P adds the 1 itself), NEOX rope on rope.dimension_count dims of each
   head, an up/down MLP with relu squared between.
+- stablelm (StableLM 2 1.6B, Stable Code 3B): llama's tensors with LayerNorms (and biases), q/k/v biases
+  where the file has them, NEOX rope on rope.dimension_count dims of each head.
 - smollm3 (SmolLM3): llama's tensors and interleaved rope, except every 4th layer, which has none.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
@@ -181,6 +183,8 @@ ARCHS = {
     "glm4": Arch("glm4", "glm4", True, GLM4_BLOCK),  # GLM-4-0414, GLM-Z1: interleaved rope on half the head
     "exaone": Arch("llama", "llama", False, rope_freqs=True),  # EXAONE 3.0/3.5: llama's block, NEOX rope
     "smollm3": Arch("smollm3", "smollm3", True),  # SmolLM3: llama's, without rope on every 4th layer
+    # StableLM 2 (1.6B), Stable Code 3B: LayerNorms with biases, NEOX rope on a quarter of each head
+    "stablelm": Arch("stablelm", "stablelm", False, layer_norm=True),
     # Nemotron-Mini, Minitron: LayerNorms stored as 1 + w with biases, NEOX rope on part of each head,
     # an ungated relu-squared MLP
     "nemotron": Arch("nemotron", "nemotron", False, NEMOTRON_BLOCK, norm_plus_one=True, layer_norm=True),
@@ -253,7 +257,10 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     rope_dims = get("rope.dimension_count", head_dim)
     if name == "deepseek2":
         return config | _deepseek2_config(get, config, metadata, path)
-    if name == "nemotron":
+    if name == "stablelm":  # the sequential block (12B's parallel one and per-head q/k norms: refused by the loader)
+        config |= {"layer_norm_eps": config.pop("norm_epsilon"), "use_qkv_bias": attention_bias,
+                   "partial_rotary_factor": rope_dims / head_dim, "use_parallel_residual": False}
+    elif name == "nemotron":
         config |= {"norm_eps": config.pop("norm_epsilon"), "hidden_act": "relu2", "attention_bias": attention_bias,
                    "partial_rotary_factor": rope_dims / head_dim}
     elif name == "phi3":

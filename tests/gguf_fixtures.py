@@ -124,7 +124,7 @@ def write_tiny_llama_gguf(
     "gemma2", "gemma3" (post norms; gemma3 also q/k norms), "starcoder2" (LayerNorms with biases,
     biased projections, an ungated up/down MLP; layer_norm_epsilon), "olmo2" (norms after attention and
     the MLP, none before; q/k norms over the whole projections), "phi3" (fused attn_qkv and gate+up in ffn_up),
-    "qwen2vl", "qwen3vl", "qwen3vlmoe" (qwen2's, qwen3's and qwen3moe's text tensors; pass the multimodal rope's
+    "stablelm" (llama's tensors with biased q/k/v and LayerNorms with biases), "qwen2vl", "qwen3vl", "qwen3vlmoe" (qwen2's, qwen3's and qwen3moe's text tensors; pass the multimodal rope's
     sections in metadata), "glm4" (biased q/k/v, norms before and after attention and the MLP, gate+up in ffn_up), "deepseek2"
     (DeepSeek-V2-Lite's layout: latent attention with attn_kv_b whole, a leading dense layer, then experts with
     shared ones; sizes in MLA; pass YaRN keys in metadata), "cohere2"
@@ -160,7 +160,7 @@ def write_tiny_llama_gguf(
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
-    if arch in ("starcoder2", "cohere2", "command-r", "nemotron"):
+    if arch in ("starcoder2", "cohere2", "command-r", "nemotron", "stablelm"):
         writer.add_layer_norm_eps(RMS_EPS)
     else:  # deepseek2: mlx-lm's module fixes its latent norms' epsilon at DeepSeek's 1e-6
         writer.add_layer_norm_rms_eps(1e-6 if arch == "deepseek2" else RMS_EPS)
@@ -248,7 +248,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
                        f"{b}.attn_v.weight": (kv_rows, hidden)}
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
-        if arch in ("qwen2", "starcoder2", "glm4", "qwen2vl"):
+        if arch in ("qwen2", "starcoder2", "glm4", "qwen2vl", "stablelm"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
         if arch == "nemotron":  # LayerNorms with biases, an ungated up/down MLP
             shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.ffn_norm.weight": (hidden,), f"{b}.ffn_norm.bias": (hidden,),
@@ -268,6 +268,8 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q_norm.weight": (q_rows,), f"{b}.attn_k_norm.weight": (kv_rows,)}
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_attention_norm.weight"] = (hidden,)
+        if arch == "stablelm":  # LayerNorms with biases
+            shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.ffn_norm.bias": (hidden,)}
         if arch not in ("olmo2", "cohere2", "command-r"):  # the cohere family: the MLP reads the attention's norm
             shapes[f"{b}.ffn_norm.weight"] = (hidden,)
         if arch in ("phi3", "glm4"):
@@ -283,7 +285,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
     shapes["output_norm.weight"] = (hidden,)
-    if arch in ("starcoder2", "nemotron"):
+    if arch in ("starcoder2", "nemotron", "stablelm"):
         shapes["output_norm.bias"] = (hidden,)
     if untied:
         shapes["output.weight"] = (vocab, hidden)

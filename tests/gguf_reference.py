@@ -20,7 +20,7 @@ import numpy as np
 import gguf
 
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
-              "exaone", "nemotron", "qwen2vl", "qwen3vl", "qwen3vlmoe")  # the VL models' M-RoPE on text: NEOX
+              "exaone", "nemotron", "qwen2vl", "qwen3vl", "qwen3vlmoe", "stablelm")  # the VL models' M-RoPE on text: NEOX
 
 
 @dataclass
@@ -225,7 +225,7 @@ def _oai_moe(w, p, hp: Hparams, h):
 
 def _norm(w, name: str, hp: Hparams, x):
     """llama.cpp's LLM_NORM (LayerNorm: starcoder2 with a bias, cohere2 without) or LLM_NORM_RMS (the others)."""
-    if hp.arch not in ("starcoder2", "cohere2", "command-r", "nemotron"):
+    if hp.arch not in ("starcoder2", "cohere2", "command-r", "nemotron", "stablelm"):
         return _rms(x, w[name + ".weight"], hp.eps)
     return _layer_norm(x, w[name + ".weight"], hp.eps) + w.get(name + ".bias", 0.0)
 

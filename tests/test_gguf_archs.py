@@ -132,6 +132,9 @@ CASES = {
     "qwen3vlmoe": dict(arch="qwen3vlmoe", dims=Dims(head_dim=32, experts=8, experts_used=3), output_qtype="Q8_0",
                        metadata={"rope.dimension_sections": [4, 6, 6, 0], "rope.freq_base": 5000000.0},
                        hp=dict(rope_base=5000000.0, experts_used=3)),
+    # StableLM 2 1.6B: LayerNorms with biases, biased q/k/v, NEOX rope on a quarter of each head
+    "stablelm": dict(arch="stablelm", pre="stablelm2", dims=Dims(rope_dims=4), output_qtype="Q8_0",
+                     hp=dict(rope_dims=4)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -161,6 +164,7 @@ TEETH = {
     "cohere2": [dict(nope_global=False), dict(swa_window=None), dict(logit_scale=1.0), dict(arch="qwen2")],
     "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
     "qwen2vl": [dict(arch="llama")],  # interleaved pairs in place of NEOX halves
+    "stablelm": [dict(rope_dims=None), dict(arch="qwen2")],  # whole-head rope; RMS norms
     "qwen3vl": [dict(arch="llama")],
     "qwen3vlmoe": [dict(arch="llama"), dict(experts_used=2)],
     "deepseek2": [dict(yarn=None), dict(attn_scale=None), dict(norm_topk=True), dict(arch="qwen2")],
