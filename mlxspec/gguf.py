@@ -31,7 +31,7 @@ from . import gguf_archs as archs
 from .errors import ModelLoadError
 from .gguf_header import Header, read_header
 from .gguf_ollama import translate
-from .gguf_rope import ROPE_TENSORS, apply_file_rope
+from .gguf_rope import ROPE_TENSORS, apply_file_rope, interleave_rope
 from .gguf_quants import GROUP, SUPPORTED, TensorReport, convert_tensor
 
 if TYPE_CHECKING:
@@ -96,7 +96,7 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
     config["gguf_conversion"] = conversion_summary(reports)
 
     model = _build_model(arch, config, weights, path)
-    archs.interleave_rope(arch, model, config)
+    interleave_rope(arch, model, config)
     archs.use_gelu_tanh(arch, model)
     apply_file_rope(name, arch, model, config, rope_tensors, header.metadata, path, context)
     tokenizer = _build_tokenizer(header.metadata, path)

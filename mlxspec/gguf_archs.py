@@ -51,9 +51,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import Llama3RoPE
 
 from .errors import ModelLoadError
+from .gguf_families import (cohere2_config, deepseek2_config, gemma_config, gpt_oss_config, mistral3_config,
+                            moe_config, rope_scaling)
 
 TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LLAMA_BLOCK = {
@@ -256,7 +257,7 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
     rope_dims = get("rope.dimension_count", head_dim)
     if name == "deepseek2":
-        return config | _deepseek2_config(get, config, metadata, path)
+        return config | deepseek2_config(get, config, metadata, path)
     if name == "stablelm":  # the sequential block (12B's parallel one and per-head q/k norms: refused by the loader)
         config |= {"layer_norm_eps": config.pop("norm_epsilon"), "use_qkv_bias": attention_bias,
                    "partial_rotary_factor": rope_dims / head_dim, "use_parallel_residual": False}
@@ -277,23 +278,23 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
     if name in ("qwen2", "qwen2vl") and head_dim != hidden // heads:
         raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
-    config |= _rope_scaling(name, get, path)
+    config |= rope_scaling(name, get, path)
     if name in ("gemma2", "gemma3"):
-        config |= _gemma_config(name, get, config, path)
+        config |= gemma_config(name, get, config, path)
     if name in ("qwen3moe", "qwen3vlmoe"):
-        config |= _moe_config(get)
+        config |= moe_config(get)
     if arch is MIXTRAL:  # experts in place of the FFN; feed_forward_length is an expert's
         if head_dim != hidden // heads:
             raise ModelLoadError(f"{path.name}: mixtral with head_dim {head_dim} != hidden/heads is not supported")
         config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count")}
     if name == "gpt-oss":
-        config |= _gpt_oss_config(get, config)
+        config |= gpt_oss_config(get, config)
     if name == "mistral3":
-        config |= _mistral3_config(get, config, path)
+        config |= mistral3_config(get, config, path)
     if name == "smollm3":  # llama.cpp's n_no_rope_layer_step, fixed at 4 for this architecture
         config["no_rope_layer_interval"] = 4
     if name in ("cohere2", "command-r"):
-        config |= _cohere2_config(get, config, attention_bias)
+        config |= cohere2_config(get, config, attention_bias)
         if name == "command-r":  # no windows; q/k norms where the file has them
             del config["sliding_window"], config["sliding_window_pattern"]
             config["use_qk_norm"] = qk_norms
@@ -312,166 +313,11 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     return config
 
 
-def _mistral3_config(get, config: dict, path: Path) -> dict:
-    """mlx-lm's ministral3 `rope_parameters`. YaRN's magnitude is 1, as Ministral's config has it
-    (mscale = mscale_all_dim) and as llama.cpp's mistral3 graph set it (attn_factor = 1 / (1 + 0.1 ln
-    factor) against ggml's own factor); a file meaning otherwise is not told apart."""
-    if config.get("num_local_experts") or get("expert_count", 0):
-        raise ModelLoadError(f"{path.name}: mistral3 with experts is not supported")
-    if "rope_scaling" in config and config["rope_scaling"]["rope_type"] != "yarn":
-        raise ModelLoadError(f"{path.name}: mistral3 with {config['rope_scaling']['rope_type']} rope scaling is not supported")
-    yarn = config.pop("rope_scaling", None)
-    original = yarn["original_max_position_embeddings"] if yarn else config["max_position_embeddings"]
-    rope = {"rope_type": "default"} if yarn is None else {**yarn, "mscale": 1.0, "mscale_all_dim": 1.0}
-    return {"rope_parameters": {**rope, "rope_theta": config["rope_theta"], "original_max_position_embeddings": original,
-                                "llama_4_scaling_beta": float(get("attention.temperature_scale", 0.0))}}
-
-
-def _deepseek2_config(get, config: dict, metadata: dict, path: Path) -> dict:
-    """mlx-lm's deepseek_v2 from llama.cpp's deepseek2 keys. The head sizes are the _mla keys where the
-    file has them (llama.cpp's newer converter) and key/value_length otherwise; YaRN's
-    yarn_log_multiplier is 0.1 * mscale_all_dim, and llama.cpp takes mscale = mscale_all_dim (its rope
-    magnitude is then 1, and the attention scale grows by mscale squared, as mlx-lm's module does)."""
-    if get("expert_gating_func", 1) != 1 or get("expert_weights_norm", False):
-        raise ModelLoadError(f"{path.name}: deepseek2 with sigmoid gating or renormalized expert weights "
-                             "(DeepSeek-V3 and later) is not supported")
-    qk = get("attention.key_length_mla", config["head_dim"])
-    rope_dims = get("rope.dimension_count")
-    scaling = {"factor": 1.0, "original_max_position_embeddings": config["max_position_embeddings"]}
-    if get("rope.scaling.type", "none") == "yarn":
-        mscale = float(get("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
-        scaling = {"type": "yarn", "factor": float(get("rope.scaling.factor")),
-                   "original_max_position_embeddings": get("rope.scaling.original_context_length"),
-                   "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
-                   "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0)), "mscale": mscale, "mscale_all_dim": mscale}
-    elif get("rope.scaling.type", "none") != "none":
-        raise ModelLoadError(f"{path.name}: deepseek2 with {get('rope.scaling.type')} rope scaling is not supported")
-    return {
-        "intermediate_size": get("feed_forward_length"), "moe_intermediate_size": get("expert_feed_forward_length"),
-        "n_routed_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
-        "n_shared_experts": get("expert_shared_count", 0) or None, "routed_scaling_factor": get("expert_weights_scale", 1.0),
-        "first_k_dense_replace": get("leading_dense_block_count", 0), "moe_layer_freq": 1, "topk_method": "greedy",
-        "kv_lora_rank": get("attention.kv_lora_rank"), "q_lora_rank": get("attention.q_lora_rank", 0) or None,
-        "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": qk - rope_dims,
-        "v_head_dim": get("attention.value_length_mla", metadata.get("deepseek2.attention.value_length", qk)),
-        "rope_scaling": scaling, "rope_traditional": True,
-    }
-
-
-def _cohere2_config(get, config: dict, attention_bias: bool) -> dict:
-    """Command R7B / Command A: a parallel block (attention and MLP read one bias-free LayerNorm), rope
-    on the sliding layers only (three of every four: llama.cpp's pattern, mlx-lm's default), the logits
-    times logit_scale, the head tied to the embeddings."""
-    return {"layer_norm_eps": config.pop("norm_epsilon"), "logit_scale": get("logit_scale", 1.0),
-            "sliding_window": get("attention.sliding_window", 0), "sliding_window_pattern": 4,
-            "layer_norm_bias": False, "attention_bias": attention_bias}
-
-
-def _gpt_oss_config(get, config: dict) -> dict:
-    """gpt-oss: experts, the sliding window on even layers (llama.cpp's swa pattern 2)."""
-    layers = config["num_hidden_layers"]
-    return {
-        "num_local_experts": get("expert_count"),
-        "num_experts_per_tok": get("expert_used_count"),
-        "intermediate_size": get("expert_feed_forward_length"),
-        "sliding_window": get("attention.sliding_window"),
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
-    }
-
-
-def _moe_config(get) -> dict:
-    """qwen3moe: every layer sparse, softmax router, top-k weights renormalized (as llama.cpp builds it)."""
-    return {
-        "num_experts": get("expert_count"),
-        "num_experts_per_tok": get("expert_used_count"),
-        "moe_intermediate_size": get("expert_feed_forward_length"),
-        "decoder_sparse_step": 1,
-        "mlp_only_layers": [],
-        "norm_topk_prob": True,
-    }
-
-
-def _rope_scaling(name: str, get, path: Path) -> dict:
-    scaling = get("rope.scaling.type", "none")
-    if scaling == "none" or (scaling == "longrope" and name == "phi3"):  # phi3's: its factor tensors (gguf_rope.py)
-        return {}
-    if scaling == "linear" and name != "phi3":
-        return {"rope_scaling": {"rope_type": "linear", "type": "linear", "factor": float(get("rope.scaling.factor"))}}
-    if scaling == "yarn" and name in ("gpt-oss", "mistral3"):  # llama.cpp's defaults: beta_fast 32, beta_slow 1
-        tuned = {"yarn_ext_factor": (get("rope.scaling.yarn_ext_factor", -1.0), (-1.0, 1.0)),
-                 "yarn_attn_factor": (get("rope.scaling.yarn_attn_factor", 1.0), (1.0,))}
-        if name == "gpt-oss":  # mistral3's graph sets its own magnitude factor: the multiplier changes nothing there
-            tuned["yarn_log_multiplier"] = (get("rope.scaling.yarn_log_multiplier", 0.0), (0.0,))
-        odd = [f"{key}={value}" for key, (value, usual) in tuned.items() if value not in usual]
-        if odd:  # mlx-lm's YaRN has no such knobs
-            raise ModelLoadError(f"{path.name}: YaRN with {', '.join(odd)} is not supported")
-        return {"rope_scaling": {"rope_type": "yarn", "factor": float(get("rope.scaling.factor")),
-                                 "original_max_position_embeddings": get("rope.scaling.original_context_length"),
-                                 "beta_fast": float(get("rope.scaling.yarn_beta_fast", 32.0)),
-                                 "beta_slow": float(get("rope.scaling.yarn_beta_slow", 1.0))}}
-    raise ModelLoadError(f"{path.name}: rope scaling {scaling!r} is not supported for {name}")
-
-
-def _gemma_config(name: str, get, config: dict, path: Path) -> dict:
-    big = config["num_hidden_layers"] == {"gemma2": 46, "gemma3": 62}[name]  # the 27B sizes
-    scalar = config["hidden_size"] // config["num_attention_heads"] if big else config["head_dim"]
-    extra = {"query_pre_attn_scalar": scalar}
-    if name == "gemma2":
-        # mlx-lm's gemma2 attends over the whole context (no sliding window): the same as
-        # llama.cpp up to `sliding_window` (4096) tokens.
-        extra["attn_logit_softcapping"] = get("attn_logit_softcapping", 50.0)
-        extra["final_logit_softcapping"] = get("final_logit_softcapping", 30.0)
-        extra["sliding_window"] = get("attention.sliding_window", 4096)
-    else:
-        extra["sliding_window"] = get("attention.sliding_window")
-        extra["sliding_window_pattern"] = _window_pattern(get("attention.sliding_window_pattern", 6),
-                                                          config["num_hidden_layers"], path)
-        extra["rope_local_base_freq"] = get("rope.freq_base_swa", 10000.0)
-    return extra
-
-
-def _window_pattern(pattern, layers: int, path: Path) -> int:
-    """gemma3's sliding-window pattern as mlx-lm's period (every n-th layer global). Ollama's converter
-    writes it per layer (true: sliding), as Hugging Face's layer_types; a period must describe it."""
-    if not isinstance(pattern, list):
-        return pattern
-    period = next((i + 1 for i, sliding in enumerate(pattern) if not sliding), len(pattern) + 1)
-    if len(pattern) != layers or any(bool(sliding) != ((i + 1) % period != 0) for i, sliding in enumerate(pattern)):
-        raise ModelLoadError(f"{path.name}: a sliding-window pattern that is not every n-th layer global is not supported")
-    return period
-
-
 def adapt_tensor(arch: Arch, gguf_name: str, array: mx.array) -> mx.array:
     """Undo the converter's conventions on a loaded tensor (gemma: norms stored as 1 + w)."""
     if arch.norm_plus_one and gguf_name.endswith("norm.weight") and mx.issubdtype(array.dtype, mx.floating):
         return array.astype(mx.float32) - 1.0
     return array
-
-
-class FreqFactorRoPE(Llama3RoPE):
-    """RoPE whose frequency i is divided by factors[i]: llama.cpp's `rope_freqs` tensor, which is
-    how Llama 3.x's rope scaling reaches a GGUF (theta_i = pos * base^(-2i/d) / factors[i]).
-    mlx-lm's Llama3RoPE with the periods read from the file instead of derived from the config:
-    its call (mx.fast.rope over `_freqs`) is inherited, so the CPU kernels treat both alike."""
-
-    def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array):
-        nn.Module.__init__(self)
-        self.dims, self.traditional, self.max_position_embeddings = dims, traditional, None
-        # mx.fast.rope's `freqs` are periods: theta_i = pos / freqs[i]
-        self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
-
-
-def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
-    """Granite, mistral3: llama.cpp's converter permuted q/k for interleaved rope, which mlx-lm's
-    modules do not offer: each layer gets the same rope, interleaved (per model: this instance's modules)."""
-    if not arch.interleaved_rope:
-        return
-    from mlx_lm.models.rope_utils import initialize_rope
-
-    scaling = config.get("rope_parameters") or config.get("rope_scaling")
-    rope = initialize_rope(config["head_dim"], config["rope_theta"], True, scaling, config["max_position_embeddings"])
-    for layer in model.layers:
-        layer.self_attn.rope = rope
 
 
 class GeluTanhMLP(nn.Module):
@@ -495,13 +341,3 @@ def use_gelu_tanh(arch: Arch, model: nn.Module) -> None:
     if arch.gelu_tanh:
         for layer in model.layers:
             layer.mlp = GeluTanhMLP(layer.mlp)
-
-
-def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
-    """Give every layer the rope the file's `rope_freqs` tensor describes."""
-    dims = config["head_dim"]
-    if not arch.rope_freqs or factors.size != dims // 2 or "rope_scaling" in config:
-        raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values is not supported here")
-    rope = FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors)
-    for layer in model.layers:
-        layer.self_attn.rope = rope

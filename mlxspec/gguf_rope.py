@@ -3,7 +3,8 @@
     tensors = {name: array for the names in ROPE_TENSORS}   # read with the weights, not weights themselves
     apply_file_rope(name, arch, model, config, tensors, metadata, path, context)   # name: the file's architecture
 
-- `rope_freqs` (Llama 3.x): a divisor per frequency (gguf_archs.FreqFactorRoPE).
+- `rope_freqs` (Llama 3.x): a divisor per frequency (FreqFactorRoPE).
+- interleave_rope: the interleaved rope mlx-lm's granite/ministral3 modules do not build.
 - `rope_factors_long` / `rope_factors_short` (Phi-3/Phi-4 "LongRoPE", e.g. Phi-4-mini): a divisor per
   frequency for contexts past the original one and for those within it, and `rope.scaling.attn_factor`
   multiplying the rotated dims of q and k. llama.cpp picks the short factors when its context per
@@ -19,22 +20,24 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import SuScaledRoPE
+from mlx_lm.models.rope_utils import Llama3RoPE, SuScaledRoPE
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from .gguf_archs import Arch
 
 ROPE_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def apply_file_rope(name: str, arch, model: nn.Module, config: dict, tensors: dict[str, mx.array], metadata: dict,
+def apply_file_rope(name: str, arch: Arch, model: nn.Module, config: dict, tensors: dict[str, mx.array], metadata: dict,
                     path: Path, context: int | None = None) -> None:
     """Give every layer the rope the file's tensors describe (none: the rope mlx-lm built stays)."""
-    from .gguf_archs import apply_rope_freqs
-
     scaling = metadata.get(f"{name}.rope.scaling.type")
     if scaling == "longrope" and not all(t in tensors for t in LONGROPE):
         raise ModelLoadError(f"{path.name}: longrope scaling without its rope_factors_long/short tensors")
@@ -73,3 +76,39 @@ def _longrope(name: str, config: dict, tensors: dict[str, mx.array], metadata: d
     return SuScaledRoPE(rope_dims, base=config["rope_theta"], max_position_embeddings=trained,
                         original_max_position_embeddings=original, long_factor=factors.astype(mx.float32).tolist(),
                         long_mscale=attn_factor)
+
+
+class FreqFactorRoPE(Llama3RoPE):
+    """RoPE whose frequency i is divided by factors[i]: llama.cpp's `rope_freqs` tensor, which is
+    how Llama 3.x's rope scaling reaches a GGUF (theta_i = pos * base^(-2i/d) / factors[i]).
+    mlx-lm's Llama3RoPE with the periods read from the file instead of derived from the config:
+    its call (mx.fast.rope over `_freqs`) is inherited, so the CPU kernels treat both alike."""
+
+    def __init__(self, dims: int, base: float, traditional: bool, factors: mx.array):
+        nn.Module.__init__(self)
+        self.dims, self.traditional, self.max_position_embeddings = dims, traditional, None
+        # mx.fast.rope's `freqs` are periods: theta_i = pos / freqs[i]
+        self._freqs = (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)) * factors.astype(mx.float32)
+
+
+def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
+    """Granite, mistral3: llama.cpp's converter permuted q/k for interleaved rope, which mlx-lm's
+    modules do not offer: each layer gets the same rope, interleaved (per model: this instance's modules)."""
+    if not arch.interleaved_rope:
+        return
+    from mlx_lm.models.rope_utils import initialize_rope
+
+    scaling = config.get("rope_parameters") or config.get("rope_scaling")
+    rope = initialize_rope(config["head_dim"], config["rope_theta"], True, scaling, config["max_position_embeddings"])
+    for layer in model.layers:
+        layer.self_attn.rope = rope
+
+
+def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
+    """Give every layer the rope the file's `rope_freqs` tensor describes."""
+    dims = config["head_dim"]
+    if not arch.rope_freqs or factors.size != dims // 2 or "rope_scaling" in config:
+        raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values is not supported here")
+    rope = FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors)
+    for layer in model.layers:
+        layer.self_attn.rope = rope

@@ -97,7 +97,7 @@ def test_llama3_rope_blocks_are_fused_bit_for_bit(tiny_llama, cpu_ext, which):
     the rope kernel, so its blocks fuse; logits and cache stay the module path's bits."""
     from mlx_lm.models.rope_utils import Llama3RoPE
 
-    from mlxspec.gguf_archs import FreqFactorRoPE
+    from mlxspec.gguf_rope import FreqFactorRoPE
 
     model = load(str(tiny_llama), "q4g32").model
     dims, traditional = model.model.layers[0].self_attn.rope.dims, model.model.layers[0].self_attn.rope.traditional

@@ -126,7 +126,7 @@ def llama3_rope(which: str):
     """Llama 3.x rope scaling as mlx-lm builds it from a config, or as a GGUF's rope_freqs tensor gives it."""
     from mlx_lm.models.rope_utils import Llama3RoPE
 
-    from mlxspec.gguf_archs import FreqFactorRoPE
+    from mlxspec.gguf_rope import FreqFactorRoPE
 
     if which == "mlx-lm":
         scaling = {"factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
