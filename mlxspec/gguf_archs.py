@@ -170,6 +170,7 @@ ARCHS = {
     # section of a text token's rope its own copy of the same position, which is NEOX rope; their deepstack
     # and vision parts only meet image inputs, which mlxspec does not take (a file's v.* tensors are skipped)
     "qwen2vl": Arch("qwen2", "qwen2", False),  # Qwen2-VL, Qwen2.5-VL (llama.cpp's name for both)
+    "qwen25vl": Arch("qwen2", "qwen2", False),  # Ollama's converter's name for Qwen2.5-VL (unchecked on a real blob)
     "qwen3vl": Arch("qwen3", "qwen3", False, LLAMA_BLOCK | QK_NORMS),
     "qwen3vlmoe": Arch("qwen3_moe", "qwen3_moe", False, MOE_BLOCK | QK_NORMS),
     "granite": Arch("granite", "granite", True, interleaved_rope=True),
@@ -276,7 +277,7 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config["attention_bias"] = attention_bias  # EXAONE 3.5 has none; the format allows q/k/v/o biases
     elif rope_dims != head_dim:
         raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
-    if name in ("qwen2", "qwen2vl") and head_dim != hidden // heads:
+    if name in ("qwen2", "qwen2vl", "qwen25vl") and head_dim != hidden // heads:
         raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
     config |= rope_scaling(name, get, path)
     if name in ("gemma2", "gemma3"):

@@ -248,7 +248,7 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             shapes |= {f"{b}.attn_q.weight": (q_rows, hidden), f"{b}.attn_k.weight": (kv_rows, hidden),
                        f"{b}.attn_v.weight": (kv_rows, hidden)}
         shapes[f"{b}.attn_output.weight"] = (hidden, q_rows)
-        if arch in ("qwen2", "starcoder2", "glm4", "qwen2vl", "stablelm"):
+        if arch in ("qwen2", "starcoder2", "glm4", "qwen2vl", "qwen25vl", "stablelm"):
             shapes |= {f"{b}.attn_q.bias": (q_rows,), f"{b}.attn_k.bias": (kv_rows,), f"{b}.attn_v.bias": (kv_rows,)}
         if arch == "nemotron":  # LayerNorms with biases, an ungated up/down MLP
             shapes |= {f"{b}.attn_norm.bias": (hidden,), f"{b}.ffn_norm.weight": (hidden,), f"{b}.ffn_norm.bias": (hidden,),

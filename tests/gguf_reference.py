@@ -20,7 +20,7 @@ import numpy as np
 import gguf
 
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
-              "exaone", "nemotron", "qwen2vl", "qwen3vl", "qwen3vlmoe", "stablelm")  # the VL models' M-RoPE on text: NEOX
+              "exaone", "nemotron", "qwen2vl", "qwen25vl", "qwen3vl", "qwen3vlmoe", "stablelm")  # the VL models' M-RoPE on text: NEOX
 
 
 @dataclass

@@ -126,6 +126,8 @@ CASES = {
     # The Qwen VL models' text (M-RoPE sections in the file; a text token's sections share its position)
     "qwen2vl": dict(arch="qwen2vl", metadata={"rope.dimension_sections": [2, 3, 3, 0], "rope.freq_base": 1000000.0},
                     hp=dict(rope_base=1000000.0)),
+    "qwen25vl": dict(arch="qwen25vl", metadata={"rope.mrope_section": [2, 3, 3], "rope.freq_base": 1000000.0},
+                     hp=dict(rope_base=1000000.0)),  # Ollama's name for Qwen2.5-VL
     "qwen3vl": dict(arch="qwen3vl", dims=Dims(head_dim=32),
                     metadata={"rope.dimension_sections": [4, 6, 6, 0], "rope.freq_base": 5000000.0},
                     hp=dict(rope_base=5000000.0)),
@@ -165,6 +167,7 @@ TEETH = {
     "smollm3": [dict(nope_step=0), dict(arch="qwen2")],
     "qwen2vl": [dict(arch="llama")],  # interleaved pairs in place of NEOX halves
     "stablelm": [dict(rope_dims=None), dict(arch="qwen2")],  # whole-head rope; RMS norms
+    "qwen25vl": [dict(arch="llama")],
     "qwen3vl": [dict(arch="llama")],
     "qwen3vlmoe": [dict(arch="llama"), dict(experts_used=2)],
     "deepseek2": [dict(yarn=None), dict(attn_scale=None), dict(norm_topk=True), dict(arch="qwen2")],
