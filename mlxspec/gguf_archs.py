@@ -53,8 +53,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .errors import ModelLoadError
-from .gguf_families import (cohere2_config, deepseek2_config, gemma_config, gpt_oss_config, mistral3_config,
-                            moe_config, rope_scaling)
+from .gguf_families import FAMILY_CONFIGS, File, deepseek2, rope_scaling, rotary
 
 TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 LLAMA_BLOCK = {
@@ -256,61 +255,18 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config["norm_epsilon"] = get("attention.layer_norm_epsilon")
     else:
         config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
-    rope_dims = get("rope.dimension_count", head_dim)
-    if name == "deepseek2":
-        return config | deepseek2_config(get, config, metadata, path)
-    if name == "stablelm":  # the sequential block (12B's parallel one and per-head q/k norms: refused by the loader)
-        config |= {"layer_norm_eps": config.pop("norm_epsilon"), "use_qkv_bias": attention_bias,
-                   "partial_rotary_factor": rope_dims / head_dim, "use_parallel_residual": False}
-    elif name == "nemotron":
-        config |= {"norm_eps": config.pop("norm_epsilon"), "hidden_act": "relu2", "attention_bias": attention_bias,
-                   "partial_rotary_factor": rope_dims / head_dim}
-    elif name == "phi3":
-        if head_dim != hidden // heads:
-            raise ModelLoadError(f"{path.name}: phi3 with head_dim {head_dim} != hidden/heads is not supported")
-        config["partial_rotary_factor"] = rope_dims / head_dim
-    elif name == "glm4":
-        if get("rope.dimension_sections", 0):  # GLM-4.1V's multimodal rope
-            raise ModelLoadError(f"{path.name}: glm4 with sectioned (multimodal) rope is not supported")
-        config |= {"partial_rotary_factor": rope_dims / head_dim, "attention_bias": attention_bias}
-    elif name == "exaone":
-        config["attention_bias"] = attention_bias  # EXAONE 3.5 has none; the format allows q/k/v/o biases
-    elif rope_dims != head_dim:
-        raise ModelLoadError(f"{path.name}: partial rotary embeddings are not supported for {name}")
-    if name in ("qwen2", "qwen2vl", "qwen25vl") and head_dim != hidden // heads:
-        raise ModelLoadError(f"{path.name}: qwen2 with head_dim {head_dim} != hidden/heads is not supported")
-    config |= rope_scaling(name, get, path)
-    if name in ("gemma2", "gemma3"):
-        config |= gemma_config(name, get, config, path)
-    if name in ("qwen3moe", "qwen3vlmoe"):
-        config |= moe_config(get)
+    f = File(name, get, path, attention_bias, qk_norms)
+    if name == "deepseek2":  # its rope and YaRN are its own
+        return config | deepseek2(f, config)
+    config |= rotary(f, config)
+    config |= rope_scaling(f)
     if arch is MIXTRAL:  # experts in place of the FFN; feed_forward_length is an expert's
         if head_dim != hidden // heads:
             raise ModelLoadError(f"{path.name}: mixtral with head_dim {head_dim} != hidden/heads is not supported")
         config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count")}
-    if name == "gpt-oss":
-        config |= gpt_oss_config(get, config)
-    if name == "mistral3":
-        config |= mistral3_config(get, config, path)
-    if name == "smollm3":  # llama.cpp's n_no_rope_layer_step, fixed at 4 for this architecture
-        config["no_rope_layer_interval"] = 4
-    if name in ("cohere2", "command-r"):
-        config |= cohere2_config(get, config, attention_bias)
-        if name == "command-r":  # no windows; q/k norms where the file has them
-            del config["sliding_window"], config["sliding_window_pattern"]
-            config["use_qk_norm"] = qk_norms
-    if name == "olmo2" and get("attention.sliding_window", 0):
-        raise ModelLoadError(f"{path.name}: olmo2 with sliding-window layers (OLMo 3) is not supported")
-    if name in ("granite", "granitemoe"):
-        if head_dim != hidden // heads or "rope_scaling" in config:
-            raise ModelLoadError(f"{path.name}: granite with head_dim != hidden/heads or rope scaling is not supported")
-        config |= {"embedding_multiplier": get("embedding_scale", 1.0), "residual_multiplier": get("residual_scale", 1.0),
-                   # llama.cpp: an attention.scale of 0 (or none) means 1/sqrt(head_dim)
-                   "attention_multiplier": get("attention.scale", 0.0) or head_dim**-0.5,
-                   "logits_scaling": get("logit_scale", 1.0), "attention_bias": False, "mlp_bias": False}
-    if name == "granitemoe":  # softmax over the top k router logits: llama.cpp's softmax with the top k renormalized
-        config |= {"num_local_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
-                   "intermediate_size": get("expert_feed_forward_length", config["intermediate_size"])}
+    family = FAMILY_CONFIGS.get(name)
+    if family is not None:  # (some pop a shared key their module names otherwise)
+        config |= family(f, config)
     return config
 
 
