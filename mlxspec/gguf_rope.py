@@ -1,4 +1,5 @@
-"""RoPE that a GGUF file carries as tensors rather than metadata, applied to every layer of the model.
+"""The ropes a GGUF needs beyond what mlx-lm's modules build, put on every layer of the model: those a
+file carries as tensors rather than metadata, and the interleaved rope some modules do not offer.
 
     tensors = {name: array for the names in ROPE_TENSORS}   # read with the weights, not weights themselves
     apply_file_rope(name, arch, model, config, tensors, metadata, path, context)   # name: the file's architecture
