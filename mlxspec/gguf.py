@@ -106,13 +106,17 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
 def _read_weights(header: Header, arch: archs.Arch):
     """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept."""
     wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES)]
-    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name not in ROPE_TENSORS]
+    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name not in ROPE_TENSORS
+               and not _mla_part(arch, t.name)]
     if unknown:  # e.g. another MoE layout: not a model we can run right
         raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
-    weights, reports, rope_tensors = {}, {}, {}
+    weights, reports, rope_tensors, mla_parts = {}, {}, {}, {}
     for t in wanted:
         arrays, reports[t.name] = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
+        if _mla_part(arch, t.name):
+            mla_parts[t.name] = arrays
+            continue
         target = archs.mlx_name(arch, t.name)
         if target is None:  # rope_freqs, rope_factors_*: the model's rope (gguf_rope.py), not weights
             rope_tensors[t.name] = arrays["weight"]
@@ -123,7 +127,41 @@ def _read_weights(header: Header, arch: archs.Arch):
         for key, array in arrays.items():
             weights[target if key == "weight" else f"{stem}.{key}"] = array
     del data
+    weights |= _joined_kv_b(mla_parts, header.path)
     return weights, reports, rope_tensors
+
+
+def _mla_part(arch: archs.Arch, name: str) -> bool:
+    """llama.cpp's newer deepseek2 layout: each layer's kv_b as attn_k_b (transposed per head) and attn_v_b."""
+    return arch.model_type == "deepseek_v2" and name.startswith("blk.") and name.split(".")[2] in ("attn_k_b", "attn_v_b")
+
+
+def _joined_kv_b(parts: dict, path: Path) -> dict:
+    """mlx-lm's kv_b_proj (heads * (nope + v), kv_lora) back from attn_k_b (heads, kv_lora, nope) and
+    attn_v_b (heads, v, kv_lora), dequantized exactly into float32: the transpose would cut across
+    quantization groups, so the joined projection stays unquantized (kv_lora x heads x 256 values a layer)."""
+    joined = {}
+    for name in [n for n in parts if ".attn_k_b." in n]:
+        v_name = name.replace("attn_k_b", "attn_v_b")
+        if v_name not in parts:
+            raise ModelLoadError(f"{path.name}: {name} without its {v_name}")
+        k_b, v_b = _dense(parts[name]), _dense(parts[v_name])
+        if k_b.ndim != 3 or v_b.ndim != 3 or k_b.shape[0] != v_b.shape[0] or k_b.shape[1] != v_b.shape[2]:
+            raise ModelLoadError(f"{path.name}: {name} {k_b.shape} and {v_name} {v_b.shape} do not make a kv_b")
+        kv_b = mx.concatenate([k_b.transpose(0, 2, 1), v_b], axis=1)  # (heads, nope + v, kv_lora)
+        joined[f"model.layers.{name.split('.')[1]}.self_attn.kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+    return joined
+
+
+def _dense(arrays: dict) -> mx.array:
+    """A converted tensor as float32 values: MLX's affine triple dequantized, or the float array as is."""
+    if "scales" not in arrays:
+        return arrays["weight"].astype(mx.float32)
+    if "biases" not in arrays:  # mxfp4
+        return mx.dequantize(arrays["weight"], arrays["scales"], group_size=GROUP, bits=4, mode="mxfp4").astype(mx.float32)
+    bits = arrays["weight"].shape[-1] * 32 // (arrays["scales"].shape[-1] * GROUP)
+    return mx.dequantize(arrays["weight"], arrays["scales"].astype(mx.float32), arrays["biases"].astype(mx.float32),
+                         group_size=GROUP, bits=bits)
 
 
 def conversion_summary(reports: dict[str, TensorReport]) -> dict:

@@ -132,7 +132,8 @@ def mistral3(f: File, config: dict) -> dict:
 
 def deepseek2(f: File, config: dict) -> dict:
     """mlx-lm's deepseek_v2 from llama.cpp's deepseek2 keys. The head sizes are the _mla keys where the
-    file has them (llama.cpp's newer converter) and key/value_length otherwise; YaRN's
+    file has them (llama.cpp's newer converter, which also splits kv_b: gguf.py joins it again) and
+    key/value_length otherwise; YaRN's
     yarn_log_multiplier is 0.1 * mscale_all_dim, and llama.cpp takes mscale = mscale_all_dim (its rope
     magnitude is then 1, and the attention scale grows by mscale squared, as mlx-lm's module does).
     Its rope and scaling are its own: model_config calls this in place of rotary and rope_scaling."""
@@ -159,6 +160,7 @@ def deepseek2(f: File, config: dict) -> dict:
         "qk_rope_head_dim": rope_dims, "qk_nope_head_dim": qk - rope_dims,
         "v_head_dim": get("attention.value_length_mla", get("attention.value_length", qk)),
         "rope_scaling": scaling, "rope_traditional": True,
+        "num_key_value_heads": config["num_attention_heads"],  # MLA files say 1 (the absorbed form's one latent head)
     }
 
 

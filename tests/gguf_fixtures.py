@@ -151,7 +151,8 @@ def write_tiny_llama_gguf(
     tokens = byte_level_vocab() if tokenizer == "gpt2" else sentencepiece_vocab()[0]
     types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {}, dims)
 
-    file_arch = "llama" if arch == "mixtral" else arch  # Mixtral: a llama file with experts
+    # Mixtral: a llama file with experts; deepseek2-split: llama.cpp's newer deepseek2 layout (kv_b as k_b, v_b)
+    file_arch = {"mixtral": "llama", "deepseek2-split": "deepseek2"}.get(arch, arch)
     writer = gguf.GGUFWriter(str(path), file_arch)
     writer.add_name(f"tiny-{arch}-{qtype}")
     writer.add_context_length(CONTEXT)
@@ -168,12 +169,13 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "qwen3vlmoe"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "deepseek2-split", "qwen3vlmoe"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
-    if arch == "deepseek2":  # DeepSeek-V2-Lite's layout, tiny: no q LoRA, one leading dense layer, shared experts
-        for key, value in DEEPSEEK2_KEYS.items():
+    if arch in ("deepseek2", "deepseek2-split"):  # DeepSeek-V2-Lite's layout, tiny: no q LoRA, a leading dense layer
+        keys = DEEPSEEK2_KEYS | (DEEPSEEK2_SPLIT_KEYS if arch == "deepseek2-split" else {})
+        for key, value in keys.items():
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
@@ -239,8 +241,8 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch == "gpt-oss":
             shapes |= _gpt_oss_block(b, dims)
             continue
-        if arch == "deepseek2":
-            shapes |= _deepseek2_block(b, i, dims)
+        if arch in ("deepseek2", "deepseek2-split"):
+            shapes |= _deepseek2_block(b, i, dims, split=arch == "deepseek2-split")
             continue
         if arch == "phi3":
             shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
@@ -294,19 +296,25 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
 
 # deepseek2 (MLA) sizes, and its keys beyond the common ones: the leading dense layer, shared experts (2 of
 # the expert FFN's width, fused as the converter writes them), the latent ranks and the per-head sizes
-MLA = dict(kv_lora=64, nope=16, rope=16, v=16, shared=2)
+MLA = dict(kv_lora=64, nope=32, rope=16, v=16, shared=2)
 DEEPSEEK2_KEYS = {"leading_dense_block_count": 1, "expert_shared_count": MLA["shared"], "expert_weights_scale": 1.0,
                   "attention.kv_lora_rank": MLA["kv_lora"], "attention.key_length": MLA["nope"] + MLA["rope"],
                   "attention.value_length": MLA["v"]}
+# llama.cpp's newer converter: kv_b split for the absorbed form, which its head sizes then describe
+DEEPSEEK2_SPLIT_KEYS = {"attention.key_length": MLA["kv_lora"] + MLA["rope"], "attention.value_length": MLA["kv_lora"],
+                        "attention.key_length_mla": MLA["nope"] + MLA["rope"], "attention.value_length_mla": MLA["v"]}
 
 
-def _deepseek2_block(b: str, i: int, dims: Dims) -> dict[str, tuple[int, ...]]:
+def _deepseek2_block(b: str, i: int, dims: Dims, split: bool = False) -> dict[str, tuple[int, ...]]:
     hidden, heads, e, f = dims.hidden, dims.heads, dims.experts, dims.expert_ffn
     qk, kv = MLA["nope"] + MLA["rope"], MLA["kv_lora"]
     shapes = {f"{b}.attn_norm.weight": (hidden,), f"{b}.attn_q.weight": (heads * qk, hidden),
               f"{b}.attn_kv_a_mqa.weight": (kv + MLA["rope"], hidden), f"{b}.attn_kv_a_norm.weight": (kv,),
-              f"{b}.attn_kv_b.weight": (heads * (MLA["nope"] + MLA["v"]), kv),
               f"{b}.attn_output.weight": (hidden, heads * MLA["v"]), f"{b}.ffn_norm.weight": (hidden,)}
+    if split:  # k_b transposed per head (kv_lora rows of nope), v_b as kv_b's v rows
+        shapes |= {f"{b}.attn_k_b.weight": (heads, kv, MLA["nope"]), f"{b}.attn_v_b.weight": (heads, MLA["v"], kv)}
+    else:
+        shapes[f"{b}.attn_kv_b.weight"] = (heads * (MLA["nope"] + MLA["v"]), kv)
     if i < DEEPSEEK2_KEYS["leading_dense_block_count"]:
         return shapes | {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden),
                          f"{b}.ffn_down.weight": (hidden, dims.ffn)}

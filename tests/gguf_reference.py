@@ -167,7 +167,10 @@ def _mla_block(w, p, hp: Hparams, x):
         q = _rms(h @ w[p + "attn_q_a.weight"].T, w[p + "attn_q_a_norm.weight"], hp.eps) @ w[p + "attn_q_b.weight"].T
     q = q.reshape(T, heads, nope + rope)
     latent = h @ w[p + "attn_kv_a_mqa.weight"].T
-    kv = (_rms(latent[:, :kvr], w[p + "attn_kv_a_norm.weight"], hp.eps) @ w[p + "attn_kv_b.weight"].T).reshape(T, heads, nope + vd)
+    kv_b = w.get(p + "attn_kv_b.weight")
+    if kv_b is None:  # llama.cpp's newer layout: k_b (heads, kv_lora, nope) and v_b (heads, v, kv_lora)
+        kv_b = np.concatenate([w[p + "attn_k_b.weight"].transpose(0, 2, 1), w[p + "attn_v_b.weight"]], axis=1).reshape(-1, kvr)
+    kv = (_rms(latent[:, :kvr], w[p + "attn_kv_a_norm.weight"], hp.eps) @ kv_b.T).reshape(T, heads, nope + vd)
     rotary = dataclasses.replace(hp, rope_dims=rope)
     q_pe = _rope(q[..., nope:], rotary, hp.rope_base, hp.rope_scale)
     k_pe = _rope(latent[:, None, kvr:], rotary, hp.rope_base, hp.rope_scale)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -29,6 +30,13 @@ LLAMA3_FACTORS = np.linspace(1.0, 8.0, 8).astype(np.float32)
 # attention factor sqrt(1 + ln(131072 / 4096) / ln(4096)) and the original context (here 64 positions).
 PHI_SHORT, PHI_LONG = np.linspace(1.5, 4.0, 6).astype(np.float32), np.linspace(2.0, 40.0, 6).astype(np.float32)
 PHI_ATTN = 1.1902380714238083
+
+DEEPSEEK2 = dict(arch="deepseek2", dims=Dims(experts=8, experts_used=3), output_qtype="Q8_0", metadata={
+    "rope.scaling.type": "yarn", "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 4,
+    "rope.scaling.yarn_log_multiplier": 0.0707}, hp=dict(
+        eps=1e-6, experts_used=3, norm_topk=False, mla=(fx.MLA["nope"], fx.MLA["rope"], fx.MLA["v"], fx.MLA["kv_lora"]),
+        yarn=(40.0, 4), yarn_magnitude=False,
+        attn_scale=(1 + 0.1 * 0.707 * np.log(40.0)) ** 2 / (fx.MLA["nope"] + fx.MLA["rope"]) ** 0.5))
 
 CASES = {
     # Llama 3.x: rope scaling as the rope_freqs tensor, a high rope base.
@@ -114,15 +122,13 @@ CASES = {
     # Nemotron-Mini: LayerNorms with biases stored as 1 + w, NEOX rope on half of each head, relu squared MLP
     "nemotron": dict(arch="nemotron", tokenizer="llama", dims=Dims(rope_dims=8), output_qtype="Q8_0",
                      hp=dict(rope_dims=8)),
-    # DeepSeek-V2-Lite's layout: latent attention (attn_kv_b whole), rope on 16 of each head's 32 q/k dims,
+    # DeepSeek-V2-Lite's layout: latent attention (attn_kv_b whole), rope on 16 of each head's 48 q/k dims,
     # YaRN x40 over a 4-position original context with mscale_all_dim 0.707 (llama.cpp's log multiplier
     # 0.0707: an attention scale times (1 + 0.0707 ln 40)^2, a rope of magnitude 1), a leading dense layer,
     # then 8 experts (3 a token, softmax weights not renormalized) plus shared ones
-    "deepseek2": dict(arch="deepseek2", dims=Dims(experts=8, experts_used=3), output_qtype="Q8_0", metadata={
-        "rope.scaling.type": "yarn", "rope.scaling.factor": 40.0, "rope.scaling.original_context_length": 4,
-        "rope.scaling.yarn_log_multiplier": 0.0707}, hp=dict(
-            eps=1e-6, experts_used=3, norm_topk=False, mla=(fx.MLA["nope"], fx.MLA["rope"], fx.MLA["v"], fx.MLA["kv_lora"]),
-            yarn=(40.0, 4), yarn_magnitude=False, attn_scale=(1 + 0.1 * 0.707 * np.log(40.0)) ** 2 / 32**0.5)),
+    "deepseek2": DEEPSEEK2,
+    # llama.cpp's newer converter: kv_b as attn_k_b (transposed per head) and attn_v_b, the _mla head sizes
+    "deepseek2-split": DEEPSEEK2 | dict(arch="deepseek2-split"),
     # The Qwen VL models' text (M-RoPE sections in the file; a text token's sections share its position)
     "qwen2vl": dict(arch="qwen2vl", metadata={"rope.dimension_sections": [2, 3, 3, 0], "rope.freq_base": 1000000.0},
                     hp=dict(rope_base=1000000.0)),
@@ -171,6 +177,7 @@ TEETH = {
     "qwen3vl": [dict(arch="llama")],
     "qwen3vlmoe": [dict(arch="llama"), dict(experts_used=2)],
     "deepseek2": [dict(yarn=None), dict(attn_scale=None), dict(norm_topk=True), dict(arch="qwen2")],
+    "deepseek2-split": [dict(attn_scale=None), dict(arch="qwen2")],
     "nemotron": [dict(rope_dims=None)],  # whole-head rope (the loaded 1 + w norms and relu squared must match as they are)
     "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
@@ -204,7 +211,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
         assert np.abs(got - wrong).max() > 0.05, f"{change} does not move the logits"
 
 
-@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "deepseek2", "qwen3moe", "mixtral", "gpt-oss", "granite",
+@pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "deepseek2", "deepseek2-split", "qwen3moe", "mixtral", "gpt-oss", "granite",
                                   "starcoder2", "mistral3", "olmo2"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
@@ -225,6 +232,10 @@ def test_configs(tmp_path):
     assert gemma3["query_pre_attn_scalar"] == 32 and gemma3["tie_word_embeddings"] is True
     _, _, phi3 = load_gguf(write_case(tmp_path, "phi3")[0])
     assert phi3["partial_rotary_factor"] == 0.75 and phi3["tie_word_embeddings"] is False
+    split, _, ds = load_gguf(write_case(tmp_path, "deepseek2-split")[0])  # the _mla sizes; kv_b joined unquantized
+    assert (ds["qk_nope_head_dim"], ds["qk_rope_head_dim"], ds["v_head_dim"], ds["kv_lora_rank"]) == (32, 16, 16, 64)
+    assert ds["num_key_value_heads"] == ds["num_attention_heads"] and ds["q_lora_rank"] is None
+    assert type(split.model.layers[0].self_attn.kv_b_proj) is nn.Linear
     _, _, phi4 = load_gguf(write_case(tmp_path, "phi4-mini")[0])  # served within its original context
     assert phi4["max_position_embeddings"] == 64 and phi4["longrope"] == {
         "factors": "short", "attn_factor": pytest.approx(PHI_ATTN), "original_context_length": 64,

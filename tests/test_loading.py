@@ -157,6 +157,8 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
         "rope.scaling.yarn_log_multiplier": 0.0707})),
     # StableLM 2: LayerNorms with biases, biased q/k/v, NEOX rope on a quarter of each head
     ("stablelm", dict(pre="stablelm2", dims=Dims(rope_dims=4), output_qtype="Q8_0")),
+    # its newer layout: kv_b as attn_k_b / attn_v_b, joined again unquantized (one quantized matmul fewer a layer)
+    ("deepseek2-split", dict(dims=Dims(experts=8, experts_used=3), output_qtype="Q8_0")),
     # SmolLM3: llama's block, no rope on every 4th layer
     ("smollm3", dict(dims=Dims(layers=4), pre="llama-bpe")),
     # Command R+: a parallel block, per-head q/k LayerNorms
@@ -166,11 +168,11 @@ def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
     """Their projections run the kernels and greedy lookup speculation gives plain decoding's tokens."""
     path = str(write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "Q4_0", arch=arch, **extra))
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
-    assert plain.info["architecture"] == arch
+    assert plain.info["architecture"] == arch.removesuffix("-split")
     swapped = plain.kernels["target"]["layers"]["swapped"]
     # quantized matmuls: 4 or 3+1 attention and 3 or 2 FFN a layer; deepseek2's second layer adds 3 shared-expert ones
     want_swapped = {"glm4": 12, "exaone": 14, "cohere2": 28, "command-r": 14, "smollm3": 28, "granitemoe": 14,
-                    "nemotron": 12, "deepseek2": 17, "stablelm": 14}[arch]
+                    "nemotron": 12, "deepseek2": 17, "deepseek2-split": 15, "stablelm": 14}[arch]
     assert sum(".self_attn." in p or "mlp." in p for p in swapped) == want_swapped
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
