@@ -139,7 +139,7 @@ def _mla_part(arch: archs.Arch, name: str) -> bool:
 def _joined_kv_b(parts: dict, path: Path) -> dict:
     """mlx-lm's kv_b_proj (heads * (nope + v), kv_lora) back from attn_k_b (heads, kv_lora, nope) and
     attn_v_b (heads, v, kv_lora), dequantized exactly into float32: the transpose would cut across
-    quantization groups, so the joined projection stays unquantized (kv_lora x heads x 256 values a layer)."""
+    quantization groups, so the joined projection stays unquantized (heads x (nope + v) x kv_lora values a layer)."""
     joined = {}
     for name in [n for n in parts if ".attn_k_b." in n]:
         v_name = name.replace("attn_k_b", "attn_v_b")
