@@ -164,7 +164,7 @@ def write_tiny_llama_gguf(
     if arch in ("starcoder2", "cohere2", "command-r", "nemotron", "stablelm"):
         writer.add_layer_norm_eps(RMS_EPS)
     else:  # deepseek2: mlx-lm's module fixes its latent norms' epsilon at DeepSeek's 1e-6
-        writer.add_layer_norm_rms_eps(1e-6 if arch == "deepseek2" else RMS_EPS)
+        writer.add_layer_norm_rms_eps(1e-6 if arch.startswith("deepseek2") else RMS_EPS)
     writer.add_rope_dimension_count(dims.rope_dims or dims.hd)
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)

@@ -186,7 +186,7 @@ TEETH = {
 
 def write_case(tmp_path, name: str, qtype: str = "Q8_0"):
     case = dict(CASES[name])
-    hp_extra, dims = case.pop("hp", {}), case.get("dims", Dims())
+    hp_extra, dims = dict(case.pop("hp", {})), case.get("dims", Dims())  # a copy: eps is popped below
     path = write_tiny_llama_gguf(tmp_path / f"{name}.gguf", qtype, seed=7, **case)
     hp = Hparams(arch=case["arch"], hidden=dims.hidden, heads=dims.heads, kv_heads=dims.kv_heads,
                  head_dim=dims.hd, eps=hp_extra.pop("eps", fx.RMS_EPS), **hp_extra)
