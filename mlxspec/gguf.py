@@ -115,6 +115,7 @@ def _read_weights(header: Header, arch: archs.Arch):
     for t in wanted:
         arrays, reports[t.name] = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
         if _mla_part(arch, t.name):
+            mx.eval(list(arrays.values()))  # before the file's memory map goes
             mla_parts[t.name] = arrays
             continue
         target = archs.mlx_name(arch, t.name)

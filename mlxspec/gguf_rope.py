@@ -45,9 +45,13 @@ def apply_file_rope(name: str, arch: Arch, model: nn.Module, config: dict, tenso
     if "rope_freqs.weight" in tensors:
         apply_rope_freqs(arch, model, config, tensors["rope_freqs.weight"], path)
     if any(t in tensors for t in LONGROPE):
-        rope = _longrope(name, config, tensors, metadata, path, context)
-        for layer in model.layers:
-            layer.self_attn.rope = rope
+        _every_layer(model, _longrope(name, config, tensors, metadata, path, context))
+
+
+def _every_layer(model: nn.Module, rope: nn.Module) -> None:
+    """One rope module for every layer's attention (per model: this instance's modules)."""
+    for layer in model.layers:
+        layer.self_attn.rope = rope
 
 
 def _longrope(name: str, config: dict, tensors: dict[str, mx.array], metadata: dict, path: Path,
@@ -100,9 +104,8 @@ def interleave_rope(arch: Arch, model: nn.Module, config: dict) -> None:
     from mlx_lm.models.rope_utils import initialize_rope
 
     scaling = config.get("rope_parameters") or config.get("rope_scaling")
-    rope = initialize_rope(config["head_dim"], config["rope_theta"], True, scaling, config["max_position_embeddings"])
-    for layer in model.layers:
-        layer.self_attn.rope = rope
+    _every_layer(model, initialize_rope(config["head_dim"], config["rope_theta"], True, scaling,
+                                        config["max_position_embeddings"]))
 
 
 def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
@@ -110,6 +113,4 @@ def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.arr
     dims = config["head_dim"]
     if not arch.rope_freqs or factors.size != dims // 2 or "rope_scaling" in config:
         raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values is not supported here")
-    rope = FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors)
-    for layer in model.layers:
-        layer.self_attn.rope = rope
+    _every_layer(model, FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors))
