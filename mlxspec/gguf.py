@@ -28,6 +28,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import gguf_archs as archs
+from . import gguf_delta_net as delta_net
 from .errors import ModelLoadError
 from .gguf_header import Header, read_header
 from .gguf_ollama import translate
@@ -82,7 +83,7 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
     header = translate(read_header(path))  # Ollama's own layouts, as llama.cpp's converter writes them
     type_counts = _check_types(header)  # before any tensor data is read
     name, arch = archs.arch_for(header.metadata, path)
-    weights, reports, rope_tensors = _read_weights(header, arch)
+    weights, reports, rope_tensors = _read_weights(header, name, arch)
 
     tokens = header.metadata.get("tokenizer.ggml.tokens")
     vocab_size = len(tokens) if tokens is not None else weights["model.embed_tokens.weight"].shape[0]
@@ -103,11 +104,14 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
     return model, tokenizer, config
 
 
-def _read_weights(header: Header, arch: archs.Arch):
-    """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept."""
-    wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES)]
-    unknown = [t.name for t in wanted if archs.mlx_name(arch, t.name) is None and t.name not in ROPE_TENSORS
-               and not _mla_part(arch, t.name)]
+def _read_weights(header: Header, name: str, arch: archs.Arch):
+    """Convert the tensors one by one from the memory-mapped file; only MLX arrays are kept. Blocks
+    past the trunk (multi-token prediction: a drafter the model ships) are not read."""
+    trunk = archs.trunk_layers(name, header.metadata)
+    wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES) and archs.is_trunk(t.name, trunk)]
+    heads = delta_net.Heads.from_metadata(name, header.metadata, header.path) if name in delta_net.ARCHS else None
+    unknown = [t.name for t in wanted if any(archs.mlx_name(arch, n) is None for n, _ in archs.unfused(t.name))
+               and t.name not in ROPE_TENSORS and not _mla_part(arch, t.name)]
     if unknown:  # e.g. another MoE layout: not a model we can run right
         raise ModelLoadError(f"{header.path.name}: tensors mlxspec does not know how to map: {', '.join(unknown[:5])}")
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
@@ -118,15 +122,15 @@ def _read_weights(header: Header, arch: archs.Arch):
             mx.eval(list(arrays.values()))  # before the file's memory map goes
             mla_parts[t.name] = arrays
             continue
-        target = archs.mlx_name(arch, t.name)
-        if target is None:  # rope_freqs, rope_factors_*: the model's rope (gguf_rope.py), not weights
+        if archs.mlx_name(arch, t.name) is None and t.name in ROPE_TENSORS:  # the model's rope (gguf_rope.py)
             rope_tensors[t.name] = arrays["weight"]
             continue
-        arrays["weight"] = archs.adapt_tensor(arch, t.name, arrays["weight"])
-        mx.eval(list(arrays.values()))
-        stem = target.rsplit(".", 1)[0]
-        for key, array in arrays.items():
-            weights[target if key == "weight" else f"{stem}.{key}"] = array
+        for name, part in archs.unfused(t.name, arrays):
+            target, part = archs.mlx_name(arch, name), archs.adapt_tensor(arch, name, part, heads)
+            mx.eval(list(part.values()))
+            stem = target.rsplit(".", 1)[0]
+            for key, array in part.items():
+                weights[target if key == "weight" else f"{stem}.{key}"] = array
     del data
     weights |= _joined_kv_b(mla_parts, header.path)
     return weights, reports, rope_tensors
@@ -203,8 +207,13 @@ def _quantization_config(weights: dict) -> dict | None:
 def _build_model(arch: archs.Arch, config: dict, weights: dict, path: Path) -> nn.Module:
     module = importlib.import_module(f"mlx_lm.models.{arch.module}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    if hasattr(model, "sanitize"):  # as mlx-lm's loader does: e.g. gemma3 drops its head when tied
-        weights = model.sanitize(weights)
+    # A quantized embedding returns rows in its scales' dtype: float16 would round the residual
+    # stream at its source (tiny-model logits off by ~5e-3). llama.cpp dequantizes rows to float32; so do we.
+    for key in ("model.embed_tokens.scales", "model.embed_tokens.biases"):
+        if key in weights:
+            weights[key] = weights[key].astype(mx.float32)
+    if hasattr(model, "sanitize"):  # as mlx-lm's loader does: e.g. gemma3 drops its head when tied (qwen3_5
+        weights = model.sanitize(weights)  # moves every name under language_model.)
 
     # Quantize exactly the layers that arrived quantized, each with its own bits (a quantized
     # token table becomes a QuantizedEmbedding, which also serves as the tied head via as_linear).
@@ -212,11 +221,6 @@ def _build_model(arch: archs.Arch, config: dict, weights: dict, path: Path) -> n
         return hasattr(module, "to_quantized") and _layer_quantization(weights, layer_path) or False
 
     nn.quantize(model, class_predicate=arrived_quantized)
-    # A quantized embedding returns rows in its scales' dtype: float16 would round the residual
-    # stream at its source (tiny-model logits off by ~5e-3). llama.cpp dequantizes rows to float32; so do we.
-    for key in ("model.embed_tokens.scales", "model.embed_tokens.biases"):
-        if key in weights:
-            weights[key] = weights[key].astype(mx.float32)
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:  # missing/extra/mis-shaped tensors: metadata and tensors disagree

@@ -40,6 +40,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
 - stablelm (StableLM 2 1.6B, Stable Code 3B): llama's tensors with LayerNorms (and biases), q/k/v biases
   where the file has them, NEOX rope on rope.dimension_count dims of each head.
 - smollm3 (SmolLM3): llama's tensors and interleaved rope, except every 4th layer, which has none.
+- qwen35, qwen35moe (Qwen3.5 / Qwen3.6): gated delta-net layers between gated attention ones, on mlx-lm's
+  qwen3_5; what the converter changed in them is undone in gguf_delta_net.py. Blocks past the trunk
+  (nextn_predict_layers: a multi-token-prediction head) are not read; fused ffn_gate_up_exps are split.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
 """
@@ -52,6 +55,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import gguf_delta_net as delta_net
 from .errors import ModelLoadError
 from .gguf_families import FAMILY_CONFIGS, File, deepseek2, rope_scaling, rotary
 
@@ -139,6 +143,9 @@ STARCODER2_BLOCK = LLAMA_BLOCK | {  # LayerNorms with biases, biased projections
     "ffn_down": "mlp.c_proj",
 }
 
+QWEN35_BLOCK = {k: v for k, v in LLAMA_BLOCK.items() if k != "ffn_norm"} | QK_NORMS | delta_net.BLOCK
+QWEN35MOE_BLOCK = {k: v for k, v in QWEN35_BLOCK.items() if not k.startswith("ffn_")} | delta_net.MOE_BLOCK
+
 # Tensors of a multimodal file's vision tower and projector (Ollama's gemma3): not the text model.
 IGNORED_PREFIXES = ("v.", "mm.")
 
@@ -196,10 +203,15 @@ ARCHS = {
     # Command R (35B), Command R+, Aya Expanse / Aya 23: cohere2's block without windows, rope on every
     # layer; R+'s per-head q/k LayerNorms (one weight row per head)
     "command-r": Arch("cohere", "cohere", True, COHERE2_BLOCK | QK_NORMS, layer_norm=True),
+    # Qwen3.5 / Qwen3.6 (dense and MoE), text only: gated delta-net layers between gated attention ones
+    # (gguf_delta_net.py); NEOX rope on a quarter of each attention head
+    "qwen35": Arch("qwen3_5", "qwen3_5", False, QWEN35_BLOCK),
+    "qwen35moe": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
-PARAMETERS = ("self_attn.sinks",)  # GGUF "<name>.weight" tensors that are mlx-lm parameters, not modules
+# GGUF tensors that are mlx-lm parameters, not modules' weights ("<name>.weight", "<name>.bias" or "<name>")
+PARAMETERS = ("self_attn.sinks", *delta_net.PARAMETERS)
 
 
 def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
@@ -216,11 +228,40 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if len(parts) == 2 and parts[0] in TOP_LEVEL:
         return f"{TOP_LEVEL[parts[0]]}.{parts[1]}"
-    if len(parts) == 4 and parts[0] == "blk" and parts[2] in arch.block:
+    if len(parts) in (3, 4) and parts[0] == "blk" and parts[2] in arch.block:
         if arch.block[parts[2]] in PARAMETERS:
             return f"model.layers.{parts[1]}.{arch.block[parts[2]]}"
-        return f"model.layers.{parts[1]}.{arch.block[parts[2]]}.{parts[3]}"
+        if len(parts) == 4:
+            return f"model.layers.{parts[1]}.{arch.block[parts[2]]}.{parts[3]}"
     return None
+
+
+# Tensors llama.cpp may store fused, and the halves (its SWIGLU order: gate rows, then up rows) they hold.
+FUSED = {"ffn_gate_up_exps": ("ffn_gate_exps", "ffn_up_exps")}
+
+
+def unfused(gguf_name: str, arrays: dict | None = None) -> list[tuple[str, dict | None]]:
+    """[(name, arrays)] of a tensor's parts: a fused one's halves (split along its rows, codes, scales and
+    biases alike), else the tensor itself."""
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in FUSED:
+        return [(gguf_name, arrays)]
+    names = [".".join([*parts[:2], half, parts[3]]) for half in FUSED[parts[2]]]
+    if arrays is None:
+        return [(name, None) for name in names]
+    rows = next(iter(arrays.values())).shape[-2] // 2
+    return [(names[0], {k: a[..., :rows, :] for k, a in arrays.items()}),
+            (names[1], {k: a[..., rows:, :] for k, a in arrays.items()})]
+
+
+def trunk_layers(name: str, metadata: dict) -> int:
+    """The layers the model runs: block_count less any multi-token-prediction (nextn) blocks after them."""
+    return metadata.get(f"{name}.block_count", 0) - metadata.get(f"{name}.nextn_predict_layers", 0)
+
+
+def is_trunk(gguf_name: str, trunk: int) -> bool:
+    parts = gguf_name.split(".")
+    return parts[0] != "blk" or int(parts[1]) < trunk
 
 
 def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path,
@@ -270,11 +311,15 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
     return config
 
 
-def adapt_tensor(arch: Arch, gguf_name: str, array: mx.array) -> mx.array:
-    """Undo the converter's conventions on a loaded tensor (gemma: norms stored as 1 + w)."""
-    if arch.norm_plus_one and gguf_name.endswith("norm.weight") and mx.issubdtype(array.dtype, mx.floating):
-        return array.astype(mx.float32) - 1.0
-    return array
+def adapt_tensor(arch: Arch, gguf_name: str, arrays: dict, heads: delta_net.Heads | None) -> dict:
+    """Undo the converter's conventions on a loaded tensor's arrays (gemma: norms stored as 1 + w;
+    qwen35: gguf_delta_net.adapt, given the file's delta-net `heads`)."""
+    if heads is not None:
+        return delta_net.adapt(gguf_name, arrays, heads)
+    weight = arrays["weight"]
+    if arch.norm_plus_one and gguf_name.endswith("norm.weight") and mx.issubdtype(weight.dtype, mx.floating):
+        return arrays | {"weight": weight.astype(mx.float32) - 1.0}
+    return arrays
 
 
 class GeluTanhMLP(nn.Module):

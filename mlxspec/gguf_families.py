@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from . import gguf_delta_net
 from .errors import ModelLoadError
 
-PARTIAL_ROTARY = ("phi3", "glm4", "nemotron", "stablelm")  # rope on rope.dimension_count dims of each head
+PARTIAL_ROTARY = ("phi3", "glm4", "nemotron", "stablelm", *gguf_delta_net.ARCHS)  # rope on rope.dimension_count dims of each head
 
 
 @dataclass(frozen=True)
@@ -233,4 +234,5 @@ FAMILY_CONFIGS: dict[str, Callable[[File, dict], dict]] = {
     "exaone": lambda f, config: {"attention_bias": f.attention_bias},  # EXAONE 3.5 has none; the format allows them
     "nemotron": nemotron,
     "stablelm": stablelm,
+    **dict.fromkeys(gguf_delta_net.ARCHS, gguf_delta_net.config),
 }

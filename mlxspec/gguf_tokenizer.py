@@ -37,6 +37,10 @@ _LLAMA3 = (
     _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _QWEN2 = _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+# Qwen3.5: qwen2's, with combining marks (\p{M}) kept with their letters and out of punctuation runs
+_QWEN35 = (
+    _CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # o200k (gpt-oss, llama4): the tokenizer.json regex llama.cpp quotes (its own is a std::regex
 # approximation of it; the tokenizers library runs the original)
 _O200K = (
@@ -61,6 +65,7 @@ _PRE_TYPES = {
     "llama3": ([_LLAMA3], True),
     "dbrx": ([_LLAMA3], False),  # llama-3's regex without its ignore_merges and BOS (dbrx, smaug-bpe)
     "qwen2": ([_QWEN2], False),
+    "qwen35": ([_QWEN35], False),
     "gpt-4o": ([_O200K], False),
     "tekken": ([_TEKKEN], True),
 }
@@ -74,6 +79,7 @@ PRE_TOKENIZERS = {
     **dict.fromkeys(["qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"], "qwen2"),
     **dict.fromkeys(["gpt-4o", "llama4", "minimax-m2"], "gpt-4o"),
     "tekken": "tekken",
+    "qwen35": "qwen35",
 }
 # Pre-tokenizer types after which llama.cpp adds BOS unless the file says otherwise.
 BOS_BY_DEFAULT = {"llama3", "tekken"}

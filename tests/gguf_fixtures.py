@@ -133,7 +133,9 @@ def write_tiny_llama_gguf(
     MLP) or "qwen3moe"
     (qwen3 attention; an F32 router and stacked experts, dims.experts of them, in every layer),
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention), "granitemoe" (llama's attention,
-    qwen3moe's experts) or
+    qwen3moe's experts), "qwen35" / "qwen35moe" (Qwen3.5: delta-net layers, value heads in llama.cpp's tiled
+    order, gated attention every DELTA["interval"]-th layer; the MoE's shared expert with its gate vector;
+    "qwen35moe-fused": the experts' gate and up rows in one ffn_gate_up_exps) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
     biases, post_attention_norm before the experts; pass the window and YaRN keys in metadata), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
@@ -152,12 +154,12 @@ def write_tiny_llama_gguf(
     types = _tensor_types(len(tokens), qtype, embed_qtype, output_qtype, arch, type_overrides or {}, dims)
 
     # Mixtral: a llama file with experts; deepseek2-split: llama.cpp's newer deepseek2 layout (kv_b as k_b, v_b)
-    file_arch = {"mixtral": "llama", "deepseek2-split": "deepseek2"}.get(arch, arch)
+    file_arch = {"mixtral": "llama", "deepseek2-split": "deepseek2", "qwen35moe-fused": "qwen35moe"}.get(arch, arch)
     writer = gguf.GGUFWriter(str(path), file_arch)
     writer.add_name(f"tiny-{arch}-{qtype}")
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(dims.hidden)
-    writer.add_block_count(dims.layers)
+    writer.add_block_count(dims.layers + (metadata or {}).get("nextn_predict_layers", 0))  # qwen35: MTP blocks after
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
@@ -169,7 +171,8 @@ def write_tiny_llama_gguf(
     if dims.head_dim:
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
-    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "deepseek2-split", "qwen3vlmoe"):
+    if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "deepseek2-split", "qwen3vlmoe", "qwen35moe",
+                "qwen35moe-fused"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
@@ -177,6 +180,13 @@ def write_tiny_llama_gguf(
         keys = DEEPSEEK2_KEYS | (DEEPSEEK2_SPLIT_KEYS if arch == "deepseek2-split" else {})
         for key, value in keys.items():
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
+    if file_arch in ("qwen35", "qwen35moe"):  # the delta-net layers' sizes
+        d = DELTA
+        metadata = {"ssm.group_count": d["k_heads"], "ssm.time_step_rank": d["v_heads"], "ssm.state_size": d["k_dim"],
+                    "ssm.inner_size": d["v_heads"] * d["v_dim"], "ssm.conv_kernel": d["conv"],
+                    "full_attention_interval": d["interval"]} | (metadata or {})
+        if file_arch == "qwen35moe":
+            writer.add_uint32("qwen35moe.expert_shared_feed_forward_length", dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}[type(value)]
@@ -208,6 +218,8 @@ def write_tiny_llama_gguf(
         data = rng.standard_normal(shape).astype(np.float32) * (1.0 if len(shape) == 1 else shape[-1] ** -0.5)
         if name.endswith("norm.weight"):
             data = 1.0 + 0.1 * data
+        if name.endswith("ssm_a"):  # -exp(A_log): each head's state decays by exp(ssm_a * softplus(...)) a step
+            data = -np.exp(rng.uniform(-2.0, 0.5, shape)).astype(np.float32)
         _add_tensor(writer, name, data, types[name], rng)
 
     writer.write_header_to_file()
@@ -243,6 +255,9 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
             continue
         if arch in ("deepseek2", "deepseek2-split"):
             shapes |= _deepseek2_block(b, i, dims, split=arch == "deepseek2-split")
+            continue
+        if arch.startswith("qwen35"):  # qwen35moe-fused: its experts' gate and up rows in one tensor
+            shapes |= _qwen35_block(b, i, dims, moe=arch != "qwen35", fused=arch.endswith("-fused"))
             continue
         if arch == "phi3":
             shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
@@ -325,6 +340,37 @@ def _deepseek2_block(b: str, i: int, dims: Dims, split: bool = False) -> dict[st
                      f"{b}.ffn_down_shexp.weight": (hidden, sf)}
 
 
+# qwen35's gated delta-net layers: key heads, value heads (4 over 2: llama.cpp's tiled order matters), their
+# dims (a value head of 32: whole quantization groups), the conv width, and every 2nd layer full attention
+DELTA = dict(k_heads=2, v_heads=4, k_dim=16, v_dim=32, conv=4, interval=2)
+
+
+def _qwen35_block(b: str, i: int, dims: Dims, moe: bool, fused: bool = False) -> dict[str, tuple[int, ...]]:
+    """Qwen3.5's layout: a delta-net layer (fused q/k/v rows, the z gate, alpha/beta per value head, the conv,
+    A and dt, a gated norm) or a gated attention layer (q rows carry each head's gate), then the FFN."""
+    hidden, d, hd = dims.hidden, DELTA, dims.hd
+    shapes = {f"{b}.post_attention_norm.weight": (hidden,)}
+    if (i + 1) % d["interval"]:
+        conv, value, v = 2 * d["k_heads"] * d["k_dim"] + d["v_heads"] * d["v_dim"], d["v_heads"] * d["v_dim"], d["v_heads"]
+        shapes |= {f"{b}.attn_qkv.weight": (conv, hidden), f"{b}.attn_gate.weight": (value, hidden),
+                   f"{b}.ssm_conv1d.weight": (conv, d["conv"]), f"{b}.ssm_dt.bias": (v,), f"{b}.ssm_a": (v,),
+                   f"{b}.ssm_beta.weight": (v, hidden), f"{b}.ssm_alpha.weight": (v, hidden),
+                   f"{b}.ssm_norm.weight": (d["v_dim"],), f"{b}.ssm_out.weight": (hidden, value)}
+    else:
+        shapes |= {f"{b}.attn_q.weight": (2 * dims.heads * hd, hidden), f"{b}.attn_k.weight": (dims.kv_heads * hd, hidden),
+                   f"{b}.attn_v.weight": (dims.kv_heads * hd, hidden), f"{b}.attn_output.weight": (hidden, dims.heads * hd),
+                   f"{b}.attn_q_norm.weight": (hd,), f"{b}.attn_k_norm.weight": (hd,)}
+    if not moe:
+        return shapes | {f"{b}.ffn_gate.weight": (dims.ffn, hidden), f"{b}.ffn_up.weight": (dims.ffn, hidden),
+                         f"{b}.ffn_down.weight": (hidden, dims.ffn)}
+    e, f = dims.experts, dims.expert_ffn
+    experts = ({f"{b}.ffn_gate_up_exps.weight": (e, 2 * f, hidden)} if fused else
+               {f"{b}.ffn_gate_exps.weight": (e, f, hidden), f"{b}.ffn_up_exps.weight": (e, f, hidden)})
+    return shapes | experts | {f"{b}.ffn_gate_inp.weight": (e, hidden), f"{b}.ffn_down_exps.weight": (e, hidden, f),
+                     f"{b}.ffn_gate_shexp.weight": (f, hidden), f"{b}.ffn_up_shexp.weight": (f, hidden),
+                     f"{b}.ffn_down_shexp.weight": (hidden, f), f"{b}.ffn_gate_inp_shexp.weight": (hidden,)}
+
+
 def _gpt_oss_block(b: str, dims: Dims) -> dict[str, tuple[int, ...]]:
     hidden, q_rows, kv_rows = dims.hidden, dims.heads * dims.hd, dims.kv_heads * dims.hd
     e, f = dims.experts, dims.expert_ffn
@@ -344,7 +390,7 @@ def _tensor_types(vocab, qtype, embed_qtype, output_qtype, arch, overrides, dims
     types = {}
     for name, shape in _tensor_shapes(arch, vocab, output_qtype is not None, dims).items():
         # routers, norms and biases stay F32, as llama.cpp keeps them; gpt-oss experts come as MXFP4
-        plain = len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "norm.weight", ".bias"))
+        plain = len(shape) == 1 or name.endswith(("ffn_gate_inp.weight", "norm.weight", ".bias", "ssm_conv1d.weight"))
         types[name] = "F32" if plain else ("MXFP4" if arch == "gpt-oss" and "_exps." in name else qtype)
     types["token_embd.weight"] = embed_qtype or qtype
     if output_qtype is not None:

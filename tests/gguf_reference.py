@@ -20,7 +20,8 @@ import numpy as np
 import gguf
 
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
-              "exaone", "nemotron", "qwen2vl", "qwen25vl", "qwen3vl", "qwen3vlmoe", "stablelm")  # the VL models' M-RoPE on text: NEOX
+              "exaone", "nemotron", "qwen2vl", "qwen25vl", "qwen3vl", "qwen3vlmoe", "stablelm", "qwen35", "qwen35moe",
+              "qwen35moe-fused")  # the VL models' M-RoPE on text: NEOX
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Hparams:
     nope_step: int = 0  # smollm3: every nope_step-th layer takes no rope
     mla: tuple[int, int, int, int] | None = None  # deepseek2: (q/k no-rope dims, rope dims, v dims, kv latent rank)
     expert_scale: float = 1.0  # deepseek2: the routed experts' weights times this
+    delta: tuple[int, int, int, int] | None = None  # qwen35: its delta-net layers' (k heads, v heads, k dim, v dim)
+    tiled: bool = True  # qwen35: v head h reads k head h % k_heads (ggml's broadcast; grouped: h // (v / k))
+    layers: int | None = None  # the blocks to run (a file's MTP blocks come after them)
 
 
 def dequantized_weights(path) -> dict[str, np.ndarray]:
@@ -75,7 +79,7 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
     x = w["token_embd.weight"][tokens] * hp.embed_scale
     if gemma:
         x = x * np.sqrt(hp.hidden)
-    n_layers = 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
+    n_layers = hp.layers or 1 + max(int(k.split(".")[1]) for k in w if k.startswith("blk."))
     for i in range(n_layers):
         x = _block(w, f"blk.{i}.", hp, i, x)
     x = _norm(w, "output_norm", hp, x)
@@ -88,6 +92,8 @@ def forward(w: dict[str, np.ndarray], hp: Hparams, tokens: list[int]) -> np.ndar
 def _block(w, p, hp: Hparams, layer: int, x):
     if hp.mla is not None:
         return _mla_block(w, p, hp, x)
+    if hp.delta is not None:
+        return _qwen35_block(w, p, hp, x)
     T, hd = len(x), hp.head_dim
     olmo2 = hp.arch == "olmo2"  # no norm before attention or the MLP; q/k normed over whole projections
     h = x if olmo2 else _norm(w, p + "attn_norm", hp, x)
@@ -182,12 +188,72 @@ def _mla_block(w, p, hp: Hparams, x):
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
     out = np.einsum("hts,shd->thd", probs, kv[..., nope:]).reshape(T, -1) @ w[p + "attn_output.weight"].T
-    x = x + out
-    h = _rms(x, w[p + "ffn_norm.weight"], hp.eps)
+    return _swiglu_ffn(w, p, hp, x + out, "ffn_norm")
+
+
+def _qwen35_block(w, p, hp: Hparams, x):
+    """llama.cpp's qwen35 block: a delta-net or gated attention layer, then the FFN (or experts), each
+    after an RMS norm and added to the residual."""
+    h = _rms(x, w[p + "attn_norm.weight"], hp.eps)
+    x = x + (_delta_net(w, p, hp, h) if p + "ssm_a" in w else _gated_attention(w, p, hp, h))
+    return _swiglu_ffn(w, p, hp, x, "post_attention_norm")
+
+
+def _swiglu_ffn(w, p, hp: Hparams, x, norm: str):
+    """x plus the SwiGLU FFN (or the experts) of x after the RMS norm `norm`."""
+    h = _rms(x, w[p + norm + ".weight"], hp.eps)
     if p + "ffn_gate_inp.weight" in w:
         return x + _moe(w, p, hp, h)
     gate, up = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
     return x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
+
+
+def _gated_attention(w, p, hp: Hparams, h):
+    """Each head's q rows followed by its gate rows; q/k RMS-normed per head, NEOX rope on rope_dims, causal
+    softmax attention, the output times sigmoid(gate)."""
+    T, hd = len(h), hp.head_dim
+    qg = (h @ w[p + "attn_q.weight"].T).reshape(T, hp.heads, 2 * hd)
+    q, gate = _rms(qg[..., :hd], w[p + "attn_q_norm.weight"], hp.eps), qg[..., hd:].reshape(T, -1)
+    k = _rms((h @ w[p + "attn_k.weight"].T).reshape(T, hp.kv_heads, hd), w[p + "attn_k_norm.weight"], hp.eps)
+    v = (h @ w[p + "attn_v.weight"].T).reshape(T, hp.kv_heads, hd)
+    q, k = _rope(q, hp, hp.rope_base, 1.0), _rope(k, hp, hp.rope_base, 1.0)
+    scores = np.einsum("thd,shd->hts", q, np.repeat(k, hp.heads // hp.kv_heads, axis=1)) * hd**-0.5
+    pos = np.arange(T)
+    scores = np.where(pos[None, :] <= pos[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    out = np.einsum("hts,shd->thd", probs, np.repeat(v, hp.heads // hp.kv_heads, axis=1)).reshape(T, -1)
+    return (out / (1 + np.exp(-gate))) @ w[p + "attn_output.weight"].T
+
+
+def _delta_net(w, p, hp: Hparams, h):
+    """The gated delta rule as llama.cpp's graph runs it: q/k/v through a causal depthwise conv and SiLU, q/k
+    L2-normed (q also by 1/sqrt(k dim)); per v head a (k dim, v dim) state decayed by exp(softplus(alpha + dt)
+    * ssm_a), corrected towards v by beta = sigmoid(b), read by q; then an RMS norm times SiLU(z) and out."""
+    nk, nv, dk, dv = hp.delta
+    T = len(h)
+    qkv = h @ w[p + "attn_qkv.weight"].T  # (T, 2 nk dk + nv dv)
+    z = (h @ w[p + "attn_gate.weight"].T).reshape(T, nv, dv)
+    beta = 1 / (1 + np.exp(-(h @ w[p + "ssm_beta.weight"].T)))  # (T, nv)
+    decay = np.exp(np.logaddexp(0, h @ w[p + "ssm_alpha.weight"].T + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"])
+    kernel = w[p + "ssm_conv1d.weight"]  # (channels, width)
+    padded = np.concatenate([np.zeros((kernel.shape[1] - 1, qkv.shape[1])), qkv])
+    conv = sum(kernel[:, j] * padded[j : j + T] for j in range(kernel.shape[1]))
+    conv = conv / (1 + np.exp(-conv))
+    q, k = conv[:, : nk * dk].reshape(T, nk, dk), conv[:, nk * dk : 2 * nk * dk].reshape(T, nk, dk)
+    v = conv[:, 2 * nk * dk :].reshape(T, nv, dv)
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) * dk**-0.5
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    source = np.arange(nv) % nk if hp.tiled else np.arange(nv) // (nv // nk)
+    state, out = np.zeros((nv, dk, dv)), np.zeros((T, nv, dv))
+    for t in range(T):
+        qt, kt = q[t, source], k[t, source]  # (nv, dk)
+        state = state * decay[t][:, None, None]
+        delta = (v[t] - np.einsum("hk,hkv->hv", kt, state)) * beta[t][:, None]
+        state = state + kt[:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hk,hkv->hv", qt, state)
+    out = _rms(out, w[p + "ssm_norm.weight"], hp.eps) * (z / (1 + np.exp(-z)))
+    return out.reshape(T, -1) @ w[p + "ssm_out.weight"].T
 
 
 def _moe(w, p, hp: Hparams, h):
@@ -202,11 +268,17 @@ def _moe(w, p, hp: Hparams, h):
         chosen = np.argsort(-probs[t])[: hp.experts_used]
         weights = probs[t, chosen] / (probs[t, chosen].sum() if hp.norm_topk else 1.0) * hp.expert_scale
         for e, weight in zip(chosen, weights):
-            gate, up = w[p + "ffn_gate_exps.weight"][e] @ h[t], w[p + "ffn_up_exps.weight"][e] @ h[t]
+            if p + "ffn_gate_up_exps.weight" in w:  # fused: gate rows, then up rows
+                gate, up = np.split(w[p + "ffn_gate_up_exps.weight"][e] @ h[t], 2)
+            else:
+                gate, up = w[p + "ffn_gate_exps.weight"][e] @ h[t], w[p + "ffn_up_exps.weight"][e] @ h[t]
             out[t] += weight * (w[p + "ffn_down_exps.weight"][e] @ (gate / (1 + np.exp(-gate)) * up))
     if p + "ffn_gate_shexp.weight" in w:
         gate, up = h @ w[p + "ffn_gate_shexp.weight"].T, h @ w[p + "ffn_up_shexp.weight"].T
-        out += (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down_shexp.weight"].T
+        shared = (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down_shexp.weight"].T
+        if p + "ffn_gate_inp_shexp.weight" in w:  # qwen35moe: the shared expert's output times its sigmoid gate
+            shared = shared / (1 + np.exp(-(h @ w[p + "ffn_gate_inp_shexp.weight"].reshape(-1))))[:, None]
+        out += shared
     return out
 
 

@@ -44,6 +44,30 @@ def test_speculation_over_recurrent_layers_equals_plain(hybrid, k):
     assert rejected > 0  # rounds did restore and replay
 
 
+@pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
+def qwen35_gguf(request, tmp_path_factory):
+    """Qwen3.5 (dense, MoE) as a 4-bit GGUF in llama.cpp's layout: its projections run mlxspec's kernels."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    dims = Dims(layers=4, head_dim=32, rope_dims=8, experts=8, experts_used=3)
+    path = tmp_path_factory.mktemp(request.param) / f"{request.param}.gguf"
+    return str(write_tiny_llama_gguf(path, "Q4_0", arch=request.param, dims=dims, pre="qwen35"))
+
+
+def test_qwen35_gguf_speculates_exactly(qwen35_gguf):
+    plain, lookup = Engine.load(qwen35_gguf), Engine.load(qwen35_gguf, drafter="lookup")
+    swapped = plain.kernels["target"]["layers"]["swapped"]
+    assert sum(".linear_attn." in p for p in swapped) == 5 * 2  # q/k/v, z, a, b and out of both delta-net layers
+    accepted = rejected = 0
+    for k in (2, 7):
+        for prompt in PROMPTS:
+            tokens, stats = run(lookup, prompt, draft_length=k)
+            assert tokens == run(plain, prompt)[0], (k, prompt)
+            assert stats.exact
+            accepted, rejected = accepted + stats.accepted, rejected + stats.drafted - stats.accepted
+    assert accepted > 0 and rejected > 0  # kept drafts, and rounds that restored the recurrent states
+
+
 def test_snapshot_restores_a_recurrent_state(hybrid):
     model = Engine.load(hybrid).target.model
     cache = new_cache(model)

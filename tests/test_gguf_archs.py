@@ -38,6 +38,8 @@ DEEPSEEK2 = dict(arch="deepseek2", dims=Dims(experts=8, experts_used=3), output_
         yarn=(40.0, 4), yarn_magnitude=False,
         attn_scale=(1 + 0.1 * 0.707 * np.log(40.0)) ** 2 / (fx.MLA["nope"] + fx.MLA["rope"]) ** 0.5))
 
+QWEN35_DELTA = (fx.DELTA["k_heads"], fx.DELTA["v_heads"], fx.DELTA["k_dim"], fx.DELTA["v_dim"])
+
 CASES = {
     # Llama 3.x: rope scaling as the rope_freqs tensor, a high rope base.
     "llama3": dict(arch="llama", metadata={"rope.freq_base": 500000.0},
@@ -143,6 +145,20 @@ CASES = {
     # StableLM 2 1.6B: LayerNorms with biases, biased q/k/v, NEOX rope on a quarter of each head
     "stablelm": dict(arch="stablelm", pre="stablelm2", dims=Dims(rope_dims=4), output_qtype="Q8_0",
                      hp=dict(rope_dims=4)),
+    # Qwen3.5's layout, tiny: delta-net layers (4 value heads over 2 key heads, stored tiled) and gated attention
+    # every 2nd layer with NEOX rope on a quarter of each head; its pre-tokenizer
+    "qwen35": dict(arch="qwen35", dims=Dims(layers=4, head_dim=32, rope_dims=8), pre="qwen35", output_qtype="Q8_0",
+                   metadata={"rope.dimension_sections": [1, 1, 2, 0]}, hp=dict(rope_dims=8, delta=QWEN35_DELTA)),
+    # Qwen3.5/3.6 MoE (35B-A3B): the same layers, 8 experts a token (3 used) and a shared expert behind a sigmoid gate
+    "qwen35moe": dict(arch="qwen35moe", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3),
+                      hp=dict(rope_dims=8, delta=QWEN35_DELTA, experts_used=3)),
+    # ... with each layer's expert gate and up rows in one tensor (ffn_gate_up_exps), as llama.cpp also reads them
+    "qwen35moe-fused": dict(arch="qwen35moe-fused", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3),
+                            hp=dict(rope_dims=8, delta=QWEN35_DELTA, experts_used=3)),
+    # Qwen3.5 as llama.cpp's newer converter writes it: a multi-token-prediction block after the trunk, not run
+    "qwen35-mtp": dict(arch="qwen35", dims=Dims(head_dim=32, rope_dims=8), metadata={"nextn_predict_layers": 1},
+                       extra_tensors={"blk.2.attn_norm.weight": np.ones(64), "blk.2.nextn.eh_proj.weight": np.ones((64, 128))},
+                       hp=dict(rope_dims=8, delta=QWEN35_DELTA, layers=2)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,
                                                                  "attention.scale": 0.15, "logit_scale": 2.0},
@@ -180,6 +196,10 @@ TEETH = {
     "deepseek2-split": [dict(attn_scale=None), dict(arch="qwen2")],
     "nemotron": [dict(rope_dims=None)],  # whole-head rope (the loaded 1 + w norms and relu squared must match as they are)
     "granitemoe": [dict(residual_scale=1.0), dict(experts_used=2), dict(arch="qwen2"), dict(norm_topk=False)],  # rope on every layer; NEOX halves
+    "qwen35": [dict(tiled=False), dict(rope_dims=None), dict(arch="llama")],  # grouped heads; whole-head rope; pairs
+    "qwen35moe": [dict(tiled=False), dict(experts_used=2)],
+    "qwen35-mtp": [dict(tiled=False)],
+    "qwen35moe-fused": [dict(experts_used=2)],
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
 }
 
@@ -212,7 +232,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "deepseek2", "deepseek2-split", "qwen3moe", "mixtral", "gpt-oss", "granite",
-                                  "starcoder2", "mistral3", "olmo2"])
+                                  "starcoder2", "mistral3", "olmo2", "qwen35", "qwen35moe"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)
@@ -263,6 +283,18 @@ def test_configs(tmp_path):
 def test_unsupported_rope_scaling_refused(tmp_path, arch, extra, match):
     dims = Dims(rope_dims=12) if arch == "phi3" else Dims()
     path = write_tiny_llama_gguf(tmp_path / "long.gguf", "Q8_0", arch=arch, tokenizer="llama", dims=dims, **extra)
+    with pytest.raises(ModelLoadError, match=match):
+        load_gguf(path)
+
+
+@pytest.mark.parametrize("metadata, match", [
+    ({"ssm.inner_size": 4 * 24}, "value heads of 24 dims"),  # a head would split a quantization group
+    ({"ssm.time_step_rank": 3}, "3 delta-net value heads over 2 key heads"),
+    ({"ssm.group_count": 0}, "ssm.group_count is missing"),
+])
+def test_qwen35_head_layouts_mlxspec_cannot_move_refused(tmp_path, metadata, match):
+    path = write_tiny_llama_gguf(tmp_path / "q.gguf", "Q8_0", arch="qwen35", dims=Dims(head_dim=32, rope_dims=8),
+                                 metadata=metadata)
     with pytest.raises(ModelLoadError, match=match):
         load_gguf(path)
 

@@ -18,6 +18,7 @@ from mlxspec.gguf_tokenizer import _PRE_TYPES, PRE_TOKENIZERS, build_backend, se
 TEXTS = [
     "Hello's world!! It'S 12345 apples,\n\n  x+=1 \t",
     "naïve café — “quotes” 🙂 日本語 ١٢٣",
+    "cafe\u0301 \u0915\u093f\u0928\u093e\u0930\u093e e\u0301\u0301!",  # combining marks (qwen35 keeps them)
     "def f(a, b):\n    return a**2 + b  # I'd say so\r\n",
 ]
 
@@ -71,6 +72,18 @@ def test_tekken_splits_case_runs_and_single_digits():
     """Mistral's tekken: o200k's letter runs without its contractions, digits one by one."""
     pieces = [p for p, _ in build_backend(gpt2_vocab("tekken"), "t").pre_tokenizer.pre_tokenize_str(" It'S 12345")]
     assert pieces == ["ĠIt", "'S", "Ġ", "1", "2", "3", "4", "5"]
+
+
+def test_qwen35_keeps_combining_marks_with_their_letters():
+    """Qwen3.5's pre-tokenizer is qwen2's with \\p{M} among the letters: a decomposed "é" (e + U+0301)
+    and a Devanagari vowel sign stay in their words, where qwen2 splits the mark off as punctuation."""
+    def split(pre, text):
+        return [p for p, _ in build_backend(gpt2_vocab(pre), "t").pre_tokenizer.pre_tokenize_str(text)]
+
+    text = " cafe\u0301 \u0915\u093f"
+    spelled = lambda s: "".join(fx._bytes_to_unicode()[b] for b in s.encode())  # noqa: E731
+    assert split("qwen35", text) == [spelled(" cafe\u0301"), spelled(" \u0915\u093f")]
+    assert split("qwen2", text) == [spelled(" cafe"), spelled("\u0301"), spelled(" \u0915"), spelled("\u093f")]
 
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "tekken"])

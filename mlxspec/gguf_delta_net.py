@@ -1,0 +1,135 @@
+"""Qwen3.5 / Qwen3.6 GGUFs (llama.cpp's `qwen35` and `qwen35moe`) on mlx-lm's qwen3_5 module.
+
+Three of every four layers are gated delta-net layers (linear attention with a recurrent state),
+the fourth gated full attention. What llama.cpp's converter (conversion/qwen.py) changed, undone here:
+- A_log is stored as ssm_a = -exp(A_log), dt_bias as ssm_dt.bias, the conv kernel squeezed to
+  (channels, width): mlx-lm's Conv1d wants (channels, width, 1).
+- V heads are reordered from grouped by K head (Hugging Face's order; mlx-lm repeats each k head
+  over its r = nv / nk v heads) to tiled (ggml's broadcast): tiled head j * nk + g is grouped head
+  g * r + j. That touches the V rows of attn_qkv and the conv kernel, the rows of attn_gate,
+  ssm_alpha and ssm_beta, ssm_a and ssm_dt, and the columns of ssm_out. Whole heads move, and a V head
+  is a multiple of 32 values, so quantized rows and column groups move without touching a code.
+- Norm weights are stored as 1 + w (all but the gated norm), which mlx-lm's module multiplies by as
+  they are (its sanitize adds the 1 to Hugging Face's weights only).
+- Multi-token-prediction (nextn) blocks come after the trunk's layers; gguf_archs skips them.
+The attention layers' rope is M-RoPE, whose sections all carry a text token's one position: NEOX rope
+on the first rope.dimension_count dims of each head. Ollama's own converter layout was not checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from .errors import ModelLoadError
+from .gguf_quants import GROUP
+
+ARCHS = ("qwen35", "qwen35moe")
+BLOCK = {  # GGUF block tensor -> mlx-lm qwen3_5 name (attention layers: gguf_archs' llama names and q/k norms)
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "ssm_dt": "linear_attn.dt_bias",  # "blk.N.ssm_dt.bias": a parameter
+    "ssm_a": "linear_attn.A_log",  # "blk.N.ssm_a", no suffix: a parameter
+}
+MOE_BLOCK = {
+    "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.switch_mlp.gate_proj",
+    "ffn_up_exps": "mlp.switch_mlp.up_proj",
+    "ffn_down_exps": "mlp.switch_mlp.down_proj",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+}
+PARAMETERS = ("linear_attn.dt_bias", "linear_attn.A_log")
+
+
+@dataclass(frozen=True)
+class Heads:
+    k_heads: int  # ssm.group_count
+    v_heads: int  # ssm.time_step_rank
+    k_dim: int  # ssm.state_size
+    v_dim: int  # ssm.inner_size / v_heads
+
+    @classmethod
+    def from_metadata(cls, name: str, metadata: dict, path: Path) -> Heads:
+        keys = [f"{name}.ssm.{key}" for key in ("group_count", "time_step_rank", "state_size", "inner_size")]
+        missing = [key for key in keys if not metadata.get(key)]
+        if missing:
+            raise ModelLoadError(f"{path.name}: metadata key {missing[0]} is missing")
+        k_heads, v_heads, k_dim, inner = (metadata[key] for key in keys)
+        if v_heads % k_heads or inner % v_heads:
+            raise ModelLoadError(f"{path.name}: {v_heads} delta-net value heads over {k_heads} key heads "
+                                 f"({inner} values) is not supported")
+        if (inner // v_heads) % GROUP:  # heads move as whole quantization groups
+            raise ModelLoadError(f"{path.name}: delta-net value heads of {inner // v_heads} dims "
+                                 f"(not a multiple of {GROUP}) are not supported")
+        return cls(k_heads, v_heads, k_dim, inner // v_heads)
+
+    def grouped(self) -> mx.array:
+        """Index of each grouped head's tiled position: grouped head g * r + j sits at j * nk + g."""
+        r = self.v_heads // self.k_heads
+        return mx.arange(self.v_heads).reshape(r, self.k_heads).T.reshape(-1)
+
+
+def config(f, config: dict) -> dict:
+    """mlx-lm's qwen3_5 / qwen3_5_moe config (a flat one: its ModelArgs takes it as the text config). The
+    head sizes were checked when the tensors were read (Heads.from_metadata)."""
+    get = f.get
+    k_heads, v_heads, inner = get("ssm.group_count"), get("ssm.time_step_rank"), get("ssm.inner_size")
+    layers = config["num_hidden_layers"] - get("nextn_predict_layers", 0)
+    partial = get("rope.dimension_count", config["head_dim"]) / config["head_dim"]
+    extra = {
+        "num_hidden_layers": layers, "full_attention_interval": get("full_attention_interval", 4),
+        "linear_num_key_heads": k_heads, "linear_num_value_heads": v_heads,
+        "linear_key_head_dim": get("ssm.state_size"), "linear_value_head_dim": inner // v_heads,
+        "linear_conv_kernel_dim": get("ssm.conv_kernel"), "partial_rotary_factor": partial,
+        "rope_parameters": {"type": "default", "rope_theta": config["rope_theta"], "partial_rotary_factor": partial},
+    }
+    if f.name == "qwen35moe":
+        extra |= {"num_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
+                  "moe_intermediate_size": get("expert_feed_forward_length"),
+                  "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
+                  "decoder_sparse_step": 1, "norm_topk_prob": True}
+    return extra
+
+
+def adapt(gguf_name: str, arrays: dict, heads: Heads) -> dict:
+    """One converted tensor (MLX arrays: weight, and scales/biases when quantized) back in the layout
+    mlx-lm's qwen3_5 reads; other tensors pass through."""
+    parts = gguf_name.split(".")
+    role = parts[2] if parts[0] == "blk" else None
+    order = heads.grouped() if heads.v_heads != heads.k_heads else None
+    qk_rows = 2 * heads.k_heads * heads.k_dim
+    if role in ("attn_qkv", "ssm_conv1d") and order is not None:  # q and k rows stay; v rows move by head
+        rows = mx.concatenate([mx.arange(qk_rows), qk_rows + _head_rows(order, heads.v_dim)])
+        arrays = {key: a[rows] for key, a in arrays.items()}
+    elif role in ("attn_gate", "ssm_alpha", "ssm_beta", "ssm_a", "ssm_dt") and order is not None:
+        size = heads.v_dim if role == "attn_gate" else 1
+        arrays = {key: a[_head_rows(order, size)] for key, a in arrays.items()}
+    elif role == "ssm_out" and order is not None:  # columns: each head an equal share of every packed row
+        arrays = {key: _move_column_heads(a, order) for key, a in arrays.items()}
+    if role == "ssm_a":
+        return {"weight": mx.log(-arrays["weight"].astype(mx.float32))}
+    if role == "ssm_conv1d":
+        return {"weight": arrays["weight"][..., None]}
+    if role == "ffn_gate_inp_shexp":  # a vector in the file; mlx-lm's gate is a Linear to one output
+        return {key: a.reshape(1, -1) for key, a in arrays.items()}
+    return arrays
+
+
+def _head_rows(order: mx.array, size: int) -> mx.array:
+    return (order[:, None] * size + mx.arange(size)[None, :]).reshape(-1)
+
+
+def _move_column_heads(a: mx.array, order: mx.array) -> mx.array:
+    rows, cols = a.shape
+    return a.reshape(rows, order.size, cols // order.size)[:, order].reshape(rows, cols)
