@@ -151,7 +151,7 @@ class Engine:
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
-                             compiled=settings.compile_steps())
+                             compiled=settings.compile_steps(), target_file=tgt.path if loading.is_gguf(tgt) else None)
         if kernels:
             from .kernels import install_kernels
 

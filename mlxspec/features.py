@@ -21,7 +21,11 @@ def target_forward(model: nn.Module, x: mx.array, cache: list | None = None) -> 
 
 
 def head(model: nn.Module):
-    """The output projection, chosen as mlx-lm does: the tied embedding, else lm_head."""
+    """The output projection, chosen as mlx-lm does: the tied embedding, else lm_head (a wrapper's, qwen3_5's,
+    from its text model)."""
+    inner = getattr(model, "language_model", None)
+    if isinstance(inner, nn.Module):
+        return head(inner)
     if getattr(getattr(model, "args", None), "tie_word_embeddings", False) or "lm_head" not in model:
         return model.model.embed_tokens.as_linear
     return model.lm_head

@@ -136,6 +136,31 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
     return weights, reports, rope_tensors
 
 
+def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict, dict[str, dict]] | None:
+    """A file's first multi-token-prediction block, the one past its trunk (a drafter trained with the model):
+    (architecture name, Arch, metadata, {tensor name within the block, e.g. "attn_q.weight" or
+    "nextn.eh_proj.weight": converted MLX arrays}); None when the file has none."""
+    path = Path(path)
+    header = translate(read_header(path))
+    _check_types(header)
+    name, arch = archs.arch_for(header.metadata, path)
+    prefix = f"blk.{archs.trunk_layers(name, header.metadata)}."
+    tensors = [t for t in header.tensors if t.name.startswith(prefix)]
+    if not header.metadata.get(f"{name}.nextn_predict_layers") or not tensors:
+        return None
+    heads = delta_net.Heads.from_metadata(name, header.metadata, header.path) if name in delta_net.ARCHS else None
+    data = np.memmap(header.path, dtype=np.uint8, mode="r")
+    block = {}
+    for t in tensors:
+        arrays, _ = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
+        for part_name, part in archs.unfused(t.name, arrays):
+            part = archs.adapt_tensor(arch, part_name, part, heads)
+            mx.eval(list(part.values()))  # before the file's memory map goes
+            block[part_name[len(prefix):]] = part
+    del data
+    return name, arch, header.metadata, block
+
+
 def _mla_part(arch: archs.Arch, name: str) -> bool:
     """llama.cpp's newer deepseek2 layout: each layer's kv_b as attn_k_b (transposed per head) and attn_v_b."""
     return arch.model_type == "deepseek_v2" and name.startswith("blk.") and name.split(".")[2] in ("attn_k_b", "attn_v_b")
@@ -176,7 +201,7 @@ def conversion_summary(reports: dict[str, TensorReport]) -> dict:
     return {"exact": dict(exact), "requantized": requantized}
 
 
-def _layer_quantization(weights: dict, layer: str) -> dict | None:
+def layer_quantization(weights: dict, layer: str) -> dict | None:
     """{"group_size": 32, "bits": b} for a layer that arrived quantized (and "mode": "mxfp4" for
     MXFP4's exponent scales, which come without biases), else None.
 
@@ -194,7 +219,7 @@ def _quantization_config(weights: dict) -> dict | None:
     """mlx-lm's "quantization" config: the commonest setting, plus per-layer entries where a layer
     differs (a dict, or False for a plain one), the form mlx-lm's own loader reads back."""
     layers = sorted({k.rsplit(".", 1)[0] for k in weights if k.endswith(".weight") and weights[k].ndim >= 2})
-    settings = {layer: _layer_quantization(weights, layer) for layer in layers}
+    settings = {layer: layer_quantization(weights, layer) for layer in layers}
     counts = Counter((q["group_size"], q["bits"]) for q in settings.values() if q)
     if not counts:
         return None
@@ -218,7 +243,7 @@ def _build_model(arch: archs.Arch, config: dict, weights: dict, path: Path) -> n
     # Quantize exactly the layers that arrived quantized, each with its own bits (a quantized
     # token table becomes a QuantizedEmbedding, which also serves as the tied head via as_linear).
     def arrived_quantized(layer_path: str, module: nn.Module) -> dict | bool:
-        return hasattr(module, "to_quantized") and _layer_quantization(weights, layer_path) or False
+        return hasattr(module, "to_quantized") and layer_quantization(weights, layer_path) or False
 
     nn.quantize(model, class_predicate=arrived_quantized)
     try:

@@ -36,6 +36,7 @@ class Dims:
     experts: int = 8  # qwen3moe only: experts per layer, used per token, each one's FFN width
     experts_used: int = 2
     expert_ffn: int = 64
+    nextn: int = 0  # qwen35: multi-token-prediction blocks after the layers (nextn_predict_layers)
 
     @property
     def hd(self) -> int:
@@ -159,7 +160,7 @@ def write_tiny_llama_gguf(
     writer.add_name(f"tiny-{arch}-{qtype}")
     writer.add_context_length(CONTEXT)
     writer.add_embedding_length(dims.hidden)
-    writer.add_block_count(dims.layers + (metadata or {}).get("nextn_predict_layers", 0))  # qwen35: MTP blocks after
+    writer.add_block_count(dims.layers + dims.nextn)  # qwen35: its MTP blocks after the layers
     writer.add_feed_forward_length(dims.expert_ffn if arch == "mixtral" else dims.ffn)  # Mixtral's: an expert's
     writer.add_head_count(dims.heads)
     writer.add_head_count_kv(dims.kv_heads)
@@ -184,7 +185,7 @@ def write_tiny_llama_gguf(
         d = DELTA
         metadata = {"ssm.group_count": d["k_heads"], "ssm.time_step_rank": d["v_heads"], "ssm.state_size": d["k_dim"],
                     "ssm.inner_size": d["v_heads"] * d["v_dim"], "ssm.conv_kernel": d["conv"],
-                    "full_attention_interval": d["interval"]} | (metadata or {})
+                    "full_attention_interval": d["interval"]} | ({"nextn_predict_layers": dims.nextn} if dims.nextn else {}) | (metadata or {})
         if file_arch == "qwen35moe":
             writer.add_uint32("qwen35moe.expert_shared_feed_forward_length", dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
@@ -301,6 +302,11 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         shapes[f"{b}.ffn_down.weight"] = (hidden, dims.ffn)
         if arch in ("gemma2", "gemma3", "olmo2", "glm4"):
             shapes[f"{b}.post_ffw_norm.weight"] = (hidden,)
+    for i in range(dims.layers, dims.layers + dims.nextn):  # qwen35's MTP: an attention block and its own tensors
+        b = f"blk.{i}"
+        shapes |= {f"{b}.attn_norm.weight": (hidden,)} | _qwen35_block(b, DELTA["interval"] - 1, dims, moe=arch != "qwen35")
+        shapes |= {f"{b}.nextn.eh_proj.weight": (hidden, 2 * hidden), f"{b}.nextn.enorm.weight": (hidden,),
+                   f"{b}.nextn.hnorm.weight": (hidden,), f"{b}.nextn.shared_head_norm.weight": (hidden,)}
     shapes["output_norm.weight"] = (hidden,)
     if arch in ("starcoder2", "nemotron", "stablelm"):
         shapes["output_norm.bias"] = (hidden,)

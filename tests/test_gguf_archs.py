@@ -156,8 +156,7 @@ CASES = {
     "qwen35moe-fused": dict(arch="qwen35moe-fused", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3),
                             hp=dict(rope_dims=8, delta=QWEN35_DELTA, experts_used=3)),
     # Qwen3.5 as llama.cpp's newer converter writes it: a multi-token-prediction block after the trunk, not run
-    "qwen35-mtp": dict(arch="qwen35", dims=Dims(head_dim=32, rope_dims=8), metadata={"nextn_predict_layers": 1},
-                       extra_tensors={"blk.2.attn_norm.weight": np.ones(64), "blk.2.nextn.eh_proj.weight": np.ones((64, 128))},
+    "qwen35-mtp": dict(arch="qwen35", dims=Dims(head_dim=32, rope_dims=8, nextn=1),
                        hp=dict(rope_dims=8, delta=QWEN35_DELTA, layers=2)),
     # IBM Granite 3.x (dense): llama's tensors and rope, four scales from the metadata.
     "granite": dict(arch="granite", tokenizer="llama", metadata={"embedding_scale": 12.0, "residual_scale": 0.5,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..errors import MlxspecError
 
 ENGINE, MLX_LM, MLX_LM_SPECULATIVE = "mlxspec", "mlx-lm", "mlx-lm-speculative"
-DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa", "eagle")
+DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa", "eagle", "mtp")
 PLAIN = "plain"
 
 
@@ -19,7 +19,7 @@ PLAIN = "plain"
 class Config:
     label: str  # unique, shown in the table and chart
     runner: str  # ENGINE, MLX_LM or MLX_LM_SPECULATIVE
-    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME, eagle:NAME
+    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME, eagle:NAME, mtp
     k: int = 0  # draft length (the maximum, when adaptive)
     adaptive: bool = False
 

@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from ..drafters import make_drafter
 from ..engine import Engine
-from ..loading import LoadedModel
+from ..loading import LoadedModel, is_gguf
 from ..options import GenerateOptions
 from ..settings import DecodeSettings
 from ..stats import Stats
@@ -93,7 +93,8 @@ class Runners:
     def _build(self, drafter: str) -> Engine:
         draft = self.draft if drafter.startswith("draft-model") else None
         built = make_drafter(drafter, self.target.model, draft.model if draft else None,
-                             compiled=self.settings.compile_steps())
+                             compiled=self.settings.compile_steps(),
+                             target_file=self.target.path if is_gguf(self.target) else None)
         return Engine(self.target, built, draft, settings=self.settings)
 
     def run(self, config: Config, ids: list[int], max_tokens: int, cold: bool = True) -> Run:

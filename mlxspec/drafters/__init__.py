@@ -1,7 +1,7 @@
 """Drafters: everything that can guess the target's next tokens behind one `propose` interface."""
 
 from .base import Draft, Drafter, FeatureTap, NoDrafter
-from .eagle import EagleDrafter
+from .eagle import EagleDrafter, MtpDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
 from .ngram_memory import NgramMemory
@@ -10,7 +10,8 @@ from .selfdraft import EarlyExitDrafter
 
 # Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half);
 # medusa and eagle take their file: "eagle:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "eagle:PATH".
-DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle")
+# mtp: the model's own multi-token-prediction block (Qwen3.5's GGUFs carry one).
+DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle", "mtp")
 LEARNED = ("medusa", "eagle")  # drafters trained by `mlxspec train-drafter`, named by their file
 
 
@@ -30,10 +31,11 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
 
 
 def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, lookup_memory: int | None = None,
-                 compiled: bool = False) -> Drafter:
+                 compiled: bool = False, target_file=None) -> Drafter:
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `lookup_memory`:
     output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
-    draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py)."""
+    draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py); `target_file`:
+    the GGUF the target was read from (mtp reads its block there), None for other models."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
@@ -50,6 +52,8 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, loo
         return MedusaDrafter(target, arg)
     if kind == "eagle":
         return EagleDrafter(target, arg, compiled=compiled)
+    if kind == "mtp":
+        return MtpDrafter(target, target_file, compiled=compiled)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence, compiled)
     return NoDrafter()
@@ -66,6 +70,7 @@ __all__ = [
     "EarlyExitDrafter",
     "LookupDrafter",
     "MedusaDrafter",
+    "MtpDrafter",
     "ModelDrafter",
     "NoDrafter",
     "check_compatible",

