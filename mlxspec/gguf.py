@@ -109,7 +109,7 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
     past the trunk (multi-token prediction: a drafter the model ships) are not read."""
     trunk = archs.trunk_layers(name, header.metadata)
     wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES) and archs.is_trunk(t.name, trunk)]
-    heads = delta_net.Heads.from_metadata(name, header.metadata, header.path) if name in delta_net.ARCHS else None
+    heads = delta_net.Heads.from_header(name, header) if name in delta_net.ARCHS else None
     unknown = [t.name for t in wanted if any(archs.mlx_name(arch, n) is None for n, _ in archs.unfused(t.name))
                and t.name not in ROPE_TENSORS and not _mla_part(arch, t.name)]
     if unknown:  # e.g. another MoE layout: not a model we can run right
@@ -148,7 +148,7 @@ def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict, dict[str,
     tensors = [t for t in header.tensors if t.name.startswith(prefix)]
     if not header.metadata.get(f"{name}.nextn_predict_layers") or not tensors:
         return None
-    heads = delta_net.Heads.from_metadata(name, header.metadata, header.path) if name in delta_net.ARCHS else None
+    heads = delta_net.Heads.from_header(name, header) if name in delta_net.ARCHS else None
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     block = {}
     for t in tensors:

@@ -11,9 +11,11 @@ the fourth gated full attention. What llama.cpp's converter (conversion/qwen.py)
   is a multiple of 32 values, so quantized rows and column groups move without touching a code.
 - Norm weights are stored as 1 + w (all but the gated norm), which mlx-lm's module multiplies by as
   they are (its sanitize adds the 1 to Hugging Face's weights only).
-- Multi-token-prediction (nextn) blocks come after the trunk's layers; gguf_archs skips them.
+- Multi-token-prediction (nextn) blocks come after the trunk's layers; gguf_archs skips them (the mtp
+  drafter reads them: heads/mtp.py).
 The attention layers' rope is M-RoPE, whose sections all carry a text token's one position: NEOX rope
-on the first rope.dimension_count dims of each head. Ollama's own converter layout was not checked.
+on the first rope.dimension_count dims of each head. Ollama's own converter writes another layout
+(alpha and beta fused in ssm_ba, Hugging Face's value-head order, per-layer KV head counts): refused.
 """
 
 from __future__ import annotations
@@ -58,6 +60,16 @@ class Heads:
     v_heads: int  # ssm.time_step_rank
     k_dim: int  # ssm.state_size
     v_dim: int  # ssm.inner_size / v_heads
+
+    @classmethod
+    def from_header(cls, name: str, header) -> Heads:
+        """The file's delta-net head sizes; Ollama's own conversion of Qwen3.5 is refused by name: it fuses
+        alpha and beta (ssm_ba), keeps Hugging Face's value-head order and writes other keys, and no blob of
+        it was at hand to check a translation against."""
+        if any(t.name.endswith(".ssm_ba.weight") for t in header.tensors):
+            raise ModelLoadError(f"{header.path.name}: Ollama's own conversion of Qwen3.5 (fused ssm_ba) is not "
+                                 "supported; use a GGUF made by llama.cpp's converter (e.g. unsloth's or bartowski's)")
+        return cls.from_metadata(name, header.metadata, header.path)
 
     @classmethod
     def from_metadata(cls, name: str, metadata: dict, path: Path) -> Heads:

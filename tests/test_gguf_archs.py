@@ -298,6 +298,15 @@ def test_qwen35_head_layouts_mlxspec_cannot_move_refused(tmp_path, metadata, mat
         load_gguf(path)
 
 
+def test_ollamas_own_qwen35_layout_refused_by_name(tmp_path):
+    """Ollama's converter fuses beta and alpha into ssm_ba (and keeps Hugging Face's head order): not read as
+    llama.cpp's, which would run scrambled heads."""
+    path = write_tiny_llama_gguf(tmp_path / "q.gguf", "Q8_0", arch="qwen35", dims=Dims(head_dim=32, rope_dims=8),
+                                 extra_tensors={"blk.0.ssm_ba.weight": np.zeros((8, 64))})
+    with pytest.raises(ModelLoadError, match="Ollama's own conversion of Qwen3.5"):
+        load_gguf(path)
+
+
 def test_rope_freqs_of_wrong_size_refused(tmp_path):
     path = write_tiny_llama_gguf(tmp_path / "bad.gguf", "Q8_0", extra_tensors={"rope_freqs.weight": np.ones(5)})
     with pytest.raises(ModelLoadError, match="rope_freqs"):
