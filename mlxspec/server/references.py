@@ -1,6 +1,7 @@
 """What `from` and `draft` may name in /api/create over HTTP.
 
-Store names, shipped names, `ollama:` names (Ollama's store) and Hugging Face repo ids always work.
+Store names, shipped names, `ollama:` names (Ollama's store), Hugging Face repo ids and hf.co/ORG/REPO[:QUANT]
+GGUF references always work.
 A local path reads the daemon's disk on the caller's behalf, so it must be absolute, lie under
 MLXSPEC_MODEL_DIRS (or come from the CLI of the same user, which proves it by sending the key in
 MLXSPEC_HOME/local.key), and be a model: a .gguf file or a directory with config.json and weights,
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from .. import loading
 from ..errors import ModelLoadError
+from ..hub_gguf import is_reference as is_hub_gguf
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, Store, is_name
 from .requests import ApiError
@@ -32,8 +34,8 @@ def resolve_for_http(store: Store, ref: str, what: str, model_dirs: list[Path], 
         _check_package_model(ref, what)
         return Manifest(target=ref)
     if not ref.startswith(("/", "~")):  # over HTTP a relative path means nothing: the daemon's cwd
-        if loading.REPO_ID.match(ref):
-            return Manifest(target=ref)
+        if loading.REPO_ID.match(ref) or is_hub_gguf(ref):
+            return Manifest(target=ref.strip())
         raise ApiError(404, f"{what} {_short(ref)} not found: not a stored model, an absolute path nor a repo id")
     return Manifest(target=str(_local_model(ref, what, model_dirs, trusted)))
 

@@ -119,3 +119,41 @@ def test_a_client_that_leaves_abandons_the_pull(hub, tiny_llama, daemon):
     time.sleep(3)  # longer than the slow download takes
     assert "acme/slow-two:latest" not in {m.model for m in client.list().models}
     assert not Store(daemon.home).exists("acme/slow-two")
+
+
+@pytest.fixture(scope="module")
+def gguf_repo(hub, tmp_path_factory):
+    """A GGUF repo as people publish them: two quantizations, a vision projector, a README."""
+    from gguf_fixtures import write_tiny_llama_gguf
+
+    folder = tmp_path_factory.mktemp("gguf-repo")
+    write_tiny_llama_gguf(folder / "Tiny-Q8_0.gguf", "Q8_0")
+    write_tiny_llama_gguf(folder / "Tiny-Q4_0.gguf", "Q4_0")
+    (folder / "mmproj-Tiny-F16.gguf").write_bytes(b"not the model")
+    (folder / "README.md").write_text("tiny")
+    hub.fake.add("acme/Tiny-GGUF", folder)
+    return "acme/Tiny-GGUF"
+
+
+def test_pull_a_gguf_from_a_hub_repo_by_quantization(daemon, gguf_repo):
+    """Ollama's hf.co/ORG/REPO:QUANT: the file of that quantization is fetched (not the repo), stored as
+    org/repo:quant; no tag picks Ollama's default or the nearest (Q4_0 here); a missing one is named."""
+    client = ollama.Client(host=daemon.url)
+    assert client.pull(f"hf.co/{gguf_repo}:Q8_0").status == "success"
+    store = Store(daemon.home)
+    assert store.get("acme/tiny-gguf:q8_0").target == f"hf.co/{gguf_repo}:Q8_0"
+    snapshot = next((daemon.home.parent / "hf" / "hub").glob("models--acme--Tiny-GGUF/snapshots/*"))
+    assert sorted(p.name for p in snapshot.iterdir()) == ["Tiny-Q8_0.gguf"]
+    out = client.generate(model="acme/tiny-gguf:q8_0", prompt="Hi", options={"num_predict": 4})
+    assert out.eval_count == 4
+    assert client.show("acme/tiny-gguf:q8_0").modelinfo["general.architecture"] == "llama"
+
+    same = client.generate(model=f"hf.co/{gguf_repo}:Q8_0", prompt="Hi", options={"num_predict": 4})  # as Ollama
+    assert same.response == out.response
+    with pytest.raises(ollama.ResponseError, match="try pulling it first"):
+        client.generate(model=f"hf.co/{gguf_repo}", prompt="Hi")
+    assert client.pull(f"hf.co/{gguf_repo}").status == "success"  # no tag: Q4_K_M, else the nearest (Q4_0)
+    assert (snapshot / "Tiny-Q4_0.gguf").is_file() and store.get("acme/tiny-gguf:latest").target == f"hf.co/{gguf_repo}"
+    with pytest.raises(ollama.ResponseError, match=r"has no Q2_K GGUF \(it has: Q4_0, Q8_0\)"):
+        client.pull(f"hf.co/{gguf_repo}:Q2_K")
+    assert not store.exists("acme/tiny-gguf:q2_k")
