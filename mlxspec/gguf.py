@@ -125,8 +125,8 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
         if archs.mlx_name(arch, t.name) is None and t.name in ROPE_TENSORS:  # the model's rope (gguf_rope.py)
             rope_tensors[t.name] = arrays["weight"]
             continue
-        for name, part in archs.unfused(t.name, arrays):
-            target, part = archs.mlx_name(arch, name), archs.adapt_tensor(arch, name, part, heads)
+        for part_name, part in archs.unfused(t.name, arrays):
+            target, part = archs.mlx_name(arch, part_name), archs.adapt_tensor(arch, part_name, part, heads)
             mx.eval(list(part.values()))
             stem = target.rsplit(".", 1)[0]
             for key, array in part.items():
@@ -136,10 +136,10 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
     return weights, reports, rope_tensors
 
 
-def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict, dict[str, dict]] | None:
+def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict[str, dict]] | None:
     """A file's first multi-token-prediction block, the one past its trunk (a drafter trained with the model):
-    (architecture name, Arch, metadata, {tensor name within the block, e.g. "attn_q.weight" or
-    "nextn.eh_proj.weight": converted MLX arrays}); None when the file has none."""
+    (architecture name, Arch, {tensor name within the block, e.g. "attn_q.weight" or "nextn.eh_proj.weight":
+    converted MLX arrays}); None when the file has none."""
     path = Path(path)
     header = translate(read_header(path))
     _check_types(header)
@@ -158,7 +158,7 @@ def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict, dict[str,
             mx.eval(list(part.values()))  # before the file's memory map goes
             block[part_name[len(prefix):]] = part
     del data
-    return name, arch, header.metadata, block
+    return name, arch, block
 
 
 def _mla_part(arch: archs.Arch, name: str) -> bool:

@@ -375,8 +375,7 @@ class Store:
         if is_repo_id(base):
             parse_name(name)  # the store name must be valid too
             return Manifest(target=base)
-        if hub_gguf.is_reference(name):
-            hub_gguf.parse(name)
+        if hub_gguf.is_reference(name):  # stored under its org/repo:quant (parse_name)
             return Manifest(target=name.strip())
         known = ", ".join(self.shipped_names()) or "none"
         raise ModelNotFoundError(
@@ -395,7 +394,7 @@ class Store:
             return manifest.target  # in Ollama's store already; mlxspec writes nothing for it
         for ref in manifest.refs():
             fetch(ref, progress, self.ollama)
-        return self.save(hub_name(name) if hub_gguf.is_reference(name) else name, manifest)
+        return self.save(name, manifest)
 
     def load_engine(self, manifest: Manifest) -> Engine:
         """The Engine a manifest describes, `ollama:` references read from this store's Ollama store."""

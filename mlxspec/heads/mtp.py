@@ -60,7 +60,7 @@ def from_gguf(path: Path, target: nn.Module) -> MtpHead:
     if found is None:
         raise MlxspecError(f"{path.name} carries no multi-token-prediction block (nextn_predict_layers): the mtp "
                            "drafter needs a GGUF that has one, e.g. Qwen3.5 from a recent llama.cpp converter")
-    name, arch, _, block = found
+    name, arch, block = found
     if name not in ARCHS or not hasattr(target, "language_model"):
         raise MlxspecError(f"{path.name}: the mtp drafter runs Qwen3.5's block ({', '.join(ARCHS)}), not {name}'s")
     weights = {}
