@@ -8,8 +8,12 @@ hidden state h_{t-1} (after the output norm), as llama.cpp's qwen35 MTP graph do
     f_t = norm(layer(x_t, its own KV cache))             (D,)   one of the target's attention blocks
     logits_t = W_head f_t                                (V,)   the target's head (or the block's own)
 
-and f_t stands in for h_t at the next draft step. The block is read from the GGUF the target came
-from (llama.cpp's converter writes it as the blocks past the trunk: nextn_predict_layers), on demand.
+and f_t stands in for h_t at the next draft step. Both are taken after a final norm (the target's, the
+block's own): Qwen3.5's block was trained on the post-norm state, which measured higher acceptance than
+the pre-norm one in llama.cpp (PR #24025) and LightLLM (PR #1402), and vLLM chains the normed output
+between draft steps; a wrong choice never shows in the output, only in acceptance. The block is read from
+the GGUF the target came from (llama.cpp's converter writes it as the blocks past the trunk:
+nextn_predict_layers), on demand.
 """
 
 from __future__ import annotations
