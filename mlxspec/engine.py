@@ -84,7 +84,7 @@ class Engine:
         quantize: str | None = None,
         draft_quantize: str | None = None,
         draft_length: int = DEFAULT_DRAFT_LENGTH,
-        min_confidence: float = 0.0,
+        min_confidence: float | None = None,
         progress=None,
         kernels: bool | str | None = None,
         ollama=None,
@@ -97,8 +97,9 @@ class Engine:
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
         before any generation. `progress`: a tqdm class for repo downloads. `min_confidence` > 0
-        makes a draft model stop a proposal after a token it gives less than that probability (one
-        extra host read-back per draft step). `kernels`: use mlxspec's verify-path kernels where
+        makes a draft model, an EAGLE head or the mtp block stop a proposal after a token it gives less
+        than that probability (one extra host read-back per draft step); None: 0 (off), but mtp's
+        drafters.MTP_MIN_CONFIDENCE (llama.cpp's recommended p-min for MTP heads). `kernels`: use mlxspec's verify-path kernels where
         they pass their self-check on this device (mlxspec.kernels.install_timed); None reads
         MLXSPEC_KERNELS (0 = off; "ops" = the per-op kernels without fused layers; "exact" = keep
         them on a GPU even where they cost more than install_timed's budget: exactness over speed),

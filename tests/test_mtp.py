@@ -68,6 +68,22 @@ def test_greedy_speculation_with_the_block_is_plain_decoding(qwen35):
             assert events[-1].stats.drafted > 0 and events[-1].stats.exact
 
 
+def test_unsure_drafts_end_the_chain(qwen35):
+    """llama.cpp's p-min (default 0.75 for mtp): a chain stops after a draft the block gives less than that
+    probability. 1.0 stops every chain after its first draft; 0 never stops one. Tokens stay plain's."""
+    assert Engine.load(str(qwen35), drafter="mtp").drafter.min_confidence == 0.75
+    plain = Engine.load(str(qwen35))
+    options = dict(max_tokens=24, temperature=0, draft_length=3, adaptive=False)
+    want = [t for e in plain.generate(PROMPTS[0], GenerateOptions(max_tokens=24, temperature=0)) for t in e.tokens]
+    for confidence, deeper in ((1.0, False), (0.0, True)):
+        engine = Engine.load(str(qwen35), drafter="mtp", min_confidence=confidence)
+        events = list(engine.generate(PROMPTS[0], GenerateOptions(**options)))
+        assert [t for e in events for t in e.tokens] == want
+        stats = events[-1].stats
+        assert stats.drafted_per_position[0] > 0 and (sum(stats.drafted_per_position[1:]) > 0) == deeper
+        assert (engine.drafter.syncs > 0) == (confidence > 0)
+
+
 def test_sampling_runs_with_the_block(qwen35):
     engine = Engine.load(str(qwen35), drafter="mtp")
     options = GenerateOptions(max_tokens=20, temperature=0.8, seed=3, draft_length=2, adaptive=False)

@@ -1,7 +1,7 @@
 """Drafters: everything that can guess the target's next tokens behind one `propose` interface."""
 
 from .base import Draft, Drafter, FeatureTap, NoDrafter
-from .eagle import EagleDrafter, MtpDrafter
+from .eagle import MTP_MIN_CONFIDENCE, EagleDrafter, MtpDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
 from .ngram_memory import NgramMemory
@@ -30,9 +30,11 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
     return kind, int(arg) if arg else None
 
 
-def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, lookup_memory: int | None = None,
+def make_drafter(spec: str, target, draft=None, min_confidence: float | None = None, lookup_memory: int | None = None,
                  compiled: bool = False, target_file=None) -> Drafter:
-    """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `lookup_memory`:
+    """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `min_confidence`: a
+    draft model's, EAGLE's or mtp's chain stops after a draft it gives less than that probability (None: 0,
+    never, but mtp's MTP_MIN_CONFIDENCE); `lookup_memory`:
     output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
     draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py); `target_file`:
     the GGUF the target was read from (mtp reads its block there), None for other models."""
@@ -51,11 +53,11 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float = 0.0, loo
     if kind == "medusa":
         return MedusaDrafter(target, arg)
     if kind == "eagle":
-        return EagleDrafter(target, arg, compiled=compiled)
+        return EagleDrafter(target, arg, compiled=compiled, min_confidence=min_confidence or 0.0)
     if kind == "mtp":
-        return MtpDrafter(target, target_file, compiled=compiled)
+        return MtpDrafter(target, target_file, compiled, MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence)
     if kind == "draft-model":
-        return ModelDrafter(draft, min_confidence, compiled)
+        return ModelDrafter(draft, min_confidence or 0.0, compiled)
     return NoDrafter()
 
 

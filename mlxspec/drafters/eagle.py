@@ -39,7 +39,11 @@ class EagleDrafter(Drafter):
     wants_hidden = True
     trees = True
 
-    def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8, compiled: bool = False):
+    def __init__(self, target: nn.Module, name_or_path: str, bits: int | None = 8, compiled: bool = False,
+                 min_confidence: float = 0.0):
+        """`min_confidence` > 0: a chain stops after a draft the head gives less than that probability (a
+        host read-back per draft step, overlapped with the next step)."""
+        self.min_confidence = min_confidence
         path = drafter_path(name_or_path)
         if not path.is_file():
             raise MlxspecError(f"no eagle drafter at {path}: train one with `mlxspec train-drafter MODEL --kind eagle`")
@@ -58,6 +62,7 @@ class EagleDrafter(Drafter):
         self.vocab = self.draft_head.vocab  # (V',) draft index -> token id
         self.vocab_size = int(self.draft_head.module_rows)
         self.head.set_dtype(self.embed(mx.array([0])).dtype)  # run in the target's activation dtype
+        self.syncs = 0  # host read-backs made by confidence checks
         self.cache: list = []
         self.pending: list[mx.array] = []  # target features (m, D) not yet fed to the head
         self.next = 1  # the token paired with pending[0][0]: pending rows pair with context[next:]
@@ -100,12 +105,21 @@ class EagleDrafter(Drafter):
                 index = sample(q[None], keys[i])[0]
                 probs.append(mx.zeros((self.vocab_size,), q.dtype).at[self.vocab].add(q))
                 tokens.append(self.vocab[index][None])
+            sure = None if tree or not self.min_confidence else (q if probs else mx.softmax(logits))[index]
             if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
                 f, logits = self._draft_step(self.vocab[index], f)
                 self.drafted += 1
+                if sure is not None:  # the next step computes while this draft's probability is read
+                    mx.async_eval(logits)
+                    if self._unsure(sure):
+                        break  # this draft was unsure: keep it, stop the chain (the queued step is rewound)
         if tree:
             return Draft.favourites_tree(mx.stack(tokens))  # (k, w): favourite first at every depth
-        return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+        return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, len(tokens))
+
+    def _unsure(self, probability: mx.array) -> bool:
+        self.syncs += 1
+        return probability.item() < self.min_confidence
 
     def accept(self, n: int, hidden: mx.array | None = None) -> None:
         rewind(self.cache, self.drafted)  # predicted-feature entries; the real features follow
@@ -135,12 +149,20 @@ class EagleDrafter(Drafter):
         return out[0] if len(out) == 1 else mx.concatenate(out)
 
 
+# llama.cpp's recommended --spec-draft-p-min for its draft-mtp: Unsloth measured Qwen3.5/3.6 MTP at ~1.4x
+# without it and ~1.8x with it (each MTP draft step also reads the whole output head: stopping unsure chains
+# early saves draft steps as well as verify rows). Not measured here (no Qwen3.5 file offline).
+MTP_MIN_CONFIDENCE = 0.75
+
+
 class MtpDrafter(EagleDrafter):
     """The model's own multi-token-prediction block (heads/mtp.py: Qwen3.5's, read from its GGUF) drafting
     as an EAGLE head does: the same features, cache and draft steps; its logits over the whole vocabulary
     through the target's head (or the block's own), so nothing is copied and every token can be drafted."""
 
-    def __init__(self, target: nn.Module, path: Path | None, compiled: bool = False):
+    def __init__(self, target: nn.Module, path: Path | None, compiled: bool = False,
+                 min_confidence: float = MTP_MIN_CONFIDENCE):
+        self.min_confidence = min_confidence
         if path is None:
             raise MlxspecError("the mtp drafter reads the model's multi-token-prediction block from its GGUF file; "
                                "this model was not loaded from one")
