@@ -269,7 +269,8 @@ def _build_tokenizer(metadata: dict, path: Path):
     )
     from transformers import PreTrainedTokenizerFast
 
-    from .gguf_tokenizer import BOS_BY_DEFAULT, NO_BOS, build_backend, pre_tokenizer_type, set_special_template
+    from .gguf_tokenizer import (BOS_BY_DEFAULT, NO_BOS, build_backend, end_of_generation, pre_tokenizer_type,
+                                 set_special_template)
 
     prefix = "tokenizer.ggml."
     vocab = {key[len(prefix):]: value for key, value in metadata.items() if key.startswith(prefix)}
@@ -304,10 +305,4 @@ def _build_tokenizer(metadata: dict, path: Path):
         # SPM: strip the leading space only when the tokenizer adds one.
         trim = bool(vocab.get("add_space_prefix", True))
         detokenizer = lambda tok: SPMStreamingDetokenizer(tok, trim_space=trim)  # noqa: E731
-    # End of generation: EOS, and the end-of-turn token where the file names one (llama-3's <|eot_id|>).
-    eot_id = vocab.get("eot_token_id")
-    eos_ids = [i for i in (eos_id, eot_id) if i is not None]
-    harmony = {t: i for i, t in enumerate(tokens) if t in ("<|return|>", "<|call|>", "<|end|>")}
-    if len(harmony) == 3:  # gpt-oss: <|end|> closes a message, not the reply; <|call|> awaits a tool's result
-        eos_ids = list(dict.fromkeys([i for i in eos_ids if i != harmony["<|end|>"]] + [harmony["<|return|>"], harmony["<|call|>"]]))
-    return TokenizerWrapper(hf_tokenizer, detokenizer, eos_token_ids=eos_ids)
+    return TokenizerWrapper(hf_tokenizer, detokenizer, eos_token_ids=end_of_generation(vocab))

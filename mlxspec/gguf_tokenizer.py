@@ -89,6 +89,30 @@ NO_BOS = {"glm4", "chatglm-bpe"}
 
 MODELS = ("gpt2", "llama")
 
+# Tokens that end generation by their text, as llama.cpp's vocabulary loader lists them (llama-vocab.cpp:
+# "determined based on the token text, which is obviously not ideal", issue 9606), then its FIM
+# pad/repo/separator tokens (by metadata id, else by these texts).
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
+             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
+             "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+             "fim_sep": ("<|file_sep|>",)}
+
+
+def end_of_generation(vocab: dict) -> list[int]:
+    """The ids llama.cpp ends generation at (its special_eog_ids), EOS first: the FIM pad/repo/separator
+    tokens, every token whose text is in EOG_TEXTS, EOS, EOT and EOM; gpt-oss's <|end|> is not one where
+    <|return|> and <|call|> are (it closes a message, not the reply)."""
+    tokens = vocab["tokens"]
+    ids = {t: i for i, t in enumerate(tokens)}
+    found = [vocab.get(f"{key}_token_id", next((ids[t] for t in texts if t in ids), None)) for key, texts in FIM_TEXTS.items()]
+    found += [ids[t] for t in EOG_TEXTS if t in ids]
+    found += [vocab.get(f"{key}_token_id") for key in ("eot", "eom")]
+    eog = [i for i in dict.fromkeys([vocab.get("eos_token_id"), *found]) if i is not None and 0 <= i < len(tokens)]
+    if all(t in ids for t in ("<|return|>", "<|call|>", "<|end|>")):
+        eog.remove(ids["<|end|>"])
+    return eog
+
 
 def build_backend(vocab: dict, name: str) -> Tokenizer:
     """`vocab`: the file's `tokenizer.ggml.<key>` values by <key> (lists and plain scalars)."""

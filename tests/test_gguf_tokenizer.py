@@ -184,7 +184,22 @@ def test_harmony_vocabulary_ends_generation_at_return_and_call(tmp_path):
         "token_type": [3] * len(fx.SPECIALS) + [1] * (len(tokens) - len(fx.SPECIALS) - 3) + [3] * 3,
         "eos_token_id": tokens.index("<|return|>"), "eot_token_id": tokens.index("<|end|>")}.items()}
     wrapper = _build_tokenizer(metadata, Path("oss.gguf"))
-    assert set(wrapper.eos_token_ids) == {tokens.index("<|return|>"), tokens.index("<|call|>")}
+    texts = {"<|endoftext|>", "<|im_end|>"}  # in fx's vocabulary, and among llama.cpp's end-of-generation texts
+    assert set(wrapper.eos_token_ids) == {tokens.index(t) for t in ("<|return|>", "<|call|>", *texts)}
     del metadata["tokenizer.ggml.tokens"][-3:], metadata["tokenizer.ggml.token_type"][-3:]
     metadata["tokenizer.ggml.eos_token_id"], metadata["tokenizer.ggml.eot_token_id"] = fx.EOS_ID, 1
-    assert set(_build_tokenizer(metadata, Path("x.gguf")).eos_token_ids) == {fx.EOS_ID, 1}  # others as before
+    assert set(_build_tokenizer(metadata, Path("x.gguf")).eos_token_ids) == {fx.EOS_ID, 1, 0}  # others as before
+
+
+def test_end_of_generation_follows_llama_cpp():
+    """llama.cpp ends generation at EOS, EOT and EOM, at every token whose text it lists (whatever the file
+    names: a Llama 3 file saying <|end_of_text|> still stops at <|eot_id|>), and at the FIM pad, repo and
+    file-separator tokens (Qwen2.5-Coder's), by metadata id or else by text; plain tokens do not end it."""
+    from mlxspec.gguf_tokenizer import end_of_generation
+
+    tokens = ["<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>", "<|eom_id|>", "<|fim_pad|>", "<|repo_name|>",
+              "<|file_sep|>", "<|fim_prefix|>", "hello", "<end_of_turn>", "<PAD>"]
+    ids = end_of_generation({"tokens": tokens, "eos_token_id": 1})
+    assert ids[0] == 1 and set(ids) == {1, 2, 3, 4, 5, 6, 9}  # not <|fim_prefix|>, hello, <PAD> (fim_pad found first)
+    assert set(end_of_generation({"tokens": tokens, "eos_token_id": 8, "fim_pad_token_id": 10})) == {8, 1, 2, 3, 5, 6, 9, 10}
+    assert end_of_generation({"tokens": ["a", "b"], "eos_token_id": 1}) == [1]
