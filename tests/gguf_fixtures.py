@@ -183,9 +183,14 @@ def write_tiny_llama_gguf(
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
     if file_arch in ("qwen35", "qwen35moe"):  # the delta-net layers' sizes
         d = DELTA
-        metadata = {"ssm.group_count": d["k_heads"], "ssm.time_step_rank": d["v_heads"], "ssm.state_size": d["k_dim"],
+        metadata = ({"nextn_predict_layers": dims.nextn} if dims.nextn else {}) | {
+                    "ssm.group_count": d["k_heads"], "ssm.time_step_rank": d["v_heads"], "ssm.state_size": d["k_dim"],
                     "ssm.inner_size": d["v_heads"] * d["v_dim"], "ssm.conv_kernel": d["conv"],
-                    "full_attention_interval": d["interval"]} | ({"nextn_predict_layers": dims.nextn} if dims.nextn else {}) | (metadata or {})
+                    "full_attention_interval": d["interval"],
+                    # M-RoPE sections (llama.cpp requires them) under which llama.cpp's interleaved layout gives every
+                    # rotated pair of a text token its position, as Qwen3.5's [11, 11, 10, 0] does for its 32 pairs
+                    "rope.dimension_sections": [-(-((dims.rope_dims or dims.hd) // 2 - j) // 3) for j in range(3)] + [0],
+                    } | (metadata or {})
         if file_arch == "qwen35moe":
             writer.add_uint32("qwen35moe.expert_shared_feed_forward_length", dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
@@ -348,7 +353,7 @@ def _deepseek2_block(b: str, i: int, dims: Dims, split: bool = False) -> dict[st
 
 # qwen35's gated delta-net layers: key heads, value heads (4 over 2: llama.cpp's tiled order matters), their
 # dims (a value head of 32: whole quantization groups), the conv width, and every 2nd layer full attention
-DELTA = dict(k_heads=2, v_heads=4, k_dim=16, v_dim=32, conv=4, interval=2)
+DELTA = dict(k_heads=2, v_heads=4, k_dim=32, v_dim=32, conv=4, interval=2)  # llama.cpp: k dim = v dim
 
 
 def _qwen35_block(b: str, i: int, dims: Dims, moe: bool, fused: bool = False) -> dict[str, tuple[int, ...]]:
