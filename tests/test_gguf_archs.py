@@ -286,19 +286,35 @@ def test_unsupported_rope_scaling_refused(tmp_path, arch, extra, match):
         load_gguf(path)
 
 
-@pytest.mark.parametrize("arch, nextn", [("qwen35", 0), ("qwen35moe", 0), ("qwen35", 1)])
-def test_qwen35_logits_match_llama_cpp_itself(tmp_path, arch, nextn):
-    """The same file through llama.cpp (llama-cpp-python, where installed): float32 weights, float32 KV cache,
-    so the two differ by float32 rounding only (measured 1.4e-5..1.7e-5 of logits ~4). An MTP block after the
-    trunk loads in llama.cpp too, and neither runs it in the main pass. (Quantized files differ by llama.cpp's
-    int8 activations: 0.1-0.4 here, where a delta-net's recurrence carries the rounding along.)"""
+# Cases llama.cpp itself (llama-cpp-python 0.3.36) runs from the same float32 file, and how far its logits may
+# be from mlxspec's (logits ~4; measured 1e-6..3e-5 where no arithmetic differs). Larger, for a known reason:
+# llama.cpp's GELU reads an f16 table (gemma*, starcoder2: ~1e-3); its qwen2vl takes the RMS epsilon as 1e-6
+# whatever the file says (this one says 1e-5); its interleaved M-RoPE leaves the pairs the fixture's sections
+# miss unrotated (qwen3vl*: pairs 12 and 15 of 16; Qwen3-VL's own sections miss 2 of 64, its slowest).
+# Left out, as fixtures llama.cpp will not load: phi3 (it looks up <|endoftext|> for a model named phi3),
+# olmo2 (it wants an untied head), command-r (q/k norms only from 64 layers), granitemoe (expert width from
+# feed_forward_length), deepseek2 (q_lora_rank unless 27 layers), qwen25vl (Ollama's name); gpt-oss (MXFP4
+# experts: llama.cpp's int8 activations; within 1e-2 of mlxspec's activations=q8).
+LLAMA_CPP_TOLERANCE = {name: 3e-5 for name in CASES} | {
+    "gemma": 3e-3, "gemma2": 3e-3, "gemma3": 3e-3, "starcoder2": 3e-3, "qwen2vl": 2e-3, "qwen3vl": 3e-2, "qwen3vlmoe": 3e-2}
+for _name in ("phi3", "phi4-mini", "olmo2", "command-r", "granitemoe", "deepseek2", "deepseek2-split", "qwen25vl", "gpt-oss"):
+    del LLAMA_CPP_TOLERANCE[_name]
+
+
+@pytest.mark.parametrize("name", list(LLAMA_CPP_TOLERANCE))
+def test_logits_match_llama_cpp_itself(tmp_path, name):
+    """The same float32 file (float32 KV cache too) through llama.cpp, where llama-cpp-python is installed: a
+    second reference, written by llama.cpp's authors rather than read from their code. Qwen3.5's MTP block loads
+    in llama.cpp too (qwen35-mtp), and neither runs it in the main pass."""
     llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (not a dev dependency)")
-    dims = Dims(layers=4, head_dim=32, rope_dims=8, experts=8, experts_used=3, nextn=nextn)
-    path = write_tiny_llama_gguf(tmp_path / f"{arch}.gguf", "F32", arch=arch, dims=dims, pre="qwen35", output_qtype="F32")
+    case = {k: v for k, v in CASES[name].items() if k != "hp"}
+    case |= {"output_qtype": "F32"} if "output_qtype" in case else {}
+    path = write_tiny_llama_gguf(tmp_path / f"{name}.gguf", "F32", seed=7, **case)
     model, _, _ = load_gguf(path)
     llm = llama_cpp.Llama(model_path=str(path), logits_all=True, n_ctx=64, n_threads=2, type_k=0, type_v=0, verbose=False)
     llm.eval(TOKENS)
-    np.testing.assert_allclose(mlx_logits(model, TOKENS), np.array(llm.scores[: len(TOKENS)]), atol=2e-4, rtol=0)
+    got, want = mlx_logits(model, TOKENS), np.array(llm.scores[: len(TOKENS)])
+    np.testing.assert_allclose(got, want, atol=LLAMA_CPP_TOLERANCE[name], rtol=0)
 
 
 @pytest.mark.parametrize("metadata, match", [
