@@ -26,7 +26,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 SOURCE_DIR = Path(__file__).parent / "cpu"
-SOURCES = ("CMakeLists.txt", "ext.cpp", "pointwise.cpp", "fused_layer.cpp", "mlx_io.h", "parallel.h",
+SOURCES = ("CMakeLists.txt", "ext.cpp", "pointwise.cpp", "fused_layer.cpp", "delta.cpp", "mlx_io.h", "parallel.h",
            "pointwise_kernel.h", "qmm_kernel.h", "qmm_q8_kernel.h", "scalar_math.h", "sdpa_kernel.h", "simd.h", "simd_neon.h",
            "thread_pool.h")
 MODULE = "_mlxspec_cpu"

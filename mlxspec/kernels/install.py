@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .attention import restore_attention, use_attention_kernel
+from .delta import restore_delta, use_delta_kernel
 from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kernels
 from .fused_layer import fused, restore_fused_layers, use_fused_layers
 from .layers import restore_layers, use_kernels
@@ -38,6 +39,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model)}
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
+        report["delta"] = use_delta_kernel(model)  # gated delta-net layers (Qwen3.5, Qwen3-Next), where there are
         if fuse:
             report["fused"] = use_fused_layers(model)
     else:
@@ -55,6 +57,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_dense(model)
     restore_attention(model)
     restore_pointwise(model)
+    restore_delta(model)
 
 
 def installed(model: nn.Module) -> bool:
@@ -66,7 +69,7 @@ def installed(model: nn.Module) -> bool:
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
              KernelRMSNorm, KernelRoPE)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
-                               or geglu_swapped(m)
+                               or routed(m, "gated_delta_update") or geglu_swapped(m)
                for _, m in model.named_modules())
 
 

@@ -412,6 +412,7 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
 
 void register_pointwise(nb::module_& m);  // pointwise.cpp
 void register_fused_layer(nb::module_& m);  // fused_layer.cpp
+void register_delta(nb::module_& m);  // delta.cpp
 
 }  // namespace mlxspec
 
@@ -434,6 +435,7 @@ NB_MODULE(_mlxspec_cpu, m) {
         "sliding window of keys, optionally with a sink logit per head), rows independent of M; length (an "
         "array): only keys [0, length) count, as if k and v were cut there.");
   mlxspec::register_pointwise(m);
+  mlxspec::register_delta(m);
   mlxspec::register_fused_layer(m);
   m.def("best_isa", [] { return int(mlxspec::best_isa()); });
   m.def("isa_compiled", [](int isa) { return mlxspec::isa_compiled(mlxspec::Isa(isa)); });

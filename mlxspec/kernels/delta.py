@@ -1,0 +1,107 @@
+"""The gated delta rule of Qwen3.5 / Qwen3-Next on the CPU in one pass over the state a token (cpu/delta.cpp).
+
+mlx-lm's gated_delta_update runs a Metal kernel on Apple GPUs and, on the CPU, five ops per token, each
+a pass over the (value heads x 128 x 128) float32 state: with the matmul kernels on, those passes and
+the conv were most of a Qwen3.5-0.8B-shaped decoding step (benchmarks/results/step.md). The kernel
+reads and writes each state row once a token, the tokens of a call in order, so a verify pass's rows
+equal one-row steps bit for bit.
+
+    report = use_delta_kernel(model)   # route the model's gated_delta_update calls (hooks.py), per model
+    restore_delta(model)
+
+A call goes to the kernel on the CPU device, for float32 inputs without a mask (one sequence), at head
+sizes that passed the self-check against mlx-lm's ops in this process; anything else runs mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import registry
+from .build import KernelUnavailable, load_cpu_extension
+from .hooks import route_functions, unroute_functions
+
+NAME = "gated_delta_update"
+TOL = 2.0**-18  # |kernel - mlx-lm| <= TOL * max|mlx-lm|: sums of the same products, in another order
+
+
+def _load(backend: str):
+    if backend != "cpu":
+        raise KernelUnavailable(f"the gated delta kernel is CPU-only ({backend}: mlx-lm has its own GPU kernel)")
+    return load_cpu_extension(), "gated_delta"
+
+
+registry.register("delta", _load)
+
+
+def _record() -> registry.KernelRecord:
+    return registry.kernel("delta", "cpu")
+
+
+def mlx_lm_gated_delta_update():
+    from mlx_lm.models import gated_delta
+
+    return gated_delta.gated_delta_update
+
+
+def kernel_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel=True,
+                              lower_bound=None, allow_neg_eigval=False):
+    """mlx-lm's gated_delta_update (same arguments, same result up to summation order), through the kernel
+    where it applies."""
+    arrays = (q, k, v, a, b) + (() if state is None else (state,))
+    usable = (mask is None and lower_bound is None and not allow_neg_eigval and mx.default_device() == mx.cpu
+              and all(x.dtype == mx.float32 for x in arrays) and _record().error is None)
+    if usable:
+        sizes = (q.shape[-2], v.shape[-2], q.shape[-1], v.shape[-1])
+        usable = _record().check(("gated_delta", *sizes), lambda: _self_check(*sizes)) is None
+    if not usable:
+        return mlx_lm_gated_delta_update()(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel,
+                                           lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval)
+    if state is None:
+        state = mx.zeros((q.shape[0], *v.shape[-2:], q.shape[-1]), dtype=mx.float32)  # (B, Hv, Dv, Dk), as mlx-lm
+    return _kernel(q, k, v, a, b, A_log, dt_bias, state)
+
+
+def _self_check(Hk: int, Hv: int, Dk: int, Dv: int) -> str | None:
+    """Against mlx-lm's ops over 5 tokens (decays and corrections of every size), and token by token."""
+    keys = mx.random.split(mx.random.key(11), 7)
+    q, k = (mx.random.normal((1, 5, Hk, Dk), key=keys[i]) * Dk**-0.5 for i in (0, 1))
+    v = mx.random.normal((1, 5, Hv, Dv), key=keys[2])
+    a, b = mx.random.normal((1, 5, Hv), key=keys[3]), mx.random.normal((1, 5, Hv), key=keys[4])
+    A_log, dt = mx.random.uniform(-1.0, 1.0, (Hv,), key=keys[5]), mx.random.normal((Hv,), key=keys[6])
+    state = mx.random.normal((1, Hv, Dv, Dk), key=keys[0])
+    y, s = _kernel(q, k, v, a, b, A_log, dt, state)
+    from mlx_lm.models.gated_delta import compute_g, gated_delta_ops
+
+    y_ref, s_ref = gated_delta_ops(q, k, v, compute_g(A_log, a, dt), mx.sigmoid(b), state)
+    for got, ref in ((y, y_ref), (s, s_ref)):
+        if got.shape != ref.shape or not bool((mx.abs(got - ref) <= TOL * mx.abs(ref).max()).all().item()):
+            return "disagrees with mlx-lm's gated_delta_ops"
+    ys, s1 = [], state
+    for t in range(5):
+        yt, s1 = _kernel(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], a[:, t : t + 1], b[:, t : t + 1], A_log, dt, s1)
+        ys.append(yt)
+    if not (mx.array_equal(mx.concatenate(ys, axis=1), y).item() and mx.array_equal(s1, s).item()):
+        return "a call's tokens differ from one-token calls"
+    return None
+
+
+def _kernel(q, k, v, a, b, A_log, dt_bias, state):
+    """(y, state) through the kernel: the decay g and the correction weight beta computed as mlx-lm does."""
+    from mlx_lm.models.gated_delta import compute_g
+
+    g, beta = compute_g(A_log, a, dt_bias), mx.sigmoid(b)  # (B, T, Hv) each
+    return tuple(_record().fn.gated_delta(*(mx.contiguous(x) for x in (q, k, v, g, beta, state)), stream=mx.cpu))
+
+
+def use_delta_kernel(model: nn.Module) -> dict:
+    """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel."""
+    report = {"kernel": "delta", "routed": 0, "error": _record().error}
+    if report["error"] is None:
+        report["routed"] = route_functions(model, {NAME: (mlx_lm_gated_delta_update(), kernel_gated_delta_update)})
+    return report
+
+
+def restore_delta(model: nn.Module) -> None:
+    unroute_functions(model, [NAME])

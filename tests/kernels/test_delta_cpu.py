@@ -1,0 +1,76 @@
+"""The CPU gated delta rule kernel (Qwen3.5, Qwen3-Next) against mlx-lm's ops, across token counts, and
+routed into a model.
+
+Agreement with mlx-lm is to summation order (delta.TOL); a call over T tokens equals T one-token calls bit
+for bit, which is what greedy verification needs of a recurrent layer.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
+
+from mlxspec.kernels import delta
+from mlxspec.kernels.delta import kernel_gated_delta_update, restore_delta, use_delta_kernel
+from mlxspec.kernels.hooks import routed
+from mlxspec.loading import load
+from model_factory import make_model_dir  # tests/conftest.py puts tests/ on the path
+
+
+def inputs(T, Hk, Hv, Dk, Dv, seed=0):
+    keys = mx.random.split(mx.random.key(seed), 8)
+    q, k = (mx.random.normal((1, T, Hk, Dk), key=keys[i]) * Dk**-0.5 for i in (0, 1))
+    v = mx.random.normal((1, T, Hv, Dv), key=keys[2])
+    a, b = mx.random.normal((1, T, Hv), key=keys[3]), mx.random.normal((1, T, Hv), key=keys[4])
+    A_log, dt = mx.random.uniform(-1.0, 1.0, (Hv,), key=keys[5]), mx.random.normal((Hv,), key=keys[6])
+    return q, k, v, a, b, A_log, dt, mx.random.normal((1, Hv, Dv, Dk), key=keys[7])
+
+
+@pytest.mark.parametrize("T, Hk, Hv, Dk, Dv", [(1, 2, 4, 32, 32), (6, 2, 4, 32, 32), (5, 4, 4, 24, 40), (3, 16, 16, 128, 128)])
+def test_kernel_is_mlx_lms_gated_delta_rule(cpu_ext, T, Hk, Hv, Dk, Dv):
+    """Grouped value heads (each key head serves Hv / Hk), head sizes that are not a multiple of the lanes."""
+    q, k, v, a, b, A_log, dt, state = inputs(T, Hk, Hv, Dk, Dv)
+    y, s = kernel_gated_delta_update(q, k, v, a, b, A_log, dt, state)
+    y_ref, s_ref = gated_delta_ops(q, k, v, compute_g(A_log, a, dt), mx.sigmoid(b), state)
+    for got, ref in ((y, y_ref), (s, s_ref)):
+        assert got.shape == ref.shape and got.dtype == mx.float32
+        assert (mx.abs(got - ref) <= delta.TOL * mx.abs(ref).max()).all().item()
+    assert delta._record().checks[("gated_delta", Hk, Hv, Dk, Dv)] is None  # its self-check passed
+
+
+def test_a_calls_tokens_are_one_token_calls(cpu_ext):
+    q, k, v, a, b, A_log, dt, state = inputs(7, 2, 4, 32, 32, seed=3)
+    y, s = kernel_gated_delta_update(q, k, v, a, b, A_log, dt, state)
+    ys, s1 = [], state
+    for t in range(7):
+        cut = lambda x: x[:, t : t + 1]  # noqa: E731
+        yt, s1 = kernel_gated_delta_update(cut(q), cut(k), cut(v), cut(a), cut(b), A_log, dt, s1)
+        ys.append(yt)
+    assert mx.array_equal(mx.concatenate(ys, axis=1), y).item() and mx.array_equal(s1, s).item()
+
+
+def test_what_the_kernel_does_not_take_runs_mlx_lms_path(cpu_ext):
+    """A mask (batched sequences), half precision, a missing state: mlx-lm's own function answers."""
+    q, k, v, a, b, A_log, dt, state = inputs(3, 2, 4, 32, 32)
+    mask = mx.array([[True, True, False]])
+    for args, kwargs in [((q, k, v, a, b, A_log, dt, state, mask), {}),
+                         ((q.astype(mx.float16), k.astype(mx.float16), v, a, b, A_log, dt, state), {})]:
+        got, want = kernel_gated_delta_update(*args, **kwargs), gated_delta_update(*args, use_kernel=False, **kwargs)
+        assert all(mx.array_equal(g_, w_).item() for g_, w_ in zip(got, want))
+    y, s = kernel_gated_delta_update(q, k, v, a, b, A_log, dt)  # no state: zeros, as mlx-lm starts
+    y_ref, _ = gated_delta_update(q, k, v, a, b, A_log, dt, use_kernel=False)
+    assert (mx.abs(y - y_ref) <= delta.TOL * mx.abs(y_ref).max()).all().item()
+
+
+def test_routed_per_model_and_restored(cpu_ext, tmp_path):
+    model = load(str(make_model_dir(tmp_path, "qwen3_next", layers=4, seed=3))).model
+    other = load(str(make_model_dir(tmp_path / "other", "qwen3_next", layers=4, seed=3))).model
+    assert use_delta_kernel(model) == {"kernel": "delta", "routed": 2, "error": None}  # its two delta-net layers
+    layers = [m for _, m in model.named_modules() if routed(m, "gated_delta_update")]
+    assert len(layers) == 2 and not any(routed(m, "gated_delta_update") for _, m in other.named_modules())
+    x = mx.array([[5, 6, 7, 8]])
+    before = model(x)
+    restore_delta(model)
+    assert not any(routed(m, "gated_delta_update") for _, m in model.named_modules())
+    assert mx.allclose(model(x), before, atol=1e-4).item()
