@@ -14,7 +14,9 @@ the fourth gated full attention. What llama.cpp's converter (conversion/qwen.py)
 - Multi-token-prediction (nextn) blocks come after the trunk's layers; gguf_archs skips them (the mtp
   drafter reads them: heads/mtp.py).
 The attention layers' rope is M-RoPE, whose sections all carry a text token's one position: NEOX rope
-on the first rope.dimension_count dims of each head. Ollama's own converter writes another layout
+on the first rope.dimension_count dims of each head (llama.cpp's interleaved layout leaves a pair outside
+the sections unrotated; Qwen3.5's [11, 11, 10] covers its 32 pairs). llama.cpp itself gives a float32
+file's logits within 3e-5 of mlxspec's (tests/test_gguf_archs.py, where llama-cpp-python is installed). Ollama's own converter writes another layout
 (alpha and beta fused in ssm_ba, Hugging Face's value-head order, per-layer KV head counts): refused.
 """
 

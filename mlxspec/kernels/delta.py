@@ -50,7 +50,7 @@ def kernel_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=No
     """mlx-lm's gated_delta_update (same arguments, same result up to summation order), through the kernel
     where it applies."""
     arrays = (q, k, v, a, b) + (() if state is None else (state,))
-    usable = (mask is None and lower_bound is None and not allow_neg_eigval and mx.default_device() == mx.cpu
+    usable = (mask is None and lower_bound is None and not allow_neg_eigval and mx.default_device().type == mx.cpu
               and all(x.dtype == mx.float32 for x in arrays) and _record().error is None)
     if usable:
         sizes = (q.shape[-2], v.shape[-2], q.shape[-1], v.shape[-1])
@@ -65,12 +65,12 @@ def kernel_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=No
 
 def _self_check(Hk: int, Hv: int, Dk: int, Dv: int) -> str | None:
     """Against mlx-lm's ops over 5 tokens (decays and corrections of every size), and token by token."""
-    keys = mx.random.split(mx.random.key(11), 7)
+    keys = mx.random.split(mx.random.key(11), 8)
     q, k = (mx.random.normal((1, 5, Hk, Dk), key=keys[i]) * Dk**-0.5 for i in (0, 1))
     v = mx.random.normal((1, 5, Hv, Dv), key=keys[2])
     a, b = mx.random.normal((1, 5, Hv), key=keys[3]), mx.random.normal((1, 5, Hv), key=keys[4])
     A_log, dt = mx.random.uniform(-1.0, 1.0, (Hv,), key=keys[5]), mx.random.normal((Hv,), key=keys[6])
-    state = mx.random.normal((1, Hv, Dv, Dk), key=keys[0])
+    state = mx.random.normal((1, Hv, Dv, Dk), key=keys[7])
     y, s = _kernel(q, k, v, a, b, A_log, dt, state)
     from mlx_lm.models.gated_delta import compute_g, gated_delta_ops
 
