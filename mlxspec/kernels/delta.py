@@ -2,11 +2,12 @@
 
 mlx-lm's gated_delta_update runs a Metal kernel on Apple GPUs and, on the CPU, five ops per token, each
 a pass over the (value heads x 128 x 128) float32 state: with the matmul kernels on, those passes and
-the conv were most of a Qwen3.5-0.8B-shaped decoding step (benchmarks/results/step.md). The kernel
-reads and writes each state row once a token, the tokens of a call in order, so a verify pass's rows
-equal one-row steps bit for bit.
+the layer's short conv (MLX's grouped conv) were most of a Qwen3.5-0.8B-shaped decoding step
+(benchmarks/results/step.md). The kernel reads and writes each state row once a token, the tokens of
+a call in order, so a verify pass's rows equal one-row steps bit for bit; the conv (KernelCausalConv)
+adds each output's taps in order, likewise the same for any row count.
 
-    report = use_delta_kernel(model)   # route the model's gated_delta_update calls (hooks.py), per model
+    report = use_delta_kernel(model)   # route the model's gated_delta_update calls (hooks.py), swap their convs
     restore_delta(model)
 
 A call goes to the kernel on the CPU device, for float32 inputs without a mask (one sequence), at head
@@ -20,7 +21,7 @@ import mlx.nn as nn
 
 from . import registry
 from .build import KernelUnavailable, load_cpu_extension
-from .hooks import route_functions, unroute_functions
+from .hooks import route_functions, routed, unroute_functions
 
 NAME = "gated_delta_update"
 TOL = 2.0**-18  # |kernel - mlx-lm| <= TOL * max|mlx-lm|: sums of the same products, in another order
@@ -95,13 +96,63 @@ def _kernel(q, k, v, a, b, A_log, dt_bias, state):
     return tuple(_record().fn.gated_delta(*(mx.contiguous(x) for x in (q, k, v, g, beta, state)), stream=mx.cpu))
 
 
+class KernelCausalConv(nn.Module):
+    """A depthwise nn.Conv1d without padding or bias (the delta-net layers' conv1d) through the kernel:
+    the same weight (C, K, 1); float32 inputs on the CPU, else MLX's conv."""
+
+    def __init__(self, weight: mx.array):
+        super().__init__()
+        self.weight = weight
+
+    def __call__(self, x: mx.array) -> mx.array:
+        channels, taps = self.weight.shape[:2]
+        usable = (x.dtype == mx.float32 and self.weight.dtype == mx.float32 and mx.default_device().type == mx.cpu
+                  and _record().error is None)
+        if usable and _record().check(("causal_conv", channels, taps), lambda: _check_conv(channels, taps)) is None:
+            return _conv(x, self.weight)
+        return mx.conv1d(x, self.weight, groups=channels)
+
+
+def _conv(x: mx.array, weight: mx.array) -> mx.array:
+    return _record().fn.causal_conv(mx.contiguous(x), mx.contiguous(weight[..., 0]), stream=mx.cpu)
+
+
+def _check_conv(channels: int, taps: int) -> str | None:
+    """Against MLX's grouped conv over 6 rows, and row by row."""
+    keys = mx.random.split(mx.random.key(12), 2)
+    x = mx.random.normal((2, 6 + taps - 1, channels), key=keys[0])
+    w = mx.random.normal((channels, taps, 1), key=keys[1])
+    y, ref = _conv(x, w), mx.conv1d(x, w, groups=channels)
+    if y.shape != ref.shape or not bool((mx.abs(y - ref) <= TOL * mx.abs(ref).max()).all().item()):
+        return "disagrees with MLX's conv1d"
+    rows = mx.concatenate([_conv(x[:, t : t + taps], w) for t in range(6)], axis=1)
+    return None if mx.array_equal(rows, y).item() else "rows depend on the row count"
+
+
+def _depthwise(m: nn.Module) -> bool:
+    w = getattr(m, "weight", None) if type(m) is nn.Conv1d else None
+    return (w is not None and w.ndim == 3 and w.shape[2] == 1 and m.groups == w.shape[0] and "bias" not in m
+            and m.padding == 0 and m.stride == 1 and m.dilation == 1)
+
+
 def use_delta_kernel(model: nn.Module) -> dict:
-    """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel."""
-    report = {"kernel": "delta", "routed": 0, "error": _record().error}
+    """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel,
+    and swap the depthwise convs of those layers for KernelCausalConv."""
+    report = {"kernel": "delta", "routed": 0, "convs": 0, "error": _record().error}
     if report["error"] is None:
         report["routed"] = route_functions(model, {NAME: (mlx_lm_gated_delta_update(), kernel_gated_delta_update)})
+        for _, m in model.named_modules():
+            if routed(m, NAME) and "conv1d" in m and _depthwise(m["conv1d"]):
+                m.conv1d = KernelCausalConv(m["conv1d"].weight)
+                report["convs"] += 1
     return report
 
 
 def restore_delta(model: nn.Module) -> None:
+    for _, m in model.named_modules():
+        if isinstance(m.get("conv1d"), KernelCausalConv):
+            w = m["conv1d"].weight
+            conv = nn.Conv1d(w.shape[0], w.shape[0], w.shape[1], groups=w.shape[0], bias=False)
+            conv.weight = w
+            m.conv1d = conv
     unroute_functions(model, [NAME])

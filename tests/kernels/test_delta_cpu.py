@@ -12,7 +12,7 @@ import pytest
 from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
 
 from mlxspec.kernels import delta
-from mlxspec.kernels.delta import kernel_gated_delta_update, restore_delta, use_delta_kernel
+from mlxspec.kernels.delta import KernelCausalConv, kernel_gated_delta_update, restore_delta, use_delta_kernel
 from mlxspec.kernels.hooks import routed
 from mlxspec.loading import load
 from model_factory import make_model_dir  # tests/conftest.py puts tests/ on the path
@@ -63,14 +63,30 @@ def test_what_the_kernel_does_not_take_runs_mlx_lms_path(cpu_ext):
     assert (mx.abs(y - y_ref) <= delta.TOL * mx.abs(y_ref).max()).all().item()
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_conv_is_mlx_s_depthwise_conv_and_rows_are_rows_alone(cpu_ext, rows):
+    w = mx.random.normal((96, 4, 1), key=mx.random.key(2))
+    x = mx.random.normal((1, rows + 3, 96), key=mx.random.key(3))
+    conv = KernelCausalConv(w)
+    y, ref = conv(x), mx.conv1d(x, w, groups=96)
+    assert y.shape == ref.shape and (mx.abs(y - ref) <= delta.TOL * mx.abs(ref).max()).all().item()
+    for t in range(rows):
+        assert mx.array_equal(conv(x[:, t : t + 4]), y[:, t : t + 1]).item()
+    assert delta._record().checks[("causal_conv", 96, 4)] is None
+    half = x.astype(mx.float16)  # not the kernel's: MLX's conv
+    assert mx.array_equal(conv(half), mx.conv1d(half, w, groups=96)).item()
+
+
 def test_routed_per_model_and_restored(cpu_ext, tmp_path):
     model = load(str(make_model_dir(tmp_path, "qwen3_next", layers=4, seed=3))).model
     other = load(str(make_model_dir(tmp_path / "other", "qwen3_next", layers=4, seed=3))).model
-    assert use_delta_kernel(model) == {"kernel": "delta", "routed": 2, "error": None}  # its two delta-net layers
+    # its two delta-net layers: their recurrence routed, their convs swapped
+    assert use_delta_kernel(model) == {"kernel": "delta", "routed": 2, "convs": 2, "error": None}
+    assert sum(isinstance(m, KernelCausalConv) for _, m in model.named_modules()) == 2
     layers = [m for _, m in model.named_modules() if routed(m, "gated_delta_update")]
     assert len(layers) == 2 and not any(routed(m, "gated_delta_update") for _, m in other.named_modules())
     x = mx.array([[5, 6, 7, 8]])
     before = model(x)
     restore_delta(model)
-    assert not any(routed(m, "gated_delta_update") for _, m in model.named_modules())
+    assert not any(routed(m, "gated_delta_update") or isinstance(m, KernelCausalConv) for _, m in model.named_modules())
     assert mx.allclose(model(x), before, atol=1e-4).item()

@@ -1,4 +1,5 @@
-// The gated delta rule (Qwen3.5's and Qwen3-Next's linear attention) as one MLX primitive (CPU stream only):
+// The gated delta rule (Qwen3.5's and Qwen3-Next's linear attention) as one MLX primitive (CPU stream only),
+// and the short causal conv before it (causal_conv, below):
 //
 //   gated_delta(q, k (B, T, Hk, Dk), v (B, T, Hv, Dv), g, beta (B, T, Hv), state (B, Hv, Dv, Dk))
 //     -> [y (B, T, Hv, Dv), state' (B, Hv, Dv, Dk)]            all float32, row-contiguous inputs
@@ -146,7 +147,69 @@ static std::vector<mx::array> gated_delta(const mx::array& q, const mx::array& k
   return mx::array::make_arrays({v.shape(), state.shape()}, {mx::float32, mx::float32}, prim, {q, k, v, g, beta, state});
 }
 
+// The delta-net layers' short causal conv, depthwise: y[b, t, c] = sum_j w[c, j] * x[b, t + j, c], the taps
+// added in order j = 0 .. K-1 (so each output has the same arithmetic however many rows a call holds).
+class CausalConv : public mx::UnaryPrimitive {
+ public:
+  explicit CausalConv(mx::Stream s) : mx::UnaryPrimitive(s) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
+                  out = mx::array::unsafe_weak_copy(out)]() mutable {
+      const int B = int(out.shape(0)), L = int(out.shape(1)), C = int(out.shape(2)), K = int(w.shape(1));
+      const float* xs = x.data<float>();
+      const float* ws = w.data<float>();
+      float* ys = out.data<float>();
+      std::vector<float> wt(size_t(K) * C);  // (K, C): tap j's weights contiguous over channels
+      for (int c = 0; c < C; ++c)
+        for (int j = 0; j < K; ++j) wt[size_t(j) * C + c] = ws[size_t(c) * K + j];
+      for (int b = 0; b < B; ++b)
+        for (int t = 0; t < L; ++t) {
+          float* y = ys + (size_t(b) * L + t) * C;
+          const float* x0 = xs + (size_t(b) * (L + K - 1) + t) * C;
+          for (int c = 0; c < C; ++c) y[c] = x0[c] * wt[c];
+          for (int j = 1; j < K; ++j) {
+            const float* xj = x0 + size_t(j) * C;
+            const float* wj = wt.data() + size_t(j) * C;
+            for (int c = 0; c < C; ++c) y[c] += xj[c] * wj[c];
+          }
+        }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("mlxspec causal_conv runs on the CPU stream only");
+  }
+
+  const char* name() const override { return "MlxspecCausalConv"; }
+
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {{inputs[0].shape(0), inputs[0].shape(1) - inputs[1].shape(1) + 1, inputs[0].shape(2)}};
+  }
+};
+
+static mx::array causal_conv(const mx::array& x, const mx::array& w, mx::StreamOrDevice sd) {
+  auto s = mx::to_stream(sd, mx::Device::cpu);
+  if (s.device != mx::Device::cpu) throw std::invalid_argument("mlxspec causal_conv: CPU streams only");
+  for (const mx::array* a : {&x, &w}) {
+    if (a->dtype() != mx::float32) throw std::invalid_argument("mlxspec causal_conv: float32 inputs only");
+    if (!a->flags().row_contiguous) throw std::invalid_argument("mlxspec causal_conv: row-contiguous inputs only");
+  }
+  if (x.ndim() != 3 || w.ndim() != 2 || w.shape(0) != x.shape(2) || x.shape(1) < w.shape(1))
+    throw std::invalid_argument("mlxspec causal_conv: x (B, L + K - 1, C) and w (C, K)");
+  mx::Shape shape{x.shape(0), x.shape(1) - w.shape(1) + 1, x.shape(2)};
+  return mx::array(shape, mx::float32, std::make_shared<CausalConv>(s), {x, w});
+}
+
 void register_delta(nb::module_& m) {
+  m.def("causal_conv", &causal_conv, nb::arg("x"), nb::arg("w"), nb::kw_only(), nb::arg("stream") = nb::none(),
+        "Depthwise causal conv, no padding: (B, L + K - 1, C) with (C, K) taps -> (B, L, C).");
   m.def("gated_delta", &gated_delta, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("g"), nb::arg("beta"),
         nb::arg("state"), nb::kw_only(), nb::arg("stream") = nb::none(),
         "The gated delta rule over T tokens: (y, new state); each state row read and written once a token.");
