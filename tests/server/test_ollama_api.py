@@ -187,6 +187,31 @@ def test_create_from_references_and_models(client, daemon, tiny_llama):
         client.delete(name)
 
 
+def test_a_qwen35_gguf_drafts_with_its_own_mtp_block_over_http(client, daemon, tmp_path):
+    """create --drafter mtp over the API; the answer is plain decoding's; a file without the block is a 4xx."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    dims = Dims(head_dim=32, rope_dims=8, nextn=1)
+    path = write_tiny_llama_gguf(tmp_path / "q35.gguf", "Q8_0", arch="qwen35", dims=dims, pre="qwen35")
+    bare = write_tiny_llama_gguf(tmp_path / "bare.gguf", "Q8_0", arch="qwen35", dims=Dims(head_dim=32, rope_dims=8), pre="qwen35")
+    for name, source, drafter in (("q35-mtp", path, "mtp"), ("q35-plain", path, "none"), ("q35-bare", bare, "mtp")):
+        status, lines = ndjson_lines(daemon.url + "/api/create", {"model": name, "from": str(source), "drafter": drafter})
+        assert status == 200 and lines[-1] == {"status": "success"}
+    try:
+        body = {"prompt": "the world and the", "raw": True, "stream": False,
+                "options": {"temperature": 0, "num_predict": 12, "adaptive": False, "draft_length": 2}}
+        status, drafted = post(daemon.url + "/api/generate", {"model": "q35-mtp", **body})
+        assert status == 200 and drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
+        assert drafted["response"] == post(daemon.url + "/api/generate", {"model": "q35-plain", **body})[1]["response"]
+        status, refused = post(daemon.url + "/api/generate", {"model": "q35-bare", **body})
+        assert 400 <= status < 500 and "multi-token-prediction" in refused["error"]
+    finally:
+        for name in ("q35-mtp", "q35-plain"):
+            client.generate(model=name, keep_alive=0)  # unload
+        for name in ("q35-mtp", "q35-plain", "q35-bare"):
+            client.delete(name)
+
+
 def test_pull_of_unknown_name_is_404_before_streaming(daemon):
     status, body = post(daemon.url + "/api/pull", {"model": "no-such-model"})
     assert status == 404 and "cannot pull" in body["error"]
