@@ -109,7 +109,7 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
     past the trunk (multi-token prediction: a drafter the model ships) are not read."""
     trunk = archs.trunk_layers(name, header.metadata)
     wanted = [t for t in header.tensors if not t.name.startswith(archs.IGNORED_PREFIXES) and archs.is_trunk(t.name, trunk)]
-    heads = delta_net.Heads.from_header(name, header) if name in delta_net.ARCHS else None
+    heads = _delta_heads(name, header)
     unknown = [t.name for t in wanted if any(archs.mlx_name(arch, n) is None for n, _ in archs.unfused(t.name))
                and t.name not in ROPE_TENSORS and not _mla_part(arch, t.name)]
     if unknown:  # e.g. another MoE layout: not a model we can run right
@@ -125,9 +125,8 @@ def _read_weights(header: Header, name: str, arch: archs.Arch):
         if archs.mlx_name(arch, t.name) is None and t.name in ROPE_TENSORS:  # the model's rope (gguf_rope.py)
             rope_tensors[t.name] = arrays["weight"]
             continue
-        for part_name, part in archs.unfused(t.name, arrays):
-            target, part = archs.mlx_name(arch, part_name), archs.adapt_tensor(arch, part_name, part, heads)
-            mx.eval(list(part.values()))
+        for part_name, part in _adapted_parts(arch, t.name, arrays, heads):
+            target = archs.mlx_name(arch, part_name)
             stem = target.rsplit(".", 1)[0]
             for key, array in part.items():
                 weights[target if key == "weight" else f"{stem}.{key}"] = array
@@ -148,17 +147,27 @@ def read_nextn_block(path: str | Path) -> tuple[str, archs.Arch, dict[str, dict]
     tensors = [t for t in header.tensors if t.name.startswith(prefix)]
     if not header.metadata.get(f"{name}.nextn_predict_layers") or not tensors:
         return None
-    heads = delta_net.Heads.from_header(name, header) if name in delta_net.ARCHS else None
+    heads = _delta_heads(name, header)
     data = np.memmap(header.path, dtype=np.uint8, mode="r")
     block = {}
     for t in tensors:
         arrays, _ = convert_tensor(data[t.offset : t.offset + t.n_bytes], t.type, t.shape)
-        for part_name, part in archs.unfused(t.name, arrays):
-            part = archs.adapt_tensor(arch, part_name, part, heads)
-            mx.eval(list(part.values()))  # before the file's memory map goes
+        for part_name, part in _adapted_parts(arch, t.name, arrays, heads):
             block[part_name[len(prefix):]] = part
     del data
     return name, arch, block
+
+
+def _delta_heads(name: str, header: Header) -> delta_net.Heads | None:
+    return delta_net.Heads.from_header(name, header) if name in delta_net.ARCHS else None
+
+
+def _adapted_parts(arch: archs.Arch, gguf_name: str, arrays: dict, heads) -> list[tuple[str, dict]]:
+    """A converted tensor's parts (a fused one's halves), the converter's conventions undone, evaluated
+    before the file's memory map goes."""
+    parts = [(name, archs.adapt_tensor(arch, name, part, heads)) for name, part in archs.unfused(gguf_name, arrays)]
+    mx.eval([a for _, part in parts for a in part.values()])
+    return parts
 
 
 def _mla_part(arch: archs.Arch, name: str) -> bool:

@@ -105,7 +105,7 @@ class EagleDrafter(Drafter):
                 index = sample(q[None], keys[i])[0]
                 probs.append(mx.zeros((self.vocab_size,), q.dtype).at[self.vocab].add(q))
                 tokens.append(self.vocab[index][None])
-            sure = None if tree or not self.min_confidence else (q if probs else mx.softmax(logits))[index]
+            sure = None if tree or not self.min_confidence else (mx.softmax(logits) if sampling.greedy else q)[index]
             if i + 1 < k:  # the next step reads this draft with the head's own predicted feature
                 f, logits = self._draft_step(self.vocab[index], f)
                 self.drafted += 1

@@ -76,9 +76,8 @@ def _self_check(Hk: int, Hv: int, Dk: int, Dv: int) -> str | None:
     from mlx_lm.models.gated_delta import compute_g, gated_delta_ops
 
     y_ref, s_ref = gated_delta_ops(q, k, v, compute_g(A_log, a, dt), mx.sigmoid(b), state)
-    for got, ref in ((y, y_ref), (s, s_ref)):
-        if got.shape != ref.shape or not bool((mx.abs(got - ref) <= TOL * mx.abs(ref).max()).all().item()):
-            return "disagrees with mlx-lm's gated_delta_ops"
+    if not (_close(y, y_ref) and _close(s, s_ref)):
+        return "disagrees with mlx-lm's gated_delta_ops"
     ys, s1 = [], state
     for t in range(5):
         yt, s1 = _kernel(q[:, t : t + 1], k[:, t : t + 1], v[:, t : t + 1], a[:, t : t + 1], b[:, t : t + 1], A_log, dt, s1)
@@ -86,6 +85,10 @@ def _self_check(Hk: int, Hv: int, Dk: int, Dv: int) -> str | None:
     if not (mx.array_equal(mx.concatenate(ys, axis=1), y).item() and mx.array_equal(s1, s).item()):
         return "a call's tokens differ from one-token calls"
     return None
+
+
+def _close(got: mx.array, ref: mx.array) -> bool:
+    return got.shape == ref.shape and bool((mx.abs(got - ref) <= TOL * mx.abs(ref).max()).all().item())
 
 
 def _kernel(q, k, v, a, b, A_log, dt_bias, state):
@@ -123,7 +126,7 @@ def _check_conv(channels: int, taps: int) -> str | None:
     x = mx.random.normal((2, 6 + taps - 1, channels), key=keys[0])
     w = mx.random.normal((channels, taps, 1), key=keys[1])
     y, ref = _conv(x, w), mx.conv1d(x, w, groups=channels)
-    if y.shape != ref.shape or not bool((mx.abs(y - ref) <= TOL * mx.abs(ref).max()).all().item()):
+    if not _close(y, ref):
         return "disagrees with MLX's conv1d"
     rows = mx.concatenate([_conv(x[:, t : t + taps], w) for t in range(6)], axis=1)
     return None if mx.array_equal(rows, y).item() else "rows depend on the row count"
