@@ -132,7 +132,7 @@ class Engine:
         if lookup_memory < 0:
             raise MlxspecError(f"lookup_memory must be 0 or more tokens, not {lookup_memory}")
         drafter = drafter or ("draft-model" if draft else "none")
-        kind, _ = parse_drafter(drafter)
+        kind, arg = parse_drafter(drafter)
         if (kind == "draft-model") != bool(draft):
             raise MlxspecError("a draft model goes with the draft-model drafter, and it needs one")
         tgt = loading.load(target, quantize, progress, ollama, kv_cache, context)
@@ -151,8 +151,9 @@ class Engine:
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
+        source = loading.mtp_source(arg, progress) if kind == "mtp" and arg else None
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
-                             compiled=settings.compile_steps(), target_file=tgt.path if loading.is_gguf(tgt) else None)
+                             compiled=settings.compile_steps(), target_file=tgt.path, mtp_source=source)
         if kernels:
             from .kernels import install_kernels
 

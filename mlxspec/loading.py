@@ -10,6 +10,7 @@ Model code and tokenizers come from mlx-lm; nothing here re-implements an archit
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,7 @@ from mlx.utils import tree_flatten
 from . import hub_gguf, ollama_store
 from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_half
 from .errors import MlxspecError, ModelLoadError
+from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -125,12 +127,35 @@ def _package_file(reference: str) -> Path:
     return path
 
 
-def download(repo_id: str, progress: Any = None) -> str:
-    """Fetch a repo's model files into the Hugging Face cache (the cache alone when it has them)."""
+def mtp_source(reference: str, progress: Any = None) -> Path:
+    """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a path as it is; an hf.co
+    GGUF reference its file; a repo id only the files the block lives in (heads/mtp_checkpoints.py): a
+    drafter folder whole, else the config, the safetensors index and the shards that hold mtp.* tensors."""
+    path = Path(reference).expanduser()
+    if path.exists():
+        return path
+    if hub_gguf.is_reference(reference):
+        return hub_gguf.download(reference, progress)
+    if not REPO_ID.match(reference):
+        raise ModelLoadError(f"mtp source {reference!r} not found: not a local path nor a Hugging Face repo id")
+    head = Path(download(reference, progress, ["config.json", INDEX]))
+    config = json.loads((head / "config.json").read_text()) if (head / "config.json").exists() else {}
+    shards = ["*.safetensors"]
+    if (head / INDEX).exists() and config.get("model_type") != DRAFTER_TYPE:
+        weight_map = json.loads((head / INDEX).read_text()).get("weight_map", {})
+        shards = sorted({f for key, f in weight_map.items() if key.startswith("mtp.")})
+        if not shards:
+            raise ModelLoadError(f"{reference} carries no multi-token-prediction block (no mtp.* tensors in its index)")
+    return Path(download(reference, progress, ["config.json", INDEX, *shards]))
+
+
+def download(repo_id: str, progress: Any = None, patterns: list[str] | None = None) -> str:
+    """Fetch a repo's model files (or those `patterns` match) into the Hugging Face cache (the cache alone
+    when it has them)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
-    kwargs: dict[str, Any] = {"allow_patterns": HUB_PATTERNS}
+    kwargs: dict[str, Any] = {"allow_patterns": patterns or HUB_PATTERNS}
     if progress is not None:
         kwargs["tqdm_class"] = progress
     try:

@@ -208,6 +208,18 @@ def _swiglu_ffn(w, p, hp: Hparams, x, norm: str):
     return x + (gate / (1 + np.exp(-gate)) * up) @ w[p + "ffn_down.weight"].T
 
 
+def mtp_logits(w: dict, hp: Hparams, tokens: list[int], hidden: np.ndarray, p: str, swap: bool = False) -> np.ndarray:
+    """llama.cpp's qwen35 MTP graph (the block's tensors under prefix `p`): entry t reads (token t, the target's
+    normed hidden state at t - 1); `swap` puts the hidden state first (wrong: the test's teeth)."""
+    w = {k: v.astype(np.float64) for k, v in w.items()}
+    e = _rms(w["token_embd.weight"][tokens], w[p + "nextn.enorm.weight"], hp.eps)
+    h = _rms(hidden.astype(np.float64), w[p + "nextn.hnorm.weight"], hp.eps)
+    x = np.concatenate([h, e] if swap else [e, h], axis=-1) @ w[p + "nextn.eh_proj.weight"].T
+    x = x + _gated_attention(w, p, hp, _rms(x, w[p + "attn_norm.weight"], hp.eps))
+    x = _swiglu_ffn(w, p, hp, x, "post_attention_norm")
+    return _rms(x, w[p + "nextn.shared_head_norm.weight"], hp.eps) @ w["output.weight"].T
+
+
 def _gated_attention(w, p, hp: Hparams, h):
     """Each head's q rows followed by its gate rows; q/k RMS-normed per head, NEOX rope on rope_dims, causal
     softmax attention, the output times sigmoid(gate)."""

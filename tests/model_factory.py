@@ -122,3 +122,116 @@ def build_model(config: dict, seed: int = 0, scale: float = 0.6):
 def write_weights(path: Path, config: dict, seed: int, scale: float) -> None:
     model = build_model(config, seed, scale)
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+
+
+# Qwen3.5 as its original checkpoints come (Qwen/Qwen3.5-*): a multi-token-prediction block beside the
+# model (`mtp.*`), RMSNorm weights zero-centred (the norm multiplies by 1 + w), conv1d as (C, 1, K), MoE
+# experts fused (`experts.gate_up_proj`), the mtp tensors in a shard of their own behind an index.
+QWEN35_TEXT = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 32, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+               "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+               "full_attention_interval": 2, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+               "max_position_embeddings": 1024, "mtp_num_hidden_layers": 1,
+               "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25}}
+QWEN35_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64,
+              "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1, "norm_topk_prob": True}
+ZERO_CENTRED = (".input_layernorm.weight", ".post_attention_layernorm.weight", ".q_norm.weight", ".k_norm.weight",
+                "model.norm.weight", "mtp.norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")
+
+
+def make_qwen35_checkpoint(path: str | Path, moe: bool = False, seed: int = 0, scale: float = 0.6,
+                           dtype: mx.Dtype | None = None) -> Path:
+    """A random Qwen3.5 (dense or MoE) in the original checkpoint's layout, with its mtp block; returns the path.
+    `dtype`: bfloat16 as released, but float32 for MoE by default (MLX's CPU gather_mm takes only float32)."""
+    dtype = dtype or (mx.float32 if moe else mx.bfloat16)
+    from mlxspec.heads.mtp import attention_layer, MtpHead
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(path)
+    kind = "qwen3_5_moe" if moe else "qwen3_5"
+    text = {**QWEN35_TEXT, **(QWEN35_MOE if moe else {}), "model_type": f"{kind}_text", "vocab_size": vocab}
+    config = {"model_type": kind, "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
+              "tie_word_embeddings": False, "eos_token_id": SPECIAL.index("<|im_end|>")}
+    model = build_model(config, seed, scale)
+    index, layer = attention_layer(model)
+    args = model.language_model.args
+    block = MtpHead(args.hidden_size, args.rms_norm_eps, type(layer)(args, layer_idx=index), args.vocab_size)
+    mx.random.seed(seed + 1)
+    block.load_weights([(k, (mx.random.normal(v.shape) * scale / (v.shape[-1] ** 0.25)).astype(dtype))
+                        for k, v in tree_flatten(block.parameters())])
+    trunk = {_original_name(k): v.astype(dtype) for k, v in tree_flatten(model.parameters())}
+    mtp = {"mtp." + _original_block_name(k): v for k, v in tree_flatten(block.parameters())}
+    shards = {"model-00001-of-00002.safetensors": _fused_experts(trunk),
+              "model-00002-of-00002.safetensors": _fused_experts(mtp)}
+    for name, tensors in shards.items():
+        tensors = {k: (v - 1.0 if k.endswith(ZERO_CENTRED) else v) for k, v in tensors.items()}
+        mx.save_safetensors(str(path / name), tensors, metadata={"format": "pt"})
+    weight_map = {k: name for name, tensors in shards.items() for k in tensors}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def _original_name(key: str) -> str:
+    """mlx-lm's name -> the checkpoint's (conv1d reshaped by _fused_experts' caller)."""
+    if key.startswith("language_model.model."):
+        return "model.language_model." + key[len("language_model.model."):]
+    return key.removeprefix("language_model.")
+
+
+def _original_block_name(key: str) -> str:
+    """MtpHead's name -> the checkpoint's, without the mtp. prefix."""
+    names = {"eh_proj": "fc", "enorm": "pre_fc_norm_embedding", "hnorm": "pre_fc_norm_hidden", "norm": "norm"}
+    first, _, rest = key.partition(".")
+    return f"layers.0.{rest}" if first == "layer" else f"{names[first]}.{rest}"
+
+
+def _fused_experts(tensors: dict) -> dict:
+    """mlx-lm's SwitchGLU experts -> the checkpoint's fused ones; conv1d (C, K, 1) -> (C, 1, K)."""
+    out = {}
+    for k, v in tensors.items():
+        if ".switch_mlp." in k:
+            prefix, proj = k.split(".switch_mlp.")
+            if proj.startswith("gate_proj"):
+                up = tensors[f"{prefix}.switch_mlp.up_proj.weight"]
+                out[f"{prefix}.experts.gate_up_proj"] = mx.concatenate([v, up], axis=-2)
+            elif proj.startswith("down_proj"):
+                out[f"{prefix}.experts.down_proj"] = v
+        elif k.endswith("conv1d.weight"):
+            out[k] = v.moveaxis(1, 2)
+        else:
+            out[k] = v
+    return out
+
+
+def split_mtp_folder(checkpoint: Path, path: str | Path, bits: int | None = None, group_size: int = 32) -> Path:
+    """The checkpoint's mtp block as mlx-vlm's splitter writes a drafter folder (model_type qwen3_5_mtp): the
+    prefix off, norms made 1 + w, experts as SwitchGLU's, quantized when `bits` is given."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = json.loads((checkpoint / "config.json").read_text())
+    raw = mx.load(str(checkpoint / "model-00002-of-00002.safetensors"))
+    tensors = {}
+    for k, v in raw.items():
+        k = k.removeprefix("mtp.")
+        v = v + 1.0 if k.endswith(("norm.weight", "pre_fc_norm_embedding.weight", "pre_fc_norm_hidden.weight")) else v
+        if k.endswith("experts.gate_up_proj"):
+            gate, up = mx.split(v, 2, axis=-2)
+            stem = k[: -len("experts.gate_up_proj")]
+            tensors[stem + "switch_mlp.gate_proj.weight"], tensors[stem + "switch_mlp.up_proj.weight"] = gate, up
+        elif k.endswith("experts.down_proj"):
+            tensors[k[: -len("experts.down_proj")] + "switch_mlp.down_proj.weight"] = v
+        else:
+            tensors[k] = v
+    draft = {"model_type": "qwen3_5_mtp", "text_config": config["text_config"], "block_size": 3,
+             "tie_word_embeddings": False}
+    if bits:
+        for k in [k for k in tensors if k.endswith(".weight") and tensors[k].ndim >= 2]:
+            wq, scales, biases = mx.quantize(tensors[k], group_size=group_size, bits=bits)
+            stem = k[: -len(".weight")]
+            tensors[k], tensors[stem + ".scales"], tensors[stem + ".biases"] = wq, scales, biases
+        draft["quantization"] = {"group_size": group_size, "bits": bits, "mode": "affine"}
+    mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    (path / "config.json").write_text(json.dumps(draft, indent=1))
+    return path

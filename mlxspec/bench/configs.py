@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..drafters import parse_drafter
 from ..errors import MlxspecError
 
 ENGINE, MLX_LM, MLX_LM_SPECULATIVE = "mlxspec", "mlx-lm", "mlx-lm-speculative"
@@ -55,12 +56,12 @@ def parse_drafters(text: str | None, has_draft: bool) -> list[str]:
         return ["lookup"] + (["draft-model"] if has_draft else [])
     names = parse_csv(text, "--drafters")
     for name in names:
-        kind, _, arg = name.partition(":")
-        learned = kind in ("medusa", "eagle")  # named by their trained file
-        bad_arg = (learned and not arg) or (kind != "early-exit" and not learned and arg)
-        if kind not in DRAFTER_KINDS or bad_arg or (kind == "early-exit" and arg and not arg.isdigit()):
-            raise MlxspecError(f"--drafters: unknown drafter {name!r}: use {', '.join(DRAFTER_KINDS)} "
-                               "(early-exit:LAYERS, medusa:NAME, eagle:NAME)")
+        try:
+            kind, _ = parse_drafter(name)
+        except MlxspecError as e:
+            raise MlxspecError(f"--drafters: {e}") from None
+        if kind not in DRAFTER_KINDS:  # 'none' is the plain row every run has
+            raise MlxspecError(f"--drafters: {name!r} is the plain row every run has; use {', '.join(DRAFTER_KINDS)}")
     if "draft-model" in names and not has_draft:
         raise MlxspecError("--drafters draft-model needs a draft model: add --draft REF")
     return list(dict.fromkeys(names))

@@ -10,14 +10,15 @@ from .selfdraft import EarlyExitDrafter
 
 # Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half);
 # medusa and eagle take their file: "eagle:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "eagle:PATH".
-# mtp: the model's own multi-token-prediction block (Qwen3.5's GGUFs carry one).
+# mtp: the model's own multi-token-prediction block (Qwen3.5's GGUFs and original checkpoints carry one);
+# "mtp:SOURCE" reads it from elsewhere: a checkpoint directory, a drafter folder, a repo id or a GGUF.
 DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle", "mtp")
 LEARNED = ("medusa", "eagle")  # drafters trained by `mlxspec train-drafter`, named by their file
 
 
 def parse_drafter(spec: str) -> tuple[str, int | str | None]:
     """'lookup' -> ('lookup', None); 'early-exit:12' -> ('early-exit', 12);
-    'medusa:NAME' -> ('medusa', 'NAME'), 'eagle:NAME' likewise; bad names raise."""
+    'medusa:NAME' -> ('medusa', 'NAME'), 'eagle:NAME' likewise; 'mtp:SOURCE' -> ('mtp', 'SOURCE'); bad names raise."""
     from ..errors import MlxspecError
 
     kind, _, arg = spec.partition(":")
@@ -25,19 +26,23 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
         if not arg:
             raise MlxspecError(f"the {kind} drafter needs its file: {kind}:NAME or {kind}:PATH")
         return kind, arg
+    if kind == "mtp":
+        return kind, arg or None
     if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
-        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} (early-exit:LAYERS, medusa:NAME, eagle:NAME)")
+        raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} "
+                           "(early-exit:LAYERS, medusa:NAME, eagle:NAME, mtp:SOURCE)")
     return kind, int(arg) if arg else None
 
 
 def make_drafter(spec: str, target, draft=None, min_confidence: float | None = None, lookup_memory: int | None = None,
-                 compiled: bool = False, target_file=None) -> Drafter:
+                 compiled: bool = False, target_file=None, mtp_source=None) -> Drafter:
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `min_confidence`: a
     draft model's, EAGLE's or mtp's chain stops after a draft it gives less than that probability (None: 0,
     never, but mtp's MTP_MIN_CONFIDENCE); `lookup_memory`:
     output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
     draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py); `target_file`:
-    the GGUF the target was read from (mtp reads its block there), None for other models."""
+    the GGUF or directory the target was read from (mtp reads its block there); `mtp_source`: the local path
+    'mtp:SOURCE' resolved to (the caller fetches a repo id), where mtp reads the block instead."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
@@ -55,7 +60,10 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float | None = N
     if kind == "eagle":
         return EagleDrafter(target, arg, compiled=compiled, min_confidence=min_confidence or 0.0)
     if kind == "mtp":
-        return MtpDrafter(target, target_file, compiled, MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence)
+        if arg is not None and mtp_source is None:
+            raise MlxspecError(f"the block of {spec!r} was not fetched: resolve its source first (Engine.load does)")
+        return MtpDrafter(target, target_file, compiled, MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence,
+                          mtp_source)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence or 0.0, compiled)
     return NoDrafter()

@@ -156,19 +156,22 @@ MTP_MIN_CONFIDENCE = 0.75
 
 
 class MtpDrafter(EagleDrafter):
-    """The model's own multi-token-prediction block (heads/mtp.py: Qwen3.5's, read from its GGUF) drafting
-    as an EAGLE head does: the same features, cache and draft steps; its logits over the whole vocabulary
-    through the target's head (or the block's own), so nothing is copied and every token can be drafted."""
+    """The model's own multi-token-prediction block (heads/mtp.py: Qwen3.5's, Qwen3-Next's) drafting as an
+    EAGLE head does: the same features, cache and draft steps; its logits over the whole vocabulary through
+    the target's head (or the block's own), so nothing is copied and every token can be drafted."""
 
     def __init__(self, target: nn.Module, path: Path | None, compiled: bool = False,
-                 min_confidence: float = MTP_MIN_CONFIDENCE):
+                 min_confidence: float = MTP_MIN_CONFIDENCE, source: Path | None = None):
+        """`path`: the GGUF or checkpoint directory the target was read from; `source`: where the block is
+        to be read instead (mtp:PATH), a GGUF, a checkpoint or a drafter folder."""
         self.min_confidence = min_confidence
-        if path is None:
-            raise MlxspecError("the mtp drafter reads the model's multi-token-prediction block from its GGUF file; "
-                               "this model was not loaded from one")
-        head = mtp.from_gguf(path, target)
+        where = source or path
+        if where is None:
+            raise MlxspecError("the mtp drafter reads the model's multi-token-prediction block from its files, "
+                               "and this model was not loaded from any")
+        head = mtp.from_gguf(where, target) if where.is_file() else mtp.from_checkpoint(where, target)
         self.draft_head = FullHead(head.head if "head" in head else target_head(target), target)
-        self.config = {"kind": "mtp", "file": str(path)}
+        self.config = {"kind": "mtp", "file": str(where)}
         self._setup(target, head, "mtp", compiled)
 
 

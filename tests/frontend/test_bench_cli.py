@@ -36,7 +36,9 @@ def test_hardware_reports_the_roofline(tiny_llama):
 
 @pytest.mark.parametrize("args,message", [
     (["--draft-lengths", "1,x"], "--draft-lengths"),
-    (["--drafters", "medusa"], "unknown drafter"),
+    (["--drafters", "medusa"], "needs its file"),
+    (["--drafters", "magic"], "unknown drafter"),
+    (["--drafters", "none"], "plain row"),
     (["--drafters", "draft-model"], "needs a draft model"),
     (["--prompts", "no-such-set"], "prompt set"),
     (["--max-tokens", "0"], "--max-tokens"),

@@ -157,3 +157,42 @@ def test_pull_a_gguf_from_a_hub_repo_by_quantization(daemon, gguf_repo):
     with pytest.raises(ollama.ResponseError, match=r"has no Q2_K GGUF \(it has: Q4_0, Q8_0\)"):
         client.pull(f"hf.co/{gguf_repo}:Q2_K")
     assert not store.exists("acme/tiny-gguf:q2_k")
+
+
+def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub, tmp_path):
+    """An MLX conversion (no mtp.* tensors) created with drafter mtp:ORG/REPO: the original checkpoint's
+    config, index and the one shard holding the block are fetched, never its trunk; answers are plain's."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    from model_factory import make_qwen35_checkpoint
+    from mlxspec.loading import load
+    from server.api_helpers import ndjson_lines, post
+
+    original = make_qwen35_checkpoint(tmp_path / "original")
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    for f in original.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            (converted / f.name).write_bytes(f.read_bytes())
+    mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(load(str(original)).model.parameters())),
+                        metadata={"format": "mlx"})
+    hub.fake.add("Qwen/Qwen3.5-Tiny", original)
+    hub.fake.add("mlx-community/Qwen3.5-Tiny-bf16", converted)
+    client = ollama.Client(host=daemon.url)
+    body = {"prompt": "the world and the", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
+    for name, drafter in (("tiny-mtp", "mtp:Qwen/Qwen3.5-Tiny"), ("tiny-plain", "none")):  # drafter: mlxspec's field
+        status, lines = ndjson_lines(daemon.url + "/api/create",
+                                     {"model": name, "from": "mlx-community/Qwen3.5-Tiny-bf16", "drafter": drafter})
+        assert status == 200 and lines[-1] == {"status": "success"}, lines
+    try:
+        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body}) for m in ("tiny-mtp", "tiny-plain"))
+        assert drafted["response"] == plain["response"]
+        assert drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
+        served = {path for repo, path in hub.fake.served if repo == "Qwen/Qwen3.5-Tiny"}
+        assert served == {"config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"}
+    finally:
+        for name in ("tiny-mtp", "tiny-plain"):
+            client.generate(model=name, keep_alive=0)
+            client.delete(name)
