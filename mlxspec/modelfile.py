@@ -7,7 +7,7 @@ Ollama's directives (case-insensitive): FROM (a store name, a local directory or
 Hugging Face repo id), PARAMETER name value (every option mlxspec knows; repeated `stop` lines add
 up), TEMPLATE (Go syntax as Ollama writes it, or Jinja), SYSTEM, MESSAGE role content, LICENSE.
 mlxspec's own, for speculation and what its manifests hold: DRAFT (a draft model), DRAFTER (none,
-draft-model, lookup, early-exit[:N], medusa:NAME, eagle:NAME, mtp), DRAFT_LENGTH, QUANTIZE, DRAFT_QUANTIZE,
+draft-model, lookup, early-exit[:N], medusa:NAME, eagle:NAME, mtp[:SOURCE]), DRAFT_LENGTH, QUANTIZE, DRAFT_QUANTIZE,
 DESCRIPTION. ADAPTER, RENDERER and PARSER are refused by name; REQUIRES (an Ollama version) is read
 and ignored. Values: the rest of the line, or "quoted", or \"\"\"on several lines\"\"\" (no escapes,
 as in Ollama); `#` starts a comment line.
@@ -41,8 +41,9 @@ class ModelfileError(MlxspecError):
 
 
 def parse(text: str, base_dir: str | Path = ".") -> dict:
-    """The /api/create body a Modelfile stands for (without `model`); FROM and DRAFT paths that
-    exist are made absolute (relative ones are relative to `base_dir`, the Modelfile's folder)."""
+    """The /api/create body a Modelfile stands for (without `model`); FROM and DRAFT paths (and a DRAFTER's
+    source, mtp:PATH) that exist are made absolute (relative ones are relative to `base_dir`, the Modelfile's
+    folder)."""
     body: dict[str, Any] = {}
     params: dict[str, Any] = {}
     messages, licenses = [], []
@@ -69,6 +70,9 @@ def parse(text: str, base_dir: str | Path = ".") -> dict:
             if not re.fullmatch(r"[+-]?\d+", args):
                 raise ModelfileError(f"{where} must be an integer, not {args!r}")
             body["draft_length"] = int(args)
+        elif name == "drafter":  # eagle:PATH, medusa:PATH, mtp:PATH: a path relative to the Modelfile too
+            kind, colon, arg = args.partition(":")
+            body[name] = f"{kind}:{_reference(arg, Path(base_dir))}" if colon and arg else args
         elif name in SINGLE:
             body[name] = args
     if "from" not in body:

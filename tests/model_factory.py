@@ -144,8 +144,6 @@ def make_qwen35_checkpoint(path: str | Path, moe: bool = False, seed: int = 0, s
     """A random Qwen3.5 (dense or MoE) in the original checkpoint's layout, with its mtp block; returns the path.
     `dtype`: bfloat16 as released, but float32 for MoE by default (MLX's CPU gather_mm takes only float32)."""
     dtype = dtype or (mx.float32 if moe else mx.bfloat16)
-    from mlxspec.heads.mtp import attention_layer, MtpHead
-
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     vocab = write_tokenizer(path)
@@ -154,23 +152,49 @@ def make_qwen35_checkpoint(path: str | Path, moe: bool = False, seed: int = 0, s
     config = {"model_type": kind, "architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": text,
               "tie_word_embeddings": False, "eos_token_id": SPECIAL.index("<|im_end|>")}
     model = build_model(config, seed, scale)
-    index, layer = attention_layer(model)
-    args = model.language_model.args
-    block = MtpHead(args.hidden_size, args.rms_norm_eps, type(layer)(args, layer_idx=index), args.vocab_size)
-    mx.random.seed(seed + 1)
-    block.load_weights([(k, (mx.random.normal(v.shape) * scale / (v.shape[-1] ** 0.25)).astype(dtype))
-                        for k, v in tree_flatten(block.parameters())])
     trunk = {_original_name(k): v.astype(dtype) for k, v in tree_flatten(model.parameters())}
-    mtp = {"mtp." + _original_block_name(k): v for k, v in tree_flatten(block.parameters())}
     shards = {"model-00001-of-00002.safetensors": _fused_experts(trunk),
-              "model-00002-of-00002.safetensors": _fused_experts(mtp)}
+              "model-00002-of-00002.safetensors": _fused_experts(_random_block(model, seed + 1, scale, dtype))}
     for name, tensors in shards.items():
         tensors = {k: (v - 1.0 if k.endswith(ZERO_CENTRED) else v) for k, v in tensors.items()}
         mx.save_safetensors(str(path / name), tensors, metadata={"format": "pt"})
-    weight_map = {k: name for name, tensors in shards.items() for k in tensors}
-    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    _write_index(path, shards)
     (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
+
+
+def add_original_mtp_block(path: Path, seed: int = 1, scale: float = 0.6) -> Path:
+    """Beside a make_model_dir("qwen3_next") model, a block as Qwen3-Next's original checkpoint holds it:
+    mtp.* in a shard of its own (zero-centred norms, one tensor per expert), both files behind an index."""
+    config = json.loads((path / "config.json").read_text())
+    block = {}
+    for k, v in _random_block(build_model(config), seed, scale, mx.float32).items():
+        if ".switch_mlp." in k:  # (experts, out, in) -> one (out, in) tensor per expert
+            prefix, proj = k.split(".switch_mlp.")
+            block.update({f"{prefix}.experts.{e}.{proj}": v[e] for e in range(v.shape[0])})
+        else:
+            block[k] = v - 1.0 if k.endswith(ZERO_CENTRED) else v
+    mx.save_safetensors(str(path / "mtp.safetensors"), block, metadata={"format": "pt"})
+    _write_index(path, {"model.safetensors": mx.load(str(path / "model.safetensors")), "mtp.safetensors": block})
+    return path
+
+
+def _random_block(model, seed: int, scale: float, dtype) -> dict:
+    """A random mtp block for `model` under the original checkpoint's names (mtp.*), mlx-lm's expert layout."""
+    from mlxspec.heads.mtp import MtpHead, attention_layer
+
+    index, layer = attention_layer(model)
+    args = getattr(model, "language_model", model).args
+    block = MtpHead(args.hidden_size, args.rms_norm_eps, type(layer)(args, layer_idx=index), args.vocab_size)
+    mx.random.seed(seed)
+    block.load_weights([(k, (mx.random.normal(v.shape) * scale / (v.shape[-1] ** 0.25)).astype(dtype))
+                        for k, v in tree_flatten(block.parameters())])
+    return {"mtp." + _original_block_name(k): v for k, v in tree_flatten(block.parameters())}
+
+
+def _write_index(path: Path, shards: dict) -> None:
+    weight_map = {k: name for name, tensors in shards.items() for k in tensors}
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
 
 
 def _original_name(key: str) -> str:

@@ -53,6 +53,13 @@ def test_names_and_repo_ids_stay_as_written(tmp_path):
     assert parse("\ufeffFROM a\r\nSYSTEM b\r\n")["system"] == "b"  # a BOM and Windows line ends
 
 
+def test_a_drafters_source_is_a_path_relative_to_the_modelfile_or_a_name(tmp_path):
+    (tmp_path / "block").mkdir()
+    assert parse("FROM x\nDRAFTER mtp:./block\n", tmp_path)["drafter"] == f"mtp:{(tmp_path / 'block').resolve()}"
+    assert parse("FROM x\nDRAFTER mtp:Qwen/Qwen3.5-4B\n", tmp_path)["drafter"] == "mtp:Qwen/Qwen3.5-4B"
+    assert parse("FROM x\nDRAFTER early-exit:8\n", tmp_path)["drafter"] == "early-exit:8"
+
+
 @pytest.mark.parametrize("text, words", [
     ("SYSTEM hi", "no FROM line"),
     ("FROM x\nADAPTER ./lora", "ADAPTER (LoRA adapters) is not supported"),

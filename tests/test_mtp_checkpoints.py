@@ -7,13 +7,14 @@ decoding's tokens."""
 from __future__ import annotations
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from gguf_reference import Hparams, mtp_logits
-from model_factory import make_qwen35_checkpoint, split_mtp_folder
+from model_factory import add_original_mtp_block, make_model_dir, make_qwen35_checkpoint, split_mtp_folder
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
 from mlxspec.features import head as target_head
@@ -26,11 +27,36 @@ from speculation_checks import assert_drafts_keep_plain_tokens
 PROMPTS = ["the world and the world and the world and the", "Once upon a time"]
 TOKENS = [5, 77, 271, 12, 9, 150, 44, 260]
 HP = Hparams(arch="qwen35", hidden=64, heads=4, kv_heads=2, head_dim=32, eps=1e-6, rope_dims=8, experts_used=2)
+NEXT_HP = Hparams(arch="qwen35", hidden=64, heads=4, kv_heads=2, head_dim=16, eps=1e-5, rope_dims=4, experts_used=2,
+                  norm_topk=False)  # model_factory's qwen3_next: mlx-lm's default
 
 
-@pytest.fixture(scope="module", params=["dense", "moe"])
-def checkpoint(request, tmp_path_factory):
-    return make_qwen35_checkpoint(tmp_path_factory.mktemp("qwen35") / request.param, moe=request.param == "moe")
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    return make_qwen35_checkpoint(tmp_path_factory.mktemp("qwen35") / "dense")
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    return make_qwen35_checkpoint(tmp_path_factory.mktemp("qwen35") / "moe", moe=True)
+
+
+@pytest.fixture(params=["dense", "moe"])
+def checkpoint(request):
+    """Qwen3.5's original checkpoint, dense and MoE (bfloat16 and float32)."""
+    return request.getfixturevalue(request.param)
+
+
+@pytest.fixture(scope="module")
+def qwen3_next(tmp_path_factory):
+    """An MLX-written Qwen3-Next with its block as the original checkpoint holds it (one tensor per expert)."""
+    return add_original_mtp_block(make_model_dir(tmp_path_factory.mktemp("next"), "qwen3_next", layers=4, seed=3))
+
+
+@pytest.fixture(params=["dense", "moe", "qwen3_next"])
+def original(request):
+    """(checkpoint, the reference's hyperparameters): Qwen3.5 dense and MoE, Qwen3-Next."""
+    return request.getfixturevalue(request.param), NEXT_HP if request.param == "qwen3_next" else HP
 
 
 # the checkpoint's names -> the numpy reference's (llama.cpp's), norms made 1 + w as Qwen3.5's RMSNorm is
@@ -48,42 +74,47 @@ def reference_weights(checkpoint) -> dict:
     raw = {}
     for shard in sorted(checkpoint.glob("*.safetensors")):
         raw.update(mx.load(str(shard)))
-    w = {"token_embd.weight": raw["model.language_model.embed_tokens.weight"], "output.weight": raw["lm_head.weight"]}
+    embed = raw.get("model.language_model.embed_tokens.weight", raw.get("model.embed_tokens.weight"))
+    w, experts = {"token_embd.weight": embed, "output.weight": raw["lm_head.weight"]}, {}
     for key, value in raw.items():
         if not key.startswith("mtp."):
             continue
         stem = key[len("mtp."):]
         if stem.startswith("layers.0."):
             stem = stem[len("layers.0."):]
-            if stem == "mlp.experts.gate_up_proj":
-                w["blk.mtp.ffn_gate_up_exps.weight"] = value
+            if stem in ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"):  # Qwen3.5: fused
+                w[f"blk.mtp.ffn_{stem.split('.')[-1].removesuffix('_proj')}_exps.weight"] = value
                 continue
-            if stem == "mlp.experts.down_proj":
-                w["blk.mtp.ffn_down_exps.weight"] = value
+            if match := re.fullmatch(r"mlp\.experts\.(\d+)\.(\w+)_proj\.weight", stem):  # Qwen3-Next: per expert
+                experts.setdefault(f"blk.mtp.ffn_{match[2]}_exps.weight", {})[int(match[1])] = value
                 continue
             module, _, _ = stem.rpartition(".")
             name = LAYER[module]
         else:
             name = TOP[stem.rpartition(".")[0]]
         w[f"blk.mtp.{name}.weight"] = value + 1.0 if "norm" in stem else value
+    w.update({name: mx.stack([by[e] for e in sorted(by)]) for name, by in experts.items()})
     return {k: np.array(v.astype(mx.float32)) for k, v in w.items()}
 
 
-def test_the_checkpoints_block_is_the_mtp_graph(checkpoint):
+def test_the_checkpoints_block_is_the_mtp_graph(original):
     """Read from the original checkpoint: renamed, its zero-centred norms made 1 + w, the fused experts
-    split. Dropping the + 1 or swapping the concat order moves the logits."""
+    split (Qwen3.5), the per-expert ones stacked (Qwen3-Next). Dropping the + 1 or swapping the concat order
+    moves the logits."""
+    checkpoint, hp = original
     model = load(str(checkpoint)).model
     head = mtp.from_checkpoint(checkpoint, model)
     _, hidden = target_forward(model, mx.array([TOKENS]))
     features = head(model.model.embed_tokens(mx.array([TOKENS[1:]])), hidden[:, :-1], None, "causal")
     got = np.array(target_head(model)(features)[0].astype(mx.float32))
     w, h = reference_weights(checkpoint), np.array(hidden[0, :-1].astype(mx.float32))
-    want = mtp_logits(w, HP, TOKENS[1:], h, "blk.mtp.")
+    want = mtp_logits(w, hp, TOKENS[1:], h, "blk.mtp.")
     scale = np.abs(want).max()
-    np.testing.assert_allclose(got, want, atol=0.03 * scale, rtol=0)  # bfloat16 weights and activations
-    assert np.abs(got - mtp_logits(w, HP, TOKENS[1:], h, "blk.mtp.", swap=True)).max() > 0.2 * scale
+    tolerance = 0.03 if model.model.embed_tokens.weight.dtype == mx.bfloat16 else 1e-4  # bfloat16's 8 bits
+    np.testing.assert_allclose(got, want, atol=tolerance * scale, rtol=0)
+    assert np.abs(got - mtp_logits(w, hp, TOKENS[1:], h, "blk.mtp.", swap=True)).max() > 0.2 * scale
     unshifted = {k: v - 1.0 if k.endswith("nextn.enorm.weight") else v for k, v in w.items()}
-    assert np.abs(got - mtp_logits(unshifted, HP, TOKENS[1:], h, "blk.mtp.")).max() > 0.1 * scale
+    assert np.abs(got - mtp_logits(unshifted, hp, TOKENS[1:], h, "blk.mtp.")).max() > 0.1 * scale
 
 
 @pytest.mark.parametrize("bits", [None, 4])
@@ -115,7 +146,8 @@ def test_a_float_block_is_quantized_as_the_target(checkpoint):
 
 
 @pytest.mark.parametrize("quantize", [None, "q4g32"])
-def test_greedy_speculation_with_the_block_is_plain_decoding(checkpoint, quantize):
+def test_greedy_speculation_with_the_block_is_plain_decoding(original, quantize):
+    checkpoint, _ = original
     plain = Engine.load(str(checkpoint), quantize=quantize)
     drafted = Engine.load(str(checkpoint), quantize=quantize, drafter="mtp", min_confidence=0.0)
     assert drafted.drafter.name == "mtp" and drafted.drafter.config["file"] == str(checkpoint)

