@@ -151,7 +151,7 @@ class Engine:
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        source = loading.mtp_source(arg, progress) if kind == "mtp" and arg else None
+        source = loading.mtp_source(arg, progress, ollama) if kind == "mtp" and arg else None
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
                              compiled=settings.compile_steps(), target_file=tgt.path, mtp_source=source)
         if kernels:

@@ -127,17 +127,17 @@ def _package_file(reference: str) -> Path:
     return path
 
 
-def mtp_source(reference: str, progress: Any = None) -> Path:
-    """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a path as it is; an hf.co
-    GGUF reference its file; a repo id only the files the block lives in (heads/mtp_checkpoints.py): a
-    drafter folder whole, else the config, the safetensors index and the shards that hold mtp.* tensors."""
-    path = Path(reference).expanduser()
-    if path.exists():
-        return path
-    if hub_gguf.is_reference(reference):
-        return hub_gguf.download(reference, progress)
-    if not REPO_ID.match(reference):
-        raise ModelLoadError(f"mtp source {reference!r} not found: not a local path nor a Hugging Face repo id")
+def mtp_source(reference: str, progress: Any = None, ollama: ollama_store.OllamaStore | None = None) -> Path:
+    """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a repo id only the files
+    the block lives in (heads/mtp_checkpoints.py): a drafter folder whole, else the config, the safetensors
+    index and the shards that hold mtp.* tensors; any other reference as `resolve` finds it."""
+    if Path(reference).expanduser().exists() or not REPO_ID.match(reference):
+        if ollama is None and ollama_store.is_reference(reference):
+            ollama = ollama_store.OllamaStore.from_env()
+        try:
+            return resolve(reference, progress, ollama)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"the mtp drafter's source: {e}") from None
     head = Path(download(reference, progress, ["config.json", INDEX]))
     config = json.loads((head / "config.json").read_text()) if (head / "config.json").exists() else {}
     shards = ["*.safetensors"]

@@ -121,6 +121,12 @@ class Manifest:
     def refs(self) -> list[str]:
         return [r for r in (self.target, self.draft) if r]
 
+    @property
+    def mtp_source(self) -> str | None:
+        """Where the mtp drafter reads its block, when it is named apart from the target (mtp:SOURCE)."""
+        kind, colon, source = self.drafter_name.partition(":")
+        return source if kind == "mtp" and colon else None
+
 
 def _is_message(m: Any) -> bool:
     return isinstance(m, dict) and set(m) == {"role", "content"} and m["role"] in ("system", "user", "assistant") \
@@ -394,6 +400,9 @@ class Store:
             return manifest.target  # in Ollama's store already; mlxspec writes nothing for it
         for ref in manifest.refs():
             fetch(ref, progress, self.ollama)
+        if manifest.mtp_source:  # only the block's files of it
+            loading.mtp_source(manifest.mtp_source, _progress_class(manifest.mtp_source, progress) if progress else None,
+                               self.ollama)
         return self.save(name, manifest)
 
     def load_engine(self, manifest: Manifest) -> Engine:

@@ -233,6 +233,9 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
         changes.setdefault("drafter", base.drafter if base.drafter in (None, "draft-model") else "draft-model")
     elif changes.get("drafter") not in (None, "draft-model"):
         changes["draft"] = None  # another drafter replaces the draft model
+    kind, colon, source = (changes.get("drafter") or "").partition(":")
+    if kind == "mtp" and colon:  # where the block is read: held to what `from` may name
+        changes["drafter"] = "mtp:" + _reference(state, source, "the mtp drafter's source", trusted).target
     if body.get("draft_length") is not None:
         changes["draft_length"] = field(body, "draft_length", int)
     if params := field(body, "parameters", dict):

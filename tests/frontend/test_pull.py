@@ -160,8 +160,10 @@ def test_pull_a_gguf_from_a_hub_repo_by_quantization(daemon, gguf_repo):
 
 
 def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub, tmp_path):
-    """An MLX conversion (no mtp.* tensors) created with drafter mtp:ORG/REPO: the original checkpoint's
-    config, index and the one shard holding the block are fetched, never its trunk; answers are plain's."""
+    """The shipped qwen3.5-9b-mtp: an MLX conversion (no mtp.* tensors) drafted by mtp:Qwen/Qwen3.5-9B. Pulling
+    it fetches the conversion and, of the original checkpoint, the config, index and the one shard holding the
+    block, never its trunk. Its answers are plain decoding's; a model created over HTTP with the same
+    drafter reads the block already fetched."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
@@ -169,6 +171,7 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
     from mlxspec.loading import load
     from server.api_helpers import ndjson_lines, post
 
+    shipped = Store(daemon.home).shipped("qwen3.5-9b-mtp")
     original = make_qwen35_checkpoint(tmp_path / "original")
     converted = tmp_path / "converted"
     converted.mkdir()
@@ -177,22 +180,23 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
             (converted / f.name).write_bytes(f.read_bytes())
     mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(load(str(original)).model.parameters())),
                         metadata={"format": "mlx"})
-    hub.fake.add("Qwen/Qwen3.5-Tiny", original)
-    hub.fake.add("mlx-community/Qwen3.5-Tiny-bf16", converted)
+    hub.fake.add(shipped.mtp_source, original)
+    hub.fake.add(shipped.target, converted)
     client = ollama.Client(host=daemon.url)
+    assert client.pull("qwen3.5-9b-mtp").status == "success"
+    served = {path for repo, path in hub.fake.served if repo == shipped.mtp_source}
+    assert served == {"config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"}
+    status, lines = ndjson_lines(daemon.url + "/api/create",  # drafter: mlxspec's own field
+                                 {"model": "tiny-plain", "from": shipped.target, "drafter": "none"})
+    assert status == 200 and lines[-1] == {"status": "success"}, lines
     body = {"prompt": "the world and the", "raw": True, "stream": False,
             "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
-    for name, drafter in (("tiny-mtp", "mtp:Qwen/Qwen3.5-Tiny"), ("tiny-plain", "none")):  # drafter: mlxspec's field
-        status, lines = ndjson_lines(daemon.url + "/api/create",
-                                     {"model": name, "from": "mlx-community/Qwen3.5-Tiny-bf16", "drafter": drafter})
-        assert status == 200 and lines[-1] == {"status": "success"}, lines
     try:
-        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body}) for m in ("tiny-mtp", "tiny-plain"))
+        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body})
+                                    for m in ("qwen3.5-9b-mtp", "tiny-plain"))
         assert drafted["response"] == plain["response"]
         assert drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
-        served = {path for repo, path in hub.fake.served if repo == "Qwen/Qwen3.5-Tiny"}
-        assert served == {"config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"}
     finally:
-        for name in ("tiny-mtp", "tiny-plain"):
+        for name in ("qwen3.5-9b-mtp", "tiny-plain"):
             client.generate(model=name, keep_alive=0)
             client.delete(name)

@@ -175,8 +175,9 @@ def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):
     ],
 )
 def test_create_refuses_server_paths(daemon, source, status, words):
-    for key in ("from", "draft"):
-        body = {"model": "x", "from": "tiny", key: source}
+    """`from`, `draft` and the mtp drafter's source (where its block is read) alike."""
+    for key, value in (("from", source), ("draft", source), ("drafter", f"mtp:{source}")):
+        body = {"model": "x", "from": "tiny", key: value}
         got, answer = post(daemon.url + "/api/create", body)
         assert got == status and words in answer["error"], (key, answer)
     assert not daemon.state.store.exists("x")
