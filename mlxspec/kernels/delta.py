@@ -12,6 +12,9 @@ adds each output's taps in order, likewise the same for any row count.
 
 A call goes to the kernel on the CPU device, for float32 inputs without a mask (one sequence), at head
 sizes that passed the self-check against mlx-lm's ops in this process; anything else runs mlx-lm's.
+On GPUs mlx-lm's own kernel runs the recurrence (its tokens in order); the conv (registry family "conv")
+is then the taps in order as MLX elementwise ops in float32, since MLX's GPU convolutions may pick their
+algorithm by the input's length, so that a verify pass's rows could differ from one-row steps.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import mlx.nn as nn
 
 from . import registry
 from .build import KernelUnavailable, load_cpu_extension
-from .hooks import route_functions, routed, unroute_functions
+from .hooks import route_functions, unroute_functions
 
 NAME = "gated_delta_update"
 TOL = 2.0**-18  # |kernel - mlx-lm| <= TOL * max|mlx-lm|: sums of the same products, in another order
@@ -99,9 +102,30 @@ def _kernel(q, k, v, a, b, A_log, dt_bias, state):
     return tuple(_record().fn.gated_delta(*(mx.contiguous(x) for x in (q, k, v, g, beta, state)), stream=mx.cpu))
 
 
+def _load_conv(backend: str):
+    if backend == "cpu":
+        ext = load_cpu_extension()
+        return (lambda x, w: ext.causal_conv(mx.contiguous(x), mx.contiguous(w[..., 0]), stream=mx.cpu)), "causal_conv"
+    return taps_conv, "taps in order (MLX elementwise ops, float32)"
+
+
+registry.register("conv", _load_conv)
+
+
+def taps_conv(x: mx.array, weight: mx.array) -> mx.array:
+    """(B, T + K - 1, C) through a depthwise (C, K, 1) kernel -> (B, T, C): each output its K taps added in
+    order, in float32: elementwise ops only, so an output's arithmetic never depends on T."""
+    taps, rows = weight.shape[1], x.shape[1] - weight.shape[1] + 1
+    x32, w32 = x.astype(mx.float32), weight[..., 0].astype(mx.float32)  # (C, K)
+    y = x32[:, :rows] * w32[:, 0]
+    for j in range(1, taps):
+        y = y + x32[:, j : j + rows] * w32[:, j]
+    return y.astype(x.dtype)
+
+
 class KernelCausalConv(nn.Module):
-    """A depthwise nn.Conv1d without padding or bias (the delta-net layers' conv1d) through the kernel:
-    the same weight (C, K, 1); float32 inputs on the CPU, else MLX's conv."""
+    """A depthwise nn.Conv1d without padding or bias (the delta-net layers' conv1d) through the "conv"
+    family: the CPU kernel (float32), or on GPUs the taps in order; MLX's conv where its check failed."""
 
     def __init__(self, weight: mx.array):
         super().__init__()
@@ -109,26 +133,24 @@ class KernelCausalConv(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         channels, taps = self.weight.shape[:2]
-        usable = (x.dtype == mx.float32 and self.weight.dtype == mx.float32 and mx.default_device().type == mx.cpu
-                  and _record().error is None)
-        if usable and _record().check(("causal_conv", channels, taps), lambda: _check_conv(channels, taps)) is None:
-            return _conv(x, self.weight)
+        rec = registry.kernel("conv")
+        usable = rec.error is None and (rec.backend != "cpu" or x.dtype == self.weight.dtype == mx.float32)
+        signature = ("causal_conv", channels, taps, str(x.dtype))
+        if usable and rec.check(signature, lambda: _check_conv(rec.fn, channels, taps, x.dtype)) is None:
+            return rec.fn(x, self.weight)
         return mx.conv1d(x, self.weight, groups=channels)
 
 
-def _conv(x: mx.array, weight: mx.array) -> mx.array:
-    return _record().fn.causal_conv(mx.contiguous(x), mx.contiguous(weight[..., 0]), stream=mx.cpu)
-
-
-def _check_conv(channels: int, taps: int) -> str | None:
-    """Against MLX's grouped conv over 6 rows, and row by row."""
+def _check_conv(conv, channels: int, taps: int, dtype: mx.Dtype) -> str | None:
+    """Against MLX's grouped conv over 6 rows (within a rounding of `dtype`), and row by row."""
     keys = mx.random.split(mx.random.key(12), 2)
-    x = mx.random.normal((2, 6 + taps - 1, channels), key=keys[0])
-    w = mx.random.normal((channels, taps, 1), key=keys[1])
-    y, ref = _conv(x, w), mx.conv1d(x, w, groups=channels)
-    if not _close(y, ref):
+    x = mx.random.normal((2, 6 + taps - 1, channels), key=keys[0]).astype(dtype)
+    w = mx.random.normal((channels, taps, 1), key=keys[1]).astype(dtype)
+    y, ref = conv(x, w), mx.conv1d(x, w, groups=channels)
+    tolerance = TOL if dtype == mx.float32 else 2.0**-7  # half types: a rounding of the output
+    if not (y.shape == ref.shape and bool((mx.abs(y - ref) <= tolerance * mx.abs(ref).max()).all().item())):
         return "disagrees with MLX's conv1d"
-    rows = mx.concatenate([_conv(x[:, t : t + taps], w) for t in range(6)], axis=1)
+    rows = mx.concatenate([conv(x[:, t : t + taps], w) for t in range(6)], axis=1)
     return None if mx.array_equal(rows, y).item() else "rows depend on the row count"
 
 
@@ -139,15 +161,17 @@ def _depthwise(m: nn.Module) -> bool:
 
 
 def use_delta_kernel(model: nn.Module) -> dict:
-    """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel,
-    and swap the depthwise convs of those layers for KernelCausalConv."""
-    report = {"kernel": "delta", "routed": 0, "convs": 0, "error": _record().error}
-    if report["error"] is None:
+    """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel
+    (on the CPU), and swap the depthwise convs of those layers for KernelCausalConv (on any device)."""
+    on_cpu = registry.device_backend_name() == "cpu"
+    error = _record().error if on_cpu else "CPU-only: mlx-lm's own kernel runs the recurrence here"
+    report = {"kernel": "delta", "routed": 0, "convs": 0, "error": error}
+    if error is None:
         report["routed"] = route_functions(model, {NAME: (mlx_lm_gated_delta_update(), kernel_gated_delta_update)})
-        for _, m in model.named_modules():
-            if routed(m, NAME) and "conv1d" in m and _depthwise(m["conv1d"]):
-                m.conv1d = KernelCausalConv(m["conv1d"].weight)
-                report["convs"] += 1
+    for _, m in model.named_modules():
+        if "A_log" in m and "conv1d" in m and _depthwise(m["conv1d"]):  # a gated delta-net layer
+            m.conv1d = KernelCausalConv(m["conv1d"].weight)
+            report["convs"] += 1
     return report
 
 

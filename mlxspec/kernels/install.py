@@ -5,7 +5,8 @@
 
 Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py) and q/k/v and
 gate/up projections joined into one launch each (projections.py), attention and
-swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU),
+swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
+delta-net layers' recurrence routed (CPU) and their convs swapped (delta.py),
 and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
 """
@@ -45,6 +46,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     else:
         report["pointwise"] = {"kernel": "pointwise", "error": f"not needed on {backend}: MLX's ops are fused there"}
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
+        report["delta"] = use_delta_kernel(model)  # delta-net layers' convs: the taps in order (MLX's may vary)
         report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
     return report
 
@@ -62,12 +64,13 @@ def remove_kernels(model: nn.Module) -> None:
 
 def installed(model: nn.Module) -> bool:
     """Does any layer of this model run one of our kernels?"""
+    from .delta import KernelCausalConv
     from .hooks import routed
     from .layers import KernelQuantizedEmbedding, KernelQuantizedLinear, KernelQuantizedSwitchLinear
     from .pointwise import KernelRMSNorm, KernelRoPE, geglu_swapped
 
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
-             KernelRMSNorm, KernelRoPE)
+             KernelRMSNorm, KernelRoPE, KernelCausalConv)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
                                or routed(m, "gated_delta_update") or geglu_swapped(m)
                for _, m in model.named_modules())

@@ -11,7 +11,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.gated_delta import compute_g, gated_delta_ops, gated_delta_update
 
-from mlxspec.kernels import delta
+from mlxspec.kernels import delta, registry
 from mlxspec.kernels.delta import KernelCausalConv, kernel_gated_delta_update, restore_delta, use_delta_kernel
 from mlxspec.kernels.hooks import routed
 from mlxspec.loading import load
@@ -72,7 +72,7 @@ def test_conv_is_mlx_s_depthwise_conv_and_rows_are_rows_alone(cpu_ext, rows):
     assert y.shape == ref.shape and (mx.abs(y - ref) <= delta.TOL * mx.abs(ref).max()).all().item()
     for t in range(rows):
         assert mx.array_equal(conv(x[:, t : t + 4]), y[:, t : t + 1]).item()
-    assert delta._record().checks[("causal_conv", 96, 4)] is None
+    assert registry.kernel("conv").checks[("causal_conv", 96, 4, str(mx.float32))] is None
     half = x.astype(mx.float16)  # not the kernel's: MLX's conv
     assert mx.array_equal(conv(half), mx.conv1d(half, w, groups=96)).item()
 
@@ -90,3 +90,41 @@ def test_routed_per_model_and_restored(cpu_ext, tmp_path):
     restore_delta(model)
     assert not any(routed(m, "gated_delta_update") or isinstance(m, KernelCausalConv) for _, m in model.named_modules())
     assert mx.allclose(model(x), before, atol=1e-4).item()
+
+
+@pytest.fixture
+def pretend_gpu(monkeypatch):
+    """The registry sees a GPU backend (the "conv" family's GPU path is MLX ops: it runs here as there)."""
+    registry.reset()
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "metal")
+    yield
+    registry.reset()
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+def test_on_gpus_the_conv_is_its_taps_in_order(pretend_gpu, dtype):
+    """MLX's GPU convolutions may choose an algorithm by the input's length; the taps in order as elementwise
+    ops in float32 do not: rows alone equal rows together, within a rounding of MLX's conv."""
+    w = mx.random.normal((96, 4, 1), key=mx.random.key(2)).astype(dtype)
+    x = mx.random.normal((1, 5 + 3, 96), key=mx.random.key(3)).astype(dtype)
+    conv = KernelCausalConv(w)
+    y, ref = conv(x), mx.conv1d(x, w, groups=96)
+    assert registry.kernel("conv").fn is delta.taps_conv and y.dtype == dtype
+    assert registry.kernel("conv").checks[("causal_conv", 96, 4, str(dtype))] is None
+    assert mx.array_equal(y, delta.taps_conv(x, w)).item()
+    tolerance = delta.TOL if dtype == mx.float32 else 2.0**-7
+    assert (mx.abs(y - ref).astype(mx.float32) <= tolerance * mx.abs(ref).max().astype(mx.float32)).all().item()
+    for t in range(5):
+        assert mx.array_equal(conv(x[:, t : t + 4]), y[:, t : t + 1]).item()
+
+
+def test_on_gpus_only_the_convs_are_swapped(pretend_gpu, tmp_path):
+    model = load(str(make_model_dir(tmp_path, "qwen3_next", layers=4, seed=3))).model
+    x = mx.array([[5, 6, 7, 8]])
+    before = model(x)
+    report = use_delta_kernel(model)
+    assert report["routed"] == 0 and report["convs"] == 2 and "CPU-only" in report["error"]
+    assert not any(routed(m, "gated_delta_update") for _, m in model.named_modules())  # mlx-lm's GPU kernel
+    assert mx.allclose(model(x), before, atol=1e-4).item()
+    restore_delta(model)
+    assert not any(isinstance(m, KernelCausalConv) for _, m in model.named_modules())
