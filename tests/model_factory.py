@@ -154,7 +154,7 @@ def make_qwen35_checkpoint(path: str | Path, moe: bool = False, seed: int = 0, s
     model = build_model(config, seed, scale)
     trunk = {_original_name(k): v.astype(dtype) for k, v in tree_flatten(model.parameters())}
     shards = {"model-00001-of-00002.safetensors": _fused_experts(trunk),
-              "model-00002-of-00002.safetensors": _fused_experts(_random_block(model, seed + 1, scale, dtype))}
+              "model-00002-of-00002.safetensors": _fused_experts(random_block(model, seed + 1, scale, dtype))}
     for name, tensors in shards.items():
         tensors = {k: (v - 1.0 if k.endswith(ZERO_CENTRED) else v) for k, v in tensors.items()}
         mx.save_safetensors(str(path / name), tensors, metadata={"format": "pt"})
@@ -168,7 +168,7 @@ def add_original_mtp_block(path: Path, seed: int = 1, scale: float = 0.6) -> Pat
     mtp.* in a shard of its own (zero-centred norms, one tensor per expert), both files behind an index."""
     config = json.loads((path / "config.json").read_text())
     block = {}
-    for k, v in _random_block(build_model(config), seed, scale, mx.float32).items():
+    for k, v in random_block(build_model(config), seed, scale, mx.float32).items():
         if ".switch_mlp." in k:  # (experts, out, in) -> one (out, in) tensor per expert
             prefix, proj = k.split(".switch_mlp.")
             block.update({f"{prefix}.experts.{e}.{proj}": v[e] for e in range(v.shape[0])})
@@ -179,7 +179,7 @@ def add_original_mtp_block(path: Path, seed: int = 1, scale: float = 0.6) -> Pat
     return path
 
 
-def _random_block(model, seed: int, scale: float, dtype) -> dict:
+def random_block(model, seed: int, scale: float, dtype) -> dict:
     """A random mtp block for `model` under the original checkpoint's names (mtp.*), mlx-lm's expert layout."""
     from mlxspec.heads.mtp import MtpHead, attention_layer
 

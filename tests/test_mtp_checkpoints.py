@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 
 from gguf_reference import Hparams, mtp_logits
-from model_factory import add_original_mtp_block, make_model_dir, make_qwen35_checkpoint, split_mtp_folder
+from model_factory import (ARCH_CONFIGS, random_block, add_original_mtp_block, build_model, make_model_dir,
+                           make_qwen35_checkpoint, split_mtp_folder)
+from mlxspec.drafters import MtpDrafter
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
 from mlxspec.features import head as target_head
@@ -201,3 +203,24 @@ def test_blocks_that_do_not_fit_are_refused_by_name(checkpoint, tmp_path):
     mx.save_safetensors(str(deep / "model.safetensors"), tensors, metadata={"format": "mlx"})
     with pytest.raises(MlxspecError, match="one-layer blocks"):
         mtp.from_checkpoint(deep, model)
+
+
+@pytest.mark.parametrize("confidence", [0.75, 0.0], ids=["p-min", "whole-chains"])
+def test_sampling_with_the_block_keeps_the_target_law(tmp_path, confidence):
+    """On a 4-token vocabulary the law of every 3-token continuation is known (test_decode_sampling.fit):
+    sampled drafts from a Qwen3-Next block, with chains cut where the block is unsure or not, fit it."""
+    from test_decode_sampling import fit
+
+    config = {**ARCH_CONFIGS["qwen3_next"], "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 4,
+              "max_position_embeddings": 64, "rope_theta": 10000.0}
+    target = build_model(config, seed=3, scale=0.8)
+    folder = tmp_path / "block"  # a drafter folder: the block under its names, norms as 1 + w
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_5_mtp", "text_config": config}))
+    block = {k.removeprefix("mtp."): v for k, v in random_block(target, seed=5, scale=0.8, dtype=mx.float32).items()}
+    mx.save_safetensors(str(folder / "model.safetensors"), block, metadata={"format": "mlx"})
+    drafter = MtpDrafter(target, None, min_confidence=confidence, source=folder)
+    pvalue, acceptance = fit(target, drafter, {"temperature": 1.0}, k=2, n=1000)
+    assert pvalue > 1e-3 and acceptance > 0.1  # drafts were really in play
+    assert (drafter.syncs > 0) == (confidence > 0)
