@@ -6,6 +6,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
+from .features import tapped
+
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
 
@@ -194,14 +196,16 @@ def new_cache(model: nn.Module) -> list:
 
 
 def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFILL_CHUNK,
-            features: bool = False) -> mx.array | None:
+            features: bool | tuple[int, ...] = False) -> mx.array | None:
     """Feed tokens into the cache in chunks. features=True: through the decoder body alone (no
-    output head) and return its final hidden states (len(tokens), H), as learned drafters need."""
+    output head) and return its final hidden states (len(tokens), H), as learned drafters need; a
+    tuple of layers: their inputs, concatenated (features.tapped: EAGLE-3's)."""
     rows = []
     for i in range(0, len(tokens), chunk):
         x = mx.array(tokens[i : i + chunk])[None]
         if features:
-            rows.append(model.model(x, cache=cache)[0])
+            final = model.model(x, cache=cache)[0]
+            rows.append(tapped(model, features)[0] if isinstance(features, tuple) else final)
             mx.eval(rows[-1], [c.state for c in cache])
         else:
             model(x, cache=cache)
@@ -256,7 +260,7 @@ class PrefixCache:
         self.tokens: list[int] | None = None
         self.hidden: mx.array | None = None  # (n, H) features of tokens[:n], from the last prefill with them
 
-    def prepare(self, tokens: list[int], features: bool = False) -> int:
+    def prepare(self, tokens: list[int], features: bool | tuple[int, ...] = False) -> int:
         """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed.
         With features, `self.hidden` then holds the hidden states of all of `tokens`."""
         reused = 0

@@ -99,7 +99,7 @@ class Decoder:
     def __iter__(self) -> Iterator[Event]:
         stats = self.stats
         start = time.perf_counter()
-        features = self.drafter.wants_hidden  # a learned drafter reads the prompt's hidden states too
+        features = self.drafter.wants_features  # a learned drafter reads the prompt's hidden states too
         stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features)
         if features:
             self.drafter.start(self.prompt, hidden=self.kv.hidden)

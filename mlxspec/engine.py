@@ -23,7 +23,7 @@ from .adaptive import CostModel
 from .cache import PrefixCache, speculable, store_kv_in_half
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
-from .drafters import Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
+from .drafters import SOURCED, Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter
 from .drafters.ngram_memory import lookup_memory_setting
 from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
 from .errors import MlxspecError, PromptError
@@ -151,9 +151,9 @@ class Engine:
         for m in {id(m): m for m in (tgt, dft) if m is not None}.values():
             m.info = loading.model_info(m)  # as installed: layers widened to 8 bits hold more bytes
         # Drafters are built after the swap: an early-exit view copies the target's module tree.
-        source = loading.mtp_source(arg, progress, ollama) if kind == "mtp" and arg else None
+        source = loading.drafter_source(kind, arg, progress, ollama) if kind in SOURCED and arg else None
         built = make_drafter(drafter, tgt.model, dft.model if dft else None, min_confidence, lookup_memory,
-                             compiled=settings.compile_steps(), target_file=tgt.path, mtp_source=source)
+                             compiled=settings.compile_steps(), target_file=tgt.path, source=source)
         if kernels:
             from .kernels import install_kernels
 

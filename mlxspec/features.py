@@ -3,6 +3,11 @@
 `target_forward` is mlx-lm's `Model.__call__` split in two (the decoder body, then the head), so
 its logits are bit-identical to `model(x, cache=cache)`; the loop uses it only when a drafter
 asks for hidden states (`Drafter.wants_hidden`).
+
+EAGLE-3 heads read the inputs of three layers instead (low, middle, high: `Drafter.feature_layers`).
+`tap(model, layers)` makes those layers' predecessors keep their last output (a class swap of those
+layer instances, per model: mlx-lm's classes and other models are untouched), and
+`target_forward(..., layers=...)` returns them, concatenated, from the same pass.
 """
 
 from __future__ import annotations
@@ -11,13 +16,52 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
-def target_forward(model: nn.Module, x: mx.array, cache: list | None = None) -> tuple[mx.array, mx.array]:
-    """(B, L) ids -> (logits (B, L, V), hidden (B, L, H)): hidden is after the final norm."""
+TAPPED = "_mlxspec_tap"  # class attribute of a tapped layer class: the list its last output is kept in
+
+
+def target_forward(model: nn.Module, x: mx.array, cache: list | None = None,
+                   layers: tuple[int, ...] | None = None) -> tuple[mx.array, mx.array]:
+    """(B, L) ids -> (logits (B, L, V), hidden (B, L, H)): hidden is after the final norm; with `layers`
+    (tapped first), the inputs of those layers instead, concatenated: (B, L, len(layers) H)."""
     body = getattr(model, "model", None)
     if body is None or not hasattr(body, "embed_tokens"):
         raise TypeError(f"target features need an mlx-lm decoder with .model.embed_tokens, not {type(model)}")
     hidden = body(x, cache=cache)
-    return head(model)(hidden), hidden
+    return head(model)(hidden), hidden if layers is None else tapped(model, layers)
+
+
+def tap(model: nn.Module, layers: tuple[int, ...]) -> None:
+    """Make the decoder keep the input of each of `layers` (the output of the layer before it) on every
+    pass. Idempotent; per model."""
+    blocks = model.layers
+    for i in layers:
+        if not 1 <= i < len(blocks):
+            raise ValueError(f"layer {i}'s input is not a layer's output (the model has {len(blocks)} layers)")
+        block = blocks[i - 1]
+        if hasattr(type(block), TAPPED):
+            continue
+        base, sink = type(block), []
+
+        def call(self, *args, _base=base, _sink=sink, **kwargs):
+            out = _base.__call__(self, *args, **kwargs)
+            _sink[:] = [out]
+            return out
+
+        block.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call, TAPPED: sink})
+
+
+def tapped(model: nn.Module, layers: tuple[int, ...]) -> mx.array:
+    """The inputs of `layers` from the decoder's last pass, concatenated on the last axis; each is then
+    forgotten, so a pass that did not run the taps cannot hand out an older pass's rows."""
+    out = []
+    for i in layers:
+        sink = getattr(type(model.layers[i - 1]), TAPPED, None)
+        if not sink:
+            raise RuntimeError(f"layer {i - 1} of the target was not tapped, or has not run since it was read")
+        out.append(sink[0])
+    for i in layers:
+        getattr(type(model.layers[i - 1]), TAPPED).clear()
+    return mx.concatenate(out, axis=-1)
 
 
 def head(model: nn.Module):

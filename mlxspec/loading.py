@@ -127,6 +127,21 @@ def _package_file(reference: str) -> Path:
     return path
 
 
+def drafter_source(kind: str, reference: str, progress: Any = None,
+                   ollama: ollama_store.OllamaStore | None = None) -> Path:
+    """Where a drafter named with a source (drafters.SOURCED: 'mtp:SOURCE', 'eagle3:SOURCE') reads its
+    weights, as a local path: mtp's block (mtp_source); an EAGLE-3 head's folder, a repo id fetched whole
+    (its config and safetensors: a head is small)."""
+    if kind == "mtp":
+        return mtp_source(reference, progress, ollama)
+    if Path(reference).expanduser().exists() or not REPO_ID.match(reference):
+        try:
+            return resolve(reference, progress, ollama)
+        except ModelLoadError as e:
+            raise ModelLoadError(f"the {kind} drafter's source: {e}") from None
+    return Path(download(reference, progress, ["*.json", "*.safetensors"]))
+
+
 def mtp_source(reference: str, progress: Any = None, ollama: ollama_store.OllamaStore | None = None) -> Path:
     """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a repo id only the files
     the block lives in (heads/mtp_checkpoints.py): a drafter folder whole, else the config, the safetensors

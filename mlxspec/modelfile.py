@@ -7,7 +7,7 @@ Ollama's directives (case-insensitive): FROM (a store name, a local directory or
 Hugging Face repo id), PARAMETER name value (every option mlxspec knows; repeated `stop` lines add
 up), TEMPLATE (Go syntax as Ollama writes it, or Jinja), SYSTEM, MESSAGE role content, LICENSE.
 mlxspec's own, for speculation and what its manifests hold: DRAFT (a draft model), DRAFTER (none,
-draft-model, lookup, early-exit[:N], medusa:NAME, eagle:NAME, mtp[:SOURCE]), DRAFT_LENGTH, QUANTIZE, DRAFT_QUANTIZE,
+draft-model, lookup, early-exit[:N], medusa:NAME, eagle:NAME, eagle3:SOURCE, mtp[:SOURCE]), DRAFT_LENGTH, QUANTIZE, DRAFT_QUANTIZE,
 DESCRIPTION. ADAPTER, RENDERER and PARSER are refused by name; REQUIRES (an Ollama version) is read
 and ignored. Values: the rest of the line, or "quoted", or \"\"\"on several lines\"\"\" (no escapes,
 as in Ollama); `#` starts a comment line.

@@ -72,7 +72,7 @@ class Verifier:
         the model's own logits (before penalties and masks: what logprobs report). Hidden states are
         computed only for a drafter that wants them."""
         if self.drafter.wants_hidden:
-            logits, hidden = self.steps(x[None], cache, hidden=True)
+            logits, hidden = self.steps(x[None], cache, hidden=self.drafter.wants_features)
             logits, hidden = logits[0], hidden[0]
         else:
             logits, hidden = self.steps(x[None], cache)[0], None

@@ -63,9 +63,11 @@ class StepGraphs:
         self.checks: dict[tuple[str, int], str] = {}  # (pass, rows) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
 
-    def __call__(self, x: mx.array, cache: list, hidden: bool = False):
-        """(1, M) ids -> logits (1, M, V) [, hidden (1, M, H)], as model(x, cache=cache) / target_forward."""
-        out = self.replay("hidden" if hidden else "logits", (x,), cache) if x.ndim == 2 and x.shape[0] == 1 else None
+    def __call__(self, x: mx.array, cache: list, hidden: bool | tuple[int, ...] = False):
+        """(1, M) ids -> logits (1, M, V) [, hidden (1, M, H)], as model(x, cache=cache) / target_forward
+        (`hidden` a tuple of layers: their inputs, target_forward's `layers`)."""
+        name = "logits" if not hidden else "hidden" if hidden is True else f"hidden:{','.join(map(str, hidden))}"
+        out = self.replay(name, (x,), cache) if x.ndim == 2 and x.shape[0] == 1 else None
         if out is None:
             return _eager(self.model, x, cache, hidden)
         return tuple(out) if hidden else out[0]
@@ -137,7 +139,10 @@ class StepGraphs:
     def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
         """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden)."""
         (x,) = inputs
-        return list(target_forward(self.model, x, views)) if name == "hidden" else [self.model(x, cache=views)]
+        if name.startswith("hidden"):
+            layers = tuple(int(i) for i in name.partition(":")[2].split(",")) if ":" in name else None
+            return list(target_forward(self.model, x, views, layers))
+        return [self.model(x, cache=views)]
 
     def status(self) -> dict:
         checks = {f"{rows} rows" + ("" if name == "logits" else f" ({name})"): how
@@ -150,8 +155,10 @@ def _rows(inputs: tuple) -> int:
     return inputs[0].shape[1] if inputs[0].ndim > 1 else inputs[0].shape[0]
 
 
-def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool):
-    return target_forward(model, x, cache) if hidden else model(x, cache=cache)
+def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool | tuple[int, ...]):
+    if not hidden:
+        return model(x, cache=cache)
+    return target_forward(model, x, cache, hidden if isinstance(hidden, tuple) else None)
 
 
 def _make_room(c: KVCache, rows: int) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import hub_gguf, loading, ollama_store
-from .drafters import parse_drafter
+from .drafters import SOURCED, parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError, ModelNotFoundError
 from .home import default_home
@@ -122,10 +122,10 @@ class Manifest:
         return [r for r in (self.target, self.draft) if r]
 
     @property
-    def mtp_source(self) -> str | None:
-        """Where the mtp drafter reads its block, when it is named apart from the target (mtp:SOURCE)."""
+    def drafter_source(self) -> tuple[str, str] | None:
+        """(kind, source) of a drafter read from a source of its own (drafters.SOURCED: mtp:SOURCE, eagle3:SOURCE)."""
         kind, colon, source = self.drafter_name.partition(":")
-        return source if kind == "mtp" and colon else None
+        return (kind, source) if kind in SOURCED and colon else None
 
 
 def _is_message(m: Any) -> bool:
@@ -400,9 +400,9 @@ class Store:
             return manifest.target  # in Ollama's store already; mlxspec writes nothing for it
         for ref in manifest.refs():
             fetch(ref, progress, self.ollama)
-        if manifest.mtp_source:  # only the block's files of it
-            loading.mtp_source(manifest.mtp_source, _progress_class(manifest.mtp_source, progress) if progress else None,
-                               self.ollama)
+        if manifest.drafter_source:  # mtp: only the block's files of it
+            kind, source = manifest.drafter_source
+            loading.drafter_source(kind, source, _progress_class(source, progress) if progress else None, self.ollama)
         return self.save(name, manifest)
 
     def load_engine(self, manifest: Manifest) -> Engine:

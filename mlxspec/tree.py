@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .cache import new_cache, rewind
-from .features import head
+from .features import head, tapped
 from .kernels.fused_layer import TreeMask, tree_ready
 from .options import GenerateOptions
 from .rounds import Outcome, PlanNext, Verifier
@@ -26,15 +26,18 @@ from .verify import tree_greedy_accept
 MAX_TREE_NODES = 63  # drafts per tree (+ the root: one bit each in the kernel's 64-bit row masks)
 
 
-def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool):
-    """(N,) ids of a tree's nodes -> (logits (N, V), final hidden states (N, H) or None).
-    mlx-lm's decoder body with a TreeMask in place of the causal mask."""
+def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool | tuple[int, ...]):
+    """(N,) ids of a tree's nodes -> (logits (N, V), final hidden states (N, H) or None; with `hidden` a
+    tuple, the inputs of those layers: features.target_forward). mlx-lm's decoder body with a TreeMask in
+    place of the causal mask."""
     body = model.model
     h = body.embed_tokens(x[None])
     mask = TreeMask(tuple(parents))
     for layer, c in zip(body.layers, cache):
         h = layer(h, mask, cache=c)
     h = body.norm(h)
+    if isinstance(hidden, tuple):
+        return head(model)(h)[0], tapped(model, hidden)[0]
     return head(model)(h)[0], (h[0] if hidden else None)
 
 
@@ -88,7 +91,7 @@ class TreeRound:
         parents = [-1] + (draft.parents or list(range(draft.count)))  # (N,): a chain when no tree came
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (N,)
         start = cache[0].offset
-        logits, hidden = tree_forward(v.target, x, cache, parents, drafter.wants_hidden)  # (N, V)
+        logits, hidden = tree_forward(v.target, x, cache, parents, drafter.wants_features)  # (N, V)
         node, nxt = tree_greedy_accept(logits, draft.tokens, parents)
         mx.eval(node, nxt, draft.tokens)  # the round's one host synchronisation
         stats.host_syncs += 1

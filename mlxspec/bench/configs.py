@@ -12,7 +12,7 @@ from ..drafters import parse_drafter
 from ..errors import MlxspecError
 
 ENGINE, MLX_LM, MLX_LM_SPECULATIVE = "mlxspec", "mlx-lm", "mlx-lm-speculative"
-DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa", "eagle", "mtp")
+DRAFTER_KINDS = ("lookup", "early-exit", "draft-model", "medusa", "eagle", "eagle3", "mtp")
 PLAIN = "plain"
 
 
@@ -20,7 +20,7 @@ PLAIN = "plain"
 class Config:
     label: str  # unique, shown in the table and chart
     runner: str  # ENGINE, MLX_LM or MLX_LM_SPECULATIVE
-    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME, eagle:NAME, mtp
+    drafter: str = "none"  # for ENGINE: none, lookup, early-exit[:N], draft-model, medusa:NAME, eagle:NAME, eagle3:SOURCE, mtp[:SOURCE]
     k: int = 0  # draft length (the maximum, when adaptive)
     adaptive: bool = False
 

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..drafters import make_drafter, parse_drafter
+from ..drafters import SOURCED, make_drafter, parse_drafter
 from ..engine import Engine
-from ..loading import LoadedModel, mtp_source
+from ..loading import LoadedModel, drafter_source
 from ..options import GenerateOptions
 from ..settings import DecodeSettings
 from ..stats import Stats
@@ -95,7 +95,7 @@ class Runners:
         kind, arg = parse_drafter(drafter)
         built = make_drafter(drafter, self.target.model, draft.model if draft else None,
                              compiled=self.settings.compile_steps(), target_file=self.target.path,
-                             mtp_source=mtp_source(arg) if kind == "mtp" and arg else None)
+                             source=drafter_source(kind, arg) if kind in SOURCED and arg else None)
         return Engine(self.target, built, draft, settings=self.settings)
 
     def run(self, config: Config, ids: list[int], max_tokens: int, cold: bool = True) -> Run:

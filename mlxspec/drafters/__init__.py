@@ -1,7 +1,9 @@
 """Drafters: everything that can guess the target's next tokens behind one `propose` interface."""
 
+from pathlib import Path
+
 from .base import Draft, Drafter, FeatureTap, NoDrafter
-from .eagle import MTP_MIN_CONFIDENCE, EagleDrafter, MtpDrafter
+from .eagle import MTP_MIN_CONFIDENCE, Eagle3Drafter, EagleDrafter, MtpDrafter
 from .lookup import LookupDrafter
 from .medusa import MedusaDrafter
 from .ngram_memory import NgramMemory
@@ -12,8 +14,10 @@ from .selfdraft import EarlyExitDrafter
 # medusa and eagle take their file: "eagle:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "eagle:PATH".
 # mtp: the model's own multi-token-prediction block (Qwen3.5's GGUFs and original checkpoints carry one);
 # "mtp:SOURCE" reads it from elsewhere: a checkpoint directory, a drafter folder, a repo id or a GGUF.
-DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle", "mtp")
+# eagle3:SOURCE: an EAGLE-3 head published for the model (a folder or a repo id).
+DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle", "eagle3", "mtp")
 LEARNED = ("medusa", "eagle")  # drafters trained by `mlxspec train-drafter`, named by their file
+SOURCED = ("mtp", "eagle3")  # drafters read from a folder or repo a caller fetches first (loading.drafter_source)
 
 
 def parse_drafter(spec: str) -> tuple[str, int | str | None]:
@@ -28,21 +32,25 @@ def parse_drafter(spec: str) -> tuple[str, int | str | None]:
         return kind, arg
     if kind == "mtp":
         return kind, arg or None
+    if kind == "eagle3":
+        if not arg:
+            raise MlxspecError("the eagle3 drafter needs its head: eagle3:PATH or eagle3:ORG/REPO")
+        return kind, arg
     if kind not in DRAFTERS or (arg and (kind != "early-exit" or not arg.isdigit())):
         raise MlxspecError(f"unknown drafter {spec!r}: use one of {', '.join(DRAFTERS)} "
-                           "(early-exit:LAYERS, medusa:NAME, eagle:NAME, mtp:SOURCE)")
+                           "(early-exit:LAYERS, medusa:NAME, eagle:NAME, eagle3:SOURCE, mtp:SOURCE)")
     return kind, int(arg) if arg else None
 
 
 def make_drafter(spec: str, target, draft=None, min_confidence: float | None = None, lookup_memory: int | None = None,
-                 compiled: bool = False, target_file=None, mtp_source=None) -> Drafter:
+                 compiled: bool = False, target_file=None, source=None) -> Drafter:
     """The drafter `spec` names, over these mlx-lm models (`draft` for 'draft-model'); `min_confidence`: a
     draft model's, EAGLE's or mtp's chain stops after a draft it gives less than that probability (None: 0,
     never, but mtp's MTP_MIN_CONFIDENCE); `lookup_memory`:
     output tokens lookup remembers across requests (None: ngram_memory.DEFAULT_TOKENS); `compiled`: a
     draft model's or an EAGLE head's steps run through compiled graphs (step_graph.py); `target_file`:
-    the GGUF or directory the target was read from (mtp reads its block there); `mtp_source`: the local path
-    'mtp:SOURCE' resolved to (the caller fetches a repo id), where mtp reads the block instead."""
+    the GGUF or directory the target was read from (mtp reads its block there); `source`: the local path
+    'mtp:SOURCE' or 'eagle3:SOURCE' resolved to (loading.drafter_source fetches a repo id)."""
     from ..errors import MlxspecError
 
     kind, arg = parse_drafter(spec)
@@ -60,10 +68,14 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float | None = N
     if kind == "eagle":
         return EagleDrafter(target, arg, compiled=compiled, min_confidence=min_confidence or 0.0)
     if kind == "mtp":
-        if arg is not None and mtp_source is None:
+        if arg is not None and source is None:
             raise MlxspecError(f"the block of {spec!r} was not fetched: resolve its source first (Engine.load does)")
         return MtpDrafter(target, target_file, compiled, MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence,
-                          mtp_source)
+                          source)
+    if kind == "eagle3":
+        if source is None:
+            raise MlxspecError(f"the head of {spec!r} was not fetched: resolve its source first (Engine.load does)")
+        return Eagle3Drafter(target, Path(source), compiled, min_confidence or 0.0)
     if kind == "draft-model":
         return ModelDrafter(draft, min_confidence or 0.0, compiled)
     return NoDrafter()
@@ -73,9 +85,11 @@ __all__ = [
     "make_drafter",
     "parse_drafter",
     "DRAFTERS",
+    "SOURCED",
     "LEARNED",
     "Draft",
     "Drafter",
+    "Eagle3Drafter",
     "EagleDrafter",
     "EarlyExitDrafter",
     "LookupDrafter",

@@ -45,7 +45,14 @@ class Drafter:
     name = "none"
     syncs = 0  # host read-backs the drafter made itself (the loop adds them to the statistics)
     wants_hidden = False  # True: accept() also gets the target's hidden states (same pass, split before the head)
+    feature_layers: tuple[int, ...] | None = None  # with wants_hidden: the inputs of these layers instead (EAGLE-3)
     trees = False  # True: propose(..., width=w) may return a tree of up to w candidates per depth
+
+    @property
+    def wants_features(self) -> bool | tuple[int, ...]:
+        """What the target's passes hand this drafter: False (nothing), True (the final hidden states), or
+        the layers whose inputs (features.target_forward's `layers`)."""
+        return (self.feature_layers or True) if self.wants_hidden else False
 
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         """A new request begins with these prompt tokens (a model drafter prefills here).

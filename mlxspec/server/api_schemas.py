@@ -38,7 +38,7 @@ DURATION = {"anyOf": [{"type": "number", "minimum": -MAX_DURATION, "maximum": MA
                        "pattern": r"^[+-]?(\d{1,6}(\.\d{1,3})?|(\d{1,6}(\.\d{1,3})?(ns|us|ms|s|m|h)){1,2})$"}],
             "description": "seconds, or a Go duration ('5m', '1h30m'); negative: forever, 0: unload now"}
 QUANTIZE = {"type": "string", "pattern": r"^(|none|fp|[qQ][23468]([gG](32|64|128))?)$"}
-DRAFTER = {"type": "string", "pattern": r"^(none|draft-model|lookup|early-exit(:[0-9]{1,2})?|(medusa|eagle):\S+|mtp(:\S+)?)$"}
+DRAFTER = {"type": "string", "pattern": r"^(none|draft-model|lookup|early-exit(:[0-9]{1,2})?|(medusa|eagle|eagle3):\S+|mtp(:\S+)?)$"}
 NONE_OF = {"maxItems": 0}  # a field accepted only empty: the feature is refused with a 400
 
 # -- options (Ollama's `options`, Modelfile PARAMETER names) ---------------------------------------

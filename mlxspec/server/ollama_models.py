@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from .. import modelfile, ollama_store
+from ..drafters import SOURCED
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
 from ..go_jinja import DEFAULT_GO_TEMPLATE
@@ -234,8 +235,8 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
     elif changes.get("drafter") not in (None, "draft-model"):
         changes["draft"] = None  # another drafter replaces the draft model
     kind, colon, source = (changes.get("drafter") or "").partition(":")
-    if kind == "mtp" and colon:  # where the block is read: held to what `from` may name
-        changes["drafter"] = "mtp:" + _reference(state, source, "the mtp drafter's source", trusted).target
+    if kind in SOURCED and colon:  # where its weights are read: held to what `from` may name
+        changes["drafter"] = f"{kind}:" + _reference(state, source, f"the {kind} drafter's source", trusted).target
     if body.get("draft_length") is not None:
         changes["draft_length"] = field(body, "draft_length", int)
     if params := field(body, "parameters", dict):

@@ -172,6 +172,7 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
     from server.api_helpers import ndjson_lines, post
 
     shipped = Store(daemon.home).shipped("qwen3.5-9b-mtp")
+    _, source = shipped.drafter_source
     original = make_qwen35_checkpoint(tmp_path / "original")
     converted = tmp_path / "converted"
     converted.mkdir()
@@ -180,11 +181,11 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
             (converted / f.name).write_bytes(f.read_bytes())
     mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(load(str(original)).model.parameters())),
                         metadata={"format": "mlx"})
-    hub.fake.add(shipped.mtp_source, original)
+    hub.fake.add(source, original)
     hub.fake.add(shipped.target, converted)
     client = ollama.Client(host=daemon.url)
     assert client.pull("qwen3.5-9b-mtp").status == "success"
-    served = {path for repo, path in hub.fake.served if repo == shipped.mtp_source}
+    served = {path for repo, path in hub.fake.served if repo == source}
     assert served == {"config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"}
     status, lines = ndjson_lines(daemon.url + "/api/create",  # drafter: mlxspec's own field
                                  {"model": "tiny-plain", "from": shipped.target, "drafter": "none"})

@@ -175,8 +175,8 @@ def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):
     ],
 )
 def test_create_refuses_server_paths(daemon, source, status, words):
-    """`from`, `draft` and the mtp drafter's source (where its block is read) alike."""
-    for key, value in (("from", source), ("draft", source), ("drafter", f"mtp:{source}")):
+    """`from`, `draft` and the sources of the mtp and eagle3 drafters (where their weights are read) alike."""
+    for key, value in (("from", source), ("draft", source), ("drafter", f"mtp:{source}"), ("drafter", f"eagle3:{source}")):
         body = {"model": "x", "from": "tiny", key: value}
         got, answer = post(daemon.url + "/api/create", body)
         assert got == status and words in answer["error"], (key, answer)
