@@ -48,6 +48,8 @@ def write_head(path, dims: int, vocab: int, draft_vocab: int | None = None, widt
          layer + "self_attn.o_proj.weight": rand(width, heads * head_dim),
          layer + "mlp.gate_proj.weight": rand(inner, width), layer + "mlp.up_proj.weight": rand(inner, width),
          layer + "mlp.down_proj.weight": rand(width, inner), "t2d": mx.zeros((vocab,), mx.bool_)}
+    if convention == "speculators":  # its training copy of the target's output norm, kept in some files
+        t["verifier_norm.weight"] = ones(width)
     if draft_vocab != vocab:  # draft token i is i + d2t[i]: every other token of the first 2 V'
         t["d2t"] = mx.arange(draft_vocab, dtype=mx.int64) * (1 if 2 * draft_vocab <= vocab else 0)
     if width != dims:

@@ -161,8 +161,8 @@ def _head_names(tensors: dict, name: str) -> tuple[dict, mx.array | None]:
     """The folder's tensors under Eagle3Head's names (layer.*, fc, input_norm) plus norm and lm_head; d2t apart."""
     out, d2t = {}, None
     for key, value in tensors.items():
-        if key in DROPPED or key.endswith("rotary_emb.inv_freq"):
-            continue
+        if key in DROPPED or key.endswith("rotary_emb.inv_freq") or key.startswith("verifier_"):
+            continue  # verifier_norm / verifier_lm_head: the speculators library's training copies of the target's
         if key == "d2t":
             d2t = value
             continue

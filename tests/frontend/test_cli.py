@@ -110,6 +110,8 @@ def test_create_from_flags_and_from_a_manifest_file(daemon, tiny_llama, tmp_path
     assert invoke(daemon, ["run", "from-file", "hi"]).exit_code == 0
 
     (tmp_path / "block").mkdir()  # a drafter's local source is made absolute too: the daemon may run elsewhere
+    for name in ("config.json", "model.safetensors"):  # a folder of weights, as the daemon requires of a path
+        (tmp_path / "block" / name).write_text("{}")
     assert invoke(daemon, ["create", "with-mtp", "--from", str(tiny_llama), "--drafter", f"mtp:{tmp_path.name}/block"]).exit_code == 0
     assert daemon.state.store.get("with-mtp").drafter == f"mtp:{(tmp_path / 'block').resolve()}"
 
