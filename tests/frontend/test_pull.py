@@ -201,3 +201,35 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
         for name in ("qwen3.5-9b-mtp", "tiny-plain"):
             client.generate(model=name, keep_alive=0)
             client.delete(name)
+
+
+def test_a_shipped_eagle3_pair_pulls_its_head(daemon, hub, tmp_path):
+    """qwen3-8b-eagle3: the target and the EAGLE-3 head's repo are fetched by pull; its answers are plain's."""
+    import json
+
+    from model_factory import make_model_dir
+    from server.api_helpers import ndjson_lines, post
+    from test_eagle3 import write_head
+
+    shipped = Store(daemon.home).shipped("qwen3-8b-eagle3")
+    kind, source = shipped.drafter_source
+    target = make_model_dir(tmp_path / "target", "llama", layers=8, seed=2)  # the tiny model plays Qwen3-8B
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    hub.fake.add(shipped.target, target)
+    hub.fake.add(source, write_head(tmp_path / "head", 64, vocab, draft_vocab=vocab // 2, convention="speculators"))
+    client = ollama.Client(host=daemon.url)
+    assert kind == "eagle3" and client.pull("qwen3-8b-eagle3").status == "success"
+    assert {path for repo, path in hub.fake.served if repo == source} == {"config.json", "model.safetensors"}
+    status, lines = ndjson_lines(daemon.url + "/api/create", {"model": "q3-plain", "from": shipped.target, "drafter": "none"})
+    assert status == 200 and lines[-1] == {"status": "success"}, lines
+    body = {"prompt": "the world and the", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
+    try:
+        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body})
+                                    for m in ("qwen3-8b-eagle3", "q3-plain"))
+        assert drafted["response"] == plain["response"]
+        assert drafted["speculative"]["drafter"] == "eagle3" and drafted["speculative"]["drafted"] > 0
+    finally:
+        for name in ("qwen3-8b-eagle3", "q3-plain"):
+            client.generate(model=name, keep_alive=0)
+            client.delete(name)
