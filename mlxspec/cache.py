@@ -6,7 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
 
-from .features import tapped
+from .features import decoder_body, tapped
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
@@ -204,7 +204,7 @@ def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFI
     for i in range(0, len(tokens), chunk):
         x = mx.array(tokens[i : i + chunk])[None]
         if features:
-            final = model.model(x, cache=cache)[0]
+            final = decoder_body(model)(x, cache=cache)[0]
             rows.append(tapped(model, features)[0] if isinstance(features, tuple) else final)
             mx.eval(rows[-1], [c.state for c in cache])
         else:

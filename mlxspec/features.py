@@ -23,11 +23,24 @@ def target_forward(model: nn.Module, x: mx.array, cache: list | None = None,
                    layers: tuple[int, ...] | None = None) -> tuple[mx.array, mx.array]:
     """(B, L) ids -> (logits (B, L, V), hidden (B, L, H)): hidden is after the final norm; with `layers`
     (tapped first), the inputs of those layers instead, concatenated: (B, L, len(layers) H)."""
-    body = getattr(model, "model", None)
-    if body is None or not hasattr(body, "embed_tokens"):
-        raise TypeError(f"target features need an mlx-lm decoder with .model.embed_tokens, not {type(model)}")
+    if layers is not None:  # the model's own pass for the logits (any architecture), the taps for the features
+        return model(x, cache=cache), tapped(model, layers)
+    body = decoder_body(model)
     hidden = body(x, cache=cache)
-    return head(model)(hidden), hidden if layers is None else tapped(model, layers)
+    return head(model)(hidden), hidden
+
+
+def decoder_body(model: nn.Module) -> nn.Module:
+    """The decoder without its output head: mlx-lm's `model.model`, or a wrapper's text model's (gemma4)."""
+    for body in (getattr(model, "model", None), getattr(getattr(model, "language_model", None), "model", None)):
+        if body is not None and hasattr(body, "embed_tokens"):
+            return body
+    raise TypeError(f"target features need an mlx-lm decoder with .model.embed_tokens, not {type(model)}")
+
+
+def embedding(model: nn.Module) -> nn.Module:
+    """The target's token embedding table (unscaled: a Gemma model multiplies its output by sqrt(D) itself)."""
+    return decoder_body(model).embed_tokens
 
 
 def tap(model: nn.Module, layers: tuple[int, ...]) -> None:
@@ -44,7 +57,7 @@ def tap(model: nn.Module, layers: tuple[int, ...]) -> None:
 
         def call(self, *args, _base=base, _sink=sink, **kwargs):
             out = _base.__call__(self, *args, **kwargs)
-            _sink[:] = [out]
+            _sink[:] = [out[0] if isinstance(out, tuple) else out]  # gemma4's layers return (h, kv, offset)
             return out
 
         block.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call, TAPPED: sink})

@@ -259,3 +259,22 @@ def split_mtp_folder(checkpoint: Path, path: str | Path, bits: int | None = None
     mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "mlx"})
     (path / "config.json").write_text(json.dumps(draft, indent=1))
     return path
+
+
+def make_gemma4_dir(path: str | Path, layers: int = 8, seed: int = 1, moe: bool = False) -> Path:
+    """A random Gemma 4 text model (mlx-lm's gemma4: sliding and global layers, KV-shared last layers,
+    per-layer inputs, final logit softcapping; MoE blocks when `moe`), saved as mlx-lm saves one."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(path)
+    text = {"model_type": "gemma4_text", "hidden_size": 64, "num_hidden_layers": layers, "intermediate_size": 128,
+            "num_attention_heads": 4, "head_dim": 16, "global_head_dim": 32, "num_key_value_heads": 2,
+            "num_kv_shared_layers": 2, "hidden_size_per_layer_input": 16, "vocab_size_per_layer_input": vocab,
+            "sliding_window": 16, "sliding_window_pattern": 3, "max_position_embeddings": 1024}
+    if moe:
+        text |= {"enable_moe_block": True, "num_experts": 4, "top_k_experts": 2, "moe_intermediate_size": 32}
+    config = {"model_type": "gemma4", "text_config": text, "vocab_size": vocab, "eos_token_id": SPECIAL.index("<|im_end|>")}
+    model = build_model(config, seed, 0.6)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path

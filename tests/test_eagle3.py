@@ -10,7 +10,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from model_factory import build_model, make_model_dir
+from model_factory import build_model, make_gemma4_dir, make_model_dir
 from mlxspec.drafters import Eagle3Drafter
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
@@ -215,3 +215,18 @@ def test_pickles_and_shallow_models_are_refused(target_dir, tmp_path):
         Eagle3Drafter(shallow, head)
     with pytest.raises(MlxspecError, match="needs its head"):
         Engine.load(str(target_dir), drafter="eagle3")
+
+
+def test_a_gemma4_target_feeds_its_head_too(tmp_path):
+    """Gemma 4 (layers returning (h, kv, offset), sliding windows, shared KV, softcapped logits): the taps
+    read its layers' outputs, the verify logits are the model's own; greedy speculation is plain decoding."""
+    target = make_gemma4_dir(tmp_path / "gemma4", layers=LAYERS)
+    model = load(str(target)).model
+    vocab = int(model.args.vocab_size)
+    x = mx.array([TOKENS])
+    tap(model, (2, 4, 5))
+    logits, features = target_forward(model, x, None, (2, 4, 5))
+    assert mx.array_equal(logits, model(x)).item() and features.shape == (1, len(TOKENS), 3 * 64)
+    folder = write_head(tmp_path / "head", 64, vocab, draft_vocab=vocab // 2, convention="speculators")
+    plain, drafted = Engine.load(str(target)), Engine.load(str(target), drafter=f"eagle3:{folder}")
+    assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 20)

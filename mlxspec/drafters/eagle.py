@@ -27,7 +27,7 @@ from ..cache import PREFILL_CHUNK, rewind
 from ..errors import MlxspecError
 from ..features import head as target_head
 from ..features import vocabulary_size
-from ..features import tap
+from ..features import embedding, tap
 from ..heads import eagle3, mtp
 from ..heads.eagle import DraftHead, read
 from ..heads.files import check_target, drafter_path
@@ -59,7 +59,7 @@ class EagleDrafter(Drafter):
     def _setup(self, target: nn.Module, head: nn.Module, name: str, compiled: bool) -> None:
         """What every feature-level head shares, once self.draft_head (features -> draft logits) is set."""
         self.head, self.name = head, name
-        self.embed = head.embed if "embed" in head else target.model.embed_tokens
+        self.embed = head.embed if "embed" in head else embedding(target)
         self.vocab = self.draft_head.vocab  # (V',) draft index -> token id
         self.vocab_size = int(self.draft_head.module_rows)
         self.head.set_dtype(self.embed(mx.array([0])).dtype)  # run in the target's activation dtype
