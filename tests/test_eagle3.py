@@ -48,8 +48,10 @@ def write_head(path, dims: int, vocab: int, draft_vocab: int | None = None, widt
          layer + "self_attn.o_proj.weight": rand(width, heads * head_dim),
          layer + "mlp.gate_proj.weight": rand(inner, width), layer + "mlp.up_proj.weight": rand(inner, width),
          layer + "mlp.down_proj.weight": rand(width, inner), "t2d": mx.zeros((vocab,), mx.bool_)}
-    if convention == "speculators":  # its training copy of the target's output norm, kept in some files
+    if convention != "eagle":  # its training copy of the target's output norm, kept in some files
         t["verifier_norm.weight"] = ones(width)
+    if convention == "speculators-qwen3":  # newer speculators heads for Qwen3: Qwen3's per-head q/k norms
+        t[layer + "self_attn.q_norm.weight"], t[layer + "self_attn.k_norm.weight"] = ones(head_dim), ones(head_dim)
     if draft_vocab != vocab:  # draft token i is i + d2t[i]: every other token of the first 2 V'
         t["d2t"] = mx.arange(draft_vocab, dtype=mx.int64) * (1 if 2 * draft_vocab <= vocab else 0)
     if width != dims:
@@ -61,7 +63,8 @@ def write_head(path, dims: int, vocab: int, draft_vocab: int | None = None, widt
         config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", **block,
                   "draft_vocab_size": draft_vocab}
     else:
-        config = {"speculators_model_type": "eagle3", "transformer_layer_config": {"model_type": "llama", **block},
+        kind = "qwen3" if convention == "speculators-qwen3" else "llama"
+        config = {"speculators_model_type": "eagle3", "transformer_layer_config": {"model_type": kind, **block},
                   "draft_vocab_size": draft_vocab, "norm_before_residual": True}
     if layer_ids is not None:
         config["eagle_aux_hidden_state_layer_ids"] = list(layer_ids)
@@ -106,34 +109,39 @@ def neox(x, base=10000.0):
     return np.concatenate([a * np.cos(angles) - b * np.sin(angles), a * np.sin(angles) + b * np.cos(angles)], -1)
 
 
-def reference_logits(w, embeds, features, swap=False, heads=4, kv_heads=2):
+def reference_logits(w, embeds, features, swap=False, heads=4, kv_heads=2, p="midlayer.", norm_before_residual=False):
     """EAGLE's cnets.py: fc, then LlamaDecoderLayeremb (hidden_norm / input_layernorm, cat(emb, hidden),
-    attention, residual from the un-normed hidden), then lm_head(norm(.))."""
+    attention, residual from the un-normed hidden), then lm_head(norm(.)). Qwen3's attention where the
+    head has q/k norms (speculators)."""
     w = {k: np.array(v.astype(mx.float32), dtype=np.float64) for k, v in w.items()}
-    p = "midlayer."
     g = features @ w["fc.weight"].T
     e, hn = rms(embeds, w[p + "input_layernorm.weight"]), rms(g, w[p + "hidden_norm.weight"])
     x = np.concatenate([hn, e] if swap else [e, hn], -1)
     T = len(x)
-    q = neox((x @ w[p + "self_attn.q_proj.weight"].T).reshape(T, heads, -1))
-    k = neox((x @ w[p + "self_attn.k_proj.weight"].T).reshape(T, kv_heads, -1))
+    q = (x @ w[p + "self_attn.q_proj.weight"].T).reshape(T, heads, -1)
+    k = (x @ w[p + "self_attn.k_proj.weight"].T).reshape(T, kv_heads, -1)
+    if p + "self_attn.q_norm.weight" in w:
+        q, k = rms(q, w[p + "self_attn.q_norm.weight"], 1e-5), rms(k, w[p + "self_attn.k_norm.weight"], 1e-5)
+    q, k = neox(q), neox(k)
     v = (x @ w[p + "self_attn.v_proj.weight"].T).reshape(T, kv_heads, -1)
     k, v = np.repeat(k, heads // kv_heads, 1), np.repeat(v, heads // kv_heads, 1)
     scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(q.shape[-1])
     scores = np.where(np.tril(np.ones((T, T)))[None] > 0, scores, -np.inf)
     probs = np.exp(scores - scores.max(-1, keepdims=True))
     probs /= probs.sum(-1, keepdims=True)
-    h = g + np.einsum("hts,shd->thd", probs, v).reshape(T, -1) @ w[p + "self_attn.o_proj.weight"].T
+    h = (hn if norm_before_residual else g) + np.einsum("hts,shd->thd", probs, v).reshape(T, -1) @ w[p + "self_attn.o_proj.weight"].T
     m = rms(h, w[p + "post_attention_layernorm.weight"])
     gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
     h = h + (gate / (1 + np.exp(-gate)) * up) @ w[p + "mlp.down_proj.weight"].T
     return rms(h, w["norm.weight"]) @ w["lm_head.weight"].T
 
 
-def test_the_head_is_eagle3s_graph(target_dir, tmp_path):
+@pytest.mark.parametrize("convention", ["eagle", "speculators-qwen3"])
+def test_the_head_is_eagle3s_graph(target_dir, tmp_path, convention):
     model = load(str(target_dir)).model
     vocab = model.model.embed_tokens.weight.shape[0]
-    folder = write_head(tmp_path / "h", 64, vocab, draft_vocab=vocab // 2)
+    folder = write_head(tmp_path / "h", 64, vocab, draft_vocab=vocab // 2, convention=convention)
+    p = "midlayer." if convention == "eagle" else "layers.0."
     drafter = Eagle3Drafter(model, folder, bits=None)
     assert drafter.feature_layers == (2, 4, 5)
     x = mx.array([TOKENS])
@@ -141,14 +149,15 @@ def test_the_head_is_eagle3s_graph(target_dir, tmp_path):
     embeds = model.model.embed_tokens(mx.array(TOKENS[1:]))
     got = np.array(drafter.draft_head(drafter.head(embeds[None], features[None], None, "causal"))[0])
     w = mx.load(str(folder / "model.safetensors"))
-    want = reference_logits(w, np.array(embeds, dtype=np.float64), np.array(features, dtype=np.float64))
+    e64, f64, before = np.array(embeds, dtype=np.float64), np.array(features, dtype=np.float64), convention != "eagle"
+    want = reference_logits(w, e64, f64, p=p, norm_before_residual=before)
     np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=0)
-    swapped = reference_logits(w, np.array(embeds, dtype=np.float64), np.array(features, dtype=np.float64), swap=True)
+    swapped = reference_logits(w, e64, f64, swap=True, p=p, norm_before_residual=before)
     assert np.abs(got - swapped).max() > 0.05 * np.abs(want).max()  # the concat order matters
     assert drafter.vocab.tolist() == [2 * i for i in range(vocab // 2)]  # draft token i is i + d2t[i]
 
 
-@pytest.mark.parametrize("convention", ["eagle", "speculators"])
+@pytest.mark.parametrize("convention", ["eagle", "speculators", "speculators-qwen3"])
 def test_greedy_speculation_with_a_head_is_plain_decoding(target_dir, tmp_path, convention):
     vocab = load(str(target_dir)).model.model.embed_tokens.weight.shape[0]
     width, ids = (64, None) if convention == "eagle" else (32, [1, 3, 6])  # a narrower head: its own embedding

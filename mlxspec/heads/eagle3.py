@@ -40,13 +40,16 @@ DROPPED = ("t2d", "embed_tokens.weight", "model.embed_tokens.weight")  # a head 
 class Eagle3Layer(nn.Module):
     """The head's one decoder layer: llama's, its attention reading the token's and the feature's norms side by side."""
 
-    def __init__(self, args: llama.ModelArgs, norm_before_residual: bool = False):
+    def __init__(self, args: llama.ModelArgs, norm_before_residual: bool = False, qk_norms: bool = False):
+        """`qk_norms`: Qwen3's attention (RMS norms of each q and k head), as newer speculators heads for
+        Qwen3 targets have it; else llama's."""
         super().__init__()
         dims, eps = args.hidden_size, args.rms_norm_eps
         self.input_layernorm, self.hidden_norm = nn.RMSNorm(dims, eps), nn.RMSNorm(dims, eps)
         self.post_attention_layernorm = nn.RMSNorm(dims, eps)
-        self.self_attn = llama.Attention(args)  # mlx-lm's attention (its rope), over 2D inputs:
-        heads, kv_heads, head_dim = self.self_attn.n_heads, self.self_attn.n_kv_heads, self.self_attn.head_dim
+        self.self_attn = _qwen3_attention(args) if qk_norms else llama.Attention(args)  # mlx-lm's (its rope), over 2D inputs:
+        heads, kv_heads = args.num_attention_heads, args.num_key_value_heads
+        head_dim = args.head_dim or dims // heads
         bias = args.attention_bias
         self.self_attn.q_proj = nn.Linear(2 * dims, heads * head_dim, bias=bias)
         self.self_attn.k_proj = nn.Linear(2 * dims, kv_heads * head_dim, bias=bias)
@@ -62,13 +65,25 @@ class Eagle3Layer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
+def _qwen3_attention(args: llama.ModelArgs) -> nn.Module:
+    from mlx_lm.models import qwen3
+
+    return qwen3.Attention(qwen3.ModelArgs(
+        model_type="qwen3", hidden_size=args.hidden_size, num_hidden_layers=1, intermediate_size=args.intermediate_size,
+        num_attention_heads=args.num_attention_heads, rms_norm_eps=args.rms_norm_eps, vocab_size=args.vocab_size,
+        num_key_value_heads=args.num_key_value_heads, max_position_embeddings=args.max_position_embeddings,
+        head_dim=args.head_dim or args.hidden_size // args.num_attention_heads, tie_word_embeddings=False,
+        rope_theta=args.rope_theta, rope_scaling=args.rope_scaling))
+
+
 class Eagle3Head(nn.Module):
-    def __init__(self, args: llama.ModelArgs, target_dims: int, norm_before_residual: bool, norm_before_fc: bool):
+    def __init__(self, args: llama.ModelArgs, target_dims: int, norm_before_residual: bool, norm_before_fc: bool,
+                 qk_norms: bool = False):
         super().__init__()
         if norm_before_fc:
             self.input_norm = nn.RMSNorm(3 * target_dims, args.rms_norm_eps)
         self.fc = nn.Linear(3 * target_dims, args.hidden_size, bias=False)
-        self.layer = Eagle3Layer(args, norm_before_residual)
+        self.layer = Eagle3Layer(args, norm_before_residual, qk_norms)
 
     @property
     def dims(self) -> int:
@@ -122,7 +137,8 @@ def read(path: Path, target: nn.Module) -> tuple[Eagle3Head, Eagle3Output, dict]
     if fc is None or fc.shape != (args.hidden_size, 3 * target_dims):
         raise MlxspecError(f"{path.name} is an EAGLE-3 head for another model: its fc takes "
                            f"{None if fc is None else fc.shape[1]} features, this model gives 3 x {target_dims}")
-    head = Eagle3Head(args, target_dims, bool(config.get("norm_before_residual")), "input_norm.weight" in weights)
+    head = Eagle3Head(args, target_dims, bool(config.get("norm_before_residual")), "input_norm.weight" in weights,
+                      "layer.self_attn.q_norm.weight" in weights)
     if args.hidden_size != target_dims:  # a narrower head embeds tokens itself (EAGLE trains that table)
         if embed is None or embed.shape[-1] != args.hidden_size:
             raise MlxspecError(f"{path.name}: a {args.hidden_size}-wide head for a {target_dims}-wide model needs "
