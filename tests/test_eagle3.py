@@ -35,7 +35,7 @@ def write_head(path, dims: int, vocab: int, draft_vocab: int | None = None, widt
     width = width or dims
     draft_vocab = draft_vocab or vocab
     heads, kv_heads, head_dim, inner = 4, 2, width // 4, 2 * width
-    keys = iter(mx.random.split(mx.random.key(seed), 16))
+    keys = iter(mx.random.split(mx.random.key(seed), 24))
     rand = lambda *shape: mx.random.normal(shape, key=next(keys)) * 0.6 / shape[-1] ** 0.25  # noqa: E731
     ones = lambda n: 1.0 + 0.1 * mx.random.normal((n,), key=next(keys))  # noqa: E731
     layer = "midlayer." if convention == "eagle" else "layers.0."
