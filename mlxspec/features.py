@@ -1,13 +1,12 @@
-"""The target's own features for learned drafters (EAGLE, Medusa): final hidden states + logits.
+"""The target's own features for learned drafters (EAGLE, Medusa, mtp, EAGLE-3) and its logits, from one pass.
 
-`target_forward` is mlx-lm's `Model.__call__` split in two (the decoder body, then the head), so
-its logits are bit-identical to `model(x, cache=cache)`; the loop uses it only when a drafter
-asks for hidden states (`Drafter.wants_hidden`).
-
-EAGLE-3 heads read the inputs of three layers instead (low, middle, high: `Drafter.feature_layers`).
-`tap(model, layers)` makes those layers' predecessors keep their last output (a class swap of those
-layer instances, per model: mlx-lm's classes and other models are untouched), and
-`target_forward(..., layers=...)` returns them, concatenated, from the same pass.
+`target_forward` runs the model itself, `model(x, cache=cache)`, so its logits are those of plain decoding
+bit for bit, whatever the architecture adds after its head (Gemma 2/4's softcap, Granite's and Cohere's
+logit scales); the features are taken from that same pass by taps: the final norm's output (the hidden
+state EAGLE, Medusa and mtp read) or, for EAGLE-3 heads, the inputs of three layers (low, middle, high:
+`Drafter.feature_layers`). A tap is a class swap of that module instance (per model: mlx-lm's classes and
+other models are untouched) that keeps its last output; it is read once, then forgotten. The loop uses
+this only when a drafter asks for hidden states (`Drafter.wants_hidden`).
 """
 
 from __future__ import annotations
@@ -16,18 +15,18 @@ import mlx.core as mx
 import mlx.nn as nn
 
 
-TAPPED = "_mlxspec_tap"  # class attribute of a tapped layer class: the list its last output is kept in
+TAPPED = "_mlxspec_tap"  # class attribute of a tapped module's class: the list its last output is kept in
 
 
 def target_forward(model: nn.Module, x: mx.array, cache: list | None = None,
                    layers: tuple[int, ...] | None = None) -> tuple[mx.array, mx.array]:
-    """(B, L) ids -> (logits (B, L, V), hidden (B, L, H)): hidden is after the final norm; with `layers`
-    (tapped first), the inputs of those layers instead, concatenated: (B, L, len(layers) H)."""
-    if layers is not None:  # the model's own pass for the logits (any architecture), the taps for the features
-        return model(x, cache=cache), tapped(model, layers)
-    body = decoder_body(model)
-    hidden = body(x, cache=cache)
-    return head(model)(hidden), hidden
+    """(B, L) ids -> (logits (B, L, V), hidden (B, L, H)): logits as model(x, cache=cache), hidden after the
+    final norm; with `layers`, the inputs of those layers instead, concatenated: (B, L, len(layers) H)."""
+    modules = [_final_norm(model)] if layers is None else _layer_taps(model, layers)
+    for m in modules:
+        _tap(m)
+    logits = model(x, cache=cache)
+    return logits, _read(modules)
 
 
 def decoder_body(model: nn.Module) -> nn.Module:
@@ -45,36 +44,56 @@ def embedding(model: nn.Module) -> nn.Module:
 
 def tap(model: nn.Module, layers: tuple[int, ...]) -> None:
     """Make the decoder keep the input of each of `layers` (the output of the layer before it) on every
-    pass. Idempotent; per model."""
+    pass. Idempotent; per model. (target_forward taps what it reads itself; this checks the layers early.)"""
+    for m in _layer_taps(model, layers):
+        _tap(m)
+
+
+def tapped(model: nn.Module, layers: tuple[int, ...]) -> mx.array:
+    """The inputs of `layers` from the decoder's last pass, concatenated on the last axis (read once)."""
+    return _read(_layer_taps(model, layers))
+
+
+def _final_norm(model: nn.Module) -> nn.Module:
+    body = decoder_body(model)
+    if "norm" not in body:
+        raise TypeError(f"target features need the decoder's final norm (.norm), which {type(model)} lacks")
+    return body["norm"]
+
+
+def _layer_taps(model: nn.Module, layers: tuple[int, ...]) -> list[nn.Module]:
     blocks = model.layers
     for i in layers:
         if not 1 <= i < len(blocks):
             raise ValueError(f"layer {i}'s input is not a layer's output (the model has {len(blocks)} layers)")
-        block = blocks[i - 1]
-        if hasattr(type(block), TAPPED):
-            continue
-        base, sink = type(block), []
-
-        def call(self, *args, _base=base, _sink=sink, **kwargs):
-            out = _base.__call__(self, *args, **kwargs)
-            _sink[:] = [out[0] if isinstance(out, tuple) else out]  # gemma4's layers return (h, kv, offset)
-            return out
-
-        block.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call, TAPPED: sink})
+    return [blocks[i - 1] for i in layers]
 
 
-def tapped(model: nn.Module, layers: tuple[int, ...]) -> mx.array:
-    """The inputs of `layers` from the decoder's last pass, concatenated on the last axis; each is then
-    forgotten, so a pass that did not run the taps cannot hand out an older pass's rows."""
+def _tap(module: nn.Module) -> None:
+    if hasattr(type(module), TAPPED):
+        return
+    base, sink = type(module), []
+
+    def call(self, *args, _base=base, _sink=sink, **kwargs):
+        out = _base.__call__(self, *args, **kwargs)
+        _sink[:] = [out[0] if isinstance(out, tuple) else out]  # gemma4's layers return (h, kv, offset)
+        return out
+
+    module.__class__ = type(f"Tapped{base.__name__}", (base,), {"__call__": call, TAPPED: sink})
+
+
+def _read(modules: list[nn.Module]) -> mx.array:
+    """The tapped modules' last outputs, concatenated on the last axis, then forgotten: a pass that did not
+    run them cannot hand out an older pass's rows."""
     out = []
-    for i in layers:
-        sink = getattr(type(model.layers[i - 1]), TAPPED, None)
+    for m in modules:
+        sink = getattr(type(m), TAPPED, None)
         if not sink:
-            raise RuntimeError(f"layer {i - 1} of the target was not tapped, or has not run since it was read")
+            raise RuntimeError(f"{type(m).__name__} of the target was not tapped, or has not run since it was read")
         out.append(sink[0])
-    for i in layers:
-        getattr(type(model.layers[i - 1]), TAPPED).clear()
-    return mx.concatenate(out, axis=-1)
+    for m in modules:
+        getattr(type(m), TAPPED).clear()
+    return out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)
 
 
 def head(model: nn.Module):

@@ -35,6 +35,29 @@ def test_target_forward_is_the_models_forward_bit_for_bit(model):
     assert hidden.shape == (1, 3, model.args.hidden_size)
 
 
+GRANITE = {"model_type": "granite", "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+           "num_attention_heads": 4, "rms_norm_eps": 1e-5, "vocab_size": 96, "logits_scaling": 4.0,
+           "attention_multiplier": 0.125, "embedding_multiplier": 2.0, "residual_multiplier": 0.5,
+           "max_position_embeddings": 256, "num_key_value_heads": 2, "attention_bias": False, "mlp_bias": False,
+           "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("arch", ["gemma4", "granite"])
+def test_what_follows_the_head_is_kept(arch, tmp_path):
+    """Gemma 4 softcaps its logits, Granite divides them by logits_scaling: a learned drafter's verify pass must
+    still give plain decoding's logits (greedy ties, sampling laws), with the final norm's output as features."""
+    from model_factory import build_model, make_gemma4_dir
+
+    from mlxspec.features import decoder_body, head
+
+    model = loading.load(str(make_gemma4_dir(tmp_path))).model if arch == "gemma4" else build_model(GRANITE, seed=2)
+    ids = mx.array([[5, 17, 42, 7, 9, 3]], dtype=mx.uint32)
+    logits, hidden = target_forward(model, ids)
+    assert mx.array_equal(logits, model(ids)).item()
+    assert mx.array_equal(hidden, decoder_body(model)(ids)).item()
+    assert not mx.allclose(head(model)(hidden), logits, atol=1e-3).item()  # the head alone is not the model's logits
+
+
 def test_vocabulary_size_is_the_embedding_tables_rows(model):
     assert vocabulary_size(model) == model.args.vocab_size
 
