@@ -197,6 +197,7 @@ def test_sampling_with_a_head_keeps_the_target_law(tmp_path):
     (lambda t, c: t.update({"layers.1.mlp.up_proj.weight": mx.zeros((4, 4))}), "more than one layer"),
     (lambda t, c: t.update({"medusa_head.weight": mx.zeros((4, 4))}), "not one of an EAGLE-3 head"),
     (lambda t, c: c.pop("hidden_size"), "lacks its layer's shape"),
+    (lambda t, c: c.update({"eagle_aux_hidden_state_layer_ids": [1, 2, 3, 4]}), "its config names 4"),
 ])
 def test_heads_that_do_not_fit_are_refused_by_name(target_dir, tmp_path, change, match):
     model = load(str(target_dir)).model

@@ -162,6 +162,8 @@ def read(path: Path, target: nn.Module) -> tuple[Eagle3Head, Eagle3Output, dict]
         projection = target_head(target)
     output = Eagle3Output(norm, projection, vocab, target_vocab)
     layers = config.get("eagle_aux_hidden_state_layer_ids") or _default_layers(len(target.layers))
+    if len(layers) != 3:
+        raise MlxspecError(f"{path.name}: its fc reads three layers' states, its config names {len(layers)}")
     return head, output, {"kind": "eagle3", "file": str(path), "feature_layers": [int(i) for i in layers]}
 
 
