@@ -58,10 +58,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     kernels) pytest_step kernels 100 "${par[@]}" tests/kernels/test_gpu_on_device.py ;;
     exactness) pytest_step exactness 150 "${par[@]}" tests/test_decode_greedy.py tests/test_loading.py \
       -k "speculative_equals_plain or mixture or gguf_file_through" ;;  # + MoE, GGUF kinds
-    # hybrid models (Qwen3-Next, Qwen3.5 GGUF): mlx-lm's recurrence kernel and the delta-net conv as its taps in
-    # order (kernels/delta.py's GPU path, never run on a device); learned drafters reading tapped features
+    # hybrid models (Qwen3-Next, Qwen3.5 GGUF, Granite 4.0-H): mlx-lm's recurrence kernels, the delta-net and Mamba-2
+    # convs as their taps in order (kernels/delta.py's GPU path, never run on a device); learned drafters' taps
     hybrid) pytest_step hybrid 120 "${par[@]}" tests/test_decode_hybrid.py tests/test_mtp_checkpoints.py \
-      tests/test_eagle3.py -k "equals_plain or speculates_exactly or plain_decoding" ;;
+      tests/test_eagle3.py tests/kernels/test_ssm_steps.py -k "equals_plain or speculates_exactly or plain_decoding" ;;
     # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
     # the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
     logprobs-sampling) pytest_step logprobs-sampling 60 "${par[@]}" tests/test_logprobs.py tests/test_sampling.py ;;

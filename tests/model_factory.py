@@ -36,6 +36,13 @@ ARCH_CONFIGS = {
                    "num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 1,
                    "shared_expert_intermediate_size": 64, "mlp_only_layers": [], "moe_intermediate_size": 64,
                    "partial_rotary_factor": 0.25, "head_dim": 16, "full_attention_interval": 2},
+    # Granite 4.0-H's hybrid: Mamba-2 mixers (mlx-lm's ssm_update) between attention layers, experts; 4 layers
+    "granitemoehybrid": {"model_type": "granitemoehybrid", "attention_bias": False, "embedding_multiplier": 2.0,
+                         "attention_multiplier": 0.125, "logits_scaling": 4.0, "residual_multiplier": 0.5,
+                         "layer_types": ["mamba", "attention", "mamba", "attention"], "num_local_experts": 4,
+                         "num_experts_per_tok": 2, "shared_intermediate_size": 64, "mamba_n_heads": 8,
+                         "mamba_d_head": 16, "mamba_proj_bias": False, "mamba_d_state": 16, "mamba_d_conv": 4,
+                         "mamba_n_groups": 1, "mamba_conv_bias": True, "mamba_expand": 2},
 }
 
 

@@ -124,12 +124,15 @@ def taps_conv(x: mx.array, weight: mx.array) -> mx.array:
 
 
 class KernelCausalConv(nn.Module):
-    """A depthwise nn.Conv1d without padding or bias (the delta-net layers' conv1d) through the "conv"
-    family: the CPU kernel (float32), or on GPUs the taps in order; MLX's conv where its check failed."""
+    """A depthwise nn.Conv1d without padding (the delta-net layers' and Mamba-2 mixers' conv1d; a bias added
+    after, as nn.Conv1d adds it) through the "conv" family: the CPU kernel (float32), or on GPUs the taps
+    in order; MLX's conv where its check failed."""
 
-    def __init__(self, weight: mx.array):
+    def __init__(self, weight: mx.array, bias: mx.array | None = None):
         super().__init__()
         self.weight = weight
+        if bias is not None:
+            self.bias = bias
 
     def __call__(self, x: mx.array) -> mx.array:
         channels, taps = self.weight.shape[:2]
@@ -137,8 +140,10 @@ class KernelCausalConv(nn.Module):
         usable = rec.error is None and (rec.backend != "cpu" or x.dtype == self.weight.dtype == mx.float32)
         signature = ("causal_conv", channels, taps, str(x.dtype))
         if usable and rec.check(signature, lambda: _check_conv(rec.fn, channels, taps, x.dtype)) is None:
-            return rec.fn(x, self.weight)
-        return mx.conv1d(x, self.weight, groups=channels)
+            y = rec.fn(x, self.weight)
+        else:
+            y = mx.conv1d(x, self.weight, groups=channels)
+        return y + self["bias"] if "bias" in self else y
 
 
 def _check_conv(conv, channels: int, taps: int, dtype: mx.Dtype) -> str | None:
@@ -156,7 +161,7 @@ def _check_conv(conv, channels: int, taps: int, dtype: mx.Dtype) -> str | None:
 
 def _depthwise(m: nn.Module) -> bool:
     w = getattr(m, "weight", None) if type(m) is nn.Conv1d else None
-    return (w is not None and w.ndim == 3 and w.shape[2] == 1 and m.groups == w.shape[0] and "bias" not in m
+    return (w is not None and w.ndim == 3 and w.shape[2] == 1 and m.groups == w.shape[0]
             and m.padding == 0 and m.stride == 1 and m.dilation == 1)
 
 
@@ -169,8 +174,8 @@ def use_delta_kernel(model: nn.Module) -> dict:
     if error is None:
         report["routed"] = route_functions(model, {NAME: (mlx_lm_gated_delta_update(), kernel_gated_delta_update)})
     for _, m in model.named_modules():
-        if "A_log" in m and "conv1d" in m and _depthwise(m["conv1d"]):  # a gated delta-net layer
-            m.conv1d = KernelCausalConv(m["conv1d"].weight)
+        if "A_log" in m and "conv1d" in m and _depthwise(m["conv1d"]):  # a gated delta-net layer, a Mamba-2 mixer
+            m.conv1d = KernelCausalConv(m["conv1d"].weight, m["conv1d"].get("bias"))
             report["convs"] += 1
     return report
 
@@ -178,8 +183,10 @@ def use_delta_kernel(model: nn.Module) -> dict:
 def restore_delta(model: nn.Module) -> None:
     for _, m in model.named_modules():
         if isinstance(m.get("conv1d"), KernelCausalConv):
-            w = m["conv1d"].weight
-            conv = nn.Conv1d(w.shape[0], w.shape[0], w.shape[1], groups=w.shape[0], bias=False)
+            w, bias = m["conv1d"].weight, m["conv1d"].get("bias")
+            conv = nn.Conv1d(w.shape[0], w.shape[0], w.shape[1], groups=w.shape[0], bias=bias is not None)
             conv.weight = w
+            if bias is not None:
+                conv.bias = bias
             m.conv1d = conv
     unroute_functions(model, [NAME])

@@ -26,6 +26,7 @@ from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .projections import join_projections, unjoin_projections
 from .registry import device_backend_name
+from .ssm_steps import restore_ssm_steps, use_ssm_steps
 
 
 def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: bool = True,
@@ -37,7 +38,8 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     (benchmarks compare the layouts)."""
     backend = device_backend_name(device)
     layers = use_kernels(model, gpu=True, device=device, activations=activations, pack=pack)
-    report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model)}
+    report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model),
+              "ssm_steps": use_ssm_steps(model)}  # Mamba-2 mixers: verify rows one token at a time, on any device
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
         report["delta"] = use_delta_kernel(model)  # gated delta-net layers (Qwen3.5, Qwen3-Next), where there are
@@ -60,6 +62,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_attention(model)
     restore_pointwise(model)
     restore_delta(model)
+    restore_ssm_steps(model)
 
 
 def installed(model: nn.Module) -> bool:
@@ -72,7 +75,7 @@ def installed(model: nn.Module) -> bool:
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
              KernelRMSNorm, KernelRoPE, KernelCausalConv)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
-                               or routed(m, "gated_delta_update") or geglu_swapped(m)
+                               or routed(m, "gated_delta_update") or routed(m, "ssm_update") or geglu_swapped(m)
                for _, m in model.named_modules())
 
 

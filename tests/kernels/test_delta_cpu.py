@@ -128,3 +128,15 @@ def test_on_gpus_only_the_convs_are_swapped(pretend_gpu, tmp_path):
     assert mx.allclose(model(x), before, atol=1e-4).item()
     restore_delta(model)
     assert not any(isinstance(m, KernelCausalConv) for _, m in model.named_modules())
+
+
+def test_a_conv_with_a_bias_adds_it_as_nn_conv1d_does(cpu_ext):
+    """Mamba-2 mixers' convs carry a bias: the swapped conv adds it after the taps, as nn.Conv1d does."""
+    import mlx.nn as nn
+
+    conv = nn.Conv1d(96, 96, 4, groups=96, bias=True)
+    conv.bias = mx.random.normal((96,), key=mx.random.key(4))
+    x = mx.random.normal((1, 7, 96), key=mx.random.key(5))
+    ref, got = conv(x), KernelCausalConv(conv.weight, conv.bias)(x)
+    assert (mx.abs(got - ref) <= delta.TOL * mx.abs(ref).max()).all().item()
+    assert not mx.allclose(KernelCausalConv(conv.weight)(x), ref).item()  # the bias is there
