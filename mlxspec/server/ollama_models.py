@@ -10,11 +10,11 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from .. import modelfile, ollama_store
-from ..drafters import SOURCED
+from ..drafters import LEARNED, SOURCED
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
 from ..go_jinja import DEFAULT_GO_TEMPLATE
-from .references import resolve_for_http
+from .references import head_file_for_http, resolve_for_http
 from .requests import ApiError, field, model_field, read_json
 from .state import STATE, State
 from .streams import ndjson
@@ -237,6 +237,9 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
     kind, colon, source = (changes.get("drafter") or "").partition(":")
     if kind in SOURCED and colon:  # where its weights are read: held to what `from` may name
         changes["drafter"] = f"{kind}:" + _reference(state, source, f"the {kind} drafter's source", trusted).target
+    elif kind in LEARNED and colon:  # a head file: a name in MLXSPEC_HOME, or a path held likewise
+        changes["drafter"] = f"{kind}:" + head_file_for_http(source, f"the {kind} drafter's file",
+                                                            state.settings.model_dirs, trusted)
     if body.get("draft_length") is not None:
         changes["draft_length"] = field(body, "draft_length", int)
     if params := field(body, "parameters", dict):

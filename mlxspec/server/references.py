@@ -1,4 +1,4 @@
-"""What `from` and `draft` may name in /api/create over HTTP.
+"""What `from`, `draft` and drafters' sources may name in /api/create over HTTP.
 
 Store names, shipped names, `ollama:` names (Ollama's store), Hugging Face repo ids and hf.co/ORG/REPO[:QUANT]
 GGUF references always work.
@@ -41,6 +41,28 @@ def resolve_for_http(store: Store, ref: str, what: str, model_dirs: list[Path], 
 
 
 def _local_model(ref: str, what: str, model_dirs: list[Path], trusted: bool) -> Path:
+    path = _local_path(ref, what, model_dirs, trusted, is_model)
+    if path is None:
+        raise ApiError(400, f"{what} {_short(ref)} is not a model: a .gguf file or a directory with config.json and weights")
+    return path
+
+
+def head_file_for_http(ref: str, what: str, model_dirs: list[Path], trusted: bool) -> str:
+    """A learned head (eagle:, medusa:) named by a path: held to the rules of `from` (absolute, under
+    MLXSPEC_MODEL_DIRS or the local user's), and a .safetensors file; a name (MLXSPEC_HOME/drafters/NAME)
+    as it is."""
+    if "/" not in ref and not ref.startswith("~") and not ref.endswith(".safetensors"):
+        return ref
+    if not ref.startswith(("/", "~")):
+        raise ApiError(400, f"{what} {_short(ref)}: a path over HTTP must be absolute")
+    path = _local_path(ref, what, model_dirs, trusted, lambda p: p.is_file() and p.suffix == ".safetensors")
+    if path is None:
+        raise ApiError(400, f"{what} {_short(ref)} is not a drafter file (.safetensors)")
+    return str(path)
+
+
+def _local_path(ref: str, what: str, model_dirs: list[Path], trusted: bool, kind) -> Path | None:
+    """`ref` resolved, if the caller may read it and `kind(path)` holds; None where it does not hold."""
     try:
         path = Path(ref).expanduser().resolve()  # symlinks followed: a link may not lead outside
         allowed = trusted or any(path.is_relative_to(d) for d in model_dirs)
@@ -48,12 +70,9 @@ def _local_model(ref: str, what: str, model_dirs: list[Path], trusted: bool) -> 
             raise ApiError(403, f"{what}: local paths over HTTP must be under MLXSPEC_MODEL_DIRS ({_short(ref)} is not)")
         if not path.exists():
             raise ApiError(404, f"{what} {_short(ref)} not found")
-        model = is_model(path)
+        return path if kind(path) else None
     except (OSError, ValueError) as e:  # a name too long, a NUL byte, no permission
         raise ApiError(400, f"{what} {_short(ref)} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    if not model:
-        raise ApiError(400, f"{what} {_short(ref)} is not a model: a .gguf file or a directory with config.json and weights")
-    return path
 
 
 def _check_package_model(ref: str, what: str) -> None:

@@ -175,8 +175,12 @@ def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):
     ],
 )
 def test_create_refuses_server_paths(daemon, source, status, words):
-    """`from`, `draft` and the sources of the mtp and eagle3 drafters (where their weights are read) alike."""
-    for key, value in (("from", source), ("draft", source), ("drafter", f"mtp:{source}"), ("drafter", f"eagle3:{source}")):
+    """`from`, `draft` and the sources of the mtp and eagle3 drafters (where their weights are read) alike;
+    an eagle or medusa head named by a path too (a bare name is a file in MLXSPEC_HOME/drafters)."""
+    pairs = [("from", source), ("draft", source), ("drafter", f"mtp:{source}"), ("drafter", f"eagle3:{source}")]
+    if source.startswith(("/", "~")):
+        pairs += [("drafter", f"eagle:{source}"), ("drafter", f"medusa:{source}")]
+    for key, value in pairs:
         body = {"model": "x", "from": "tiny", key: value}
         got, answer = post(daemon.url + "/api/create", body)
         assert got == status and words in answer["error"], (key, answer)
@@ -194,6 +198,24 @@ def test_create_paths_under_model_dirs_must_be_models(daemon, tiny_llama, tmp_pa
     for source in (str(tiny_llama), "tiny", "org/some-repo"):  # a model directory, a store name, a repo id
         assert post(daemon.url + "/api/create", {"model": "x", "from": source, "stream": False})[0] == 200, source
     post(daemon.url + "/api/delete", {"model": "x"}, method="DELETE")
+
+
+def test_a_head_file_over_http_is_a_safetensors_file_under_model_dirs(daemon, tmp_path):
+    (tmp_path / "head.safetensors").write_bytes(b"{}")
+    (tmp_path / "notes.txt").write_text("secret")
+    create = daemon.url + "/api/create"
+    body = {"model": "x", "from": "tiny", "stream": False}
+    try:
+        assert post(create, {**body, "drafter": f"eagle:{tmp_path / 'head.safetensors'}"})[0] == 200
+        assert daemon.state.store.get("x").drafter == f"eagle:{(tmp_path / 'head.safetensors').resolve()}"
+        assert post(create, {**body, "drafter": "medusa:my-head"})[0] == 200  # a name: MLXSPEC_HOME/drafters
+        for drafter, status, words in [(f"eagle:{tmp_path / 'notes.txt'}", 400, "not a drafter file"),
+                                       ("eagle:heads/h.safetensors", 400, "must be absolute"),
+                                       (f"medusa:{tmp_path / 'none.safetensors'}", 404, "not found")]:
+            got, answer = post(create, {**body, "drafter": drafter})
+            assert got == status and words in answer["error"], (drafter, answer)
+    finally:
+        post(daemon.url + "/api/delete", {"model": "x"}, method="DELETE")
 
 
 def test_only_the_local_key_lets_any_local_model_path_through(tmp_path, tiny_llama):
