@@ -165,6 +165,8 @@ def _delta_heads(name: str, header: Header) -> delta_net.Heads | None:
 def _adapted_parts(arch: archs.Arch, gguf_name: str, arrays: dict, heads) -> list[tuple[str, dict]]:
     """A converted tensor's parts (a fused one's halves), the converter's conventions undone, evaluated
     before the file's memory map goes."""
+    if heads is not None:
+        arrays = delta_net.split_ba(gguf_name, arrays, heads)
     parts = [(name, archs.adapt_tensor(arch, name, part, heads)) for name, part in archs.unfused(gguf_name, arrays)]
     mx.eval([a for _, part in parts for a in part.values()])
     return parts

@@ -207,6 +207,8 @@ ARCHS = {
     # (gguf_delta_net.py); NEOX rope on a quarter of each attention head
     "qwen35": Arch("qwen3_5", "qwen3_5", False, QWEN35_BLOCK),
     "qwen35moe": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
+    # Qwen3-Next (80B-A3B): Qwen3.5's MoE layers, grouped value heads, beta and alpha fused (gguf_delta_net.py)
+    "qwen3next": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
@@ -237,7 +239,8 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
 
 
 # Tensors llama.cpp may store fused, and the halves (its SWIGLU order: gate rows, then up rows) they hold.
-FUSED = {"ffn_gate_up_exps": ("ffn_gate_exps", "ffn_up_exps")}
+FUSED = {"ffn_gate_up_exps": ("ffn_gate_exps", "ffn_up_exps"),
+         "ssm_ba": ("ssm_beta", "ssm_alpha")}  # Qwen3-Next (its rows grouped first: gguf_delta_net.split_ba)
 
 
 def unfused(gguf_name: str, arrays: dict | None = None) -> list[tuple[str, dict | None]]:

@@ -1,4 +1,7 @@
-"""Qwen3.5 / Qwen3.6 GGUFs (llama.cpp's `qwen35` and `qwen35moe`) on mlx-lm's qwen3_5 module.
+"""Qwen3.5 / Qwen3.6 GGUFs (llama.cpp's `qwen35` and `qwen35moe`) and Qwen3-Next's (`qwen3next`) on mlx-lm's
+qwen3_5 module (Qwen3-Next's layers are the same math; its converter keeps Hugging Face's grouped value heads,
+fuses beta and alpha in ssm_ba, per key head its value heads' betas then their alphas, and writes no M-RoPE
+sections: plain NEOX rope).
 
 Three of every four layers are gated delta-net layers (linear attention with a recurrent state),
 the fourth gated full attention. What llama.cpp's converter (conversion/qwen.py) changed, undone here:
@@ -30,7 +33,8 @@ import mlx.core as mx
 from .errors import ModelLoadError
 from .gguf_quants import GROUP
 
-ARCHS = ("qwen35", "qwen35moe")
+ARCHS = ("qwen35", "qwen35moe", "qwen3next")
+TILED = ("qwen35", "qwen35moe")  # value heads in ggml's tiled order (Qwen3-Next's stay grouped)
 BLOCK = {  # GGUF block tensor -> mlx-lm qwen3_5 name (attention layers: gguf_archs' llama names and q/k norms)
     "post_attention_norm": "post_attention_layernorm",
     "attn_qkv": "linear_attn.in_proj_qkv",
@@ -62,16 +66,18 @@ class Heads:
     v_heads: int  # ssm.time_step_rank
     k_dim: int  # ssm.state_size
     v_dim: int  # ssm.inner_size / v_heads
+    tiled: bool = True  # value heads in ggml's tiled order (qwen35); Qwen3-Next's are grouped
 
     @classmethod
     def from_header(cls, name: str, header) -> Heads:
         """The file's delta-net head sizes; Ollama's own conversion of Qwen3.5 is refused by name: it fuses
         alpha and beta (ssm_ba), keeps Hugging Face's value-head order and writes other keys, and no blob of
         it was at hand to check a translation against."""
-        if any(t.name.endswith(".ssm_ba.weight") for t in header.tensors):
+        if name in TILED and any(t.name.endswith(".ssm_ba.weight") for t in header.tensors):
             raise ModelLoadError(f"{header.path.name}: Ollama's own conversion of Qwen3.5 (fused ssm_ba) is not "
                                  "supported; use a GGUF made by llama.cpp's converter (e.g. unsloth's or bartowski's)")
-        return cls.from_metadata(name, header.metadata, header.path)
+        heads = cls.from_metadata(name, header.metadata, header.path)
+        return heads if name in TILED else cls(heads.k_heads, heads.v_heads, heads.k_dim, heads.v_dim, tiled=False)
 
     @classmethod
     def from_metadata(cls, name: str, metadata: dict, path: Path) -> Heads:
@@ -108,7 +114,7 @@ def config(f, config: dict) -> dict:
         "linear_conv_kernel_dim": get("ssm.conv_kernel"), "partial_rotary_factor": partial,
         "rope_parameters": {"type": "default", "rope_theta": config["rope_theta"], "partial_rotary_factor": partial},
     }
-    if f.name == "qwen35moe":
+    if f.name in ("qwen35moe", "qwen3next"):
         extra |= {"num_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
                   "moe_intermediate_size": get("expert_feed_forward_length"),
                   "shared_expert_intermediate_size": get("expert_shared_feed_forward_length"),
@@ -121,7 +127,7 @@ def adapt(gguf_name: str, arrays: dict, heads: Heads) -> dict:
     mlx-lm's qwen3_5 reads; other tensors pass through."""
     parts = gguf_name.split(".")
     role = parts[2] if parts[0] == "blk" else None
-    order = heads.grouped() if heads.v_heads != heads.k_heads else None
+    order = heads.grouped() if heads.tiled and heads.v_heads != heads.k_heads else None
     qk_rows = 2 * heads.k_heads * heads.k_dim
     if role in ("attn_qkv", "ssm_conv1d") and order is not None:  # q and k rows stay; v rows move by head
         rows = mx.concatenate([mx.arange(qk_rows), qk_rows + _head_rows(order, heads.v_dim)])
@@ -138,6 +144,16 @@ def adapt(gguf_name: str, arrays: dict, heads: Heads) -> dict:
     if role == "ffn_gate_inp_shexp":  # a vector in the file; mlx-lm's gate is a Linear to one output
         return {key: a.reshape(1, -1) for key, a in arrays.items()}
     return arrays
+
+
+def split_ba(gguf_name: str, arrays: dict, heads: Heads) -> dict:
+    """Qwen3-Next's ssm_ba rows (per key head: its value heads' betas, then their alphas) reordered to all betas,
+    then all alphas, so its halves are ssm_beta and ssm_alpha (gguf_archs.unfused); other tensors as they are."""
+    if not gguf_name.endswith(".ssm_ba.weight"):
+        return arrays
+    r = heads.v_heads // heads.k_heads
+    rows = mx.arange(2 * heads.v_heads).reshape(heads.k_heads, 2, r).transpose(1, 0, 2).reshape(-1)
+    return {key: a[rows] for key, a in arrays.items()}
 
 
 def _head_rows(order: mx.array, size: int) -> mx.array:

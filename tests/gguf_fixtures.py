@@ -136,7 +136,8 @@ def write_tiny_llama_gguf(
     "mixtral" (a "llama" file with qwen3moe's experts and llama's attention), "granitemoe" (llama's attention,
     qwen3moe's experts), "qwen35" / "qwen35moe" (Qwen3.5: delta-net layers, value heads in llama.cpp's tiled
     order, gated attention every DELTA["interval"]-th layer; the MoE's shared expert with its gate vector;
-    "qwen35moe-fused": the experts' gate and up rows in one ffn_gate_up_exps) or
+    "qwen35moe-fused": the experts' gate and up rows in one ffn_gate_up_exps; "qwen3next": qwen35moe's tensors
+    with Hugging Face's grouped value heads and beta/alpha in one ssm_ba, plain NEOX rope) or
     "gpt-oss" (biased attention with a sink per head, a biased F32 router, MXFP4 experts with F32
     biases, post_attention_norm before the experts; pass the window and YaRN keys in metadata), with the
     tensors llama.cpp's converter writes for each; any other name writes llama tensors under that
@@ -173,7 +174,7 @@ def write_tiny_llama_gguf(
         writer.add_key_length(dims.head_dim)
         writer.add_value_length(dims.head_dim)
     if arch in ("qwen3moe", "gpt-oss", "mixtral", "granitemoe", "deepseek2", "deepseek2-split", "qwen3vlmoe", "qwen35moe",
-                "qwen35moe-fused"):
+                "qwen35moe-fused", "qwen3next"):
         writer.add_expert_count(dims.experts)
         writer.add_expert_used_count(dims.experts_used)
         writer.add_expert_feed_forward_length(dims.expert_ffn)
@@ -181,18 +182,19 @@ def write_tiny_llama_gguf(
         keys = DEEPSEEK2_KEYS | (DEEPSEEK2_SPLIT_KEYS if arch == "deepseek2-split" else {})
         for key, value in keys.items():
             (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(f"deepseek2.{key}", value)
-    if file_arch in ("qwen35", "qwen35moe"):  # the delta-net layers' sizes
+    if file_arch in ("qwen35", "qwen35moe", "qwen3next"):  # the delta-net layers' sizes
         d = DELTA
         metadata = ({"nextn_predict_layers": dims.nextn} if dims.nextn else {}) | {
                     "ssm.group_count": d["k_heads"], "ssm.time_step_rank": d["v_heads"], "ssm.state_size": d["k_dim"],
                     "ssm.inner_size": d["v_heads"] * d["v_dim"], "ssm.conv_kernel": d["conv"],
-                    "full_attention_interval": d["interval"],
-                    # M-RoPE sections (llama.cpp requires them) under which llama.cpp's interleaved layout gives every
-                    # rotated pair of a text token its position, as Qwen3.5's [11, 11, 10, 0] does for its 32 pairs
-                    "rope.dimension_sections": [-(-((dims.rope_dims or dims.hd) // 2 - j) // 3) for j in range(3)] + [0],
-                    } | (metadata or {})
-        if file_arch == "qwen35moe":
-            writer.add_uint32("qwen35moe.expert_shared_feed_forward_length", dims.expert_ffn)
+                    "full_attention_interval": d["interval"]} | (metadata or {})
+        if file_arch != "qwen3next":  # Qwen3-Next's rope is plain NEOX rope
+            # M-RoPE sections (llama.cpp requires them) under which llama.cpp's interleaved layout gives every
+            # rotated pair of a text token its position, as Qwen3.5's [11, 11, 10, 0] does for its 32 pairs
+            sections = [-(-((dims.rope_dims or dims.hd) // 2 - j) // 3) for j in range(3)] + [0]
+            metadata = {"rope.dimension_sections": sections} | metadata
+        if file_arch in ("qwen35moe", "qwen3next"):
+            writer.add_uint32(f"{file_arch}.expert_shared_feed_forward_length", dims.expert_ffn)
     metadata = {"rope.freq_base": ROPE_BASE} | (metadata or {})
     for key, value in metadata.items():
         add = {int: writer.add_uint32, float: writer.add_float32, str: writer.add_string, list: writer.add_array}[type(value)]
@@ -262,8 +264,9 @@ def _tensor_shapes(arch: str, vocab: int, untied: bool, dims: Dims = Dims()) -> 
         if arch in ("deepseek2", "deepseek2-split"):
             shapes |= _deepseek2_block(b, i, dims, split=arch == "deepseek2-split")
             continue
-        if arch.startswith("qwen35"):  # qwen35moe-fused: its experts' gate and up rows in one tensor
-            shapes |= _qwen35_block(b, i, dims, moe=arch != "qwen35", fused=arch.endswith("-fused"))
+        if arch.startswith(("qwen35", "qwen3next")):  # qwen35moe-fused: its experts' gate and up rows in one tensor
+            shapes |= _qwen35_block(b, i, dims, moe=arch != "qwen35", fused=arch.endswith("-fused"),
+                                    ba=arch == "qwen3next")
             continue
         if arch == "phi3":
             shapes[f"{b}.attn_qkv.weight"] = (q_rows + 2 * kv_rows, hidden)
@@ -356,17 +359,19 @@ def _deepseek2_block(b: str, i: int, dims: Dims, split: bool = False) -> dict[st
 DELTA = dict(k_heads=2, v_heads=4, k_dim=32, v_dim=32, conv=4, interval=2)  # llama.cpp: k dim = v dim
 
 
-def _qwen35_block(b: str, i: int, dims: Dims, moe: bool, fused: bool = False) -> dict[str, tuple[int, ...]]:
+def _qwen35_block(b: str, i: int, dims: Dims, moe: bool, fused: bool = False, ba: bool = False) -> dict[str, tuple[int, ...]]:
     """Qwen3.5's layout: a delta-net layer (fused q/k/v rows, the z gate, alpha/beta per value head, the conv,
-    A and dt, a gated norm) or a gated attention layer (q rows carry each head's gate), then the FFN."""
+    A and dt, a gated norm) or a gated attention layer (q rows carry each head's gate), then the FFN.
+    `ba`: Qwen3-Next's, beta and alpha in one ssm_ba (per key head: its value heads' betas, then alphas)."""
     hidden, d, hd = dims.hidden, DELTA, dims.hd
     shapes = {f"{b}.post_attention_norm.weight": (hidden,)}
     if (i + 1) % d["interval"]:
         conv, value, v = 2 * d["k_heads"] * d["k_dim"] + d["v_heads"] * d["v_dim"], d["v_heads"] * d["v_dim"], d["v_heads"]
+        beta_alpha = ({f"{b}.ssm_ba.weight": (2 * v, hidden)} if ba else
+                      {f"{b}.ssm_beta.weight": (v, hidden), f"{b}.ssm_alpha.weight": (v, hidden)})
         shapes |= {f"{b}.attn_qkv.weight": (conv, hidden), f"{b}.attn_gate.weight": (value, hidden),
                    f"{b}.ssm_conv1d.weight": (conv, d["conv"]), f"{b}.ssm_dt.bias": (v,), f"{b}.ssm_a": (v,),
-                   f"{b}.ssm_beta.weight": (v, hidden), f"{b}.ssm_alpha.weight": (v, hidden),
-                   f"{b}.ssm_norm.weight": (d["v_dim"],), f"{b}.ssm_out.weight": (hidden, value)}
+                   **beta_alpha, f"{b}.ssm_norm.weight": (d["v_dim"],), f"{b}.ssm_out.weight": (hidden, value)}
     else:
         shapes |= {f"{b}.attn_q.weight": (2 * dims.heads * hd, hidden), f"{b}.attn_k.weight": (dims.kv_heads * hd, hidden),
                    f"{b}.attn_v.weight": (dims.kv_heads * hd, hidden), f"{b}.attn_output.weight": (hidden, dims.heads * hd),

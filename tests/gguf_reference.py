@@ -21,7 +21,7 @@ import gguf
 
 NEOX_ARCHS = ("qwen2", "qwen3", "gemma", "gemma2", "gemma3", "phi3", "qwen3moe", "gpt-oss", "starcoder2", "olmo2",
               "exaone", "nemotron", "qwen2vl", "qwen25vl", "qwen3vl", "qwen3vlmoe", "stablelm", "qwen35", "qwen35moe",
-              "qwen35moe-fused")  # the VL models' M-RoPE on text: NEOX
+              "qwen35moe-fused", "qwen3next")  # the VL models' M-RoPE on text: NEOX
 
 
 @dataclass
@@ -246,8 +246,13 @@ def _delta_net(w, p, hp: Hparams, h):
     T = len(h)
     qkv = h @ w[p + "attn_qkv.weight"].T  # (T, 2 nk dk + nv dv)
     z = (h @ w[p + "attn_gate.weight"].T).reshape(T, nv, dv)
-    beta = 1 / (1 + np.exp(-(h @ w[p + "ssm_beta.weight"].T)))  # (T, nv)
-    decay = np.exp(np.logaddexp(0, h @ w[p + "ssm_alpha.weight"].T + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"])
+    if p + "ssm_ba.weight" in w:  # Qwen3-Next: per key head, its value heads' beta rows, then their alpha rows
+        ba = (h @ w[p + "ssm_ba.weight"].T).reshape(T, nk, 2, nv // nk)
+        b, a = ba[:, :, 0].reshape(T, nv), ba[:, :, 1].reshape(T, nv)
+    else:
+        b, a = h @ w[p + "ssm_beta.weight"].T, h @ w[p + "ssm_alpha.weight"].T
+    beta = 1 / (1 + np.exp(-b))  # (T, nv)
+    decay = np.exp(np.logaddexp(0, a + w[p + "ssm_dt.bias"]) * w[p + "ssm_a"])
     kernel = w[p + "ssm_conv1d.weight"]  # (channels, width)
     padded = np.concatenate([np.zeros((kernel.shape[1] - 1, qkv.shape[1])), qkv])
     conv = sum(kernel[:, j] * padded[j : j + T] for j in range(kernel.shape[1]))

@@ -155,6 +155,10 @@ CASES = {
     # ... with each layer's expert gate and up rows in one tensor (ffn_gate_up_exps), as llama.cpp also reads them
     "qwen35moe-fused": dict(arch="qwen35moe-fused", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3),
                             hp=dict(rope_dims=8, delta=QWEN35_DELTA, experts_used=3)),
+    # Qwen3-Next (80B-A3B): Qwen3.5 MoE's layers with Hugging Face's grouped value heads, beta and alpha in one
+    # ssm_ba (per key head: its value heads' betas, then alphas), plain NEOX rope
+    "qwen3next": dict(arch="qwen3next", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3), pre="qwen2",
+                      hp=dict(rope_dims=8, delta=QWEN35_DELTA, experts_used=3, tiled=False)),
     # Qwen3.5 as llama.cpp's newer converter writes it: a multi-token-prediction block after the trunk, not run
     "qwen35-mtp": dict(arch="qwen35", dims=Dims(head_dim=32, rope_dims=8, nextn=1),
                        hp=dict(rope_dims=8, delta=QWEN35_DELTA, layers=2)),
@@ -199,6 +203,7 @@ TEETH = {
     "qwen35moe": [dict(tiled=False), dict(experts_used=2)],
     "qwen35-mtp": [dict(tiled=False)],
     "qwen35moe-fused": [dict(experts_used=2)],
+    "qwen3next": [dict(tiled=True), dict(experts_used=2)],  # its value heads are grouped, not tiled
     "command-r": [dict(arch="cohere2"), dict(logit_scale=1.0)],  # arch cohere2: RMS q/k norms, not per-head LayerNorms  # whole-head rope; NEOX halves instead of pairs
 }
 
@@ -231,7 +236,7 @@ def test_logits_match_numpy_reference(tmp_path, name):
 
 
 @pytest.mark.parametrize("name", ["gemma", "gemma3", "qwen3", "phi3", "phi4-mini", "glm4", "exaone", "cohere2", "command-r", "smollm3", "granitemoe", "nemotron", "deepseek2", "deepseek2-split", "qwen3moe", "mixtral", "gpt-oss", "granite",
-                                  "starcoder2", "mistral3", "olmo2", "qwen35", "qwen35moe"])
+                                  "starcoder2", "mistral3", "olmo2", "qwen35", "qwen35moe", "qwen3next"])
 def test_cached_decoding_matches_full_forward(tmp_path, name):
     """Token by token through mlx-lm's caches (gemma3's rotating window cache included)."""
     path, _ = write_case(tmp_path, name)

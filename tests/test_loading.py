@@ -163,6 +163,9 @@ def test_a_mixture_of_experts_gguf_speculates_exactly(tmp_path):
     ("smollm3", dict(dims=Dims(layers=4), pre="llama-bpe")),
     # Command R+: a parallel block, per-head q/k LayerNorms
     ("command-r", dict(pre="command-r", metadata={"logit_scale": 0.5})),
+    # Qwen3-Next: delta-net layers (recurrent states restored past rejected drafts), experts, fused beta/alpha
+    ("qwen3next", dict(pre="qwen2", dims=Dims(head_dim=32, rope_dims=8, experts=8, experts_used=3), output_qtype="Q8_0",
+                       seed=2)),  # weights whose answer repeats itself enough to be drafted
 ])
 def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
     """Their projections run the kernels and greedy lookup speculation gives plain decoding's tokens."""
@@ -172,7 +175,7 @@ def test_more_architectures_speculate_exactly(tmp_path, arch, extra):
     swapped = plain.kernels["target"]["layers"]["swapped"]
     # quantized matmuls: 4 or 3+1 attention and 3 or 2 FFN a layer; deepseek2's second layer adds 3 shared-expert ones
     want_swapped = {"glm4": 12, "exaone": 14, "cohere2": 28, "command-r": 14, "smollm3": 28, "granitemoe": 14,
-                    "nemotron": 12, "deepseek2": 17, "deepseek2-split": 15, "stablelm": 14}[arch]
+                    "nemotron": 12, "deepseek2": 17, "deepseek2-split": 15, "stablelm": 14, "qwen3next": 16}[arch]
     assert sum(".self_attn." in p or "mlp." in p for p in swapped) == want_swapped
     prompt = "the world and the world and the"
     want = run(plain, prompt, max_tokens=40)[0]
