@@ -101,6 +101,7 @@ class Decoder:
         start = time.perf_counter()
         features = self.drafter.wants_features  # a learned drafter reads the prompt's hidden states too
         stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features)
+        self.drafter.bind_cache(self.kv.cache)
         if features:
             self.drafter.start(self.prompt, hidden=self.kv.hidden)
         else:

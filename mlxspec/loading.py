@@ -23,6 +23,7 @@ from mlx.utils import tree_flatten
 from . import hub_gguf, ollama_store
 from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_half
 from .errors import MlxspecError, ModelLoadError
+from .heads.gemma4_assistant import MODEL_TYPE as ASSISTANT_TYPE
 from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
@@ -144,7 +145,7 @@ def drafter_source(kind: str, reference: str, progress: Any = None,
 
 def mtp_source(reference: str, progress: Any = None, ollama: ollama_store.OllamaStore | None = None) -> Path:
     """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a repo id only the files
-    the block lives in (heads/mtp_checkpoints.py): a drafter folder whole, else the config, the safetensors
+    the block lives in (heads/mtp_checkpoints.py): a drafter folder (or Gemma 4's assistant) whole, else the config, the safetensors
     index and the shards that hold mtp.* tensors; any other reference as `resolve` finds it."""
     if Path(reference).expanduser().exists() or not REPO_ID.match(reference):
         if ollama is None and ollama_store.is_reference(reference):
@@ -156,7 +157,7 @@ def mtp_source(reference: str, progress: Any = None, ollama: ollama_store.Ollama
     head = Path(download(reference, progress, ["config.json", INDEX]))
     config = json.loads((head / "config.json").read_text()) if (head / "config.json").exists() else {}
     shards = ["*.safetensors"]
-    if (head / INDEX).exists() and config.get("model_type") != DRAFTER_TYPE:
+    if (head / INDEX).exists() and config.get("model_type") not in (DRAFTER_TYPE, ASSISTANT_TYPE):
         weight_map = json.loads((head / INDEX).read_text()).get("weight_map", {})
         shards = sorted({f for key, f in weight_map.items() if key.startswith("mtp.")})
         if not shards:

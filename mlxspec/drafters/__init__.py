@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from ..heads.gemma4_assistant import is_assistant
+from .assistant import AssistantDrafter
 from .base import Draft, Drafter, FeatureTap, NoDrafter
 from .eagle import MTP_MIN_CONFIDENCE, Eagle3Drafter, EagleDrafter, MtpDrafter
 from .lookup import LookupDrafter
@@ -13,7 +15,8 @@ from .selfdraft import EarlyExitDrafter
 # Names a user can ask for; early-exit takes a layer count: "early-exit:12" (default: half);
 # medusa and eagle take their file: "eagle:NAME" (MLXSPEC_HOME/drafters/NAME.safetensors) or "eagle:PATH".
 # mtp: the model's own multi-token-prediction block (Qwen3.5's GGUFs and original checkpoints carry one);
-# "mtp:SOURCE" reads it from elsewhere: a checkpoint directory, a drafter folder, a repo id or a GGUF.
+# "mtp:SOURCE" reads it from elsewhere: a checkpoint directory, a drafter folder, a repo id or a GGUF; a Gemma 4
+# assistant's folder (model_type gemma4_assistant) makes it that model's own drafter (drafters/assistant.py).
 # eagle3:SOURCE: an EAGLE-3 head published for the model (a folder or a repo id).
 DRAFTERS = ("none", "draft-model", "lookup", "early-exit", "medusa", "eagle", "eagle3", "mtp")
 LEARNED = ("medusa", "eagle")  # drafters trained by `mlxspec train-drafter`, named by their file
@@ -70,6 +73,8 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float | None = N
     if kind == "mtp":
         if arg is not None and source is None:
             raise MlxspecError(f"the block of {spec!r} was not fetched: resolve its source first (Engine.load does)")
+        if source is not None and is_assistant(Path(source)):  # Gemma 4's: its own drafter, over the target's cache
+            return AssistantDrafter(target, Path(source))
         return MtpDrafter(target, target_file, compiled, MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence,
                           source)
     if kind == "eagle3":

@@ -74,6 +74,10 @@ class Drafter:
         proposal), so it sees the features of every position.
         """
 
+    def bind_cache(self, cache: list) -> None:
+        """The target's cache of this request, before `start` (a drafter that attends to the target's keys
+        and values reads it at `propose`: Gemma 4's assistant); it holds the context less its last token."""
+
     def has_guess(self, context: list[int]) -> bool:
         """A look on the host, cheap enough for every plain round: would `propose` now offer a
         guess worth a verify row? Only drafters that know (lookup) say yes; while adaptive
