@@ -233,3 +233,28 @@ def test_a_shipped_eagle3_pair_pulls_its_head(daemon, hub, tmp_path):
         for name in ("qwen3-8b-eagle3", "q3-plain"):
             client.generate(model=name, keep_alive=0)
             client.delete(name)
+
+
+def test_a_shipped_gemma4_pair_pulls_its_assistant(daemon, hub, tmp_path):
+    """gemma-4-26b-a4b-mtp: the target and Google's assistant (a gemma4_assistant repo, fetched whole)."""
+    from model_factory import make_gemma4_dir
+    from server.api_helpers import post
+    from test_gemma4_assistant import write_assistant
+
+    shipped = Store(daemon.home).shipped("gemma-4-26b-a4b-mtp")
+    kind, source = shipped.drafter_source
+    target = make_gemma4_dir(tmp_path / "target", layers=8)  # the tiny model plays Gemma 4 26B-A4B
+    hub.fake.add(shipped.target, target)
+    hub.fake.add(source, write_assistant(tmp_path / "assistant", target))
+    client = ollama.Client(host=daemon.url)
+    assert kind == "mtp" and client.pull("gemma-4-26b-a4b-mtp").status == "success"
+    assert {path for repo, path in hub.fake.served if repo == source} == {"config.json", "model.safetensors"}
+    body = {"prompt": "the world and the", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
+    try:
+        status, drafted = post(daemon.url + "/api/generate", {"model": "gemma-4-26b-a4b-mtp", **body})
+        assert status == 200 and drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
+        assert drafted["speculative"]["exact"] is True
+    finally:
+        client.generate(model="gemma-4-26b-a4b-mtp", keep_alive=0)
+        client.delete("gemma-4-26b-a4b-mtp")
