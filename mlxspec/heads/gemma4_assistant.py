@@ -84,9 +84,9 @@ def read(path: Path, target: nn.Module) -> Gemma4Assistant:
         tensors.update(mx.load(str(f)))
     text = dict(config.get("text_config") or {})
     layers = int(text.get("num_hidden_layers", 4))
-    per_layer = any(".per_layer_input_gate." in k for k in tensors)
+    per_layer = text.get("hidden_size_per_layer_input", 0) if any(".per_layer_input_gate." in k for k in tensors) else 0
     args = gemma4_text.ModelArgs.from_dict(text | {"num_kv_shared_layers": layers, "num_hidden_layers": layers,
-                                                   "hidden_size_per_layer_input": text.get("hidden_size_per_layer_input", 0) if per_layer else 0})
+                                                   "hidden_size_per_layer_input": per_layer})  # every layer KV-shared
     target_args = getattr(target, "language_model", target).args
     backbone = int(config.get("backbone_hidden_size", 0))
     if backbone != target_args.hidden_size or args.vocab_size != target_args.vocab_size:
