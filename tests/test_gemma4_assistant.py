@@ -33,8 +33,9 @@ def target(tmp_path_factory):
     return make_gemma4_dir(tmp_path_factory.mktemp("gemma4"), layers=8)
 
 
-def write_assistant(path, target_dir, seed: int = 3, **extra):
-    """A random 2-layer assistant (a sliding and a full-attention layer) for the tiny Gemma 4 at target_dir."""
+def write_assistant(path, target_dir, seed: int = 3, ordered: bool = False, **extra):
+    """A random 2-layer assistant (a sliding and a full-attention layer) for the tiny Gemma 4 at target_dir;
+    `ordered`: an E2B / E4B one's head (8 clusters of tokens, the top 2 scored)."""
     from mlx_lm.models import gemma4_text
 
     vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
@@ -43,18 +44,22 @@ def write_assistant(path, target_dir, seed: int = 3, **extra):
             "hidden_size_per_layer_input": 0, "sliding_window": WINDOW, "vocab_size": vocab,
             "layer_types": ["sliding_attention", "full_attention"], "num_kv_shared_layers": 2}
     config = {"model_type": "gemma4_assistant", "backbone_hidden_size": 64, "tie_word_embeddings": True,
-              "use_ordered_embeddings": False, "text_config": text, **extra}
-    head = Gemma4Assistant(gemma4_text.ModelArgs.from_dict(text), 64, True)
+              "use_ordered_embeddings": ordered, "num_centroids": 8, "centroid_intermediate_top_k": 2,
+              "text_config": text, **extra}
+    head = Gemma4Assistant(gemma4_text.ModelArgs.from_dict(text), 64, True, (8, 2) if ordered else None)
     mx.random.seed(seed)
     weights = {k: mx.random.normal(v.shape) * 0.6 / v.shape[-1] ** 0.25 for k, v in tree_flatten(head.parameters())}
+    if ordered:  # each cluster's tokens, a block of them: a shuffle of the vocabulary, stored as int64
+        weights["masked_embedding.token_ordering"] = mx.random.permutation(vocab).astype(mx.int64)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(config))
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     return path
 
 
-def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path):
-    engine = Engine.load(str(target), drafter=f"mtp:{write_assistant(tmp_path / 'a', target)}")
+@pytest.mark.parametrize("ordered", [False, True], ids=["tied-head", "clustered-head"])
+def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path, ordered):
+    engine = Engine.load(str(target), drafter=f"mtp:{write_assistant(tmp_path / 'a', target, ordered=ordered)}")
     drafter, model = engine.drafter, engine.target.model
     assert isinstance(drafter, AssistantDrafter) and drafter.name == "mtp"
     ids = engine.tokenizer.encode(PROMPTS[0])
@@ -83,7 +88,14 @@ def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path)
         h = head.pre_projection(mx.concatenate([embed * scale, hidden[-1][None, None]], -1))
         for layer in head.model.layers:
             h, _, _ = layer(h, None, None, shared_kv=ref[layer.layer_type], offset=mx.array(position))
-        return mx.softmax(head.model.embed_tokens.as_linear(head.model.norm(h))[0, 0].astype(mx.float32))
+        y = head.model.norm(h)[0, 0]
+        logits = head.model.embed_tokens.as_linear(y)
+        if ordered:  # only the 2 best clusters' tokens scored; the rest: their least score less one
+            m = head.masked_embedding
+            best = mx.argsort(-m.centroids(y))[:2]
+            chosen = m.token_ordering.reshape(8, -1)[best].reshape(-1)
+            logits = mx.full(logits.shape, logits[chosen].min() - 1).at[chosen].add(logits[chosen] - logits[chosen].min() + 1)
+        return mx.softmax(logits.astype(mx.float32))
 
     gap = lambda p: mx.abs(mx.log(q) - mx.log(p)).max().item()  # noqa: E731  log-probabilities: logits less a constant
     assert gap(law(len(ids) - 1, 64**0.5)) < 1e-5  # queries at the last cached position (measured 1e-6: rounding)
@@ -91,8 +103,9 @@ def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path)
     assert gap(law(len(ids) - 1, 1.0)) > 1e-3  # the embedding scaled as the target's (1.2)
 
 
-def test_greedy_speculation_with_the_assistant_is_plain_decoding(target, tmp_path):
-    folder = write_assistant(tmp_path / "a", target)
+@pytest.mark.parametrize("ordered", [False, True], ids=["tied-head", "clustered-head"])
+def test_greedy_speculation_with_the_assistant_is_plain_decoding(target, tmp_path, ordered):
+    folder = write_assistant(tmp_path / "a", target, ordered=ordered)
     plain, drafted = Engine.load(str(target)), Engine.load(str(target), drafter=f"mtp:{folder}", min_confidence=0.0)
     assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 24)
 
@@ -116,8 +129,9 @@ def test_sampling_with_the_assistant_keeps_the_target_law(tmp_path):
 
 
 def test_what_it_cannot_run_is_refused_by_name(target, tmp_path, tiny_llama):
-    with pytest.raises(MlxspecError, match="centroid-routed head of the E2B / E4B"):
-        Engine.load(str(target), drafter=f"mtp:{write_assistant(tmp_path / 'e2b', target, use_ordered_embeddings=True)}")
+    odd = write_assistant(tmp_path / "odd", target, ordered=True, num_centroids=7)
+    with pytest.raises(MlxspecError, match="do not split into 7 equal clusters"):
+        Engine.load(str(target), drafter=f"mtp:{odd}")
     with pytest.raises(MlxspecError, match="drafts for a Gemma 4 model, not llama"):
         Engine.load(str(tiny_llama), drafter=f"mtp:{write_assistant(tmp_path / 'a', target)}")
     wide = write_assistant(tmp_path / "w", target, backbone_hidden_size=96)

@@ -14,7 +14,9 @@ The first step's h is the target's final (normed) hidden state of the last posit
 that position; every later step keeps q and feeds its own h'. This follows mlx-vlm's port
 (speculative/drafters/gemma4_assistant, speculative/mtp.py), itself after Hugging Face's
 SinglePositionMultiTokenCandidateGenerator; the layers are mlx-lm's gemma4 DecoderLayer (shared_kv,
-offset). The centroid-routed head of the E2B / E4B assistants (use_ordered_embeddings) is refused.
+offset). The E2B / E4B assistants (use_ordered_embeddings) score only the tokens of their top clusters
+(MaskedEmbedder, after Hugging Face's Gemma4AssistantMaskedEmbedder): the others get the least of those
+logits less one, so they lose every argmax and keep a little probability when sampling.
 """
 
 from __future__ import annotations
@@ -31,16 +33,39 @@ MODEL_TYPE = "gemma4_assistant"
 FAMILIES = ("gemma4", "gemma4_text")  # mlx-lm modules of the targets it drafts for
 
 
+class MaskedEmbedder(nn.Module):
+    """The E2B / E4B assistants' head: `centroids` scores clusters of tokens; the top_k clusters' tokens
+    (token_ordering lists each cluster's in a block) are scored against the tied embedding, the rest of the
+    vocabulary set to the least of those scores less one."""
+
+    def __init__(self, dims: int, vocab: int, clusters: int, top_k: int):
+        super().__init__()
+        self.centroids = nn.Linear(dims, clusters, bias=False)
+        self.token_ordering = mx.zeros((vocab,), dtype=mx.int32)
+        self.top_k, self.per_cluster, self.vocab = top_k, vocab // clusters, vocab
+
+    def __call__(self, y: mx.array, embed: nn.Module) -> mx.array:
+        """(B, L, D) -> (B, L, V) logits."""
+        top = mx.argpartition(self.centroids(y), kth=-self.top_k, axis=-1)[..., -self.top_k :]  # (B, L, K)
+        ids = self.token_ordering.reshape(-1, self.per_cluster)[top].reshape(*y.shape[:2], -1)  # (B, L, K x per)
+        scores = (embed(ids) @ y[..., :, None])[..., 0]  # (B, L, K x per): the embedding's rows, dequantized
+        floor = mx.broadcast_to(scores.min(axis=-1, keepdims=True) - 1, (*y.shape[:2], self.vocab))
+        return mx.put_along_axis(floor, ids, scores, axis=-1)
+
+
 class Gemma4Assistant(nn.Module):
-    def __init__(self, args, backbone: int, tied: bool):
-        """`args`: mlx-lm gemma4_text ModelArgs of the assistant's layers (all KV-shared); `backbone`: Dt."""
+    def __init__(self, args, backbone: int, tied: bool, clusters: tuple[int, int] | None = None):
+        """`args`: mlx-lm gemma4_text ModelArgs of the assistant's layers (all KV-shared); `backbone`: Dt;
+        `clusters`: (num_centroids, centroid_intermediate_top_k) of an E2B / E4B assistant's head."""
         super().__init__()
         from mlx_lm.models import gemma4_text
 
         self.model = _Inner(args, gemma4_text)
         self.pre_projection = nn.Linear(2 * backbone, args.hidden_size, bias=False)
         self.post_projection = nn.Linear(args.hidden_size, backbone, bias=False)
-        if not tied:
+        if clusters is not None:
+            self.masked_embedding = MaskedEmbedder(args.hidden_size, args.vocab_size, *clusters)
+        elif not tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.layer_types = list(args.layer_types[: args.num_hidden_layers])
         self.window = args.sliding_window
@@ -51,7 +76,10 @@ class Gemma4Assistant(nn.Module):
         for layer in self.model.layers:
             h, _, _ = layer(h, None, None, shared_kv=shared[layer.layer_type], offset=offset)
         y = self.model.norm(h)
-        logits = self.lm_head(y) if "lm_head" in self else self.model.embed_tokens.as_linear(y)
+        if "masked_embedding" in self:
+            logits = self.masked_embedding(y, self.model.embed_tokens)
+        else:
+            logits = self.lm_head(y) if "lm_head" in self else self.model.embed_tokens.as_linear(y)
         return logits, self.post_projection(y)
 
 
@@ -76,9 +104,8 @@ def read(path: Path, target: nn.Module) -> Gemma4Assistant:
     if family not in FAMILIES:
         raise MlxspecError(f"{path.name} is Gemma 4's assistant: it drafts for a Gemma 4 model, not {family}")
     config = json.loads((path / "config.json").read_text())
-    if config.get("use_ordered_embeddings"):
-        raise MlxspecError(f"{path.name}: the centroid-routed head of the E2B / E4B assistants is not supported "
-                           "(the 26B-A4B and 31B assistants' tied head is)")
+    clusters = (int(config.get("num_centroids", 2048)), int(config.get("centroid_intermediate_top_k", 32))) \
+        if config.get("use_ordered_embeddings") else None
     tensors = {}
     for f in sorted(path.glob("*.safetensors")):
         tensors.update(mx.load(str(f)))
@@ -92,8 +119,12 @@ def read(path: Path, target: nn.Module) -> Gemma4Assistant:
     if backbone != target_args.hidden_size or args.vocab_size != target_args.vocab_size:
         raise MlxspecError(f"{path.name} is the assistant of another model: {backbone} wide over {args.vocab_size} "
                            f"tokens, this model {target_args.hidden_size} over {target_args.vocab_size}")
-    head = Gemma4Assistant(args, backbone, bool(config.get("tie_word_embeddings", True)))
-    weights = {k: v for k, v in tensors.items() if not k.startswith("masked_embedding.")}
+    if clusters is not None and args.vocab_size % clusters[0]:
+        raise MlxspecError(f"{path.name}: {args.vocab_size} tokens do not split into {clusters[0]} equal clusters")
+    head = Gemma4Assistant(args, backbone, bool(config.get("tie_word_embeddings", True)), clusters)
+    weights = dict(tensors)
+    if "masked_embedding.token_ordering" in weights:
+        weights["masked_embedding.token_ordering"] = weights["masked_embedding.token_ordering"].astype(mx.int32)
     if "lm_head" not in head:
         weights.pop("lm_head.weight", None)
     missing = {k for k, _ in _flat(head)} - set(weights)
