@@ -203,6 +203,12 @@ def test_blocks_that_do_not_fit_are_refused_by_name(checkpoint, tmp_path):
     mx.save_safetensors(str(deep / "model.safetensors"), tensors, metadata={"format": "mlx"})
     with pytest.raises(MlxspecError, match="one-layer blocks"):
         mtp.from_checkpoint(deep, model)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MlxspecError, match="is not a checkpoint: it has no config.json"):
+        Engine.load(str(checkpoint), drafter=f"mtp:{tmp_path / 'empty'}")
+    (tmp_path / "empty" / "config.json").write_text("{not json")
+    with pytest.raises(MlxspecError, match="config.json cannot be read"):
+        Engine.load(str(checkpoint), drafter=f"eagle3:{tmp_path / 'empty'}")
 
 
 @pytest.mark.parametrize("confidence", [0.75, 0.0], ids=["p-min", "whole-chains"])

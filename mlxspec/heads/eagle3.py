@@ -22,7 +22,6 @@ library's, whose layer sits in `transformer_layer_config`) and safetensors, its 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,6 +31,7 @@ from mlx_lm.models import llama
 from ..errors import MlxspecError
 from ..features import head as target_head
 from ..features import vocabulary_size
+from .mtp_checkpoints import read_config
 
 LAYER_PREFIXES = ("midlayer.", "layers.0.", "model.layers.0.")
 DROPPED = ("t2d", "embed_tokens.weight", "model.embed_tokens.weight")  # a head as wide as the target: its embedding
@@ -117,14 +117,12 @@ class Eagle3Output(nn.Module):
 
 def read(path: Path, target: nn.Module) -> tuple[Eagle3Head, Eagle3Output, dict]:
     """(head, output, config with "feature_layers") from the head's folder, checked against `target`."""
-    if not (path / "config.json").is_file():
-        raise MlxspecError(f"{path} is not an EAGLE-3 head: no config.json")
+    config = read_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         extra = " (it has pytorch_model.bin: PyTorch pickles are not read; convert it to safetensors)" \
             if (path / "pytorch_model.bin").exists() else ""
         raise MlxspecError(f"{path.name} holds no safetensors{extra}")
-    config = json.loads((path / "config.json").read_text())
     block = config.get("transformer_layer_config") or config
     tensors = {}
     for f in files:

@@ -21,13 +21,13 @@ logits less one, so they lose every argmax and keep a little probability when sa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import MlxspecError
+from .mtp_checkpoints import read_config
 
 MODEL_TYPE = "gemma4_assistant"
 FAMILIES = ("gemma4", "gemma4_text")  # mlx-lm modules of the targets it drafts for
@@ -92,8 +92,7 @@ class _Inner(nn.Module):
 
 
 def is_assistant(path: Path) -> bool:
-    config = path / "config.json"
-    return path.is_dir() and config.is_file() and json.loads(config.read_text()).get("model_type") == MODEL_TYPE
+    return path.is_dir() and (path / "config.json").is_file() and read_config(path).get("model_type") == MODEL_TYPE
 
 
 def read(path: Path, target: nn.Module) -> Gemma4Assistant:
@@ -103,7 +102,7 @@ def read(path: Path, target: nn.Module) -> Gemma4Assistant:
     family = type(target).__module__.rpartition(".")[2]
     if family not in FAMILIES:
         raise MlxspecError(f"{path.name} is Gemma 4's assistant: it drafts for a Gemma 4 model, not {family}")
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
     clusters = (int(config.get("num_centroids", 2048)), int(config.get("centroid_intermediate_top_k", 32))) \
         if config.get("use_ordered_embeddings") else None
     tensors = {}

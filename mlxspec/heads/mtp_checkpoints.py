@@ -43,7 +43,7 @@ class Block:
 
 def read_block(path: Path) -> Block | None:
     """The block of the checkpoint directory `path` (config.json + safetensors), None where it has none."""
-    config = json.loads((path / "config.json").read_text())
+    config = read_config(path)
     standalone = config.get("model_type") == DRAFTER_TYPE
     tensors, raw = _block_tensors(path, standalone)
     if not tensors:
@@ -56,6 +56,19 @@ def read_block(path: Path) -> Block | None:
         raise MlxspecError(f"{path.name}: its mtp block has {depth} layers; mlxspec runs one-layer blocks (Qwen3.5's)")
     weights = _head_names(tensors, zero_centred=raw)
     return Block(weights, _quantization(config, weights), path.name)
+
+
+def read_config(path: Path) -> dict:
+    """A checkpoint's config.json, or a one-line error saying why it cannot be read."""
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise MlxspecError(f"{path} is not a checkpoint: it has no config.json") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MlxspecError(f"{path / 'config.json'} cannot be read: {e}") from None
+    if not isinstance(config, dict):
+        raise MlxspecError(f"{path / 'config.json'} is not a JSON object")
+    return config
 
 
 def _block_tensors(path: Path, standalone: bool) -> tuple[dict[str, mx.array], bool]:
