@@ -93,7 +93,8 @@ class Engine:
         lookup_memory: int | None = None,
         context: int | None = None,
     ) -> "Engine":
-        """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`).
+        """Load a target and its drafter, one of DRAFTERS ('draft-model' needs `draft`; 'mtp:SOURCE' and
+        'eagle3:SOURCE' read their weights from a path or a repo id, fetched here: loading.drafter_source).
 
         A draft whose tokenizer differs from the target's raises IncompatibleDraftError here,
         before any generation. `progress`: a tqdm class for repo downloads. `min_confidence` > 0
