@@ -131,38 +131,33 @@ def _package_file(reference: str) -> Path:
 def drafter_source(kind: str, reference: str, progress: Any = None,
                    ollama: ollama_store.OllamaStore | None = None) -> Path:
     """Where a drafter named with a source (drafters.SOURCED: 'mtp:SOURCE', 'eagle3:SOURCE') reads its
-    weights, as a local path: mtp's block (mtp_source); an EAGLE-3 head's folder, a repo id fetched whole
-    (its config and safetensors: a head is small)."""
-    if kind == "mtp":
-        return mtp_source(reference, progress, ollama)
-    if Path(reference).expanduser().exists() or not REPO_ID.match(reference):
-        try:
-            return resolve(reference, progress, ollama)
-        except ModelLoadError as e:
-            raise ModelLoadError(f"the {kind} drafter's source: {e}") from None
-    return Path(download(reference, progress, ["*.json", "*.safetensors"]))
-
-
-def mtp_source(reference: str, progress: Any = None, ollama: ollama_store.OllamaStore | None = None) -> Path:
-    """Where 'mtp:SOURCE' reads a multi-token-prediction block, as a local path: a repo id only the files
-    the block lives in (heads/mtp_checkpoints.py): a drafter folder (or Gemma 4's assistant) whole, else the config, the safetensors
-    index and the shards that hold mtp.* tensors; any other reference as `resolve` finds it."""
+    weights, as a local path: a path, GGUF or Ollama reference as `resolve` finds it; a repo id fetched with
+    what the drafter needs of it: an EAGLE-3 head whole (its config and safetensors: a head is small), for
+    mtp only the files its block lives in (_mtp_files)."""
     if Path(reference).expanduser().exists() or not REPO_ID.match(reference):
         if ollama is None and ollama_store.is_reference(reference):
             ollama = ollama_store.OllamaStore.from_env()
         try:
             return resolve(reference, progress, ollama)
         except ModelLoadError as e:
-            raise ModelLoadError(f"the mtp drafter's source: {e}") from None
-    head = Path(download(reference, progress, ["config.json", INDEX]))
+            raise ModelLoadError(f"the {kind} drafter's source: {e}") from None
+    if kind == "mtp":
+        return _mtp_files(reference, progress)
+    return Path(download(reference, progress, ["*.json", "*.safetensors"]))
+
+
+def _mtp_files(repo_id: str, progress: Any = None) -> Path:
+    """A repo's files an mtp block lives in (heads/mtp_checkpoints.py): a drafter folder (or Gemma 4's
+    assistant) whole, else the config, the safetensors index and the shards that hold mtp.* tensors."""
+    head = Path(download(repo_id, progress, ["config.json", INDEX]))
     config = json.loads((head / "config.json").read_text()) if (head / "config.json").exists() else {}
     shards = ["*.safetensors"]
     if (head / INDEX).exists() and config.get("model_type") not in (DRAFTER_TYPE, ASSISTANT_TYPE):
         weight_map = json.loads((head / INDEX).read_text()).get("weight_map", {})
         shards = sorted({f for key, f in weight_map.items() if key.startswith("mtp.")})
         if not shards:
-            raise ModelLoadError(f"{reference} carries no multi-token-prediction block (no mtp.* tensors in its index)")
-    return Path(download(reference, progress, ["config.json", INDEX, *shards]))
+            raise ModelLoadError(f"{repo_id} carries no multi-token-prediction block (no mtp.* tensors in its index)")
+    return Path(download(repo_id, progress, ["config.json", INDEX, *shards]))
 
 
 def download(repo_id: str, progress: Any = None, patterns: list[str] | None = None) -> str:
