@@ -240,3 +240,24 @@ def test_a_gemma4_target_feeds_its_head_too(tmp_path):
     folder = write_head(tmp_path / "head", 64, vocab, draft_vocab=vocab // 2, convention="speculators")
     plain, drafted = Engine.load(str(target)), Engine.load(str(target), drafter=f"eagle3:{folder}")
     assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 20)
+
+
+def test_a_gpt_oss_gguf_with_a_normed_fc_head(tmp_path):
+    """gpt-oss (a GGUF: sinks, sliding windows, MXFP4-free experts here) with a head that norms its three
+    features before fc (speculators' norm_before_fc, as gpt-oss heads have it): greedy is plain decoding."""
+    from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+    path = write_tiny_llama_gguf(tmp_path / "oss.gguf", "Q8_0", arch="gpt-oss", output_qtype="Q8_0",
+                                 dims=Dims(layers=LAYERS, head_dim=32, experts=8, experts_used=3),
+                                 metadata={"attention.sliding_window": 4})
+    plain = Engine.load(str(path))
+    model = plain.target.model
+    vocab, dims = model.model.embed_tokens.weight.shape[0], model.args.hidden_size
+    folder = write_head(tmp_path / "h", dims, vocab, draft_vocab=vocab // 2, convention="speculators",
+                        extra={"norm_before_fc": True})
+    tensors = mx.load(str(folder / "model.safetensors"))
+    tensors["input_norm.weight"] = 1.0 + 0.1 * mx.random.normal((3 * dims,), key=mx.random.key(9))
+    mx.save_safetensors(str(folder / "model.safetensors"), tensors)
+    drafted = Engine.load(str(path), drafter=f"eagle3:{folder}")
+    assert "input_norm" in drafted.drafter.head
+    assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 20)
