@@ -61,7 +61,8 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     # hybrid models (Qwen3-Next, Qwen3.5 GGUF, Granite 4.0-H): mlx-lm's recurrence kernels, the delta-net and Mamba-2
     # convs as their taps in order (kernels/delta.py's GPU path, never run on a device); learned drafters' taps
     hybrid) pytest_step hybrid 120 "${par[@]}" tests/test_decode_hybrid.py tests/test_mtp_checkpoints.py \
-      tests/test_eagle3.py tests/kernels/test_ssm_steps.py -k "equals_plain or speculates_exactly or plain_decoding" ;;
+      tests/test_eagle3.py tests/test_gemma4_assistant.py tests/kernels/test_ssm_steps.py \
+      -k "equals_plain or speculates_exactly or plain_decoding" ;;
     # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
     # the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
     logprobs-sampling) pytest_step logprobs-sampling 60 "${par[@]}" tests/test_logprobs.py tests/test_sampling.py ;;
