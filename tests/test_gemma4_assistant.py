@@ -110,6 +110,23 @@ def test_greedy_speculation_with_the_assistant_is_plain_decoding(target, tmp_pat
     assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 24)
 
 
+def test_unsure_drafts_end_the_chain(target, tmp_path):
+    """llama.cpp's p-min for MTP drafters (0.75 by default, as for Qwen's block): 1.0 stops every chain after its
+    first draft, 0 never does; the tokens stay plain decoding's either way."""
+    folder = write_assistant(tmp_path / "a", target)
+    assert Engine.load(str(target), drafter=f"mtp:{folder}").drafter.min_confidence == 0.75
+    plain = Engine.load(str(target))
+    want = [t for e in plain.generate(PROMPTS[0], GenerateOptions(max_tokens=20, temperature=0)) for t in e.tokens]
+    for confidence, deeper in ((1.0, False), (0.0, True)):
+        engine = Engine.load(str(target), drafter=f"mtp:{folder}", min_confidence=confidence)
+        events = list(engine.generate(PROMPTS[0], GenerateOptions(max_tokens=20, temperature=0, draft_length=3,
+                                                                  adaptive=False)))
+        assert [t for e in events for t in e.tokens] == want
+        stats = events[-1].stats
+        assert stats.drafted_per_position[0] > 0 and (sum(stats.drafted_per_position[1:]) > 0) == deeper
+        assert (engine.drafter.syncs > 0) == (confidence > 0)
+
+
 def test_sampling_with_the_assistant_keeps_the_target_law(tmp_path):
     """4 tokens: the law of every 3-token continuation is known (test_decode_sampling.fit)."""
     from model_factory import build_model

@@ -26,7 +26,10 @@ from .base import Draft, Drafter
 class AssistantDrafter(Drafter):
     wants_hidden = True
 
-    def __init__(self, target: nn.Module, path: Path):
+    def __init__(self, target: nn.Module, path: Path, min_confidence: float = 0.0):
+        """`min_confidence` > 0: a chain stops after a draft given less than that probability (llama.cpp's
+        p-min for MTP drafters; a host read-back per draft step)."""
+        self.min_confidence = min_confidence
         self.head = gemma4_assistant.read(path, target)
         self.name, self.config = "mtp", {"kind": "gemma4_assistant", "file": str(path)}
         body = decoder_body(target)
@@ -77,7 +80,12 @@ class AssistantDrafter(Drafter):
                 token = sample(q[None], keys[i])
                 probs.append(q)
             tokens.append(token)
-        return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, k)
+            if self.min_confidence and i + 1 < k:  # an unsure draft ends the chain (it is kept)
+                sure = (mx.softmax(logits.astype(mx.float32)) if sampling.greedy else q)[token[0]]
+                self.syncs += 1
+                if sure.item() < self.min_confidence:
+                    break
+        return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, len(tokens))
 
     def _keys_values(self, c) -> tuple[mx.array, mx.array]:
         """A target layer's cached keys and values the assistant reads: all of a full-attention layer's, the
