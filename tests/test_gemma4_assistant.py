@@ -69,7 +69,7 @@ def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path,
     plain = [KVCache() for _ in cache]  # every position kept: the reference
     hidden = decoder_body(model)(mx.array([ids]), cache=plain)[0]  # (L, Dt)
     for kind, i in drafter.sources.items():
-        keys, values = drafter._keys_values(cache[i])
+        keys, values = drafter._keys_values(kind, cache[i])
         keep = slice(None) if kind == "full_attention" else slice(len(ids) - WINDOW, len(ids))
         assert mx.allclose(keys, plain[i].keys[..., : len(ids), :][..., keep, :], atol=1e-5).item()  # these rows,
         assert mx.allclose(values, plain[i].values[..., : len(ids), :][..., keep, :], atol=1e-5).item()  # in order

@@ -65,7 +65,7 @@ class AssistantDrafter(Drafter):
             return Draft.empty()
         position = self.cache[self.sources[self.head.layer_types[0]]].offset - 1  # the last cached position
         assert position == len(context) - 2, (position, len(context))
-        shared = {kind: self._keys_values(self.cache[i]) for kind, i in self.sources.items()}
+        shared = {kind: self._keys_values(kind, self.cache[i]) for kind, i in self.sources.items()}
         keys = mx.random.split(key, k) if not sampling.greedy else [None] * k
         token, h = mx.array([context[-1]]), self.last[None, None]
         tokens, probs = [], []
@@ -87,17 +87,17 @@ class AssistantDrafter(Drafter):
                     break
         return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, len(tokens))
 
-    def _keys_values(self, c) -> tuple[mx.array, mx.array]:
-        """A target layer's cached keys and values the assistant reads: all of a full-attention layer's, the
-        last `window` of a sliding one's (the positions within the window of the query), in time order."""
-        if isinstance(c, WindowKVCache):
-            held = c.offset - c.start
-            first = max(0, held - self.window)
-            return c.keys[..., first:held, :], c.values[..., first:held, :]
+    def _keys_values(self, kind: str, c) -> tuple[mx.array, mx.array]:
+        """A target layer's cached keys and values the assistant reads, in time order: all of a full-attention
+        layer's, the last `window` of a sliding one's (the positions within the window of the query)."""
         if type(c).__name__ == "RotatingKVCache":
             raise MlxspecError("Gemma 4's assistant reads the target's sliding-window cache in time order: "
                                "a rotating cache is not one it can read")
-        return c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+        first, held = (c.start, c.offset) if isinstance(c, WindowKVCache) else (0, c.offset)
+        keys, values = c.keys[..., : held - first, :], c.values[..., : held - first, :]
+        if kind == "sliding_attention":
+            keys, values = keys[..., -self.window :, :], values[..., -self.window :, :]
+        return keys, values
 
 
 def _shared_layers(target: nn.Module) -> dict[str, int]:
