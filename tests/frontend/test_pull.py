@@ -159,20 +159,45 @@ def test_pull_a_gguf_from_a_hub_repo_by_quantization(daemon, gguf_repo):
     assert not store.exists("acme/tiny-gguf:q2_k")
 
 
+def pull_shipped_pair(daemon, hub, name: str, target, source_folder) -> set[str]:
+    """Pull the shipped `name`, its target and its drafter's source served from these folders; decode with it
+    and with its target alone (a model created over HTTP, drafter none): the same answer, drafted by its own
+    drafter, exactly. Returns the files the hub served of the drafter's source repo."""
+    from server.api_helpers import ndjson_lines, post
+
+    shipped = Store(daemon.home).shipped(name)
+    kind, source = shipped.drafter_source
+    hub.fake.add(shipped.target, target)
+    hub.fake.add(source, source_folder)
+    client = ollama.Client(host=daemon.url)
+    assert client.pull(name).status == "success"
+    status, lines = ndjson_lines(daemon.url + "/api/create",  # drafter: mlxspec's own field
+                                 {"model": "plain-twin", "from": shipped.target, "drafter": "none"})
+    assert status == 200 and lines[-1] == {"status": "success"}, lines
+    body = {"prompt": "the world and the", "raw": True, "stream": False,
+            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
+    try:
+        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body}) for m in (name, "plain-twin"))
+        assert drafted["response"] == plain["response"]
+        spec = drafted["speculative"]
+        assert spec["drafter"] == kind and spec["drafted"] > 0 and spec["exact"] is True
+    finally:
+        for model in (name, "plain-twin"):
+            client.generate(model=model, keep_alive=0)
+            client.delete(model)
+    return {path for repo, path in hub.fake.served if repo == source}
+
+
 def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub, tmp_path):
     """The shipped qwen3.5-9b-mtp: an MLX conversion (no mtp.* tensors) drafted by mtp:Qwen/Qwen3.5-9B. Pulling
     it fetches the conversion and, of the original checkpoint, the config, index and the one shard holding the
-    block, never its trunk. Its answers are plain decoding's; a model created over HTTP with the same
-    drafter reads the block already fetched."""
+    block, never its trunk. Its answers are plain decoding's."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
     from model_factory import make_qwen35_checkpoint
     from mlxspec.loading import load
-    from server.api_helpers import ndjson_lines, post
 
-    shipped = Store(daemon.home).shipped("qwen3.5-9b-mtp")
-    _, source = shipped.drafter_source
     original = make_qwen35_checkpoint(tmp_path / "original")
     converted = tmp_path / "converted"
     converted.mkdir()
@@ -181,26 +206,8 @@ def test_an_mtp_block_is_fetched_alone_from_the_original_checkpoint(daemon, hub,
             (converted / f.name).write_bytes(f.read_bytes())
     mx.save_safetensors(str(converted / "model.safetensors"), dict(tree_flatten(load(str(original)).model.parameters())),
                         metadata={"format": "mlx"})
-    hub.fake.add(source, original)
-    hub.fake.add(shipped.target, converted)
-    client = ollama.Client(host=daemon.url)
-    assert client.pull("qwen3.5-9b-mtp").status == "success"
-    served = {path for repo, path in hub.fake.served if repo == source}
+    served = pull_shipped_pair(daemon, hub, "qwen3.5-9b-mtp", converted, original)
     assert served == {"config.json", "model.safetensors.index.json", "model-00002-of-00002.safetensors"}
-    status, lines = ndjson_lines(daemon.url + "/api/create",  # drafter: mlxspec's own field
-                                 {"model": "tiny-plain", "from": shipped.target, "drafter": "none"})
-    assert status == 200 and lines[-1] == {"status": "success"}, lines
-    body = {"prompt": "the world and the", "raw": True, "stream": False,
-            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
-    try:
-        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body})
-                                    for m in ("qwen3.5-9b-mtp", "tiny-plain"))
-        assert drafted["response"] == plain["response"]
-        assert drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
-    finally:
-        for name in ("qwen3.5-9b-mtp", "tiny-plain"):
-            client.generate(model=name, keep_alive=0)
-            client.delete(name)
 
 
 def test_a_shipped_eagle3_pair_pulls_its_head(daemon, hub, tmp_path):
@@ -208,53 +215,19 @@ def test_a_shipped_eagle3_pair_pulls_its_head(daemon, hub, tmp_path):
     import json
 
     from model_factory import make_model_dir
-    from server.api_helpers import ndjson_lines, post
     from test_eagle3 import write_head
 
-    shipped = Store(daemon.home).shipped("qwen3-8b-eagle3")
-    kind, source = shipped.drafter_source
     target = make_model_dir(tmp_path / "target", "llama", layers=8, seed=2)  # the tiny model plays Qwen3-8B
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
-    hub.fake.add(shipped.target, target)
-    hub.fake.add(source, write_head(tmp_path / "head", 64, vocab, draft_vocab=vocab // 2, convention="speculators"))
-    client = ollama.Client(host=daemon.url)
-    assert kind == "eagle3" and client.pull("qwen3-8b-eagle3").status == "success"
-    assert {path for repo, path in hub.fake.served if repo == source} == {"config.json", "model.safetensors"}
-    status, lines = ndjson_lines(daemon.url + "/api/create", {"model": "q3-plain", "from": shipped.target, "drafter": "none"})
-    assert status == 200 and lines[-1] == {"status": "success"}, lines
-    body = {"prompt": "the world and the", "raw": True, "stream": False,
-            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
-    try:
-        (_, drafted), (_, plain) = (post(daemon.url + "/api/generate", {"model": m, **body})
-                                    for m in ("qwen3-8b-eagle3", "q3-plain"))
-        assert drafted["response"] == plain["response"]
-        assert drafted["speculative"]["drafter"] == "eagle3" and drafted["speculative"]["drafted"] > 0
-    finally:
-        for name in ("qwen3-8b-eagle3", "q3-plain"):
-            client.generate(model=name, keep_alive=0)
-            client.delete(name)
+    head = write_head(tmp_path / "head", 64, vocab, draft_vocab=vocab // 2, convention="speculators")
+    assert pull_shipped_pair(daemon, hub, "qwen3-8b-eagle3", target, head) == {"config.json", "model.safetensors"}
 
 
 def test_a_shipped_gemma4_pair_pulls_its_assistant(daemon, hub, tmp_path):
     """gemma-4-26b-a4b-mtp: the target and Google's assistant (a gemma4_assistant repo, fetched whole)."""
     from model_factory import make_gemma4_dir
-    from server.api_helpers import post
     from test_gemma4_assistant import write_assistant
 
-    shipped = Store(daemon.home).shipped("gemma-4-26b-a4b-mtp")
-    kind, source = shipped.drafter_source
     target = make_gemma4_dir(tmp_path / "target", layers=8)  # the tiny model plays Gemma 4 26B-A4B
-    hub.fake.add(shipped.target, target)
-    hub.fake.add(source, write_assistant(tmp_path / "assistant", target))
-    client = ollama.Client(host=daemon.url)
-    assert kind == "mtp" and client.pull("gemma-4-26b-a4b-mtp").status == "success"
-    assert {path for repo, path in hub.fake.served if repo == source} == {"config.json", "model.safetensors"}
-    body = {"prompt": "the world and the", "raw": True, "stream": False,
-            "options": {"temperature": 0, "num_predict": 10, "adaptive": False, "draft_length": 2}}
-    try:
-        status, drafted = post(daemon.url + "/api/generate", {"model": "gemma-4-26b-a4b-mtp", **body})
-        assert status == 200 and drafted["speculative"]["drafter"] == "mtp" and drafted["speculative"]["drafted"] > 0
-        assert drafted["speculative"]["exact"] is True
-    finally:
-        client.generate(model="gemma-4-26b-a4b-mtp", keep_alive=0)
-        client.delete("gemma-4-26b-a4b-mtp")
+    assistant = write_assistant(tmp_path / "assistant", target)
+    assert pull_shipped_pair(daemon, hub, "gemma-4-26b-a4b-mtp", target, assistant) == {"config.json", "model.safetensors"}
