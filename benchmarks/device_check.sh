@@ -70,7 +70,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     cache-copies) [ -f /var/tmp/stash/smol.gguf ] && step cache-copies 60 python3 -u benchmarks/cache_copies.py \
       "${model[@]}" --out "$out/cache_copies.json" ;;  # does a (pipelined) step copy the KV cache on the GPU?
     compiled-steps) pytest_step compiled-steps 120 "${par[@]}" tests/test_step_graph.py ;;
-    forward) bench forward 180 ;;
+    forward) bench forward 240 ;;  # five variants (MLX, kernels eager, compiled, each qmm forced), each NVRTC-compiled on first use
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
     ops) bench ops 240 ;;
