@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
@@ -70,6 +72,23 @@ def store_kv_in_half(model: nn.Module) -> None:
 REWIND_SLACK = 64  # positions a sliding-window cache keeps past its window: rewinds up to this are exact
 
 
+_WINDOW_MASKS: dict[int, tuple] = {}  # id(mask) -> (weak reference to it, window), while the mask lives
+
+
+def mark_window_mask(mask: mx.array, window: int) -> mx.array:
+    """Record that `mask` is the causal mask over the last `window` keys of what its cache returns
+    (WindowKVCache.make_mask), for layers that receive the mask without the cache. Returns it."""
+    key = id(mask)
+    _WINDOW_MASKS[key] = (weakref.ref(mask, lambda _: _WINDOW_MASKS.pop(key, None)), window)
+    return mask
+
+
+def marked_window(mask: mx.array) -> int:
+    """The window mark_window_mask recorded for this very array, else 0."""
+    ref, window = _WINDOW_MASKS.get(id(mask), (None, 0))
+    return window if ref is not None and ref() is mask else 0
+
+
 class WindowKVCache:
     """A sliding-window layer's KV cache that speculation can rewind exactly (mlx-lm's
     RotatingKVCache cannot: after a many-row update its `trim` leaves the rejected rows' keys in the
@@ -133,7 +152,7 @@ class WindowKVCache:
             raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")
         queries = self.offset + mx.arange(n)[:, None]
         keys = self.offset - past + mx.arange(past + n)[None]
-        return (keys <= queries) & (queries - keys < window)
+        return mark_window_mask((keys <= queries) & (queries - keys < window), window)
 
     @property
     def attention_window(self) -> int:

@@ -11,7 +11,7 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
-kernel reads as its sliding window, or a compiled step's cache buffers with the length that counts
+kernel reads as its sliding window, also where a KV-shared layer gets it without the cache, or a compiled step's cache buffers with the length that counts
 (step_graph.py), which kernels with `lengths` take; sinks (gpt-oss) where the kernel takes them, as
 the CPU and GPU ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
 mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
@@ -23,6 +23,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from ..cache import marked_window
 from . import registry
 from .hooks import route_functions, unroute_functions
 from .passes import prompt_queries
@@ -205,11 +206,11 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
 def _window(cache, mask, fn) -> int:
     """The sliding window an array mask stands for where the cache made it for exactly these keys
     (mlxspec's WindowKVCache: causal rows over their last `attention_window` keys) and the kernel
-    `fn` takes windows; else 0."""
-    window = getattr(cache, "attention_window", 0)
-    if not window or not isinstance(mask, mx.array):
+    `fn` takes windows; else 0. Without a cache (a KV-shared layer: Gemma 4's last layers read
+    another layer's keys with that layer's mask), the window the mask was marked with."""
+    if not isinstance(mask, mx.array) or not getattr(fn, "windows", False):
         return 0
-    return window if getattr(fn, "windows", False) else 0
+    return getattr(cache, "attention_window", 0) if cache is not None else marked_window(mask)
 
 
 def _mlx_lm_attention():

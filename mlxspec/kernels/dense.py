@@ -69,12 +69,13 @@ class KernelEmbedding(nn.Embedding):
 
 def use_dense_kernels(model: nn.Module) -> dict:
     """Route this model's unquantized linear layers (and a tied unquantized head) through the kernel."""
-    from .layers import _tied_head
+    from .layers import tied_heads
 
     report = {"swapped": {}, "kept": {}}
     rec = registry.kernel("dense")
+    heads = tied_heads(model)
     for path, m in model.named_modules():
-        tied = type(m) is nn.Embedding and _tied_head(model)
+        tied = type(m) is nn.Embedding and path in heads
         if type(m) is not nn.Linear and not tied:
             continue
         n, k = m["weight"].shape

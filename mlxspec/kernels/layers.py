@@ -194,6 +194,7 @@ def _why_not(layer, bits: int | None = None, backend: str = "cpu", activations: 
 
 def _candidates(model: nn.Module, head: bool):
     """(path, layer, wrapper class) for every layer that could be swapped."""
+    heads = tied_heads(model) if head else set()
     for path, m in model.named_modules():
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
             continue  # already swapped
@@ -201,14 +202,26 @@ def _candidates(model: nn.Module, head: bool):
             yield path, m, KernelQuantizedLinear
         elif type(m) is QuantizedSwitchLinear:
             yield path, m, KernelQuantizedSwitchLinear
-        elif head and isinstance(m, nn.QuantizedEmbedding) and _tied_head(model):
+        elif isinstance(m, nn.QuantizedEmbedding) and path in heads:
             yield path, m, KernelQuantizedEmbedding
 
 
-def _tied_head(model: nn.Module) -> bool:
-    """Does the model use its embedding table as the output head (mlx-lm's tie_word_embeddings)?"""
-    args = getattr(model, "args", None)
-    return bool(getattr(args, "tie_word_embeddings", False)) and not hasattr(model, "lm_head")
+def tied_heads(model: nn.Module) -> set[str]:
+    """Paths of the embedding tables that also serve as output heads (mlx-lm's tie_word_embeddings): in
+    each module that ties (its own flag or its args') and has no lm_head, its `embed_tokens` (any
+    embedding where none is so named). A wrapper's text model counts (Gemma 4's language_model); other
+    tables (Gemma 4's per-layer inputs, 262144 x 8960 in E2B) are lookups only."""
+    paths = set()
+    for path, m in model.named_modules():
+        ties = getattr(m, "tie_word_embeddings", None)
+        if ties is None:
+            ties = getattr(getattr(m, "args", None), "tie_word_embeddings", False)
+        if not ties or "lm_head" in m:
+            continue
+        tables = [p for p, e in m.named_modules() if isinstance(e, (nn.Embedding, nn.QuantizedEmbedding))]
+        named = [p for p in tables if p.rpartition(".")[2] == "embed_tokens"]
+        paths |= {f"{path}.{p}" if path else p for p in named or tables}
+    return paths
 
 
 def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None,

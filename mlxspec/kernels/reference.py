@@ -105,11 +105,31 @@ def magnitude(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | Non
     return mx.abs(x.astype(mx.float32)) @ mx.abs(dq.astype(mx.float32)).T
 
 
+CHECK_COLUMNS = 256  # a self-check compares this many output columns at each end of a wider layer
+
+
+def checked_columns(*arrays: mx.array | None, axis: int = 0) -> list[mx.array | None]:
+    """Each array cut to the columns a self-check compares with the CPU reference (along `axis`: a
+    weight's rows, a result's last axis): all of a narrow layer's; of a wider one the first and last
+    CHECK_COLUMNS. Kernels compute each output column on its own (tiles of 4 to 32 columns over the
+    grid), so both ends cover every position in a tile, the partial last tile and the largest
+    offsets; the reference (a float32 CPU matmul, single-threaded MLX) of a 72-row check at a
+    vocabulary head's 128256 columns cost over a minute, and a model has several such shapes."""
+    def cut(a):
+        if a is None or a.shape[axis] <= 2 * CHECK_COLUMNS:
+            return a
+        ends = (mx.arange(CHECK_COLUMNS), mx.arange(a.shape[axis] - CHECK_COLUMNS, a.shape[axis]))
+        return mx.take(a, mx.concatenate(ends), axis=axis)
+    return [cut(a) for a in arrays]
+
+
 @on_cpu
 def within_tolerance(y: mx.array, x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None,
                      group_size: int, bits: int, activations: str = "f32", mode: str = "affine") -> tuple[bool, float]:
     """(ok, worst error as a fraction of the allowed error) for a kernel result y (activations
-    'q8': against q8_reference, the same statement of float32 accumulation error)."""
+    'q8': against q8_reference, the same statement of float32 accumulation error), over the
+    columns `checked_columns` keeps."""
+    (y,), (w, scales, biases) = checked_columns(y, axis=-1), checked_columns(w, scales, biases)
     if activations == "q8":
         ref = q8_reference(x, w, scales, biases, group_size, bits, mode).astype(mx.float32)
     else:
@@ -134,6 +154,14 @@ def random_quantized(n: int, k: int, group_size: int, bits: int, dtype=mx.float1
 
 
 @on_cpu
+def conv_reference(x: mx.array, weight: mx.array) -> mx.array:
+    """A depthwise causal conv1d without padding, (B, T + K - 1, C) by (C, K, 1) -> (B, T, C), computed
+    in float32 and returned in x's dtype: the conv kernels' definition."""
+    y = mx.conv1d(x.astype(mx.float32), weight.astype(mx.float32), groups=weight.shape[0])
+    return y.astype(x.dtype)
+
+
+@on_cpu
 def dense_reference(x: mx.array, w: mx.array) -> mx.array:
     """x @ w.T computed in float32, in the dtype MLX's matmul would return: the dense kernels' definition."""
     return (x.astype(mx.float32) @ w.astype(mx.float32).T).astype(output_dtype(x.dtype, w.dtype))
@@ -141,7 +169,9 @@ def dense_reference(x: mx.array, w: mx.array) -> mx.array:
 
 @on_cpu
 def dense_within_tolerance(y: mx.array, x: mx.array, w: mx.array) -> tuple[bool, float]:
-    """(ok, worst error as a fraction of the allowed error), with qmm's tolerance rule (ACC_TOL, EPS)."""
+    """(ok, worst error as a fraction of the allowed error), with qmm's tolerance rule (ACC_TOL, EPS),
+    over the columns `checked_columns` keeps."""
+    (y,), (w,) = checked_columns(y, axis=-1), checked_columns(w)
     ref = dense_reference(x, w).astype(mx.float32)
     mag = mx.abs(x.astype(mx.float32)) @ mx.abs(w.astype(mx.float32)).T
     allowed = ACC_TOL * mag + EPS[y.dtype] * mx.abs(ref) + 1e-30

@@ -1,0 +1,101 @@
+"""A GPU as far as exactness goes, on this CPU: the kernels' GPU wiring with row-invariant stand-ins,
+and MLX's row-sensitive ops made to change with the row count.
+
+On a GPU, MLX's matmul, quantized matmul, attention and convolution choose their arithmetic by the
+number of rows (measured on an H100: benchmarks/results/gpu_h100.md), so a verify pass's row i need
+not equal a one-row step. `emulate_gpu(monkeypatch)` makes those ops scale their result by
+1 + 1% per row beyond the first (a one-row call is unchanged), and makes the registry serve
+CUDA's kernel families as stand-ins that compute each row alone. A model whose decoding step still
+reaches one of MLX's ops with several rows then fails RowInvariance here, as it would on the device:
+on an H200 (2026-11-27) a Gemma 4 and a Qwen3.5 GGUF did, and llama-family models did not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import mlx.core as mx
+
+from gpu_stand_ins import per_row_gather, per_row_qmm, serve
+from mlxspec.kernels.build import KernelUnavailable
+
+DRIFT = 0.01  # per row beyond the first: more than a bfloat16 rounding, so no varied result hides
+
+
+_REFERENCE = threading.local()  # depth of mx.stream(...) blocks: the kernels' references run inside one
+
+
+def _in_reference() -> bool:
+    return getattr(_REFERENCE, "depth", 0) > 0
+
+
+def _counting_stream(stream):
+    @contextlib.contextmanager
+    def counted(s):
+        with stream(s):
+            _REFERENCE.depth = getattr(_REFERENCE, "depth", 0) + 1
+            try:
+                yield
+            finally:
+                _REFERENCE.depth -= 1
+    return counted
+
+
+def _rows_of_matrix(a: mx.array) -> int:
+    return a.size // a.shape[-1] if a.ndim >= 2 and a.shape[-1] else 1
+
+
+def _drifting(op, rows_of):
+    def wrapper(*args, **kwargs):
+        y = op(*args, **kwargs)
+        rows = rows_of(*args, **kwargs)
+        if rows <= 1 or _in_reference() or not mx.issubdtype(y.dtype, mx.floating):
+            return y
+        return y * mx.array(1 + DRIFT * (rows - 1), y.dtype)
+    return wrapper
+
+
+def per_row_dense(calls: list):
+    """A stand-in GPU dense matmul: x @ w.T one row at a time in float32 (row-invariant by construction)."""
+    from mlxspec.kernels.reference import dense_reference
+
+    def dense(x, w):
+        calls.append(("dense", x.shape))
+        rows = x.reshape(-1, x.shape[-1])
+        y = mx.concatenate([dense_reference(rows[i : i + 1], w) for i in range(rows.shape[0])])
+        return y.reshape(*x.shape[:-1], -1)
+
+    return dense
+
+
+def _unavailable():
+    raise KernelUnavailable("no stand-in: MLX's op (as where this kernel fails on a device)")
+
+
+def emulate_gpu(monkeypatch, backend: str = "cuda") -> list:
+    """The kernels see a `backend` GPU served by stand-ins; MLX's row-sensitive ops drift with the row
+    count (outside the kernels' float32 references, which run in an mx.stream block). Returns the
+    stand-ins' call log."""
+    from mlxspec.kernels import accept, install, layers, registry, timing
+    from mlxspec.kernels.cpu import cpu_sdpa_function
+
+    calls: list = []
+    sdpa = cpu_sdpa_function()  # the CPU attention kernel: row-invariant, with windows, lengths and sinks
+    serve(monkeypatch, {"qmm": lambda: per_row_qmm(calls), "gather-qmm": lambda: per_row_gather(calls),
+                        "dense": lambda: per_row_dense(calls), "sdpa": lambda: sdpa,
+                        "qmm-mma": _unavailable, "accept": _unavailable})
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")  # decoding steps as compiled graphs, a GPU's default
+    for module in (registry, layers, install, timing, accept):
+        monkeypatch.setattr(module, "device_backend_name", lambda device=None: backend)
+    monkeypatch.setattr(mx, "stream", _counting_stream(mx.stream))  # references (reference.on_cpu) stay exact
+    matrix = lambda a, *rest, **kw: _rows_of_matrix(a)  # noqa: E731
+    monkeypatch.setattr(mx, "quantized_matmul", _drifting(mx.quantized_matmul, matrix))
+    monkeypatch.setattr(mx, "gather_qmm", _drifting(mx.gather_qmm, matrix))
+    monkeypatch.setattr(mx, "matmul", _drifting(mx.matmul, matrix))
+    monkeypatch.setattr(mx.array, "__matmul__", _drifting(mx.array.__matmul__, matrix))
+    monkeypatch.setattr(mx, "addmm", _drifting(mx.addmm, lambda c, a, *rest, **kw: _rows_of_matrix(a)))
+    monkeypatch.setattr(mx, "conv1d", _drifting(mx.conv1d, lambda x, *rest, **kw: x.shape[1]))
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        _drifting(mx.fast.scaled_dot_product_attention, lambda q, *rest, **kw: q.shape[2]))
+    return calls

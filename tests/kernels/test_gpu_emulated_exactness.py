@@ -1,0 +1,60 @@
+"""Is every row-sensitive op of a decoding step covered on a GPU? Checked here on an emulated one.
+
+gpu_emulation.emulate_gpu gives the engine CUDA's kernel wiring with row-invariant stand-ins and
+makes MLX's matmul, quantized matmul, attention and convolution change their result with the row
+count, as a GPU's may. A family passes when M-row verify forwards still equal one-row steps bit for
+bit (RowInvariance, what the engine's `exact` flag reports). On an H200 (2026-11-27) two failed
+where this emulation failed them too: Gemma 4 (the tied head of a wrapped text model and the KV-shared
+layers' sliding attention reached MLX's ops) and a Qwen3.5 GGUF (the delta-net conv's self-check
+compared against MLX's float32 GPU conv, not float32 arithmetic, and fell back to it).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gguf_fixtures import Dims, write_tiny_llama_gguf
+from gpu_emulation import emulate_gpu
+from model_factory import make_gemma4_dir, make_model_dir
+from mlxspec.engine import Engine
+from mlxspec.kernels import registry
+
+ROWS = 8  # a verify pass of draft length 7
+
+HYBRID = Dims(layers=4, head_dim=32, rope_dims=8, experts=8, experts_used=3)
+FAMILIES = {  # name -> a function of a folder that writes the model and returns its path
+    "llama": lambda d: make_model_dir(d, "llama", seed=3),
+    "qwen2-tied": lambda d: make_model_dir(d, "qwen2", seed=3),
+    "gemma4": lambda d: make_gemma4_dir(d),
+    "gemma4-moe": lambda d: make_gemma4_dir(d, moe=True),
+    "qwen3_next": lambda d: make_model_dir(d, "qwen3_next", layers=4, seed=3),
+    "granite-h": lambda d: make_model_dir(d, "granitemoehybrid", layers=4, seed=3),
+    "qwen35-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35", dims=HYBRID, pre="qwen35"),
+    "qwen35moe-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35moe", dims=HYBRID,
+                                                      pre="qwen35"),
+    "gemma3-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q8_0", arch="gemma3", tokenizer="llama",
+                                                   dims=Dims(layers=6, head_dim=32),
+                                                   metadata={"attention.sliding_window": 4}),
+}
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    calls = emulate_gpu(monkeypatch)
+    yield calls
+    registry.reset()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_verify_rows_equal_one_row_steps_on_an_emulated_gpu(gpu, tmp_path, family):
+    engine = Engine.load(str(FAMILIES[family](tmp_path)), kernels="exact")
+    assert engine.kernels["target"]["backend"] == "cuda" and gpu  # the stand-ins served the layers
+    assert engine.rows.holds(ROWS), engine.rows.failures()
+
+
+def test_the_emulation_catches_mlx_ops(gpu, tmp_path):
+    """Without the kernels, MLX's ops serve every row: the emulated GPU makes the rows differ."""
+    engine = Engine.load(str(make_model_dir(tmp_path, "llama", seed=3)), kernels=False)
+    assert not engine.rows.holds(2)
+    assert "differs from the one-row step" in engine.rows.failures()[2]
+
