@@ -98,8 +98,10 @@ def row_gap(fn, x: mx.array) -> float:
 # ---------------------------------------------------------------- ops
 
 
-def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine") -> list[dict]:
-    """MLX's quantized_matmul vs ours per shape at M = 1, 8, 16: microseconds and row gaps."""
+def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine", variants: int = 2,
+            done=lambda entries: None) -> list[dict]:
+    """MLX's quantized_matmul vs ours per shape at M = 1, 8, 16: microseconds and row gaps. The first
+    `variants` shapes also time the tensor-core qmm's other builds; done(entries) after each shape."""
     from mlxspec.kernels.reference import random_quantized
 
     out = []
@@ -113,12 +115,13 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
             fns["ours"] = lambda x: ours(x, w, s, b, group, bits, **extra)
         entry = {"N": n, "K": k, "bits": bits, "mode": mode, "kernel": how}
         if device_backend_name() == "cuda" and mode == "affine":  # both CUDA qmm kernels, whichever serves layers
+            entry["tensor_cores"] = kernel("qmm-mma").chosen.get((n, k, group, bits, str(s.dtype)))  # the timed choice
             for family in ("qmm", "qmm-mma"):
                 rec = kernel(family)
                 if rec.fn is not None:
                     fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
                     entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
-            if kernel("qmm-mma").fn is not None and (n, k) in shapes[:2]:  # the tensor-core kernel at 2 column tiles (same bits), and
+            if kernel("qmm-mma").fn is not None and (n, k) in shapes[:variants]:  # the tensor-core kernel at 2 column tiles (same bits), and
                 from mlxspec.kernels.gpu import cuda_mma_qmm_function  # K split over 2 or 8 warps (other bits)
 
                 for tiles, ksplit in ((2, 4), (1, 2), (1, 8)):
@@ -131,7 +134,9 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                                 for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
         out.append(entry)
-        print(f"qmm {n}x{k} {bits}-bit {mode}: " + "  ".join(
+        done(out)
+        checks = {name: v for name, v in entry.items() if name.endswith("_check") or name == "tensor_cores"}
+        print(f"qmm {n}x{k} {bits}-bit {mode}: kernel {how!r} {checks} " + "  ".join(
             f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items()) for m in QMM_ROWS), flush=True)
     return out
 
@@ -462,9 +467,8 @@ def main() -> None:
 
     sections = args.sections.split(",")
     save()
-    if "ops" in sections:
-        report["qmm"] = qmm_ops(QMM_SHAPES[size])
-        save()
+    if "ops" in sections:  # saved after each shape: a timeout keeps what was measured
+        report["qmm"] = qmm_ops(QMM_SHAPES[size], done=lambda entries: (report.update(qmm=entries), save()))
         few = QMM_SHAPES[size][:2]  # other layouts on two shapes: 6-bit (a Q4_K_M GGUF's Q6_K layers), mxfp4
         report["qmm_layouts"] = qmm_ops(few, bits=6) + qmm_ops(few, dtype=mx.bfloat16, group=32, mode="mxfp4")
         save()

@@ -188,6 +188,8 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
     rec = _record()  # once per call: this runs for every attention layer of every step
     if rec.backend != "cpu" and prompt_queries(queries):  # a prompt chunk on a GPU: MLX's (passes.py)
         return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+    if keys.dtype == mx.float32 and values.dtype in (mx.float16, mx.bfloat16):
+        values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
     length = getattr(cache, "key_length", None)  # a compiled step's cache (cache.KVView): its whole buffers
     if length is not None:
         if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks):

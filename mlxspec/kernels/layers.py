@@ -207,20 +207,25 @@ def _candidates(model: nn.Module, head: bool):
 
 
 def tied_heads(model: nn.Module) -> set[str]:
-    """Paths of the embedding tables that also serve as output heads (mlx-lm's tie_word_embeddings): in
-    each module that ties (its own flag or its args') and has no lm_head, its `embed_tokens` (any
-    embedding where none is so named). A wrapper's text model counts (Gemma 4's language_model); other
-    tables (Gemma 4's per-layer inputs, 262144 x 8960 in E2B) are lookups only."""
+    """Paths of the embedding tables that also serve as output heads, found as features.head finds the
+    head: a module with no lm_head whose text model holds `embed_tokens` (Gemma, Cohere: always tied, no
+    flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
+    counts (Gemma 4's and Qwen3.5's language_model). Other tables (Gemma 4's per-layer inputs,
+    262144 x 8960 in E2B) are lookups only."""
     paths = set()
     for path, m in model.named_modules():
-        ties = getattr(m, "tie_word_embeddings", None)
-        if ties is None:
-            ties = getattr(getattr(m, "args", None), "tie_word_embeddings", False)
-        if not ties or "lm_head" in m:
+        if "lm_head" in m:
             continue
-        tables = [p for p, e in m.named_modules() if isinstance(e, (nn.Embedding, nn.QuantizedEmbedding))]
-        named = [p for p in tables if p.rpartition(".")[2] == "embed_tokens"]
-        paths |= {f"{path}.{p}" if path else p for p in named or tables}
+        inner = m.get("model") if isinstance(m.get("model"), nn.Module) else None
+        flag = getattr(m, "tie_word_embeddings", None)
+        if flag is None:
+            flag = getattr(getattr(m, "args", None), "tie_word_embeddings", None)
+        if inner is not None and "embed_tokens" in inner and flag is not False:
+            paths.add(f"{path}.model.embed_tokens" if path else "model.embed_tokens")
+        elif flag:
+            tables = [p for p, e in m.named_modules() if isinstance(e, (nn.Embedding, nn.QuantizedEmbedding))]
+            named = [p for p in tables if p.rpartition(".")[2] == "embed_tokens"]
+            paths |= {f"{path}.{p}" if path else p for p in named or tables}
     return paths
 
 
