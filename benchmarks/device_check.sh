@@ -26,6 +26,9 @@
 # 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
 # and, within the 30 s the machine waits, a second call with the steps left (225 s) spent the 15 minutes.
 # The engine section took 104 s (its first load 85 s), the forwards 180 s, exactness over 150 s on 4 workers.
+# 2026-11-27 (H200, third session, no GGUF staged: 2 staging calls): the forwards never left install_kernels in
+# 240 s (the self-checks' CPU references over whole layers: since cut to a wide layer's two ends); the ops reached the
+# head shape at 97 s (MLX's own 64-row qmm JIT took 30 s once); hybrid 119 s on 4 workers; exactness 36/38 in 130 s.
 set -uo pipefail
 budget=${1:-480}
 final=${OUT:-device-out}

@@ -36,25 +36,45 @@ EPS = {mx.float32: 0.0, mx.float16: 2.0**-10, mx.bfloat16: 2.0**-7}
 
 
 @on_cpu
-def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0, sinks=None) -> mx.array:
+def attention_reference(q, k, v, scale: float, causal: bool, window: int = 0, sinks=None, softcap: float = 0.0) -> mx.array:
     """The definition: MLX's fused attention in float32, in q's dtype (window: causal rows see
-    their last `window` keys; sinks (H,): one extra logit per head with no value, as gpt-oss's)."""
+    their last `window` keys; sinks (H,): one extra logit per head with no value, as gpt-oss's;
+    softcap > 0: scores s become softcap * tanh(s / softcap) first, as Gemma 2's, spelled out in float32)."""
     f32 = mx.float32
     mask = "causal" if causal else None
-    if window:
+    if window or (softcap and causal):  # as an array: the spelled-out softcapped attention takes no "causal"
         qpos = (k.shape[2] - q.shape[2]) + mx.arange(q.shape[2])[:, None]
         kpos = mx.arange(k.shape[2])[None]
-        mask = (kpos <= qpos) & (qpos - kpos < window)
+        mask = kpos <= qpos
+        if window:
+            mask = mask & (qpos - kpos < window)
     sinks = None if sinks is None else sinks.astype(f32)
+    if softcap:
+        return softcapped_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale, mask, softcap).astype(q.dtype)
     y = mx.fast.scaled_dot_product_attention(q.astype(f32), k.astype(f32), v.astype(f32), scale=scale, mask=mask,
                                              sinks=sinks)
     return y.astype(q.dtype)
 
 
+def softcapped_attention(q, k, v, scale: float, mask, softcap: float) -> mx.array:
+    """Gemma 2's attention as mlx-lm writes it (models/gemma2.py): queries scaled, capped scores, a boolean
+    or additive mask (or none), a precise softmax."""
+    b, h, m, d = q.shape
+    g = h // k.shape[1]  # query heads per kv head
+    scores = (q * scale).reshape(b, k.shape[1], g, m, d) @ mx.expand_dims(k, 2).swapaxes(-1, -2)
+    scores = mx.tanh(scores / softcap) * softcap
+    if isinstance(mask, mx.array) and mask.dtype == mx.bool_:
+        scores = mx.where(mask, scores, mx.array(mx.finfo(scores.dtype).min, scores.dtype))
+    elif isinstance(mask, mx.array):
+        scores = scores + mask
+    out = mx.softmax(scores, axis=-1, precise=True) @ mx.expand_dims(v, 2)
+    return out.reshape(b, h, m, v.shape[-1])
+
+
 @on_cpu
 def attention_within_tolerance(y, q, k, v, scale: float, causal: bool, window: int = 0,
-                               sinks=None) -> tuple[bool, float]:
-    ref = attention_reference(q, k, v, scale, causal, window, sinks).astype(mx.float32)
+                               sinks=None, softcap: float = 0.0) -> tuple[bool, float]:
+    ref = attention_reference(q, k, v, scale, causal, window, sinks, softcap).astype(mx.float32)
     allowed = ATOL * mx.abs(v.astype(mx.float32)).max() + EPS[y.dtype] * mx.abs(ref) + 1e-30
     ratio = (mx.abs(y.astype(mx.float32) - ref) / allowed).max().item()
     return bool(mx.all(mx.isfinite(y)).item() and ratio <= 1.0), float(ratio)
@@ -91,6 +111,8 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
         if getattr(sdpa, "windows", False) and (err := _check_window(sdpa, q, k, v, scale)):
             return err
         if getattr(sdpa, "sinks", False) and (err := _check_sinks(sdpa, q, k, v, scale)):
+            return err
+        if getattr(sdpa, "softcaps", False) and (err := _check_softcap(sdpa, q, k, v, scale)):
             return err
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -132,6 +154,21 @@ def _check_sinks(sdpa, q, k, v, scale: float) -> str | None:
     return None
 
 
+def _check_softcap(sdpa, q, k, v, scale: float, softcap: float = 2.0) -> str | None:
+    """With a softcap (Gemma 2's, low enough to bend most scores): within tolerance, rows = one-row calls."""
+    rows, keys = q.shape[2], k.shape[2]
+    y = sdpa(q * 3, k, v, scale, True, softcap=softcap)  # * 3: scores well into tanh's curve
+    ok, ratio = attention_within_tolerance(y, q * 3, k, v, scale, True, softcap=softcap)
+    if not ok:
+        return f"softcap {softcap}: error {ratio:.3g}x the tolerance"
+    for i in range(rows):
+        seen = keys - rows + i + 1
+        one = sdpa(q[:, :, i : i + 1] * 3, k[:, :, :seen], v[:, :, :seen], scale, False, softcap=softcap)
+        if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
+            return f"softcap: row {i} of a {rows}-row call differs from the one-row call"
+    return None
+
+
 def _record() -> registry.KernelRecord:
     return registry.kernel("sdpa")  # the default device's: a call on another device finds its own
 
@@ -151,9 +188,11 @@ def _load_sdpa(backend: str):
 registry.register("sdpa", _load_sdpa)
 
 
-def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sinks) -> bool:
+def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sinks, softcap: float = 0.0) -> bool:
     """Can the kernel of `rec` answer this call exactly as defined (and did its signature pass)?"""
     fn = rec.fn
+    if softcap and not getattr(fn, "softcaps", False):
+        return False
     if hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
         return False
     if sinks is not None and not (getattr(fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
@@ -183,25 +222,32 @@ def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, valu
     return rec.check(signature, lambda: self_check(rec.fn, heads, kv_heads, dim, value_dim, dtype, kv_dtype))
 
 
-def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None):
-    """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's."""
+def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=None, softcap: float = 0.0):
+    """mlx-lm's scaled_dot_product_attention signature; the kernel where it applies, else mlx-lm's.
+    softcap > 0: Gemma 2's capped scores (softcap_attention.py calls it so), else its written-out ops."""
     rec = _record()  # once per call: this runs for every attention layer of every step
     if rec.backend != "cpu" and prompt_queries(queries):  # a prompt chunk on a GPU: MLX's (passes.py)
-        return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
     if keys.dtype == mx.float32 and values.dtype in (mx.float16, mx.bfloat16):
         values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
+    extra = ({"sinks": sinks} if sinks is not None else {}) | ({"softcap": softcap} if softcap else {})
     length = getattr(cache, "key_length", None)  # a compiled step's cache (cache.KVView): its whole buffers
     if length is not None:
-        if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks):
-            extra = {"sinks": sinks} if sinks is not None else {}
+        if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks, softcap):
             return rec.fn(queries, keys, values, scale, True, length=length, **extra)
-        return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+        return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
     window = _window(cache, mask, rec.fn)
-    if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks):
-        extra = {"sinks": sinks} if sinks is not None else {}  # only kernels that take sinks get here with them
-        if window:
+    if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks, softcap):
+        if window:  # only kernels that take sinks (softcaps) get here with them
             return rec.fn(queries, keys, values, scale, True, window=window, **extra)
         return rec.fn(queries, keys, values, scale, mask is not None, **extra)
+    return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
+
+
+def _theirs(queries, keys, values, cache, scale: float, mask, sinks, softcap: float):
+    """The model's own attention: mlx-lm's function, or Gemma 2's capped scores as mlx-lm writes them."""
+    if softcap:
+        return softcapped_attention(queries, keys, values, scale, mask, softcap)
     return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
 
 

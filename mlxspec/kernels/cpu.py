@@ -93,20 +93,23 @@ def cpu_supports(group_size: int, bits: int) -> str | None:
 
 
 def cpu_sdpa_function(isa: int = -1) -> Callable[..., mx.array]:
-    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal, window=0, sinks=None, length=None) ->
-    (B, H, M, Dv); window > 0: causal rows see only their last `window` keys (a sliding-window layer);
-    sinks (H,): one extra logit per head in each row's softmax, with no value (gpt-oss)."""
+    """Few-row attention: (q (B, H, M, D), k, v (B, KV, T, D), scale, causal, window=0, sinks=None, length=None,
+    softcap=0) -> (B, H, M, Dv); window > 0: causal rows see only their last `window` keys (a sliding-window
+    layer); sinks (H,): one extra logit per head in each row's softmax, with no value (gpt-oss); softcap > 0:
+    scores capped as Gemma 2 caps them."""
     ext = load_cpu_extension()
     if isa >= 0 and not ext.isa_compiled(isa):
         raise KernelUnavailable(f"the {ISA_NAMES.get(isa, isa)} path is not compiled in on this CPU")
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
-             sinks: mx.array | None = None, length: mx.array | None = None) -> mx.array:
+             sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0) -> mx.array:
         if sinks is not None:
             sinks = mx.contiguous(sinks.astype(mx.float32))
-        return ext.sdpa(q, k, v, scale, causal, isa, window=window, sinks=sinks, length=length, stream=mx.cpu)
+        return ext.sdpa(q, k, v, scale, causal, isa, window=window, sinks=sinks, length=length, softcap=softcap,
+                        stream=mx.cpu)
 
     sdpa.isa = ISA_NAMES.get(ext.best_isa() if isa < 0 else isa, str(isa))
     sdpa.windows = sdpa.sinks = sdpa.mixed = True  # takes `window`, gpt-oss's `sinks`, float32 q over a float16 cache
     sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer (a compiled step's cache)
+    sdpa.softcaps = True  # takes `softcap`: scores capped as softcap * tanh(s / softcap) (Gemma 2)
     return sdpa

@@ -50,19 +50,19 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     unused = mx.zeros((1,), mx.float32)  # the sinks input of a model without sinks (never read)
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
-             sinks: mx.array | None = None, length: mx.array | None = None) -> mx.array:
+             sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0) -> mx.array:
         b, h, m, _ = q.shape
         hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
         if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0 or (causal and m > keys)
                 or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
-                or (length is not None and (window or length.size != 1))):
+                or (length is not None and (window or length.size != 1)) or softcap < 0):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
                              f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         by_rows = window == 0 or keys <= window  # every row starts at key 0: its warps may mix rows too
-        params = mx.array([scale, float(causal), float(window), float(by_rows)], f32)
+        params = mx.array([scale, float(causal), float(window), float(by_rows), softcap], f32)
         if length is None:
             length = mx.array([keys], mx.int32)
         else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
@@ -83,4 +83,5 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     # float16 cache (`mixed`: every value is read as float32, exactly; the output is in q's dtype)
     sdpa.windows = sdpa.sinks = sdpa.mixed = True
     sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer count (a compiled step's cache)
+    sdpa.softcaps = True  # takes `softcap`: scores capped as cap * tanh(score / cap) (Gemma 2)
     return sdpa

@@ -6,6 +6,7 @@
     causal: row m sees keys [0, L - M + m + 1); else all L. window W > 0 (causal only): row m sees the
     last W of those, [start, rows) with start = max(0, rows - W): a sliding-window layer.
     sinks (SINKS = 1): one extra logit per head (gpt-oss), in the softmax's denominator, with no value.
+    softcap c > 0 (Gemma 2): each score s becomes c * tanh(s / c) before the softmax.
     Output (1, H, M, DV) in T.
 
 Two kernels:
@@ -24,7 +25,7 @@ keys the row sees, so row m of an M-row call computes exactly what a 1-row call 
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
 Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
 (partial: slots a warp, dims a lane; neither changes the bits), SINKS (0 or 1). The mask is a runtime
-value (params = [scale, causal, window, by_rows]) so every mask runs the very same code. L, the keys
+value (params = [scale, causal, window, by_rows, softcap]) so every mask runs the very same code. L, the keys
 that count, is a runtime value too (`length`, one int32): a compiled step passes its whole cache buffer
 (NCH from its capacity) and the length from its graph; chunks past L are empty, so the bits are those of
 a call over k[:, :, :L].
@@ -50,6 +51,7 @@ PARTIAL_CORE = """
   const int HKV = k_shape[1], DV = v_shape[3];
   const int L = length[0] < k_shape[2] ? length[0] : k_shape[2];  // keys [0, L) of k count (never past k)
   const float sc = params[0];
+  const float cap = params[4];  // logit softcap (Gemma 2): a score becomes cap * tanh(score / cap); 0: none
   const bool causal = params[1] != 0.0f;
   const int window = causal ? int(params[2]) : 0;
   const int S = k_shape[2];  // keys launched over: the grid's chunks (NCH) come from S, as the host computed them
@@ -114,7 +116,7 @@ PARTIAL_CORE = """
           for (int i = 0; i < DPL; ++i)
             if (lane + 32 * i < D) part = FMA(qd[r][i], kv[i], part);
           const float dot = lane_sum(part);  // one fixed-order sum: the same bits in every lane
-          if (lane == j) s[r] = dot * sc;
+          if (lane == j) s[r] = cap > 0.0f ? cap * TANH(dot * sc / cap) : dot * sc;
         }
       }
     }
@@ -197,6 +199,7 @@ METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
 #define MAXF(a, b) metal::max(a, b)
 #define EXP(a) metal::exp(a)
+#define TANH(a) metal::precise::tanh(a)
 inline float lane_sum(float v) { return simd_sum(v); }
 inline float lane_max(float v) { return simd_max(v); }
 inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)); }
@@ -214,6 +217,7 @@ CUDA_HEADER = """
 #define FMA(a, b, c) fmaf(a, b, c)
 #define MAXF(a, b) fmaxf(a, b)
 #define EXP(a) expf(a)
+#define TANH(a) tanhf(a)
 // xor butterflies: fixed order, every lane ends with the same bits
 __device__ inline float lane_sum(float v) {
   for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -269,7 +273,7 @@ def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dty
             heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
     """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "params": 4, "length": 1, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
                                ("combine", "combine", combine_template(dtype, sinks))):

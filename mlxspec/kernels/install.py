@@ -5,7 +5,7 @@
 
 Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py) and q/k/v and
 gate/up projections joined into one launch each (projections.py), attention and
-swiglu calls are routed per module (hooks.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
+swiglu calls are routed per module (hooks.py), Gemma 2's written-out attention swapped (softcap_attention.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
 delta-net layers' recurrence routed (CPU) and their convs swapped (delta.py),
 and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
@@ -25,7 +25,8 @@ from .fused_layer import fused, restore_fused_layers, use_fused_layers
 from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .projections import join_projections, unjoin_projections
-from .registry import device_backend_name
+from .registry import device_backend_name, kernel
+from .softcap_attention import SoftcapAttention, restore_softcap_attention, use_softcap_attention
 from .ssm_steps import restore_ssm_steps, use_ssm_steps
 
 
@@ -39,7 +40,9 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     backend = device_backend_name(device)
     layers = use_kernels(model, gpu=True, device=device, activations=activations, pack=pack)
     report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model),
-              "ssm_steps": use_ssm_steps(model)}  # Mamba-2 mixers: verify rows one token at a time, on any device
+              "ssm_steps": use_ssm_steps(model)}
+    if not report["attention"]["error"]:  # Gemma 2's written-out attention, where the kernel takes caps
+        report["attention"]["softcapped"] = use_softcap_attention(model, kernel("sdpa", backend).fn)  # Mamba-2 mixers: verify rows one token at a time, on any device
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
         report["pointwise"] = use_pointwise_kernels(model)
         report["delta"] = use_delta_kernel(model)  # gated delta-net layers (Qwen3.5, Qwen3-Next), where there are
@@ -60,6 +63,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_layers(model)
     restore_dense(model)
     restore_attention(model)
+    restore_softcap_attention(model)
     restore_pointwise(model)
     restore_delta(model)
     restore_ssm_steps(model)
@@ -73,7 +77,7 @@ def installed(model: nn.Module) -> bool:
     from .pointwise import KernelRMSNorm, KernelRoPE, geglu_swapped
 
     kinds = (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear, KernelLinear, KernelEmbedding,
-             KernelRMSNorm, KernelRoPE, KernelCausalConv)
+             KernelRMSNorm, KernelRoPE, KernelCausalConv, SoftcapAttention)
     return fused(model) or any(isinstance(m, kinds) or routed(m, "swiglu") or routed(m, "scaled_dot_product_attention")
                                or routed(m, "gated_delta_update") or routed(m, "ssm_update") or geglu_swapped(m)
                for _, m in model.named_modules())

@@ -28,13 +28,15 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 CHUNK = 64
 M, ODD = 16, 7
 ROOM = 70  # cache positions past the L keys: a launch over the whole buffer spans one more chunk
-CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window); L - M + 1 <= 128 < L: rows see 2-3 chunks
-    ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70),  # windows of 70 keys: 2 chunks, cut elsewhere
-    ("metal", mx.bfloat16, mx.bfloat16, True, 2, 2, 128, 96, 133, 9),
-    ("cuda", mx.float16, mx.float16, False, 4, 1, 32, 32, 140, 100),
-    ("cuda", mx.float32, mx.float32, True, 2, 1, 64, 48, 70, 128),  # a window longer than the cache: all keys
-    ("metal", mx.float32, mx.float16, True, 4, 2, 64, 64, 140, 70),  # float32 queries over a float16 cache (GGUF)
-    ("cuda", mx.float32, mx.float16, False, 4, 1, 32, 32, 140, 100),
+CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softcap); L - M + 1 <= 128 < L: rows see 2-3 chunks
+    ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70, 0.0),  # windows of 70 keys: 2 chunks, cut elsewhere
+    ("metal", mx.bfloat16, mx.bfloat16, True, 2, 2, 128, 96, 133, 9, 0.0),
+    ("cuda", mx.float16, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),
+    ("cuda", mx.float32, mx.float32, True, 2, 1, 64, 48, 70, 128, 0.0),  # a window longer than the cache: all keys
+    ("metal", mx.float32, mx.float16, True, 4, 2, 64, 64, 140, 70, 0.0),  # float32 queries over a float16 cache (GGUF)
+    ("cuda", mx.float32, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),
+    ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 140, 100, 2.0),  # Gemma 2's capped scores (a low cap)
+    ("metal", mx.float32, mx.float32, False, 2, 1, 32, 32, 70, 40, 2.0),
 ]
 
 HARNESS = """
@@ -44,7 +46,7 @@ using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
 int H, HKV, D, DV;
-float params[4];  // scale, causal, window, by_rows
+float params[5];  // scale, causal, window, by_rows, softcap
 int length[1];  // keys that count
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {{
   auto k = load<KT>(d + "/k", size_t(HKV) * cap * D);
   auto v = load<KT>(d + "/v", size_t(HKV) * cap * DV);
   params[0] = load<float>(d + "/scale", 1)[0];
+  params[4] = load<float>(d + "/softcap", 1)[0];
   sinks = load<float>(d + "/sinks", H);
   std::ofstream out(d + "/o", std::ios::binary);
   save(out, attend(q, M, k, v, L, cap, true));
@@ -150,13 +153,14 @@ def exes() -> dict:
 
 def inputs(tmp_path, case):
     """Write the case's q, cache, scale and sinks; return (q, k, v, scale, sinks) as the test reads them."""
-    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, softcap = case
     kq, kk, kv, ks = mx.random.split(mx.random.key(h * 7 + d), 4)
     q = (mx.random.normal((1, h, M, d), key=kq) * 2).astype(dtype)  # * 2: peaked softmax rows too
     cache_k = mx.random.normal((1, hkv, length + ROOM, d), key=kk).astype(kv_dtype)  # a cache with room for more
     cache_v = mx.random.normal((1, hkv, length + ROOM, dv), key=kv).astype(kv_dtype)
     sinks = mx.random.normal((h,), key=ks) * 2
-    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([d**-0.5], mx.float32), sinks=sinks)
+    save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([d**-0.5], mx.float32), sinks=sinks,
+         softcap=mx.array([softcap], mx.float32))
     return q, cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5, sinks
 
 
@@ -165,7 +169,7 @@ def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path,
     """A partial warp serves up to HEADS query heads of one kv head (one read of each key and value
     for all of them), and holds only the dims its head needs: every output is bit-identical to a
     build with one head per warp, and to one with 8 dims per lane."""
-    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
     inputs(tmp_path, case)
     outs = []
     for label in [case[:4]] + builds(case):
@@ -176,7 +180,7 @@ def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path,
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
-    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window = case
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, softcap = case
     q, k, v, scale, sinks = inputs(tmp_path, case)
     run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
@@ -192,7 +196,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     windowed_rows = part(6 * M + ODD, M, True)
     used = sinks if with_sinks else None
     for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
-        ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used)
+        ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used, softcap)
         assert ok, f"{case_id(case)} causal={is_causal} window={w}: error {ratio:.3g}x the tolerance"
     assert mx.array_equal(causal, causal_rows).item(), "causal rows differ from 1-row calls over their keys"
     assert mx.array_equal(full, full_rows).item(), "unmasked rows differ from 1-row calls"
@@ -200,8 +204,11 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     assert mx.array_equal(windowed, windowed_rows).item(), "windowed rows differ from 1-row calls over their windows"
     assert mx.array_equal(buffered, causal).item(), "a launch over the whole buffer with L keys counting differs"
     if with_sinks:  # the sinks are really used: without them the answer is another one
-        ok, _ = attention_within_tolerance(causal, q, k, v, scale, True)
+        ok, _ = attention_within_tolerance(causal, q, k, v, scale, True, softcap=softcap)
         assert not ok, "a launch with sinks gave the answer without them"
+    if softcap:  # the cap is really applied
+        ok, _ = attention_within_tolerance(causal, q, k, v, scale, True, sinks=used)
+        assert not ok, "a launch with a softcap gave the uncapped answer"
 
 
 def test_bodies_name_only_builtins_their_backend_has():

@@ -8,7 +8,8 @@ where this emulation failed them too: Gemma 4 (the tied head of a wrapped text m
 layers' sliding attention reached MLX's ops) and a Qwen3.5 GGUF (the same tied head; the delta-net
 conv's self-check compared against MLX's own conv, which on a GPU need not be float32 arithmetic).
 Sweeping every GGUF architecture found more: Gemma 1/2 and Command R's heads (tied without a flag),
-StableLM's attention (float32 keys over float16 values); what is still open is marked in GAPS.
+StableLM's attention (float32 keys over float16 values), Gemma 2's written-out softcapped attention
+(now kernels/softcap_attention.py); what is still open is marked in GAPS.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ def gpu(monkeypatch):
 
 
 GAPS = {  # GGUF architectures whose decoding steps still reach MLX's row-sensitive ops on a GPU
-    "gemma2": "its attention is written out in mlx-lm (softcapped scores: matmuls, not the attention function)",
     "deepseek2": "its router multiplies by a raw weight (MoEGate: x @ weight.T), not a Linear layer",
     "deepseek2-split": "its router multiplies by a raw weight (MoEGate: x @ weight.T), not a Linear layer",
 }

@@ -313,9 +313,10 @@ void run_sdpa(Isa isa, const SdpaProblem& p) {
 
 class FewRowAttention : public mx::UnaryPrimitive {
  public:
-  FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window, bool sinks, bool length)
+  FewRowAttention(mx::Stream s, float scale, bool causal, int isa, int window, bool sinks, bool length,
+                  float softcap)
       : mx::UnaryPrimitive(s), scale_(scale), causal_(causal), isa_(isa), window_(window), sinks_(sinks),
-        length_(length) {}
+        length_(length), softcap_(softcap) {}
 
   // inputs {q, k, v[, sinks (H,) float32][, length: one int32]}: with a length, only keys [0, length) of k
   // and v count (a compiled step's cache buffer): the same arithmetic as a call over k[:, :, :length]
@@ -333,7 +334,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
                   v = mx::array::unsafe_weak_copy(v), out = mx::array::unsafe_weak_copy(out),
                   sinks = mx::array::unsafe_weak_copy(with_sinks ? inputs[3] : q), with_sinks,
                   length = mx::array::unsafe_weak_copy(length_ ? inputs.back() : q), with_length = length_,
-                  scale = scale_, causal = causal_, isa = Isa(isa_), window = window_]() mutable {
+                  scale = scale_, causal = causal_, isa = Isa(isa_), window = window_, softcap = softcap_]() mutable {
       int T = k.shape(2);  // a length is clamped to [rows, keys] (never read out of bounds; no throw in a task)
       if (with_length) T = std::max(causal ? q.shape(2) : 1, std::min(T, int(length.data<int32_t>()[0])));
       SdpaProblem p{q.data<uint8_t>(), k.data<uint8_t>(), v.data<uint8_t>(), dtype_of(k.dtype()), {}, {}, {},
@@ -341,6 +342,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
                     scale, causal, nullptr};
       if (q.dtype() != k.dtype()) p.qdtype = int(dtype_of(q.dtype()));
       p.window = window;
+      p.softcap = softcap;
       if (with_sinks) p.sinks = sinks.data<float>();
       for (int i = 0; i < 4; ++i) p.qs[i] = q.strides()[i], p.ks[i] = k.strides()[i], p.vs[i] = v.strides()[i];
       thread_local std::vector<float> buf;
@@ -360,7 +362,7 @@ class FewRowAttention : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     auto& o = static_cast<const FewRowAttention&>(other);
     return scale_ == o.scale_ && causal_ == o.causal_ && isa_ == o.isa_ && window_ == o.window_ &&
-           sinks_ == o.sinks_ && length_ == o.length_;
+           sinks_ == o.sinks_ && length_ == o.length_ && softcap_ == o.softcap_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -374,12 +376,14 @@ class FewRowAttention : public mx::UnaryPrimitive {
   bool causal_;
   int isa_, window_;
   bool sinks_, length_;
+  float softcap_;
 };
 
 static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal,
-                      int isa, int window, std::optional<mx::array> sinks, std::optional<mx::array> length,
+                      int isa, int window, std::optional<mx::array> sinks, std::optional<mx::array> length, float softcap,
                       mx::StreamOrDevice s) {
   if (window < 0 || (window > 0 && !causal)) throw std::invalid_argument("mlxspec sdpa: a window needs causal rows");
+  if (!(softcap >= 0)) throw std::invalid_argument("mlxspec sdpa: softcap must be >= 0");
   if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4)
     throw std::invalid_argument("mlxspec sdpa: q, k, v must be (B, heads, rows, dim)");
   if (v.dtype() != k.dtype()) throw std::invalid_argument("mlxspec sdpa: one dtype for k and v");
@@ -406,7 +410,8 @@ static mx::array sdpa(const mx::array& q, const mx::array& k, const mx::array& v
   auto shape = q.shape();
   shape[3] = v.shape(3);
   return mx::array(shape, q.dtype(),
-                   std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window, bool(sinks), bool(length)),
+                   std::make_shared<FewRowAttention>(stream, scale, causal, int(chosen), window, bool(sinks), bool(length),
+                                                     softcap),
                    std::move(inputs));
 }
 
@@ -430,10 +435,11 @@ NB_MODULE(_mlxspec_cpu, m) {
         "y (P, N): row p of x (P, K) times expert indices[p] of w (E, N, K*bits/32), each row as a one-row qmm computes it.");
   m.def("sdpa", &mlxspec::sdpa, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         nb::arg("isa") = -1, nb::kw_only(), nb::arg("window") = 0, nb::arg("sinks") = nb::none(),
-        nb::arg("length") = nb::none(), nb::arg("stream") = nb::none(),
+        nb::arg("length") = nb::none(), nb::arg("softcap") = 0.0f, nb::arg("stream") = nb::none(),
         "softmax(q k^T * scale) v for few query rows (GQA, causal over the last rows, optionally within a "
         "sliding window of keys, optionally with a sink logit per head), rows independent of M; length (an "
-        "array): only keys [0, length) count, as if k and v were cut there.");
+        "array): only keys [0, length) count, as if k and v were cut there; softcap > 0: scores s become "
+        "softcap * tanh(s / softcap) first (Gemma 2).");
   mlxspec::register_pointwise(m);
   mlxspec::register_delta(m);
   mlxspec::register_fused_layer(m);

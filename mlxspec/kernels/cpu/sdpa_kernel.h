@@ -48,6 +48,7 @@ struct SdpaProblem {
   int qdtype = -1;  // q's DType where it differs from k's and v's (fp32 queries over an fp16 cache), else -1
   int window = 0;   // causal rows see at most this many keys, their last ones (0: all)
   const float* sinks = nullptr;  // (H,) a logit per query head joining every row's softmax, or none
+  float softcap = 0;  // > 0: each score s becomes softcap * tanh(s / softcap) (Gemma 2), else as is
 };
 
 // Does query row m (of M) see key t? (every row sees the keys before the tail)
@@ -258,6 +259,12 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
         score_block<I, RB>(q.data() + size_t(r) * D, D, kt.data(), nk, p.scale, out);
       });
   }
+  if (p.softcap > 0)  // elementwise, before each row's max: a row's scores do not depend on the others
+    for (int r = 0; r < rows; ++r)
+      for (int t = 0; t < t_end; ++t) {
+        float& s = scores[size_t(r) * p.T + t];
+        s = p.softcap * std::tanh(s / p.softcap);
+      }
   for (int r = 0; r < rows; ++r) {  // softmax numerators; scores past a row's keys become 0
     float* s = scores.data() + size_t(r) * p.T;
     float mx = p.sinks ? p.sinks[g * rep + (r0 + r) / p.M] : -INFINITY;

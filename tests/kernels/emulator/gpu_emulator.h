@@ -234,6 +234,9 @@ inline float fma(float a, float b, float c) { return std::fma(a, b, c); }
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline float exp(float a) { return std::exp(a); }
 inline float ldexp(float a, int e) { return std::ldexp(a, e); }
+namespace precise {
+inline float tanh(float a) { return std::tanh(a); }
+}
 }
 inline float simd_sum(float v) {  // fixed order: lane 0 + lane 1 + ... + lane 31 (one meeting, not 32)
   float s = 0.0f;
