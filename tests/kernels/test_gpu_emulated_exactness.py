@@ -15,17 +15,32 @@ StableLM's attention (float32 keys over float16 values), Gemma 2's written-out s
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from gpu_emulation import emulate_gpu
-from model_factory import make_gemma4_dir, make_model_dir
+from model_factory import make_gemma4_dir, make_model_dir, make_qwen35_checkpoint, write_tokenizer, write_weights
 from test_gguf_archs import CASES as GGUF_CASES
 from mlxspec.engine import Engine
 from mlxspec.kernels import registry
 
 ROWS = 8  # a verify pass of draft length 7
+
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 1024,
+         "rope_theta": 10000.0}
+
+
+def config_dir(path, **config):
+    """A random mlx-lm model of SMALL's size and this config (model_type and its own keys) at `path`."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = SMALL | config | {"vocab_size": write_tokenizer(path), "eos_token_id": 1}
+    write_weights(path, config, 3, 0.6)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
 
 HYBRID = Dims(layers=4, head_dim=32, rope_dims=8, experts=8, experts_used=3)
 FAMILIES = {  # name -> a function of a folder that writes the model and returns its path
@@ -35,6 +50,14 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
     "gemma4-moe": lambda d: make_gemma4_dir(d, moe=True),
     "qwen3_next": lambda d: make_model_dir(d, "qwen3_next", layers=4, seed=3),
     "granite-h": lambda d: make_model_dir(d, "granitemoehybrid", layers=4, seed=3),
+    "gemma3": lambda d: config_dir(d, model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
+                                   query_pre_attn_scalar=16, rope_local_base_freq=1e4),
+    "gpt_oss": lambda d: config_dir(d, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "qwen3_moe": lambda d: config_dir(d, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+                                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                                      moe_intermediate_size=32, tie_word_embeddings=False),
+    "qwen3_5": lambda d: make_qwen35_checkpoint(d, moe=True),
     "qwen35-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35", dims=HYBRID, pre="qwen35"),
     "qwen35moe-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35moe", dims=HYBRID,
                                                       pre="qwen35"),
