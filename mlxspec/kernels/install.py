@@ -5,7 +5,8 @@
 
 Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py) and q/k/v and
 gate/up projections joined into one launch each (projections.py), attention and
-swiglu calls are routed per module (hooks.py), Gemma 2's written-out attention swapped (softcap_attention.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
+swiglu calls are routed per module (hooks.py), Gemma 2's written-out attention swapped (softcap_attention.py), on GPUs MoE routers
+that multiply by a raw weight run one token at a time (rowwise.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
 delta-net layers' recurrence routed (CPU) and their convs swapped (delta.py),
 and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
@@ -26,6 +27,7 @@ from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .projections import join_projections, unjoin_projections
 from .registry import device_backend_name, kernel
+from .rowwise import restore_rowwise_gates, use_rowwise_gates
 from .softcap_attention import SoftcapAttention, restore_softcap_attention, use_softcap_attention
 from .ssm_steps import restore_ssm_steps, use_ssm_steps
 
@@ -53,6 +55,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
         report["delta"] = use_delta_kernel(model)  # delta-net layers' convs: the taps in order (MLX's may vary)
         report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
+        report["rowwise_gates"] = use_rowwise_gates(model)  # MoE routers that multiply by a raw weight
     return report
 
 
@@ -64,6 +67,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_dense(model)
     restore_attention(model)
     restore_softcap_attention(model)
+    restore_rowwise_gates(model)
     restore_pointwise(model)
     restore_delta(model)
     restore_ssm_steps(model)

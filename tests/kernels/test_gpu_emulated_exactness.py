@@ -9,7 +9,8 @@ layers' sliding attention reached MLX's ops) and a Qwen3.5 GGUF (the same tied h
 conv's self-check compared against MLX's own conv, which on a GPU need not be float32 arithmetic).
 Sweeping every GGUF architecture found more: Gemma 1/2 and Command R's heads (tied without a flag),
 StableLM's attention (float32 keys over float16 values), Gemma 2's written-out softcapped attention
-(now kernels/softcap_attention.py); what is still open is marked in GAPS.
+(now kernels/softcap_attention.py), DeepSeek-V2's and GLM-4.5's routers (`x @ self.weight.T`: now one
+token at a time, kernels/rowwise.py); whatever is found open next goes in GAPS.
 """
 
 from __future__ import annotations
@@ -58,6 +59,11 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
                                       decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
                                       moe_intermediate_size=32, tie_word_embeddings=False),
     "qwen3_5": lambda d: make_qwen35_checkpoint(d, moe=True),
+    "glm4_moe": lambda d: config_dir(d, model_type="glm4_moe", moe_intermediate_size=32, norm_topk_prob=True, n_group=2,
+                                     topk_group=1, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=1.5,
+                                     num_experts_per_tok=2, first_k_dense_replace=1, rope_scaling=None,
+                                     use_qk_norm=True, tie_word_embeddings=False, attention_bias=True,
+                                     partial_rotary_factor=0.5),  # a raw-weight router (rowwise.py)
     "qwen35-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35", dims=HYBRID, pre="qwen35"),
     "qwen35moe-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35moe", dims=HYBRID,
                                                       pre="qwen35"),
@@ -74,10 +80,7 @@ def gpu(monkeypatch):
     registry.reset()
 
 
-GAPS = {  # GGUF architectures whose decoding steps still reach MLX's row-sensitive ops on a GPU
-    "deepseek2": "its router multiplies by a raw weight (MoEGate: x @ weight.T), not a Linear layer",
-    "deepseek2-split": "its router multiplies by a raw weight (MoEGate: x @ weight.T), not a Linear layer",
-}
+GAPS: dict[str, str] = {}  # GGUF architectures whose decoding steps still reach MLX's row-sensitive ops on a GPU
 
 
 def assert_rows_invariant(calls: list, path) -> None:

@@ -1,0 +1,72 @@
+"""kernels/rowwise.py: MoE routers that multiply by a raw weight run one token at a time (on GPUs)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import deepseek_v2, glm4_moe
+
+from mlxspec.kernels.rowwise import raw_weight_gate, restore_rowwise_gates, use_rowwise_gates
+
+
+class Holder(nn.Module):
+    def __init__(self, gate):
+        super().__init__()
+        self.gate = gate
+
+
+def deepseek_gate(method: str = "greedy") -> nn.Module:
+    args = deepseek_v2.ModelArgs(model_type="deepseek_v2", hidden_size=32, n_routed_experts=8, num_experts_per_tok=2,
+                                 topk_method=method, n_group=2, topk_group=1, routed_scaling_factor=1.5)
+    gate = deepseek_v2.MoEGate(args)
+    gate.weight = mx.random.normal((8, 32), key=mx.random.key(0))
+    return gate
+
+
+def test_routers_with_a_raw_weight_are_found_and_others_are_not():
+    assert raw_weight_gate(deepseek_v2.MoEGate) and raw_weight_gate(glm4_moe.MoEGate)
+    assert not raw_weight_gate(nn.Linear) and not raw_weight_gate(nn.QuantizedLinear)
+
+    class FeatureGate(nn.Module):  # named like a gate, but a Linear layer inside
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(4, 4)
+
+        def __call__(self, x):
+            return self.proj(x)
+
+    assert not raw_weight_gate(FeatureGate)
+
+
+def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again():
+    for method in ("greedy", "group_limited_greedy"):
+        model = Holder(deepseek_gate(method))
+        x = mx.random.normal((1, 5, 32), key=mx.random.key(1))
+        want = model.gate(x)
+        assert use_rowwise_gates(model) == 1 and type(model.gate).__name__ == "RowwiseMoEGate"
+        assert use_rowwise_gates(model) == 0  # already swapped
+        calls = []
+        whole = type(model.gate)._whole
+        type(model.gate)._whole = lambda self, t: calls.append(t.shape) or whole(self, t)
+        try:
+            got = model.gate(x)
+        finally:
+            type(model.gate)._whole = whole
+        assert calls == [(1, 1, 32)] * 5  # each token alone
+        for g, w in zip(got, want):  # inds (1, 5, 2), scores (1, 5, 2): on the CPU, the same bits
+            assert g.shape == w.shape and mx.array_equal(g, w).item()
+        restore_rowwise_gates(model)
+        assert type(model.gate) is deepseek_v2.MoEGate
+
+
+def test_a_prompt_chunk_runs_the_gate_whole():
+    model = Holder(deepseek_gate())
+    use_rowwise_gates(model)
+    calls = []
+    whole = type(model.gate)._whole
+    type(model.gate)._whole = lambda self, t: calls.append(t.shape) or whole(self, t)
+    try:
+        model.gate(mx.random.normal((1, 100, 32), key=mx.random.key(2)))
+    finally:
+        type(model.gate)._whole = whole
+    assert calls == [(1, 100, 32)]
