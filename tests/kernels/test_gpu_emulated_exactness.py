@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 
+import mlx.core as mx
 import pytest
 
 from gguf_fixtures import Dims, write_tiny_llama_gguf
@@ -75,9 +76,13 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
 
 @pytest.fixture
 def gpu(monkeypatch):
+    """The emulation runs on the CPU device (on a real GPU, MLX's own ops would vary besides the drift)."""
+    default = mx.default_device()
+    mx.set_default_device(mx.cpu)
     calls = emulate_gpu(monkeypatch)
     yield calls
     registry.reset()
+    mx.set_default_device(default)
 
 
 GAPS: dict[str, str] = {}  # GGUF architectures whose decoding steps still reach MLX's row-sensitive ops on a GPU

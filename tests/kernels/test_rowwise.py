@@ -38,7 +38,7 @@ def test_routers_with_a_raw_weight_are_found_and_others_are_not():
     assert not raw_weight_gate(FeatureGate)
 
 
-def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again():
+def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again(cpu_ext):  # the CPU: the same bits
     for method in ("greedy", "group_limited_greedy"):
         model = Holder(deepseek_gate(method))
         x = mx.random.normal((1, 5, 32), key=mx.random.key(1))
@@ -59,7 +59,7 @@ def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again():
         assert type(model.gate) is deepseek_v2.MoEGate
 
 
-def test_a_prompt_chunk_runs_the_gate_whole():
+def test_a_prompt_chunk_runs_the_gate_whole(cpu_ext):
     model = Holder(deepseek_gate())
     use_rowwise_gates(model)
     calls = []
