@@ -121,7 +121,8 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
                 if rec.fn is not None:
                     fns[family] = lambda x, f=rec.fn: f(x, w, s, b, group, bits)
                     entry[f"{family}_check"] = rec.checks.get((n, k, group, bits, str(s.dtype)), "not run") or "passed"
-            if kernel("qmm-mma").fn is not None and (n, k) in shapes[:variants]:  # the tensor-core kernel at 2 column tiles (same bits), and
+            if kernel("qmm-mma").fn is not None and (n, k) in shapes[:variants]:  # other builds (the down projection, K = 14336,
+                # scaled worst with rows on an H200: 1.73x at 16): 2 column tiles (same bits), and
                 from mlxspec.kernels.gpu import cuda_mma_qmm_function  # K split over 2 or 8 warps (other bits)
 
                 for tiles, ksplit in ((2, 4), (1, 2), (1, 8)):
@@ -468,7 +469,7 @@ def main() -> None:
     sections = args.sections.split(",")
     save()
     if "ops" in sections:  # saved after each shape: a timeout keeps what was measured
-        report["qmm"] = qmm_ops(QMM_SHAPES[size], done=lambda entries: (report.update(qmm=entries), save()))
+        report["qmm"] = qmm_ops(QMM_SHAPES[size], variants=3, done=lambda entries: (report.update(qmm=entries), save()))
         few = QMM_SHAPES[size][:2]  # other layouts on two shapes: 6-bit (a Q4_K_M GGUF's Q6_K layers), mxfp4
         report["qmm_layouts"] = qmm_ops(few, bits=6) + qmm_ops(few, dtype=mx.bfloat16, group=32, mode="mxfp4")
         save()
