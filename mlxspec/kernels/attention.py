@@ -11,10 +11,11 @@ same way whatever M, so verify rows equal one-token steps bit for bit.
 Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-lm's function.
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
-kernel reads as its sliding window, also where a KV-shared layer gets it without the cache, or a compiled step's cache buffers with the length that counts
-(step_graph.py), which kernels with `lengths` take; sinks (gpt-oss) where the kernel takes them, as
-the CPU and GPU ones do; dtypes it handles, and this shape signature passed the self-check); anything else goes to
-mlx-lm's own function unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
+kernel reads as its sliding window, also where a KV-shared layer gets it without the cache, or a
+compiled step's cache buffers with the length that counts (step_graph.py), which kernels with
+`lengths` take; sinks (gpt-oss) and softcaps (Gemma 2, softcap_attention.py) where the kernel takes
+them, as the CPU and GPU ones do; dtypes it handles, and this shape signature passed the
+self-check); anything else goes to mlx-lm's own function (Gemma 2's written-out ops) unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
 """
 
 from __future__ import annotations
