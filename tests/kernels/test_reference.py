@@ -55,3 +55,14 @@ def test_the_cut_keeps_each_column_with_its_own_scales(mode):
     (y,), cut = reference.checked_columns(full, axis=-1), reference.checked_columns(w, s, b)
     assert y.shape == (2, 2 * CHECK_COLUMNS) and (mode == "affine") == (cut[2] is not None)
     assert mx.array_equal(qmm_reference(x, *cut, group, 4, mode=mode), y).item()
+
+
+def test_the_accumulation_tolerance_grows_as_the_square_root_of_k():
+    """An error of 1.5x the flat tolerance: too much for 4096 products, within it for 16384 (sqrt(4) = 2x)."""
+    assert reference.acc_tol(1024) == reference.acc_tol(4096) == reference.ACC_TOL
+    assert reference.acc_tol(16384) == 2 * reference.ACC_TOL
+    for k, ok in ((4096, False), (16384, True)):
+        w, s, b = random_quantized(8, k, 64, 4, mx.float32, key=mx.random.key(4))
+        x = mx.random.normal((2, k), key=mx.random.key(5))
+        off = 1.5 * reference.ACC_TOL * reference.magnitude(x, w, s, b, 64, 4)
+        assert within_tolerance(qmm_reference(x, w, s, b, 64, 4) + off, x, w, s, b, 64, 4)[0] == ok, k
