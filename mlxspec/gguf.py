@@ -89,7 +89,7 @@ def load_gguf(path: str | Path, context: int | None = None) -> tuple[nn.Module, 
     vocab_size = len(tokens) if tokens is not None else weights["model.embed_tokens.weight"].shape[0]
     config = archs.model_config(name, arch, header.metadata, vocab_size, "lm_head.weight" not in weights, path,
                                 attention_bias="model.layers.0.self_attn.q_proj.bias" in weights,
-                                qk_norms="model.layers.0.self_attn.q_norm.weight" in weights)
+                                qk_norms="model.layers.0.self_attn.q_norm.weight" in weights, tensors=frozenset(weights))
     config["quantization"] = _quantization_config(weights)
     config["gguf_architecture"] = name  # what Ollama calls the family: "qwen3moe", "gemma3"
     config["gguf_file_type"] = header.metadata.get("general.file_type")
@@ -243,9 +243,10 @@ def _quantization_config(weights: dict) -> dict | None:
 def _build_model(arch: archs.Arch, config: dict, weights: dict, path: Path) -> nn.Module:
     module = importlib.import_module(f"mlx_lm.models.{arch.module}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    # A quantized embedding returns rows in its scales' dtype: float16 would round the residual
-    # stream at its source (tiny-model logits off by ~5e-3). llama.cpp dequantizes rows to float32; so do we.
-    for key in ("model.embed_tokens.scales", "model.embed_tokens.biases"):
+    # A quantized embedding (the token table; Gemma 4's per-layer one too) returns rows in its scales' dtype:
+    # float16 would round the residual stream at its source (tiny-model logits off by ~5e-3). llama.cpp
+    # dequantizes rows to float32; so do we.
+    for key in [f"model.{t}.{part}" for t in ("embed_tokens", "embed_tokens_per_layer") for part in ("scales", "biases")]:
         if key in weights:
             weights[key] = weights[key].astype(mx.float32)
     if hasattr(model, "sanitize"):  # as mlx-lm's loader does: e.g. gemma3 drops its head when tied (qwen3_5
@@ -294,7 +295,7 @@ def _build_tokenizer(metadata: dict, path: Path):
 
     (bos_id, bos), (eos_id, eos), (_, unk), (_, pad) = token("bos"), token("eos"), token("unknown"), token("padding")
     # llama.cpp's default when the file does not say: BOS for sentencepiece and llama-3 vocabularies.
-    bos_default = kind == "llama" or pre_tokenizer_type(vocab, path.name) in BOS_BY_DEFAULT
+    bos_default = kind in ("llama", "gemma4") or pre_tokenizer_type(vocab, path.name) in BOS_BY_DEFAULT
     add_bos = bool(vocab.get("add_bos_token", bos_default)) and bos is not None and vocab.get("pre") not in NO_BOS
     add_eos = bool(vocab.get("add_eos_token", False)) and eos is not None
     set_special_template(backend, (bos_id, bos) if add_bos else None, (eos_id, eos) if add_eos else None)

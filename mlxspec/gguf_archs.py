@@ -45,6 +45,8 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
   (nextn_predict_layers: a multi-token-prediction head) are not read; fused ffn_gate_up_exps are split.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
+- gemma4 (Gemma 4 E2B/E4B/31B, text): on mlx-lm's gemma4_text; norms stored as w, the global layers' rope
+  through rope_freqs, KV-shared layers, per-layer inputs (gguf_gemma4.py). The MoE 26B-A4B is refused.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import gguf_delta_net as delta_net
+from . import gguf_gemma4 as gemma4
 from .errors import ModelLoadError
 from .gguf_families import FAMILY_CONFIGS, File, deepseek2, rope_scaling, rotary
 
@@ -161,6 +164,7 @@ class Arch:
     interleaved_rope: bool = False  # the module hard-codes NEOX rope: give its layers an interleaved one
     gelu_tanh: bool = False  # llama.cpp's GELU (the tanh form) where mlx-lm's module uses the erf one
     layer_norm: bool = False  # LayerNorm (eps: attention.layer_norm_epsilon), not RMSNorm
+    top_level: dict = field(default_factory=lambda: TOP_LEVEL)  # tensors outside the blocks
 
 
 ARCHS = {
@@ -209,11 +213,14 @@ ARCHS = {
     "qwen35moe": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
     # Qwen3-Next (80B-A3B): Qwen3.5's MoE layers, grouped value heads, beta and alpha fused (gguf_delta_net.py)
     "qwen3next": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
+    # Gemma 4 (E2B, E4B, 31B), text only: sliding and global layers of two head sizes, KV-shared last layers,
+    # per-layer inputs (gguf_gemma4.py); norms stored as w
+    "gemma4": Arch("gemma4_text", "gemma4_text", False, gemma4.BLOCK, top_level=TOP_LEVEL | gemma4.TOP_LEVEL),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
 MIXTRAL = Arch("mixtral", "mixtral", True, MIXTRAL_BLOCK)
 # GGUF tensors that are mlx-lm parameters, not modules' weights ("<name>.weight", "<name>.bias" or "<name>")
-PARAMETERS = ("self_attn.sinks", *delta_net.PARAMETERS)
+PARAMETERS = ("self_attn.sinks", *delta_net.PARAMETERS, *gemma4.PARAMETERS)
 
 
 def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
@@ -222,14 +229,16 @@ def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
         raise ModelLoadError(f"{path.name}: architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
     if name == "llama" and metadata.get("llama.expert_count", 0) > 0:
         return name, MIXTRAL
+    if name == "gemma4":
+        gemma4.refuse_variants(metadata, path)
     return name, ARCHS[name]
 
 
 def mlx_name(arch: Arch, gguf_name: str) -> str | None:
     """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None when not a model tensor."""
     parts = gguf_name.split(".")
-    if len(parts) == 2 and parts[0] in TOP_LEVEL:
-        return f"{TOP_LEVEL[parts[0]]}.{parts[1]}"
+    if len(parts) == 2 and parts[0] in arch.top_level:
+        return f"{arch.top_level[parts[0]]}.{parts[1]}"
     if len(parts) in (3, 4) and parts[0] == "blk" and parts[2] in arch.block:
         if arch.block[parts[2]] in PARAMETERS:
             return f"model.layers.{parts[1]}.{arch.block[parts[2]]}"
@@ -268,10 +277,10 @@ def is_trunk(gguf_name: str, trunk: int) -> bool:
 
 
 def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: bool, path: Path,
-                 attention_bias: bool = False, qk_norms: bool = False) -> dict:
+                 attention_bias: bool = False, qk_norms: bool = False, tensors: frozenset = frozenset()) -> dict:
     """mlx-lm config (HF config.json keys) from the `{arch}.*` metadata; `attention_bias`, `qk_norms`:
     the file's q/k/v projections have biases, its attention q/k norms (where the module makes them
-    optional: glm4, exaone, the cohere family)."""
+    optional: glm4, exaone, the cohere family); `tensors`: the mlx-lm names of the file's weights."""
 
     def get(key, default=None):
         value = metadata.get(f"{name}.{key}", default)
@@ -299,7 +308,7 @@ def model_config(name: str, arch: Arch, metadata: dict, vocab_size: int, tied: b
         config["norm_epsilon"] = get("attention.layer_norm_epsilon")
     else:
         config["rms_norm_eps"] = get("attention.layer_norm_rms_epsilon")
-    f = File(name, get, path, attention_bias, qk_norms)
+    f = File(name, get, path, attention_bias, qk_norms, tensors)
     if name == "deepseek2":  # its rope and YaRN are its own
         return config | deepseek2(f, config)
     config |= rotary(f, config)

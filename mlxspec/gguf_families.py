@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from . import gguf_delta_net
+from . import gguf_delta_net, gguf_gemma4
 from .errors import ModelLoadError
 
 PARTIAL_ROTARY = ("phi3", "glm4", "nemotron", "stablelm", *gguf_delta_net.ARCHS)  # rope on rope.dimension_count dims of each head
@@ -24,6 +24,7 @@ class File:
     path: Path
     attention_bias: bool = False  # the q/k/v projections have biases
     qk_norms: bool = False  # the attention has q/k norms
+    tensors: frozenset = frozenset()  # the mlx-lm names of the file's weights
 
     def refuse(self, what: str) -> ModelLoadError:
         return ModelLoadError(f"{self.path.name}: {what} is not supported")
@@ -235,4 +236,5 @@ FAMILY_CONFIGS: dict[str, Callable[[File, dict], dict]] = {
     "nemotron": nemotron,
     "stablelm": stablelm,
     **dict.fromkeys(gguf_delta_net.ARCHS, gguf_delta_net.config),
+    "gemma4": gguf_gemma4.config,
 }

@@ -4,7 +4,8 @@ file carries as tensors rather than metadata, and the interleaved rope some modu
     tensors = {name: array for the names in ROPE_TENSORS}   # read with the weights, not weights themselves
     apply_file_rope(name, arch, model, config, tensors, metadata, path, context)   # name: the file's architecture
 
-- `rope_freqs` (Llama 3.x): a divisor per frequency (FreqFactorRoPE).
+- `rope_freqs` (Llama 3.x): a divisor per frequency (FreqFactorRoPE); Gemma 4's (1e30: an unrotated pair)
+  on its global layers only, as llama.cpp applies it (its "proportional" rope).
 - interleave_rope: the interleaved rope mlx-lm's granite/ministral3 modules do not build.
 - `rope_factors_long` / `rope_factors_short` (Phi-3/Phi-4 "LongRoPE", e.g. Phi-4-mini): a divisor per
   frequency for contexts past the original one and for those within it, and `rope.scaling.attn_factor`
@@ -42,7 +43,9 @@ def apply_file_rope(name: str, arch: Arch, model: nn.Module, config: dict, tenso
     scaling = metadata.get(f"{name}.rope.scaling.type")
     if scaling == "longrope" and not all(t in tensors for t in LONGROPE):
         raise ModelLoadError(f"{path.name}: longrope scaling without its rope_factors_long/short tensors")
-    if "rope_freqs.weight" in tensors:
+    if "rope_freqs.weight" in tensors and arch.model_type == "gemma4_text":
+        apply_global_rope_freqs(model, config, tensors["rope_freqs.weight"], path)
+    elif "rope_freqs.weight" in tensors:
         apply_rope_freqs(arch, model, config, tensors["rope_freqs.weight"], path)
     if any(t in tensors for t in LONGROPE):
         _every_layer(model, _longrope(name, config, tensors, metadata, path, context))
@@ -114,3 +117,14 @@ def apply_rope_freqs(arch: Arch, model: nn.Module, config: dict, factors: mx.arr
     if not arch.rope_freqs or factors.size != dims // 2 or "rope_scaling" in config:
         raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values is not supported here")
     _every_layer(model, FreqFactorRoPE(dims, config["rope_theta"], config["rope_traditional"], factors))
+
+
+def apply_global_rope_freqs(model: nn.Module, config: dict, factors: mx.array, path: Path) -> None:
+    """Gemma 4: the `rope_freqs` divisors over the global layers' whole head; sliding layers keep theirs."""
+    dims = config["global_head_dim"]
+    if factors.size != dims // 2:
+        raise ModelLoadError(f"{path.name}: a rope_freqs tensor of {factors.size} values for global heads of {dims}")
+    rope = FreqFactorRoPE(dims, config["rope_parameters"]["full_attention"]["rope_theta"], False, factors)
+    for layer in model.layers:
+        if layer.self_attn.layer_type == "full_attention":
+            layer.self_attn.rope = rope

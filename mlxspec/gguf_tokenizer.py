@@ -15,6 +15,9 @@ so no private builder of transformers is needed (they moved between releases).
   "▁", then adjacent symbols merge whenever their concatenation is a token, highest score first;
   what no token covers falls back to the <0xNN> byte tokens. That is BPE with merges ranked by
   the merged token's score, and byte fallback.
+- "gemma4" (Gemma 4): BPE with the file's merges over the text's own characters (no byte mapping), spaces
+  written "▁", split only into runs of newlines and runs of anything else (llama.cpp's GEMMA4 pre-type,
+  `[^\n]+|[\n]+`), byte fallback for what no token covers.
 
 Tokens typed CONTROL, USER_DEFINED or UNKNOWN are matched whole in the text, as llama.cpp does
 when it parses special tokens: here they are added tokens.
@@ -87,13 +90,16 @@ BOS_BY_DEFAULT = {"llama3", "tekken"}
 # template writes its own [gMASK]<sop> prefix).
 NO_BOS = {"glm4", "chatglm-bpe"}
 
-MODELS = ("gpt2", "llama")
+MODELS = ("gpt2", "llama", "gemma4")
+# "▁" back to spaces, <0xNN> byte tokens back to their bytes
+_SPM_DECODER = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
 
 # Tokens that end generation by their text, as llama.cpp's vocabulary loader lists them (llama-vocab.cpp:
 # "determined based on the token text, which is obviously not ideal", issue 9606), then its FIM
 # pad/repo/separator tokens (by metadata id, else by these texts).
 EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>", "<|endoftext|>",
-             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>")
+             "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>", "<end_of_utterance>",
+             "<turn|>", "<|tool_response>")  # Gemma 4: a turn's end, a tool call handing over
 FIM_TEXTS = {"fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
              "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
              "fim_sep": ("<|file_sep|>",)}
@@ -128,6 +134,8 @@ def build_backend(vocab: dict, name: str) -> Tokenizer:
             tokenizer = _byte_level_bpe(vocab, ids, name)
         elif kind == "llama":
             tokenizer = _sentencepiece_bpe(vocab, tokens, types, ids, name)
+        elif kind == "gemma4":
+            tokenizer = _gemma4_bpe(vocab, ids, name)
         else:
             raise ModelLoadError(
                 f"{name}: tokenizer model {kind!r} (tokenizer.ggml.model) is not supported "
@@ -174,23 +182,37 @@ def set_special_template(tokenizer: Tokenizer, bos: tuple[int, str] | None, eos:
     )
 
 
-def _byte_level_bpe(vocab: dict, ids: dict, name: str) -> Tokenizer:
-    regexes, ignore_merges = _PRE_TYPES[pre_tokenizer_type(vocab, name)]
+def _merge_pairs(vocab: dict, name: str) -> list[tuple[str, str]]:
+    """tokenizer.ggml.merges as (left, right): split at the first space after the first character, as
+    llama.cpp splits them."""
     merges = vocab.get("merges")
     if merges is None:
-        raise ModelLoadError(f"{name}: a 'gpt2' vocabulary without tokenizer.ggml.merges")
+        raise ModelLoadError(f"{name}: a {vocab.get('model')!r} vocabulary without tokenizer.ggml.merges")
     pairs = []
     for merge in merges:
-        left, sep, right = merge.partition(" ")
-        if not sep:
+        cut = merge.find(" ", 1)
+        if cut < 0:
             raise ModelLoadError(f"{name}: malformed merge {merge!r} (no space between its two tokens)")
-        pairs.append((left, right))
-    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=pairs, ignore_merges=ignore_merges))
+        pairs.append((merge[:cut], merge[cut + 1:]))
+    return pairs
+
+
+def _byte_level_bpe(vocab: dict, ids: dict, name: str) -> Tokenizer:
+    regexes, ignore_merges = _PRE_TYPES[pre_tokenizer_type(vocab, name)]
+    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=_merge_pairs(vocab, name), ignore_merges=ignore_merges))
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
         + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _gemma4_bpe(vocab: dict, ids: dict, name: str) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE(vocab=ids, merges=_merge_pairs(vocab, name), byte_fallback=True))
+    tokenizer.normalizer = normalizers.Replace(" ", "\u2581")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|[\n]+"), behavior="isolated")
+    tokenizer.decoder = _SPM_DECODER
     return tokenizer
 
 
@@ -206,9 +228,7 @@ def _sentencepiece_bpe(vocab: dict, tokens: list, types: list, ids: dict, name: 
     steps = [normalizers.Prepend("\u2581")] if add_prefix else []
     tokenizer.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", "\u2581")])
     strip = [decoders.Strip(content=" ", left=1, right=0)] if add_prefix else []
-    tokenizer.decoder = decoders.Sequence(
-        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()] + strip
-    )
+    tokenizer.decoder = decoders.Sequence([_SPM_DECODER, *strip]) if strip else _SPM_DECODER
     return tokenizer
 
 

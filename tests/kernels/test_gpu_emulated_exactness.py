@@ -22,6 +22,7 @@ import mlx.core as mx
 import pytest
 
 from gguf_fixtures import Dims, write_tiny_llama_gguf
+from gguf_gemma4_fixtures import Gemma4, write_tiny_gemma4_gguf
 from gpu_emulation import emulate_gpu
 from model_factory import make_gemma4_dir, make_model_dir, make_qwen35_checkpoint, write_tokenizer, write_weights
 from test_gguf_archs import CASES as GGUF_CASES
@@ -68,6 +69,9 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
     "qwen35-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35", dims=HYBRID, pre="qwen35"),
     "qwen35moe-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35moe", dims=HYBRID,
                                                       pre="qwen35"),
+    "gemma4-gguf": lambda d: write_tiny_gemma4_gguf(d / "m.gguf", "Q8_0", seed=7),
+    "gemma4-31b-gguf": lambda d: write_tiny_gemma4_gguf(d / "m.gguf", "Q8_0", seed=7,
+                                                        g=Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2)),
     "gemma3-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q8_0", arch="gemma3", tokenizer="llama",
                                                    dims=Dims(layers=6, head_dim=32),
                                                    metadata={"attention.sliding_window": 4}),
