@@ -45,8 +45,9 @@ what the metadata means: src/llama-model.cpp, convert_hf_to_gguf.py):
   (nextn_predict_layers: a multi-token-prediction head) are not read; fused ffn_gate_up_exps are split.
 - exaone (EXAONE 3.0/3.5): llama's tensors and block with NEOX rope (the converter does not permute
   q/k), Llama 3 rope scaling as a rope_freqs tensor; runs on mlx-lm's llama with rope_traditional off.
-- gemma4 (Gemma 4 E2B/E4B/31B, text): on mlx-lm's gemma4_text; norms stored as w, the global layers' rope
-  through rope_freqs, KV-shared layers, per-layer inputs (gguf_gemma4.py). The MoE 26B-A4B is refused.
+- gemma4 (Gemma 4 E2B/E4B/31B, 26B-A4B, text): on mlx-lm's gemma4_text; norms stored as w, the global layers'
+  rope through rope_freqs, KV-shared layers, per-layer inputs, the 26B-A4B's experts beside the MLP with the
+  router's scales as ffn_gate_inp.scale and ffn_down_exps.scale (gguf_gemma4.py).
 """
 
 from __future__ import annotations
@@ -213,8 +214,8 @@ ARCHS = {
     "qwen35moe": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
     # Qwen3-Next (80B-A3B): Qwen3.5's MoE layers, grouped value heads, beta and alpha fused (gguf_delta_net.py)
     "qwen3next": Arch("qwen3_5_moe", "qwen3_5_moe", False, QWEN35MOE_BLOCK),
-    # Gemma 4 (E2B, E4B, 31B), text only: sliding and global layers of two head sizes, KV-shared last layers,
-    # per-layer inputs (gguf_gemma4.py); norms stored as w
+    # Gemma 4 (E2B, E4B, 31B, 26B-A4B), text only: sliding and global layers of two head sizes, KV-shared last
+    # layers, per-layer inputs, experts beside the MLP (gguf_gemma4.py); norms stored as w
     "gemma4": Arch("gemma4_text", "gemma4_text", False, gemma4.BLOCK, top_level=TOP_LEVEL | gemma4.TOP_LEVEL),
 }
 # Mixtral is a "llama" file with experts (llama.expert_count): mlx-lm's mixtral model
@@ -229,8 +230,6 @@ def arch_for(metadata: dict, path: Path) -> tuple[str, Arch]:
         raise ModelLoadError(f"{path.name}: architecture {name!r} is not supported (supported: {', '.join(ARCHS)})")
     if name == "llama" and metadata.get("llama.expert_count", 0) > 0:
         return name, MIXTRAL
-    if name == "gemma4":
-        gemma4.refuse_variants(metadata, path)
     return name, ARCHS[name]
 
 
@@ -239,6 +238,8 @@ def mlx_name(arch: Arch, gguf_name: str) -> str | None:
     parts = gguf_name.split(".")
     if len(parts) == 2 and parts[0] in arch.top_level:
         return f"{arch.top_level[parts[0]]}.{parts[1]}"
+    if len(parts) == 4 and parts[0] == "blk" and f"{parts[2]}.{parts[3]}" in arch.block:  # gemma4's router scales:
+        return f"model.layers.{parts[1]}.{arch.block[f'{parts[2]}.{parts[3]}']}"  # a parameter named by its suffix
     if len(parts) in (3, 4) and parts[0] == "blk" and parts[2] in arch.block:
         if arch.block[parts[2]] in PARAMETERS:
             return f"model.layers.{parts[1]}.{arch.block[parts[2]]}"

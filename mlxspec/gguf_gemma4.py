@@ -13,14 +13,16 @@ What llama.cpp's converter (conversion/gemma.py, Gemma4Model) writes and its gra
   mlx-lm reuses the last earlier layer of the same type, the same layers when n-2 slides and n-1 is global;
 - per-layer inputs (E2B/E4B): per_layer_token_embd, per_layer_model_proj, per_layer_proj_norm, and per block
   inp_gate, proj, post_norm; each block's output times layer_output_scale;
-- logits softcapped by final_logit_softcapping where the file has it (llama.cpp: none otherwise).
+- logits softcapped by final_logit_softcapping where the file has it (llama.cpp: none otherwise);
+- mixture of experts (26B-A4B: expert_count > 0), in every layer beside the dense MLP, as mlx-lm's
+  enable_moe_block: the router (ffn_gate_inp) reads the block's input rms-normed times ffn_gate_inp.scale
+  / sqrt(hidden), softmax over all experts, top expert_used_count renormalized, times ffn_down_exps.scale
+  (HF's router.scale and router.per_expert_scale, stored as they are); the experts' gate and up rows fused in
+  ffn_gate_up_exps (gate first, split as gguf_archs.FUSED) or apart; pre_ffw_norm_2 before the experts,
+  post_ffw_norm_1 and _2 after the MLP and the experts, post_ffw_norm after their sum.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
-
-from .errors import ModelLoadError
 
 BLOCK = {
     "attn_norm": "input_layernorm",
@@ -40,6 +42,17 @@ BLOCK = {
     "inp_gate": "per_layer_input_gate",
     "proj": "per_layer_projection",
     "post_norm": "post_per_layer_input_norm",
+    # mixture-of-experts blocks (26B-A4B); "<name>.scale": a module's second tensor, an mlx-lm parameter of its
+    # own (gguf_archs.mlx_name looks these whole names up first)
+    "pre_ffw_norm_2": "pre_feedforward_layernorm_2",
+    "post_ffw_norm_1": "post_feedforward_layernorm_1",
+    "post_ffw_norm_2": "post_feedforward_layernorm_2",
+    "ffn_gate_inp": "router.proj",
+    "ffn_gate_inp.scale": "router.scale",
+    "ffn_down_exps.scale": "router.per_expert_scale",
+    "ffn_gate_exps": "experts.switch_glu.gate_proj",
+    "ffn_up_exps": "experts.switch_glu.up_proj",
+    "ffn_down_exps": "experts.switch_glu.down_proj",
 }
 TOP_LEVEL = {
     "per_layer_token_embd": "model.embed_tokens_per_layer",
@@ -47,13 +60,6 @@ TOP_LEVEL = {
     "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
 PARAMETERS = ("layer_scalar",)
-
-
-def refuse_variants(metadata: dict, path: Path) -> None:
-    """Before any tensor is read: the mixture-of-experts variant (26B-A4B) is not mapped."""
-    if metadata.get("gemma4.expert_count", 0) > 0:
-        raise ModelLoadError(f"{path.name}: Gemma 4 with experts (26B-A4B) is not supported: its router scale, "
-                             "per-expert scales and fused gate/up experts are not mapped onto mlx-lm's gemma4_text")
 
 
 def config(f, config: dict) -> dict:
@@ -85,8 +91,18 @@ def config(f, config: dict) -> dict:
             "sliding_attention": {"rope_type": "default", "rope_theta": f.get("rope.freq_base_swa", 10000.0)},
         },
         "final_logit_softcapping": f.get("final_logit_softcapping", 0.0) or None,
-        "enable_moe_block": False,
-    }
+    } | _experts(f, layers)
+
+
+def _experts(f, layers: int) -> dict:
+    """mlx-lm's MoE keys: its enable_moe_block gives every layer a router and experts, so the file's must."""
+    experts = f.get("expert_count", 0)
+    if not experts:
+        return {"enable_moe_block": False}
+    if not all(f"model.layers.{i}.router.proj.weight" in f.tensors for i in range(layers)):
+        raise f.refuse("gemma4 with experts but not a router (ffn_gate_inp) in every layer")
+    return {"enable_moe_block": True, "num_experts": experts, "top_k_experts": f.get("expert_used_count"),
+            "moe_intermediate_size": f.get("expert_feed_forward_length")}
 
 
 def _layer_types(f, layers: int) -> list[str]:

@@ -4,11 +4,14 @@
 ones (head 64, "proportional" rope on a quarter of it through the rope_freqs tensor), the last two layers
 sharing the KV of the last sliding and global ones before them with a double-wide MLP, per-layer inputs, a
 layer_output_scale per block, a softcapped tied head. `Gemma4(per_layer=0, shared=0, k_eq_v=True)`: the 31B's
-shape instead (no per-layer inputs, global layers without attn_v and with their own KV head count).
+shape instead (no per-layer inputs, global layers without attn_v and with their own KV head count); with
+`experts=8` the 26B-A4B's: a router and experts beside every layer's MLP, their gate and up rows in one
+ffn_gate_up_exps (or apart: `fused_experts=False`).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +39,10 @@ class Gemma4:
     rope_base: float = 1000000.0
     rope_base_swa: float = 10000.0
     softcap: float = 5.0
+    experts: int = 0  # per layer, beside the dense MLP (0: none)
+    top_k: int = 2
+    expert_ffn: int = 32
+    fused_experts: bool = True  # gate and up rows in one ffn_gate_up_exps, as the converter writes them
 
     @property
     def layers(self) -> int:
@@ -86,21 +93,33 @@ def write_tiny_gemma4_gguf(path: str | Path, qtype: str = "Q8_0", seed: int = 0,
     writer.add_tensor("rope_freqs.weight", np.array(rope_freqs, np.float32))
     for name, shape in tensor_shapes(g, len(tokens)).items():
         data = rng.standard_normal(shape).astype(np.float32) * (1.0 if len(shape) == 1 else shape[-1] ** -0.5)
-        if name.endswith("norm.weight"):  # stored as w: Gemma 4's norms multiply by it
+        if re.search(r"norm(_\d)?\.weight$", name):  # stored as w: Gemma 4's norms multiply by it
             data = 1.0 + 0.1 * data
         if name.endswith(("attn_q_norm.weight", "attn_k_norm.weight")):  # attention logits O(1) at scale 1
             data *= 0.3
-        if name.endswith("layer_output_scale.weight"):
+        if name.endswith("ffn_gate_inp.weight"):  # router logits O(1): clear choices, not near ties
+            data *= 4.0
+        if name.endswith(("layer_output_scale.weight", ".scale")):  # the router's scales too
             data = rng.uniform(0.5, 1.5, shape).astype(np.float32)
         if rounded_through and len(shape) > 1:
             qt = gguf.GGMLQuantizationType[rounded_through]
             data = gguf.quants.dequantize(gguf.quants.quantize(data, qt), qt).astype(np.float32)
-        _add_tensor(writer, name, data, "F32" if len(shape) == 1 or rounded_through else qtype, rng)
+        for part, values in _stored(g, name, data):
+            _add_tensor(writer, part, values, "F32" if len(shape) == 1 or rounded_through else qtype, rng)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def _stored(g: Gemma4, name: str, data: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """The tensors a weight is written as: the fused experts' gate and up rows apart where `fused_experts` is off
+    (the same values either way)."""
+    if g.fused_experts or not name.endswith("ffn_gate_up_exps.weight"):
+        return [(name, data)]
+    gate, up = np.split(data, 2, axis=1)
+    return [(name.replace("gate_up", "gate"), gate), (name.replace("gate_up", "up"), up)]
 
 
 def _write_vocabulary(writer: gguf.GGUFWriter, vocabulary: str) -> list[str]:
@@ -137,7 +156,8 @@ def _metadata(g: Gemma4) -> dict:
         "rope.dimension_count": g.global_head_dim, "rope.dimension_count_swa": g.head_dim,
         "rope.freq_base": g.rope_base, "rope.freq_base_swa": g.rope_base_swa,
         "final_logit_softcapping": g.softcap,
-    }
+    } | ({"expert_count": g.experts, "expert_used_count": g.top_k, "expert_feed_forward_length": g.expert_ffn}
+         if g.experts else {})
 
 
 def tensor_shapes(g: Gemma4, vocab: int) -> dict[str, tuple[int, ...]]:
@@ -158,7 +178,19 @@ def tensor_shapes(g: Gemma4, vocab: int) -> dict[str, tuple[int, ...]]:
                    f"{b}.ffn_norm.weight": (h,), f"{b}.ffn_gate.weight": (f, h), f"{b}.ffn_up.weight": (f, h),
                    f"{b}.ffn_down.weight": (h, f), f"{b}.post_ffw_norm.weight": (h,),
                    f"{b}.layer_output_scale.weight": (1,)}
+        if g.experts:
+            shapes |= _expert_shapes(g, b)
         if p:
             shapes |= {f"{b}.inp_gate.weight": (p, h), f"{b}.proj.weight": (h, p), f"{b}.post_norm.weight": (h,)}
     shapes["output_norm.weight"] = (h,)
     return shapes
+
+
+def _expert_shapes(g: Gemma4, b: str) -> dict[str, tuple[int, ...]]:
+    """A MoE block's tensors (HF's router.proj, router.scale, experts.gate_up_proj, experts.down_proj,
+    router.per_expert_scale and the three extra norms, under the converter's names)."""
+    h, e, f = g.hidden, g.experts, g.expert_ffn
+    return {f"{b}.pre_ffw_norm_2.weight": (h,), f"{b}.post_ffw_norm_1.weight": (h,),
+            f"{b}.post_ffw_norm_2.weight": (h,), f"{b}.ffn_gate_inp.weight": (e, h), f"{b}.ffn_gate_inp.scale": (h,),
+            f"{b}.ffn_gate_up_exps.weight": (e, 2 * f, h), f"{b}.ffn_down_exps.weight": (e, h, f),
+            f"{b}.ffn_down_exps.scale": (e,)}

@@ -1,12 +1,16 @@
 """Gemma 4 GGUFs (llama.cpp's "gemma4") on mlx-lm's gemma4_text, against llama.cpp itself where it is installed.
 
-Two tiny shapes (tests/gguf_gemma4_fixtures.py): E2B-style (sliding and global layers of two head sizes, the
-global ones' partial rope through rope_freqs, KV-shared last layers with a double-wide MLP, per-layer inputs)
-and 31B-style (no per-layer inputs, global layers whose values are their keys, with their own KV head count).
+Three tiny shapes (tests/gguf_gemma4_fixtures.py): E2B-style (sliding and global layers of two head sizes, the
+global ones' partial rope through rope_freqs, KV-shared last layers with a double-wide MLP, per-layer inputs),
+31B-style (no per-layer inputs, global layers whose values are their keys, with their own KV head count) and
+26B-A4B-style (the 31B's attention, a router and 8 experts beside each layer's MLP, top 2).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+import gguf
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
@@ -20,11 +24,13 @@ from mlxspec.gguf import load_gguf
 from speculation_checks import assert_drafts_keep_plain_tokens
 
 TOKENS = [5, 77, 271, 12, 9, 150, 44, 260, 3, 88, 199, 31]
-SHAPES = {"e2b": Gemma4(), "31b": Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2)}
+SHAPES = {"e2b": Gemma4(), "31b": Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2),
+          "26b-a4b": Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2, experts=8)}
 # llama.cpp's GELU reads an f16 table (~5e-4 of each value; two GELUs a layer here, the MLP's and the per-layer
 # input gate's): measured 1.4e-3..3.0e-3 over seeds 1-7 against mlx-lm's exact GELU, the gemma3 tolerance.
 # With that table emulated what is left is llama.cpp's own noise (its batched and one-by-one logits differ by
-# ~5e-4 here): measured 6.5e-4.
+# ~5e-4 here): measured 6.5e-4. The MoE shape (the MLP's and the experts' GELUs): 1.3e-3..3.6e-3 exact (seed 7:
+# 2.2e-3; seed 4 flips a routing choice), 9.2e-4 with the table, over seeds 1-7.
 LLAMA_CPP_TOLERANCE, F16_GELU_TOLERANCE = 3e-3, 1e-3
 
 
@@ -80,6 +86,8 @@ def test_config_and_layers(tmp_path, shape):
     assert config["num_kv_shared_layers"] == g.shared and config["use_double_wide_mlp"] == bool(g.shared)
     assert config["attention_k_eq_v"] == g.k_eq_v and config["final_logit_softcapping"] == g.softcap
     assert config["hidden_size_per_layer_input"] == g.per_layer
+    moe = [config.get(k) for k in ("enable_moe_block", "num_experts", "top_k_experts", "moe_intermediate_size")]
+    assert moe == ([True, g.experts, g.top_k, g.expert_ffn] if g.experts else [False, None, None, None])
     attention = [layer.self_attn for layer in model.layers]
     assert [a.has_kv for a in attention] == [i < g.layers - g.shared for i in range(g.layers)]
     assert [a.n_kv_heads for a in attention] == [g.kv(i) for i in range(g.layers)]
@@ -108,6 +116,26 @@ def test_lookup_speculation_keeps_plain_tokens(tmp_path, shape):
     plain, lookup = Engine.load(path), Engine.load(path, drafter="lookup")
     assert plain.info["architecture"] == "gemma4"
     assert_drafts_keep_plain_tokens(plain, lookup, ["the world and the world and the"], 24)
+
+
+def test_expert_gate_up_fused_or_apart(tmp_path):
+    """llama.cpp reads the experts' gate and up rows from one ffn_gate_up_exps (the converter's) or two tensors:
+    the same values give the same model, the fused rows split gate first."""
+    g = SHAPES["26b-a4b"]
+    fused, _, _ = load_gguf(write_tiny_gemma4_gguf(tmp_path / "fused.gguf", "Q8_0", seed=2, g=g))
+    apart, _, _ = load_gguf(write_tiny_gemma4_gguf(tmp_path / "apart.gguf", "Q8_0", seed=2,
+                                                   g=replace(g, fused_experts=False)))
+    np.testing.assert_array_equal(logits(fused), logits(apart))
+
+
+def test_router_scales_are_the_files(tmp_path):
+    """ffn_gate_inp.scale and ffn_down_exps.scale land on the router's scale and per_expert_scale, as stored."""
+    path = write_tiny_gemma4_gguf(tmp_path / "model.gguf", "Q8_0", g=SHAPES["26b-a4b"])
+    model, _, _ = load_gguf(path)
+    tensors = {t.name: t for t in gguf.GGUFReader(str(path)).tensors}
+    router = model.layers[3].router
+    np.testing.assert_array_equal(np.array(router.scale), tensors["blk.3.ffn_gate_inp.scale"].data)
+    np.testing.assert_array_equal(np.array(router.per_expert_scale), tensors["blk.3.ffn_down_exps.scale"].data)
 
 
 TEXTS = ["the world and the world", " is the\n\nworld\n", "hello world", "<|turn>the<turn|>\n\n\nan", "  two  spaces",
@@ -141,7 +169,7 @@ def test_gemma4_vocabulary_matches_llama_cpp(tmp_path):
 
 
 @pytest.mark.parametrize("metadata, match", [
-    ({"expert_count": 8}, "Gemma 4 with experts"),  # 26B-A4B
+    ({"expert_count": 8}, "not a router .* in every layer"),  # mlx-lm's experts are in every layer or none
     ({"attention.sliding_window_pattern": 5}, "sliding-window flag per layer"),
     # llama.cpp's shared layers would read layers 4 and 5 (a full and a sliding one): not mlx-lm's choice
     ({"attention.shared_kv_layers": 1}, "KV-shared layers follow"),
