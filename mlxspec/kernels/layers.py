@@ -206,6 +206,15 @@ def _candidates(model: nn.Module, head: bool):
             yield path, m, KernelQuantizedEmbedding
 
 
+def experts_per_token(model: nn.Module) -> int:
+    """How many experts each token takes, as the model's (or its text model's) config says; 0 if none does."""
+    for _, m in model.named_modules():
+        for key in ("num_experts_per_tok", "top_k_experts"):  # Gemma 4 calls it top_k_experts
+            if count := getattr(getattr(m, "args", None), key, None):
+                return int(count)
+    return 0
+
+
 def tied_heads(model: nn.Module) -> set[str]:
     """Paths of the embedding tables that also serve as output heads, found as features.head finds the
     head: a module with no lm_head whose text model holds `embed_tokens` (Gemma, Cohere: always tied, no
@@ -247,7 +256,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         activations = "f32"  # int8 activations are a CPU kernel; GPUs keep their own
     report = {"device": str(device), "backend": backend, "activations": activations, "swapped": {}, "kept": {},
               "widened": {}, "packed": 0}
-    swaps = []
+    swaps, top_k = [], experts_per_token(model)
     for path, layer, wrapper in _candidates(model, head):
         if backend == "cpu" and _widen(layer, device):
             report["widened"][path] = f"{layer.bits}-bit codes re-packed as 8-bit (the same weights)"
@@ -264,7 +273,7 @@ def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, devic
         module = wrapper.wrap(layer, qmm, why)
         module._gpu = backend != "cpu"
         if wrapper is KernelQuantizedSwitchLinear:  # how many experts each token takes, where the model says
-            module._top_k = int(getattr(getattr(model, "args", None), "num_experts_per_tok", 0) or 0)
+            module._top_k = top_k
         swaps.append((path, module))
         report["swapped"][path] = why
     for path, module in swaps:

@@ -72,6 +72,8 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
     "gemma4-gguf": lambda d: write_tiny_gemma4_gguf(d / "m.gguf", "Q8_0", seed=7),
     "gemma4-31b-gguf": lambda d: write_tiny_gemma4_gguf(d / "m.gguf", "Q8_0", seed=7,
                                                         g=Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2)),
+    "gemma4-moe-gguf": lambda d: write_tiny_gemma4_gguf(d / "m.gguf", "Q8_0", seed=7, g=Gemma4(
+        experts=8, per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2)),
     "gemma3-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q8_0", arch="gemma3", tokenizer="llama",
                                                    dims=Dims(layers=6, head_dim=32),
                                                    metadata={"attention.sliding_window": 4}),

@@ -213,3 +213,16 @@ def test_bench_gpu_forces_each_qmm_on_every_layer_and_keeps_the_timed_choice(mon
         assert set(registry.kernel("qmm-mma", "cuda").chosen.values()) == {True}  # restored
         remove_kernels(model)
     registry.reset()
+
+
+def test_experts_per_token_is_read_under_either_name(tmp_path):
+    """gpt-oss says num_experts_per_tok; Gemma 4 (inside its multimodal wrapper) says top_k_experts."""
+    from mlx_lm import load as mlx_lm_load
+    from model_factory import make_gemma4_dir
+
+    from mlxspec.kernels.layers import experts_per_token
+
+    assert experts_per_token(build_model(GPT_OSS, seed=3)) == GPT_OSS["num_experts_per_tok"]
+    gemma4, _ = mlx_lm_load(str(make_gemma4_dir(tmp_path, moe=True)))
+    assert experts_per_token(gemma4) == 2
+    assert experts_per_token(build_model({**GPT_OSS, "model_type": "llama", "rms_norm_eps": 1e-5}, seed=3)) == 0
