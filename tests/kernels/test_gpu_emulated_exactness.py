@@ -119,3 +119,20 @@ def test_the_emulation_catches_mlx_ops(gpu, tmp_path):
     assert not engine.rows.holds(2)
     assert "differs from the one-row step" in engine.rows.failures()[2]
 
+
+
+def test_the_device_s_failing_runs_speculate_exactly_on_an_emulated_gpu(gpu, tmp_path):
+    """What failed on the H200 (plain decoding's tokens, but `exact: false`): the Gemma 4 assistant drafting
+    for its target, and prompt lookup over a Qwen3.5 GGUF. Here both must be exact, tokens and flag."""
+    from speculation_checks import assert_drafts_keep_plain_tokens
+    from test_gemma4_assistant import PROMPTS, write_assistant
+
+    target = make_gemma4_dir(tmp_path / "g", layers=8)
+    assistant = write_assistant(tmp_path / "a", target)
+    plain = Engine.load(str(target), kernels="exact")
+    drafted = Engine.load(str(target), drafter=f"mtp:{assistant}", min_confidence=0.0, kernels="exact")
+    assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 16)
+    (tmp_path / "q").mkdir()
+    qwen35 = str(FAMILIES["qwen35-gguf"](tmp_path / "q"))
+    assert_drafts_keep_plain_tokens(Engine.load(qwen35, kernels="exact"),
+                                    Engine.load(qwen35, drafter="lookup", kernels="exact"), PROMPTS, 16, lengths=(2, 7))
