@@ -308,6 +308,12 @@ FAMILIES = {  # name -> (config, quantization mode); shapes: "full" on a GPU, "q
                  "rope_theta": 150000, "layer_types": None}, "mxfp4"),
     "qwen3_moe": ({"model_type": "qwen3_moe", "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
                    "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 1e6}, "affine"),
+    # the H200's inexact family (2026-11-27): a tied head, KV-shared layers reading another layer's window
+    "gemma4": ({"model_type": "gemma4_text", "sliding_window": 64, "sliding_window_pattern": 2, "global_head_dim": 256,
+                "final_logit_softcapping": 30.0, "tie_word_embeddings": True}, "affine"),
+    # softcapped attention written out in mlx-lm (kernels/softcap_attention.py)
+    "gemma2": ({"model_type": "gemma2", "query_pre_attn_scalar": 128, "attn_logit_softcapping": 50.0,
+                "final_logit_softcapping": 30.0}, "affine"),
 }
 FAMILY_SIZES = {
     "full": dict(hidden_size=2048, num_hidden_layers=4, intermediate_size=4096, moe_intermediate_size=768,
@@ -327,6 +333,8 @@ def family_model(name: str, size: str) -> nn.Module:
     config = dict(FAMILY_BASE, **FAMILY_SIZES[size], **extra)
     if name == "gpt_oss":
         config["layer_types"] = ["sliding_attention", "full_attention"] * (config["num_hidden_layers"] // 2)
+    if name == "gemma4":  # the last two layers read the first two's keys (a sliding and a full one), given four
+        config["num_kv_shared_layers"] = 2 if config["num_hidden_layers"] >= 4 else 0
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     model.set_dtype(mx.bfloat16 if mode == "mxfp4" else mx.float16)  # as their checkpoints run (random_llama)

@@ -40,15 +40,16 @@ def test_ops_and_forward_sections_on_the_cpu(bench):
 
 
 def test_families_section_on_the_cpu(bench):
-    """gemma3 (windows), gpt-oss (mxfp4 experts, sinks) and qwen3_moe (experts) build, run both
-    ways and come out row-invariant with the kernels installed on this CPU."""
+    """gemma3 (windows), gpt-oss (mxfp4 experts, sinks), qwen3_moe (experts), gemma4 (a tied head) and gemma2
+    (softcapped attention) build, run both ways and come out row-invariant with the kernels installed on this CPU."""
     with mx.stream(mx.cpu):
         families = bench.family_checks("quick", context=80, repeats=1)
-    assert set(families) == {"gemma3", "gpt_oss", "qwen3_moe"}
+    assert set(families) == {"gemma3", "gpt_oss", "qwen3_moe", "gemma4", "gemma2"}
     for name, entry in families.items():
         assert entry["kernels"]["row_invariant_to_8"] and not entry["kernels"]["failures"], name
         assert set(entry["kernels"]["ms"]) == {1, 8}
     assert families["qwen3_moe"]["swapped_count"] > 0  # the experts run the kernel
+    assert "'softcapped': 2" in families["gemma2"]["attention"]  # both layers' attention through the kernel
     assert all("mxfp4" in why for why in families["gpt_oss"]["kept_layers"].values())  # the CPU's is affine only
 
 
