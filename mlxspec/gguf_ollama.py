@@ -9,6 +9,8 @@ gguf_archs only ever sees llama.cpp's layout:
 
     gemma3   no rms epsilon, nested rope keys, no rope scaling on the 128k-context sizes, more
              tokens in the vocabulary than embedding rows (its image tokens), no chat template
+    gemma4   the vocabulary named "llama" (sentencepiece) over BPE merges, the audio and vision towers in the
+             file, the experts' per-expert scale as ffn_gate_inp.per_expert_scale
     gptoss   the architecture name and key prefix (llama.cpp: "gpt-oss"), three tensor names, no
              expert FFN length, no YaRN type, the wrong pre-tokenizer name
     llama    Llama 3 vocabularies without a pre-tokenizer name, or with no end of turn where chats
@@ -45,6 +47,15 @@ GPTOSS_TENSORS = {"attn_out": "attn_output", "ffn_norm": "post_attention_norm"} 
 MISTRAL3_KEYS = {  # Ollama's name -> llama.cpp's, under mistral3.
     "rope.scaling.beta_fast": "rope.scaling.yarn_beta_fast", "rope.scaling.beta_slow": "rope.scaling.yarn_beta_slow",
     "rope.scaling.mscale_all_dim": "rope.scaling.yarn_log_multiplier", "rope.scaling_beta": "attention.temperature_scale"}
+# Gemma 4 (llama/compat/llama-ollama-compat.cpp, handle_gemma4): the towers its text loader skips, and the
+# experts' quantization sidecars with which it leaves split gate/up as they are (nothing here reads them)
+GEMMA4_TOWERS = ("a.", "v.", "mm.", "model.vision_tower.")
+GEMMA4_SIDECARS = ("ffn_gate_exps.scale", "ffn_gate_exps.input_scale", "ffn_up_exps.scale", "ffn_up_exps.input_scale")
+# names only Ollama's own Go engine read (model/models/gemma4/model_text.go, its `alt:` tags and fallback keys):
+# neither its converter (convert/convert_gemma4.go) nor llama.cpp writes them, its compat layer translates none
+GEMMA4_ENGINE_ONLY = ("attn_post_norm", "ffn_pre_norm", "ffn_post_norm", "ffn_pre_norm_2", "ffn_post_norm_1",
+                      "ffn_post_norm_2", "layer_scalar")
+GEMMA4_ENGINE_ONLY_KEYS = ("rope.local.freq_base", "attention.global_head_count_kv", "rope.partial_rotary_factor")
 LLAMA3_EOT = 128009  # <|eot_id|>
 LLAMA3_END_OF_TEXT = 128001  # <|end_of_text|>
 
@@ -52,7 +63,8 @@ LLAMA3_END_OF_TEXT = 128001  # <|end_of_text|>
 def translate(header: Header) -> Header:
     """The header as llama.cpp's converter would have written it (the same object if nothing changes)."""
     arch = header.metadata.get("general.architecture")
-    fix = {"gemma3": _gemma3, "gptoss": _gptoss, "llama": _llama3, "mistral3": _mistral3, "olmo3": _olmo3}.get(arch)
+    fix = {"gemma3": _gemma3, "gemma4": _gemma4, "gptoss": _gptoss, "llama": _llama3, "mistral3": _mistral3,
+           "olmo3": _olmo3}.get(arch)
     return fix(header) if fix is not None else header
 
 
@@ -109,6 +121,44 @@ def _gemma3(header: Header) -> Header:
             if isinstance(meta.get(key), list) and len(meta[key]) > rows:
                 meta[key] = meta[key][:rows]
     return _replace(header, meta)  # the vision tower (v.*, mm.*) is skipped by gguf_archs.IGNORED_PREFIXES
+
+
+def is_ollama_gemma4(header: Header) -> bool:
+    """Ollama's marker (detect_ollama_gemma4): a tower in the file, or its vocabulary named "llama"."""
+    return (any(t.name.startswith(GEMMA4_TOWERS) for t in header.tensors)
+            or header.metadata.get("tokenizer.ggml.model") == "llama")
+
+
+def _gemma4(header: Header) -> Header:
+    _refuse_unread_gemma4(header)
+    if not is_ollama_gemma4(header):
+        return header
+    meta = header.metadata
+    # Ollama names its BPE vocabulary (merges, pre "gemma4") "llama"; a sentencepiece one has no merges to read
+    if meta.get("tokenizer.ggml.model") == "llama" and meta.get("tokenizer.ggml.merges"):
+        meta = meta | {"tokenizer.ggml.model": "gemma4"}
+    tensors = [t for t in header.tensors if not t.name.startswith(GEMMA4_TOWERS)]  # as its text loader skips them
+    names = {t.name for t in tensors}
+    old, new = "ffn_gate_inp.per_expert_scale", "ffn_down_exps.scale"  # the router's per-expert scale, renamed
+    renames = {n: n.replace(old, new) for n in names if n.endswith(f".{old}") and n.replace(old, new) not in names}
+    if meta is header.metadata and len(tensors) == len(header.tensors) and not renames:
+        return header
+    return _replace(dataclasses.replace(header, tensors=tensors), meta, renames)
+
+
+def _refuse_unread_gemma4(header: Header) -> None:
+    """A gemma4 file with names llama.cpp does not read, which Ollama's compat layer leaves as they are."""
+    meta = header.metadata
+    parts = [t.name.split(".", 2)[2] for t in header.tensors if t.name.startswith("blk.") and t.name.count(".") > 1]
+    sidecar = next((f"blk.N.{part}" for part in parts if part in GEMMA4_SIDECARS), None)
+    if sidecar:
+        raise ModelLoadError(f"{header.path.name}: gemma4 experts with quantization sidecars ({sidecar}) are not "
+                             "supported")
+    unread = next((f"blk.N.{part}" for part in parts if part.removesuffix(".weight") in GEMMA4_ENGINE_ONLY), None)
+    unread = unread or next((f"gemma4.{key}" for key in GEMMA4_ENGINE_ONLY_KEYS if f"gemma4.{key}" in meta), None)
+    if unread:
+        raise ModelLoadError(f"{header.path.name}: a gemma4 layout only Ollama's retired Go engine read ({unread}) "
+                             "is not supported; use a llama.cpp conversion or a current Ollama one")
 
 
 def _gptoss(header: Header) -> Header:

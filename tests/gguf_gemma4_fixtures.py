@@ -7,6 +7,8 @@ layer_output_scale per block, a softcapped tied head. `Gemma4(per_layer=0, share
 shape instead (no per-layer inputs, global layers without attn_v and with their own KV head count); with
 `experts=8` the 26B-A4B's: a router and experts beside every layer's MLP, their gate and up rows in one
 ffn_gate_up_exps (or apart: `fused_experts=False`).
+
+`ollama_gemma4(src, dst)` rewrites such a file as Ollama's converter lays it out (the same tensor bytes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import gguf
+from ollama_gguf import rewrite
 from gguf_fixtures import BOS_ID, EOS_ID, CONTEXT, RMS_EPS, _add_tensor, sentencepiece_vocab
 
 
@@ -194,3 +197,26 @@ def _expert_shapes(g: Gemma4, b: str) -> dict[str, tuple[int, ...]]:
             f"{b}.post_ffw_norm_2.weight": (h,), f"{b}.ffn_gate_inp.weight": (e, h), f"{b}.ffn_gate_inp.scale": (h,),
             f"{b}.ffn_gate_up_exps.weight": (e, 2 * f, h), f"{b}.ffn_down_exps.weight": (e, h, f),
             f"{b}.ffn_down_exps.scale": (e,)}
+
+
+# An Ollama blob's towers (convert/convert_gemma4.go's names; model.vision_tower.*: a prefix its compat layer hides)
+OLLAMA_TOWERS = {"v.blk.0.attn_q.weight": np.ones((8, 8)), "v.clamp_data": np.ones(32), "mm.input_projection.weight":
+                 np.ones((64, 8)), "a.blk.0.attn_q.weight": np.ones((8, 8)), "mm.a.fc.weight": np.ones((8, 8)),
+                 "model.vision_tower.std_bias": np.ones(8)}
+
+
+def ollama_gemma4(src: str | Path, dst: str | Path, **extra) -> Path:
+    """`src` (vocabulary="gemma4"; MoE with fused_experts=False) as Ollama publishes it (convert/convert_gemma4.go,
+    convert/tokenizer.go; what llama/compat/llama-ollama-compat.cpp's handle_gemma4 undoes): the BPE vocabulary
+    named "llama", typed and scored from tokenizer.json (byte tokens NORMAL, scores the ids), EOS ids from
+    generation_config; vision and audio keys and towers in the file; the per-expert scale under the router."""
+    meta = gguf.GGUFReader(str(src)).fields
+    tokens = meta["tokenizer.ggml.tokens"].contents()
+    types = [3 if t == 3 else 1 for t in meta["tokenizer.ggml.token_type"].contents()]
+    blocks = meta["gemma4.block_count"].contents()
+    renames = {f"blk.{i}.ffn_down_exps.scale": f"blk.{i}.ffn_gate_inp.per_expert_scale" for i in range(blocks)}
+    keys = {"tokenizer.ggml.model": "llama", "tokenizer.ggml.pre": "gemma4", "tokenizer.ggml.token_type": types,
+            "tokenizer.ggml.scores": [float(i) for i in range(len(tokens))], "tokenizer.ggml.eos_token_ids": [1, 5],
+            "gemma4.vision.block_count": 1, "gemma4.vision.embedding_length": 8, "gemma4.audio.block_count": 1}
+    return rewrite(src, dst, renames=renames | extra.pop("renames", {}), set=keys | extra.pop("set", {}),
+                   extra_tensors=OLLAMA_TOWERS | extra.pop("extra_tensors", {}), **extra)

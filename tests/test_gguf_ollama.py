@@ -1,4 +1,4 @@
-"""Ollama's own GGUF layouts (mlxspec.gguf_ollama): gemma3, gptoss and Llama 3 vocabularies as Ollama's
+"""Ollama's own GGUF layouts (mlxspec.gguf_ollama): gemma3, gemma4, gptoss and Llama 3 vocabularies as Ollama's
 converter wrote them load as the same models in llama.cpp's layout.
 
 Each Ollama file is rewritten from a llama.cpp-layout tiny model (tests/ollama_gguf.py: the same tensor
@@ -15,7 +15,9 @@ import numpy as np
 import pytest
 
 from fake_ollama import add_model
+from gguf_gemma4_fixtures import Gemma4, ollama_gemma4, write_tiny_gemma4_gguf
 from gguf_reference import dequantized_weights, forward
+from speculation_checks import assert_drafts_keep_plain_tokens
 from ollama_gguf import rewrite
 from test_gguf_archs import TOKENS, mlx_logits, write_case
 from mlxspec.engine import Engine
@@ -209,3 +211,60 @@ def test_an_ollama_gemma3_runs_from_ollamas_store(tmp_path):
             for t in e.tokens]
     assert len(plain) == 12 and spec == plain
     assert mx.array(plain).max().item() < engine.target.config["vocab_size"]
+
+
+GEMMA4_SHAPES = {"e2b": Gemma4(), "26b-a4b": Gemma4(per_layer=0, shared=0, k_eq_v=True, global_kv_heads=2, experts=8,
+                                                    fused_experts=False)}
+GEMMA4_TEXTS = ["the world and the world", " is the\n\nworld\n", "<|turn>the<turn|>\n\n\nan", "\u00e9 \u00fcn ok"]
+
+
+def llama_cpp_and_ollama_gemma4(tmp_path, shape: str, **extra):
+    g = GEMMA4_SHAPES[shape]
+    src = write_tiny_gemma4_gguf(tmp_path / "llama-cpp.gguf", "Q8_0", seed=5, g=g, vocabulary="gemma4")
+    return src, ollama_gemma4(src, tmp_path / "ollama-gemma4.gguf", **extra)
+
+
+@pytest.mark.parametrize("shape", list(GEMMA4_SHAPES))
+def test_an_ollama_gemma4_loads_as_llama_cpps(tmp_path, shape):
+    """Its towers hidden, its "llama"-named vocabulary read as the BPE it is, the per-expert scale renamed:
+    the same model and token ids as the llama.cpp-layout file of the same bytes."""
+    src, path = llama_cpp_and_ollama_gemma4(tmp_path, shape)
+    want, want_tokenizer, want_config = load_gguf(src)
+    model, tokenizer, config = load_gguf(path)
+    assert (config.get("num_experts"), config["hidden_size_per_layer_input"]) == (
+        want_config.get("num_experts"), want_config["hidden_size_per_layer_input"])
+    assert np.array_equal(mlx_logits(model, TOKENS), mlx_logits(want, TOKENS))  # the same tensors, bit for bit
+    for text in GEMMA4_TEXTS:
+        assert tokenizer.encode(text) == want_tokenizer.encode(text), text
+    assert set(tokenizer.eos_token_ids) == set(want_tokenizer.eos_token_ids)
+    header = translate(read_header(path))
+    assert header.metadata["tokenizer.ggml.model"] == "gemma4"
+    assert not any(t.name.startswith(("a.", "v.", "mm.", "model.")) for t in header.tensors)
+
+
+def test_an_ollama_gemma4_speculates_as_it_decodes(tmp_path):
+    _, path = llama_cpp_and_ollama_gemma4(tmp_path, "e2b")
+    plain, lookup = Engine.load(str(path)), Engine.load(str(path), drafter="lookup")
+    assert plain.info["architecture"] == "gemma4"
+    assert_drafts_keep_plain_tokens(plain, lookup, ["the world and the world and the"], 24)
+
+
+def test_llama_cpp_gemma4_files_pass_through_unchanged(tmp_path):
+    """A llama.cpp file's vocabulary is "gemma4"; the fixtures' sentencepiece one is named "llama" but has no merges."""
+    for vocabulary in ("gemma4", "llama"):
+        header = read_header(write_tiny_gemma4_gguf(tmp_path / f"{vocabulary}.gguf", "Q8_0", vocabulary=vocabulary))
+        assert translate(header) is header
+
+
+@pytest.mark.parametrize("extra, match", [
+    # the experts' quantization sidecars, with which Ollama's compat layer leaves gate/up apart
+    ({"extra_tensors": {"blk.0.ffn_gate_exps.input_scale": np.ones(8)}}, r"sidecars \(blk.N.ffn_gate_exps.input"),
+    # names only Ollama's Go engine read (model/models/gemma4/model_text.go's alt: tags and fallback keys)
+    ({"renames": {"blk.0.ffn_norm.weight": "blk.0.ffn_pre_norm.weight"}}, r"Go engine read \(blk.N.ffn_pre_norm"),
+    ({"renames": {"blk.1.layer_output_scale.weight": "blk.1.layer_scalar"}}, r"\(blk.N.layer_scalar\)"),
+    ({"set": {"gemma4.rope.local.freq_base": 10000.0}}, r"\(gemma4.rope.local.freq_base\)"),
+])
+def test_gemma4_layouts_llama_cpp_does_not_read_are_refused_by_name(tmp_path, extra, match):
+    _, path = llama_cpp_and_ollama_gemma4(tmp_path, "26b-a4b", **extra)
+    with pytest.raises(ModelLoadError, match=match):
+        load_gguf(path)
