@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import renderers
 from .errors import MlxspecError, ModelLoadError, ModelNotFoundError
 from .home import default_home
 from .options import GenerateOptions, OptionsError
@@ -136,7 +137,8 @@ class Contents:
 
     model: OllamaModel
     weights: Layer
-    template: str | None = None  # an Ollama (Go text/template) template
+    template: str | None = None  # an Ollama (Go text/template) template, or a renderer's (renderers.py: Jinja)
+    renderer: str | None = None  # the built-in renderer the config names, as Ollama resolves it ("gemma4-large")
     system: str | None = None
     params: dict = field(default_factory=dict)  # as stored: Ollama's option names
     license: list[str] = field(default_factory=list)
@@ -272,6 +274,7 @@ class OllamaStore:
                 out.license.append(self.read_small(model, layer).decode("utf-8", "replace"))
             elif layer.kind != MODEL:
                 out.unused.append(layer.kind)  # e.g. a draft, deprecated embeddings, unknown kinds
+        _apply_renderer(out)
         return out
 
     def read_small(self, model: OllamaModel, layer: Layer) -> bytes:
@@ -346,11 +349,29 @@ def details(model: OllamaModel, config: dict) -> dict:
     }
 
 
+def _apply_renderer(out: Contents) -> None:
+    """A config naming a built-in renderer ("renderer": "gemma4", as Ollama's newer library models ship
+    instead of a TEMPLATE layer): its equivalent chat template where mlxspec has one. It replaces a
+    template layer too, as in Ollama, where the renderer formats the prompt whenever one is named."""
+    named = out.config.get("renderer")
+    if not isinstance(named, str) or not named:
+        return
+    name = out.model.name
+    full = f"{name.host}/{name.namespace}/{name.model}:{name.tag}"  # Ollama's Model.Name, after ShortName
+    model_type = out.config.get("model_type") if isinstance(out.config.get("model_type"), str) else ""
+    out.renderer, template = renderers.template_for(named, (name.display, full), model_type)
+    if template is not None:
+        out.template = template
+
+
 def template_problem(template: str | None) -> str | None:
-    """None when Ollama's Go template translates to the Jinja mlxspec renders, else why not."""
+    """None when Ollama's Go template translates to the Jinja mlxspec renders (or is a renderer's own
+    Jinja, renderers.py), else why not."""
     from .go_jinja import to_jinja
     from .go_template import GoTemplateError
 
+    if renderers.renderer_of(template):
+        return None
     try:
         to_jinja(template or "")
     except GoTemplateError as e:
@@ -358,13 +379,17 @@ def template_problem(template: str | None) -> str | None:
     return None
 
 
-def template_note(template: str | None) -> str:
+def template_note(template: str | None, renderer: str | None = None) -> str:
+    if renderers.renderer_of(template):
+        return (f"Ollama's built-in renderer {renderers.renderer_of(template)!r} (its config names it), as a Jinja "
+                "chat template (mlxspec/renderers.py): chat renders as Ollama renders it, without tools or thinking")
+    unknown = f"Ollama's built-in renderer {renderer!r} (its config names it) is not one mlxspec renders; " if renderer else ""
     if not template:
-        return ""
+        return unknown + ("chat uses the GGUF's own chat template, or Ollama's default {{ .Prompt }}" if unknown else "")
     problem = template_problem(template)
     if problem is None:
-        return "Ollama's Go template, translated to Jinja: chat renders as Ollama renders it"
-    return (f"Ollama's Go template is not translated ({problem}): chat uses the GGUF's own chat template "
+        return unknown + "Ollama's Go template, translated to Jinja: chat renders as Ollama renders it"
+    return (unknown + f"Ollama's Go template is not translated ({problem}): chat uses the GGUF's own chat template "
             "(tokenizer.chat_template), or Ollama's default {{ .Prompt }} when the GGUF has none")
 
 
@@ -379,7 +404,8 @@ def describe(store: OllamaStore, contents: Contents) -> dict:
         "read_only": True,
         "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in model.layers],
         "template": contents.template or "",
-        "template_note": template_note(contents.template),
+        "template_note": template_note(contents.template, contents.renderer),
+        "renderer": contents.renderer or "",
         "parameters": contents.params,
         "parameters_not_applied": ignored,
         "layers_not_applied": contents.unused,

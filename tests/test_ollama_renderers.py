@@ -1,0 +1,188 @@
+"""Ollama models whose config names a built-in renderer ("renderer": "gemma4") and that have no TEMPLATE layer
+chat as Ollama formats them (mlxspec/renderers.py), through mlxspec's own path: Ollama's store -> Store ->
+Manifest -> server/prompts.py -> the GGUF's tokenizer.
+
+Expected strings are copied from ollama/ollama at fb30760996871fa9460115c753afd2c60d4ab0f7:
+model/renderers/gemma4_reference_test.go (TestGemma4RendererMatchesReference: the case named in each
+entry; TestGemma4RendererVariantsMatchExpectedGenerationPrompt). Those marked "derived" come from reading
+model/renderers/gemma4.go, server/prompt.go and server/renderer_resolution.go (no Ollama test has them).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fake_ollama import GO_TEMPLATE, add_model
+from gguf_gemma4_fixtures import ollama_gemma4, write_tiny_gemma4_gguf
+from mlxspec import renderers
+from mlxspec.engine import Engine
+from mlxspec.ollama_store import describe
+from mlxspec.server.prompts import GeneratePrompt, chat_ids, generate_ids, think_variables, tool_format
+from mlxspec.server.requests import ApiError
+from mlxspec.store import Store
+
+SYSTEM = "You are helpful."
+CONFIG = {"model_format": "gguf", "model_family": "gemma4", "model_families": ["gemma4"], "model_type": "8.0B",
+          "file_type": "Q4_K_M", "renderer": "gemma4", "parser": "gemma4"}
+
+
+@pytest.fixture(scope="module")
+def gguf_file(tmp_path_factory):
+    """A tiny Gemma 4 as Ollama's converter writes it: <bos>, <|turn>, <turn|> are control tokens; no chat template."""
+    where = tmp_path_factory.mktemp("gemma4")
+    src = write_tiny_gemma4_gguf(where / "llama-cpp.gguf", "Q8_0", vocabulary="gemma4")
+    return ollama_gemma4(src, where / "ollama.gguf")
+
+
+@pytest.fixture(scope="module")
+def engine(gguf_file):
+    return Engine.load(str(gguf_file))
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, gguf_file):
+    root = tmp_path_factory.mktemp("ollama") / "models"
+    add_model(root, "gemma4", gguf_file, "e4b", template=None, config=CONFIG)  # as Ollama's library ships it
+    add_model(root, "gemma4", gguf_file, "31b", template=None, config=CONFIG | {"model_type": "31.3B"})
+    add_model(root, "gemma4", gguf_file, "latest", template=None, config=CONFIG | {"model_type": "31.3B"})
+    add_model(root, "gemma4", gguf_file, "sys", template=None, system=SYSTEM, config=CONFIG)
+    add_model(root, "gemma4", gguf_file, "layer", template=GO_TEMPLATE, config=CONFIG)
+    add_model(root, "gemma4", gguf_file, "large", template=None, config=CONFIG | {"renderer": "gemma4-large"})
+    add_model(root, "gemma4", gguf_file, "unknown", template=None, config=CONFIG | {"renderer": "qwen3.5"})
+    add_model(root, "gemma4", gguf_file, "none", template=None, config={k: v for k, v in CONFIG.items() if k != "renderer"})
+    return Store(tmp_path_factory.mktemp("home"), ollama_models=root)
+
+
+def manifest(store, tag: str = "e4b"):
+    return store.named(f"ollama:gemma4:{tag}")[1]
+
+
+def assert_renders(engine, ids: list[int], expected: str) -> None:
+    """The prompt's ids are exactly the expected text's, with its one <bos> the BOS token."""
+    assert ids == engine.encode(expected, add_special_tokens=False)
+    assert ids.count(engine.tokenizer.bos_token_id) == 1 and ids[0] == engine.tokenizer.bos_token_id
+    assert engine.tokenizer.decode(ids) == expected
+
+
+U, A, S = "user", "assistant", "system"
+# (Ollama's test case, messages, the string Ollama's renderer gives)
+REFERENCE = [
+    ("user_only", [(U, "Hello")], "<bos><|turn>user\nHello<turn|>\n<|turn>model\n"),
+    ("system_user", [(S, "You are helpful."), (U, "Hi")],
+     "<bos><|turn>system\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("developer_user", [("developer", "You are helpful."), (U, "Hi")],
+     "<bos><|turn>system\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("multi_turn", [(S, "You are helpful."), (U, "Hi"), (A, "Hello!"), (U, "More")],
+     "<bos><|turn>system\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n"
+     "<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("strip_thinking_history", [(U, "What is 2+2?"), (A, "<|channel>thought\nThinking...<channel|>4"), (U, "And 3+3?")],
+     "<bos><|turn>user\nWhat is 2+2?<turn|>\n<|turn>model\n4<turn|>\n<|turn>user\nAnd 3+3?<turn|>\n<|turn>model\n"),
+    ("multiple_thinking_blocks",
+     [(U, "Hi"), (A, "<|channel>Think1<channel|>Middle<|channel>Think2<channel|>Done"), (U, "More")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>model\nMiddleDone<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("adjacent_assistants_continue_same_model_turn", [(U, "Start"), (A, "One."), (A, "Two."), (U, "More")],
+     "<bos><|turn>user\nStart<turn|>\n<|turn>model\nOne.Two.<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("unicode_content", [(U, "こんにちは")], "<bos><|turn>user\nこんにちは<turn|>\n<|turn>model\n"),
+    ("newlines_in_content", [(U, "Line 1\nLine 2\nLine 3")],
+     "<bos><|turn>user\nLine 1\nLine 2\nLine 3<turn|>\n<|turn>model\n"),
+    ("user_content_trimmed", [(U, "  hello  ")], "<bos><|turn>user\nhello<turn|>\n<|turn>model\n"),
+    ("assistant_whitespace_trimmed", [(U, "Hi"), (A, "  spaced  "), (U, "More")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>model\nspaced<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("system_message_trimmed", [(S, "  You are helpful.  "), (U, "Hi")],
+     "<bos><|turn>system\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("system_whitespace_only", [(S, "   "), (U, "Hi")], "<bos><|turn>system\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("empty_system_message", [(S, ""), (U, "Hi")], "<bos><|turn>system\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("empty_assistant_content", [(U, "Hi"), (A, ""), (U, "More")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>model\n<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    # derived (gemma4.go): an unclosed thought drops the rest; a later system message is a turn of its own;
+    # Go's TrimSpace keeps \x1c (Python's strip would not); the last assistant message still gets the prompt
+    ("derived: unclosed_thought", [(U, "Hi"), (A, "Yes<|channel>never closed"), (U, "More")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>model\nYes<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("derived: later_system", [(U, "Hi"), (S, " Be brief. "), (U, "More")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>system\nBe brief.<turn|>\n<|turn>user\nMore<turn|>\n<|turn>model\n"),
+    ("derived: go_trim_space", [(U, "\x1cHi\x1c \n")], "<bos><|turn>user\n\x1cHi\x1c<turn|>\n<|turn>model\n"),
+    ("derived: ends_with_assistant", [(U, "Hi"), (A, "Hel")],
+     "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHel<turn|>\n<|turn>model\n"),
+]
+
+
+@pytest.mark.parametrize("case, messages, expected", REFERENCE, ids=[c[0] for c in REFERENCE])
+def test_chat_renders_as_ollamas_gemma4_renderer(engine, store, case, messages, expected):
+    msgs = [{"role": role, "content": content} for role, content in messages]
+    assert_renders(engine, chat_ids(engine, manifest(store), msgs), expected)
+
+
+# TestGemma4RendererVariantsMatchExpectedGenerationPrompt: gemma4 / gemma4-small plain, gemma4-large with an
+# empty thought; which one "gemma4" is (derived, renderer_resolution.go): by name (e2b/e4b small; 12b/26b/31b
+# large), else by the config's model_type (>= 12B large), else small.
+SMALL = "<bos><|turn>user\nHello<turn|>\n<|turn>model\n"
+LARGE = SMALL + "<|channel>thought\n<channel|>"
+
+
+@pytest.mark.parametrize("tag, expected", [("e4b", SMALL), ("31b", LARGE), ("latest", LARGE), ("large", LARGE)])
+def test_the_variant_follows_ollamas_resolution(engine, store, tag, expected):
+    assert_renders(engine, chat_ids(engine, manifest(store, tag), [{"role": "user", "content": "Hello"}]), expected)
+
+
+def test_resolution_by_name_then_size():
+    assert renderers.resolve("gemma4", ("gemma4:e2b-it-q8_0",), "31.3B") == "gemma4-small"  # the name first
+    assert renderers.resolve("gemma4", ("gemma4:26b-a4b", "registry.ollama.ai/library/gemma4:26b-a4b")) == "gemma4-large"
+    assert renderers.resolve("gemma4", ("gemma4:latest",), "12.0B") == "gemma4-large"
+    assert renderers.resolve("gemma4", ("gemma4:latest",), "8.0B") == "gemma4-small"
+    assert renderers.resolve("gemma4", ("gemma4:latest",), "huge") == "gemma4-small"
+    assert renderers.resolve("gemma4-small", ("gemma4:31b",)) == "gemma4-small"  # only the legacy name resolves
+    assert renderers.template_for("qwen3.5") == ("qwen3.5", None)
+
+
+def test_the_models_system_prompt_and_generate_use_the_renderer(engine, store):
+    """Derived (server/routes.go): chat prepends the SYSTEM layer; /api/generate renders [system, user] the same way."""
+    expected = f"<bos><|turn>system\n{SYSTEM}<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"
+    assert_renders(engine, chat_ids(engine, manifest(store, "sys"), [{"role": "user", "content": "Hi"}]), expected)
+    assert_renders(engine, generate_ids(engine, manifest(store, "sys"), GeneratePrompt(prompt="Hi")), expected)
+    assert_renders(engine, generate_ids(engine, manifest(store), GeneratePrompt(prompt="Hi", system=SYSTEM)), expected)
+
+
+def test_the_renderer_wins_over_a_template_layer_as_in_ollama(engine, store):
+    """Derived (server/prompt.go renderPrompt): a named renderer formats the prompt, whatever the template."""
+    assert manifest(store, "layer").template == renderers.TEMPLATES["gemma4-small"]
+    assert_renders(engine, chat_ids(engine, manifest(store, "layer"), [{"role": "user", "content": "Hello"}]), SMALL)
+
+
+def test_an_unknown_renderer_or_none_leaves_the_model_as_it_was(engine, store):
+    for tag in ("unknown", "none"):
+        assert manifest(store, tag).template is None
+        ids = chat_ids(engine, manifest(store, tag), [{"role": "user", "content": "Hello"}])
+        assert engine.tokenizer.bos_token_id not in ids[1:] and "<|turn>" not in engine.tokenizer.decode(ids)
+
+
+def test_show_names_the_renderer(store):
+    ollama = store.ollama
+    contents = store.ollama_contents("ollama:gemma4:31b")
+    shown = describe(ollama, contents)
+    assert shown["renderer"] == "gemma4-large" and shown["template"] == renderers.TEMPLATES["gemma4-large"]
+    assert "'gemma4-large'" in shown["template_note"] and "without tools or thinking" in shown["template_note"]
+    unknown = describe(ollama, store.ollama_contents("ollama:gemma4:unknown"))
+    assert unknown["renderer"] == "qwen3.5" and "not one mlxspec renders" in unknown["template_note"]
+    assert describe(ollama, store.ollama_contents("ollama:gemma4:none"))["renderer"] == ""
+
+
+def test_tools_and_thinking_are_refused_not_misrendered(engine, store):
+    """Ollama renders tools, tool calls and thinking in Gemma 4's own format, which this template does not:
+    offering tools is mlxspec's 400 "does not support tools", tool history a template error (400), think: true a
+    400; think: false renders as Ollama's thinking_explicitly_disabled case (no thinking at all)."""
+    m = manifest(store)
+    tools = [{"type": "function", "function": {"name": "bash", "description": "Run", "parameters": {"type": "object"}}}]
+    with pytest.raises(ApiError) as err:
+        tool_format(engine, m, "ollama:gemma4:e4b", tools)
+    assert err.value.status == 400 and "does not support tools" in err.value.message
+    history = [{"role": "user", "content": "Hi"},
+               {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {}}}]},
+               {"role": "tool", "content": "done", "tool_name": "bash"}]
+    for msgs in (history, history[:2]):
+        with pytest.raises(ApiError) as err:
+            chat_ids(engine, m, msgs)
+        assert err.value.status == 400 and "tool calls" in err.value.message
+    with pytest.raises(ApiError):
+        think_variables(m.template, True)
+    user = [{"role": "user", "content": "Hi"}]
+    assert_renders(engine, chat_ids(engine, m, user, think=False), "<bos><|turn>user\nHi<turn|>\n<|turn>model\n")
