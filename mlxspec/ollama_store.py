@@ -380,8 +380,8 @@ def template_problem(template: str | None) -> str | None:
 
 
 def template_note(template: str | None, renderer: str | None = None) -> str:
-    if renderers.renderer_of(template):
-        return (f"Ollama's built-in renderer {renderers.renderer_of(template)!r} (its config names it), as a Jinja "
+    if known := renderers.renderer_of(template):
+        return (f"Ollama's built-in renderer {known!r} (its config names it), as a Jinja "
                 "chat template (mlxspec/renderers.py): chat renders as Ollama renders it, without tools or thinking")
     unknown = f"Ollama's built-in renderer {renderer!r} (its config names it) is not one mlxspec renders; " if renderer else ""
     if not template:
