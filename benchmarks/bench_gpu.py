@@ -205,6 +205,25 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
     return entry
 
 
+def launch_overhead() -> dict:
+    """Microseconds a call of a trivial op costs, batched as the ops above: MLX's own (an add of 32
+    values) vs a custom kernel doing the same (mx.fast.cuda_kernel / metal_kernel). Where our qmm is a few
+    microseconds behind MLX's on a small shape, this says how much of that is the custom kernel's launch."""
+    x = mx.zeros((32,), dtype=mx.float32)
+    fns = {"mlx_add": lambda: x + 1}
+    backend = device_backend_name()
+    if backend in ("cuda", "metal"):
+        make = mx.fast.cuda_kernel if backend == "cuda" else mx.fast.metal_kernel
+        index = "threadIdx.x" if backend == "cuda" else "thread_position_in_grid.x"
+        k = make(name="mlxspec_probe_add", input_names=["x"], output_names=["y"],
+                 source=f"y[{index}] = x[{index}] + 1.0f;")
+        fns["custom_add"] = lambda: k(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                                      output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+    out = {f"{name}_us": round(time_call(f, repeats=15, batch=op_batch()), 1) for name, f in fns.items()}
+    print(f"launch overhead: {out}", flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- forward
 
 
@@ -244,7 +263,7 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     variants |= forced_qmm_variants(model, StepGraphs)
     stamp(f"forward: kernels installed; each matmul's kernel: {report['matmul_kernels']}; timing")
     cache = new_cache(model)
-    model(mx.random.randint(0, 1000, (1, context)), cache=cache)
+    model(mx.random.randint(0, min(1000, config["vocab_size"]), (1, context)), cache=cache)
     mx.eval([c.state for c in cache])
     build = {}
     times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16) + ((prefill,) if prefill else ()), repeats,
@@ -460,6 +479,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="small shapes: seconds on a CPU")
     ap.add_argument("--sections", default="ops,forward,engine,families")
     ap.add_argument("--model", help=f"the engine section's model (default {SMOLLM2}, else a tiny random llama)")
+    ap.add_argument("--shapes", help="the ops section's qmm shapes, NxK,... (default: the issue's and the 8B block's)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or str(HERE / "results"), "gpu.json"))
     args = ap.parse_args()
     size = "quick" if args.quick else "full"
@@ -477,8 +497,10 @@ def main() -> None:
     sections = args.sections.split(",")
     save()
     if "ops" in sections:  # saved after each shape: a timeout keeps what was measured
-        report["qmm"] = qmm_ops(QMM_SHAPES[size], variants=3, done=lambda entries: (report.update(qmm=entries), save()))
-        few = QMM_SHAPES[size][:2]  # other layouts on two shapes: 6-bit (a Q4_K_M GGUF's Q6_K layers), mxfp4
+        report["launch"] = launch_overhead()
+        shapes = [tuple(map(int, a.split("x"))) for a in args.shapes.split(",")] if args.shapes else QMM_SHAPES[size]
+        report["qmm"] = qmm_ops(shapes, variants=3, done=lambda entries: (report.update(qmm=entries), save()))
+        few = shapes[:2]  # other layouts on two shapes: 6-bit (a Q4_K_M GGUF's Q6_K layers), mxfp4
         report["qmm_layouts"] = qmm_ops(few, bits=6) + qmm_ops(few, dtype=mx.bfloat16, group=32, mode="mxfp4")
         save()
         moe = (128, 768, 2048, 8) if size == "full" else (8, 96, 256, 4)  # Qwen3-30B-A3B's gate/up projections

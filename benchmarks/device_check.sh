@@ -5,6 +5,7 @@
 # ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:$PWD`):
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
 #     STEPS="exactness engine forward" bash benchmarks/device_check.sh 400   # named steps, in that order
+#     (WORKERS=8: pytest-xdist workers, default 4; SHAPES=128256x4096,...: the ops step's qmm shapes)
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
@@ -44,7 +45,7 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
   timeout "$t" "$@" > "$out/$name.log" 2>&1
   echo "   rc=$? $(tail -n 1 "$out/$name.log")" | tee -a "$out/summary.txt"
 }
-par=(); python3 -c "import xdist" 2>/dev/null && par=(-n 4)  # pytest-xdist: the device image has it
+par=(); python3 -c "import xdist" 2>/dev/null && par=(-n "${WORKERS:-4}")  # pytest-xdist: the device image has it
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
 mkdir -p "$MLX_PTX_CACHE_DIR" && [ -d .gpu-ptx ] && cp -n .gpu-ptx/* "$MLX_PTX_CACHE_DIR"/ 2>/dev/null
@@ -52,8 +53,10 @@ python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx
 nvidia-smi >> "$out/device.txt" 2>&1
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
-bench() {  # bench SECTION SECONDS: one bench_gpu.py section
-  step "bench-$1" "$2" python3 -u benchmarks/bench_gpu.py --sections "$1" --out "$out/gpu-$1.json" "${model[@]}"
+bench() {  # bench SECTION SECONDS [ARGS]: one bench_gpu.py section
+  local section=$1 want=$2; shift 2
+  step "bench-$section" "$want" python3 -u benchmarks/bench_gpu.py --sections "$section" --out "$out/gpu-$section.json" \
+    "${model[@]}" "$@"
 }
 pytest_step() { local name=$1 want=$2; shift 2; step "$name" "$want" python3 -m pytest -v -p no:cacheprovider -rf "$@"; }  # -v: which tests ran, if a step times out
 run_step() {  # run_step NAME: one named step (STEPS lists them in the order to run)
@@ -76,7 +79,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     forward) bench forward 240 ;;  # five variants (MLX, kernels eager, compiled, each qmm forced), each NVRTC-compiled on first use
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
-    ops) bench ops 240 ;;
+    ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
