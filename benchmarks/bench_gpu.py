@@ -246,21 +246,29 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     """Median ms of one M-row forward after `context` tokens, MLX's ops vs our kernels, interleaved;
     and which M-row forwards equal one-row steps bit for bit, for each. prefill > 0 also times one
     prompt chunk of that many rows (the time to first token; on GPUs a chunk of more than 64 rows runs
-    MLX's ops with the kernels installed too: kernels/passes.py)."""
+    MLX's ops with the kernels installed too: kernels/passes.py). Variants: MLX's ops and the kernels,
+    each eager and as compiled step graphs (as GPUs decode); the kernels with MLX's attention, and MLX's
+    ops with only the attention kernel (which part costs what); on CUDA every layer on each qmm."""
     from mlxspec.cache import new_cache
     from mlxspec.exactness import RowInvariance
+    from mlxspec.kernels.attention import restore_attention, use_attention_kernel
     from mlxspec.kernels.install import install_kernels, remove_kernels
+    from mlxspec.kernels.softcap_attention import restore_softcap_attention
+    from mlxspec.step_graph import StepGraphs
 
     stamp("forward: building the random model")
     model = random_llama(config)
     stamp("forward: model built; installing the kernels (self-checks, JIT compiles)")
-    from mlxspec.step_graph import StepGraphs
-
-    variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model),
-                "kernels compiled": lambda: (install_kernels(model), StepGraphs(model))[1]}  # as GPUs decode
+    installs = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model),
+                "kernels, MLX's attention": lambda: (install_kernels(model), restore_attention(model),
+                                                     restore_softcap_attention(model)),
+                "MLX's ops, attention kernel": lambda: (remove_kernels(model), use_attention_kernel(model))}
     report = {"kernels_installed": {k: str(v)[:300] for k, v in install_kernels(model).items()},
               "matmul_kernels": matmul_kernels(model)}
-    variants |= forced_qmm_variants(model, StepGraphs)
+    compiled = {"mlx compiled": installs["mlx"], "kernels compiled": installs["kernels"]}
+    compiled |= forced_qmm_variants(model)
+    variants = {name: install for name, install in installs.items()}
+    variants |= {name: compiled_steps(model, install, StepGraphs) for name, install in compiled.items()}
     stamp(f"forward: kernels installed; each matmul's kernel: {report['matmul_kernels']}; timing")
     cache = new_cache(model)
     model(mx.random.randint(0, min(1000, config["vocab_size"]), (1, context)), cache=cache)
@@ -268,7 +276,9 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     build = {}
     times = interleaved_forwards(model, cache, variants, (1, 2, 4, 8, 16) + ((prefill,) if prefill else ()), repeats,
                                  build=build)
+    stamp("forward: timed; checking each variant's rows")
     for name, use in variants.items():
+        (installs | compiled)[name]()  # what this variant runs (new row counts trace with it)
         steps = use()
         med = {m: statistics.median(ts) for m, ts in times[name].items()}
         check = RowInvariance(model, forward=steps if callable(steps) else None)
@@ -284,10 +294,25 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
     return report
 
 
-def forced_qmm_variants(model: nn.Module, StepGraphs) -> dict:
-    """On CUDA, compiled forwards with every layer on the FMA qmm, and every one on the tensor-core
-    qmm, whatever the timed choice (registry: qmm-mma's `chosen` per layer shape): which kernel meets
-    "M=8 at most 1.3x M=1"? Each variant restores the timed choice after installing."""
+def compiled_steps(model: nn.Module, install, StepGraphs):
+    """A variant of compiled step graphs: the first use installs and makes them (each row count is traced
+    at its first pass, with what is installed then); later uses replay those graphs, with no re-install
+    or re-trace (an 8B model's trace of every row count, again each round, outlasted a device step)."""
+    made = []
+
+    def use():
+        if not made:
+            install()
+            made.append(StepGraphs(model))
+        return made[0]
+
+    return use
+
+
+def forced_qmm_variants(model: nn.Module) -> dict:
+    """On CUDA, installs with every layer on the FMA qmm, and every one on the tensor-core qmm, whatever
+    the timed choice (registry: qmm-mma's `chosen` per layer shape): which kernel meets "M=8 at most
+    1.3x M=1"? Each restores the timed choice after installing."""
     from mlxspec.kernels.install import install_kernels, remove_kernels
 
     rec = kernel("qmm-mma", "cuda") if device_backend_name() == "cuda" else None
@@ -296,13 +321,12 @@ def forced_qmm_variants(model: nn.Module, StepGraphs) -> dict:
         return {}
 
     def forced(tensor_cores: bool):
-        def use():
+        def install():
             remove_kernels(model)
             rec.chosen.update(dict.fromkeys(timed, tensor_cores))
             install_kernels(model)
             rec.chosen.update(timed)
-            return StepGraphs(model)
-        return use
+        return install
 
     return {"compiled, FMA qmm": forced(False), "compiled, tensor-core qmm": forced(True)}
 

@@ -48,6 +48,10 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 
     unused = mx.zeros((1,), mx.float32)  # the sinks input of a model without sinks (never read)
+    # Arrays made once, not per call: a new array starts in host memory that the GPU must then read
+    # (on CUDA plausibly a page migration each, two per layer and step of an eager forward; unmeasured)
+    every_key = mx.array([2**31 - 1], mx.int32)  # length: L = min(length, keys) = keys, the buffer's
+    params_of: dict[tuple, mx.array] = {}  # [scale, causal, window, by_rows, softcap]: a layer's constants
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
              sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0) -> mx.array:
@@ -62,9 +66,13 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         by_rows = window == 0 or keys <= window  # every row starts at key 0: its warps may mix rows too
-        params = mx.array([scale, float(causal), float(window), float(by_rows), softcap], f32)
+        constants = (float(scale), float(causal), float(window), float(by_rows), float(softcap))
+        params = params_of.get(constants)
+        if params is None:
+            params = params_of[constants] = mx.array(constants, f32)
+            mx.eval(params)
         if length is None:
-            length = mx.array([keys], mx.int32)
+            length = every_key
         else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
             length = length.reshape(1).astype(mx.int32)  # input would be a reference in MLX's Metal signature)
         slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)

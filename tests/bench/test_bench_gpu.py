@@ -37,6 +37,27 @@ def test_ops_and_forward_sections_on_the_cpu(bench):
     for variant in ("mlx", "kernels"):  # graph building is part of a forward; every forward builds nodes
         row = forward[variant]
         assert all(0 < row["build_ms"][m] <= row["ms"][m] for m in row["ms"]) and row["graph_nodes_M1"] > 10
+    # each part's share (the kernels with MLX's attention, MLX's ops with ours), eager and compiled each way
+    for variant in ("kernels, MLX's attention", "MLX's ops, attention kernel", "mlx compiled", "kernels compiled"):
+        assert set(forward[variant]["ms"]) == {1, 2, 4, 8, 16}, variant
+    assert forward["kernels compiled"]["row_invariant_to_16"] and forward["kernels compiled"]["graph_nodes_M1"] is None
+    assert forward["MLX's ops, attention kernel"]["matmul_kernels"] == {}  # MLX's matmuls there
+
+
+def test_graph_nodes_counts_one_forward_however_often_it_is_asked(bench):
+    """A forward's cache writes, left lazy, made the next forward's graph count them again (an H200 run
+    reported 2,000 nodes for the kernels' forward: MLX's 897 of the forward counted before it, and its own)."""
+    from mlxspec.bench.forwards import graph_nodes
+    from mlxspec.cache import new_cache
+
+    with mx.stream(mx.cpu):
+        model = bench.random_llama(bench.FORWARD_SHAPES["quick"])
+        cache = new_cache(model)
+        model(mx.random.randint(0, 500, (1, 8)), cache=cache)
+        mx.eval([c.state for c in cache])
+        graph_nodes(model, cache)  # the first after a prefill reads its cache as written there
+        counts = [graph_nodes(model, cache) for _ in range(3)]
+    assert counts[0] > 10 and counts == [counts[0]] * 3
 
 
 def test_families_section_on_the_cpu(bench):

@@ -97,7 +97,8 @@ def test_gather_groups_rows_by_expert_only_when_asked(launches):
 def test_attention_wrapper_passes_a_compiled_steps_length_as_a_one_number_int32_array():
     """MLX's Metal signature takes a 0-d input by reference, which the kernel's `length[0]` cannot
     read: the keys that count reach both attention launches' inputs as (1,) int32, from a () or (1,)
-    array of the compiled step's graph, and a call without a length sends its buffer's key count."""
+    array of the compiled step's graph, and a call without a length counts every key of its buffer
+    (the kernel reads min(length, keys))."""
     from mlxspec.kernels import gpu_attention
 
     seen = []
@@ -117,4 +118,28 @@ def test_attention_wrapper_passes_a_compiled_steps_length_as_a_one_number_int32_
             assert all(a.ndim >= 1 for a in inputs.values()), name
         partial = seen[0][1]
         assert partial["length"].shape == (1,) and partial["length"].dtype == mx.int32
-        assert partial["length"].item() == want
+        assert min(partial["length"].item(), k.shape[2]) == want
+
+
+def test_attention_wrapper_makes_no_new_arrays_per_call():
+    """A layer's constants (scale, mask kind, window, softcap) and the length of a call over its whole
+    buffer are arrays made once: a new array starts in host memory that the GPU must then read."""
+    from mlxspec.kernels import gpu_attention
+
+    seen = []
+
+    def make(name, input_names, **_):
+        def launch(inputs, output_shapes, output_dtypes, **__):
+            seen.append(dict(zip(input_names, inputs)))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return launch
+
+    sdpa = gpu_attention._sdpa_function(make, "cuda")
+    q = mx.zeros((1, 4, 1, 64))
+    for keys in (300, 301, 300):
+        sdpa(q, mx.zeros((1, 2, keys, 64)), mx.zeros((1, 2, keys, 64)), 0.125, True)
+    sdpa(q, mx.zeros((1, 2, 300, 64)), mx.zeros((1, 2, 300, 64)), 0.25, True)
+    partials = [s for s in seen if "params" in s]
+    assert len({id(s["params"]) for s in partials[:3]}) == 1 and len({id(s["length"]) for s in partials}) == 1
+    assert partials[3]["params"] is not partials[0]["params"]  # another scale: its own constants
+    assert partials[3]["params"].tolist()[0] == 0.25 and partials[0]["params"].tolist()[:2] == [0.125, 1.0]
