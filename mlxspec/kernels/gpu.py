@@ -87,13 +87,13 @@ def cuda_dense_function() -> Callable[..., mx.array]:
     return _dense_function(kernel)
 
 
-def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int = mma.TILES,
+def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int | None = None,
                           ksplit: int = mma.KSPLIT) -> Callable[..., mx.array]:
     """The tensor-core qmm (gpu_mma_source.py): float16 / bfloat16 x, 2-6 or 8-bit affine layers, any
     number of rows in one launch. Other calls (float32 x) go to `fallback` (the FMA kernel), so a
     layer's dtype always meets one kernel. `tiles` (16-column tiles per threadgroup) trades
-    parallelism for x's reuse; it does not change the bits. `ksplit` (warps splitting K) does: a
-    layer keeps the default."""
+    parallelism for x's reuse; it does not change the bits, so by default it follows the row count
+    (mma.tiles_for). `ksplit` (warps splitting K) does: a layer keeps the default."""
     require_cuda()
     kernel = mx.fast.cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                                  header=mma.HEADER)
@@ -102,7 +102,7 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
             mode: str = "affine") -> mx.array:
         lead, k, n = x.shape[:-1], x.shape[-1], w.shape[0]
         m = x.size // k if k else 0
-        plan = _mma_plan(x.dtype, scales.dtype, group_size, bits, mode, tiles, ksplit, m, n, k)
+        plan = _mma_plan(x.dtype, scales.dtype, group_size, bits, mode, tiles or mma.tiles_for(m), ksplit, m, n, k)
         if plan is None:
             if fallback is None:
                 raise ValueError(f"tensor-core qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")

@@ -48,6 +48,10 @@ NAME = "mlxspec_qmm_mma"
 INPUTS = ["x", "w", "scales", "biases"]
 OUTPUTS = ["y"]
 TILES = 1  # 16-column tiles per threadgroup: x's loads serve each; the bits do not depend on it
+# From this many rows on, 2 column tiles: x's loads then serve twice the columns. On an H200 (2026-11-27,
+# bench_gpu ops, us at 1 / 8 / 16 / 64 rows) the 4-bit 128256 x 4096 head took 163 / 177 / 242 / 713 with
+# 1 tile, 177 / 184 / 209 / 548 with 2; 4096 x 14336 47 / 44 / 43 / 105 and 47 / 43 / 38 / 89.
+WIDE_FROM = 9
 KSPLIT = 4  # warps of a threadgroup, each taking every KSPLIT-th group of K: it orders the sums, so a
 # layer must keep one value (bench_gpu.py times 2 and 8 too, for a device session to choose)
 ROW_TILES = (1, 2, 4, 8)  # 8-row tiles a warp computes with each code it converts
@@ -431,6 +435,11 @@ def row_tiles(rows: int) -> int:
     """8-row tiles per warp for a launch of `rows`: the fewest that hold them, at most 8 (64 rows;
     the grid's z covers the rest). The bits do not depend on it."""
     return next((r for r in ROW_TILES if 8 * r >= rows), ROW_TILES[-1])
+
+
+def tiles_for(rows: int) -> int:
+    """The column tiles a launch of `rows` rows uses by default (the bits are the same with either)."""
+    return TILES if rows < WIDE_FROM else 2
 
 
 def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, tiles: int = TILES,

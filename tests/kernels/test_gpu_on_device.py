@@ -36,13 +36,14 @@ def test_qmm_on_device(backend, n, k, group_size, bits, dtype):
 
 
 @pytest.mark.skipif("cuda" not in BACKENDS, reason="tensor cores: CUDA only")
-@pytest.mark.parametrize("tiles", [1, 2])
+@pytest.mark.parametrize("tiles", [1, 2, None])  # None: the default, 1 or 2 by the row count
 @pytest.mark.parametrize("n, k, group_size, bits, dtype",
                          [(300, 1024, 64, 4, mx.float16), (130, 2048, 32, 8, mx.bfloat16), (64, 4096, 128, 4, mx.bfloat16),
                           (130, 1024, 32, 6, mx.float16), (300, 2048, 32, 5, mx.bfloat16)])  # the bit-stream path
 def test_tensor_core_qmm_on_device(n, k, group_size, bits, dtype, tiles):
     """Within tolerance, and rows of a many-row call equal to one-row calls: on the hardware's mma
-    (whose row independence PTX does not document), for every tile count (the same bits), with 1 to 8
+    (whose row independence PTX does not document), for every tile count (the same bits; by default a
+    one-row call takes 1 tile and the 200-row call 2), with 1 to 8
     row tiles a warp (a 16-, 40- and 200-row call: several row blocks)."""
     from mlxspec.kernels import gpu
 

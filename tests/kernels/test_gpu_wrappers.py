@@ -71,6 +71,20 @@ def test_tensor_core_wrapper_sends_what_it_cannot_run_to_its_fallback(launches):
         gpu.cuda_mma_qmm_function(None)(x, w, s, b, 64, 4)
 
 
+def test_tensor_core_launches_take_a_second_column_tile_from_nine_rows(launches):
+    """x's loads serve twice the columns where a pass has many rows (the bits do not depend on it)."""
+    from mlxspec.kernels import gpu_mma_source as mma
+
+    w, s, b = weights()
+    qmm = gpu.cuda_mma_qmm_function(None)
+    for m in (1, 8, 9, 16):
+        qmm(mx.zeros((m, 128), mx.float16), w, s, b, 64, 4)
+    assert [t["TILES"] for _, _, t, *_ in launches] == [1, 1, 2, 2] == [mma.tiles_for(m) for m in (1, 8, 9, 16)]
+    launches.clear()
+    gpu.cuda_mma_qmm_function(None, tiles=2)(mx.zeros((1, 128), mx.float16), w, s, b, 64, 4)
+    assert launches[0][2]["TILES"] == 2  # a build asked for by name (bench_gpu's variants)
+
+
 def test_plans_are_built_once_per_shape(launches):
     w, s, b = weights()
     qmm = gpu.cuda_mma_qmm_function(None)
