@@ -19,9 +19,10 @@
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
 # MLX's CUDA JIT keeps compiled kernels on disk (MLX_PTX_CACHE_DIR); the last step saves that cache to
-# $OUT/ptx.tar.gz. Bring it back for a later session: `mkdir -p .gpu-ptx && tar -xzf FILES_AT/ptx.tar.gz -C
-# .gpu-ptx` (add /.gpu-ptx/ to .git/info/exclude) and carry .gpu-ptx with a staging call that has room
-# (.gpu/c): unchanged kernels then skip their NVRTC compiles.
+# $OUT/ptx.tar.gz. Bring it back for a later session: `mkdir -p .gpu-ptx && cp FILES_AT/ptx.tar.gz .gpu-ptx/`
+# (/.gpu-ptx/ in .git/info/exclude), carry .gpu-ptx with the first staging call (.gpu/a has room: ~7 MB) and
+# `cp .gpu-ptx/ptx.tar.gz /var/tmp/stash/` there: this script unpacks it, so unchanged kernels skip their NVRTC
+# compiles (their files are named by a hash of the source: a changed kernel compiles anew).
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 # 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
@@ -48,7 +49,8 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
 par=(); python3 -c "import xdist" 2>/dev/null && par=(-n "${WORKERS:-4}")  # pytest-xdist: the device image has it
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
-mkdir -p "$MLX_PTX_CACHE_DIR" && [ -d .gpu-ptx ] && cp -n .gpu-ptx/* "$MLX_PTX_CACHE_DIR"/ 2>/dev/null
+mkdir -p "$MLX_PTX_CACHE_DIR"
+[ -f /var/tmp/stash/ptx.tar.gz ] && tar -xzf /var/tmp/stash/ptx.tar.gz -C "$MLX_PTX_CACHE_DIR" 2>/dev/null
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
 model=()
@@ -88,10 +90,11 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-# The default order puts first what no device session has measured yet: the 8B-shape forwards in float16
-# (those of 2026-11-27 were float32, all FMA qmm) with every layer forced onto each qmm, the ops table with
-# batched timing, the kernel tests.
-for s in ${STEPS:-forward ops exactness hybrid kernels families mlxspec-bench engine logprobs-sampling compiled-steps \
+# The default order puts first what no device session has measured yet: the 8B-shape forwards compiled (the
+# fourth session's eager ones cost 2.1x MLX's at one row; the new variants split that by part), the families
+# (gemma4, gemma2: never reached), the hybrid case and GGUF cases left unfinished, then the ops (SHAPES=
+# 4096x4096,6144x4096,28672x4096 for those not yet timed with the column-tile rule).
+for s in ${STEPS:-forward families hybrid exactness ops kernels mlxspec-bench engine logprobs-sampling compiled-steps \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
