@@ -219,6 +219,14 @@ def launch_overhead() -> dict:
                  source=f"y[{index}] = x[{index}] + 1.0f;")
         fns["custom_add"] = lambda: k(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                                       output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+        if backend == "cuda":  # the same through kernels/cuda_cache.py (a stored cubin, its bytes passed each call)
+            from mlxspec.kernels.cuda_cache import cuda_kernel, detail
+
+            c = cuda_kernel(name="mlxspec_probe_add", input_names=["x"], output_names=["y"],
+                            source="y[threadIdx.x] = x[threadIdx.x] + 1.0f;")
+            fns["cached_add"] = lambda: c(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1),
+                                          output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
+            print(f"CUDA kernels: {detail()}", flush=True)
     out = {f"{name}_us": round(time_call(f, repeats=15, batch=op_batch()), 1) for name, f in fns.items()}
     print(f"launch overhead: {out}", flush=True)
     return out

@@ -36,7 +36,8 @@ from pathlib import Path
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from mlxspec.kernels import accept_source, gpu_attention_source, gpu_mma_source, gpu_source  # noqa: E402
+from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_source, gpu_mma_source, gpu_source  # noqa: E402
+from mlxspec.kernels.build import KernelUnavailable  # noqa: E402
 from mlxspec.kernels.reference import output_dtype  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "mlxspec" / "cuda-static"
@@ -75,11 +76,6 @@ def include_paths(root: Path) -> list[str]:
     return [str(p) for p in paths if p.exists()]
 
 
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        raise RuntimeError(f"{what} failed: NVRTC error {result}")
-
-
 @dataclass
 class Compiled:
     label: str
@@ -91,35 +87,19 @@ class Compiled:
 
 
 class Nvrtc:
-    """The runtime compiler through ctypes: source -> cubin plus ptxas' resource report."""
+    """The runtime compiler (kernels/cuda_cache.py's, through ctypes): source -> cubin plus ptxas' resource report."""
 
     def __init__(self, root: Path, headers: dict[str, bytes], cccl: Path | None = None):
-        self.lib = ctypes.CDLL(str(root / "lib" / "libnvrtc.so.13"))
-        self.includes = ([str(cccl)] if cccl else []) + include_paths(root)  # MLX's order: its cccl, then CUDA's
-        self.names, self.headers = list(headers), [headers[n] for n in headers]
+        includes = ([str(cccl)] if cccl else []) + include_paths(root)  # MLX's order: its cccl, then CUDA's
+        self.core = cuda_cache.Nvrtc(ctypes.CDLL(str(root / "lib" / "libnvrtc.so.13")), includes)
+        self.headers = headers
 
     def compile(self, label: str, source: str, arch: str = "sm_90") -> Compiled:
-        lib, prog = self.lib, ctypes.c_void_p()
-        count = len(self.names)
-        _check(lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), f"{label}.cu".encode(), count,
-                                      (ctypes.c_char_p * count)(*self.headers),
-                                      (ctypes.c_char_p * count)(*[n.encode() for n in self.names])), "create")
         try:
-            opts = [f"--gpu-architecture={arch}", "--ptxas-options=-v"] + [f"--include-path={p}" for p in self.includes]
-            result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts]))
-            size = ctypes.c_size_t()
-            _check(lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size)), "log size")
-            log = ctypes.create_string_buffer(size.value)
-            _check(lib.nvrtcGetProgramLog(prog, log), "log")
-            text = log.value.decode(errors="replace")
-            if result != 0:
-                return Compiled(label, arch, error=text.strip() or f"NVRTC error {result}")
-            _check(lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)), "cubin size")
-            cubin = ctypes.create_string_buffer(size.value)
-            _check(lib.nvrtcGetCUBIN(prog, cubin), "cubin")
-            return Compiled(label, arch, kernels=parse_ptxas(text), cubin=cubin.raw)
-        finally:
-            lib.nvrtcDestroyProgram(ctypes.byref(prog))
+            cubin, text = self.core.compile(source, arch, label, options=("--ptxas-options=-v",), headers=self.headers)
+        except KernelUnavailable as e:
+            return Compiled(label, arch, error=str(e))
+        return Compiled(label, arch, kernels=parse_ptxas(text), cubin=cubin)
 
 
 def short_name(mangled: str) -> str:

@@ -84,7 +84,9 @@ def _kernels(name: str) -> tuple[Callable, Callable]:
             name=src.NAMES[kind], input_names=src.INPUTS[kind], output_names=src.OUTPUTS,
             source=src.metal_body(kind), header=src.METAL_HEADER)
     elif name == "cuda" and hasattr(mx, "cuda") and mx.cuda.is_available():
-        make = lambda kind: mx.fast.cuda_kernel(  # noqa: E731
+        from .cuda_cache import cuda_kernel
+
+        make = lambda kind: cuda_kernel(  # noqa: E731
             name=src.NAMES[kind], input_names=src.INPUTS[kind], output_names=src.OUTPUTS,
             source=src.cuda_body(kind), header=src.CUDA_HEADER)
     else:

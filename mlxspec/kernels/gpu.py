@@ -25,6 +25,7 @@ from typing import Callable
 import mlx.core as mx
 
 from .build import KernelUnavailable
+from .cuda_cache import cuda_kernel
 from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUDA_GROUPED_BODY, CUDA_HEADER,
                          DENSE_INPUTS, DENSE_NAME, GATHER_INPUTS, GATHER_NAME, GROUPED_NAME, INPUTS, MAX_ROWS,
                          METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY, METAL_GROUPED_BODY, METAL_HEADER, MODES,
@@ -52,7 +53,7 @@ def metal_qmm_function() -> Callable[..., mx.array]:
 
 def cuda_qmm_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernel = mx.fast.cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY,
+    kernel = cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY,
                                  header=CUDA_HEADER)
     return _qmm_function(kernel)
 
@@ -67,7 +68,7 @@ def metal_gather_qmm_function() -> Callable[..., mx.array]:
 
 def cuda_gather_qmm_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernels = [mx.fast.cuda_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body,
+    kernels = [cuda_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body,
                                    header=CUDA_HEADER)
                for name, body in ((GATHER_NAME, CUDA_GATHER_BODY), (GROUPED_NAME, CUDA_GROUPED_BODY))]
     return _gather_function(*kernels)
@@ -82,7 +83,7 @@ def metal_dense_function() -> Callable[..., mx.array]:
 
 def cuda_dense_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernel = mx.fast.cuda_kernel(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
+    kernel = cuda_kernel(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
                                  source=CUDA_DENSE_BODY, header=CUDA_HEADER)
     return _dense_function(kernel)
 
@@ -95,7 +96,7 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
     parallelism for x's reuse; it does not change the bits, so by default it follows the row count
     (mma.tiles_for). `ksplit` (warps splitting K) does: a layer keeps the default."""
     require_cuda()
-    kernel = mx.fast.cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
+    kernel = cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                                  header=mma.HEADER)
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,

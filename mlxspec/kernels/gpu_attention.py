@@ -38,7 +38,9 @@ def metal_sdpa_function() -> Callable[..., mx.array]:
 
 def cuda_sdpa_function() -> Callable[..., mx.array]:
     require_cuda()
-    return _sdpa_function(mx.fast.cuda_kernel, "cuda")
+    from .cuda_cache import cuda_kernel
+
+    return _sdpa_function(cuda_kernel, "cuda")  # the partial reads strides: MLX's JIT; the combine: compiled once
 
 
 def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:

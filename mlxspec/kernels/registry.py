@@ -156,10 +156,19 @@ def _load_qmm(backend: str):
     from . import gpu
 
     fn = gpu.metal_qmm_function() if backend == "metal" else gpu.cuda_qmm_function()
-    return fn, f"mx.fast.{backend}_kernel"
+    return fn, f"mx.fast.{backend}_kernel" + _compiled(backend)
 
 
 register("qmm", _load_qmm)
+
+
+def _compiled(backend: str) -> str:
+    """How CUDA programs are built here (cuda_cache.py: once per machine, or MLX's JIT in each process)."""
+    if backend != "cuda":
+        return ""
+    from .cuda_cache import detail
+
+    return f"; {detail()}"
 
 
 def _load_qmm_q8(backend: str):
@@ -184,7 +193,7 @@ def _load_qmm_mma(backend: str):
         raise KernelUnavailable(f"the tensor-core qmm is a CUDA kernel ({backend} keeps the FMA one)")
     from . import gpu
 
-    return gpu.cuda_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.cuda_kernel, mma.sync m16n8k16"
+    return gpu.cuda_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.cuda_kernel, mma.sync m16n8k16" + _compiled(backend)
 
 
 register("qmm-mma", _load_qmm_mma)
@@ -197,7 +206,7 @@ def _load_gather_qmm(backend: str):
     from . import gpu
 
     fn = gpu.metal_gather_qmm_function() if backend == "metal" else gpu.cuda_gather_qmm_function()
-    return fn, f"mx.fast.{backend}_kernel"
+    return fn, f"mx.fast.{backend}_kernel" + _compiled(backend)
 
 
 register("gather-qmm", _load_gather_qmm)

@@ -89,3 +89,21 @@ def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
         seen = length - m + i + 1
         one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], dim**-0.5, False)
         assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"row {i}"
+
+
+@pytest.mark.skipif("cuda" not in BACKENDS, reason="the kernel store: CUDA only")
+def test_cuda_kernels_are_compiled_once_per_machine_with_the_bits_of_mlx_s_jit():
+    """kernels/cuda_cache.py on the device: its probe passed (the store is in use), and the qmm it builds
+    gives the bits of the same program compiled by MLX's JIT, at 1, 5 and 16 rows."""
+    from mlxspec.kernels import cuda_cache, gpu
+    from mlxspec.kernels.gpu_source import CUDA_BODY, CUDA_HEADER, INPUTS, NAME, OUTPUTS
+
+    how = cuda_cache.detail()
+    assert how.startswith("compiled once per machine"), how
+    jit = gpu._qmm_function(mx.fast.cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY,
+                                                header=CUDA_HEADER))
+    stored = gpu.cuda_qmm_function()
+    w, s, b = mx.quantize(mx.random.normal((300, 1024), key=mx.random.key(1)).astype(mx.float16), group_size=64, bits=4)
+    for rows in (1, 5, 16):
+        x = mx.random.normal((rows, 1024), key=mx.random.key(rows)).astype(mx.float16)
+        assert mx.array_equal(stored(x, w, s, b, 64, 4), jit(x, w, s, b, 64, 4)).item(), rows

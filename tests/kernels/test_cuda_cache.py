@@ -1,0 +1,175 @@
+"""CUDA kernels compiled once per machine (kernels/cuda_cache.py), on this CPU: every family's program as the
+cached path writes it compiles with NVRTC for sm_90 (pip's nvidia-cuda-nvrtc, the [dev] extra); launches pass
+each input's shape as int arguments in the order the program declares them; a program is compiled once and
+then read from the store, by a later process too; what the path cannot build goes to MLX's JIT. The launch
+itself (mx.fast.precompiled_cuda_kernel) needs a device: there the path proves itself on a probe kernel and
+each family's self-check runs on its builds."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_source, gpu_mma_source, gpu_source
+from mlxspec.kernels.build import KernelUnavailable
+from mlxspec.kernels.reference import output_dtype
+
+HOMES = cuda_cache.nvidia_roots()
+
+
+def nvrtc_or_skip() -> cuda_cache.Nvrtc:
+    try:
+        return cuda_cache.Nvrtc(cuda_cache.load_nvrtc(HOMES), cuda_cache.include_paths(HOMES))
+    except KernelUnavailable as e:
+        pytest.skip(f"NVRTC not installed ({e}): nvidia-cuda-nvrtc, the [dev] extra on Linux x86_64")
+
+
+f16, bf16, f32, u32 = mx.float16, mx.bfloat16, mx.float32, mx.uint32
+QMM_IN = [f16, u32, f16, f16]
+FAMILIES = {  # label -> (name, inputs, outputs, body, header, input dtypes, input ndims, output dtypes, template)
+    "qmm, 1 row": (gpu_source.NAME, gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY, gpu_source.CUDA_HEADER,
+                   QMM_IN, [2, 2, 2, 2], [f16], gpu_source.template_args(f16, f16, f16, 64, 4, rows=1)),
+    "qmm, 16 rows 6-bit": (gpu_source.NAME, gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY,
+                           gpu_source.CUDA_HEADER, [f32, u32, f32, f32], [2, 2, 2, 2], [f32],
+                           gpu_source.template_args(f32, f32, f32, 32, 6, rows=16)),
+    "qmm mxfp4": (gpu_source.NAME, gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY, gpu_source.CUDA_HEADER,
+                  [bf16, u32, mx.uint8, mx.uint8], [2, 2, 2, 1], [bf16],
+                  gpu_source.template_args(bf16, mx.uint8, output_dtype(bf16, mx.uint8), 32, 4, "mxfp4", rows=2)),
+    "gather": (gpu_source.GATHER_NAME, gpu_source.GATHER_INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_GATHER_BODY,
+               gpu_source.CUDA_HEADER, QMM_IN + [u32], [2, 3, 3, 3, 1], [f16], gpu_source.template_args(f16, f16, f16, 64, 4, rows=1)),
+    "grouped gather": (gpu_source.GROUPED_NAME, gpu_source.GATHER_INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_GROUPED_BODY,
+                       gpu_source.CUDA_HEADER, QMM_IN + [u32], [2, 3, 3, 3, 1], [f16],
+                       gpu_source.template_args(f16, f16, f16, 64, 4, rows=4)),
+    "dense": (gpu_source.DENSE_NAME, gpu_source.DENSE_INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_DENSE_BODY,
+              gpu_source.CUDA_HEADER, [bf16, bf16], [2, 2], [bf16], gpu_source.dense_template_args(bf16, bf16, bf16, 8)),
+    "tensor cores, 2 tiles": (gpu_mma_source.NAME, gpu_mma_source.INPUTS, gpu_mma_source.OUTPUTS, gpu_mma_source.BODY,
+                              gpu_mma_source.HEADER, QMM_IN, [2, 2, 2, 2], [f16],
+                              gpu_mma_source.template_args(f16, f16, f16, 64, 4, tiles=2, rows=16)),
+    "attention combine": (gpu_attention_source.COMBINE_NAME, gpu_attention_source.COMBINE_INPUTS,
+                          gpu_attention_source.COMBINE_OUTPUTS, gpu_attention_source.BODIES[("cuda", "combine")],
+                          gpu_attention_source.HEADERS["cuda"], [f32] * 4, [2, 2, 3, 1], [f16],
+                          gpu_attention_source.combine_template(f16, sinks=True)),
+    "accept greedy": (accept_source.NAMES[accept_source.GREEDY], accept_source.INPUTS[accept_source.GREEDY],
+                      accept_source.OUTPUTS, accept_source.cuda_body(accept_source.GREEDY), accept_source.CUDA_HEADER,
+                      [f32, mx.int32], [2, 1], [mx.int32], [("T", f32)]),
+    "accept rejection": (accept_source.NAMES[accept_source.REJECTION], accept_source.INPUTS[accept_source.REJECTION],
+                         accept_source.OUTPUTS, accept_source.cuda_body(accept_source.REJECTION), accept_source.CUDA_HEADER,
+                         [f16, f16, mx.int32, f32], [2, 2, 1, 1], [mx.int32], [("T", f16)]),
+}
+
+
+@pytest.mark.parametrize("label", FAMILIES)
+def test_every_family_s_cached_program_compiles_for_sm90(label):
+    nvrtc = nvrtc_or_skip()
+    entry, text = cuda_cache.program(*FAMILIES[label])
+    binary, log = nvrtc.compile(text, "sm_90", entry, options=("--ptxas-options=-v",))
+    assert binary[:4] == b"\x7fELF" and entry.encode() in binary  # a cubin exporting the unmangled entry
+    assert FAMILIES[label][3] in text  # the body as written
+    assert "0 bytes spill" in log
+
+
+def test_the_cached_one_row_qmm_holds_the_registers_of_mlx_s_build():
+    """Shapes as plain int arguments cost the one-row qmm 8 registers (72, 28 warps an SM); as
+    __grid_constant__ ints, like MLX's Shape structs, it compiles as MLX's JIT build does (64)."""
+    import re
+
+    nvrtc = nvrtc_or_skip()
+    _, text = cuda_cache.program(*FAMILIES["qmm, 1 row"])
+    _, mlx_style = gpu_source.cuda_source(f16, f16, f16, 64, 4, rows=1)
+    stand_in = {"mlx/backend/cuda/device/utils.cuh": b"#pragma once\n#include <cuda_fp16.h>\n#include <cuda_bf16.h>\n"
+                b"#include <cuda/std/array>\n#include <cuda/std/limits>\nnamespace mlx::core::cu {\n"
+                b"using Shape = cuda::std::array<int32_t, 10>;\nusing Strides = cuda::std::array<int64_t, 10>;\n}\n"}
+    registers = [int(re.search(r"Used (\d+) registers", nvrtc.compile(t, "sm_90", "k", options=("--ptxas-options=-v",),
+                                                                     headers=stand_in)[1]).group(1))
+                 for t in (text, mlx_style)]
+    assert registers[0] == registers[1], registers
+
+
+def test_the_probe_compiles_too():
+    nvrtc = nvrtc_or_skip()
+    entry, text = cuda_cache.program("probe", ["x"], ["y"], cuda_cache.PROBE, "", [f32], [1], [f32], [("SCALE", 3)])
+    assert nvrtc.compile(text, "sm_90", entry)[0][:4] == b"\x7fELF"
+
+
+def test_shapes_are_int_arguments_after_the_outputs_in_input_order():
+    body = "  y[0] = x_shape[1] + w_shape[0];  // b's shape unread"
+    entry, text = cuda_cache.program("t", ["x", "b", "w"], ["y"], body, "", [f16, f32, u32], [2, 1, 3], [f32],
+                                     [("T", f16), ("G", 64), ("FLAG", True)])
+    signature = text[text.index(entry) : text.index(") {")]
+    params = [p.strip() for p in signature.split("(", 1)[1].split(",")]
+    assert params == ["const __half* x", "const float* b", "const uint32_t* w", "float* y"] + [
+        f"const __grid_constant__ int {d}" for d in ("x_shape_0", "x_shape_1", "w_shape_0", "w_shape_1", "w_shape_2")]
+    assert "const int32_t x_shape[2] = {x_shape_0, x_shape_1};" in text and "b_shape" not in text
+    assert "using T = __half;" in text and "constexpr int G = 64;" in text and "constexpr bool FLAG = true;" in text
+    inputs = [mx.zeros((3, 5), f16), mx.zeros((7,)), mx.zeros((2, 4, 6), u32)]
+    assert cuda_cache.shape_scalars(["x", "b", "w"], inputs, body) == [3, 5, 2, 4, 6]
+
+
+class FakeNvrtc:
+    version = "13.0"
+
+    def __init__(self):
+        self.compiled = []
+
+    def compile(self, text, arch, label="program", **_):
+        self.compiled.append((label, arch))
+        return b"\x7fELF" + label.encode(), ""
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    seen = []
+
+    def precompiled(**kw):
+        seen.append(kw)
+        return [mx.zeros(s, d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"])]
+
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", precompiled, raising=False)
+    return seen
+
+
+def test_a_program_compiles_once_per_machine_and_launches_with_its_shapes(tmp_path, launches):
+    nvrtc = FakeNvrtc()
+    compiler = cuda_cache.Compiler(nvrtc, "sm_90", tmp_path)
+    kernel = cuda_cache.CachedCudaKernel(compiler, "qmm", gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY,
+                                         gpu_source.CUDA_HEADER)
+    w, s, b = mx.quantize(mx.ones((64, 128), f16), group_size=64, bits=4)
+    for rows in (1, 1, 3):
+        x = mx.zeros((rows, 128), f16)
+        kernel(inputs=[x, w, s, b], template=gpu_source.template_args(f16, f16, f16, 64, 4, rows=rows),
+               output_shapes=[(rows, 64)], output_dtypes=[f16], grid=(32, 16, 1), threadgroup=(32, 2, 1))
+    assert len(nvrtc.compiled) == 2 and compiler.compiles == 2  # row capacities 1 and 4; the second 1-row call reused
+    assert [kw["scalars"] for kw in launches] == [[1, 128, 64, 16]] * 2 + [[3, 128, 64, 16]]  # x's and w's shapes
+    assert all(kw["ensure_row_contiguous"] and kw["grid"] == (32, 16, 1) for kw in launches)
+    assert launches[0]["name"] == launches[1]["name"] != launches[2]["name"]
+    assert launches[0]["compiled_source"] == b"\x7fELF" + launches[0]["name"].encode()
+    later = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path)  # another process: read from the store
+    again = cuda_cache.CachedCudaKernel(later, "qmm", gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY,
+                                        gpu_source.CUDA_HEADER)
+    again(inputs=[mx.zeros((1, 128), f16), w, s, b], template=gpu_source.template_args(f16, f16, f16, 64, 4, rows=1),
+          output_shapes=[(1, 64)], output_dtypes=[f16], grid=(32, 16, 1), threadgroup=(32, 2, 1))
+    assert later.compiles == 0 and launches[-1]["compiled_source"] == launches[0]["compiled_source"]
+    assert cuda_cache.Compiler(FakeNvrtc(), "sm_89", tmp_path).binary(launches[0]["name"], "x") is not None
+    assert len(list(tmp_path.iterdir())) == 3  # another architecture: its own entry
+
+
+def test_what_the_path_cannot_build_goes_to_mlx_s_jit(tmp_path, launches, monkeypatch):
+    jit = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: (jit.append(kw["name"]), lambda **call: ["jit"])[1])
+    compiler = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path)
+    with pytest.raises(KernelUnavailable, match="strides"):  # attention's partial reads its inputs' strides
+        cuda_cache.CachedCudaKernel(compiler, "partial", ["q"], ["o"], "o[0] = q[q_strides[1]];")
+    kernel = cuda_cache.CachedCudaKernel(compiler, "wide", ["x"], ["y"], "y[0] = x[0];")
+    out = kernel(inputs=[mx.zeros((2,), mx.int64)], output_shapes=[(1,)], output_dtypes=[f32], grid=(32, 1, 1),
+                 threadgroup=(32, 1, 1))  # int64: no CUDA type name here
+    assert out == ["jit"] and jit == ["wide"] and not launches
+
+
+def test_without_a_cuda_device_kernels_are_mlx_s_jit_s(monkeypatch):
+    """This CPU has no CUDA device: the choice falls to mx.fast.cuda_kernel (looked up at each call), with why."""
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    make, why = cuda_cache.kernel_maker()
+    assert why.startswith("MLX's JIT in each process (")
+    made = []
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: made.append(kw["name"]) or "kernel")
+    assert make(name="k", input_names=["x"], output_names=["y"], source="") == "kernel" and made == ["k"]
