@@ -228,7 +228,37 @@ def launch_overhead() -> dict:
                                           output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
             print(f"CUDA kernels: {detail()}", flush=True)
     out = {f"{name}_us": round(time_call(f, repeats=15, batch=op_batch()), 1) for name, f in fns.items()}
+    out["build_us"] = build_overhead()
     print(f"launch overhead: {out}", flush=True)
+    return out
+
+
+def build_overhead(calls: int = 200) -> dict:
+    """Host microseconds to build (not run) one 4096 x 4096 4-bit matmul of one row: MLX's op vs each of our
+    kernels through its wrapper (plans, the kernel's program or binary handed to MLX each call). The H200's
+    eager 8B forward spent 3.8 ms more building its graph with the kernels than with MLX's ops."""
+    from mlxspec.kernels.reference import random_quantized
+
+    w, s, b = random_quantized(4096, 4096, 64, 4, mx.float16, key=mx.random.key(0))
+    x = mx.random.normal((1, 4096)).astype(mx.float16)
+    fns = {"mlx": lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=4)}
+    for family in ("qmm", "qmm-mma"):
+        fn = kernel(family).fn
+        if fn is not None:
+            fns[family] = lambda fn=fn: fn(x, w, s, b, 64, 4)
+    if device_backend_name() == "cuda":  # the FMA qmm through MLX's JIT, beside the stored build (cuda_cache.py)
+        from mlxspec.kernels import gpu, gpu_source as src
+
+        jit = gpu._qmm_function(mx.fast.cuda_kernel(name=src.NAME, input_names=src.INPUTS, output_names=src.OUTPUTS,
+                                                    source=src.CUDA_BODY, header=src.CUDA_HEADER))
+        fns["qmm through MLX's JIT"] = lambda: jit(x, w, s, b, 64, 4)
+    out = {}
+    for name, fn in fns.items():
+        mx.eval(fn())  # compiled, planned
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out[name] = round((time.perf_counter() - t) / calls * 1e6, 2)
     return out
 
 
