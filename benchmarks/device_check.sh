@@ -22,7 +22,10 @@
 # $OUT/ptx.tar.gz. Bring it back for a later session: `mkdir -p .gpu-ptx && cp FILES_AT/ptx.tar.gz .gpu-ptx/`
 # (/.gpu-ptx/ in .git/info/exclude), carry .gpu-ptx with the first staging call (.gpu/a has room: ~7 MB) and
 # `cp .gpu-ptx/ptx.tar.gz /var/tmp/stash/` there: this script unpacks it, so unchanged kernels skip their NVRTC
-# compiles (their files are named by a hash of the source: a changed kernel compiles anew).
+# compiles (their files are named by a hash of the source: a changed kernel compiles anew). It holds MLX's own
+# kernels only: MLX compiles custom kernels anew in every process. mlxspec's are compiled once per machine into
+# its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
+# (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step.
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 # 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
@@ -51,6 +54,10 @@ export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
 mkdir -p "$MLX_PTX_CACHE_DIR"
 [ -f /var/tmp/stash/ptx.tar.gz ] && tar -xzf /var/tmp/stash/ptx.tar.gz -C "$MLX_PTX_CACHE_DIR" 2>/dev/null
+export MLXSPEC_CACHE_DIR=${MLXSPEC_CACHE_DIR:-/var/tmp/mlxspec-cache}  # mlxspec's CUDA kernel store: kernels/cuda
+store="$MLXSPEC_CACHE_DIR/kernels/cuda"
+mkdir -p "$store"
+[ -f /var/tmp/stash/kernel-store.tar.gz ] && tar -xzf /var/tmp/stash/kernel-store.tar.gz -C "$store" 2>/dev/null
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
 model=()
@@ -97,5 +104,6 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 for s in ${STEPS:-forward families hybrid exactness ops kernels mlxspec-bench engine logprobs-sampling compiled-steps \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
+tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
 cp "$out/summary.txt" "$final/" && tar -czf "$final/results.tgz" -C "$out" .
