@@ -35,12 +35,17 @@ from .gpu_codegen import CUDA_TYPES
 
 log = logging.getLogger(__name__)
 
+# What the bodies use of MLX's preamble: the half types and fixed-width integers. Not cooperative_groups.h
+# (MLX's default header): it alone grows each binary from ~4 KB to ~80 KB, and a precompiled kernel's
+# binary is handed to MLX with every call.
 PREAMBLE = """#include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cuda/std/limits>
-#include <cooperative_groups.h>
-namespace cg = cooperative_groups;
-#define inf cuda::std::numeric_limits<float>::infinity()
+#include <cuda/std/cstdint>
+using cuda::std::int32_t;
+using cuda::std::int64_t;
+using cuda::std::uint8_t;
+using cuda::std::uint32_t;
+using cuda::std::uint64_t;
 """
 
 

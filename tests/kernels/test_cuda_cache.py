@@ -88,7 +88,8 @@ def test_the_cached_one_row_qmm_holds_the_registers_of_mlx_s_build():
 def test_the_probe_compiles_too():
     nvrtc = nvrtc_or_skip()
     entry, text = cuda_cache.program("probe", ["x"], ["y"], cuda_cache.PROBE, "", [f32], [1], [f32], [("SCALE", 3)])
-    assert nvrtc.compile(text, "sm_90", entry)[0][:4] == b"\x7fELF"
+    binary = nvrtc.compile(text, "sm_90", entry)[0]
+    assert binary[:4] == b"\x7fELF" and len(binary) < 16_000  # a lean preamble: cooperative_groups.h made it 79 KB
 
 
 def test_shapes_are_int_arguments_after_the_outputs_in_input_order():
