@@ -171,12 +171,9 @@ class CachedCudaKernel:
 
     def __call__(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(), init_value=None,
                  verbose: bool = False, stream=None):
-        if self._jit is None:
-            key = (tuple(template), tuple(a.dtype for a in inputs), tuple(a.ndim for a in inputs), tuple(output_dtypes))
-            built = self._built.get(key)
-            if built is None:
-                built = self._build(inputs, output_dtypes, template)
-        if self._jit is not None:  # every launch of this kernel from then on: one builder, the same bits
+        key = (tuple(template), tuple(a.dtype for a in inputs), tuple(a.ndim for a in inputs), tuple(output_dtypes))
+        built = None if self._jit else (self._built.get(key) or self._build(key, inputs, output_dtypes, template))
+        if built is None:  # MLX's JIT for every launch of this kernel from then on: one builder, the same bits
             return self._jit(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes, grid=grid,
                              threadgroup=threadgroup, template=template, init_value=init_value, stream=stream)
         entry, binary = built
@@ -185,13 +182,13 @@ class CachedCudaKernel:
             scalars=shape_scalars(self.input_names, inputs, self.source), grid=grid, threadgroup=threadgroup,
             init_value=init_value, ensure_row_contiguous=self.ensure_row_contiguous, stream=stream)
 
-    def _build(self, inputs, output_dtypes, template) -> tuple[str, bytes] | None:
-        key = (tuple(template), tuple(a.dtype for a in inputs), tuple(a.ndim for a in inputs), tuple(output_dtypes))
+    def _build(self, key: tuple, inputs, output_dtypes, template) -> tuple[str, bytes] | None:
+        """This launch's (entry, binary), compiled or read from the store; None: MLX's JIT takes the kernel over."""
         try:
             entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header,
                                   [a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template))
-            built = self._built[key] = (entry, self.compiler.binary(entry, text))
-            return built
+            self._built[key] = (entry, self.compiler.binary(entry, text))
+            return self._built[key]
         except (KernelUnavailable, KeyError) as e:  # a dtype without a CUDA name here, a program NVRTC refuses
             if self._built:
                 raise  # launches already ran the cached build: switching now would mix two builds' bits

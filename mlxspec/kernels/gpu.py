@@ -53,8 +53,7 @@ def metal_qmm_function() -> Callable[..., mx.array]:
 
 def cuda_qmm_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernel = cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY,
-                                 header=CUDA_HEADER)
+    kernel = cuda_kernel(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY, header=CUDA_HEADER)
     return _qmm_function(kernel)
 
 
@@ -68,8 +67,7 @@ def metal_gather_qmm_function() -> Callable[..., mx.array]:
 
 def cuda_gather_qmm_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernels = [cuda_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body,
-                                   header=CUDA_HEADER)
+    kernels = [cuda_kernel(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body, header=CUDA_HEADER)
                for name, body in ((GATHER_NAME, CUDA_GATHER_BODY), (GROUPED_NAME, CUDA_GROUPED_BODY))]
     return _gather_function(*kernels)
 
@@ -83,8 +81,8 @@ def metal_dense_function() -> Callable[..., mx.array]:
 
 def cuda_dense_function() -> Callable[..., mx.array]:
     require_cuda()
-    kernel = cuda_kernel(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
-                                 source=CUDA_DENSE_BODY, header=CUDA_HEADER)
+    kernel = cuda_kernel(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS, source=CUDA_DENSE_BODY,
+                         header=CUDA_HEADER)
     return _dense_function(kernel)
 
 
@@ -97,7 +95,7 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
     (mma.tiles_for). `ksplit` (warps splitting K) does: a layer keeps the default."""
     require_cuda()
     kernel = cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
-                                 header=mma.HEADER)
+                         header=mma.HEADER)
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
             mode: str = "affine") -> mx.array:
