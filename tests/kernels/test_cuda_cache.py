@@ -174,3 +174,34 @@ def test_without_a_cuda_device_kernels_are_mlx_s_jit_s(monkeypatch):
     made = []
     monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: made.append(kw["name"]) or "kernel")
     assert make(name="k", input_names=["x"], output_names=["y"], source="") == "kernel" and made == ["k"]
+
+
+def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_stride_readers(tmp_path, monkeypatch):
+    """kernel_maker's own path, with the device and its launch stood in for: the probe runs through the
+    cached kernel (its launch computed here as the probe's program would), then kernels are the store's,
+    except those whose body reads strides (MLX's JIT); a probe that comes out wrong keeps MLX's JIT."""
+    def precompiled(name, inputs, scalars, **kw):
+        assert name.startswith("probe_") and scalars == [inputs[0].shape[0]]
+        return [inputs[0] * 3 + scalars[0] + wrong]
+
+    wrong = 0
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", precompiled, raising=False)
+    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: ("jit", kw["name"]))
+    monkeypatch.setattr(cuda_cache, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cuda_cache, "load_nvrtc", lambda homes: None)
+    monkeypatch.setattr(cuda_cache, "Nvrtc", lambda lib, includes: FakeNvrtc())
+    monkeypatch.setattr(cuda_cache, "cache_root", lambda: tmp_path)
+    monkeypatch.delenv("MLXSPEC_CUDA_CACHE", raising=False)
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    make, how = cuda_cache.kernel_maker()
+    assert how == "compiled once per machine (NVRTC 13.0, sm_90)"
+    assert isinstance(make(name="qmm", input_names=["x"], output_names=["y"], source="y[0] = x[0];"),
+                      cuda_cache.CachedCudaKernel)
+    assert make(name="partial", input_names=["q"], output_names=["o"], source="o[0] = q[q_strides[0]];") == ("jit", "partial")
+    assert [p.name.split("_")[0] for p in (tmp_path / "cuda").iterdir()] == ["probe"]  # stored for the next process
+    wrong = 1
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    assert cuda_cache.kernel_maker()[1].startswith("MLX's JIT in each process (KernelUnavailable: the probe")
+    monkeypatch.setenv("MLXSPEC_CUDA_CACHE", "0")
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    assert "MLXSPEC_CUDA_CACHE=0" in cuda_cache.kernel_maker()[1]
