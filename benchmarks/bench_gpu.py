@@ -5,7 +5,8 @@
 Device time is scarce (minutes per session), so this script does everything issue 10's "Done when"
 asks for in one call and writes its JSON after every section (a timeout still returns what ran):
 
-- ops: each verify-path op, MLX's and ours, at M = 1, 8, 16 rows: median microseconds, and the
+- ops: each verify-path op, MLX's and ours, at M = 1, 8, 16 rows: median microseconds (independent calls, 16
+  an evaluation, and `_chained_us`: each call fed the previous one's output, the latency a forward pays), and the
   largest |row i of an M-row call - the same row alone| (0 = row-invariant, what exactness needs).
   qmm on the issue's shapes and the joined projections' (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
@@ -98,6 +99,31 @@ def row_gap(fn, x: mx.array) -> float:
 # ---------------------------------------------------------------- ops
 
 
+def rounded(us: float | None) -> float | None:
+    return None if us is None else round(us, 1)
+
+
+def chained_us(fn, x: mx.array, calls: int = 16, repeats: int = 15) -> float | None:
+    """Microseconds per call of `calls` calls each fed the previous one's output (its first K columns, or
+    it tiled up to K): the latency a forward pays, where op_batch's independent calls may overlap on the
+    device (MLX's CUDA graph has no edge between them). Tiling (N < K) adds a copy to every call, for
+    MLX's op and ours alike. None on the CPU, which runs one call at a time (and MLX's float16 matmul
+    there takes tens of milliseconds)."""
+    if op_batch() == 1:
+        return None
+    k = x.shape[-1]
+
+    def chain():
+        y = x
+        for _ in range(calls):
+            y = fn(y)
+            n = y.shape[-1]
+            y = y[..., :k] if n >= k else mx.tile(y, (1,) * (y.ndim - 1) + (-(-k // n),))[..., :k]
+        return y
+
+    return time_call(chain, repeats=repeats) / calls
+
+
 def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine", variants: int = 2,
             done=lambda entries: None) -> list[dict]:
     """MLX's quantized_matmul vs ours per shape at M = 1, 8, 16: microseconds and row gaps. The first
@@ -133,6 +159,7 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
             entry[f"M={m}"] = {f"{name}_first_ms": first_call_ms(lambda: f(x)) for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_us": round(time_call(lambda: f(x), repeats=15, batch=op_batch()), 1)
                                 for name, f in fns.items()}
+            entry[f"M={m}"] |= {f"{name}_chained_us": rounded(chained_us(f, x)) for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
         out.append(entry)
         done(out)
@@ -195,6 +222,7 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
         for name, f in fns.items():
             row[f"{name}_first_ms"] = first_call_ms(lambda: f(q, k, v))
             row[f"{name}_us"] = round(time_call(lambda: f(q, k, v), repeats=15, batch=op_batch()), 1)
+            row[f"{name}_chained_us"] = rounded(chained_us(lambda q_: f(q_, k, v), q))  # its output is the next q
             y = f(q, k, v)
             alone = [f(q[:, :, i : i + 1], k[:, :, : keys - m + i + 1], v[:, :, : keys - m + i + 1])[0, :, 0]
                      for i in range(m)]

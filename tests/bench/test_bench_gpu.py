@@ -85,3 +85,19 @@ def test_layout_and_gather_ops_on_the_cpu(bench):
     assert "ours_us" not in six[0]["M=8"] and "bits must be 4 or 8" in six[0]["kernel"] and six[0]["M=8"]["mlx_us"] > 0
     assert "ours_us" not in fp4[0]["M=1"] and "mxfp4" in fp4[0]["kernel"]
     assert gather["tokens=8"]["mlx_us"] > 0 and "gather-qmm" in gather["kernel"]
+
+
+def test_chained_calls_feed_each_output_to_the_next_call(bench, monkeypatch):
+    """Where calls may overlap (a GPU: op_batch > 1), each of the chain's calls takes the previous one's
+    output, cut or tiled to K columns; on the CPU there is nothing to overlap (None)."""
+    x = mx.ones((2, 6))
+    assert bench.chained_us(lambda a: a * 2, x) is None
+    monkeypatch.setattr(bench, "op_batch", lambda: 16)
+    seen = []
+
+    def widen(a):  # N = 4 < K = 6 columns: tiled back up to 6
+        seen.append(a.shape)
+        return mx.concatenate([a[..., :2], a[..., :2]], axis=-1) + 1
+
+    assert bench.chained_us(widen, x, calls=3, repeats=1) > 0
+    assert set(seen) == {(2, 6)} and len(seen) == 3 * (1 + 2)  # repeats + time_call's 2 warm-ups
