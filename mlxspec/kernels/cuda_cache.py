@@ -25,6 +25,8 @@ import hashlib
 import importlib.util
 import logging
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable
 
@@ -171,8 +173,8 @@ class CachedCudaKernel:
 
     def __call__(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(), init_value=None,
                  verbose: bool = False, stream=None):
-        key = (tuple(template), tuple(a.dtype for a in inputs), tuple(a.ndim for a in inputs), tuple(output_dtypes))
-        built = None if self._jit else (self._built.get(key) or self._build(key, inputs, output_dtypes, template))
+        launch = ([a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template))
+        built = None if self._jit else (self._built.get(_key(*launch)) or self._build(*launch))
         if built is None:  # MLX's JIT for every launch of this kernel from then on: one builder, the same bits
             return self._jit(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes, grid=grid,
                              threadgroup=threadgroup, template=template, init_value=init_value, stream=stream)
@@ -182,13 +184,32 @@ class CachedCudaKernel:
             scalars=shape_scalars(self.input_names, inputs, self.source), grid=grid, threadgroup=threadgroup,
             init_value=init_value, ensure_row_contiguous=self.ensure_row_contiguous, stream=stream)
 
-    def _build(self, key: tuple, inputs, output_dtypes, template) -> tuple[str, bytes] | None:
-        """This launch's (entry, binary), compiled or read from the store; None: MLX's JIT takes the kernel over."""
+    def prebuild(self, launches: list[tuple]) -> None:
+        """Compile the programs of these launches, each (input dtypes, input ndims, output dtypes, template),
+        at once on threads (NVRTC runs outside the GIL): a family's first self-check needs several (row
+        capacities, dtypes), ~2 s each one after another. Failures are left to the launch itself."""
+        todo = {_key(*launch): launch for launch in launches if _key(*launch) not in self._built}
+        if self._jit is not None or not todo:
+            return
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            for launch, result in zip(todo.values(), pool.map(self._compile, todo.values())):
+                if result is not None:
+                    self._built[_key(*launch)] = result
+
+    def _compile(self, launch: tuple) -> tuple[str, bytes] | None:
         try:
-            entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header,
-                                  [a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template))
-            self._built[key] = (entry, self.compiler.binary(entry, text))
-            return self._built[key]
+            entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
+            return entry, self.compiler.binary(entry, text)
+        except (KernelUnavailable, KeyError):
+            return None
+
+    def _build(self, input_dtypes, input_ndims, output_dtypes, template) -> tuple[str, bytes] | None:
+        """This launch's (entry, binary), compiled or read from the store; None: MLX's JIT takes the kernel over."""
+        launch = (input_dtypes, input_ndims, output_dtypes, template)
+        try:
+            entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
+            self._built[_key(*launch)] = (entry, self.compiler.binary(entry, text))
+            return self._built[_key(*launch)]
         except (KernelUnavailable, KeyError) as e:  # a dtype without a CUDA name here, a program NVRTC refuses
             if self._built:
                 raise  # launches already ran the cached build: switching now would mix two builds' bits
@@ -199,12 +220,17 @@ class CachedCudaKernel:
             return None
 
 
+def _key(input_dtypes, input_ndims, output_dtypes, template) -> tuple:
+    return tuple(template), tuple(input_dtypes), tuple(input_ndims), tuple(output_dtypes)
+
+
 class Compiler:
     """NVRTC plus the on-disk store: binary(entry, program) compiles a program once per machine."""
 
     def __init__(self, nvrtc: Nvrtc, arch: str, folder: Path):
         self.nvrtc, self.arch, self.folder = nvrtc, arch, folder
         self.compiles = 0  # programs compiled by this process (the rest came from the store)
+        self._lock = threading.Lock()  # prebuild compiles on threads
 
     def binary(self, entry: str, text: str) -> bytes:
         key = hashlib.sha256(f"{text}\n{self.arch}\nnvrtc {self.nvrtc.version}".encode()).hexdigest()[:16]
@@ -215,9 +241,10 @@ class Compiler:
             binary, _ = self.nvrtc.compile(text, self.arch, entry)
         except KernelUnavailable:  # an architecture this NVRTC has no SASS for: PTX, as MLX's JIT falls back
             binary, _ = self.nvrtc.compile(text, "compute_" + self.arch[3:], entry)
-        self.compiles += 1
+        with self._lock:
+            self.compiles += 1
         self.folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(binary)
         tmp.replace(path)  # atomic: another process may be writing the same program
         return binary

@@ -113,6 +113,19 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
         return kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(*lead, n)],
                       output_dtypes=[out_type], **launch)[0]
 
+    def prepare(x_dtypes, scale_dtype, group_size: int, bits: int, mode: str = "affine") -> None:
+        """As the FMA qmm's prepare: the builds of 1 to 16 rows and a 72-row self-check (tiles, row tiles)."""
+        own = [d for d in x_dtypes if mma.supports(d, group_size, bits, mode)]
+        if fallback is not None and hasattr(fallback, "prepare"):
+            fallback.prepare([d for d in x_dtypes if d not in own], scale_dtype, group_size, bits, mode)
+        if hasattr(kernel, "prebuild"):
+            out = {d: output_dtype(d, scale_dtype) for d in own}
+            kernel.prebuild([([d, mx.uint32, scale_dtype, scale_dtype], [2, 2, 2, 2], [out[d]],
+                              mma.template_args(d, scale_dtype, out[d], group_size, bits, tiles or mma.tiles_for(m), m,
+                                                ksplit))
+                             for d in own for m in (*range(1, MAX_ROWS + 1), 72)])
+
+    qmm.prepare = prepare
     return qmm
 
 
@@ -186,6 +199,23 @@ def _qmm_function(kernel) -> Callable[..., mx.array]:
         plan = functools.partial(_qmm_plan, x.dtype, scales.dtype, group_size, bits, mode, x.shape[-1])  # checks it
         return _rows(kernel, x, [w, scales, _biases(biases, scales, mode)], w.shape[0], plan)
 
+    def prepare(x_dtypes, scale_dtype, group_size: int, bits: int, mode: str = "affine") -> None:
+        """Compile every row capacity's launch for this layout at once, where the kernel can (a stored CUDA
+        kernel: cuda_cache.py, on threads); MLX's JIT compiles each at its first launch instead."""
+        if hasattr(kernel, "prebuild"):
+            launches = []
+            for x_dtype in x_dtypes:
+                for rows in (1, 2, 4, 8, MAX_ROWS):
+                    try:
+                        targs, out_type = _qmm_plan(x_dtype, scale_dtype, group_size, bits, mode, group_size, rows)
+                    except ValueError:  # a layout this kernel does not take: its check says so
+                        break
+                    biases_ndim = 2 if MODES[mode] == 0 else 1  # mxfp4's stand-in (_biases)
+                    launches.append(([x_dtype, mx.uint32, scale_dtype, scale_dtype], [2, 2, 2, biases_ndim], [out_type],
+                                     targs))
+            kernel.prebuild(launches)
+
+    qmm.prepare = prepare
     return qmm
 
 

@@ -287,6 +287,8 @@ def self_check(qmm, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.
     key = mx.random.key(n * 7919 + k)
     w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key, mode=mode)
     extra = {} if mode == "affine" else {"mode": mode}  # the CPU kernels take no mode
+    if hasattr(qmm, "prepare"):  # a GPU kernel's programs for this layout, compiled at once (cuda_cache.py)
+        qmm.prepare(_x_dtypes(scale_dtype, mode), scale_dtype, group_size, bits, mode)
     for x_dtype in _x_dtypes(scale_dtype, mode):
         x = mx.random.normal((rows, k), key=mx.random.split(key)[1]).astype(x_dtype)
         y = qmm(x, w, s, b, group_size, bits, **extra)

@@ -205,3 +205,32 @@ def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_str
     monkeypatch.setenv("MLXSPEC_CUDA_CACHE", "0")
     monkeypatch.setattr(cuda_cache, "_MAKER", [])
     assert "MLXSPEC_CUDA_CACHE=0" in cuda_cache.kernel_maker()[1]
+
+
+@pytest.mark.parametrize("family", ["qmm", "qmm-mma"])
+def test_a_self_check_compiles_a_layout_s_programs_at_once_and_layers_compile_none(tmp_path, launches, monkeypatch,
+                                                                                   family):
+    """The registry's qmm self-check first has the kernel compile every launch a layer of that layout will
+    make (row capacities 1-16 in each activation dtype; for the tensor cores every tile build up to the
+    check's 72 rows, float32 rows going to the FMA kernel), on threads; the check and every later call of
+    1 to 16 rows then find their programs built."""
+    from mlxspec.kernels import gpu, registry
+
+    compilers = {}
+
+    def stored(**kw):
+        compilers[kw["name"]] = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path / kw["name"])
+        return cuda_cache.CachedCudaKernel(compilers[kw["name"]], kw["name"], kw["input_names"], kw["output_names"],
+                                           kw["source"], kw.get("header", ""))
+
+    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+    monkeypatch.setattr(gpu, "cuda_kernel", stored)
+    qmm = gpu.cuda_qmm_function() if family == "qmm" else gpu.cuda_mma_qmm_function(gpu.cuda_qmm_function())
+    registry.self_check(qmm, 40, 128, 64, 4, f16, rows=registry.CHECK_ROWS if family == "qmm" else registry.MMA_CHECK_ROWS)
+    prepared = {name: c.compiles for name, c in compilers.items()}  # (the stand-in launches give zeros: it fails)
+    assert sum(prepared.values()) == (10 if family == "qmm" else 5 + 3)  # 5 capacities x 2 dtypes; 3 tile builds + f32's
+    w, s, b = mx.quantize(mx.ones((40, 128), f16), group_size=64, bits=4)
+    for rows in (*range(1, 17), 72):
+        for dtype in (f16, f32):
+            qmm(mx.zeros((rows, 128), dtype), w, s, b, 64, 4)
+    assert {name: c.compiles for name, c in compilers.items()} == prepared
