@@ -14,7 +14,8 @@
 #    tok/s vs mlx-lm; plain with compiled and with eagerly built steps); then compiled decoding steps
 #    (step_graph.py: mx.compile over the custom kernels, the attention kernel's runtime length) ==
 #    eager steps bit for bit (tests/test_step_graph.py); then 8B-shape forwards at M = 1..16, the ops table, then the families
-#    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists)
+#    (between the forwards and the ops: benchmarks/ncu_qmm.py under Nsight Compute, where ncu exists; ncu-forward:
+#    benchmarks/ncu_forward.py, each kernel of one forward with its GPU time)
 #    (after the engine: benchmarks/cache_copies.py, whether a decoding step copies the KV cache there)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
 # 5. the test suite on the device, server tests aside (the image lacks their clients)
@@ -88,6 +89,9 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     forward) bench forward 240 ;;  # five variants (MLX, kernels eager, compiled, each qmm forced), each NVRTC-compiled on first use
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
+    # every kernel of one 8-layer forward (8B shapes) with its GPU time, each variant, vs its wall time (printed)
+    ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
+      --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
     ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default

@@ -101,3 +101,15 @@ def test_chained_calls_feed_each_output_to_the_next_call(bench, monkeypatch):
 
     assert bench.chained_us(widen, x, calls=3, repeats=1) > 0
     assert set(seen) == {(2, 6)} and len(seen) == 3 * (1 + 2)  # repeats + time_call's 2 warm-ups
+
+
+def test_ncu_forward_runs_a_variant_s_forward_without_the_profiler():
+    """benchmarks/ncu_forward.py (run under Nsight Compute on a device): builds, warms and runs one forward
+    of each variant; --dry skips the profiler calls, which need CUDA's driver."""
+    from benchmark_scripts import load
+
+    ncu_forward = load("ncu_forward")
+    with mx.stream(mx.cpu):
+        for variant in ("mlx", "kernels"):
+            report = ncu_forward.main(["--variant", variant, "--quick", "--dry", "--layers", "2"])
+            assert report["variant"] == variant and report["wall_ms"] > 0
