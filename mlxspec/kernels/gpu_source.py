@@ -55,11 +55,13 @@ OUTPUTS = ["y"]
 QMM_SHAPES = """
   const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
   const size_t xo = 0, wo = 0, so = 0, yo = 0;  // offsets of x, w, scales and y (the gather's row and expert)
+  constexpr bool GATHER = false;
 """
 GATHER_SHAPES = """
   const int M = 1, K = x_shape[1], N = w_shape[1];  // one row: qmm's arithmetic at M = 1
   const size_t e = indices[row];
   const size_t xo = size_t(row) * K, wo = e * N * (K * BITS / 32), so = e * N * (K / G), yo = size_t(row) * N;
+  constexpr bool GATHER = true;
 """
 
 # The grouped gather (verify passes of MoE models): grid z = expert, and each threadgroup runs qmm's
@@ -70,6 +72,7 @@ GROUPED_SHAPES = """
   const int P = x_shape[0], K = x_shape[1], N = w_shape[1];
   const uint32_t e = uint32_t(row);
   const size_t xo = 0, wo = size_t(e) * N * (K * BITS / 32), so = size_t(e) * N * (K / G), yo = 0;
+  constexpr bool GATHER = true;
   for (int first = 0; first < P;) {
     int rows_of[ROWS], M = 0;
     for (; first < P && M < ROWS; ++first)
@@ -93,19 +96,44 @@ QMM_SETUP = """
     for (int c = 0; c < COLS; ++c) acc[m][c] = 0.0f;
 """
 
+
+def _load_block(k: str) -> str:
+    """The 4/8-bit loop's loads of one K-block (codes, raw scales and biases of COLS columns) at k into qn/sn/bn."""
+    return f"""#pragma unroll
+    for (int c = 0; c < COLS; ++c) {{
+      const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
+      qn[c] = LOAD4(w + wo + size_t(n) * WORDS + ({k}) / PER);
+      const size_t g = so + size_t(n) * GROUPS + ({k}) / G;  // VPL divides G: one group per block
+      sn[c] = scales[g];
+      bn[c] = MODE == 0 ? biases[g] : scales[g];  // mxfp4 has no biases: its stand-in is never read
+    }}
+"""
+
+
+# One-row launches on CUDA (AHEAD) load block i + 1 (its codes and scales) before they compute block i, so those
+# loads are in flight meanwhile: a lane owns few blocks (4 for K = 4096) and waited for each one's loads in turn.
+# It holds 95 registers at one row, not 64 (more rows would pass 250: they load each block as they reach it), and
+# is unmeasured on a device, so Metal and the MoE gathers keep the plain loop. The arithmetic is the same, in order.
 QMM_LOOPS = """
   if (BITS == 4 || BITS == 8) {  // a compile-time choice: codes never straddle words
+  constexpr bool AHEAD = QMM_AHEAD && ROWS == 1 && !GATHER;  // MoE gathers keep their registers (one row each)
+  uint4 qn[COLS];
+  S sn[COLS], bn[COLS];
+  if (AHEAD && lane * VPL < K) {
+""" + _load_block("lane * VPL") + """  }
   for (int k0 = lane * VPL; k0 < K; k0 += 32 * VPL) {  // K % 32 == 0 (G | K): blocks are whole
+    if (!AHEAD) {
+""" + _load_block("k0") + """    }
     uint4 q[COLS];
     float s[COLS], b[COLS];
 #pragma unroll
     for (int c = 0; c < COLS; ++c) {
-      const int n = n0 + c < N ? n0 + c : N - 1;  // past N: a duplicate column, computed, never stored
-      q[c] = LOAD4(w + wo + size_t(n) * WORDS + k0 / PER);
-      const size_t g = so + size_t(n) * GROUPS + k0 / G;  // VPL divides G: one group per block
-      s[c] = MODE == 0 ? float(scales[g]) : LDEXP(1.0f, int(float(scales[g])) - 128);  // mxfp4: 2^(s - 127) / 2, exact
-      b[c] = MODE == 0 ? float(biases[g]) : 0.0f;
+      q[c] = qn[c];
+      s[c] = MODE == 0 ? float(sn[c]) : LDEXP(1.0f, int(float(sn[c])) - 128);  // mxfp4: 2^(s - 127) / 2, exact
+      b[c] = MODE == 0 ? float(bn[c]) : 0.0f;
     }
+    if (AHEAD && k0 + 32 * VPL < K) {  // the next block's loads, in flight while this one computes
+""" + _load_block("k0 + 32 * VPL") + """    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float wv[COLS][PER];  // dequantized once, used by every row
@@ -224,6 +252,7 @@ METAL_ROW = """
   const int row = int(thread_position_in_grid.z);
 """
 METAL_HEADER = """
+#define QMM_AHEAD 0
 #define FMA(a, b, c) metal::fma(a, b, c)
 #define LDEXP(a, e) metal::ldexp(a, e)
 #define CODE_F(c) float(c)
@@ -240,6 +269,7 @@ CUDA_ROW = """
   const int row = int(blockIdx.z);
 """
 CUDA_HEADER = """
+#define QMM_AHEAD 1
 #define FMA(a, b, c) fmaf(a, b, c)
 #define LDEXP(a, e) ldexpf(a, e)
 // A code (below 2^23) as a float, exactly: its bits under 2^23's exponent, minus 2^23. An int-to-float
