@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import json
 import math
 import re
@@ -63,12 +62,8 @@ REGISTERS_PER_SM, MAX_WARPS_PER_SM = 65536, 64  # sm_80 / sm_90
 
 
 def nvidia_root() -> Path | None:
-    """nvidia/cu13 of the nvidia-* pip packages, or None."""
-    spec = importlib.util.find_spec("nvidia")
-    for base in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(base) / "cu13" / "lib" / "libnvrtc.so.13").exists():
-            return Path(base) / "cu13"
-    return None
+    """nvidia/cu13 of the nvidia-* pip packages (with NVRTC), or None."""
+    return next((r for r in cuda_cache.nvidia_roots() if (r / "lib" / "libnvrtc.so.13").exists()), None)
 
 
 def include_paths(root: Path) -> list[str]:
