@@ -160,7 +160,7 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
     """Time the FMA and the tensor-core qmm on this layer shape at 1 and 8 rows (cached on disk per
     device and MLX version, shown by doctor). The tensor cores win when a decoding step plus an
     8-row verify pass costs less with them, and one row at most TENSOR_CORE_STEP_BUDGET times the
-    FMA kernel's (plain decoding keeps exact mode's budget). On an H100 (2026-11-26) the vocabulary
+    FMA kernel's or MLX's own op's, whichever is dearer (plain decoding keeps exact mode's budget). On an H100 (2026-11-26) the vocabulary
     head took 257 / 290 us at 1 / 8 rows with tensor cores, 247 / 570 with FMA: a 4% dearer step
     for a verify pass at half the cost; the FMA kernel's cost grows with M, the tensor cores' does not."""
     from .reference import random_quantized
