@@ -191,24 +191,27 @@ class CachedCudaKernel:
         todo = {_key(*launch): launch for launch in launches if _key(*launch) not in self._built}
         if self._jit is not None or not todo:
             return
-        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
-            for launch, result in zip(todo.values(), pool.map(self._compile, todo.values())):
-                if result is not None:
-                    self._built[_key(*launch)] = result
+        def attempt(launch):
+            try:
+                return self._compile(launch)
+            except (KernelUnavailable, KeyError):
+                return None
 
-    def _compile(self, launch: tuple) -> tuple[str, bytes] | None:
-        try:
-            entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
-            return entry, self.compiler.binary(entry, text)
-        except (KernelUnavailable, KeyError):
-            return None
+        with ThreadPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            for key, result in zip(todo, pool.map(attempt, todo.values())):
+                if result is not None:
+                    self._built[key] = result
+
+    def _compile(self, launch: tuple) -> tuple[str, bytes]:
+        """(entry, binary) of one launch (input dtypes, input ndims, output dtypes, template), stored or compiled."""
+        entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
+        return entry, self.compiler.binary(entry, text)
 
     def _build(self, input_dtypes, input_ndims, output_dtypes, template) -> tuple[str, bytes] | None:
         """This launch's (entry, binary), compiled or read from the store; None: MLX's JIT takes the kernel over."""
         launch = (input_dtypes, input_ndims, output_dtypes, template)
         try:
-            entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
-            self._built[_key(*launch)] = (entry, self.compiler.binary(entry, text))
+            self._built[_key(*launch)] = self._compile(launch)
             return self._built[_key(*launch)]
         except (KernelUnavailable, KeyError) as e:  # a dtype without a CUDA name here, a program NVRTC refuses
             if self._built:
