@@ -33,12 +33,16 @@ class HalfKVCache(KVCache):
 class KVView:
     """One layer's KVCache as a compiled step (step_graph.py) sees it: mlx-lm's cache interface (offset,
     update_and_fetch, make_mask) over the cache's buffers, with the position as an array. Kernels that
-    read the cache themselves take `at` / `key_length` (the fused CPU block, the attention kernels)."""
+    read the cache themselves take `at` / `key_length` (the fused CPU block, the attention kernels).
+    A sliding-window layer's (a WindowKVCache: window > 0) writes at its buffer's own position `at`
+    (offset - the cache's first kept position) and its rows see their last `window` keys there."""
 
-    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array):
+    def __init__(self, keys: mx.array, values: mx.array, offset: mx.array, at: mx.array, key_length: mx.array,
+                 window: int = 0):
         self.keys, self.values, self.offset = keys, values, offset  # (1, KV, capacity, D), ..., () int32
-        self.at, self.key_length = at, key_length  # (1,) offset; (1,) keys that count once the step's rows are in
-        # (the same arrays in every layer: one graph node each per step, not one per layer)
+        self.at, self.key_length = at, key_length  # (1,) buffer row of the first new row; (1,) keys that count
+        # once the step's rows are in (the same arrays in every layer of a kind: one graph node each per step)
+        self.window = window
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Write the rows at the position (in the buffers' dtype, as the cache stores them); return
@@ -48,11 +52,22 @@ class KVView:
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
-        """Causal rows over the buffer: row i sees the keys up to position offset + i (for MLX's attention)."""
-        if window_size:
-            raise NotImplementedError("sliding-window layers are not compiled")
-        queries = self.offset + mx.arange(n)[:, None]
-        return mx.arange(self.keys.shape[2])[None] <= queries
+        """Causal rows over the buffer (for MLX's attention): row i sees the keys up to buffer row at + i,
+        with a window only the last `window` of them. Marked with the window and the keys that count, for
+        kernels and for layers that get it without the cache (Gemma 4's KV-shared layers)."""
+        window = window_size or self.window
+        if window_size and self.window and window_size > self.window:
+            raise ValueError(f"a {window_size}-position window over a cache that keeps {self.window}")
+        queries = self.at + mx.arange(n)[:, None]
+        keys = mx.arange(self.keys.shape[2])[None]
+        mask = keys <= queries
+        if window:
+            mask = mask & (queries - keys < window)
+        return mark_window_mask(mask, window, self.key_length)
+
+    @property
+    def attention_window(self) -> int:
+        return self.window
 
 
 def store_kv_in_half(model: nn.Module) -> None:
@@ -72,21 +87,27 @@ def store_kv_in_half(model: nn.Module) -> None:
 REWIND_SLACK = 64  # positions a sliding-window cache keeps past its window: rewinds up to this are exact
 
 
-_WINDOW_MASKS: dict[int, tuple] = {}  # id(mask) -> (weak reference to it, window), while the mask lives
+_WINDOW_MASKS: dict[int, tuple] = {}  # id(mask) -> (weak reference to it, window, key length), while the mask lives
 
 
-def mark_window_mask(mask: mx.array, window: int) -> mx.array:
-    """Record that `mask` is the causal mask over the last `window` keys of what its cache returns
-    (WindowKVCache.make_mask), for layers that receive the mask without the cache. Returns it."""
+def mark_window_mask(mask: mx.array, window: int, length: mx.array | None = None) -> mx.array:
+    """Record that this mask stands for causal rows over their last `window` keys (0: all of them) and,
+    for a compiled step's buffer, that only its first `length` keys count (mask_marks), for layers that
+    receive the mask without the cache. Returns it."""
     key = id(mask)
-    _WINDOW_MASKS[key] = (weakref.ref(mask, lambda _: _WINDOW_MASKS.pop(key, None)), window)
+    _WINDOW_MASKS[key] = (weakref.ref(mask, lambda _: _WINDOW_MASKS.pop(key, None)), window, length)
     return mask
+
+
+def mask_marks(mask: mx.array) -> tuple[int, mx.array | None]:
+    """(window, key length) mark_window_mask recorded for this very array, else (0, None)."""
+    ref, window, length = _WINDOW_MASKS.get(id(mask), (None, 0, None))
+    return (window, length) if ref is not None and ref() is mask else (0, None)
 
 
 def marked_window(mask: mx.array) -> int:
     """The window mark_window_mask recorded for this very array, else 0."""
-    ref, window = _WINDOW_MASKS.get(id(mask), (None, 0))
-    return window if ref is not None and ref() is mask else 0
+    return mask_marks(mask)[0]
 
 
 class WindowKVCache:
@@ -127,12 +148,31 @@ class WindowKVCache:
         held, past = self.offset - self.start, self._past()
         if self.keys is None or held + n > self.keys.shape[2]:  # compact to `keep`, then room to grow
             keep = min(held, self.window - 1 + self.slack)
-            shape = (*lead, keep + n + self.step, key_dim)
-            k, v = mx.zeros(shape, key_dtype), mx.zeros((*shape[:3], value_dim), value_dtype)
-            if keep:
-                k[..., :keep, :], v[..., :keep, :] = self.keys[..., held - keep : held, :], self.values[..., held - keep : held, :]
-            self.keys, self.values, self.start, held = k, v, self.offset - keep, keep
+            self._move(keep, keep + n + self.step, lead, key_dim, value_dim, key_dtype, value_dtype)
+            held = keep
         return held, past
+
+    def fixed_room(self, n: int, capacity: int) -> None:
+        """Room for n more rows in buffers of exactly `capacity` positions (a compiled step's: one shape a
+        request, step_graph.py), compacted as `reserve` compacts when they would not fit. capacity must hold
+        window - 1 + slack + n."""
+        held = self.offset - self.start
+        if self.keys.shape[2] == capacity and held + n <= capacity:
+            return
+        keep = min(held, self.window - 1 + self.slack)
+        assert keep + n <= capacity, (keep, n, capacity)
+        k, v = self.keys, self.values
+        self._move(keep, capacity, k.shape[:2], k.shape[3], v.shape[3], k.dtype, v.dtype)
+
+    def _move(self, keep: int, size: int, lead: tuple, key_dim: int, value_dim: int, key_dtype: mx.Dtype,
+              value_dtype: mx.Dtype) -> None:
+        """New buffers of `size` positions holding the newest `keep` positions first."""
+        held = self.offset - self.start
+        shape = (*lead, size, key_dim)
+        k, v = mx.zeros(shape, key_dtype), mx.zeros((*shape[:3], value_dim), value_dtype)
+        if keep:
+            k[..., :keep, :], v[..., :keep, :] = self.keys[..., held - keep : held, :], self.values[..., held - keep : held, :]
+        self.keys, self.values, self.start = k, v, self.offset - keep
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         keys, values = (a.astype(self.stored_dtype(a.dtype)) for a in (keys, values))  # as HalfKVCache stores them

@@ -22,8 +22,10 @@ Each row count's first pass is also built eagerly (kernels check and time themse
 which a trace cannot) and the compiled pass is checked against it once: the same bits, or close
 (another fusion of elementwise ops; every decoding pass runs compiled, so speculation stays exact),
 or compiled steps go off for the model (`status()` says how each row count matched).
-Caches other than mlx-lm's KVCache (and mlxspec's HalfKVCache) -- sliding windows, recurrent
-states, quantized caches -- and models that cannot trace this way run eagerly, as before.
+Sliding-window layers (mlxspec's WindowKVCache: Gemma 2/3/4, gpt-oss, Cohere 2 ...) keep one buffer
+capacity for good, compacted when full (`window_capacity`), with their own buffer position as an array
+next to the model's; their rows see their last `window` keys there. Caches other than these --
+recurrent states, quantized caches -- and models that cannot trace this way run eagerly, as before.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from .cache import HalfKVCache, KVView
+from .cache import REWIND_SLACK, HalfKVCache, KVView, WindowKVCache
 from .features import target_forward
 from .kernels.passes import DECODE_ROWS
 
 log = logging.getLogger(__name__)
 
-COMPILABLE = (KVCache, HalfKVCache)  # exactly these types: subclasses may store or mask otherwise
+COMPILABLE = (KVCache, HalfKVCache, WindowKVCache)  # exactly these types: subclasses may store or mask otherwise
 MAX_ROWS = DECODE_ROWS  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
 CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
 MAX_GROWTH = 4096  # cache capacities double up to this many positions, then grow by it
@@ -81,16 +83,19 @@ class StepGraphs:
             return None
         for c in cache:
             _make_room(c, rows)
+        windows = tuple(c.window if type(c) is WindowKVCache else 0 for c in cache)
         offset = mx.array(cache[0].offset, dtype=mx.int32)
+        start = mx.array(next((c.start for c in cache if type(c) is WindowKVCache), 0), dtype=mx.int32)
         buffers = [a for c in cache for a in (c.keys, c.values)]
-        if name not in self._compiled:
-            self._compiled[name] = mx.compile(partial(self._traced, name, len(inputs)))
+        traced = partial(self._traced, name, len(inputs), windows)
+        if (name, windows) not in self._compiled:
+            self._compiled[(name, windows)] = mx.compile(traced)
         try:
             # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a trace
             # cannot: a row count's first pass is built eagerly too, and its compiled graph checked against it.
             first = (name, rows) not in self.checks
-            eager = self._traced(name, len(inputs), offset, *inputs, *buffers) if first else None
-            out = self._compiled[name](offset, *inputs, *buffers)
+            eager = traced(offset, start, *inputs, *buffers) if first else None
+            out = self._compiled[(name, windows)](offset, start, *inputs, *buffers)
             if first:
                 out = self._check(name, rows, eager, out)
         except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
@@ -125,15 +130,22 @@ class StepGraphs:
         log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", why)
 
     def _applies(self, rows: int, cache: list) -> bool:
-        return (self.off is None and 0 < rows <= MAX_ROWS and bool(cache)
-                and all(type(c) in COMPILABLE and c.keys is not None for c in cache))
+        if not (self.off is None and 0 < rows <= MAX_ROWS and bool(cache)
+                and all(type(c) in COMPILABLE and c.keys is not None for c in cache)):
+            return False
+        # Sliding-window layers share one mask, so they must share a window and a first kept position (they
+        # do: they fill and compact alike); their positions then travel as one array.
+        return len({(c.window, c.slack, c.start) for c in cache if type(c) is WindowKVCache}) <= 1
 
-    def _traced(self, name: str, n: int, offset: mx.array, *arrays: mx.array) -> list[mx.array]:
-        """A pass as a pure function of arrays: (position, n inputs, buffers) -> (outputs, buffers)."""
+    def _traced(self, name: str, n: int, windows: tuple[int, ...], offset: mx.array, start: mx.array,
+                *arrays: mx.array) -> list[mx.array]:
+        """A pass as a pure function of arrays: (position, sliding layers' first kept position, n inputs,
+        buffers) -> (outputs, buffers). windows: each cache's window (0: a full KV cache)."""
         inputs, buffers = arrays[:n], arrays[n:]
-        at = offset.reshape(1)
-        key_length = at + _rows(inputs)  # (1,): MLX's Metal kernels take a 0-d input by reference, not pointer
-        views = [KVView(buffers[i], buffers[i + 1], offset, at, key_length) for i in range(0, len(buffers), 2)]
+        full = offset.reshape(1)  # (1,): MLX's Metal kernels take a 0-d input by reference, not pointer
+        sliding = full - start  # a sliding layer's buffer row of the position (unused: not in the graph)
+        at = {False: (full, full + _rows(inputs)), True: (sliding, sliding + _rows(inputs))}  # row, keys that count
+        views = [KVView(buffers[2 * i], buffers[2 * i + 1], offset, *at[w > 0], w) for i, w in enumerate(windows)]
         return self._pass(name, inputs, views) + [a for v in views for a in (v.keys, v.values)]
 
     def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
@@ -161,17 +173,27 @@ def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool | tuple[int,
     return target_forward(model, x, cache, hidden if isinstance(hidden, tuple) else None)
 
 
-def _make_room(c: KVCache, rows: int) -> None:
+def _make_room(c, rows: int) -> None:
     """Room for `rows` more positions, in buffers of a bucket's capacity (`capacity`): every request
     then meets the same few capacities, each traced once per row count for the whole process (~20 ms a
     trace on the CPU), where KVCache's own growth (256 at a time, from wherever a prefill ended) would
-    give each prompt length its own series. A cache off the buckets (after a prefill) is moved once."""
+    give each prompt length its own series. A cache off the buckets (after a prefill) is moved once.
+    A sliding-window cache keeps one capacity for good, compacting when full (window_capacity)."""
+    if type(c) is WindowKVCache:
+        c.fixed_room(rows, window_capacity(c.window, c.slack))
+        return
     held, need = c.keys.shape[2], c.offset + rows
     if need <= held and held == capacity(held):
         return
     room = capacity(max(need, held)) - c.offset
     c.keys, c.values = (mx.concatenate([a[..., : c.offset, :], mx.zeros((*a.shape[:2], room, a.shape[3]), a.dtype)],
                                        axis=2) for a in (c.keys, c.values))
+
+
+def window_capacity(window: int, slack: int = REWIND_SLACK) -> int:
+    """A sliding-window cache's buffer in compiled steps: twice what it must keep (its window, the slack a
+    rewind may need, a pass's rows), so it compacts (a copy of that much) at most every ~half buffer."""
+    return capacity(2 * (window - 1 + slack + MAX_ROWS))
 
 
 def capacity(positions: int) -> int:

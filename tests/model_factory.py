@@ -111,6 +111,20 @@ def make_model_dir(
     return path
 
 
+SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 1024,
+         "rope_theta": 10000.0}
+
+
+def config_dir(path: Path, **config) -> Path:
+    """A random mlx-lm model of SMALL's size and this config (model_type and its own keys) at `path`."""
+    path.mkdir(parents=True, exist_ok=True)
+    config = SMALL | config | {"vocab_size": write_tokenizer(path), "eos_token_id": 1}
+    write_weights(path, config, 3, 0.6)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def build_model(config: dict, seed: int = 0, scale: float = 0.6):
     """An mlx-lm model of `config` with seeded random weights (mlx-lm's own classes)."""
     from mlx_lm.utils import _get_classes

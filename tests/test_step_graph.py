@@ -16,8 +16,9 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import make_prompt_cache
 
+from model_factory import config_dir
 from mlxspec.bench.memory import allocated
-from mlxspec.cache import HalfKVCache, KVView, rewind
+from mlxspec.cache import HalfKVCache, KVView, WindowKVCache, rewind
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
 from mlxspec.features import target_forward
@@ -26,7 +27,7 @@ from mlxspec.kernels.install import install_kernels
 from mlxspec.loading import load
 from mlxspec.options import GenerateOptions
 from mlxspec.settings import DecodeSettings
-from mlxspec.step_graph import StepGraphs
+from mlxspec.step_graph import StepGraphs, window_capacity
 
 PREFIX = 250  # six positions short of the caches' first 256-position capacity
 ON_CPU = mx.default_device() == mx.cpu  # on a GPU (device_check.sh) the GPU kernels are the ones installed
@@ -103,6 +104,54 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
     assert steps.off is None
     assert fused_in_traces(model) == fused(model)
     assert {g[1] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
+
+
+@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels"])
+def window_model(request, tmp_path_factory):
+    """A random Gemma 3 text model: sliding-window layers (window 8: mlxspec's WindowKVCache) between global ones."""
+    if request.param == "mlx-ops" and not ON_CPU:
+        pytest.skip(GPU_MLX_OPS)
+    path = config_dir(tmp_path_factory.mktemp("gemma3"), model_type="gemma3_text", sliding_window=8,
+                      sliding_window_pattern=2, query_pre_attn_scalar=16, rope_local_base_freq=1e4, num_hidden_layers=4)
+    m = load(str(path), "q4g32").model
+    if request.param == "cpu-kernels":
+        assert install_kernels(m, fuse=False)["attention"]["routed"]
+    return m
+
+
+def test_sliding_window_layers_compile_and_equal_eager_steps_through_compaction(window_model):
+    """Sliding layers keep one buffer capacity in compiled steps, compacting to their window and the
+    rewind slack when full: ~1,100 positions of passes and rewinds (two compactions) give eager steps' logits."""
+    eager, compiled = prefilled(window_model), prefilled(window_model)
+    sliding = [i for i, c in enumerate(compiled) if type(c) is WindowKVCache]
+    assert sliding and len(sliding) < len(compiled)
+    steps, starts = StepGraphs(window_model), set()
+    passes = ([1] * 3 + [5, -3, 8, -7, 2, 16, 16, 16]) * 20  # 56 positions a round
+    for i, rows in enumerate(passes):
+        if rows < 0:
+            rewind(eager, -rows)
+            rewind(compiled, -rows)
+            continue
+        x = ids(rows, seed=i + 1)
+        want, got = window_model(x, cache=eager), steps(x, compiled)
+        assert mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
+        starts.add(compiled[sliding[0]].start)
+    assert steps.off is None and {g[1] for g in steps.graphs} == {1, 2, 5, 8, 16}
+    capacity = window_capacity(8)
+    assert all(compiled[i].keys.shape[2] == capacity for i in sliding) and len(starts) >= 3  # compacted twice
+    for e, c in zip(eager, compiled):
+        assert c.offset == e.offset
+        if type(c) is WindowKVCache:  # the newest positions both still keep (at least window - 1 + slack)
+            keep = min(c.offset - c.start, e.offset - e.start)
+            assert keep >= 8 - 1 + c.slack
+            assert all(mx.array_equal(a[..., -keep:, :], b[..., -keep:, :]).item() for a, b in zip(c.state, e.state))
+        else:
+            assert all(mx.array_equal(a, b).item() for a, b in zip(held(c), held(e)))
+
+
+def test_rows_of_a_compiled_sliding_window_pass_equal_compiled_one_row_steps(window_model):
+    check = RowInvariance(window_model, forward=StepGraphs(window_model))
+    assert check.holds(9) and check.failures() == {}
 
 
 def test_buffers_double_as_they_fill(model):

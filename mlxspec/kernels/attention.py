@@ -24,7 +24,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from ..cache import marked_window
+from ..cache import mask_marks, marked_window
 from . import registry
 from .hooks import route_functions, unroute_functions
 from .passes import prompt_queries
@@ -232,10 +232,12 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
     if keys.dtype == mx.float32 and values.dtype in (mx.float16, mx.bfloat16):
         values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
     extra = ({"sinks": sinks} if sinks is not None else {}) | ({"softcap": softcap} if softcap else {})
-    length = getattr(cache, "key_length", None)  # a compiled step's cache (cache.KVView): its whole buffers
-    if length is not None:
-        if getattr(rec.fn, "lengths", False) and _usable(rec, queries, keys, values, cache, "causal", sinks, softcap):
-            return rec.fn(queries, keys, values, scale, True, length=length, **extra)
+    length, window = _in_buffer(cache, mask)
+    if length is not None:  # a compiled step's cache buffers: `length` of their keys count
+        fn = rec.fn
+        if (getattr(fn, "lengths", False) and (not window or getattr(fn, "windows", False))
+                and _usable(rec, queries, keys, values, cache, "causal", sinks, softcap)):
+            return fn(queries, keys, values, scale, True, length=length, **({"window": window} if window else {}), **extra)
         return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
     window = _window(cache, mask, rec.fn)
     if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks, softcap):
@@ -250,6 +252,15 @@ def _theirs(queries, keys, values, cache, scale: float, mask, sinks, softcap: fl
     if softcap:
         return softcapped_attention(queries, keys, values, scale, mask, softcap)
     return _mlx_lm_attention()(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+
+def _in_buffer(cache, mask) -> tuple[mx.array | None, int]:
+    """(keys that count, window) of a compiled step's cache (cache.KVView) or, for a layer given another's
+    keys without a cache (Gemma 4's KV-shared layers), of the mask that view made; (None, 0) otherwise."""
+    if cache is None and isinstance(mask, mx.array):
+        window, length = mask_marks(mask)
+        return length, window if length is not None else 0
+    return getattr(cache, "key_length", None), getattr(cache, "attention_window", 0)
 
 
 def _window(cache, mask, fn) -> int:

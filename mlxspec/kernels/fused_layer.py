@@ -262,6 +262,8 @@ def _applies(block, x: mx.array, mask, cache) -> bool:
     view = isinstance(cache, KVView)  # a compiled step: the mask is the view's causal rows over its buffer
     if not (isinstance(cache, KVCache) or window or view) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
         return False
+    if view and cache.window:  # a compiled step's sliding layer: the primitive takes one position (not yet two)
+        return False
     if not (isinstance(mask, mx.array) if window or view else
             mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
         return False

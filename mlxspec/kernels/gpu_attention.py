@@ -62,7 +62,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
         if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0 or (causal and m > keys)
                 or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
-                or (length is not None and (window or length.size != 1)) or softcap < 0):
+                or (length is not None and length.size != 1) or softcap < 0):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
                              f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
         f32 = mx.float32

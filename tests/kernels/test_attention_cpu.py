@@ -64,6 +64,20 @@ def test_sliding_window_rows_equal_one_row_calls_over_their_window(cpu_ext, wind
         cpu_sdpa_function()(q, k, v, 0.125, False, window=4)
 
 
+@pytest.mark.parametrize("window", [0, 7])
+def test_a_length_counts_keys_of_a_longer_buffer_windowed_or_not(cpu_ext, window):
+    """A compiled step passes its whole cache buffer and the keys that count (an array of its graph):
+    the same bits as a call over exactly those keys, for full and sliding-window layers alike."""
+    heads, kv_heads, dim, keys = 4, 2, 32, 40
+    q, k, v = inputs(heads, kv_heads, 5, 64, dim, dim, mx.float32, seed=9)
+    for isa in isas(cpu_ext):
+        sdpa = cpu_sdpa_function(isa)
+        for m in (1, 5):
+            cut = sdpa(q[:, :, :m], k[:, :, :keys], v[:, :, :keys], dim**-0.5, True, window=window)
+            whole = sdpa(q[:, :, :m], k, v, dim**-0.5, True, window=window, length=mx.array([keys], mx.int32))
+            assert mx.array_equal(cut, whole).item(), f"isa {sdpa.isa}, M={m}"
+
+
 @pytest.mark.parametrize("kv_dtype", [mx.float16, mx.bfloat16])
 def test_fp32_queries_over_a_half_cache_equal_fp32_attention_over_the_same_values(cpu_ext, kv_dtype):
     """fp32 queries with fp16/bf16 keys and values (read as fp32, exactly): the bits of an all-fp32 call."""

@@ -9,7 +9,7 @@ key of its own copy (the window is not chunk-aligned in the cache). Builds with 
 check with one sink logit per head (gpt-oss).
 The M-row launches read k / v as a cache view (capacity L + ROOM keys, strided), the 1-row launches
 over fewer keys read contiguous copies. A causal launch over the whole capacity with L a runtime value
-(as a compiled step launches it) == the causal launch over L keys.
+(as a compiled step launches it) == the causal launch over L keys, windowed or not.
 CHUNK is 64 here (256 in production, the same code) so a short L spans several chunks. The 1-row
 calls are unmasked: one compiled kernel serves every mask (the mask is a runtime value).
 """
@@ -103,6 +103,7 @@ int main(int argc, char** argv) {{
     save(out, attend(rows(q, M, i, 1, D), 1, rows(k, cap, lo, seen - lo, D), rows(v, cap, lo, seen - lo, DV),
                      seen - lo, seen - lo, false));
   }}
+  save(out, attend(q, M, k, v, L, cap, true, W, true));  // windowed over the whole buffer, L keys counting
 }}
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] = {{1, HKV, S, DV}};
@@ -184,7 +185,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     q, k, v, scale, sinks = inputs(tmp_path, case)
     run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
-    size = len(raw) // (7 * M + ODD)  # bytes of one row (H, DV)
+    size = len(raw) // (8 * M + ODD)  # bytes of one row (H, DV)
 
     def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
         a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
@@ -193,7 +194,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     causal, full = part(0, M, False), part(M, M, False)
     causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
     windowed, buffered = part(4 * M + ODD, M, False), part(5 * M + ODD, M, False)
-    windowed_rows = part(6 * M + ODD, M, True)
+    windowed_rows, windowed_buffered = part(6 * M + ODD, M, True), part(7 * M + ODD, M, False)
     used = sinks if with_sinks else None
     for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
         ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used, softcap)
@@ -203,6 +204,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     assert mx.array_equal(odd, causal[:, :, M - ODD :]).item(), f"a {ODD}-row causal call differs"
     assert mx.array_equal(windowed, windowed_rows).item(), "windowed rows differ from 1-row calls over their windows"
     assert mx.array_equal(buffered, causal).item(), "a launch over the whole buffer with L keys counting differs"
+    assert mx.array_equal(windowed_buffered, windowed).item(), "a windowed launch over the whole buffer differs"
     if with_sinks:  # the sinks are really used: without them the answer is another one
         ok, _ = attention_within_tolerance(causal, q, k, v, scale, True, softcap=softcap)
         assert not ok, "a launch with sinks gave the answer without them"

@@ -16,7 +16,6 @@ token at a time, kernels/rowwise.py); whatever is found open next goes in GAPS.
 from __future__ import annotations
 
 import copy
-import json
 
 import mlx.core as mx
 import pytest
@@ -24,26 +23,12 @@ import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from gguf_gemma4_fixtures import Gemma4, write_tiny_gemma4_gguf
 from gpu_emulation import emulate_gpu
-from model_factory import make_gemma4_dir, make_model_dir, make_qwen35_checkpoint, write_tokenizer, write_weights
+from model_factory import config_dir, make_gemma4_dir, make_model_dir, make_qwen35_checkpoint
 from test_gguf_archs import CASES as GGUF_CASES
 from mlxspec.engine import Engine
 from mlxspec.kernels import registry
 
 ROWS = 8  # a verify pass of draft length 7
-
-SMALL = {"hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5, "max_position_embeddings": 1024,
-         "rope_theta": 10000.0}
-
-
-def config_dir(path, **config):
-    """A random mlx-lm model of SMALL's size and this config (model_type and its own keys) at `path`."""
-    path.mkdir(parents=True, exist_ok=True)
-    config = SMALL | config | {"vocab_size": write_tokenizer(path), "eos_token_id": 1}
-    write_weights(path, config, 3, 0.6)
-    (path / "config.json").write_text(json.dumps(config))
-    return path
-
 
 HYBRID = Dims(layers=4, head_dim=32, rope_dims=8, experts=8, experts_used=3)
 FAMILIES = {  # name -> a function of a folder that writes the model and returns its path
