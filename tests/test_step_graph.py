@@ -85,10 +85,8 @@ def prefilled(model) -> list:
     return cache
 
 
-def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
-    eager, compiled = prefilled(model), prefilled(model)
-    steps = StepGraphs(model)
-    passes = [1, 1, 1, 5, -3, 1, 1, 1, 1, 2, -2, 8, 1]  # > 0: a pass of that many rows; < 0: rewind
+def run_both(model, steps: StepGraphs, eager: list, compiled: list, passes: list[int], after=lambda: None) -> None:
+    """Passes (> 0: that many rows; < 0: a rewind) eagerly and through the compiled steps: the same logits."""
     for i, rows in enumerate(passes):
         if rows < 0:
             rewind(eager, -rows)
@@ -97,6 +95,13 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
         x = ids(rows, seed=i + 1)
         want, got = model(x, cache=eager), steps(x, compiled)
         assert got.shape == want.shape and mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
+        after()
+
+
+def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
+    eager, compiled = prefilled(model), prefilled(model)
+    steps = StepGraphs(model)
+    run_both(model, steps, eager, compiled, [1, 1, 1, 5, -3, 1, 1, 1, 1, 2, -2, 8, 1])
     for e, c in zip(eager, compiled):
         assert c.offset == e.offset and all(mx.array_equal(a, b).item() for a, b in zip(held(c), held(e)))
         assert (c.keys.dtype, c.values.dtype) == (e.keys.dtype, e.values.dtype)  # float16 where HalfKVCache stores it
@@ -126,16 +131,8 @@ def test_sliding_window_layers_compile_and_equal_eager_steps_through_compaction(
     sliding = [i for i, c in enumerate(compiled) if type(c) is WindowKVCache]
     assert sliding and len(sliding) < len(compiled)
     steps, starts = StepGraphs(window_model), set()
-    passes = ([1] * 3 + [5, -3, 8, -7, 2, 16, 16, 16]) * 20  # 56 positions a round
-    for i, rows in enumerate(passes):
-        if rows < 0:
-            rewind(eager, -rows)
-            rewind(compiled, -rows)
-            continue
-        x = ids(rows, seed=i + 1)
-        want, got = window_model(x, cache=eager), steps(x, compiled)
-        assert mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
-        starts.add(compiled[sliding[0]].start)
+    run_both(window_model, steps, eager, compiled, ([1] * 3 + [5, -3, 8, -7, 2, 16, 16, 16]) * 20,  # 56 positions a round
+             lambda: starts.add(compiled[sliding[0]].start))
     assert steps.off is None and {g[1] for g in steps.graphs} == {1, 2, 5, 8, 16}
     capacity = window_capacity(8)
     assert all(compiled[i].keys.shape[2] == capacity for i in sliding) and len(starts) >= 3  # compacted twice
