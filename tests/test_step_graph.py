@@ -111,16 +111,20 @@ def test_compiled_steps_equal_eager_steps_through_growth_and_rewinds(model):
     assert {g[1] for g in steps.graphs} == {1, 2, 5, 8}  # one graph per row count (and capacity)
 
 
-@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels"])
+@pytest.fixture(scope="module", params=["mlx-ops", "cpu-kernels", "cpu-fused"])
 def window_model(request, tmp_path_factory):
     """A random Gemma 3 text model: sliding-window layers (window 8: mlxspec's WindowKVCache) between global ones."""
     if request.param == "mlx-ops" and not ON_CPU:
         pytest.skip(GPU_MLX_OPS)
+    if request.param.endswith("fused") and not ON_CPU:
+        pytest.skip("the fused blocks are CPU kernels")
     path = config_dir(tmp_path_factory.mktemp("gemma3"), model_type="gemma3_text", sliding_window=8,
                       sliding_window_pattern=2, query_pre_attn_scalar=16, rope_local_base_freq=1e4, num_hidden_layers=4)
     m = load(str(path), "q4g32").model
     if request.param == "cpu-kernels":
         assert install_kernels(m, fuse=False)["attention"]["routed"]
+    if request.param == "cpu-fused":  # sliding blocks in one primitive: its position and buffer row both arrays
+        assert install_kernels(m)["fused"]["fused"] == len(m.model.layers)
     return m
 
 
@@ -134,6 +138,7 @@ def test_sliding_window_layers_compile_and_equal_eager_steps_through_compaction(
     run_both(window_model, steps, eager, compiled, ([1] * 3 + [5, -3, 8, -7, 2, 16, 16, 16]) * 20,  # 56 positions a round
              lambda: starts.add(compiled[sliding[0]].start))
     assert steps.off is None and {g[1] for g in steps.graphs} == {1, 2, 5, 8, 16}
+    assert fused_in_traces(window_model) == fused(window_model)
     capacity = window_capacity(8)
     assert all(compiled[i].keys.shape[2] == capacity for i in sliding) and len(starts) >= 3  # compacted twice
     for e, c in zip(eager, compiled):

@@ -19,7 +19,9 @@ llama/qwen2/qwen3's block (qwen3: RMSNorm of each q and k head), gemma3's (qwen3
 sandwich norms, GeGLU, sliding windows; not in float16, where its residual adds clip) or phi3's
 (q/k/v and gate/up as one matmul each: row slices of them; not with its long-rope scaling).
 Inside a compiled step (step_graph.py) a block's cache is a KVView: the primitive takes the position
-as an array, read when the step runs, and that path is self-checked against the module path too.
+as an array, read when the step runs, and that path is self-checked against the module path too; a
+sliding layer's view takes its buffer row and its position as two arrays (they differ once its cache
+compacts) and reads from the row its window cache would return from.
 """
 
 from __future__ import annotations
@@ -254,15 +256,15 @@ def _stored_dtype(cache, keys: mx.Dtype) -> mx.Dtype | None:
 
 def _ok_key(x: mx.array, cache) -> tuple:
     """What a block's self-check verdict depends on besides its weights: x's dtype, the kind of cache."""
-    return x.dtype, type(cache), cache.keys.dtype if isinstance(cache, KVView) else getattr(cache, "half", False)
+    if isinstance(cache, KVView):
+        return x.dtype, KVView, cache.keys.dtype, cache.window > 0
+    return x.dtype, type(cache), getattr(cache, "half", False)
 
 
 def _applies(block, x: mx.array, mask, cache) -> bool:
     window = isinstance(cache, WindowKVCache)  # a sliding layer: the mask is the window the cache made
     view = isinstance(cache, KVView)  # a compiled step: the mask is the view's causal rows over its buffer
     if not (isinstance(cache, KVCache) or window or view) or x.ndim != 3 or x.shape[0] != 1 or mx.default_device() != mx.cpu:
-        return False
-    if view and cache.window:  # a compiled step's sliding layer: the primitive takes one position (not yet two)
         return False
     if not (isinstance(mask, mx.array) if window or view else
             mask is None if x.shape[1] == 1 else isinstance(mask, str) and mask == "causal"):
@@ -274,8 +276,8 @@ def _applies(block, x: mx.array, mask, cache) -> bool:
         kv = _stored_dtype(cache, mx.result_type(x.dtype, *(a.dtype for a in plan.key_parts)))
         if x.dtype not in (mx.float32, mx.float16, mx.bfloat16) or kv is None:
             return False
-        check = lambda: _self_check(block, x.dtype, _like(cache, kv), kv, view)  # noqa: E731
-        kind = ("window",) if window else ()
+        check = lambda: _self_check(block, x.dtype, _like(cache, kv), kv, cache.window if view else None)  # noqa: E731
+        kind = ("window",) if window or (view and cache.window) else ()
         plan.ok[key] = (_record().check((*plan.signature, str(x.dtype), str(kv), *kind), check) is None, kv)
     return plan.ok[key][0]
 
@@ -284,6 +286,8 @@ def _like(cache, kv: mx.Dtype):
     """A fresh, empty cache of this one's kind (its window, slack and storage; a view's: the KVCache
     that stores `kv`, its buffers' dtype)."""
     if isinstance(cache, KVView):  # (a HalfKVCache stores float16 keys as they come, float32 ones as float16)
+        if cache.window:
+            return lambda: WindowKVCache(cache.window, half=kv == mx.float16)
         return HalfKVCache if kv == mx.float16 else KVCache
     if isinstance(cache, WindowKVCache):
         return lambda: WindowKVCache(cache.window, cache.slack, half=cache.half)
@@ -313,7 +317,8 @@ def fused_forward(plan: LayerPlan, x: mx.array, cache, parents: tuple[int, ...] 
     as its update_and_fetch would, and attention reads the rows that would return, over its window."""
     rows, prev, kv = x.shape[1], cache.offset, plan.ok[_ok_key(x, cache)][1]
     if isinstance(cache, KVView):  # a compiled step: the position is an array, the buffers have room
-        out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, cache.at, list(parents))
+        sliding = {"position": cache.offset, "window": cache.window} if cache.window else {}  # its own buffer row `at`
+        out, cache.keys, cache.values = plan.layer(x, cache.keys, cache.values, cache.at, list(parents), **sliding)
         return out
     if isinstance(cache, WindowKVCache):
         held, past = cache.reserve(rows, (1, plan.kv_heads), plan.head_dim, plan.head_dim, kv, kv)
@@ -326,23 +331,24 @@ def fused_forward(plan: LayerPlan, x: mx.array, cache, parents: tuple[int, ...] 
     return out
 
 
-def _self_check(block, dtype, make_cache, kv: mx.Dtype, view: bool = False) -> str | None:
+def _self_check(block, dtype, make_cache, kv: mx.Dtype, view: int | None = None) -> str | None:
     """The fused block equals the module path bit for bit: a 5-row prefix, then 1 and 3 rows, cache
-    (made by `make_cache`, holding `kv`) too. `view`: the fused calls go through KVViews over fixed
-    buffers with the position as an array (as a compiled step makes them)."""
+    (made by `make_cache`, holding `kv`) too. `view` (a window, 0 for none): the fused calls go through
+    KVViews over fixed buffers with the position as an array (as a compiled step makes them)."""
     base = getattr(type(block), FUSED_FROM)
     dims = block.input_layernorm.weight.shape[0]
     x = (mx.random.normal((1, 9, dims), key=mx.random.key(7)) * 2).astype(dtype)
-    a, b = make_cache(), _Views(block._mlxspec_plan, kv) if view else make_cache()
-    block._mlxspec_plan.ok[_ok_key(x, b.at(0, 0) if view else a)] = (True, kv)  # (the key being checked)
+    view_of = view is not None
+    a, b = make_cache(), _Views(block._mlxspec_plan, kv, view or 0) if view_of else make_cache()
+    block._mlxspec_plan.ok[_ok_key(x, b.at(0, 0) if view_of else a)] = (True, kv)  # (the key being checked)
     for lo, hi in ((0, 5), (5, 6), (6, 9)):
         rows = x[:, lo:hi]
         mask = a.make_mask(hi - lo) if isinstance(a, WindowKVCache) else "causal" if hi - lo > 1 else None
         want = base.__call__(block, rows, mask, a)
-        got = fused_forward(block._mlxspec_plan, rows, b.at(lo, hi - lo) if view else b)
+        got = fused_forward(block._mlxspec_plan, rows, b.at(lo, hi - lo) if view_of else b)
         if got.dtype != want.dtype or not mx.array_equal(got, want).item():
             return f"{hi - lo}-row output differs from the module path"
-        (ka, va), (kb, vb) = _held(a), b.held(hi) if view else _held(b)
+        (ka, va), (kb, vb) = _held(a), b.held(hi) if view_of else _held(b)
         if kb.dtype != ka.dtype or not (mx.array_equal(ka, kb).item() and mx.array_equal(va, vb).item()):
             return f"KV cache after {hi - lo} rows differs from the module path"
     return None
@@ -351,16 +357,16 @@ def _self_check(block, dtype, make_cache, kv: mx.Dtype, view: bool = False) -> s
 class _Views:
     """Fixed cache buffers seen through a KVView per call, as a compiled step sees its cache (the self-check's)."""
 
-    def __init__(self, plan: LayerPlan, kv: mx.Dtype, capacity: int = 16):
+    def __init__(self, plan: LayerPlan, kv: mx.Dtype, window: int = 0, capacity: int = 16):
         shape = (1, plan.kv_heads, capacity, plan.head_dim)
-        self.keys, self.values, self.view = mx.zeros(shape, kv), mx.zeros(shape, kv), None
+        self.keys, self.values, self.view, self.window = mx.zeros(shape, kv), mx.zeros(shape, kv), None, window
 
     def at(self, position: int, rows: int) -> KVView:
         """A view for `rows` rows at this position (over the buffers as the last view left them)."""
         if self.view is not None:
             self.keys, self.values = self.view.keys, self.view.values
         offset = mx.array(position, dtype=mx.int32)
-        self.view = KVView(self.keys, self.values, offset, offset.reshape(1), offset.reshape(1) + rows)
+        self.view = KVView(self.keys, self.values, offset, offset.reshape(1), offset.reshape(1) + rows, self.window)
         return self.view
 
     def held(self, positions: int) -> tuple[mx.array, mx.array]:

@@ -72,7 +72,8 @@ struct LayerParams {
   int position = 0;      // rope position of row 0 (the cache's row count `offset` unless a window cache compacted)
   int key_start = 0;     // first cache row attention reads
   int window = 0;        // rows see at most this many keys, their last ones (0: all)
-  bool dynamic = false;  // the offset is the last input (an int32 array, read when the step runs: a compiled step's)
+  bool dynamic = false;  // the offset is an input (an int32 array, read when the step runs: a compiled step's)
+  bool dynamic_position = false;  // so is the rope position (after the offset): a compiled step's sliding layer
   // A tree of rows (a verify pass over a draft tree): row m sits at position offset + depth[m] and
   // attends to the cache and its ancestors (bit j of visible[m]). tree == false: a causal chain.
   bool tree = false;
@@ -339,9 +340,15 @@ class FusedDecoderLayer : public mx::Primitive {
     enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(outputs[0]),
                   k = mx::array::unsafe_weak_copy(outputs[1]), v = mx::array::unsafe_weak_copy(outputs[2]), p = p_,
                   t = t_]() mutable {
+      if (p.dynamic_position) {
+        p.position = std::max(0, int(in.back().data<int32_t>()[0]));
+        in.pop_back();
+      }
       if (p.dynamic) {  // clamped to the room in the buffer (never read out of bounds; no throw in a task)
         const int room = int(in[kKeys_].shape(2)) - int(in[kX].shape(1));
-        p.offset = p.position = std::max(0, std::min(room, int(in.back().data<int32_t>()[0])));
+        p.offset = std::max(0, std::min(room, int(in.back().data<int32_t>()[0])));
+        if (!p.dynamic_position) p.position = p.offset;
+        if (p.window > 0) p.key_start = p.offset - std::min(p.offset, p.window - 1);  // as the window cache returns
         in.pop_back();
       }
       layer(in, out, k, v, p, t);
@@ -506,11 +513,15 @@ class FusedLayer {
   // parents (optional, L entries): row m's parent row (-1 for row 0, else < m): a tree pass.
   // position (rope; -1: offset), key_start (first cache row attention reads), window (0: none): a window cache's.
   // offset: an int, or an int32 array holding one (read when the step runs: a compiled step's position;
-  // then no window, key_start or position, and the buffers must have room for the rows from it).
+  // then no key_start, and the buffers must have room for the rows from it). With a window, a compiled
+  // step's sliding layer: position is an array too (its buffer's rows and the positions differ), and
+  // attention reads from the row a window cache would return from (offset - min(offset, window - 1)).
   std::vector<mx::array> operator()(const mx::array& x, const mx::array& keys, const mx::array& values,
                                     const std::variant<int, mx::array>& at, const std::vector<int>& parents,
-                                    int position, int key_start, int window) {
+                                    const std::variant<int, mx::array>& position, int key_start, int window) {
     const bool dynamic = std::holds_alternative<mx::array>(at);
+    const bool dynamic_position = std::holds_alternative<mx::array>(position);
+    const int fixed_position = dynamic_position ? -1 : std::get<int>(position);
     const int offset = dynamic ? 0 : std::get<int>(at);
     std::vector<mx::array> in;
     in.reserve(fixed_.size() + 3);
@@ -524,11 +535,13 @@ class FusedLayer {
     p.offset = offset;
     if (key_start < 0 || key_start > offset || window < 0)
       throw std::invalid_argument("mlxspec fused layer: key_start must be in [0, offset] and window >= 0");
-    p.position = position < 0 ? offset : position, p.key_start = key_start, p.window = window;
+    p.position = fixed_position < 0 ? offset : fixed_position, p.key_start = key_start, p.window = window;
     if (!parents.empty() && (window || key_start)) throw std::invalid_argument("mlxspec fused layer: no tree over a window");
     if (!parents.empty()) set_tree(p, parents, x.shape(1));
-    if (dynamic && (position >= 0 || key_start || window))
-      throw std::invalid_argument("mlxspec fused layer: an array offset takes no window, key_start or position");
+    if (dynamic && (fixed_position >= 0 || key_start || (window > 0) != dynamic_position))
+      throw std::invalid_argument("mlxspec fused layer: an array offset takes no key_start, and an array position "
+                                  "exactly with a window");
+    if (dynamic_position && !dynamic) throw std::invalid_argument("mlxspec fused layer: an array position needs an array offset");
     check_shapes(in, p);
     LayerTypes t = layer_types(in, p);
     const int L = x.shape(1), D = x.shape(2), KV = p.kv_heads, Dh = p.head_dim;
@@ -540,10 +553,16 @@ class FusedLayer {
       p.dynamic = true;
       in.push_back(mx::reshape(mx::astype(a, mx::int32, stream), {1}, stream));
     }
+    if (dynamic_position) {  // after the offset: read (and popped) first
+      const auto& a = std::get<mx::array>(position);
+      if (a.size() != 1) throw std::invalid_argument("mlxspec fused layer: an array position holds one number");
+      p.dynamic_position = true;
+      in.push_back(mx::reshape(mx::astype(a, mx::int32, stream), {1}, stream));
+    }
     auto outs = mx::array::make_arrays({{1, L, D}, {1, KV, L, Dh}, {1, KV, L, Dh}}, {t.out, t.kv, t.kv},
                                        std::make_shared<FusedDecoderLayer>(stream, p, t), in);
     if (dynamic) {  // written where the step runs, as step_graph.KVView writes
-      const auto& start = in.back();
+      const auto& start = in[in.size() - (dynamic_position ? 2 : 1)];
       return {outs[0], mx::slice_update(keys, outs[1], start, {2}, stream), mx::slice_update(values, outs[2], start, {2}, stream)};
     }
     const mx::Shape start{0, 0, offset, 0}, stop{1, KV, offset + L, Dh};
