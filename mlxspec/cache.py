@@ -70,6 +70,16 @@ class KVView:
         return self.window
 
 
+class StateView(ArraysCache):
+    """A recurrent layer's ArraysCache (linear attention, SSMs) as a compiled step sees it: its state
+    arrays, inputs of the trace that the layer replaces as it runs (one sequence: no lengths or padding).
+    An ArraysCache itself, since models test for one (qwen3_next's last layer)."""
+
+    def __init__(self, arrays: list[mx.array]):
+        super().__init__(len(arrays))
+        self.cache = list(arrays)
+
+
 def store_kv_in_half(model: nn.Module) -> None:
     """Make this model's caches (every make_prompt_cache(model), mlx-lm's included) HalfKVCaches where
     they would be plain KVCaches, and its WindowKVCaches (`exact_windows` first) half-storing ones;

@@ -161,7 +161,7 @@ class ChainRound:
         if saved and n < draft.count:  # back to before the pass, then the kept rows again
             rewind(cache, draft.count + 1)
             restore(saved)
-            v.target(x[None, : n + 1], cache=cache)
+            v.steps(x[None, : n + 1], cache)  # as every pass runs: compiled where decoding passes are
         else:
             rewind(cache, draft.count - n)
         if hidden is None:

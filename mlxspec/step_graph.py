@@ -35,15 +35,15 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
 
-from .cache import REWIND_SLACK, HalfKVCache, KVView, WindowKVCache
+from .cache import REWIND_SLACK, HalfKVCache, KVView, StateView, WindowKVCache
 from .features import target_forward
 from .kernels.passes import DECODE_ROWS
 
 log = logging.getLogger(__name__)
 
-COMPILABLE = (KVCache, HalfKVCache, WindowKVCache)  # exactly these types: subclasses may store or mask otherwise
+COMPILABLE = (KVCache, HalfKVCache, WindowKVCache, ArraysCache)  # exactly these: subclasses may store or mask otherwise
 MAX_ROWS = DECODE_ROWS  # a pass of more rows (a prompt chunk) is built eagerly: prefill shapes vary too much to cache
 CLOSE = 1e-2  # a compiled pass may differ from the eager one by this share of the largest |logit|, no more
 MAX_GROWTH = 4096  # cache capacities double up to this many positions, then grow by it
@@ -60,7 +60,7 @@ class StepGraphs:
         caches = make_prompt_cache(model) if enabled and model is not None else []
         kinds = {type(c).__name__ for c in caches if type(c) not in COMPILABLE}
         if kinds:
-            self.off = f"off: its caches are not all KV caches ({', '.join(sorted(kinds))})"
+            self.off = f"off: its caches are not all KV caches or recurrent states ({', '.join(sorted(kinds))})"
         self._compiled: dict[str, object] = {}  # pass name -> its mx.compile'd function (made on first use)
         self.checks: dict[tuple[str, int], str] = {}  # (pass, rows) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
@@ -83,30 +83,32 @@ class StepGraphs:
             return None
         for c in cache:
             _make_room(c, rows)
-        windows = tuple(c.window if type(c) is WindowKVCache else 0 for c in cache)
-        offset = mx.array(cache[0].offset, dtype=mx.int32)
+        layout = tuple(_layout(c) for c in cache)
+        kv = [c for c in cache if type(c) is not ArraysCache]
+        offset = mx.array(kv[0].offset if kv else 0, dtype=mx.int32)
         start = mx.array(next((c.start for c in cache if type(c) is WindowKVCache), 0), dtype=mx.int32)
-        buffers = [a for c in cache for a in (c.keys, c.values)]
-        traced = partial(self._traced, name, len(inputs), windows)
-        if (name, windows) not in self._compiled:
-            self._compiled[(name, windows)] = mx.compile(traced)
+        buffers = [a for c in cache for a in _arrays(c)]
+        traced = partial(self._traced, name, len(inputs), layout)
+        if (name, layout) not in self._compiled:
+            self._compiled[(name, layout)] = mx.compile(traced)
         try:
             # A kernel's first call with a shape checks (and times) itself, evaluating arrays, which a trace
             # cannot: a row count's first pass is built eagerly too, and its compiled graph checked against it.
             first = (name, rows) not in self.checks
             eager = traced(offset, start, *inputs, *buffers) if first else None
-            out = self._compiled[(name, windows)](offset, start, *inputs, *buffers)
+            out = self._compiled[(name, layout)](offset, start, *inputs, *buffers)
             if first:
                 out = self._check(name, rows, eager, out)
         except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
             self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
-        self.graphs.add((name, rows, cache[0].keys.shape[2], *(str(a.dtype) for a in inputs)))
-        heads = len(out) - len(buffers)
-        for i, c in enumerate(cache):
-            c.keys, c.values = out[heads + 2 * i], out[heads + 2 * i + 1]
-            c.offset += rows
-        return out[:heads]
+        self.graphs.add((name, rows, kv[0].keys.shape[2] if kv else 0, *(str(a.dtype) for a in inputs)))
+        at = len(out) - len(buffers)
+        for c in cache:
+            n = len(_arrays(c))
+            _store(c, out[at : at + n], rows)
+            at += n
+        return out[: len(out) - len(buffers)]
 
     def _check(self, name: str, rows: int, eager: list, compiled: list) -> list:
         """The self-check of a row count's first compiled pass: its first output against the eager pass's
@@ -131,22 +133,25 @@ class StepGraphs:
 
     def _applies(self, rows: int, cache: list) -> bool:
         if not (self.off is None and 0 < rows <= MAX_ROWS and bool(cache)
-                and all(type(c) in COMPILABLE and c.keys is not None for c in cache)):
+                and all(type(c) in COMPILABLE and _ready(c) for c in cache)):
             return False
         # Sliding-window layers share one mask, so they must share a window and a first kept position (they
         # do: they fill and compact alike); their positions then travel as one array.
         return len({(c.window, c.slack, c.start) for c in cache if type(c) is WindowKVCache}) <= 1
 
-    def _traced(self, name: str, n: int, windows: tuple[int, ...], offset: mx.array, start: mx.array,
+    def _traced(self, name: str, n: int, layout: tuple[tuple, ...], offset: mx.array, start: mx.array,
                 *arrays: mx.array) -> list[mx.array]:
         """A pass as a pure function of arrays: (position, sliding layers' first kept position, n inputs,
-        buffers) -> (outputs, buffers). windows: each cache's window (0: a full KV cache)."""
-        inputs, buffers = arrays[:n], arrays[n:]
+        buffers) -> (outputs, buffers). layout: each cache's kind (_layout), in order."""
+        inputs, buffers = arrays[:n], list(arrays[n:])
         full = offset.reshape(1)  # (1,): MLX's Metal kernels take a 0-d input by reference, not pointer
         sliding = full - start  # a sliding layer's buffer row of the position (unused: not in the graph)
         at = {False: (full, full + _rows(inputs)), True: (sliding, sliding + _rows(inputs))}  # row, keys that count
-        views = [KVView(buffers[2 * i], buffers[2 * i + 1], offset, *at[w > 0], w) for i, w in enumerate(windows)]
-        return self._pass(name, inputs, views) + [a for v in views for a in (v.keys, v.values)]
+        views = []
+        for kind, size in layout:
+            mine, buffers = buffers[: 2 if kind == "kv" else size], buffers[2 if kind == "kv" else size :]
+            views.append(KVView(*mine, offset, *at[size > 0], size) if kind == "kv" else StateView(mine))
+        return self._pass(name, inputs, views) + [a for v in views for a in _arrays(v)]
 
     def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
         """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden)."""
@@ -173,12 +178,42 @@ def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool | tuple[int,
     return target_forward(model, x, cache, hidden if isinstance(hidden, tuple) else None)
 
 
+def _layout(c) -> tuple[str, int]:
+    """What a trace must know of a cache: ("kv", its window or 0) or ("state", its number of arrays)."""
+    if isinstance(c, ArraysCache):
+        return "state", len(c.cache)
+    return "kv", c.window if type(c) is WindowKVCache else 0
+
+
+def _arrays(c) -> list[mx.array]:
+    """A cache's (or view's) arrays as a trace takes and gives them."""
+    return list(c.cache) if isinstance(c, ArraysCache) else [c.keys, c.values]
+
+
+def _store(c, arrays: list[mx.array], rows: int) -> None:
+    """A cache after a compiled pass of `rows` rows: the arrays it gave back."""
+    if isinstance(c, ArraysCache):
+        c.cache = list(arrays)  # a new list: a snapshot (cache.snapshot) keeps the old one
+    else:
+        c.keys, c.values = arrays
+        c.offset += rows
+
+
+def _ready(c) -> bool:
+    """Does a compiled pass have this cache's arrays (after a prefill), and no batch bookkeeping?"""
+    if isinstance(c, ArraysCache):
+        return all(a is not None for a in c.cache) and c.lengths is None and c.left_padding is None
+    return c.keys is not None
+
+
 def _make_room(c, rows: int) -> None:
     """Room for `rows` more positions, in buffers of a bucket's capacity (`capacity`): every request
     then meets the same few capacities, each traced once per row count for the whole process (~20 ms a
     trace on the CPU), where KVCache's own growth (256 at a time, from wherever a prefill ended) would
     give each prompt length its own series. A cache off the buckets (after a prefill) is moved once.
     A sliding-window cache keeps one capacity for good, compacting when full (window_capacity)."""
+    if type(c) is ArraysCache:  # a recurrent state: fixed shapes already
+        return
     if type(c) is WindowKVCache:
         c.fixed_room(rows, window_capacity(c.window, c.slack))
         return

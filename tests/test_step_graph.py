@@ -14,11 +14,11 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
-from model_factory import config_dir
+from model_factory import config_dir, make_model_dir, make_qwen35_checkpoint
 from mlxspec.bench.memory import allocated
-from mlxspec.cache import HalfKVCache, KVView, WindowKVCache, rewind
+from mlxspec.cache import HalfKVCache, KVView, WindowKVCache, restore, rewind, snapshot
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
 from mlxspec.features import target_forward
@@ -312,15 +312,51 @@ def test_a_model_that_cannot_be_traced_runs_eagerly_and_says_why(tiny_llama, cap
     assert steps.status()["compiled"] is False
 
 
-def test_caches_other_than_kv_caches_run_eagerly(tmp_path):
-    from model_factory import make_model_dir
+def test_caches_other_than_kv_caches_and_recurrent_states_run_eagerly(tmp_path):
+    from mlx_lm.models.cache import QuantizedKVCache
 
-    model = load(str(make_model_dir(tmp_path / "hybrid", arch="qwen3_next"))).model  # recurrent layers
+    model = load(str(make_model_dir(tmp_path / "m", arch="llama", hidden=128, intermediate=256))).model  # head dim 32
+    model.make_cache = lambda: [QuantizedKVCache(group_size=32) for _ in model.layers]  # (this instance only)
     steps = StepGraphs(model)
-    assert steps.off and "cache" in steps.off
+    assert steps.off and "QuantizedKVCache" in steps.off
     a, b = make_prompt_cache(model), make_prompt_cache(model)
     x = ids(4)
     assert mx.array_equal(steps(x, a), model(x, cache=b)).item()
+
+
+@pytest.mark.parametrize("arch", ["qwen3_next", "granitemoehybrid", "qwen3_5"])
+def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_path, arch):
+    """Hybrid models (gated delta nets, Mamba-2) with per-op kernels: their recurrent states are arrays of a
+    compiled step too. Passes, and passes undone as a round undoes them (KV rows rewound, states restored
+    from a snapshot), give eager steps' logits, and rows of a compiled pass equal compiled one-row steps."""
+    if arch == "qwen3_5":
+        path = make_qwen35_checkpoint(tmp_path / arch, moe=True)
+    else:
+        path = make_model_dir(tmp_path / arch, arch=arch, layers=4, seed=3)
+    model = load(str(path)).model
+    install_kernels(model, fuse=False)
+    eager, compiled = make_prompt_cache(model), make_prompt_cache(model)
+    assert any(type(c) is ArraysCache for c in compiled)
+    for c in (eager, compiled):
+        model(ids(40), cache=c)
+    steps = StepGraphs(model)
+    for i, (rows, undo) in enumerate([(1, 0), (3, 0), (5, 4), (1, 0), (8, 6), (2, 0), (1, 0)]):
+        saved = [snapshot(eager), snapshot(compiled)]
+        x = ids(rows, seed=i + 1)
+        want, got = model(x, cache=eager), steps(x, compiled)
+        assert mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
+        if undo:  # as a round with rejected drafts: back to before the pass, then its kept rows again
+            for c, before in zip((eager, compiled), saved):
+                rewind(c, rows)
+                restore(before)
+            kept = x[:, : rows - undo]
+            model(kept, cache=eager), steps(kept, compiled)
+    assert steps.off is None and steps.graphs
+    for e, c in zip(eager, compiled):
+        pairs = zip(e.cache, c.cache) if type(c) is ArraysCache else zip(held(e), held(c))
+        assert all(mx.array_equal(a, b).item() for a, b in pairs)
+    check = RowInvariance(model, forward=steps)
+    assert check.holds(6) and check.failures() == {}
 
 
 def test_disabled_steps_are_the_model_itself(model):
