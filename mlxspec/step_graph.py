@@ -24,8 +24,9 @@ which a trace cannot) and the compiled pass is checked against it once: the same
 or compiled steps go off for the model (`status()` says how each row count matched).
 Sliding-window layers (mlxspec's WindowKVCache: Gemma 2/3/4, gpt-oss, Cohere 2 ...) keep one buffer
 capacity for good, compacted when full (`window_capacity`), with their own buffer position as an array
-next to the model's; their rows see their last `window` keys there. Caches other than these --
-recurrent states, quantized caches -- and models that cannot trace this way run eagerly, as before.
+next to the model's; their rows see their last `window` keys there. Recurrent layers (mlx-lm's
+ArraysCache: gated delta nets, Mamba-2) pass their state arrays through the trace (cache.StateView).
+Other caches (quantized KV caches) and models that cannot trace this way run eagerly, as before.
 """
 
 from __future__ import annotations
