@@ -257,7 +257,46 @@ def launch_overhead() -> dict:
             print(f"CUDA kernels: {detail()}", flush=True)
     out = {f"{name}_us": round(time_call(f, repeats=15, batch=op_batch()), 1) for name, f in fns.items()}
     out["build_us"] = build_overhead()
+    if backend == "cuda":
+        out["source_size"] = source_size_cost(x)
     print(f"launch overhead: {out}", flush=True)
+    return out
+
+
+PAD_KERNEL = """extern "C" __global__ void mlxspec_probe_pad(float* p) {  // never launched: it only adds SASS
+#pragma unroll
+  for (int i = 0; i < %d; ++i) p[(i * 37) %% 4096] = p[(i * 17) %% 4096] * 1.5f + float(i);
+}
+"""
+
+
+def pad_kernel(iterations: int) -> str:
+    """A never-launched kernel for a program's header: ~85 bytes of cubin an iteration (sm_90, NVRTC 13)."""
+    return PAD_KERNEL % iterations
+
+
+def source_size_cost(x: mx.array) -> dict:
+    """Microseconds a trivial custom kernel's call costs as its program (MLX's JIT: the source text) or binary
+    (kernels/cuda_cache.py: the cubin) grows, eager and inside mx.compile: MLX's CustomKernel hashes the whole
+    of it at every launch (std::hash: ~5.5 us for 32 KB on the dev VM's Xeon), and an eager call copies it too.
+    Our one-row qmm is ~13 KB of source and a 36 KB cubin, the 16-row one a 131 KB cubin."""
+    from mlxspec.kernels.cuda_cache import cuda_kernel
+
+    body = "y[threadIdx.x] = x[threadIdx.x] + 1.0f;"
+    launch = dict(grid=(32, 1, 1), threadgroup=(32, 1, 1), output_shapes=[x.shape], output_dtypes=[x.dtype])
+    out = {}
+    for kb in (0, 32, 128):
+        jit = mx.fast.cuda_kernel(name=f"mlxspec_probe_jit{kb}", input_names=["x"], output_names=["y"],
+                                  source=body + ("\n// " + "x" * kb * 1024 if kb else ""))
+        cached = cuda_kernel(name=f"mlxspec_probe_bin{kb}", input_names=["x"], output_names=["y"], source=body,
+                             header=pad_kernel(kb * 1024 // 85) if kb else "")
+        for label, k in (("jit", jit), ("cached", cached)):
+            call = lambda x_, k=k: k(inputs=[x_], **launch)[0]  # noqa: E731
+            compiled = mx.compile(call)
+            out[f"{label}_{kb}KB_us"] = round(time_call(lambda: call(x), repeats=15, batch=op_batch()), 1)
+            out[f"{label}_{kb}KB_compiled_us"] = round(time_call(lambda: compiled(x), repeats=15, batch=op_batch()), 1)
+        built = getattr(cached, "_built", {})
+        out[f"cached_{kb}KB_bytes"] = max((len(b) for _, b in built.values()), default=None)
     return out
 
 

@@ -113,3 +113,21 @@ def test_ncu_forward_runs_a_variant_s_forward_without_the_profiler():
         for variant in ("mlx", "kernels"):
             report = ncu_forward.main(["--variant", variant, "--quick", "--dry", "--layers", "2"])
             assert report["variant"] == variant and report["wall_ms"] > 0
+
+
+@pytest.mark.parametrize("kb", [32, 128])
+def test_the_source_size_probe_pads_a_cubin_to_its_size(bench, kb):
+    """source_size_cost times a trivial kernel whose stored cubin a never-launched kernel pads to ~kb KB (as our
+    qmm's: 36 KB at one row, 131 KB at 16): NVRTC must still unroll it to that size."""
+    from mlxspec.kernels import cuda_cache
+    from mlxspec.kernels.build import KernelUnavailable
+
+    homes = cuda_cache.nvidia_roots()
+    try:
+        nvrtc = cuda_cache.Nvrtc(cuda_cache.load_nvrtc(homes), cuda_cache.include_paths(homes))
+    except KernelUnavailable as e:
+        pytest.skip(f"NVRTC not installed ({e})")
+    entry, text = cuda_cache.program("mlxspec_probe_bin", ["x"], ["y"], "y[threadIdx.x] = x[threadIdx.x] + 1.0f;",
+                                     bench.pad_kernel(kb * 1024 // 85), [mx.float32], [1], [mx.float32], [])
+    binary, _ = nvrtc.compile(text, "sm_90", entry)
+    assert 0.75 * kb * 1024 < len(binary) < 1.25 * kb * 1024
