@@ -103,7 +103,7 @@ def test_shapes_are_int_arguments_after_the_outputs_in_input_order():
     assert "const int32_t x_shape[2] = {x_shape_0, x_shape_1};" in text and "b_shape" not in text
     assert "using T = __half;" in text and "constexpr int G = 64;" in text and "constexpr bool FLAG = true;" in text
     inputs = [mx.zeros((3, 5), f16), mx.zeros((7,)), mx.zeros((2, 4, 6), u32)]
-    assert cuda_cache.shape_scalars(["x", "b", "w"], inputs, body) == [3, 5, 2, 4, 6]
+    assert cuda_cache.shape_scalars(cuda_cache.shape_readers(["x", "b", "w"], body), inputs) == [3, 5, 2, 4, 6]
 
 
 class FakeNvrtc:
