@@ -23,10 +23,10 @@ which a trace cannot) and the compiled pass is checked against it once: the same
 (another fusion of elementwise ops; every decoding pass runs compiled, so speculation stays exact),
 or compiled steps go off for the model (`status()` says how each row count matched).
 Sliding-window layers (mlxspec's WindowKVCache: Gemma 2/3/4, gpt-oss, Cohere 2 ...) keep one buffer
-capacity for good, compacted when full (`window_capacity`), with their own buffer position as an array
-next to the model's; their rows see their last `window` keys there. Recurrent layers (mlx-lm's
-ArraysCache: gated delta nets, Mamba-2) pass their state arrays through the trace (cache.StateView).
-Other caches (quantized KV caches) and models that cannot trace this way run eagerly, as before.
+capacity for good (`window_capacity`: a little over the window), compacted when full, with their own
+buffer position as an array next to the model's; their rows see their last `window` keys there.
+Recurrent layers (mlx-lm's ArraysCache: gated delta nets, Mamba-2) pass their state arrays through the
+trace (cache.StateView). Other caches (quantized KV caches) and models that cannot trace this way run eagerly, as before.
 """
 
 from __future__ import annotations
@@ -227,9 +227,11 @@ def _make_room(c, rows: int) -> None:
 
 
 def window_capacity(window: int, slack: int = REWIND_SLACK) -> int:
-    """A sliding-window cache's buffer in compiled steps: twice what it must keep (its window, the slack a
-    rewind may need, a pass's rows), so it compacts (a copy of that much) at most every ~half buffer."""
-    return capacity(2 * (window - 1 + slack + MAX_ROWS))
+    """A sliding-window cache's buffer in compiled steps: what it must keep (its window, the slack a rewind
+    may need, a pass's rows) and room to run on before it compacts (a copy of what it keeps) -- 256
+    positions or a quarter window -- in multiples of 256 (Gemma 2's 4096-key window: 5,376 positions)."""
+    need = window - 1 + slack + MAX_ROWS + max(256, window // 4)
+    return -(-need // 256) * 256
 
 
 def capacity(positions: int) -> int:
