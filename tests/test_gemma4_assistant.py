@@ -57,11 +57,16 @@ def write_assistant(path, target_dir, seed: int = 3, ordered: bool = False, **ex
     return path
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("ordered", [False, True], ids=["tied-head", "clustered-head"])
-def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path, ordered):
+def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path, ordered, compiled, monkeypatch):
+    """Its draft law is the assistant's by hand over exactly the keys it reads; compiled draft steps read
+    the target's whole buffers with the keys that count and the window as a mask, to the same law."""
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1" if compiled else "0")
     engine = Engine.load(str(target), drafter=f"mtp:{write_assistant(tmp_path / 'a', target, ordered=ordered)}")
     drafter, model = engine.drafter, engine.target.model
     assert isinstance(drafter, AssistantDrafter) and drafter.name == "mtp"
+    assert (drafter._compiled is not None) == compiled
     ids = engine.tokenizer.encode(PROMPTS[0])
     assert len(ids) > WINDOW + 2
     first = [t for e in engine.generate(PROMPTS[0], GenerateOptions(max_tokens=1, temperature=0)) for t in e.tokens]
@@ -103,8 +108,10 @@ def test_it_reads_the_targets_keys_and_values_and_hidden_state(target, tmp_path,
     assert gap(law(len(ids) - 1, 1.0)) > 1e-3  # the embedding scaled as the target's (1.2)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("ordered", [False, True], ids=["tied-head", "clustered-head"])
-def test_greedy_speculation_with_the_assistant_is_plain_decoding(target, tmp_path, ordered):
+def test_greedy_speculation_with_the_assistant_is_plain_decoding(target, tmp_path, ordered, compiled, monkeypatch):
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1" if compiled else "0")
     folder = write_assistant(tmp_path / "a", target, ordered=ordered)
     plain, drafted = Engine.load(str(target)), Engine.load(str(target), drafter=f"mtp:{folder}", min_confidence=0.0)
     assert_drafts_keep_plain_tokens(plain, drafted, PROMPTS, 24)

@@ -75,7 +75,7 @@ def make_drafter(spec: str, target, draft=None, min_confidence: float | None = N
             raise MlxspecError(f"the block of {spec!r} was not fetched: resolve its source first (Engine.load does)")
         confidence = MTP_MIN_CONFIDENCE if min_confidence is None else min_confidence
         if source is not None and is_assistant(Path(source)):  # Gemma 4's: its own drafter, over the target's cache
-            return AssistantDrafter(target, Path(source), confidence)
+            return AssistantDrafter(target, Path(source), confidence, compiled)
         return MtpDrafter(target, target_file, compiled, confidence, source)
     if kind == "eagle3":
         if source is None:

@@ -6,16 +6,22 @@ and values of the target's last full-attention layer (all positions) and of its 
 the loop hands over with every verify pass (`wants_hidden`). Its draft steps all query that position; each
 feeds the token just drafted and the assistant's own projected hidden state. Nothing is read back to the
 host: the drafts stay lazy until the verify pass is read.
+
+Where decoding passes are compiled (on GPUs by default), a draft step is one compiled graph (`_step`): it
+reads the target's whole cache buffers with the number of keys that count and the sliding layers' window
+as a marked mask (cache.mark_window_mask: the attention kernels read only those keys, MLX's op masks the
+rest), so every step of a request replays one graph instead of building ~4 layers' ops in Python.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import WindowKVCache
+from ..cache import WindowKVCache, mark_window_mask
 from ..errors import MlxspecError
 from ..features import decoder_body, vocabulary_size
 from ..heads import gemma4_assistant
@@ -26,10 +32,11 @@ from .base import Draft, Drafter
 class AssistantDrafter(Drafter):
     wants_hidden = True
 
-    def __init__(self, target: nn.Module, path: Path, min_confidence: float = 0.0):
+    def __init__(self, target: nn.Module, path: Path, min_confidence: float = 0.0, compiled: bool = False):
         """`min_confidence` > 0: a chain stops after a draft given less than that probability (llama.cpp's
-        p-min for MTP drafters; a host read-back per draft step)."""
+        p-min for MTP drafters; a host read-back per draft step). `compiled`: draft steps replay a graph."""
         self.min_confidence = min_confidence
+        self._compiled = None  # set once the layer types are known (below)
         self.head = gemma4_assistant.read(path, target)
         self.name, self.config = "mtp", {"kind": "gemma4_assistant", "file": str(path)}
         body = decoder_body(target)
@@ -41,6 +48,8 @@ class AssistantDrafter(Drafter):
         if missing:
             raise MlxspecError(f"{path.name}: its {sorted(missing)[0]} layers have no such target layer to read")
         self.window = self.head.window  # its sliding layers read the target's keys within this of the query
+        if compiled:
+            self._compiled = mx.compile(partial(self._step_over_buffers, tuple(self.sources)))
         self.cache: list | None = None
         self.last: mx.array | None = None  # (Dt,) the target's hidden state of the last cached position
 
@@ -65,13 +74,18 @@ class AssistantDrafter(Drafter):
             return Draft.empty()
         position = self.cache[self.sources[self.head.layer_types[0]]].offset - 1  # the last cached position
         assert position == len(context) - 2, (position, len(context))
-        shared = {kind: self._keys_values(kind, self.cache[i]) for kind, i in self.sources.items()}
+        if self._compiled is not None:
+            buffers = [a for i in self.sources.values() for a in self._buffers(self.cache[i])]
+            at = mx.array(position, dtype=mx.int32)
+            step = lambda t, h_: self._compiled(t, h_, at, *buffers)  # noqa: E731
+        else:
+            shared = {kind: self._keys_values(kind, self.cache[i]) for kind, i in self.sources.items()}
+            step = lambda t, h_: self._step(t, h_, position, shared)  # noqa: E731
         keys = mx.random.split(key, k) if not sampling.greedy else [None] * k
         token, h = mx.array([context[-1]]), self.last[None, None]
         tokens, probs = [], []
         for i in range(k):
-            e = self.embed(token)[None] * self.scale  # (1, 1, Dt), as the target scales its embeddings
-            logits, h = self.head(mx.concatenate([e, h.astype(e.dtype)], -1), shared, position)
+            logits, h = step(token, h)
             logits = logits[0, 0, : self.vocab_size]
             if sampling.greedy:
                 token = mx.argmax(logits)[None]
@@ -86,6 +100,39 @@ class AssistantDrafter(Drafter):
                 if sure.item() < self.min_confidence:
                     break
         return Draft(mx.concatenate(tokens).astype(mx.uint32), mx.stack(probs) if probs else None, len(tokens))
+
+    def _step(self, token: mx.array, h: mx.array, position, shared: dict, masks: dict | None = None):
+        """One draft step: the token just chosen (1,) and h (1, 1, Dt) -> (logits (1, 1, V), h'), over
+        {layer type: (keys, values)} (`masks`: which of them count)."""
+        e = self.embed(token)[None] * self.scale  # (1, 1, Dt), as the target scales its embeddings
+        return self.head(mx.concatenate([e, h.astype(e.dtype)], -1), shared, position, masks)
+
+    def _step_over_buffers(self, kinds: tuple[str, ...], token: mx.array, h: mx.array, position: mx.array,
+                           *arrays: mx.array):
+        """_step as a compiled step takes it: per layer type (in `kinds` order) the target's whole key and
+        value buffers and the number of keys that count."""
+        per_kind = {kind: arrays[3 * i : 3 * i + 3] for i, kind in enumerate(kinds)}
+        shared = {kind: (k, v) for kind, (k, v, _) in per_kind.items()}
+        masks = {kind: self._mask(kind, k.shape[2], length) for kind, (k, _, length) in per_kind.items()}
+        return self._step(token, h, position, shared, masks)
+
+    def _mask(self, kind: str, buffer: int, length: mx.array) -> mx.array:
+        """(1, buffer) keys a step reads of a whole buffer: [0, length), a sliding type's last `window` of them;
+        marked with both, so the attention kernels read just those (cache.mark_window_mask)."""
+        window = self.window if kind == "sliding_attention" else 0
+        keys = mx.arange(buffer)[None]
+        mask = keys < length
+        if window:
+            mask = mask & (keys >= length - window)
+        return mark_window_mask(mask, window, length)
+
+    def _buffers(self, c) -> tuple[mx.array, mx.array, mx.array]:
+        """A target layer's whole key and value buffers (in time order from its first kept position) and the
+        number of keys held, (1,) int32: the inputs of a compiled step, whose shapes change only as they grow."""
+        first, held = (c.start, c.offset) if isinstance(c, WindowKVCache) else (0, c.offset)
+        if type(c).__name__ == "RotatingKVCache":
+            self._keys_values("sliding_attention", c)  # raises: not a cache it can read
+        return c.keys, c.values, mx.array([held - first], dtype=mx.int32)
 
     def _keys_values(self, kind: str, c) -> tuple[mx.array, mx.array]:
         """A target layer's cached keys and values the assistant reads, in time order: all of a full-attention

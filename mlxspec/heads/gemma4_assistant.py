@@ -70,11 +70,13 @@ class Gemma4Assistant(nn.Module):
         self.layer_types = list(args.layer_types[: args.num_hidden_layers])
         self.window = args.sliding_window
 
-    def __call__(self, x: mx.array, shared: dict, position: int) -> tuple[mx.array, mx.array]:
-        """(1, 1, 2 Dt) [embedding ; h], {layer type: (keys, values)} -> (logits (1, 1, V), h' (1, 1, Dt))."""
+    def __call__(self, x: mx.array, shared: dict, position, masks: dict | None = None) -> tuple[mx.array, mx.array]:
+        """(1, 1, 2 Dt) [embedding ; h], {layer type: (keys, values)} -> (logits (1, 1, V), h' (1, 1, Dt)).
+        `masks` {layer type: (1, keys)}: which of those keys count (a compiled step's whole buffers)."""
         h, offset = self.pre_projection(x), mx.array(position)
         for layer in self.model.layers:
-            h, _, _ = layer(h, None, None, shared_kv=shared[layer.layer_type], offset=offset)
+            mask = None if masks is None else masks[layer.layer_type]
+            h, _, _ = layer(h, mask, None, shared_kv=shared[layer.layer_type], offset=offset)
         y = self.model.norm(h)
         if "masked_embedding" in self:
             logits = self.masked_embedding(y, self.model.embed_tokens)
