@@ -113,8 +113,10 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
         return kernel(inputs=[rows, w, scales, biases], template=targs, output_shapes=[(*lead, n)],
                       output_dtypes=[out_type], **launch)[0]
 
-    def prepare(x_dtypes, scale_dtype, group_size: int, bits: int, mode: str = "affine") -> None:
-        """As the FMA qmm's prepare: the builds of 1 to 16 rows and a 72-row self-check (tiles, row tiles)."""
+    def prepare(x_dtypes, scale_dtype, group_size: int, bits: int, mode: str = "affine",
+                rows: tuple[int, ...] = (*range(1, MAX_ROWS + 1), 72)) -> None:
+        """As the FMA qmm's prepare: the builds of 1 to 16 rows and a 72-row self-check (tiles, row tiles);
+        `rows`: only those (the timing of another K split: timing.prefer_tensor_cores)."""
         own = [d for d in x_dtypes if mma.supports(d, group_size, bits, mode)]
         if fallback is not None and hasattr(fallback, "prepare"):
             fallback.prepare([d for d in x_dtypes if d not in own], scale_dtype, group_size, bits, mode)
@@ -123,9 +125,17 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
             kernel.prebuild([([d, mx.uint32, scale_dtype, scale_dtype], [2, 2, 2, 2], [out[d]],
                               mma.template_args(d, scale_dtype, out[d], group_size, bits, tiles or mma.tiles_for(m), m,
                                                 ksplit))
-                             for d in own for m in (*range(1, MAX_ROWS + 1), 72)])
+                             for d in own for m in rows])
 
-    qmm.prepare = prepare
+    variants: dict[int, Callable[..., mx.array]] = {ksplit: qmm}
+
+    def with_ksplit(other: int) -> Callable[..., mx.array]:
+        """This qmm with `other` warps splitting K: other bits, so a layer shape keeps one (timing.py)."""
+        if other not in variants:
+            variants[other] = cuda_mma_qmm_function(fallback, tiles, other)
+        return variants[other]
+
+    qmm.prepare, qmm.ksplit, qmm.with_ksplit = prepare, ksplit, with_ksplit
     return qmm
 
 

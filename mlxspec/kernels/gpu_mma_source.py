@@ -53,7 +53,7 @@ TILES = 1  # 16-column tiles per threadgroup: x's loads serve each; the bits do 
 # 1 tile, 177 / 184 / 209 / 548 with 2; 4096 x 14336 47 / 44 / 43 / 105 and 47 / 43 / 38 / 89.
 WIDE_FROM = 9
 KSPLIT = 4  # warps of a threadgroup, each taking every KSPLIT-th group of K: it orders the sums, so a
-# layer must keep one value (bench_gpu.py times 2 and 8 too, for a device session to choose)
+# layer shape keeps one value for every row count (timing.prefer_tensor_cores times 2 and 8 beside it)
 ROW_TILES = (1, 2, 4, 8)  # 8-row tiles a warp computes with each code it converts
 X_DTYPES = (mx.float16, mx.bfloat16)
 BITS = (2, 3, 4, 5, 6, 8)  # 4 and 8: whole codes a word; the others: a bit stream (STREAM_SETUP)

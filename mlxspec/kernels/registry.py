@@ -246,7 +246,15 @@ def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size
 
         with rec.spending("timing"):
             rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype)
-    return (mma, mma_why) if rec.chosen[signature] else (fma, why)
+    split = rec.chosen[signature]  # 0 / False: FMA; True or the default: mma; another: that K split's build
+    if not split:
+        return fma, why
+    if split is True or split == getattr(mma, "ksplit", split):
+        return mma, mma_why
+    other = mma.with_ksplit(split)
+    failure = rec.check(signature + (f"k{split}",), lambda: self_check(other, n, k, group_size, bits, scale_dtype,
+                                                                        rows=MMA_CHECK_ROWS))
+    return (fma, why) if failure else (other, f"{mma_why}, {split} warps on K")  # failed: the baseline
 
 
 def gather_for_layer(n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype,

@@ -154,24 +154,33 @@ def time_qmm(n: int, k: int, group_size: int, bits: int, scale_dtype, rows: tupl
 
 TENSOR_CORE_ROWS = (1, 8)  # a decoding step and a typical verify pass (k = 7)
 TENSOR_CORE_STEP_BUDGET = EXACT_BUDGET  # the tensor-core qmm may cost a decoding step this much for a faster round
+# Other K splits of the tensor-core qmm timed beside its default (gpu_mma_source.KSPLIT): each sums in
+# another order, so a layer shape keeps the one chosen for every row count. On an H200 (2026-11-27, one
+# run) 4096 x 14336 took 46.8 / 34.9 / 35.8 us at one row with 4 / 2 / 8 warps on K.
+OTHER_KSPLITS = (2, 8)
 
 
-def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, scale_dtype) -> bool:
-    """Time the FMA and the tensor-core qmm on this layer shape at 1 and 8 rows (cached on disk per
-    device and MLX version, shown by doctor). The tensor cores win when a decoding step plus an
-    8-row verify pass costs less with them, and one row at most TENSOR_CORE_STEP_BUDGET times the
-    FMA kernel's or MLX's own op's, whichever is dearer (plain decoding keeps exact mode's budget). On an H100 (2026-11-26) the vocabulary
-    head took 257 / 290 us at 1 / 8 rows with tensor cores, 247 / 570 with FMA: a 4% dearer step
-    for a verify pass at half the cost; the FMA kernel's cost grows with M, the tensor cores' does not."""
+def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, scale_dtype) -> int:
+    """Time the FMA qmm and the tensor-core qmm (its default K split and OTHER_KSPLITS, where it has them)
+    on this layer shape at 1 and 8 rows (cached on disk per device and MLX version, shown by doctor).
+    Returns the K split of the tensor-core build that serves the layer, 0 for the FMA kernel: of the
+    builds that win against FMA (tensor_cores_win), the cheapest decoding step + 8-row verify round.
+    On an H100 (2026-11-26) the vocabulary head took 257 / 290 us at 1 / 8 rows with tensor cores, 247 /
+    570 with FMA: a 4% dearer step for a verify pass at half the cost; the FMA kernel's cost grows with
+    M, the tensor cores' does not."""
     from .reference import random_quantized
     from .registry import kernel
 
     w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=mx.random.key(n + k))
-    times = {"qmm": {}, "qmm-mma": {}, "mlx": {}}  # family (or MLX's op) -> rows -> microseconds
-    for family, fn in (("qmm", fma), ("qmm-mma", mma)):
+    default = getattr(mma, "ksplit", True)  # (True: a qmm that says nothing of its split)
+    builds = {default: mma} | {ks: mma.with_ksplit(ks) for ks in OTHER_KSPLITS if hasattr(mma, "with_ksplit")}
+    _prepare([f for ks, f in builds.items() if ks != default], scale_dtype, group_size, bits)
+    times = {"fma": {}, "mlx": {}} | {ks: {} for ks in builds}  # kernel (or MLX's op) -> rows -> microseconds
+    for name, family, fn in [("fma", "qmm", fma)] + [(ks, "qmm-mma", f) for ks, f in builds.items()]:
         rec = kernel(family, "cuda")
         for m in TENSOR_CORE_ROWS:
             signature = f"{n}x{k} q{bits} g{group_size} {str(scale_dtype).split('.')[-1]} M={m}"
+            signature += f" k{name}" if name not in ("fma", default) else ""  # the default's as it always read
             entry = cached_timing(rec, signature)
             if entry is None:
                 x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
@@ -179,9 +188,21 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
                                                                bits=bits), batch=op_batch())
                 ours = time_call(lambda: fn(x, w, s, b, group_size, bits), batch=op_batch())
                 entry = record_timing(rec, signature, ours, theirs)
-            times[family][m] = entry["kernel_us"]
+            times[name][m] = entry["kernel_us"]
             times["mlx"][m] = min(times["mlx"].get(m, entry["mlx_us"]), entry["mlx_us"])  # timed with each
-    return tensor_cores_win(times["qmm"], times["qmm-mma"], times["mlx"])
+    rounds = {ks: sum(times[ks].values()) for ks in builds if tensor_cores_win(times["fma"], times[ks], times["mlx"])}
+    return min(rounds, key=lambda ks: (rounds[ks], ks != default)) if rounds else 0
+
+
+def _prepare(builds: list, scale_dtype, group_size: int, bits: int) -> None:
+    """Compile the timed launches (1 and 8 rows) of these builds at once, on threads (NVRTC runs outside the
+    GIL: ~2 s a program, one after another at their first calls otherwise; once per machine: cuda_cache.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    prepares = [f.prepare for f in builds if hasattr(f, "prepare")]
+    if prepares:
+        with ThreadPoolExecutor(len(prepares)) as pool:
+            list(pool.map(lambda p: p([scale_dtype], scale_dtype, group_size, bits, rows=TENSOR_CORE_ROWS), prepares))
 
 
 def tensor_cores_win(fma_us: dict, mma_us: dict, mlx_us: dict | None = None) -> bool:

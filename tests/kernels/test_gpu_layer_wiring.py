@@ -166,13 +166,70 @@ def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch,
     assert calls == [(want, 3)]
     status = {st["kernel"]: st for st in registry.status()}
     assert "64x128 q4 g64 float16 M=8" in status["cuda-qmm-mma"]["timings"]
-    assert list(status["cuda-qmm-mma"]["chosen"].values()) == [want == "mma"]
+    assert list(status["cuda-qmm-mma"]["chosen"].values()) == [True if want == "mma" else 0]  # (no K split said)
     with monkeypatch.context() as m:  # the next layer of this shape: decided once per shape and process
         m.setattr(timing, "prefer_tensor_cores", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decided again")))
         assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
     registry.reset()  # a new process: the choice comes from the timings on disk, not a new timing
     monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
     assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
+    registry.reset()
+
+
+def split_mma(calls: list, failing: tuple[int, ...] = ()):
+    """A stand-in tensor-core qmm of 4 warps on K whose other splits are stand-ins tagged mma-k2 / mma-k8
+    (those in `failing` give wrong values: they must fail their self-check)."""
+    builds = {}
+
+    def build(ksplit: int):
+        if ksplit not in builds:
+            qmm = tagged_qmm(calls, "mma" if ksplit == 4 else f"mma-k{ksplit}")
+            if ksplit in failing:
+                right = qmm
+                qmm = lambda *a, **k: right(*a, **k) * 2  # noqa: E731
+            qmm.ksplit, qmm.with_ksplit = ksplit, build
+            builds[ksplit] = qmm
+        return builds[ksplit]
+
+    return build(4)
+
+
+@pytest.mark.parametrize("k2_us, failing, want", [
+    ({1: 7.0, 8: 11.0}, (), "mma-k2"),  # a cheaper round with 2 warps on K: that build serves the layer
+    ({1: 9.0, 8: 12.5}, (), "mma"),  # a dearer round: the default split
+    ({1: 7.0, 8: 11.0}, (2,), "fma"),  # the timed choice fails its self-check: the baseline, FMA
+])
+def test_the_tensor_core_qmm_s_k_split_is_timed_per_layer_shape(monkeypatch, tmp_path, k2_us, failing, want):
+    """Each K split sums in its own order, so a layer shape keeps one for all its row counts: the one whose
+    step + 8-row round is cheapest among those that win against FMA, self-checked before any layer uses it."""
+    from mlxspec.kernels import timing
+
+    calls = []
+    serve(monkeypatch, {"qmm": lambda: tagged_qmm(calls, "fma"),
+                        "qmm-mma": (lambda: split_mma(calls, failing), "stand-in mma")})
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
+    us = {"fma": {1: 10.0, 8: 30.0}, "mma": {1: 8.0, 8: 12.0}, "mma-k2": k2_us, "mma-k8": {1: 12.0, 8: 12.0}}
+
+    def fake_time(fn, **kw):
+        before = len(calls)
+        fn()
+        if len(calls) == before:
+            return 10.0  # MLX's op
+        tag, rows = calls[-1]
+        return us[tag][rows]
+
+    monkeypatch.setattr(timing, "time_call", fake_time)
+    registry.reset()
+    fn, why = registry.kernel_for_layer(64, 128, 64, 4, mx.float16)
+    assert ("2 warps on K" in why) == (want == "mma-k2"), why
+    calls.clear()
+    w, s, b = mx.quantize(mx.ones((64, 128), mx.float16), group_size=64, bits=4)
+    fn(mx.ones((3, 128), mx.float16), w, s, b, 64, 4)
+    assert calls == [(want, 3)]
+    status = {st["kernel"]: st for st in registry.status()}["cuda-qmm-mma"]
+    assert list(status["chosen"].values()) == [2 if want != "mma" else 4]
+    assert {"64x128 q4 g64 float16 M=1", "64x128 q4 g64 float16 M=8 k2", "64x128 q4 g64 float16 M=8 k8"} <= set(status["timings"])
     registry.reset()
 
 

@@ -157,3 +157,22 @@ def test_attention_wrapper_makes_no_new_arrays_per_call():
     assert len({id(s["params"]) for s in partials[:3]}) == 1 and len({id(s["length"]) for s in partials}) == 1
     assert partials[3]["params"] is not partials[0]["params"]  # another scale: its own constants
     assert partials[3]["params"].tolist()[0] == 0.25 and partials[0]["params"].tolist()[:2] == [0.125, 1.0]
+
+
+def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(launches, monkeypatch):
+    """with_ksplit: the tensor-core qmm with another number of warps on K (its own template, one function
+    per split); prepare(rows=...) compiles just those launches (the timing of a split: 1 and 8 rows)."""
+    built = []
+    monkeypatch.setattr(StandIn, "prebuild", lambda self, todo: built.extend((self.name, dict(t[3])) for t in todo),
+                        raising=False)
+    qmm = gpu.cuda_mma_qmm_function(None)
+    k2 = qmm.with_ksplit(2)
+    assert (qmm.ksplit, k2.ksplit) == (4, 2) and qmm.with_ksplit(2) is k2 and qmm.with_ksplit(4) is qmm
+    w, s, b = weights()
+    k2(mx.zeros((3, 128), mx.float16), w, s, b, 64, 4)
+    assert launches[-1][2]["KSPLIT"] == 2
+    k2.prepare([mx.float16], mx.float16, 64, 4, rows=(1, 8))
+    assert [(name, t["KSPLIT"], t["RT"]) for name, t in built] == [(gpu.mma.NAME, 2, 1), (gpu.mma.NAME, 2, 1)]
+    built.clear()
+    qmm.prepare([mx.float16], mx.float16, 64, 4)
+    assert len(built) == gpu.MAX_ROWS + 1  # 1 to 16 rows and the 72-row self-check's
