@@ -248,7 +248,26 @@ def _gather_function(kernel, grouped=None) -> Callable[..., mx.array]:
         return kernel(inputs=inputs, template=targs, grid=(32, (n + COLS - 1) // COLS, rows), threadgroup=THREADGROUP,
                       output_shapes=[(rows, n)], output_dtypes=[out_type])[0]
 
+    def prepare(x_dtypes, scale_dtype, group_size: int, bits: int, mode: str = "affine") -> None:
+        """As the qmm's prepare: the gather's one-row build and the grouped one's row capacities (2, 4, 8, 16:
+        the rows an expert gets in a verify pass) for each activation dtype, compiled at once where they can."""
+        for k_, capacities in ((kernel, (1,)), (grouped, (2, 4, 8, MAX_ROWS))):
+            if not hasattr(k_, "prebuild"):
+                continue
+            biases_ndim = 3 if MODES[mode] == 0 else 1  # mxfp4's stand-in (_biases)
+            launches = []
+            for x_dtype in x_dtypes:
+                for rows in capacities:
+                    try:
+                        targs, out_type = _qmm_plan(x_dtype, scale_dtype, group_size, bits, mode, group_size, rows)
+                    except ValueError:  # a layout this kernel does not take: its check says so
+                        break
+                    launches.append(([x_dtype, mx.uint32, scale_dtype, scale_dtype, mx.uint32], [2, 3, 3, biases_ndim, 1],
+                                     [out_type], targs))
+            k_.prebuild(launches)
+
     gather_qmm.groups_experts = grouped is not None
+    gather_qmm.prepare = prepare
     return gather_qmm
 
 
@@ -256,4 +275,11 @@ def _dense_function(kernel) -> Callable[..., mx.array]:
     def dense(x: mx.array, w: mx.array) -> mx.array:
         return _rows(kernel, x, [w], w.shape[0], functools.partial(_dense_plan, x.dtype, w.dtype))
 
+    def prepare(dtype) -> None:
+        """Compile every row capacity's launch for `dtype` rows over `dtype` weights at once, where it can."""
+        if hasattr(kernel, "prebuild"):
+            kernel.prebuild([([dtype, dtype], [2, 2], [plan[1]], plan[0])
+                             for plan in (_dense_plan(dtype, dtype, rows) for rows in (1, 2, 4, 8, MAX_ROWS))])
+
+    dense.prepare = prepare
     return dense

@@ -329,6 +329,8 @@ def gather_self_check(gather, n: int, k: int, group_size: int, bits: int, scale_
     w, s, b = (None if mats[0][i] is None else mx.stack([m[i] for m in mats]) for i in range(3))
     ids = [1, 0, 1, 2, 0]
     indices = mx.array(ids, mx.uint32)
+    if hasattr(gather, "prepare"):  # its programs for this layout, compiled at once (cuda_cache.py)
+        gather.prepare(_x_dtypes(scale_dtype, mode), scale_dtype, group_size, bits, mode)
     for x_dtype in _x_dtypes(scale_dtype, mode):
         x = mx.random.normal((len(ids), k), key=keys[3]).astype(x_dtype)
         y = gather(x, w, s, b, indices, group_size, bits, mode=mode)

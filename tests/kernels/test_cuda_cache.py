@@ -207,24 +207,58 @@ def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_str
     assert "MLXSPEC_CUDA_CACHE=0" in cuda_cache.kernel_maker()[1]
 
 
+@pytest.fixture
+def compilers(tmp_path, launches, monkeypatch) -> dict:
+    """The GPU wrappers' kernels through the stored path with a stand-in NVRTC: kernel name -> its Compiler."""
+    from mlxspec.kernels import gpu
+
+    made = {}
+
+    def stored(**kw):
+        made[kw["name"]] = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path / kw["name"])
+        return cuda_cache.CachedCudaKernel(made[kw["name"]], kw["name"], kw["input_names"], kw["output_names"],
+                                           kw["source"], kw.get("header", ""))
+
+    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
+    monkeypatch.setattr(gpu, "cuda_kernel", stored)
+    return made
+
+
+def test_gather_and_dense_self_checks_compile_their_row_counts_at_once(compilers):
+    """MoE layers: the gather's one-row build and the grouped gather's row capacities (a verify pass gives an
+    expert up to 16 rows) in each activation dtype compile at the self-check; layer calls compile none. So do
+    the dense kernel's row capacities (float heads and layers)."""
+    from mlxspec.kernels import gpu, registry
+
+    gather = gpu.cuda_gather_qmm_function()
+    registry.gather_self_check(gather, 40, 128, 64, 4, f16)
+    prepared = {name: c.compiles for name, c in compilers.items()}
+    assert prepared == {gpu_source.GATHER_NAME: 2, gpu_source.GROUPED_NAME: 2 * 4}  # f16, f32; capacities 2-16
+    w, s, b = (mx.stack([a] * 3) for a in mx.quantize(mx.ones((40, 128), f16), group_size=64, bits=4))
+    for dtype in (f16, f32):
+        x, ids = mx.zeros((16, 128), dtype), mx.zeros((16,), mx.uint32)
+        gather(x, w, s, b, ids, 64, 4)
+        for per_expert in range(2, 17):
+            gather(x, w, s, b, ids, 64, 4, per_expert=per_expert)
+    assert {name: c.compiles for name, c in compilers.items()} == prepared
+    from mlxspec.kernels import dense
+
+    dense_fn = gpu.cuda_dense_function()
+    dense.self_check(dense_fn, 40, 128, bf16)
+    assert compilers[gpu_source.DENSE_NAME].compiles == 5  # row capacities 1 to 16
+    for rows in range(1, 17):
+        dense_fn(mx.zeros((rows, 128), bf16), mx.zeros((40, 128), bf16))
+    assert compilers[gpu_source.DENSE_NAME].compiles == 5
+
+
 @pytest.mark.parametrize("family", ["qmm", "qmm-mma"])
-def test_a_self_check_compiles_a_layout_s_programs_at_once_and_layers_compile_none(tmp_path, launches, monkeypatch,
-                                                                                   family):
+def test_a_self_check_compiles_a_layout_s_programs_at_once_and_layers_compile_none(compilers, family):
     """The registry's qmm self-check first has the kernel compile every launch a layer of that layout will
     make (row capacities 1-16 in each activation dtype; for the tensor cores every tile build up to the
     check's 72 rows, float32 rows going to the FMA kernel), on threads; the check and every later call of
     1 to 16 rows then find their programs built."""
     from mlxspec.kernels import gpu, registry
 
-    compilers = {}
-
-    def stored(**kw):
-        compilers[kw["name"]] = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path / kw["name"])
-        return cuda_cache.CachedCudaKernel(compilers[kw["name"]], kw["name"], kw["input_names"], kw["output_names"],
-                                           kw["source"], kw.get("header", ""))
-
-    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
-    monkeypatch.setattr(gpu, "cuda_kernel", stored)
     qmm = gpu.cuda_qmm_function() if family == "qmm" else gpu.cuda_mma_qmm_function(gpu.cuda_qmm_function())
     registry.self_check(qmm, 40, 128, 64, 4, f16, rows=registry.CHECK_ROWS if family == "qmm" else registry.MMA_CHECK_ROWS)
     prepared = {name: c.compiles for name, c in compilers.items()}  # (the stand-in launches give zeros: it fails)
