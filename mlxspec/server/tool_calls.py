@@ -115,6 +115,60 @@ def parse_qwen3_coder(text: str) -> Parsed | None:
     return (rest.strip(), calls) if calls and "<tool_call>" not in rest else None
 
 
+GEMMA4_OPEN, GEMMA4_CLOSE, GEMMA4_STRING = "<|tool_call>", "<tool_call|>", '<|"|>'
+_GEMMA4_CALL = re.compile(r"<\|tool_call>\s*call:([^{\s]+)\s*(\{.*?)(?:<tool_call\|>|$)", re.S)
+_GEMMA4_QUOTED = re.compile(r'<\|"\|>(.*?)<\|"\|>', re.S)
+_GEMMA4_BARE_KEY = re.compile(r"([,{])\s*(\w+)\s*:")
+
+
+def parse_gemma4(text: str) -> Parsed | None:
+    """Gemma 4: <|tool_call>call:NAME{key:value,...}<tool_call|>, repeated (Ollama's model/parsers/gemma4.go):
+    bare keys, strings between <|"|> marks, other values as JSON. A call cut by the end of generation
+    still counts if it reads whole once its string and braces are closed; stray closing tags are dropped."""
+    calls = []
+    for name, args in _GEMMA4_CALL.findall(text):
+        values = _gemma4_arguments(args)
+        if values is None:
+            return None
+        calls.append(ToolCall(name, values))
+    rest = _GEMMA4_CALL.sub("", text).replace(GEMMA4_CLOSE, "")
+    return (rest.strip(), calls) if calls and GEMMA4_OPEN not in rest else None
+
+
+def _gemma4_arguments(args: str) -> dict | None:
+    """Gemma 4's argument object as a dict: as written, else with an unclosed string or object closed."""
+    for candidate in (args, _gemma4_closed(args)):
+        try:
+            value = json.loads(_gemma4_json(candidate))
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def _gemma4_json(args: str) -> str:
+    """The object as JSON: each <|"|>string<|"|> held aside (it may hold anything), bare keys quoted."""
+    strings = []
+
+    def hold(match: re.Match) -> str:
+        strings.append(match[1])
+        return f"\x00{len(strings) - 1}\x00"
+
+    text = _GEMMA4_BARE_KEY.sub(r'\1"\2":', _GEMMA4_QUOTED.sub(hold, args))
+    return re.sub("\x00([0-9]+)\x00", lambda m: json.dumps(strings[int(m[1])]), text)
+
+
+def _gemma4_closed(args: str) -> str:
+    """A cut call's arguments closed: the open string (before a final brace, if any), then the object."""
+    text = args.rstrip()
+    if text.count(GEMMA4_STRING) % 2:
+        at = len(text) - 1 if text.endswith(("}", "]")) else len(text)
+        text = text[:at] + GEMMA4_STRING + text[at:]
+    opened = _GEMMA4_QUOTED.sub("", text)
+    return text + "}" * max(0, opened.count("{") - opened.count("}"))
+
+
 def typed_arguments(calls: list[ToolCall], tools: list | None) -> None:
     """Text arguments to the types their tool's JSON schema declares (integer, number, boolean,
     object, array, null); a value that does not read as its type stays text."""
@@ -161,12 +215,15 @@ FORMATS = {
     "hermes": Format(parse_hermes, ("<tool_call>",)),
     "llama3": Format(parse_llama3, ("<|python_tag|>",), leading=("{",)),
     "mistral": Format(parse_mistral, ("[TOOL_CALLS]",)),
+    "gemma4": Format(parse_gemma4, (GEMMA4_OPEN,)),
 }
 
 
 def detect(template: str | None) -> str | None:
     """The call format a chat template teaches its model; None: no known one (output stays text)."""
     template = template or ""
+    if GEMMA4_OPEN in template:
+        return "gemma4"
     if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<function=" in template and "<parameter=" in template:

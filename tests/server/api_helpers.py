@@ -107,3 +107,35 @@ def scripted_models(daemon, target, models: dict[str, tuple[str, list[str]]]):
         registry.loader = original
         for name in models:
             post(daemon.url + "/api/generate", {"model": name, "keep_alive": 0})
+
+
+def assert_splits_at_every_cut(fmt: str, tools: list, text: str, content: str, calls: list) -> None:
+    """A reply streamed in two pieces, cut anywhere, through a call format's Splitter: the same content
+    out before the end, nothing left over, the same calls."""
+    from mlxspec.server.tool_calls import FORMATS, Splitter
+
+    for cut in range(len(text) + 1):
+        s = Splitter(FORMATS[fmt], tools)
+        out = s.feed(text[:cut]) + s.feed(text[cut:])
+        rest, found = s.finish()
+        assert (out, rest, found) == (content, "", calls), cut
+
+
+def assert_clients_get_calls(url: str, model: str, messages: list, tools: list, content: str, call: tuple) -> None:
+    """The ollama client's chat, and the openai client's (whole and streamed), get this content and this one
+    call (name, arguments), the call markup kept out of the text."""
+    import ollama
+    import openai
+
+    reply = ollama.Client(host=url).chat(model=model, messages=messages, tools=tools).message
+    assert reply.content == content
+    assert [(c.function.name, dict(c.function.arguments)) for c in reply.tool_calls] == [call]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    choice = client.chat.completions.create(model=model, messages=messages, tools=tools).choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert (choice.message.tool_calls[0].function.name, json.loads(choice.message.tool_calls[0].function.arguments)) == call
+    chunks = [c for c in client.chat.completions.create(model=model, messages=messages, tools=tools, stream=True)
+              if c.choices]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == content
+    streamed = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in streamed] == [call]

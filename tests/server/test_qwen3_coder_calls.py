@@ -4,14 +4,11 @@ scripted engine (a tiny random model cannot be made to call)."""
 
 from __future__ import annotations
 
-import json
 
-import ollama
-import openai
 import pytest
 
-from api_helpers import post, scripted
-from mlxspec.server.tool_calls import FORMATS, Splitter, ToolCall, detect, parse_qwen3_coder, typed_arguments
+from api_helpers import assert_clients_get_calls, assert_splits_at_every_cut, post, scripted
+from mlxspec.server.tool_calls import ToolCall, detect, parse_qwen3_coder, typed_arguments
 from mlxspec.store import Manifest
 
 # The shape of Qwen3-Coder's template: tools in XML, the call format spelled out, ChatML turns.
@@ -50,12 +47,7 @@ def test_arguments_typed_by_the_schema_and_left_as_text_otherwise():
 
 
 def test_splitter_at_every_cut():
-    text = "".join(REPLY)
-    for cut in range(len(text) + 1):
-        s = Splitter(FORMATS["qwen3_coder"], [EDIT])
-        out = s.feed(text[:cut]) + s.feed(text[cut:])
-        rest, calls = s.finish()
-        assert (out, rest, calls) == ("I'll fix it.\n", "", [ToolCall("edit_file", WANT)]), cut
+    assert_splits_at_every_cut("qwen3_coder", [EDIT], "".join(REPLY), "I'll fix it.\n", [ToolCall("edit_file", WANT)])
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +61,4 @@ def coder(daemon, tiny_llama):
 
 
 def test_clients_get_typed_calls(daemon, coder):
-    reply = ollama.Client(host=daemon.url).chat(model=coder, messages=USER, tools=[EDIT]).message
-    assert reply.content == "I'll fix it.\n"
-    assert [(c.function.name, dict(c.function.arguments)) for c in reply.tool_calls] == [("edit_file", WANT)]
-    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
-    choice = client.chat.completions.create(model=coder, messages=USER, tools=[EDIT]).choices[0]
-    assert choice.finish_reason == "tool_calls"
-    assert json.loads(choice.message.tool_calls[0].function.arguments) == WANT
+    assert_clients_get_calls(daemon.url, coder, USER, [EDIT], "I'll fix it.\n", ("edit_file", WANT))
