@@ -18,7 +18,7 @@ from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
 from .harmony import HarmonySplitter, is_harmony
-from .thinking import ThinkSplitter, opens_thinking
+from .thinking import splitter_for
 from .tool_calls import detect, shows_tools
 
 FIM_TOKENS = [
@@ -96,11 +96,10 @@ def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think, te
     """What splits the reply's text: harmony's messages for gpt-oss (always: its reasoning channel is
     never content; calls come from its commentary channel), a think block where `think` asked for the
     reasoning, else nothing (None). `template`: a request's own, in place of the model's."""
-    if is_harmony(template or chat_template(engine, manifest)):
+    template = template or chat_template(engine, manifest)
+    if is_harmony(template):
         return HarmonySplitter()
-    if think and think != "none":
-        return ThinkSplitter(opens_thinking(engine.tokenizer.decode(ids[-8:])))
-    return None
+    return splitter_for(template, engine.tokenizer.decode(ids[-8:]), think)
 
 
 def chat_build(manifest: Manifest, name: str, messages: list[dict], tools: list | None, think, found):

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from api_helpers import post, scripted
-from mlxspec.server.thinking import ThinkSplitter, opens_thinking
+from mlxspec.server.thinking import ThinkSplitter, opens_thinking, splitter_for
 from mlxspec.store import Manifest
 
 TEMPLATE = (
@@ -40,6 +40,27 @@ def test_splitter_at_every_cut(text, inside, thinking, content):
 
 def test_a_prompt_that_opens_the_block():
     assert opens_thinking("<|im_start|>assistant\n<think>\n") and not opens_thinking("<|im_start|>assistant\n")
+
+
+GEMMA4 = "{% if enable_thinking %}<|think|>{% endif %}<|turn>model\n<|channel>"  # its template's markers
+GEMMA4_REPLY = "<|channel>thought\nThe user asks 2 + 2.<channel|>The answer is 4."
+
+
+@pytest.mark.parametrize("think, tail, text, thinking, content", [
+    (True, "<|turn>model\n", GEMMA4_REPLY, "The user asks 2 + 2.", "The answer is 4."),
+    (False, "<|turn>model\n", GEMMA4_REPLY, "", "The answer is 4."),  # thinking not asked for: dropped
+    (True, "<|turn>model\n", "No thinking, just 4.", "", "No thinking, just 4."),
+    (True, "<|channel>thought\n", "thought about it<channel|>4", "thought about it", "4"),  # opened by the prompt
+    (True, "<|turn>model\n", "<|channel>thoughtful cut", "thoughtful cut", ""),  # another name: kept
+])
+def test_gemma4_s_thinking_channel_at_every_cut(think, tail, text, thinking, content):
+    """Gemma 4 thinks in <|channel>thought\n ... <channel|> (Ollama's parser: the name dropped; without
+    `think` the block is dropped as well)."""
+    for cut in range(len(text) + 1):
+        s = splitter_for(GEMMA4, tail, think)
+        parts = [s.feed(text[:cut]), s.feed(text[cut:]), s.finish()]
+        assert ("".join(p[0] for p in parts), "".join(p[1] for p in parts)) == (thinking, content), cut
+    assert splitter_for(TEMPLATE, "", False) is None and splitter_for(TEMPLATE, "", True).open == "<think>"
 
 
 @pytest.fixture(scope="module")
