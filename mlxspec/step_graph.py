@@ -26,7 +26,8 @@ Sliding-window layers (mlxspec's WindowKVCache: Gemma 2/3/4, gpt-oss, Cohere 2 .
 capacity for good (`window_capacity`: a little over the window), compacted when full, with their own
 buffer position as an array next to the model's; their rows see their last `window` keys there.
 Recurrent layers (mlx-lm's ArraysCache: gated delta nets, Mamba-2) pass their state arrays through the
-trace (cache.StateView). Other caches (quantized KV caches) and models that cannot trace this way run eagerly, as before.
+trace (cache.StateView). Other caches (quantized KV caches) and models that cannot trace this way run
+eagerly, as before.
 """
 
 from __future__ import annotations
@@ -104,12 +105,12 @@ class StepGraphs:
             self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             return None
         self.graphs.add((name, rows, kv[0].keys.shape[2] if kv else 0, *(str(a.dtype) for a in inputs)))
-        at = len(out) - len(buffers)
+        heads = at = len(out) - len(buffers)  # the pass's outputs, then each cache's arrays in order
         for c in cache:
             n = len(_arrays(c))
             _store(c, out[at : at + n], rows)
             at += n
-        return out[: len(out) - len(buffers)]
+        return out[:heads]
 
     def _check(self, name: str, rows: int, eager: list, compiled: list) -> list:
         """The self-check of a row count's first compiled pass: its first output against the eager pass's
@@ -149,8 +150,9 @@ class StepGraphs:
         sliding = full - start  # a sliding layer's buffer row of the position (unused: not in the graph)
         at = {False: (full, full + _rows(inputs)), True: (sliding, sliding + _rows(inputs))}  # row, keys that count
         views = []
-        for kind, size in layout:
-            mine, buffers = buffers[: 2 if kind == "kv" else size], buffers[2 if kind == "kv" else size :]
+        for kind, size in layout:  # size: a KV cache's window (0: none), a state's number of arrays
+            count = 2 if kind == "kv" else size
+            mine, buffers = buffers[:count], buffers[count:]
             views.append(KVView(*mine, offset, *at[size > 0], size) if kind == "kv" else StateView(mine))
         return self._pass(name, inputs, views) + [a for v in views for a in _arrays(v)]
 

@@ -129,22 +129,26 @@ class AssistantDrafter(Drafter):
     def _buffers(self, c) -> tuple[mx.array, mx.array, mx.array]:
         """A target layer's whole key and value buffers (in time order from its first kept position) and the
         number of keys held, (1,) int32: the inputs of a compiled step, whose shapes change only as they grow."""
+        _readable(c)
         first, held = (c.start, c.offset) if isinstance(c, WindowKVCache) else (0, c.offset)
-        if type(c).__name__ == "RotatingKVCache":
-            self._keys_values("sliding_attention", c)  # raises: not a cache it can read
         return c.keys, c.values, mx.array([held - first], dtype=mx.int32)
 
     def _keys_values(self, kind: str, c) -> tuple[mx.array, mx.array]:
         """A target layer's cached keys and values the assistant reads, in time order: all of a full-attention
         layer's, the last `window` of a sliding one's (the positions within the window of the query)."""
-        if type(c).__name__ == "RotatingKVCache":
-            raise MlxspecError("Gemma 4's assistant reads the target's sliding-window cache in time order: "
-                               "a rotating cache is not one it can read")
+        _readable(c)
         first, held = (c.start, c.offset) if isinstance(c, WindowKVCache) else (0, c.offset)
         keys, values = c.keys[..., : held - first, :], c.values[..., : held - first, :]
         if kind == "sliding_attention":
             keys, values = keys[..., -self.window :, :], values[..., -self.window :, :]
         return keys, values
+
+
+def _readable(c) -> None:
+    """The assistant reads a target cache's keys in time order: not a rotating one's."""
+    if type(c).__name__ == "RotatingKVCache":
+        raise MlxspecError("Gemma 4's assistant reads the target's sliding-window cache in time order: "
+                           "a rotating cache is not one it can read")
 
 
 def _shared_layers(target: nn.Module) -> dict[str, int]:
