@@ -245,7 +245,10 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
     row_m[r] = m;
   }
   const int t_end = *std::max_element(seen.begin(), seen.end());
-  for (int t0 = 0; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
+  // Keys before every row's first (a window's, over a compiled step's whole buffer) are never read: start at
+  // the block holding the earliest first key (blocks keep their places, so each score is computed as before)
+  const int t_begin = p.visible ? 0 : *std::min_element(first.begin(), first.end()) / kKeys * kKeys;
+  for (int t0 = t_begin; t0 < t_end; t0 += kKeys) {  // scores: each key block read and transposed once
     int nk = std::min(kKeys, t_end - t0);
     prefetch_kv_rows(p, false, b, g, t0 + 2 * kKeys, t0 + 3 * kKeys);
     const float* rows_in[kKeys];
@@ -261,7 +264,7 @@ void sdpa_rows(const SdpaProblem& p, int b, int g, int r0, int r1) {
   }
   if (p.softcap > 0)  // elementwise, before each row's max: a row's scores do not depend on the others
     for (int r = 0; r < rows; ++r)
-      for (int t = 0; t < t_end; ++t) {
+      for (int t = t_begin; t < t_end; ++t) {
         float& s = scores[size_t(r) * p.T + t];
         s = p.softcap * std::tanh(s / p.softcap);
       }
