@@ -399,6 +399,31 @@ def test_engine_with_compiled_steps_decodes_the_same_tokens(tiny_llama, monkeypa
     assert drafting.drafter.steps.graphs and not reference.steps.graphs  # the draft model's steps compiled too
 
 
+@pytest.mark.parametrize("family", ["gemma3", "qwen3_next"])
+def test_engines_of_sliding_window_and_hybrid_models_decode_the_same_tokens_compiled(tmp_path, monkeypatch, family):
+    """Sliding-window (a draft model of the same kind drafting, its steps compiled too) and hybrid models
+    (prompt lookup): plain and speculative decoding through compiled steps give eager plain decoding's tokens."""
+    if family == "gemma3":
+        path = config_dir(tmp_path / family, model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
+                          query_pre_attn_scalar=16, rope_local_base_freq=1e4, num_hidden_layers=4)
+        extra = {"draft": str(path), "draft_quantize": "q4g32"}
+    else:
+        path, extra = make_model_dir(tmp_path / family, arch=family, layers=4, seed=3), {"drafter": "lookup"}
+    monkeypatch.setenv("MLXSPEC_COMPILE", "0")
+    reference = Engine.load(str(path), kernels="ops")
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")
+    plain, drafting = Engine.load(str(path), kernels="ops"), Engine.load(str(path), kernels="ops", **extra)
+    assert plain.info["compiled_steps"] == "on" and drafting.steps.off is None
+    for prompt in ("Once upon a time", "the cat and the cat and the cat and the"):
+        expected = [t for ev in reference.generate(prompt, GenerateOptions(max_tokens=40)) for t in ev.tokens]
+        assert [t for ev in plain.generate(prompt, GenerateOptions(max_tokens=40)) for t in ev.tokens] == expected
+        for k in (1, 3, 6):
+            events = list(drafting.generate(prompt, GenerateOptions(max_tokens=40, draft_length=k, adaptive=False)))
+            assert [t for ev in events for t in ev.tokens] == expected, f"k={k}"
+            assert events[-1].stats.exact is True
+    assert plain.steps.graphs and drafting.steps.graphs
+
+
 def test_compiled_steps_on_the_cpu_keep_the_fused_blocks(tiny_llama, monkeypatch):
     """MLXSPEC_COMPILE=1 on the CPU: the fused blocks run inside the compiled steps (not the per-op
     path, ~25% slower on SmolLM2), with eager decoding's tokens, plain and speculative."""
