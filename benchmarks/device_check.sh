@@ -103,9 +103,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 }
 # The default order puts first what no device session has measured yet: the 8B-shape forwards compiled (the
 # fourth session's eager ones cost 2.1x MLX's at one row; the new variants split that by part), the families
-# (gemma4, gemma2: never reached), the hybrid case and GGUF cases left unfinished, then the ops (SHAPES=
-# 4096x4096,6144x4096,28672x4096 for those not yet timed with the column-tile rule).
-for s in ${STEPS:-forward families hybrid exactness ops kernels mlxspec-bench engine logprobs-sampling compiled-steps \
+# (gemma4, gemma2: never reached), the hybrid case and GGUF cases left unfinished, the compiled steps (since
+# session 19 every family decodes through them on GPUs: sliding windows and hybrids too, never run on a device),
+# then the ops (SHAPES=4096x4096,6144x4096,28672x4096 for those not yet timed with the column-tile rule).
+for s in ${STEPS:-forward families hybrid exactness compiled-steps ops kernels mlxspec-bench engine logprobs-sampling \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
