@@ -9,10 +9,11 @@ Source: github.com/ollama/ollama at fb30760996871fa9460115c753afd2c60d4ab0f7 (20
 model/renderers/gemma4.go (last changed in 8a0016f826305b0672daaf02c6c55a34f844bba3), the names in
 model/renderers/renderer.go (rendererForName) and server/renderer_resolution.go (which variant "gemma4"
 means). Covered: system/developer, user and assistant messages, assistant turns continued across adjacent
-assistant messages, thinking stripped from assistant history, the generation prompt. Not covered: tools
-(the template never shows them, so a request offering them gets mlxspec's 400 "does not support tools"),
-tool calls and tool results in the history (refused: a template error, 400), thinking on (the template
-has no thinking switch: `think: true` is a 400; `think: false` renders as Ollama renders no thinking).
+assistant messages, thinking stripped from assistant history, the generation prompt, thinking on or off
+(`enable_thinking`: Ollama's `think`; the reply's <|channel>thought block is split off by
+server/thinking.py). Not covered: tools (the template never shows them, so a request offering them gets
+mlxspec's 400 "does not support tools"), tool calls and tool results in the history (refused: a template
+error, 400).
 """
 
 from __future__ import annotations
@@ -28,19 +29,23 @@ _GO_SPACE = r"' \t\n\v\f\r\x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u20
 
 
 def _gemma4(large: bool) -> str:
-    """Gemma4Renderer.Render (gemma4.go) for messages without tools, tool calls or thinking. No literal
-    newline outside string literals: the output is the same under any trim_blocks / lstrip_blocks."""
+    """Gemma4Renderer.Render (gemma4.go) for messages without tools or tool calls; thinking is the
+    template's `enable_thinking` (Ollama's think). No literal newline outside string literals: the output
+    is the same under any trim_blocks / lstrip_blocks."""
     return "".join([
         "{%- set _ws = " + _GO_SPACE + " -%}",
+        "{%- set _think = enable_thinking is defined and enable_thinking -%}",
         "{%- for m in messages -%}{%- if m.role == 'tool' or m.tool_calls -%}",
         "{{- raise_exception('tool calls and tool results: mlxspec does not render the gemma4 renderer\\'s tool format') -}}",
         "{%- endif -%}{%- endfor -%}",
         "{{- '<bos>' -}}",  # emitted as text: Gemma 4's tokenizer adds no BOS itself
         "{%- set _g = namespace(start=0, prev='') -%}",
-        # the first message, when system or developer, is the system turn (trimmed, even when empty)
-        "{%- if messages and messages[0].role in ['system', 'developer'] -%}",
-        "{{- '<|turn>system\\n' + (messages[0].content | trim(_ws)) + '<turn|>\\n' -}}",
-        "{%- set _g.start = 1 -%}{%- endif -%}",
+        # a system turn for a leading system or developer message (trimmed, even when empty) or for thinking
+        "{%- set _system = messages and messages[0].role in ['system', 'developer'] -%}",
+        "{%- if _system or _think -%}",
+        "{{- '<|turn>system\\n' + ('<|think|>\\n' if _think else '') -}}",
+        "{%- if _system -%}{{- messages[0].content | trim(_ws) -}}{%- set _g.start = 1 -%}{%- endif -%}",
+        "{{- '<turn|>\\n' -}}{%- endif -%}",
         "{%- for m in messages[_g.start:] -%}",
         "{%- set role = 'model' if m.role == 'assistant' else m.role -%}",
         # adjacent assistant messages continue one model turn
@@ -61,7 +66,9 @@ def _gemma4(large: bool) -> str:
         "{%- set _g.prev = m.role -%}",
         "{%- endfor -%}",
         # the generation prompt, always; the large models' renderer (emptyBlockOnNothink) adds an empty thought
-        "{{- '<|turn>model\\n" + ("<|channel>thought\\n<channel|>" if large else "") + "' -}}",
+        # where thinking is off
+        "{{- '<|turn>model\\n' -}}",
+        "{%- if not _think -%}{{- '" + ("<|channel>thought\\n<channel|>" if large else "") + "' -}}{%- endif -%}",
     ])
 
 

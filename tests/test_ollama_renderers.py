@@ -160,16 +160,15 @@ def test_show_names_the_renderer(store):
     contents = store.ollama_contents("ollama:gemma4:31b")
     shown = describe(ollama, contents)
     assert shown["renderer"] == "gemma4-large" and shown["template"] == renderers.TEMPLATES["gemma4-large"]
-    assert "'gemma4-large'" in shown["template_note"] and "without tools or thinking" in shown["template_note"]
+    assert "'gemma4-large'" in shown["template_note"] and "thinking too, without tools" in shown["template_note"]
     unknown = describe(ollama, store.ollama_contents("ollama:gemma4:unknown"))
     assert unknown["renderer"] == "qwen3.5" and "not one mlxspec renders" in unknown["template_note"]
     assert describe(ollama, store.ollama_contents("ollama:gemma4:none"))["renderer"] == ""
 
 
-def test_tools_and_thinking_are_refused_not_misrendered(engine, store):
-    """Ollama renders tools, tool calls and thinking in Gemma 4's own format, which this template does not:
-    offering tools is mlxspec's 400 "does not support tools", tool history a template error (400), think: true a
-    400; think: false renders as Ollama's thinking_explicitly_disabled case (no thinking at all)."""
+def test_tools_are_refused_not_misrendered(engine, store):
+    """Ollama renders tools and tool calls in Gemma 4's own format, which this template does not: offering
+    tools is mlxspec's 400 "does not support tools", tool history a template error (400)."""
     m = manifest(store)
     tools = [{"type": "function", "function": {"name": "bash", "description": "Run", "parameters": {"type": "object"}}}]
     with pytest.raises(ApiError) as err:
@@ -182,7 +181,32 @@ def test_tools_and_thinking_are_refused_not_misrendered(engine, store):
         with pytest.raises(ApiError) as err:
             chat_ids(engine, m, msgs)
         assert err.value.status == 400 and "tool calls" in err.value.message
-    with pytest.raises(ApiError):
-        think_variables(m.template, True)
-    user = [{"role": "user", "content": "Hi"}]
-    assert_renders(engine, chat_ids(engine, m, user, think=False), "<bos><|turn>user\nHi<turn|>\n<|turn>model\n")
+
+
+# gemma4_reference_test.go (8a0016f): thinking_no_system, thinking_system, thinking_explicitly_disabled, and
+# TestGemma4LargeRendererOmitsEmptyThoughtBlockWhenThinkingEnabled (the large variant, `tag` 31b)
+THINKING = [
+    ("e4b", True, [(U, "Hi")], "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("e4b", True, [(S, "You are helpful."), (U, "Hi")],
+     "<bos><|turn>system\n<|think|>\nYou are helpful.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("e4b", False, [(U, "Hi")], "<bos><|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("31b", True, [(U, "Hello")], "<bos><|turn>system\n<|think|>\n<turn|>\n<|turn>user\nHello<turn|>\n<|turn>model\n"),
+    ("31b", False, [(U, "Hello")], LARGE),
+]
+
+
+@pytest.mark.parametrize("tag, think, messages, expected", THINKING)
+def test_thinking_renders_as_ollamas_gemma4_renderer(engine, store, tag, think, messages, expected):
+    """Ollama's `think` is the template's enable_thinking: a system turn opening with <|think|>, and no empty
+    thought block on the large variant; the capability is listed, and the reply's block is split off."""
+    from mlxspec.server.facts import Facts
+    from mlxspec.server.thinking import CHANNEL_OPEN, splitter_for
+
+    m = manifest(store, tag)
+    assert think_variables(m.template, think) == {"enable_thinking": think}
+    assert "thinking" in Facts().capabilities(m) and "tools" not in Facts().capabilities(m)
+    msgs = [{"role": role, "content": content} for role, content in messages]
+    assert_renders(engine, chat_ids(engine, m, msgs, think=think), expected)
+    splitter = splitter_for(m.template, expected[-20:], think)
+    assert splitter.open == CHANNEL_OPEN and splitter.keep == think
+    assert splitter.feed("<|channel>thought\nhmm<channel|>4") == ("hmm" if think else "", "4")
