@@ -382,7 +382,7 @@ def template_problem(template: str | None) -> str | None:
 def template_note(template: str | None, renderer: str | None = None) -> str:
     if known := renderers.renderer_of(template):
         return (f"Ollama's built-in renderer {known!r} (its config names it), as a Jinja "
-                "chat template (mlxspec/renderers.py): chat renders as Ollama renders it, thinking too, without tools")
+                "chat template (mlxspec/renderers.py): chat renders as Ollama renders it, tools and thinking too")
     unknown = f"Ollama's built-in renderer {renderer!r} (its config names it) is not one mlxspec renders; " if renderer else ""
     if not template:
         return unknown + ("chat uses the GGUF's own chat template, or Ollama's default {{ .Prompt }}" if unknown else "")

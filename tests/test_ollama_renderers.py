@@ -18,7 +18,6 @@ from mlxspec import renderers
 from mlxspec.engine import Engine
 from mlxspec.ollama_store import describe
 from mlxspec.server.prompts import GeneratePrompt, chat_ids, generate_ids, think_variables, tool_format
-from mlxspec.server.requests import ApiError
 from mlxspec.store import Store
 
 SYSTEM = "You are helpful."
@@ -160,28 +159,125 @@ def test_show_names_the_renderer(store):
     contents = store.ollama_contents("ollama:gemma4:31b")
     shown = describe(ollama, contents)
     assert shown["renderer"] == "gemma4-large" and shown["template"] == renderers.TEMPLATES["gemma4-large"]
-    assert "'gemma4-large'" in shown["template_note"] and "thinking too, without tools" in shown["template_note"]
+    assert "'gemma4-large'" in shown["template_note"] and "tools and thinking too" in shown["template_note"]
     unknown = describe(ollama, store.ollama_contents("ollama:gemma4:unknown"))
     assert unknown["renderer"] == "qwen3.5" and "not one mlxspec renders" in unknown["template_note"]
     assert describe(ollama, store.ollama_contents("ollama:gemma4:none"))["renderer"] == ""
 
 
-def test_tools_are_refused_not_misrendered(engine, store):
-    """Ollama renders tools and tool calls in Gemma 4's own format, which this template does not: offering
-    tools is mlxspec's 400 "does not support tools", tool history a template error (400)."""
-    m = manifest(store)
-    tools = [{"type": "function", "function": {"name": "bash", "description": "Run", "parameters": {"type": "object"}}}]
-    with pytest.raises(ApiError) as err:
-        tool_format(engine, m, "ollama:gemma4:e4b", tools)
-    assert err.value.status == 400 and "does not support tools" in err.value.message
-    history = [{"role": "user", "content": "Hi"},
-               {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "bash", "arguments": {}}}]},
-               {"role": "tool", "content": "done", "tool_name": "bash"}]
-    for msgs in (history, history[:2]):
-        with pytest.raises(ApiError) as err:
-            chat_ids(engine, m, msgs)
-        assert err.value.status == 400 and "tool calls" in err.value.message
+# Tools as Ollama's renderer declares them, and the strings its reference tests give (gemma4_reference_test.go,
+# 8a0016f: bashDeclRef, readDeclRef, nestedDeclRef, arrayDeclRef, modeDeclRef, configureDeclRef, rawDeclRef,
+# nestedRequiredDeclRef, searchDeclRef); "derived" cases follow gemma4.go's formatting rules.
+def _tool(name, description, props=None, required=None):
+    params = {"type": "object"} | ({"properties": props} if props is not None else {}) | ({"required": required} if required else {})
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
 
+
+Q = '<|"|>'
+BASH = _tool("bash", "Run a command", {"command": {"type": "string", "description": "The command"}}, ["command"])
+READ = _tool("read", "Read a file", {"path": {"type": "string", "description": "File path"}}, ["path"])
+BASH_DECL = ("<|tool>declaration:bash{description:QRun a commandQ,parameters:{properties:{command:{description:QThe "
+             "commandQ,type:QSTRINGQ}},required:[QcommandQ],type:QOBJECTQ}}<tool|>").replace("Q", Q)
+READ_DECL = ("<|tool>declaration:read{description:QRead a fileQ,parameters:{properties:{path:{description:QFile pathQ,"
+             "type:QSTRINGQ}},required:[QpathQ],type:QOBJECTQ}}<tool|>").replace("Q", Q)
+SCHEMAS = [  # (tool, its declaration)
+    (_tool("create", "Create item", {"config": {"type": "object", "description": "Config", "properties": {
+        "enabled": {"type": "boolean", "description": "On/off"}}}, "name": {"type": "string", "description": "Name"}}),
+     "create{description:QCreate itemQ,parameters:{properties:{config:{description:QConfigQ,properties:{enabled:{"
+     "description:QOn/offQ,type:QBOOLEANQ}},type:QOBJECTQ},name:{description:QNameQ,type:QSTRINGQ}},type:QOBJECTQ}}"),
+    (_tool("batch", "Run batch", {"commands": {"type": "array", "description": "Commands", "items": {"type": "string"}}}),
+     "batch{description:QRun batchQ,parameters:{properties:{commands:{description:QCommandsQ,items:{type:QSTRINGQ},"
+     "type:QARRAYQ}},type:QOBJECTQ}}"),
+    (_tool("set_mode", "Set mode", {"mode": {"type": "string", "description": "The mode", "enum": ["fast", "slow"]}}),
+     "set_mode{description:QSet modeQ,parameters:{properties:{mode:{description:QThe modeQ,enum:[QfastQ,QslowQ],"
+     "type:QSTRINGQ}},type:QOBJECTQ}}"),
+    (_tool("configure", "Configure", {"config": {"type": "object", "description": "Config"}}),
+     "configure{description:QConfigureQ,parameters:{properties:{config:{description:QConfigQ,properties:{},"
+     "type:QOBJECTQ}},type:QOBJECTQ}}"),
+    (_tool("raw", "Raw input"), "raw{description:QRaw inputQ,parameters:{type:QOBJECTQ}}"),
+    (_tool("create_user", "Create user", {"profile": {"type": "object", "description": "Profile", "required": ["name"],
+                                                      "properties": {"name": {"type": "string", "description": "Name"},
+                                                                     "age": {"type": "number", "description": "Age"}}}}),
+     "create_user{description:QCreate userQ,parameters:{properties:{profile:{description:QProfileQ,properties:{age:{"
+     "description:QAgeQ,type:QNUMBERQ},name:{description:QNameQ,type:QSTRINGQ}},required:[QnameQ],type:QOBJECTQ}},"
+     "type:QOBJECTQ}}"),
+    (_tool("search", "Search", {"query": {"type": "string", "description": "Search query"}, "limit": {"type": "number"},
+                                "offset": {"type": "number", "description": "Start offset"}}),
+     "search{description:QSearchQ,parameters:{properties:{limit:{type:QNUMBERQ},offset:{description:QStart offsetQ,"
+     "type:QNUMBERQ},query:{description:QSearch queryQ,type:QSTRINGQ}},type:QOBJECTQ}}"),
+]
+
+
+def _call(name, args, id=None):
+    return {**({"id": id} if id else {}), "function": {"name": name, "arguments": args}}
+
+
+def _q(text: str) -> str:
+    return Q + text + Q
+
+
+TOOL_CASES = [  # (case, messages, tools, think, the string for the small variant)
+    ("tools_no_system", [(U, "Hi")], [BASH], False, "<bos><|turn>system\n" + BASH_DECL + "<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("declarations", [(U, "Hi")], [t for t, _ in SCHEMAS], False,
+     "<bos><|turn>system\n" + "".join("<|tool>declaration:" + d.replace("Q", Q) + "<tool|>" for _, d in SCHEMAS)
+     + "<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
+    ("tool_call_response", [(S, "You are helpful."), (U, "List files"), (A, "", [_call("bash", {"command": "ls"})]),
+                            {"role": "tool", "tool_name": "bash", "content": "file1.txt\nfile2.txt"}], [BASH], False,
+     "<bos><|turn>system\nYou are helpful." + BASH_DECL + "<turn|>\n<|turn>user\nList files<turn|>\n<|turn>model\n"
+     "<|tool_call>call:bash{command:" + _q("ls") + "}<tool_call|><|tool_response>response:bash{value:"
+     + _q("file1.txt\nfile2.txt") + "}<tool_response|>"),
+    ("tool_call_pending_response", [(S, "You are helpful."), (U, "List files"),
+                                    (A, "Let me check.", [_call("bash", {"command": "ls"})])], [BASH], False,
+     "<bos><|turn>system\nYou are helpful." + BASH_DECL + "<turn|>\n<|turn>user\nList files<turn|>\n<|turn>model\n"
+     "<|tool_call>call:bash{command:" + _q("ls") + "}<tool_call|>Let me check.<|tool_response>"),
+    ("full_round_trip", [(S, "You are helpful."), (U, "List files"), (A, "", [_call("bash", {"command": "ls"})]),
+                         {"role": "tool", "tool_name": "bash", "content": "file1.txt\nfile2.txt"},
+                         (A, "Here are the files."), (U, "Read file1.txt")], [BASH, READ], False,
+     "<bos><|turn>system\nYou are helpful." + BASH_DECL + READ_DECL + "<turn|>\n<|turn>user\nList files<turn|>\n"
+     "<|turn>model\n<|tool_call>call:bash{command:" + _q("ls") + "}<tool_call|><|tool_response>response:bash{value:"
+     + _q("file1.txt\nfile2.txt") + "}<tool_response|>Here are the files.<turn|>\n<|turn>user\nRead file1.txt<turn|>\n"
+     "<|turn>model\n"),
+    ("multiple_tool_calls_with_thinking_ids_and_continuation",
+     [(S, "You are a coding assistant."), (U, "List files, then read config."),
+      {"role": A, "content": "", "thinking": "Need the directory listing before reading the config.",
+       "tool_calls": [_call("bash", {"command": "ls -la"}, "call_bash"), _call("read", {"path": "config.json"}, "call_read")]},
+      {"role": "tool", "tool_call_id": "call_read", "content": '{"debug": true}'},
+      {"role": "tool", "tool_call_id": "call_bash", "content": "config.json\nmain.go"}, (A, "Config loaded.")],
+     [BASH, READ], True,
+     "<bos><|turn>system\n<|think|>\nYou are a coding assistant." + BASH_DECL + READ_DECL + "<turn|>\n<|turn>user\n"
+     "List files, then read config.<turn|>\n<|turn>model\n<|channel>thought\nNeed the directory listing before reading "
+     "the config.\n<channel|><|tool_call>call:bash{command:" + _q("ls -la") + "}<tool_call|><|tool_call>call:read{path:"
+     + _q("config.json") + "}<tool_call|><|tool_response>response:read{value:" + _q('{"debug": true}')
+     + "}<tool_response|><|tool_response>response:bash{value:" + _q("config.json\nmain.go")
+     + "}<tool_response|>Config loaded.<turn|>\n<|turn>model\n"),
+    ("derived: argument_values", [(U, "Add"), (A, "", [_call("add", {"b": 2.0, "a": 1, "x": 3.14, "ok": True, "n": None,
+                                                                   "l": [1, "two"], "m": {"k": "v"}})]),
+                                  {"role": "tool", "tool_name": "add", "content": "3"}], [], False,
+     "<bos><|turn>user\nAdd<turn|>\n<|turn>model\n<|tool_call>call:add{a:1,b:2,l:[1," + _q("two") + "],m:{k:" + _q("v")
+     + "},n:null,ok:true,x:3.14}<tool_call|><|tool_response>response:add{value:" + _q("3") + "}<tool_response|>"),
+    ("derived: thinking_after_tool_results", [(U, "Go"), (A, "", [_call("bash", {"command": "ls"})]),
+                                              {"role": "tool", "tool_name": "bash", "content": "ok"}], [BASH], True,
+     "<bos><|turn>system\n<|think|>\n" + BASH_DECL + "<turn|>\n<|turn>user\nGo<turn|>\n<|turn>model\n<|tool_call>call:bash{"
+     "command:" + _q("ls") + "}<tool_call|><|tool_response>response:bash{value:" + _q("ok") + "}<tool_response|>"
+     "<|channel>thought\n"),
+]
+
+
+def _messages(items) -> list[dict]:
+    return [m if isinstance(m, dict) else {"role": m[0], "content": m[1], **({"tool_calls": m[2]} if len(m) > 2 else {})}
+            for m in items]
+
+
+@pytest.mark.parametrize("tag", ["e4b", "31b"])
+@pytest.mark.parametrize("case, messages, tools, think, expected", TOOL_CASES, ids=[c[0] for c in TOOL_CASES])
+def test_tools_render_as_ollamas_gemma4_renderer(engine, store, tag, case, messages, tools, think, expected):
+    """Declarations in the system turn, an assistant's calls and their results in its model turn (by tool name or
+    call id), its thinking after the last user message; the large variant's empty thought only on a new turn."""
+    m = manifest(store, tag)
+    if tag == "31b" and not think and expected.endswith("<|turn>model\n"):
+        expected += "<|channel>thought\n<channel|>"
+    assert tool_format(engine, m, f"ollama:gemma4:{tag}", tools or None) == ("gemma4" if tools else None)
+    assert_renders(engine, chat_ids(engine, m, _messages(messages), tools or None, think=think), expected)
 
 # gemma4_reference_test.go (8a0016f): thinking_no_system, thinking_system, thinking_explicitly_disabled, and
 # TestGemma4LargeRendererOmitsEmptyThoughtBlockWhenThinkingEnabled (the large variant, `tag` 31b)
@@ -204,7 +300,7 @@ def test_thinking_renders_as_ollamas_gemma4_renderer(engine, store, tag, think, 
 
     m = manifest(store, tag)
     assert think_variables(m.template, think) == {"enable_thinking": think}
-    assert "thinking" in Facts().capabilities(m) and "tools" not in Facts().capabilities(m)
+    assert {"thinking", "tools"} <= set(Facts().capabilities(m))
     msgs = [{"role": role, "content": content} for role, content in messages]
     assert_renders(engine, chat_ids(engine, m, msgs, think=think), expected)
     splitter = splitter_for(m.template, expected[-20:], think)

@@ -213,7 +213,7 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
         if m.get("images"):
             raise ApiError(400, "this model does not support images")
         msg = {"role": "system" if role == "developer" else role, "content": content}
-        for key in ("tool_name", "name", "tool_call_id"):
+        for key in ("tool_name", "name", "tool_call_id", "thinking"):
             if m.get(key) is not None:
                 if not isinstance(m[key], str):
                     raise ApiError(400, f"messages[{i}].{key} must be a string")
