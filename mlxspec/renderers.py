@@ -14,7 +14,7 @@ assistant messages, thinking stripped from assistant history, the generation pro
 server/thinking.py), tools declared in the system turn (their JSON schemas as gemma4.go writes them), an
 assistant's calls and the tool results after them (named by tool name or call id) in its model turn, and an
 assistant's `thinking` after the last user message; the reply's calls are parsed by server/tool_calls.py.
-Not covered: images ([img-N] tags), `anyOf` unions in a schema (Ollama folds simple ones into type lists).
+Not covered: images ([img-N] tags).
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ _SEP = "\\x1f"  # joins a schema's type names inside the template
 # _list(xs): strings as [Q x Q, ...].
 # _props(props, top, skip): writeSchemaProperties, each property (sorted) as name:{description, enum (strings),
 #   items (arrays), nullable, properties and required (objects), type}. `top`: reached from the tool's
-#   parameters through `properties` (Ollama's typed ToolProperty: only its fields count, and several types
-#   print as one string "['A', 'B']"); inside `items`, several types print as a list. `skip`: an object
+#   parameters through `properties` (Ollama's typed ToolProperty: only its fields count, an anyOf of bare types
+#   is their union, and several types print as one string "['A', 'B']"); inside `items`, several types print
+#   as a list. `skip`: an object
 #   without `properties` lists its other keys' schemas (standard keys skipped).
 # _items(items): writeSchemaItemsSpec. _decl(tool): renderToolDeclaration.
 _MACROS = "".join([
@@ -70,7 +71,19 @@ _MACROS = "".join([
     "{%- set _c = namespace(comma=false) -%}",
     "{%- if prop['description'] is string and prop['description'] -%}",
     "{{- 'description:' + Q + prop['description'] + Q -}}{%- set _c.comma = true -%}{%- endif -%}",
-    "{%- set tn = _types(prop['type']) -%}{%- set types = tn.split(SEP) if tn else [] -%}",
+    "{%- set tn = _types(prop['type']) -%}",
+    # a typed property without a type whose anyOf branches each say only a type: their union (simpleAnyOfTypes)
+    "{%- set any = prop['anyOf'] -%}",
+    "{%- if top and not tn and any is iterable and any is not string and any is not mapping and any | length -%}",
+    "{%- set _a = namespace(ok=true, names=[]) -%}",
+    "{%- for b in any -%}",
+    "{%- if b is mapping and _types(b['type']) and not ('items' in b or b['description'] or b['enum']",
+    " or 'properties' in b or b['required'] or b['anyOf']) -%}",  # ('items' in b: b['items'] is dict.items)
+    "{%- for t in _types(b['type']).split(SEP) -%}{%- if t not in _a.names -%}{%- set _a.names = _a.names + [t] -%}",
+    "{%- endif -%}{%- endfor -%}",
+    "{%- else -%}{%- set _a.ok = false -%}{%- endif -%}{%- endfor -%}",
+    "{%- if _a.ok -%}{%- set tn = _a.names | join(SEP) -%}{%- endif -%}{%- endif -%}",
+    "{%- set types = tn.split(SEP) if tn else [] -%}",
     "{%- if top and types | length > 1 -%}{%- set types = [\"['\" + types | join(\"', '\") + \"']\"] -%}{%- endif -%}",
     "{%- set kind = types[0] if types else '' -%}",
     "{%- set enum = prop['enum'] -%}",

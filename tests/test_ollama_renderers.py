@@ -201,6 +201,14 @@ SCHEMAS = [  # (tool, its declaration)
      "create_user{description:QCreate userQ,parameters:{properties:{profile:{description:QProfileQ,properties:{age:{"
      "description:QAgeQ,type:QNUMBERQ},name:{description:QNameQ,type:QSTRINGQ}},required:[QnameQ],type:QOBJECTQ}},"
      "type:QOBJECTQ}}"),
+    # derived (gemma4.go): a property's anyOf of bare types is its type union, several types one string at the
+    # top level and a list inside items; other anyOf (a branch with more than a type) is no type at all
+    (_tool("open", "Open", {"path": {"description": "Path", "anyOf": [{"type": "string"}, {"type": "null", "title": "x"}]},
+                            "mode": {"anyOf": [{"type": "string"}], "enum": ["r", "w"]},
+                            "ids": {"type": "array", "items": {"type": ["integer", "null"]}},
+                            "other": {"anyOf": [{"type": "string", "description": "A"}]}}),
+     "open{description:QOpenQ,parameters:{properties:{ids:{items:{type:[QINTEGERQ,QNULLQ]},type:QARRAYQ},mode:{enum:"
+     "[QrQ,QwQ],type:QSTRINGQ},other:{},path:{description:QPathQ,type:Q['STRING', 'NULL']Q}},type:QOBJECTQ}}"),
     (_tool("search", "Search", {"query": {"type": "string", "description": "Search query"}, "limit": {"type": "number"},
                                 "offset": {"type": "number", "description": "Start offset"}}),
      "search{description:QSearchQ,parameters:{properties:{limit:{type:QNUMBERQ},offset:{description:QStart offsetQ,"
