@@ -52,6 +52,8 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/chat", {"model": "tiny", "messages": "hi"}, 400, "messages must be a list"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": 5}]}, 400, "content"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "assistant", "content": "", "thinking": 5}]}, 400,
+         "messages[0].thinking must be a string"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "think": True}, 400, "think: this model"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "think": "lots"}, 400, "think must be"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": "x"}, 400, "tools"),
