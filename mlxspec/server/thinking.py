@@ -82,8 +82,7 @@ def _partial(text: str, tag: str) -> int:
 
 def opens_thinking(prompt_tail: str, tag: str = OPEN) -> bool:
     """Did the rendered prompt end inside a think block (the template opened it)?"""
-    tail = prompt_tail.rstrip()
-    return tail.endswith(tag) or (tag == CHANNEL_OPEN and prompt_tail.endswith(CHANNEL_OPEN + CHANNEL_NAME))
+    return prompt_tail.rstrip().endswith(tag)
 
 
 def splitter_for(template: str | None, prompt_tail: str, think) -> ThinkSplitter | None:
@@ -92,6 +91,6 @@ def splitter_for(template: str | None, prompt_tail: str, think) -> ThinkSplitter
     asked = bool(think) and think != "none"
     if CHANNEL_OPEN in (template or ""):
         named = prompt_tail.endswith(CHANNEL_OPEN + CHANNEL_NAME)  # the prompt opened the channel, name and all
-        return ThinkSplitter(opens_thinking(prompt_tail, CHANNEL_OPEN), (CHANNEL_OPEN, CHANNEL_CLOSE),
+        return ThinkSplitter(named or opens_thinking(prompt_tail, CHANNEL_OPEN), (CHANNEL_OPEN, CHANNEL_CLOSE),
                              "" if named else CHANNEL_NAME, keep=asked)
     return ThinkSplitter(opens_thinking(prompt_tail)) if asked else None
