@@ -75,9 +75,9 @@ PARTIAL_CORE = """
   const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
   // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped as before
   float acc[HEADS][DPL], qd[HEADS][DPL], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
-  int64_t kd[DPL], vd[DPL];  // the lane's dims' offsets in a key and in a value row (the strides are runtime values)
+  int64_t vd[DPL];  // the lane's value dims' offsets in a value row (the strides are runtime values)
 #pragma unroll
-  for (int i = 0; i < DPL; ++i) kd[i] = (lane + 32 * i) * k_strides[3], vd[i] = (lane + 32 * i) * v_strides[3];
+  for (int i = 0; i < DPL; ++i) vd[i] = (lane + 32 * i) * v_strides[3];
 #pragma unroll
   for (int r = 0; r < HEADS; ++r) {
     const int64_t qr = hr[r] * q_strides[1] + mr[r] * q_strides[2];
@@ -89,37 +89,42 @@ PARTIAL_CORE = """
     run_max[r] = -3.0e38f, run_sum[r] = 0.0f;
   }
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
+  // a key's dims in 16-byte loads where they are contiguous and aligned (CUDA), else one by one: the same values
+  const bool wide = KEYS_WIDE(k, k_strides[1], k_strides[2], k_strides[3], D);
   const int first = start + c * CHUNK;
   for (int base = first; base < first + CHUNK && base < rows_max; base += 32) {  // uniform over the warp
-    const int t = base + lane;
+    const int t = base + lane;  // lane j scores key base + j: its loads are its own, all in flight at once
     const int count = rows_max - base < 32 ? rows_max - base : 32;
     bool on[HEADS];  // the slot's own call would run this block (its keys reach it)
     int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
+    float dot[HEADS];
 #pragma unroll
     for (int r = 0; r < HEADS; ++r) {
       on[r] = r < nh && base < rows[r];
       n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
+      dot[r] = 0.0f;
     }
-    float s[HEADS];  // lane j: key base + j's score, per head
+    const int64_t kr = k_head + int64_t(t < rows_max ? t : base) * k_strides[2];  // lanes past the keys read key base
 #pragma unroll
-    for (int r = 0; r < HEADS; ++r) s[r] = -3.0e38f;
-    for (int j = 0; j < count; ++j) {  // the lanes split key j's dims: one coalesced read serves every head
-      const int64_t kr = k_head + (base + j) * k_strides[2];
-      float kv[DPL];
+    for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31: q's come from lane d - 32 i by shuffle
+      if (32 * i < D) {  // uniform over the warp
+        const int n = D - 32 * i < 32 ? D - 32 * i : 32;
+        float kv[32];
+        LOAD_KEY(kv, k + kr + 32 * i * k_strides[3], k_strides[3], n, wide);
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) kv[i] = lane + 32 * i < D ? float(k[kr + kd[i]]) : 0.0f;
+        for (int u = 0; u < 32; ++u) {  // every dot runs over d = 0, 1, ..., D - 1 in order, in one lane
+          if (u < n) {  // uniform over the warp, as each on[r]
 #pragma unroll
-      for (int r = 0; r < HEADS; ++r) {
-        if (on[r] && j < n_keys[r]) {  // uniform over the warp
-          float part = 0.0f;
-#pragma unroll
-          for (int i = 0; i < DPL; ++i)
-            if (lane + 32 * i < D) part = FMA(qd[r][i], kv[i], part);
-          const float dot = lane_sum(part);  // one fixed-order sum: the same bits in every lane
-          if (lane == j) s[r] = cap > 0.0f ? cap * TANH(dot * sc / cap) : dot * sc;
+            for (int r = 0; r < HEADS; ++r)
+              if (on[r]) dot[r] = FMA(lane_shuffle(qd[r][i], u), kv[u], dot[r]);
+          }
         }
       }
     }
+    float s[HEADS];  // lane j: key base + j's score, per head
+#pragma unroll
+    for (int r = 0; r < HEADS; ++r)
+      s[r] = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
     float p[HEADS];
 #pragma unroll
     for (int r = 0; r < HEADS; ++r) {
@@ -134,18 +139,25 @@ PARTIAL_CORE = """
         for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
       }
     }
-    for (int j = 0; j < count; ++j) {  // one read of value j serves every head
-      const int64_t vr = v_head + (base + j) * v_strides[2];
-      float vv[DPL];
+    for (int j0 = 0; j0 < count; j0 += 4) {  // 4 value rows loaded at once, then added in order
+      float vv[4][DPL];
 #pragma unroll
-      for (int i = 0; i < DPL; ++i) vv[i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
+      for (int jj = 0; jj < 4; ++jj) {
+        const int64_t vr = v_head + int64_t(base + (j0 + jj < count ? j0 + jj : 0)) * v_strides[2];
 #pragma unroll
-      for (int r = 0; r < HEADS; ++r) {
-        if (on[r] && j < n_keys[r]) {
-          const float pj = lane_shuffle(p[r], j);
+        for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
+      }
 #pragma unroll
-          for (int i = 0; i < DPL; ++i)
-            if (lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[i], acc[r][i]);
+      for (int jj = 0; jj < 4; ++jj) {
+        const int j = j0 + jj;
+#pragma unroll
+        for (int r = 0; r < HEADS; ++r) {
+          if (on[r] && j < n_keys[r]) {  // uniform over the warp: a row past a slot's keys adds nothing to it
+            const float pj = lane_shuffle(p[r], j);
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              if (lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
+          }
         }
       }
     }
@@ -203,6 +215,9 @@ METAL_HEADER = """
 inline float lane_sum(float v) { return simd_sum(v); }
 inline float lane_max(float v) { return simd_max(v); }
 inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)); }
+// n of a key's dims (stride s) as floats, one by one (a 16-byte load may not be aligned in a Metal buffer)
+#define LOAD_KEY(out, p, s, n, wide) for (int j_ = 0; j_ < 32; ++j_) if (j_ < (n)) (out)[j_] = float((p)[j_ * (s)])
+#define KEYS_WIDE(p, s1, s2, s3, d) false
 """
 
 CUDA_PARTIAL_PROLOGUE = """
@@ -228,6 +243,33 @@ __device__ inline float lane_max(float v) {
   return v;
 }
 __device__ inline float lane_shuffle(float v, int src) { return __shfl_sync(0xffffffffu, v, src); }
+// Can keys be read 16 bytes at a time? Dims contiguous, every key row and dim 32 i aligned, D whole loads.
+template <typename E> __device__ inline bool keys_wide(const E* p, int64_t s1, int64_t s2, int64_t s3, int d) {
+  constexpr int PER = 16 / int(sizeof(E));
+  return s3 == 1 && s2 % PER == 0 && s1 % PER == 0 && d % PER == 0 && reinterpret_cast<size_t>(p) % 16 == 0;
+}
+// n (<= 32) of a key's dims as floats: in 16-byte loads where `wide`, else one by one (stride s); the same values
+template <typename E> __device__ inline void load_key(float* out, const E* p, int64_t s, int n, bool wide) {
+  constexpr int PER = 16 / int(sizeof(E));
+  if (wide) {
+#pragma unroll
+    for (int v = 0; v < 32 / PER; ++v) {
+      if (v * PER < n) {
+        E t[PER];
+        const uint4 w = reinterpret_cast<const uint4*>(p)[v];
+        memcpy(t, &w, 16);
+#pragma unroll
+        for (int j = 0; j < PER; ++j) out[v * PER + j] = float(t[j]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+      if (j < n) out[j] = float(p[j * s]);
+  }
+}
+#define LOAD_KEY(out, p, s, n, wide) load_key(out, p, s, n, wide)
+#define KEYS_WIDE(p, s1, s2, s3, d) keys_wide(p, s1, s2, s3, d)
 """
 
 BODIES = {  # (backend, kernel) -> body

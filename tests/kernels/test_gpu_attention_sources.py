@@ -125,8 +125,15 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8) -> str:
+ONE_BY_ONE = "#define KEYS_WIDE(p, s1, s2, s3, d) false"  # CUDA's keys read as Metal reads them
+
+
+def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False) -> str:
     names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl)
+    if narrow:
+        wide = "#define KEYS_WIDE(p, s1, s2, s3, d) keys_wide(p, s1, s2, s3, d)"
+        assert wide in source
+        source = source.replace(wide, ONE_BY_ONE)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
     return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl,
@@ -146,9 +153,18 @@ def builds(case) -> list[tuple]:
     return [case[:4] + (1, 8), case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]))]
 
 
+NARROW = [c for c in CASES if c[0] == "cuda"][:2]  # float16 and float32 caches
+
+
+def narrow(case) -> tuple:
+    """The label of a CUDA case's build that reads every key one value at a time."""
+    return case[:4] + (src.HEADS, 8, True)
+
+
 @pytest.fixture(scope="module")
 def exes() -> dict:
     labels = sorted({c[:4] for c in CASES}, key=str) + [label for c in ONE_HEAD for label in builds(c)]
+    labels += [narrow(c) for c in NARROW]
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
@@ -177,6 +193,19 @@ def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path,
         run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         outs.append((tmp_path / "o").read_bytes())
     assert outs[0] == outs[1] == outs[2]
+
+
+@pytest.mark.parametrize("case", NARROW, ids=[case_id(c) for c in NARROW])
+def test_keys_read_in_16_byte_loads_or_one_by_one_give_the_same_bits(tmp_path, exes, case):
+    """CUDA reads a key's dims in 16-byte loads where the cache allows (UBSan checks they are aligned) and
+    one by one elsewhere: both give every output bit for bit, as does Metal's way (always one by one)."""
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
+    inputs(tmp_path, case)
+    outs = []
+    for label in (case[:4], narrow(case)):
+        run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        outs.append((tmp_path / "o").read_bytes())
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
