@@ -457,8 +457,6 @@ FAMILY_BASE = {"rms_norm_eps": 1e-6, "tie_word_embeddings": False, "max_position
 FAMILIES = {  # name -> (config, quantization mode); shapes: "full" on a GPU, "quick" in seconds on a CPU
     "gemma3": ({"model_type": "gemma3_text", "sliding_window": 64, "sliding_window_pattern": 2,
                 "query_pre_attn_scalar": 128, "rope_theta": 1e6, "rope_local_base_freq": 1e4}, "affine"),
-    "gpt_oss": ({"model_type": "gpt_oss", "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 64,
-                 "rope_theta": 150000, "layer_types": None}, "mxfp4"),
     "qwen3_moe": ({"model_type": "qwen3_moe", "num_experts": 32, "num_experts_per_tok": 4, "decoder_sparse_step": 1,
                    "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 1e6}, "affine"),
     # the H200's inexact family (2026-11-27): a tied head, KV-shared layers reading another layer's window
@@ -467,6 +465,9 @@ FAMILIES = {  # name -> (config, quantization mode); shapes: "full" on a GPU, "q
     # softcapped attention written out in mlx-lm (kernels/softcap_attention.py)
     "gemma2": ({"model_type": "gemma2", "query_pre_attn_scalar": 128, "attn_logit_softcapping": 50.0,
                 "final_logit_softcapping": 30.0}, "affine"),
+    # last: on the H200 (2026-11-27, twice) it ran past the step's 100 s without a word (where: now stamped)
+    "gpt_oss": ({"model_type": "gpt_oss", "num_local_experts": 32, "num_experts_per_tok": 4, "sliding_window": 64,
+                 "rope_theta": 150000, "layer_types": None}, "mxfp4"),
 }
 FAMILY_SIZES = {
     "full": dict(hidden_size=2048, num_hidden_layers=4, intermediate_size=4096, moe_intermediate_size=768,
@@ -507,7 +508,9 @@ def family_checks(size: str, context: int, repeats: int) -> dict:
     for name in FAMILIES:
         stamp(f"family {name}")
         model = family_model(name, size)
+        stamp(f"family {name}: model built; installing the kernels")
         report = install_kernels(model)
+        stamp(f"family {name}: kernels installed; prefill, then timing")
         kept = report["layers"]["kept"]
         entry = {"kept_layers": dict(list(kept.items())[:4]), "kept_count": len(kept),
                  "swapped_count": len(report["layers"]["swapped"]), "attention": str(report["attention"])[:200],
@@ -517,6 +520,7 @@ def family_checks(size: str, context: int, repeats: int) -> dict:
         mx.eval([c.state for c in cache])
         variants = {"mlx": lambda: remove_kernels(model), "kernels": lambda: install_kernels(model)}
         times = interleaved_forwards(model, cache, variants, (1, 8), repeats)
+        stamp(f"family {name}: timed; checking rows")
         for variant, use in variants.items():
             use()
             check = RowInvariance(model)
@@ -557,8 +561,9 @@ def engine_runs(quick: bool, model: str | None = None, max_tokens: int = 64) -> 
         os.environ["MLXSPEC_COMPILE"] = compiled  # read by Engine.load
         engine = Engine.load(ref, drafter=drafter)
         spent = {e["kernel"]: e["seconds"] for e in registry_status() if e.get("seconds")}
+        timed = engine.kernels.get("target", {}).get("timed")  # a dict, or why there was no timing (a string)
         stamp(f"engine: loaded; kernels' first use so far (s): {spent}; the timing: "
-              f"{engine.kernels.get('target', {}).get('timed', {}).get('seconds')} s")
+              f"{timed.get('seconds') if isinstance(timed, dict) else timed}")
         out.setdefault("first_use_seconds", spent)
         n, seconds, last = 0, 0.0, None
         for prompt in prompts:

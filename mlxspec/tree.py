@@ -74,6 +74,12 @@ def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, widt
         return False
     if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
         return False
+    return target_takes_trees(target)
+
+
+def target_takes_trees(target: nn.Module) -> bool:
+    """Can tree passes run on this target at all (every block fused, on the CPU)? Where they cannot, no
+    round builds a pass eagerly and the engine's exactness check needs only the passes decoding runs."""
     return tree_ready(target, target.model.embed_tokens(mx.array([0])).dtype, new_cache(target)[0])
 
 

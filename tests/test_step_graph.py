@@ -56,7 +56,7 @@ def model(request, tiny_llama, tmp_path_factory):
         m = load(str(tiny_llama), "q4g32").model
     if request.param.endswith("cpu-kernels"):
         report = install_kernels(m, fuse=False)  # the per-op kernels: what a GPU runs, here on the CPU
-        assert report["attention"]["routed"] and (report["pointwise"]["swapped"]["rope"] or not ON_CPU)
+        assert report["attention"]["routed"] and (not ON_CPU or report["pointwise"]["swapped"]["rope"])  # (CPU kernels)
     if request.param.endswith("fused"):  # one primitive per block, the position an array inside a trace
         assert install_kernels(m)["fused"]["fused"] == len(m.model.layers)
     return m
@@ -321,14 +321,20 @@ def test_caches_other_than_kv_caches_and_recurrent_states_run_eagerly(tmp_path):
     assert steps.off and "QuantizedKVCache" in steps.off
     a, b = make_prompt_cache(model), make_prompt_cache(model)
     x = ids(4)
-    assert mx.array_equal(steps(x, a), model(x, cache=b)).item()
+    with mx.stream(mx.cpu):  # MLX's CUDA quantized_matmul has no kernel for this cache's 32-dim float32 rows
+        assert mx.array_equal(steps(x, a), model(x, cache=b)).item()
 
 
 @pytest.mark.parametrize("arch", ["qwen3_next", "granitemoehybrid", "qwen3_5"])
 def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_path, arch):
     """Hybrid models (gated delta nets, Mamba-2) with per-op kernels: their recurrent states are arrays of a
     compiled step too. Passes, and passes undone as a round undoes them (KV rows rewound, states restored
-    from a snapshot), give eager steps' logits, and rows of a compiled pass equal compiled one-row steps."""
+    from a snapshot), give eager steps' logits, and rows of a compiled pass equal compiled one-row steps.
+    On a GPU a compiled graph fuses the recurrences' elementwise ops into kernels of its own, whose last bits
+    may differ from eager ops' (seen on an H200): there the compiled passes agree with eager ones within
+    float32 rounding, and with their own one-row steps bit for bit (what exactness needs)."""
+    same = (lambda a, b: mx.array_equal(a, b).item()) if ON_CPU else (
+        lambda a, b: mx.allclose(a, b, rtol=1e-4, atol=1e-5).item())
     if arch == "qwen3_5":
         path = make_qwen35_checkpoint(tmp_path / arch, moe=True)
     else:
@@ -344,7 +350,7 @@ def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_pat
         saved = [snapshot(eager), snapshot(compiled)]
         x = ids(rows, seed=i + 1)
         want, got = model(x, cache=eager), steps(x, compiled)
-        assert mx.array_equal(got, want).item(), f"pass {i} ({rows} rows) differs"
+        assert same(got, want), f"pass {i} ({rows} rows) differs"
         if undo:  # as a round with rejected drafts: back to before the pass, then its kept rows again
             for c, before in zip((eager, compiled), saved):
                 rewind(c, rows)
@@ -354,8 +360,8 @@ def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_pat
     assert steps.off is None and steps.graphs
     for e, c in zip(eager, compiled):
         pairs = zip(e.cache, c.cache) if type(c) is ArraysCache else zip(held(e), held(c))
-        assert all(mx.array_equal(a, b).item() for a, b in pairs)
-    check = RowInvariance(model, forward=steps)
+        assert all(same(a, b) for a, b in pairs)
+    check = RowInvariance(model, forward=steps, eager_too=ON_CPU)
     assert check.holds(6) and check.failures() == {}
 
 
