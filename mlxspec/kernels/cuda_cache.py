@@ -249,7 +249,9 @@ class Compiler:
             return path.read_bytes()
         try:
             binary, _ = self.nvrtc.compile(text, self.arch, entry)
-        except KernelUnavailable:  # an architecture this NVRTC has no SASS for: PTX, as MLX's JIT falls back
+        except KernelUnavailable as e:  # an architecture this NVRTC has no SASS for: PTX, as MLX's JIT falls back
+            if "gpu-architecture" not in str(e):  # not a program ptxas refuses (it would refuse the PTX at load too)
+                raise
             binary, _ = self.nvrtc.compile(text, "compute_" + self.arch[3:], entry)
         with self._lock:
             self.compiles += 1

@@ -442,15 +442,29 @@ def tiles_for(rows: int) -> int:
     return TILES if rows < WIDE_FROM else 2
 
 
+SHARED_LIMIT = 48 * 1024  # bytes of static shared memory a kernel may declare: ptxas refuses more
+
+
+def partial_bytes(tiles: int, rows: int, ksplit: int) -> int:
+    """The `partial` array's bytes: KSPLIT x (RT * TILES * 4) x 32 floats."""
+    return ksplit * row_tiles(rows) * tiles * 4 * 32 * 4
+
+
+def fit_tiles(tiles: int, rows: int, ksplit: int) -> int:
+    """`tiles`, or 1 where its partial sums would not fit in shared memory (8 warps on K, 2 tiles and 33+ rows:
+    64 KB, which NVRTC refused for sm_90 on an H200; the bits do not depend on the tiles)."""
+    return tiles if partial_bytes(tiles, rows, ksplit) <= SHARED_LIMIT else 1
+
+
 def template_args(x_dtype, scale_dtype, out_dtype, group_size: int, bits: int, tiles: int = TILES,
                   rows: int = 1, ksplit: int = KSPLIT) -> list[tuple]:
-    return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits), ("TILES", tiles),
-            ("RT", row_tiles(rows)), ("KSPLIT", ksplit)]
+    return [("T", x_dtype), ("S", scale_dtype), ("O", out_dtype), ("G", group_size), ("BITS", bits),
+            ("TILES", fit_tiles(tiles, rows, ksplit)), ("RT", row_tiles(rows)), ("KSPLIT", ksplit)]
 
 
 def launch(rows: int, n: int, tiles: int = TILES, ksplit: int = KSPLIT) -> dict:
     """grid and threadgroup of a launch over `rows` rows of x and `n` output columns."""
-    per_block = 8 * row_tiles(rows)
+    per_block, tiles = 8 * row_tiles(rows), fit_tiles(tiles, rows, ksplit)
     return {"grid": (32, (n + 16 * tiles - 1) // (16 * tiles) * ksplit, max(1, (rows + per_block - 1) // per_block)),
             "threadgroup": (32, ksplit, 1)}
 

@@ -85,6 +85,32 @@ def test_the_cached_one_row_qmm_holds_the_registers_of_mlx_s_build():
     assert registers[0] == registers[1], registers
 
 
+@pytest.mark.parametrize("ksplit", [2, 4, 8])
+def test_every_tensor_core_build_a_layer_can_launch_compiles_to_sass(ksplit):
+    """Every row count up to the 72-row self-check at each K split: the H200's store held PTX for the 8-warp split's
+    33+ row builds (2 column tiles: 64 KB of partial sums, over the 48 KB ptxas allows), which the driver would
+    refuse at load as well. Their column tiles now shrink to fit (the same bits)."""
+    nvrtc = nvrtc_or_skip()
+    builds = {tuple(gpu_mma_source.template_args(f16, f16, f16, 64, 4, gpu_mma_source.tiles_for(m), m, ksplit))
+              for m in range(1, 73)}
+    for targs in builds:
+        entry, text = cuda_cache.program(gpu_mma_source.NAME, gpu_mma_source.INPUTS, gpu_mma_source.OUTPUTS,
+                                         gpu_mma_source.BODY, gpu_mma_source.HEADER, QMM_IN, [2, 2, 2, 2], [f16],
+                                         list(targs))
+        assert nvrtc.compile(text, "sm_90", entry)[0][:4] == b"\x7fELF", targs
+
+
+def test_a_program_ptxas_refuses_is_not_stored_as_ptx(tmp_path):
+    """PTX stands in for SASS only where NVRTC does not know the architecture; a program ptxas refuses (too much
+    shared memory) is unavailable, so its family falls back, rather than failing at the driver's load."""
+    compiler = cuda_cache.Compiler(nvrtc_or_skip(), "sm_90", tmp_path)
+    body = "  __shared__ float big[16384];\n  big[threadIdx.x] = x[threadIdx.x];\n  y[threadIdx.x] = big[threadIdx.x ^ 1];"
+    entry, text = cuda_cache.program("big", ["x"], ["y"], body, "", [f32], [1], [f32], [])
+    with pytest.raises(KernelUnavailable, match="too much shared data"):
+        compiler.binary(entry, text)
+    assert not list(tmp_path.iterdir())
+
+
 def test_the_probe_compiles_too():
     nvrtc = nvrtc_or_skip()
     entry, text = cuda_cache.program("probe", ["x"], ["y"], cuda_cache.PROBE, "", [f32], [1], [f32], [("SCALE", 3)])

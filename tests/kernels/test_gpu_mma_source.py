@@ -123,3 +123,15 @@ def test_supports_only_what_the_source_handles():
     assert not src.supports(mx.float32, 64, 4)  # float32 x: the FMA kernel (an mma would round x)
     assert all(src.supports(mx.bfloat16, 32, bits) for bits in (2, 3, 5, 6))  # the bit-stream path
     assert not src.supports(mx.float16, 64, 4, "mxfp4") and not src.supports(mx.float16, 16, 4)
+
+
+def test_partial_sums_fit_in_shared_memory_at_every_split_and_row_count():
+    """The launch and the template agree on the column tiles, shrunk to 1 where 2 would not fit (8 warps on K,
+    33+ rows); the grid then covers the columns in 16-column tiles."""
+    for ksplit in (2, 4, 8):
+        for rows in range(1, 73):
+            targs = dict(src.template_args(mx.float16, mx.float16, mx.float16, 64, 4, src.tiles_for(rows), rows, ksplit))
+            assert src.partial_bytes(targs["TILES"], rows, ksplit) <= src.SHARED_LIMIT
+            grid = src.launch(rows, 4096, src.tiles_for(rows), ksplit)["grid"]
+            assert grid[1] == 4096 // (16 * targs["TILES"]) * ksplit
+    assert src.fit_tiles(2, 64, 8) == 1 and src.fit_tiles(2, 64, 4) == 2 and src.fit_tiles(2, 32, 8) == 2
