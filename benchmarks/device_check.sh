@@ -35,6 +35,9 @@
 # 2026-11-27 (H200, third session, no GGUF staged: 2 staging calls): the forwards never left install_kernels in
 # 240 s (the self-checks' CPU references over whole layers: since cut to a wide layer's two ends); the ops reached the
 # head shape at 97 s (MLX's own 64-row qmm JIT took 30 s once); hybrid 119 s on 4 workers; exactness 36/38 in 130 s.
+# 2026-11-27 (H200, fifth session, kernel store new): one staging call (+ the PTX cache), then three runs (283 + 314 +
+# 142 s). The forward section took 90 s in all (install 18 s), exactness 66 s and the kernels 31 s on 8 workers; the
+# hybrid step ran into its 120 s with 20 of its tests done (now 180 s); gpt-oss's family ran past 100 s twice.
 set -uo pipefail
 budget=${1:-480}
 final=${OUT:-device-out}
@@ -76,7 +79,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
       -k "speculative_equals_plain or mixture or gguf_file_through" ;;  # + MoE, GGUF kinds
     # hybrid models (Qwen3-Next, Qwen3.5 GGUF, Granite 4.0-H): mlx-lm's recurrence kernels, the delta-net and Mamba-2
     # convs as their taps in order (kernels/delta.py's GPU path, never run on a device); learned drafters' taps
-    hybrid) pytest_step hybrid 120 "${par[@]}" tests/test_decode_hybrid.py tests/test_mtp_checkpoints.py \
+    hybrid) pytest_step hybrid 180 "${par[@]}" tests/test_decode_hybrid.py tests/test_mtp_checkpoints.py \
       tests/test_eagle3.py tests/test_gemma4_assistant.py tests/kernels/test_ssm_steps.py \
       -k "equals_plain or speculates_exactly or plain_decoding" ;;
     # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
@@ -101,12 +104,11 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-# The default order puts first what no device session has measured yet: the 8B-shape forwards compiled (the
-# fourth session's eager ones cost 2.1x MLX's at one row; the new variants split that by part), the families
-# (gemma4, gemma2: never reached), the hybrid case and GGUF cases left unfinished, the compiled steps (since
-# session 19 every family decodes through them on GPUs: sliding windows and hybrids too, never run on a device),
-# then the ops (SHAPES=4096x4096,6144x4096,28672x4096 for those not yet timed with the column-tile rule).
-for s in ${STEPS:-forward families hybrid exactness compiled-steps ops kernels mlxspec-bench engine logprobs-sampling \
+# The default order puts first what the fifth session left open: the hybrid and compiled-step fixes (exact: false
+# from eagerly built passes, never re-run), the 8B-shape forwards with the rewritten attention kernel (the old one
+# was most of the one-row gap: 16.7 vs 10.4 ms compiled), the families (gemma4, gemma2: never reached; gpt-oss last),
+# then the ops (the attention rows: 130 us a call at 300 keys before the rewrite), the engine and the rest.
+for s in ${STEPS:-hybrid compiled-steps forward families ops exactness kernels engine mlxspec-bench logprobs-sampling \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
