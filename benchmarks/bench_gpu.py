@@ -1,6 +1,6 @@
 """Issue 10's measurements in one run on whatever device MLX decodes on (a lent CUDA GPU, a Mac).
 
-    python benchmarks/bench_gpu.py [--quick] [--sections ops,forward,engine,families] [--out FILE]
+    python benchmarks/bench_gpu.py [--quick] [--sections ops,attention,forward,engine,families] [--out FILE]
 
 Device time is scarce (minutes per session), so this script does everything issue 10's "Done when"
 asks for in one call and writes its JSON after every section (a timeout still returns what ran):
@@ -645,6 +645,7 @@ def main() -> None:
         moe = (128, 768, 2048, 8) if size == "full" else (8, 96, 256, 4)  # Qwen3-30B-A3B's gate/up projections
         report["gather"] = [gather_ops(*moe), gather_ops(*moe, dtype=mx.bfloat16, mode="mxfp4")]
         save()
+    if "ops" in sections or "attention" in sections:  # "attention": these alone (seconds, not minutes)
         report["attention"] = attention_ops(*((32, 8, 128, 300) if size == "full" else (4, 2, 64, 40)))
         save()
         if size == "full":  # a long context: where reading the cache, not the weights, takes the time

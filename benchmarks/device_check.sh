@@ -96,6 +96,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
       --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
     ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
+    attention) bench attention 60 ;;  # the attention kernel vs MLX's alone (the ops section ends with it too)
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
@@ -108,7 +109,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 # from eagerly built passes, never re-run), the 8B-shape forwards with the rewritten attention kernel (the old one
 # was most of the one-row gap: 16.7 vs 10.4 ms compiled), the families (gemma4, gemma2: never reached; gpt-oss last),
 # then the ops (the attention rows: 130 us a call at 300 keys before the rewrite), the engine and the rest.
-for s in ${STEPS:-hybrid compiled-steps forward families ops exactness kernels engine mlxspec-bench logprobs-sampling \
+for s in ${STEPS:-hybrid compiled-steps attention forward families ops exactness kernels engine mlxspec-bench logprobs-sampling \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)

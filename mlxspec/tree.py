@@ -80,7 +80,10 @@ def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, widt
 def target_takes_trees(target: nn.Module) -> bool:
     """Can tree passes run on this target at all (every block fused, on the CPU)? Where they cannot, no
     round builds a pass eagerly and the engine's exactness check needs only the passes decoding runs."""
-    return tree_ready(target, target.model.embed_tokens(mx.array([0])).dtype, new_cache(target)[0])
+    inner = getattr(target, "model", None)  # wrapped models (Gemma 4's language_model) have no tree path
+    if inner is None or not hasattr(inner, "embed_tokens"):
+        return False
+    return tree_ready(target, inner.embed_tokens(mx.array([0])).dtype, new_cache(target)[0])
 
 
 class TreeRound:
