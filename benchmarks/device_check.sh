@@ -26,7 +26,8 @@
 # compiles (their files are named by a hash of the source: a changed kernel compiles anew). It holds MLX's own
 # kernels only: MLX compiles custom kernels anew in every process. mlxspec's are compiled once per machine into
 # its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
-# (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step.
+# (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. A call carries
+# 64 MiB: .gpu/a (~47 MiB) with ptx.tar.gz (~13 MiB after the fifth session), .gpu/b (~54 MiB) with kernel-store.tar.gz.
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 # 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
