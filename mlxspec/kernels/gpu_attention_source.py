@@ -92,8 +92,7 @@ PARTIAL_CORE = """
     run_max[r] = -3.0e38f, run_sum[r] = 0.0f;
   }
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
-  // a key's dims in 16-byte loads where they are contiguous and aligned (CUDA), else one by one: the same values
-  const bool wide = KEYS_WIDE(k, k_strides[1], k_strides[2], k_strides[3], D);
+//@WIDE
   const int first = start + c * CHUNK;
   for (int base = first; base < first + CHUNK && base < rows_max; base += 32) {  // uniform over the warp
     const int t = base + lane;  // lane j scores key base + j: its loads are its own, all in flight at once
@@ -108,22 +107,7 @@ PARTIAL_CORE = """
       dot[r] = 0.0f;
     }
     const int64_t kr = k_head + int64_t(t < rows_max ? t : base) * k_strides[2];  // lanes past the keys read key base
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31: q's come from lane d - 32 i by shuffle
-      if (32 * i < D) {  // uniform over the warp
-        const int n = D - 32 * i < 32 ? D - 32 * i : 32;
-        float kv[32];
-        LOAD_KEY(kv, k + kr + 32 * i * k_strides[3], k_strides[3], n, wide);
-#pragma unroll
-        for (int u = 0; u < 32; ++u) {  // every dot runs over d = 0, 1, ..., D - 1 in order, in one lane
-          if (u < n) {  // uniform over the warp, as each on[r]
-#pragma unroll
-            for (int r = 0; r < HEADS; ++r)
-              if (on[r]) dot[r] = FMA(lane_shuffle(qd[r][i], u), kv[u], dot[r]);
-          }
-        }
-      }
-    }
+//@KEYS
     float s[HEADS];  // lane j: key base + j's score, per head
 #pragma unroll
     for (int r = 0; r < HEADS; ++r)
@@ -142,25 +126,25 @@ PARTIAL_CORE = """
         for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
       }
     }
-    for (int j0 = 0; j0 < count; j0 += 4) {  // 4 value rows loaded at once, then added in order
-      float vv[4][DPL];
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
+    for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 value rows loaded at once, then added in order
+      float vv[8][DPL];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj) {
         const int64_t vr = v_head + int64_t(base + (j0 + jj < count ? j0 + jj : 0)) * v_strides[2];
 #pragma unroll
         for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
       }
 #pragma unroll
-      for (int jj = 0; jj < 4; ++jj) {
+      for (int jj = 0; jj < 8; ++jj) {
         const int j = j0 + jj;
 #pragma unroll
         for (int r = 0; r < HEADS; ++r) {
-          if (on[r] && j < n_keys[r]) {  // uniform over the warp: a row past a slot's keys adds nothing to it
-            const float pj = lane_shuffle(p[r], j);
+          const float pj = lane_shuffle(p[r], j);
+          const bool use = on[r] && j < n_keys[r];  // uniform over the warp: a row past a slot's keys adds nothing
 #pragma unroll
-            for (int i = 0; i < DPL; ++i)
-              if (lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
-          }
+          for (int i = 0; i < DPL; ++i)
+            if (use && lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
         }
       }
     }
@@ -218,9 +202,9 @@ METAL_HEADER = """
 inline float lane_sum(float v) { return simd_sum(v); }
 inline float lane_max(float v) { return simd_max(v); }
 inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)); }
-// n of a key's dims (stride s) as floats, one by one (a 16-byte load may not be aligned in a Metal buffer)
-#define LOAD_KEY(out, p, s, n, wide) for (int j_ = 0; j_ < 32; ++j_) if (j_ < (n)) (out)[j_] = float((p)[j_ * (s)])
-#define KEYS_WIDE(p, s1, s2, s3, d) false
+// dims d0 .. d0 + 31 of a key (stride s; past d: dim 0's, never used) as floats, one value at a time
+#define LOAD_KEY_ONE_BY_ONE(out, row, d0, d, s) \
+  for (int j_ = 0; j_ < 32; ++j_) (out)[j_] = float((row)[int64_t((d0) + j_ < (d) ? (d0) + j_ : 0) * (s)])
 """
 
 CUDA_PARTIAL_PROLOGUE = """
@@ -251,34 +235,49 @@ template <typename E> __device__ inline bool keys_wide(const E* p, int64_t s1, i
   constexpr int PER = 16 / int(sizeof(E));
   return s3 == 1 && s2 % PER == 0 && s1 % PER == 0 && d % PER == 0 && reinterpret_cast<size_t>(p) % 16 == 0;
 }
-// n (<= 32) of a key's dims as floats: in 16-byte loads where `wide`, else one by one (stride s); the same values
-template <typename E> __device__ inline void load_key(float* out, const E* p, int64_t s, int n, bool wide) {
+// dims d0 .. d0 + 31 of a key as floats (past d: dim 0's, never used) in 16-byte loads: the values one by one gives
+template <typename E> __device__ inline void load_key_wide(float* out, const E* row, int d0, int d, int64_t) {
   constexpr int PER = 16 / int(sizeof(E));
-  if (wide) {
 #pragma unroll
-    for (int v = 0; v < 32 / PER; ++v) {
-      if (v * PER < n) {
-        E t[PER];
-        const uint4 w = reinterpret_cast<const uint4*>(p)[v];
-        memcpy(t, &w, 16);
+  for (int v = 0; v < 32 / PER; ++v) {
+    E e[PER];
+    const uint4 w = *reinterpret_cast<const uint4*>(row + (d0 + v * PER < d ? d0 + v * PER : 0));
+    memcpy(e, &w, 16);
 #pragma unroll
-        for (int j = 0; j < PER; ++j) out[v * PER + j] = float(t[j]);
-      }
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 32; ++j)
-      if (j < n) out[j] = float(p[j * s]);
+    for (int j = 0; j < PER; ++j) out[v * PER + j] = float(e[j]);
   }
 }
-#define LOAD_KEY(out, p, s, n, wide) load_key(out, p, s, n, wide)
-#define KEYS_WIDE(p, s1, s2, s3, d) keys_wide(p, s1, s2, s3, d)
+// dims d0 .. d0 + 31 of a key (stride s; past d: dim 0's, never used) as floats, one value at a time
+#define LOAD_KEY_ONE_BY_ONE(out, row, d0, d, s) \
+  for (int j_ = 0; j_ < 32; ++j_) (out)[j_] = float((row)[int64_t((d0) + j_ < (d) ? (d0) + j_ : 0) * (s)])
 """
 
+KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read dim 0, rows past the keys row base: never used),
+    // only the additions are guarded: no branch stands between a later load and the start of the block.
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31: q's come from lane d - 32 i by shuffle
+      float kv[32];
+      LOADER(kv, k + kr, 32 * i, D, k_strides[3]);
+#pragma unroll
+      for (int u = 0; u < 32; ++u) {  // every dot runs over d = 0, 1, ..., D - 1 in order, in one lane
+#pragma unroll
+        for (int r = 0; r < HEADS; ++r) {
+          const float qv = lane_shuffle(qd[r][i], u);
+          if (32 * i + u < D && on[r]) dot[r] = FMA(qv, kv[u], dot[r]);  // uniform over the warp
+        }
+      }
+    }
+"""
+# CUDA reads a key's dims in 16-byte loads where they are contiguous and aligned, else one by one (the same values):
+# two copies of the key phase, so no branch inside either keeps a later load from starting early. Metal: one by one.
+CUDA_WIDE = "  const bool wide = keys_wide(k, k_strides[1], k_strides[2], k_strides[3], D);  // uniform over the launch\n"
+CUDA_KEYS = ("    if (wide) {\n" + KEY_PHASE.replace("LOADER", "load_key_wide") + "    } else {\n"
+             + KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE") + "    }\n")
+METAL_KEYS = KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE")
 BODIES = {  # (backend, kernel) -> body
-    ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE,
+    ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
     ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
-    ("cuda", "partial"): CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE,
+    ("cuda", "partial"): CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS),
     ("cuda", "combine"): CUDA_COMBINE_PROLOGUE + COMBINE_CORE,
 }
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}

@@ -125,15 +125,14 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
-ONE_BY_ONE = "#define KEYS_WIDE(p, s1, s2, s3, d) false"  # CUDA's keys read as Metal reads them
+ONE_BY_ONE = "  const bool wide = false;\n"  # CUDA's keys read as Metal reads them
 
 
 def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False) -> str:
     names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl)
     if narrow:
-        wide = "#define KEYS_WIDE(p, s1, s2, s3, d) keys_wide(p, s1, s2, s3, d)"
-        assert wide in source
-        source = source.replace(wide, ONE_BY_ONE)
+        assert src.CUDA_WIDE in source
+        source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
     return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl,
