@@ -49,6 +49,7 @@ MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dim
 HEADS = 4  # query heads sharing a kv head that one partial warp serves (each key and value read once for them)
 THREADGROUP = (32, 1, 1)
 
+# //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)
 PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
   const int HKV = k_shape[1], DV = v_shape[3];
@@ -194,6 +195,11 @@ METAL_COMBINE_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
   const int hm = int(thread_position_in_grid.y);
 """
+KEY_ONE_BY_ONE = """// dims d0 .. d0 + 31 of a key (stride s; past d: dim 0's, never used) as floats, one value at a time
+#define LOAD_KEY_ONE_BY_ONE(out, row, d0, d, s) \
+  for (int j_ = 0; j_ < 32; ++j_) (out)[j_] = float((row)[int64_t((d0) + j_ < (d) ? (d0) + j_ : 0) * (s)])
+"""  # both backends' fallback (Metal's only way)
+
 METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
 #define MAXF(a, b) metal::max(a, b)
@@ -202,10 +208,7 @@ METAL_HEADER = """
 inline float lane_sum(float v) { return simd_sum(v); }
 inline float lane_max(float v) { return simd_max(v); }
 inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)); }
-// dims d0 .. d0 + 31 of a key (stride s; past d: dim 0's, never used) as floats, one value at a time
-#define LOAD_KEY_ONE_BY_ONE(out, row, d0, d, s) \
-  for (int j_ = 0; j_ < 32; ++j_) (out)[j_] = float((row)[int64_t((d0) + j_ < (d) ? (d0) + j_ : 0) * (s)])
-"""
+""" + KEY_ONE_BY_ONE
 
 CUDA_PARTIAL_PROLOGUE = """
   const int lane = int(threadIdx.x);
@@ -247,10 +250,7 @@ template <typename E> __device__ inline void load_key_wide(float* out, const E* 
     for (int j = 0; j < PER; ++j) out[v * PER + j] = float(e[j]);
   }
 }
-// dims d0 .. d0 + 31 of a key (stride s; past d: dim 0's, never used) as floats, one value at a time
-#define LOAD_KEY_ONE_BY_ONE(out, row, d0, d, s) \
-  for (int j_ = 0; j_ < 32; ++j_) (out)[j_] = float((row)[int64_t((d0) + j_ < (d) ? (d0) + j_ : 0) * (s)])
-"""
+""" + KEY_ONE_BY_ONE
 
 KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read dim 0, rows past the keys row base: never used),
     // only the additions are guarded: no branch stands between a later load and the start of the block.
