@@ -1,6 +1,6 @@
 """Issue 10's measurements in one run on whatever device MLX decodes on (a lent CUDA GPU, a Mac).
 
-    python benchmarks/bench_gpu.py [--quick] [--sections ops,attention,forward,engine,families] [--out FILE]
+    python benchmarks/bench_gpu.py [--quick] [--sections ops,attention,forward,ceiling,engine,families] [--out FILE]
 
 Device time is scarce (minutes per session), so this script does everything issue 10's "Done when"
 asks for in one call and writes its JSON after every section (a timeout still returns what ran):
@@ -404,6 +404,27 @@ def forward_costs(config: dict, context: int = 256, repeats: int = 5, prefill: i
 CHECKED_FORWARDS = ("mlx", "kernels", "kernels compiled")  # whose M-row forwards are compared with one-row steps
 
 
+def ceiling(config: dict, tokens: int, repeats: int) -> dict:
+    """Speculation with drafts that are always right (mlxspec/bench/ceiling.py) on a random model of this shape,
+    through compiled steps, MLX's ops vs the kernels: tokens/s over plain decoding at k = 1, 3, 7, 15, the share
+    of drafts kept (1.0 where verify rows equal one-row steps) and whether the tokens stay plain decoding's."""
+    from mlxspec.bench.ceiling import speculation_ceiling
+    from mlxspec.kernels.install import install_kernels, remove_kernels
+    from mlxspec.step_graph import StepGraphs
+
+    stamp("ceiling: building the random model")
+    model = random_llama(config)
+    prompt = mx.random.randint(0, min(1000, config["vocab_size"]), (32,), key=mx.random.key(7)).tolist()
+    out = {}
+    for name, install in (("kernels compiled", lambda: install_kernels(model)), ("mlx compiled", lambda: remove_kernels(model))):
+        stamp(f"ceiling: {name}")
+        out[name] = speculation_ceiling(model, prompt, lambda: (install(), StepGraphs(model))[1], tokens=tokens,
+                                        repeats=repeats)
+        print(f"ceiling {name}: {out[name]}", flush=True)
+    remove_kernels(model)
+    return out
+
+
 def compiled_steps(model: nn.Module, install, StepGraphs):
     """A variant of compiled step graphs: the first use installs and makes them (each row count is traced
     at its first pass, with what is installed then); later uses replay those graphs, with no re-install
@@ -616,7 +637,7 @@ def tiny_llama_dir() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes: seconds on a CPU")
-    ap.add_argument("--sections", default="ops,forward,engine,families")
+    ap.add_argument("--sections", default="ops,forward,ceiling,engine,families")
     ap.add_argument("--model", help=f"the engine section's model (default {SMOLLM2}, else a tiny random llama)")
     ap.add_argument("--shapes", help="the ops section's qmm shapes, NxK,... (default: the issue's and the 8B block's)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or str(HERE / "results"), "gpu.json"))
@@ -654,6 +675,10 @@ def main() -> None:
     if "forward" in sections:
         report["forward"] = forward_costs(FORWARD_SHAPES[size], context=256 if size == "full" else 32,
                                           repeats=5 if size == "full" else 2, prefill=512 if size == "full" else 64)
+        save()
+    if "ceiling" in sections:
+        report["ceiling"] = ceiling(FORWARD_SHAPES[size], tokens=64 if size == "full" else 24,
+                                    repeats=3 if size == "full" else 1)
         save()
     if "engine" in sections:
         report["engine"] = engine_runs(args.quick, args.model)

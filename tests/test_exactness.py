@@ -2,25 +2,11 @@
 
 from __future__ import annotations
 
-import mlx.core as mx
-import mlx.nn as nn
-
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
 from mlxspec.loading import load
 from mlxspec.options import GenerateOptions
-
-
-class RowCountDependent(nn.Module):
-    """A linear layer whose arithmetic changes with the number of rows, as MLX's GPU matmuls do."""
-
-    def __init__(self, inner: nn.Module):
-        super().__init__()
-        self.inner = inner
-
-    def __call__(self, x):
-        y = self.inner(x)
-        return y * (1 + 1e-3) if x.shape[-2] > 2 else y  # 3 rows and more: other bits
+from speculation_checks import RowCountDependent
 
 
 def test_cpu_model_is_row_invariant(tiny_llama):

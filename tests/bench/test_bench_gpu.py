@@ -131,3 +131,14 @@ def test_the_source_size_probe_pads_a_cubin_to_its_size(bench, kb):
                                      bench.pad_kernel(kb * 1024 // 85), [mx.float32], [1], [mx.float32], [])
     binary, _ = nvrtc.compile(text, "sm_90", entry)
     assert 0.75 * kb * 1024 < len(binary) < 1.25 * kb * 1024
+
+
+def test_ceiling_section_on_the_cpu(bench):
+    """Drafts that are always right, through compiled steps: with the kernels each is kept and the tokens are
+    plain decoding's (the CPU's MLX ops are row-invariant too; a GPU's need not be: the section says which)."""
+    with mx.stream(mx.cpu):
+        report = bench.ceiling(bench.FORWARD_SHAPES["quick"], tokens=8, repeats=1)
+    assert set(report) == {"kernels compiled", "mlx compiled"}
+    for k in (1, 3, 7, 15):
+        row = report["kernels compiled"][f"k={k}"]
+        assert row["kept"] == 1.0 and row["same_tokens"] and row["tok_s"] > 0, (k, row)
