@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
     engine = Engine.load(args.model)
     ids = engine.chat_prompt([{"role": "user", "content": "Write a short story about a lighthouse keeper."}])
-    report = speculation_ceiling(engine.target.model, ids, lambda: engine.steps, tokens=args.tokens,
+    report = speculation_ceiling(engine.target.model, ids, engine.steps, tokens=args.tokens,
                                  repeats=args.repeats)
     report |= {"model": args.model, "device": str(mx.default_device()), "machine": platform.machine(),
                "mlx": mx.__version__, "mlx_lm": version("mlx-lm"), "compiled_steps": engine.info.get("compiled_steps"),

@@ -421,8 +421,8 @@ def ceiling(config: dict, tokens: int, repeats: int) -> dict:
     out = {}
     for name, install in (("kernels compiled", lambda: install_kernels(model)), ("mlx compiled", lambda: remove_kernels(model))):
         stamp(f"ceiling: {name}")
-        out[name] = speculation_ceiling(model, prompt, lambda: (install(), StepGraphs(model))[1], tokens=tokens,
-                                        repeats=repeats)
+        install()
+        out[name] = speculation_ceiling(model, prompt, StepGraphs(model), tokens=tokens, repeats=repeats)
         print(f"ceiling {name}: {out[name]}", flush=True)
     remove_kernels(model)
     return out

@@ -1,8 +1,9 @@
 """What speculation can reach on this device at most, and whether it stays exact: drafts that are always right.
 
-    report = speculation_ceiling(model, prompt, steps_for, tokens=64, lengths=(1, 3, 7, 15))
+    report = speculation_ceiling(model, prompt, steps, tokens=64, lengths=(1, 3, 7, 15))
 
-`steps_for()` returns the decoding passes to run (a step_graph.StepGraphs, as GPUs decode, or None: eager).
+`steps`: the decoding passes to run (a step_graph.StepGraphs, as GPUs decode, made after the kernels are
+installed; or None: eager).
 Plain greedy decoding runs first; then the Oracle drafter proposes exactly the tokens it gave, k at a time.
 Where the verify rows equal one-row steps (the invariant kernels), every draft is kept: a pass of k + 1 rows
 yields k + 1 tokens, so tokens/s over plain decoding is the verify path's whole gain, with no drafter's cost or
@@ -14,7 +15,6 @@ the tokens' meaning), so the 8B shape can be measured without its weights.
 from __future__ import annotations
 
 import statistics
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -52,11 +52,10 @@ def decode(model: nn.Module, drafter: Drafter, prompt: list[int], tokens: int, k
     return out, stats
 
 
-def speculation_ceiling(model: nn.Module, prompt: list[int], steps_for: Callable[[], object], tokens: int = 64,
+def speculation_ceiling(model: nn.Module, prompt: list[int], steps, tokens: int = 64,
                         lengths: tuple[int, ...] = (1, 3, 7, 15), repeats: int = 3) -> dict:
     """{"plain_tok_s", "k=K": {"tok_s", "speedup", "kept", "same_tokens", "passes"}}: medians over `repeats`
     runs (after one warm-up of each, which traces its passes); `kept` the share of drafts the target kept."""
-    steps = steps_for()
     plain, _ = decode(model, NoDrafter(), prompt, tokens, 0, steps)  # the warm-up, and the oracle's answers
     runs = {0: []} | {k: [] for k in lengths}
     last: dict[int, tuple[list[int], Stats]] = {}

@@ -30,7 +30,7 @@ def test_the_oracle_proposes_what_follows_in_plain_decoding():
 def test_with_invariant_rows_every_draft_is_kept_and_the_tokens_are_plain_decodings(tiny_llama):
     model = load(str(tiny_llama), "q4g32").model
     install_kernels(model, fuse=False)  # the per-op kernels: what a GPU runs
-    report = speculation_ceiling(model, PROMPT, lambda: StepGraphs(model), tokens=16, lengths=(1, 3, 7), repeats=1)
+    report = speculation_ceiling(model, PROMPT, StepGraphs(model), tokens=16, lengths=(1, 3, 7), repeats=1)
     assert report["plain_same_tokens"] and report["plain_tok_s"] > 0
     for k in (1, 3, 7):
         row = report[f"k={k}"]
@@ -42,7 +42,7 @@ def test_rows_that_change_with_the_row_count_show_as_refused_drafts_or_other_tok
     model = load(str(tiny_llama)).model
     for layer in model.model.layers:
         layer.mlp.down_proj = RowCountDependent(layer.mlp.down_proj, factor=1.5)
-    report = speculation_ceiling(model, PROMPT, lambda: None, tokens=16, lengths=(3,), repeats=1)
+    report = speculation_ceiling(model, PROMPT, None, tokens=16, lengths=(3,), repeats=1)
     row = report["k=3"]
     assert row["kept"] < 1.0 or not row["same_tokens"], row
 
