@@ -7,14 +7,16 @@
     y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
     y = gather(..., per_expert=T)   # T tokens' rows: each chosen expert read once, the same bits
     qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 2-6/8-bit affine
+    qmm = metal_mma_qmm_function(fallback)  # Metal simdgroup matrices: any x, 4/8-bit affine
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
 Rows run in launches of up to MAX_ROWS, each compiled for the smallest row capacity (1, 2, 4, 8, 16)
-that holds them (fewer registers for plain decoding's one row); the tensor-core qmm takes any number
-of rows in one launch (8 to 64 a warp). Every row's result is the same whatever the launch's row
-count and capacity. These cannot run on the Linux CPU machines where mlxspec is developed: the registry runs the
-same self-check as for the CPU kernel on the user's device before any layer uses them.
+that holds them (fewer registers for plain decoding's one row); the tensor-core and simdgroup-matrix
+qmms take any number of rows in one launch (8 to 64 a warp; 8 or 16 a simdgroup). Every row's result
+is the same whatever the launch's row count and capacity. These cannot run on the Linux CPU machines
+where mlxspec is developed: the registry runs the same self-check as for the CPU kernel on the
+user's device before any layer uses them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from .gpu_source import (COLS, CUDA_BODY, CUDA_DENSE_BODY, CUDA_GATHER_BODY, CUD
                          METAL_BODY, METAL_DENSE_BODY, METAL_GATHER_BODY, METAL_GROUPED_BODY, METAL_HEADER, MODES,
                          NAME, OUTPUTS, THREADGROUP, dense_template_args, template_args)
 from . import gpu_mma_source as mma
+from . import gpu_simdgroup_source as simdgroup
 from .reference import output_dtype
 
 
@@ -96,15 +99,35 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
     require_cuda()
     kernel = cuda_kernel(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                          header=mma.HEADER)
+    return _matrix_qmm(kernel, mma, fallback, tiles, ksplit, lambda other: cuda_mma_qmm_function(fallback, tiles, other))
+
+
+def metal_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int | None = None,
+                           ksplit: int = simdgroup.KSPLIT) -> Callable[..., mx.array]:
+    """The simdgroup-matrix qmm (gpu_simdgroup_source.py): 4- and 8-bit affine layers, any x dtype, any
+    number of rows in one launch; other layouts go to `fallback` (the FMA kernel), as on CUDA."""
+    require_metal()
+    kernel = mx.fast.metal_kernel(name=simdgroup.NAME, input_names=simdgroup.INPUTS, output_names=simdgroup.OUTPUTS,
+                                  source=simdgroup.BODY, header=simdgroup.HEADER)
+    return _matrix_qmm(kernel, simdgroup, fallback, tiles, ksplit,
+                       lambda other: metal_mma_qmm_function(fallback, tiles, other))
+
+
+def _matrix_qmm(kernel, source, fallback, tiles: int | None, ksplit: int, make: Callable[[int], Callable]):
+    """The Python side of a matrix-unit qmm (`source`: gpu_mma_source or gpu_simdgroup_source): one launch
+    for any row count; what the source does not support goes to `fallback`; make(k): the build with k
+    warps / simdgroups splitting K."""
+    kind = "tensor-core" if source is mma else "simdgroup"
 
     def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
             mode: str = "affine") -> mx.array:
         lead, k, n = x.shape[:-1], x.shape[-1], w.shape[0]
         m = x.size // k if k else 0
-        plan = _mma_plan(x.dtype, scales.dtype, group_size, bits, mode, tiles or mma.tiles_for(m), ksplit, m, n, k)
+        plan = _mma_plan(source, x.dtype, scales.dtype, group_size, bits, mode, tiles or source.tiles_for(m), ksplit,
+                         m, n, k)
         if plan is None:
             if fallback is None:
-                raise ValueError(f"tensor-core qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")
+                raise ValueError(f"{kind} qmm: x {x.dtype}, group size {group_size}, {bits} bits, {mode} unsupported")
             return fallback(x, w, scales, biases, group_size, bits, **({} if mode == "affine" else {"mode": mode}))
         targs, launch, out_type = plan
         if m == 0:
@@ -117,14 +140,14 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
                 rows: tuple[int, ...] = (*range(1, MAX_ROWS + 1), 72)) -> None:
         """As the FMA qmm's prepare: the builds of 1 to 16 rows and a 72-row self-check (tiles, row tiles);
         `rows`: only those (the timing of another K split: timing.prefer_tensor_cores)."""
-        own = [d for d in x_dtypes if mma.supports(d, group_size, bits, mode)]
+        own = [d for d in x_dtypes if source.supports(d, group_size, bits, mode)]
         if fallback is not None and hasattr(fallback, "prepare"):
             fallback.prepare([d for d in x_dtypes if d not in own], scale_dtype, group_size, bits, mode)
         if hasattr(kernel, "prebuild"):
             out = {d: output_dtype(d, scale_dtype) for d in own}
             kernel.prebuild([([d, mx.uint32, scale_dtype, scale_dtype], [2, 2, 2, 2], [out[d]],
-                              mma.template_args(d, scale_dtype, out[d], group_size, bits, tiles or mma.tiles_for(m), m,
-                                                ksplit))
+                              source.template_args(d, scale_dtype, out[d], group_size, bits,
+                                                   tiles or source.tiles_for(m), m, ksplit))
                              for d in own for m in rows])
 
     variants: dict[int, Callable[..., mx.array]] = {ksplit: qmm}
@@ -132,7 +155,7 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
     def with_ksplit(other: int) -> Callable[..., mx.array]:
         """This qmm with `other` warps splitting K: other bits, so a layer shape keeps one (timing.py)."""
         if other not in variants:
-            variants[other] = cuda_mma_qmm_function(fallback, tiles, other)
+            variants[other] = make(other)
         return variants[other]
 
     qmm.prepare, qmm.ksplit, qmm.with_ksplit = prepare, ksplit, with_ksplit
@@ -140,15 +163,15 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
 
 
 @functools.lru_cache(maxsize=4096)
-def _mma_plan(x_dtype, scale_dtype, group_size: int, bits: int, mode: str, tiles: int, ksplit: int, m: int, n: int,
-              k: int):
-    """(template args, launch grid, output dtype) of a tensor-core launch, None where it cannot run:
+def _mma_plan(source, x_dtype, scale_dtype, group_size: int, bits: int, mode: str, tiles: int, ksplit: int, m: int,
+              n: int, k: int):
+    """(template args, launch grid, output dtype) of a matrix-unit launch, None where it cannot run:
     once per shape, not per call (building them cost ~2 us of a call's ~6 us of Python)."""
-    if not mma.supports(x_dtype, group_size, bits, mode) or k % group_size:
+    if not source.supports(x_dtype, group_size, bits, mode) or k % group_size:
         return None
     out_type = output_dtype(x_dtype, scale_dtype)
-    return (mma.template_args(x_dtype, scale_dtype, out_type, group_size, bits, tiles, max(m, 1), ksplit),
-            mma.launch(max(m, 1), n, tiles, ksplit), out_type)
+    return (source.template_args(x_dtype, scale_dtype, out_type, group_size, bits, tiles, max(m, 1), ksplit),
+            source.launch(max(m, 1), n, tiles, ksplit), out_type)
 
 
 def _rows(kernel, x: mx.array, weights: list[mx.array], n: int, plan: Callable[[int], tuple]) -> mx.array:

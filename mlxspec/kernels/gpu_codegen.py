@@ -23,7 +23,10 @@ CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bflo
 CUDA_PREAMBLE = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
                  "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
 CUDA_NAMESPACE = "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
-METAL_ATTRIBUTES = {"thread_position_in_grid": "uint3"}  # the builtins our bodies may use
+# The builtins mx.fast.metal_kernel passes where a body names them, in its order (mlx/backend/common/metal_kernel.cpp)
+METAL_ATTRIBUTES = {"simdgroup_index_in_threadgroup": "uint", "thread_index_in_simdgroup": "uint",
+                    "thread_position_in_grid": "uint3", "thread_position_in_threadgroup": "uint3",
+                    "threadgroup_position_in_grid": "uint3"}
 
 
 def _uses(body: str, name: str) -> bool:

@@ -188,12 +188,15 @@ register("qmm-q8", _load_qmm_q8)
 
 
 def _load_qmm_mma(backend: str):
-    """The tensor-core qmm (CUDA): float32 x goes to the FMA kernel of the "qmm" family."""
-    if backend != "cuda":
-        raise KernelUnavailable(f"the tensor-core qmm is a CUDA kernel ({backend} keeps the FMA one)")
+    """The matrix-unit qmm: tensor cores on CUDA, simdgroup matrices on Metal; what it does not take (float32
+    x on CUDA, 2/3/5/6 bits on Metal) goes to the FMA kernel of the "qmm" family."""
     from . import gpu
 
-    return gpu.cuda_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.cuda_kernel, mma.sync m16n8k16" + _compiled(backend)
+    if backend == "cuda":
+        return gpu.cuda_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.cuda_kernel, mma.sync m16n8k16" + _compiled(backend)
+    if backend == "metal":
+        return gpu.metal_mma_qmm_function(kernel("qmm", backend).fn), "mx.fast.metal_kernel, simdgroup_matrix 8x8"
+    raise KernelUnavailable(f"the matrix-unit qmm is a GPU kernel ({backend} keeps its own)")
 
 
 register("qmm-mma", _load_qmm_mma)
@@ -222,21 +225,23 @@ def kernel_for_layer(
     rec = kernel("qmm-q8" if activations == "q8" else "qmm", device_backend_name(device))
     signature = (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode)
     fma, why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
-    if rec.backend != "cuda" or activations != "f32":
+    if rec.backend not in ("cuda", "metal") or activations != "f32":
         return fma, why
-    return _tensor_cores_or(fma, why, signature, n, k, group_size, bits, scale_dtype, mode)
+    return _tensor_cores_or(fma, why, signature, n, k, group_size, bits, scale_dtype, mode, rec.backend)
 
 
 def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size: int, bits: int,
-                     scale_dtype: mx.Dtype, mode: str):
-    """On CUDA, the tensor-core qmm instead of the FMA one where it handles the layer, passed its
-    self-check and timed faster here (timing.prefer_tensor_cores). Both are row-invariant; the choice
-    is made once per layer shape, so a layer's one-row steps and verify rows always meet one kernel."""
-    from .gpu_mma_source import supports
+                     scale_dtype: mx.Dtype, mode: str, backend: str = "cuda"):
+    """On a GPU, the matrix-unit qmm (CUDA's tensor cores, Metal's simdgroup matrices) instead of the FMA one
+    where it handles the layer, passed its self-check and timed faster here (timing.prefer_tensor_cores).
+    Both are row-invariant; the choice is made once per layer shape, so a layer's one-row steps and verify
+    rows always meet one kernel."""
+    from . import gpu_mma_source, gpu_simdgroup_source
 
-    if not supports(scale_dtype, group_size, bits, mode):
+    source = gpu_mma_source if backend == "cuda" else gpu_simdgroup_source
+    if not source.supports(scale_dtype, group_size, bits, mode):
         return fma, why
-    rec = kernel("qmm-mma", "cuda")
+    rec = kernel("qmm-mma", backend)
     mma, mma_why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype,
                                                                rows=MMA_CHECK_ROWS))
     if mma is None or fma is None:
@@ -245,7 +250,7 @@ def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size
         from .timing import prefer_tensor_cores
 
         with rec.spending("timing"):
-            rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype)
+            rec.chosen[signature] = prefer_tensor_cores(fma, mma, n, k, group_size, bits, scale_dtype, backend)
     split = rec.chosen[signature]  # 0 / False: FMA; True or the default: mma; another: that K split's build
     if not split:
         return fma, why

@@ -160,9 +160,10 @@ TENSOR_CORE_STEP_BUDGET = EXACT_BUDGET  # the tensor-core qmm may cost a decodin
 OTHER_KSPLITS = (2, 8)
 
 
-def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, scale_dtype) -> int:
-    """Time the FMA qmm and the tensor-core qmm (its default K split and OTHER_KSPLITS, where it has them)
-    on this layer shape at 1 and 8 rows (cached on disk per device and MLX version, shown by doctor).
+def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, scale_dtype, backend: str = "cuda") -> int:
+    """Time the FMA qmm and the matrix-unit qmm (CUDA's tensor cores, Metal's simdgroup matrices: its default
+    K split and OTHER_KSPLITS, where it has them) on this layer shape at 1 and 8 rows (cached on disk per
+    device and MLX version, shown by doctor).
     Returns the K split of the tensor-core build that serves the layer, 0 for the FMA kernel: of the
     builds that win against FMA (tensor_cores_win), the cheapest decoding step + 8-row verify round.
     On an H100 (2026-11-26) the vocabulary head took 257 / 290 us at 1 / 8 rows with tensor cores, 247 /
@@ -177,7 +178,7 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
     _prepare([f for ks, f in builds.items() if ks != default], scale_dtype, group_size, bits)
     times = {"fma": {}, "mlx": {}} | {ks: {} for ks in builds}  # kernel (or MLX's op) -> rows -> microseconds
     for name, family, fn in [("fma", "qmm", fma)] + [(ks, "qmm-mma", f) for ks, f in builds.items()]:
-        rec = kernel(family, "cuda")
+        rec = kernel(family, backend)
         for m in TENSOR_CORE_ROWS:
             signature = f"{n}x{k} q{bits} g{group_size} {str(scale_dtype).split('.')[-1]} M={m}"
             signature += f" k{name}" if name not in ("fma", default) else ""  # the default's as it always read

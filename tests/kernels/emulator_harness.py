@@ -77,3 +77,86 @@ def save(directory: Path, **arrays: mx.array) -> None:
 def from_np(raw: bytes, dtype, shape) -> mx.array:
     a = mx.array(np.frombuffer(raw, dtype=NP_TYPES[dtype]).reshape(shape))
     return a.view(mx.bfloat16) if dtype == mx.bfloat16 else a
+
+
+# A matrix-unit qmm's harness: every build over M rows, each row alone, rows [r0, r0 + odd) as one launch, then
+# {extra} (more launches' code). The backend fills in `shapes` (x's and w's shape arguments), `cols` (columns
+# a tile), `ids` (a lane's builtins from lane, part, by, bz) and the `cases` of `switch (build)`.
+MATRIX_QMM_HARNESS = """
+{source}
+using T = {T}; using WT = {W}; using O = {O};
+std::vector<O> launch(int build, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
+  const int tiles[] = {{{tiles}}}, row_tiles[] = {{{row_tiles}}}, ksplit[] = {{{ksplit}}};
+  std::vector<O> y(size_t(M) * N);
+  {shapes}
+  const int ys = (N + {cols} * tiles[build] - 1) / ({cols} * tiles[build]), zs = (M + 8 * row_tiles[build] - 1) / (8 * row_tiles[build]);
+  emu::run_blocks(ys, zs, ksplit[build], [&](int lane, int part, int by, int bz) {{
+    {ids}
+    switch (build) {{
+{cases}
+    }}
+  }});
+  return y;
+}}
+int main(int argc, char** argv) {{
+  const std::string d = argv[1];
+  const int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]);
+  auto x = load<T>(d + "/x", size_t(M) * K);
+  auto w = load<uint32_t>(d + "/w", size_t(N) * K * {BITS} / 32);
+  auto s = load<WT>(d + "/s", size_t(N) * K / {G}); auto b = load<WT>(d + "/b", size_t(N) * K / {G});
+  std::ofstream out(d + "/y", std::ios::binary);
+  for (int build = 0; build < {builds}; ++build) save(out, launch(build, x.data(), M, w.data(), s.data(), b.data(), N, K));
+  for (int r = 0; r < M; ++r) save(out, launch(0, x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K));
+  save(out, launch(0, x.data() + size_t({r0}) * K, {odd}, w.data(), s.data(), b.data(), N, K));
+{extra}
+}}
+"""
+
+
+def matrix_qmm_harness(case: tuple, builds: list, odd: tuple[int, int], **parts: str) -> str:
+    """MATRIX_QMM_HARNESS for `case` (x dtype, scales dtype, group size, bits) and `builds` (column tiles, row
+    tiles, K split), with the backend's `parts` (source, shapes, cols, ids, cases, extra)."""
+    from mlxspec.kernels.reference import output_dtype
+
+    x_dtype, s_dtype, group_size, bits = case
+    per_build = {name: ", ".join(str(b[i]) for b in builds) for i, name in enumerate(("tiles", "row_tiles", "ksplit"))}
+    return MATRIX_QMM_HARNESS.format(T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[output_dtype(x_dtype, s_dtype)],
+                                     BITS=bits, G=group_size, r0=odd[0], odd=odd[1], builds=len(builds),
+                                     **per_build, **parts)
+
+
+def case_id(case) -> str:
+    return "-".join(str(v) for v in case).replace("mlx.core.", "")
+
+
+def check_matrix_qmm(tmp_path: Path, exe: Path, case: tuple, builds: list, rows: int, n: int, k: int,
+                     odd: tuple[int, int], extra: int = 0) -> tuple[mx.array, list[mx.array]]:
+    """Run a matrix-unit qmm harness (tensor cores, simdgroup matrices) that saves every build over `rows`
+    rows, each row alone, rows odd[0] .. odd[0] + odd[1] as one launch, then `extra` more launches of
+    `rows` rows; hold each build to the reference tolerance and the rows to invariance (builds with the
+    same K split, build[2], give the same bits; so do the lone rows and the odd launch). Returns (y, the
+    extra launches' outputs)."""
+    from mlxspec.kernels.reference import output_dtype, within_tolerance
+
+    x_dtype, s_dtype, group_size, bits = case
+    w, s, b = mx.quantize(mx.random.normal((n, k), key=mx.random.key(0)).astype(s_dtype), group_size=group_size,
+                          bits=bits)
+    x = mx.random.normal((rows, k), key=mx.random.key(1)).astype(x_dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b)
+    run(exe, tmp_path, rows, n, k)
+    out, raw = output_dtype(x_dtype, s_dtype), (tmp_path / "y").read_bytes()
+    counts = [rows] * len(builds) + [1] * rows + [odd[1]] + [rows] * extra
+    size, parts, start = len(raw) // sum(counts), [], 0  # bytes per output row
+    for count in counts:
+        parts.append(from_np(raw[start : start + count * size], out, (count, n)))
+        start += count * size
+    y, alone, odd_part = parts[0], mx.concatenate(parts[len(builds) : len(builds) + rows]), parts[len(builds) + rows]
+    first = {}  # K split -> its first build's output: the others with that split must equal it
+    for build, other in zip(builds, parts):
+        ok, ratio = within_tolerance(other, x, w, s, b, group_size, bits)
+        assert ok, f"{case} {build}: error {ratio:.3g}x the tolerance"
+        assert mx.array_equal(other, first.setdefault(build[2], other)).item(), f"build {build} gives other bits"
+    assert mx.array_equal(alone, y).item(), f"rows of a {rows}-row launch differ from 1-row launches"
+    assert mx.array_equal(odd_part, y[odd[0] : sum(odd)]).item(), f"rows of a {odd[1]}-row launch differ"
+    assert not mx.array_equal(y[0], y[1]).item()  # the rows are really different rows
+    return y, parts[len(builds) + rows + 1 :]

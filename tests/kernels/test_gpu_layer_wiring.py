@@ -136,14 +136,16 @@ def tagged_qmm(calls: list, tag: str):
     ({1: 9.0, 8: 32.0}, 10.0, "fma"),  # a faster step, a verify pass dearer by more than it saves
     ({1: 9.5, 8: 30.2}, 10.0, "mma"),  # a dearer verify pass, but a cheaper step + verify round
 ])
-def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch, tmp_path, mma_us, mlx_us, want):
-    """kernel_for_layer on CUDA: the FMA and tensor-core qmm both pass their self-checks; the faster
+@pytest.mark.parametrize("backend", ["cuda", "metal"])  # tensor cores; simdgroup matrices
+def test_gpu_layers_take_the_matrix_unit_qmm_where_it_times_faster(monkeypatch, tmp_path, mma_us, mlx_us, want,
+                                                                    backend):
+    """kernel_for_layer on a GPU: the FMA and matrix-unit qmm both pass their self-checks; the faster
     (timing.prefer_tensor_cores) serves the layer; timings are cached, so the choice is made once."""
     from mlxspec.kernels import timing
 
     calls = []
     serve(monkeypatch, {"qmm": lambda: tagged_qmm(calls, "fma"), "qmm-mma": (lambda: tagged_qmm(calls, "mma"), "stand-in mma")})
-    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: backend)
     monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
     us = {"fma": {1: 10.0, 8: 30.0}, "mma": mma_us}
 
@@ -165,8 +167,8 @@ def test_cuda_layers_take_the_tensor_core_qmm_where_it_times_faster(monkeypatch,
     fn(x, w, s, b, 64, 4)
     assert calls == [(want, 3)]
     status = {st["kernel"]: st for st in registry.status()}
-    assert "64x128 q4 g64 float16 M=8" in status["cuda-qmm-mma"]["timings"]
-    assert list(status["cuda-qmm-mma"]["chosen"].values()) == [True if want == "mma" else 0]  # (no K split said)
+    assert "64x128 q4 g64 float16 M=8" in status[f"{backend}-qmm-mma"]["timings"]
+    assert list(status[f"{backend}-qmm-mma"]["chosen"].values()) == [True if want == "mma" else 0]  # (no K split said)
     with monkeypatch.context() as m:  # the next layer of this shape: decided once per shape and process
         m.setattr(timing, "prefer_tensor_cores", lambda *a, **k: (_ for _ in ()).throw(AssertionError("decided again")))
         assert registry.kernel_for_layer(64, 128, 64, 4, mx.float16)[1] == why
@@ -241,6 +243,18 @@ def test_tensor_cores_are_not_tried_where_they_cannot_run(pretend_cuda):
         assert why.endswith("(stand-in)"), why
     assert registry.kernel_for_layer(64, 128, 32, 4, mx.float16, mode="mxfp4")[1].endswith("(stand-in)")
     assert "cuda-qmm-mma" not in {s["kernel"] for s in registry.status()}
+
+
+def test_simdgroup_matrices_are_not_tried_where_they_cannot_run(monkeypatch):
+    """Metal: bit-stream widths (2/3/5/6) and mxfp4 keep the FMA kernel, untimed; float32 activations can
+    take the simdgroup kernel (its matrices are float32), so they are timed like the others."""
+    serve(monkeypatch, {"qmm": lambda: per_row_qmm([]), "qmm-mma": (lambda: per_row_qmm([]), "stand-in mma")})
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "metal")
+    for bits in (3, 6):
+        assert registry.kernel_for_layer(64, 128, 64, bits, mx.float16)[1].endswith("(stand-in)")
+    assert registry.kernel_for_layer(64, 128, 32, 4, mx.bfloat16, mode="mxfp4")[1].endswith("(stand-in)")
+    assert "metal-qmm-mma" not in {s["kernel"] for s in registry.status()}
+    registry.reset()
 
 
 def test_bench_gpu_forces_each_qmm_on_every_layer_and_keeps_the_timed_choice(monkeypatch):

@@ -14,9 +14,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
+from emulator_harness import CXX, build_all, case_id, check_matrix_qmm, matrix_qmm_harness
 from mlxspec.kernels import gpu_mma_source as src
-from mlxspec.kernels.reference import output_dtype, within_tolerance
+from mlxspec.kernels.reference import output_dtype
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
@@ -36,38 +36,9 @@ BUILDS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 4, 4), (1, 8, 4),  # (16-column t
 M, ODD = 40, (9, 7)  # a 40-row launch, each row alone, rows [9, 16) as one 7-row launch
 N, K = 19, 384  # N: a partial 16-column tile; K: 3 groups of 128, 12 of 32
 
-HARNESS = """
-{source}
-using T = {T}; using WT = {W}; using O = {O};
-std::vector<O> launch(int build, const T* x, int M, const uint32_t* w, const WT* s, const WT* b, int N, int K) {{
-  const int tiles[] = {{{tiles}}}, row_tiles[] = {{{row_tiles}}}, ksplit[] = {{{ksplit}}};
-  std::vector<O> y(size_t(M) * N);
-  Shape xs{{M, K}}, ws{{N, K * {BITS} / 32}};
-  const int ys = (N + 16 * tiles[build] - 1) / (16 * tiles[build]), zs = (M + 8 * row_tiles[build] - 1) / (8 * row_tiles[build]);
-  emu::run_blocks(ys, zs, ksplit[build], [&](int lane, int warp, int by, int bz) {{
-    threadIdx = dim3{{unsigned(lane), unsigned(warp), 0}};
-    blockIdx = dim3{{0, unsigned(by), unsigned(bz)}}; blockDim = dim3{{32, unsigned(ksplit[build]), 1}};
-    switch (build) {{
-{cases}
-    }}
-  }});
-  return y;
-}}
-int main(int argc, char** argv) {{
-  const std::string d = argv[1];
-  const int M = std::atoi(argv[2]), N = std::atoi(argv[3]), K = std::atoi(argv[4]);
-  auto x = load<T>(d + "/x", size_t(M) * K);
-  auto w = load<uint32_t>(d + "/w", size_t(N) * K * {BITS} / 32);
-  auto s = load<WT>(d + "/s", size_t(N) * K / {G}); auto b = load<WT>(d + "/b", size_t(N) * K / {G});
-  std::ofstream out(d + "/y", std::ios::binary);
-  for (int build = 0; build < {builds}; ++build) save(out, launch(build, x.data(), M, w.data(), s.data(), b.data(), N, K));
-  for (int r = 0; r < M; ++r) save(out, launch(0, x.data() + size_t(r) * K, 1, w.data(), s.data(), b.data(), N, K));
-  save(out, launch(0, x.data() + size_t({r0}) * K, {odd}, w.data(), s.data(), b.data(), N, K));
-  std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: one-by-one loads
+SHIFTED = """  std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: one-by-one loads
   for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
-  save(out, launch(3, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));
-}}
-"""
+  save(out, launch(3, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));"""
 CASE = "      case {i}: mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data()); break;"
 
 
@@ -75,13 +46,11 @@ def code(x_dtype, s_dtype, group_size: int, bits: int) -> str:
     out = output_dtype(x_dtype, s_dtype)
     names, source = src.cuda_source(x_dtype, s_dtype, out, group_size, bits, builds=BUILDS)
     cases = "\n".join(CASE.format(i=i, name=n) for i, n in enumerate(names))
-    return HARNESS.format(source=source, T=C_TYPES[x_dtype], W=C_TYPES[s_dtype], O=C_TYPES[out], cases=cases,
-                          BITS=bits, G=group_size, r0=ODD[0], odd=ODD[1], builds=len(BUILDS),
-                          **{name: ", ".join(str(b[i]) for b in BUILDS) for i, name in enumerate(("tiles", "row_tiles", "ksplit"))})
-
-
-def case_id(case) -> str:
-    return "-".join(str(v) for v in case).replace("mlx.core.", "")
+    return matrix_qmm_harness(
+        (x_dtype, s_dtype, group_size, bits), BUILDS, ODD, source=source, cols=16, cases=cases, extra=SHIFTED,
+        shapes=f"Shape xs{{M, K}}, ws{{N, K * {bits} / 32}};",
+        ids="threadIdx = dim3{unsigned(lane), unsigned(part), 0};\n"
+            "    blockIdx = dim3{0, unsigned(by), unsigned(bz)}; blockDim = dim3{32, unsigned(ksplit[build]), 1};")
 
 
 @pytest.fixture(scope="module")
@@ -91,31 +60,8 @@ def exes() -> dict:
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
-    x_dtype, s_dtype, group_size, bits = case
-    w, s, b = mx.quantize(mx.random.normal((N, K), key=mx.random.key(0)).astype(s_dtype), group_size=group_size,
-                          bits=bits)
-    x = mx.random.normal((M, K), key=mx.random.key(1)).astype(x_dtype)
-    save(tmp_path, x=x, w=w, s=s, b=b)
-    run(exes[case], tmp_path, M, N, K)
-    out = output_dtype(x_dtype, s_dtype)
-    raw = (tmp_path / "y").read_bytes()
-    counts = [M] * len(BUILDS) + [1] * M + [ODD[1], M]
-    size = len(raw) // sum(counts)  # bytes per output row
-    parts, start = [], 0
-    for rows in counts:
-        parts.append(from_np(raw[start : start + rows * size], out, (rows, N)))
-        start += rows * size
-    y, alone, (odd, shifted) = parts[0], mx.concatenate(parts[len(BUILDS) : -2]), parts[-2:]
-    first = {}  # K split -> its first build's output: the others with that split must equal it
-    for build, other in zip(BUILDS, parts):
-        ok, ratio = within_tolerance(other, x, w, s, b, group_size, bits)
-        assert ok, f"{case_id(case)} {build}: error {ratio:.3g}x the tolerance"
-        ref = first.setdefault(build[2], other)
-        assert mx.array_equal(other, ref).item(), f"(column tiles, row tiles, K split) {build} give other bits"
-    assert mx.array_equal(alone, y).item(), f"rows of a {M}-row launch differ from 1-row launches"
-    assert mx.array_equal(odd, y[ODD[0] : sum(ODD)]).item(), "rows of a 7-row launch differ"
+    y, (shifted,) = check_matrix_qmm(tmp_path, exes[case], case, BUILDS, M, N, K, ODD, extra=1)
     assert mx.array_equal(shifted, y).item(), "x at an unaligned address gives other bits"
-    assert not mx.array_equal(y[0], y[1]).item()  # the rows are really different rows
 
 
 def test_supports_only_what_the_source_handles():

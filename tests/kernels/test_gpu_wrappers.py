@@ -176,3 +176,33 @@ def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(
     built.clear()
     qmm.prepare([mx.float16], mx.float16, 64, 4)
     assert len(built) == gpu.MAX_ROWS + 1  # 1 to 16 rows and the 72-row self-check's
+
+
+@pytest.fixture
+def metal_launches(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gpu, "require_metal", lambda: None)
+    monkeypatch.setattr(mx.fast, "metal_kernel", lambda **kw: StandIn(calls, kw["name"]))
+    return calls
+
+
+def test_simdgroup_wrapper_runs_any_rows_in_one_launch_and_falls_back_where_it_must(metal_launches):
+    """Metal's simdgroup-matrix qmm: one launch of the simdgroup kernel for 1 to 40 rows (its grid from
+    gpu_simdgroup_source.launch), float32 x too; 6-bit layers go to the FMA kernel (its fallback)."""
+    from mlxspec.kernels import gpu_simdgroup_source as sg
+
+    w, s, b = weights()
+    qmm = gpu.metal_mma_qmm_function(gpu.metal_qmm_function())
+    for m, dtype in ((1, mx.float16), (8, mx.float16), (9, mx.float32), (40, mx.float16)):
+        metal_launches.clear()
+        x = mx.random.normal((m, 128), key=mx.random.key(m)).astype(dtype)
+        y = qmm(x, w, s, b, 64, 4)
+        assert len(metal_launches) == 1 and mx.array_equal(y, qmm_reference(x, w, s, b, 64, 4).astype(y.dtype)).item()
+        name, shape, targs, out, grid = metal_launches[0]
+        assert name == sg.NAME and shape == (m, 128) and out == (m, 40)
+        assert grid == sg.launch(m, 40)["grid"] and targs["RT"] == sg.row_tiles(m) and targs["KSPLIT"] == sg.KSPLIT
+    metal_launches.clear()
+    w6, s6, b6 = mx.quantize(mx.random.normal((40, 128), key=mx.random.key(1)).astype(mx.float16), group_size=64, bits=6)
+    qmm(mx.zeros((2, 128), mx.float16), w6, s6, b6, 64, 6)
+    assert [name for name, *_ in metal_launches] == [gpu.NAME]
+    assert qmm.with_ksplit(2).ksplit == 2 and qmm.with_ksplit(2) is qmm.with_ksplit(2)

@@ -268,6 +268,55 @@ inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1
   return s;
 }
 
+// Threadgroup memory and barriers (one threadgroup runs at a time, as for CUDA's __shared__)
+#define threadgroup static
+#define thread  // Metal's address space of a function's own pointers
+enum class mem_flags { mem_none, mem_device, mem_threadgroup };
+inline void threadgroup_barrier(mem_flags) { emu::barrier(); }
+
+// simdgroup_matrix<float, 8, 8>: lane l holds elements (fm, fn) and (fm, fn + 1), the layout MLX's
+// steel/gemm/mma.h relies on (BaseMMAFrag::get_coord). simdgroup_multiply_accumulate gives each
+// output C + its 8 products in k order (the hardware's order may differ; each output depends only on
+// its own row of A, column of B and element of C, as on the hardware).
+template <typename T, int Cols, int Rows> struct simdgroup_matrix {
+  struct Elements {
+    T v[2];
+    T& operator[](int i) { return v[i]; }
+  } elements;
+  Elements& thread_elements() { return elements; }
+};
+namespace emu {
+inline void frag_coord(int l, int& fm, int& fn) {
+  const int qid = l / 4;
+  fm = (qid & 4) + (l / 2) % 4;
+  fn = (qid & 2) * 2 + (l % 2) * 2;
+}
+inline void gather_matrix(const simdgroup_matrix<float, 8, 8>& m, float (&out)[8][8]) {
+  for (int e = 0; e < 2; ++e) {
+    const auto all = gather(m.elements.v[e]);
+    for (int l = 0; l < kLanes; ++l) {
+      int fm, fn;
+      frag_coord(l, fm, fn);
+      out[fm][fn + e] = all[l];
+    }
+  }
+}
+}  // namespace emu
+inline void simdgroup_multiply_accumulate(simdgroup_matrix<float, 8, 8>& d, const simdgroup_matrix<float, 8, 8>& a,
+                                          const simdgroup_matrix<float, 8, 8>& b, const simdgroup_matrix<float, 8, 8>& c) {
+  float A[8][8], B[8][8], C[8][8];
+  emu::gather_matrix(a, A);
+  emu::gather_matrix(b, B);
+  emu::gather_matrix(c, C);
+  int fm, fn;
+  emu::frag_coord(emu::lane, fm, fn);
+  for (int e = 0; e < 2; ++e) {
+    float sum = C[fm][fn + e];
+    for (int k = 0; k < 8; ++k) sum = std::fma(A[fm][k], B[k][fn + e], sum);
+    d.elements.v[e] = sum;
+  }
+}
+
 // ---- CUDA
 #define MLXSPEC_EMULATOR  // sources swap inline PTX for the stand-ins below
 #define __global__
