@@ -1,6 +1,6 @@
 """A row-invariant qmm on Apple GPUs' simdgroup matrices (Metal only): 8 rows cost what one row costs.
 
-    y (M, N) = x (M, K) @ dequant(w).T, any M, x float32 / float16 / bfloat16, 4- or 8-bit affine, G in 32/64/128
+    y (M, N) = x (M, K) @ dequant(w).T, any M, x float32 / float16 / bfloat16, 2-6 or 8-bit affine, G in 32/64/128
 
 Why: the FMA kernel (gpu_source.py) spends one FMA per weight per row, so a verify pass of 8 rows does
 8x a decoding step's arithmetic (on an H200 its 16-row launch took 2.5-3.6x its one-row one); MLX's own
@@ -20,8 +20,10 @@ and (fm, fn + 1) of each 8 x 8 matrix, fm = (l / 4 & 4) + (l / 2 % 4), fn = (l /
     A (w, n x k):  column n0 + fm of w, codes k + fn, k + fn + 1, dequantized in float32 (fma(q, s, b))
     B (x^T, k x m): rows m0 + fn, m0 + fn + 1 of x at k + fm (zeros past M)
     C, D (y^T, n x m): y[m0 + fn (+1)][n0 + fm], float32 accumulators
-A lane loads its column's codes 16 bytes at a time (32 codes at 4 bits, 16 at 8: the 4 lanes of a row fm
-read the same bytes, one transaction); each block lies in one scale group (G >= 32).
+A lane loads its column's codes 16 bytes at a time at 4 and 8 bits (32 codes, 16: the 4 lanes of a row fm
+read the same bytes, one transaction); at 2, 3, 5 and 6 bits (MLX's little-endian bit stream: a GGUF's
+Q5_K / Q6_K layers) the word or two holding its two codes of each 8 x 8 step. Each block of K lies in
+one scale group (G >= 32).
 
 A threadgroup's KSPLIT simdgroups share its TILES 8-column tiles and take every KSPLIT-th block of K
 each; their partial sums are added in threadgroup memory in simdgroup order 0, 1, 2, 3. That order
@@ -45,7 +47,7 @@ TILES = 2  # 8-column tiles per simdgroup: each B (x) fragment serves them all; 
 KSPLIT = 4  # simdgroups of a threadgroup, each taking every KSPLIT-th block of K: it orders the sums
 ROW_TILES = (1, 2)  # 8-row tiles a simdgroup computes with each A (weights) fragment it dequantizes
 X_DTYPES = (mx.float32, mx.float16, mx.bfloat16)  # float32 matrices: every x is exact in them
-BITS = (4, 8)  # whole codes in each word; 2/3/5/6-bit layers keep the FMA kernel
+BITS = (2, 3, 4, 5, 6, 8)  # 4 and 8: whole codes a word, read 16 bytes at a time; the others: MLX's bit stream
 GROUP_SIZES = (32, 64, 128)
 
 HEADER = """
@@ -72,8 +74,9 @@ BODY = """
   const int lane = int(thread_position_in_threadgroup.x), part = int(thread_position_in_threadgroup.y);
   const int M = x_shape[0], K = x_shape[1], N = w_shape[0];
   const int WORDS = K * BITS / 32, GROUPS = K / G;
-  constexpr int PER = 32 / BITS;    // codes per word
-  constexpr int KB = 4 * PER;       // k per block: one 16-byte load of codes per column tile
+  constexpr bool WHOLE = BITS == 4 || BITS == 8;  // whole codes in each word: 16-byte loads of codes
+  constexpr int PER = 32 / BITS;                  // (WHOLE) codes per word
+  constexpr int KB = WHOLE ? 4 * PER : 32;        // k per block: one 16-byte load (WHOLE), else 32 codes
   constexpr uint32_t MASK = (1u << BITS) - 1u;
   const int fm = (lane / 4 & 4) + (lane / 2) % 4, fn = (lane / 4 & 2) * 2 + (lane % 2) * 2;  // MLX's layout
   const int n0 = int(threadgroup_position_in_grid.y) * 8 * TILES, m0 = int(threadgroup_position_in_grid.z) * 8 * RT;
@@ -87,7 +90,7 @@ BODY = """
     uint4 q[TILES];
     float s[TILES], b[TILES];
     UNROLL for (int j = 0; j < TILES; ++j) {
-      q[j] = LOAD4(w + size_t(col[j]) * WORDS + k0 / PER);
+      if (WHOLE) q[j] = LOAD4(w + size_t(col[j]) * WORDS + k0 / PER);
       const size_t g = size_t(col[j]) * GROUPS + k0 / G;
       s[j] = float(scales[g]);
       b[j] = float(biases[g]);
@@ -102,7 +105,14 @@ BODY = """
         }
       const int at = 8 * i + fn;  // this lane's first code in the block
       UNROLL for (int j = 0; j < TILES; ++j) {
-        const uint32_t word = word_of(q[j], at / PER) >> (at % PER * BITS);  // fn is even: both codes in it
+        uint32_t word;  // this lane's two codes in its low bits
+        if (WHOLE) {
+          word = word_of(q[j], at / PER) >> (at % PER * BITS);  // fn is even: both codes in one word
+        } else {  // a little-endian bit stream: the two codes may straddle two words
+          const int bit = (k0 + at) * BITS, sh = bit % 32;
+          const device uint32_t* p = w + size_t(col[j]) * WORDS + bit / 32;
+          word = uint32_t((uint64_t(p[0]) | (sh + 2 * BITS > 32 ? uint64_t(p[1]) << 32 : uint64_t(0))) >> sh);
+        }
         const float a0 = metal::fma(float(word & MASK), s[j], b[j]);
         const float a1 = metal::fma(float((word >> BITS) & MASK), s[j], b[j]);
         UNROLL for (int r = 0; r < RT; ++r) mma8(acc[r][j], a0, a1, xb[r][0], xb[r][1]);

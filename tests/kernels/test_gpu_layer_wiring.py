@@ -246,12 +246,10 @@ def test_tensor_cores_are_not_tried_where_they_cannot_run(pretend_cuda):
 
 
 def test_simdgroup_matrices_are_not_tried_where_they_cannot_run(monkeypatch):
-    """Metal: bit-stream widths (2/3/5/6) and mxfp4 keep the FMA kernel, untimed; float32 activations can
-    take the simdgroup kernel (its matrices are float32), so they are timed like the others."""
+    """Metal: mxfp4 keeps the FMA kernel, untimed (every affine width, and float32 activations, can take the
+    simdgroup kernel: its matrices are float32)."""
     serve(monkeypatch, {"qmm": lambda: per_row_qmm([]), "qmm-mma": (lambda: per_row_qmm([]), "stand-in mma")})
     monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "metal")
-    for bits in (3, 6):
-        assert registry.kernel_for_layer(64, 128, 64, bits, mx.float16)[1].endswith("(stand-in)")
     assert registry.kernel_for_layer(64, 128, 32, 4, mx.bfloat16, mode="mxfp4")[1].endswith("(stand-in)")
     assert "metal-qmm-mma" not in {s["kernel"] for s in registry.status()}
     registry.reset()

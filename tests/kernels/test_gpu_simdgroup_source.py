@@ -24,6 +24,11 @@ CASES = [  # (x dtype, scales dtype, group size, bits)
     (mx.bfloat16, mx.bfloat16, 32, 8),
     (mx.float32, mx.float16, 128, 4),  # float32 x: exact in the float32 matrices
     (mx.float32, mx.bfloat16, 64, 8),
+    # the bit-stream widths: a lane's two codes in one word (2 bits) or straddling two (3, 5, 6 bits)
+    (mx.float16, mx.float16, 32, 6),  # a GGUF's Q6_K (requantized, group 32)
+    (mx.bfloat16, mx.bfloat16, 32, 5),
+    (mx.float32, mx.float16, 64, 3),
+    (mx.float16, mx.float16, 128, 2),
 ]
 BUILDS = [(2, 1, 4), (1, 1, 4), (4, 1, 4), (2, 2, 4), (1, 2, 4),  # (8-column tiles, 8-row tiles, K split)
           (2, 1, 1), (2, 2, 1), (2, 1, 8), (1, 2, 8)]  # other K splits: other bits, each row-invariant
@@ -59,7 +64,7 @@ def test_simdgroup_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, 
 
 def test_supports_only_what_the_source_handles():
     assert src.supports(mx.float16, 64, 4) and src.supports(mx.bfloat16, 128, 8) and src.supports(mx.float32, 32, 4)
-    assert not any(src.supports(mx.float16, 64, bits) for bits in (2, 3, 5, 6))  # bit streams: the FMA kernel
+    assert all(src.supports(mx.bfloat16, 32, bits) for bits in (2, 3, 5, 6))  # the bit-stream path
     assert not src.supports(mx.float16, 32, 4, "mxfp4") and not src.supports(mx.float16, 16, 4)
 
 

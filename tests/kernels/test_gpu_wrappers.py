@@ -27,7 +27,8 @@ class StandIn:
             y = mx.concatenate([qmm_reference(x[p : p + 1], w[e], s[e], b[e], dict(template)["G"], dict(template)["BITS"])
                                 for p, e in enumerate(idx)])
         else:
-            y = qmm_reference(x, w, s, b, dict(template)["G"], dict(template)["BITS"])
+            mode = "mxfp4" if dict(template).get("MODE") == 1 else "affine"
+            y = qmm_reference(x, w, s, b, dict(template)["G"], dict(template)["BITS"], mode)
         return [y.astype(output_dtypes[0]).reshape(output_shapes[0])]
 
 
@@ -188,7 +189,7 @@ def metal_launches(monkeypatch):
 
 def test_simdgroup_wrapper_runs_any_rows_in_one_launch_and_falls_back_where_it_must(metal_launches):
     """Metal's simdgroup-matrix qmm: one launch of the simdgroup kernel for 1 to 40 rows (its grid from
-    gpu_simdgroup_source.launch), float32 x too; 6-bit layers go to the FMA kernel (its fallback)."""
+    gpu_simdgroup_source.launch), float32 x too; mxfp4 layers go to the FMA kernel (its fallback)."""
     from mlxspec.kernels import gpu_simdgroup_source as sg
 
     w, s, b = weights()
@@ -202,7 +203,7 @@ def test_simdgroup_wrapper_runs_any_rows_in_one_launch_and_falls_back_where_it_m
         assert name == sg.NAME and shape == (m, 128) and out == (m, 40)
         assert grid == sg.launch(m, 40)["grid"] and targs["RT"] == sg.row_tiles(m) and targs["KSPLIT"] == sg.KSPLIT
     metal_launches.clear()
-    w6, s6, b6 = mx.quantize(mx.random.normal((40, 128), key=mx.random.key(1)).astype(mx.float16), group_size=64, bits=6)
-    qmm(mx.zeros((2, 128), mx.float16), w6, s6, b6, 64, 6)
+    wf, sf = mx.quantize(mx.random.normal((40, 128), key=mx.random.key(1)), group_size=32, bits=4, mode="mxfp4")[:2]
+    qmm(mx.zeros((2, 128), mx.bfloat16), wf, sf, None, 32, 4, mode="mxfp4")
     assert [name for name, *_ in metal_launches] == [gpu.NAME]
     assert qmm.with_ksplit(2).ksplit == 2 and qmm.with_ksplit(2) is qmm.with_ksplit(2)
