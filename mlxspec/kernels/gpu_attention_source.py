@@ -7,6 +7,9 @@
     last W of those, [start, rows) with start = max(0, rows - W): a sliding-window layer.
     sinks (SINKS = 1): one extra logit per head (gpt-oss), in the softmax's denominator, with no value.
     softcap c > 0 (Gemma 2): each score s becomes c * tanh(s / c) before the softmax.
+    tree (TREE = 1 builds): the last M keys are a draft tree's nodes; row m sees the keys before them and
+    its path's nodes, each index mapped so the row computes what a one-row call over those keys in order
+    computes (`tree`: gpu_attention.tree_rows).
     Output (1, H, M, DV) in T.
 
 Two kernels:
@@ -27,7 +30,7 @@ Chunk boundaries are multiples of CHUNK from the row's first key and each step d
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
 Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
-(partial: slots a warp, dims a lane; neither changes the bits), SINKS (0 or 1). The mask is a runtime
+(partial: slots a warp, dims a lane; neither changes the bits), TREE (partial: 0 or 1), SINKS (0 or 1). The mask is a runtime
 value (params = [scale, causal, window, by_rows, softcap]) so every mask runs the very same code. L, the keys
 that count, is a runtime value too (`length`, one int32): a compiled step passes its whole cache buffer
 (NCH from its capacity) and the length from its graph; chunks past L are empty, so the bits are those of
@@ -42,11 +45,14 @@ from .gpu_codegen import cuda_function, cuda_program, metal_function
 
 PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
-PARTIAL_INPUTS, PARTIAL_OUTPUTS = ["q", "k", "v", "params", "length"], ["pmax", "psum", "pacc"]  # length: int32
+PARTIAL_INPUTS = ["q", "k", "v", "params", "length", "tree"]  # length, tree: int32
+PARTIAL_OUTPUTS = ["pmax", "psum", "pacc"]
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
 HEADS = 4  # query heads sharing a kv head that one partial warp serves (each key and value read once for them)
+TREE_NODES = 64  # a tree pass's rows at most (tree.MAX_TREE_NODES drafts + the root)
+TREE_ROW = 1 + TREE_NODES  # a row's entry in `tree`: its path's length, then the path (node indices, root first)
 THREADGROUP = (32, 1, 1)
 
 # //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)
@@ -54,6 +60,12 @@ PARTIAL_CORE = """
   const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
   const int HKV = k_shape[1], DV = v_shape[3];
   const int L = length[0] < k_shape[2] ? length[0] : k_shape[2];  // keys [0, L) of k count (never past k)
+  // A draft tree's pass (TS = tree[0] >= 0, the host's by_rows off): keys from TS on are the tree's nodes, and
+  // row m sees keys [0, TS), then its path's nodes TS + tree[path + j], j < tree[path - 1] (path = 2 + m TREE_ROW):
+  // every index below is the one a one-row call over that path, laid out in order, would use (TREE_KEY maps it).
+  const int TS = TREE ? tree[0] : -1;  // TREE: a template constant, so the other builds carry none of this
+  constexpr int TREE_ROW = @TREE_ROW;  // gpu_attention_source.TREE_ROW
+#define TREE_KEY(t) (TS >= 0 && (t) >= TS ? TS + tree[tree_path + (t) - TS] : (t))
   const float sc = params[0];
   const float cap = params[4];  // logit softcap (Gemma 2): a score becomes cap * tanh(score / cap); 0: none
   const bool causal = params[1] != 0.0f;
@@ -73,9 +85,10 @@ PARTIAL_CORE = """
   for (int r = 0; r < HEADS; ++r) {
     hr[r] = hk * G + (by_rows ? (s0 + r) / M : s0 + r);
     mr[r] = by_rows ? (s0 + r) % M : wy / SETS - hk * M;
-    rows[r] = causal ? L - M + mr[r] + 1 : L;  // the same in a 1-row call
+    rows[r] = TS >= 0 ? TS + tree[1 + mr[r] * TREE_ROW] : causal ? L - M + mr[r] + 1 : L;  // the same in a 1-row call
     if (r < nh && rows[r] > rows_max) rows_max = rows[r];
   }
+  const int tree_path = TS >= 0 ? 2 + mr[0] * TREE_ROW : 0;  // a tree's warp serves one row: its path
   const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
   // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped as before
   float acc[HEADS][DPL], qd[HEADS][DPL], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
@@ -107,7 +120,7 @@ PARTIAL_CORE = """
       n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
       dot[r] = 0.0f;
     }
-    const int64_t kr = k_head + int64_t(t < rows_max ? t : base) * k_strides[2];  // lanes past the keys read key base
+    const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
 //@KEYS
     float s[HEADS];  // lane j: key base + j's score, per head
 #pragma unroll
@@ -132,7 +145,7 @@ PARTIAL_CORE = """
       float vv[8][DPL];
 #pragma unroll
       for (int jj = 0; jj < 8; ++jj) {
-        const int64_t vr = v_head + int64_t(base + (j0 + jj < count ? j0 + jj : 0)) * v_strides[2];
+        const int64_t vr = v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2];
 #pragma unroll
         for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
       }
@@ -160,6 +173,7 @@ PARTIAL_CORE = """
         if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[r][i];
     }
   }
+#undef TREE_KEY
 """
 
 COMBINE_CORE = """
@@ -274,6 +288,7 @@ CUDA_WIDE = "  const bool wide = keys_wide(k, k_strides[1], k_strides[2], k_stri
 CUDA_KEYS = ("    if (wide) {\n" + KEY_PHASE.replace("LOADER", "load_key_wide") + "    } else {\n"
              + KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE") + "    }\n")
 METAL_KEYS = KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE")
+PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW))
 BODIES = {  # (backend, kernel) -> body
     ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
     ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
@@ -283,8 +298,14 @@ BODIES = {  # (backend, kernel) -> body
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
-def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8) -> list[tuple]:
-    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane)]
+def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8, tree: bool = False) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree))]
+
+
+def tree_heads(heads: int, dpl: int) -> int:
+    """A tree pass's build serves one query head a warp at 8 dims a lane (head dims over 224): with 4, the
+    path's key lookups spilled 108 bytes of registers on sm_90 (benchmarks/cuda_static.py). The bits are the same."""
+    return heads if dpl < 8 else 1
 
 
 def dims_per_lane(d: int, dv: int) -> int:
@@ -308,18 +329,20 @@ def _kernels(dtype, kv_dtype=None) -> dict:
     f32, kv_dtype = mx.float32, kv_dtype or dtype
     return {
         "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
-                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32}),
+                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}),
         "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
     }
 
 
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
             heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
-    """({'partial', 'combine'}: function names, one program with both) as MLX writes them."""
+    """({'partial', 'partial_tree', 'combine'}: function names, one program with the three) as MLX writes them;
+    partial_tree: the build of draft trees' passes (TREE = 1)."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
-    sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
+    sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1}
     for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
+                               ("partial_tree", "partial", partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True)),
                                ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]

@@ -22,11 +22,13 @@ import pytest
 from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
 from mlxspec.kernels import gpu_attention_source as src
 from mlxspec.kernels.attention import attention_within_tolerance
+from mlxspec.kernels.gpu_attention import tree_rows
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CHUNK = 64
 M, ODD = 16, 7
+TREE = (-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10)  # M nodes, each row's parent row: depths up to 6
 ROOM = 70  # cache positions past the L keys: a launch over the whole buffer spans one more chunk
 CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softcap); L - M + 1 <= 128 < L: rows see 2-3 chunks
     ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70, 0.0),  # windows of 70 keys: 2 chunks, cut elsewhere
@@ -45,9 +47,11 @@ using T = {T};
 using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
+constexpr int TREE_HEADS_ = {tree_heads};  // the tree build's (gpu_attention_source.tree_heads)
 int H, HKV, D, DV;
 float params[5];  // scale, causal, window, by_rows, softcap
 int length[1];  // keys that count
+std::vector<int32_t> tree{{-1}};  // a tree pass's rows (gpu_attention.tree_rows), or [-1]: none
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
 // keys [0, S): S = L, or (buffered, as a compiled step passes its cache) the whole capacity, L a runtime value
@@ -56,15 +60,19 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   const int S = buffered ? cap : L;
   params[1] = causal ? 1.0f : 0.0f;
   params[2] = float(window);
-  const bool by_rows = window == 0 || S <= window;  // as gpu_attention.py: every row starts at key 0
+  const bool by_rows = tree[0] < 0 && (window == 0 || S <= window);  // as gpu_attention.py: every row starts at key 0
   params[3] = by_rows ? 1.0f : 0.0f;
   length[0] = L;
-  const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + HEADS_ - 1) / HEADS_);
+  const int heads = tree[0] >= 0 ? TREE_HEADS_ : HEADS_;
+  const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + heads - 1) / heads);
   const int NCH = ((window > 0 && window < S ? window : S) + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
-  emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial} }});
+  if (tree[0] >= 0)  // a tree pass: the TREE = 1 build, as gpu_attention.py launches it
+    emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial_tree} }});
+  else
+    emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial} }});
   emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
   return o;
 }}
@@ -104,22 +112,40 @@ int main(int argc, char** argv) {{
                      seen - lo, seen - lo, false));
   }}
   save(out, attend(q, M, k, v, L, cap, true, W, true));  // windowed over the whole buffer, L keys counting
+  tree = load<int32_t>(d + "/tree", 1 + size_t(M) * {tree_row});  // the last M keys: a draft tree's nodes
+  save(out, attend(q, M, k, v, L, cap, true));
+  const std::vector<int32_t> rows_of = tree;
+  tree = {{-1}};
+  for (int i = 0; i < M; ++i) {{  // tree row i alone: an unmasked call over the cache, then its path's keys in order
+    const int TS = rows_of[0], n = rows_of[1 + i * {tree_row}];
+    std::vector<KT> kp = rows(k, cap, 0, TS, D), vp = rows(v, cap, 0, TS, DV), ks, vs;
+    for (int h = 0; h < HKV; ++h) {{
+      ks.insert(ks.end(), kp.begin() + size_t(h) * TS * D, kp.begin() + size_t(h + 1) * TS * D);
+      vs.insert(vs.end(), vp.begin() + size_t(h) * TS * DV, vp.begin() + size_t(h + 1) * TS * DV);
+      for (int j = 0; j < n; ++j) {{
+        const size_t key = size_t(h) * cap + TS + rows_of[2 + i * {tree_row} + j];
+        ks.insert(ks.end(), k.begin() + key * D, k.begin() + (key + 1) * D);
+        vs.insert(vs.end(), v.begin() + key * DV, v.begin() + (key + 1) * DV);
+      }}
+    }}
+    save(out, attend(rows(q, M, i, 1, D), 1, ks, vs, TS + n, TS + n, false));
+  }}
 }}
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] = {{1, HKV, S, DV}};
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH, HEADS_, DPL_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, pmax.data(), psum.data(),
-                      pacc.data(), at);"""
+  {p}<T, CH, {heads}, DPL_, {tree}>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
+                      psum.data(), pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}};
   Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
-  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, pmax.data(), psum.data(),
-                     pacc.data());"""
+  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
+                     psum.data(), pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
@@ -134,9 +160,11 @@ def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, 
         assert src.CUDA_WIDE in source
         source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
-    fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks))
+    fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_")
+    tree = dict(fmt, p=names["partial_tree"], tree=1, heads="TREE_HEADS_")
     return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl,
-                          partial=partial.format(**fmt), combine=combine.format(**fmt))
+                          tree_row=src.TREE_ROW, tree_heads=src.tree_heads(heads, dpl), partial=partial.format(**fmt), partial_tree=partial.format(**tree),
+                          combine=combine.format(**fmt))
 
 
 def case_id(case) -> str:
@@ -176,7 +204,7 @@ def inputs(tmp_path, case):
     cache_v = mx.random.normal((1, hkv, length + ROOM, dv), key=kv).astype(kv_dtype)
     sinks = mx.random.normal((h,), key=ks) * 2
     save(tmp_path, q=q, k=cache_k, v=cache_v, scale=mx.array([d**-0.5], mx.float32), sinks=sinks,
-         softcap=mx.array([softcap], mx.float32))
+         softcap=mx.array([softcap], mx.float32), tree=tree_rows(TREE, length - M))
     return q, cache_k[:, :, :length], cache_v[:, :, :length], d**-0.5, sinks
 
 
@@ -213,7 +241,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     q, k, v, scale, sinks = inputs(tmp_path, case)
     run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
-    size = len(raw) // (8 * M + ODD)  # bytes of one row (H, DV)
+    size = len(raw) // (10 * M + ODD)  # bytes of one row (H, DV)
 
     def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
         a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
@@ -223,6 +251,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
     windowed, buffered = part(4 * M + ODD, M, False), part(5 * M + ODD, M, False)
     windowed_rows, windowed_buffered = part(6 * M + ODD, M, True), part(7 * M + ODD, M, False)
+    tree, tree_rows_alone = part(8 * M + ODD, M, False), part(9 * M + ODD, M, True)
     used = sinks if with_sinks else None
     for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
         ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used, softcap)
@@ -233,6 +262,16 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     assert mx.array_equal(windowed, windowed_rows).item(), "windowed rows differ from 1-row calls over their windows"
     assert mx.array_equal(buffered, causal).item(), "a launch over the whole buffer with L keys counting differs"
     assert mx.array_equal(windowed_buffered, windowed).item(), "a windowed launch over the whole buffer differs"
+    assert mx.array_equal(tree, tree_rows_alone).item(), "tree rows differ from 1-row calls over their paths' keys"
+    for i in range(M):  # and each is that attention: the cache, then its path's keys
+        path, node = [], i
+        while node >= 0:
+            path, node = [node] + path, TREE[node]
+        seen = mx.array(list(range(length - M)) + [length - M + j for j in path])
+        ok, ratio = attention_within_tolerance(tree[:, :, i : i + 1], q[:, :, i : i + 1], k[:, :, seen], v[:, :, seen],
+                                               scale, False, 0, used, softcap)
+        assert ok, f"{case_id(case)} tree row {i}: error {ratio:.3g}x the tolerance"
+    assert not mx.array_equal(tree, causal).item()  # the tree really masks otherwise than causal
     if with_sinks:  # the sinks are really used: without them the answer is another one
         ok, _ = attention_within_tolerance(causal, q, k, v, scale, True, softcap=softcap)
         assert not ok, "a launch with sinks gave the answer without them"
