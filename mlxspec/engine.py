@@ -38,7 +38,7 @@ from .settings import DecodeSettings
 KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
 from .stats import Stats
 from .step_graph import StepGraphs
-from .tree import MAX_TREE_NODES, target_takes_trees
+from .tree import MAX_TREE_NODES, chain_pass, target_takes_trees
 
 DEFAULT_DRAFT_LENGTH = 4
 
@@ -66,11 +66,11 @@ class Engine:
         self.settings = settings or DecodeSettings.from_env()  # read once, here: the MLXSPEC_* variables
         # decoding passes through compiled graphs (kernels are installed by now: the graphs capture them)
         self.steps = StepGraphs(target.model, enabled=self.settings.compile_steps())
-        # is speculation exact here? per row count, through the passes decoding runs
-        # (passes built eagerly too, where tree rounds may build theirs so: on a GPU compiled graphs may fuse
-        # elementwise ops into other arithmetic than eager ones, and only the graphs' own rows must agree)
+        # is speculation exact here? per row count, through the passes decoding runs: tree passes too where
+        # tree rounds may run (built eagerly: on a GPU compiled graphs may fuse elementwise ops otherwise)
         trees = self.drafter.trees and target_takes_trees(target.model)
-        self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None, eager_too=trees)
+        self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None,
+                                  trees=chain_pass(target.model) if trees else None)
         self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)

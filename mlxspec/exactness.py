@@ -26,15 +26,13 @@ PREFIX = 24  # tokens of context before the checked rows (so attention reads a r
 
 class RowInvariance:
     """`forward(x, cache)`: how decoding passes run the model (the engine's step_graph.StepGraphs);
-    default the model itself. Where it is given and `eager_too` (tree rounds may run), M-row passes
-    built eagerly (as tree rounds build theirs) must equal its one-row steps too."""
+    default the model itself. `trees(x, cache)`, where tree rounds may run: a tree pass over a chain, built
+    as tree rounds build theirs (tree.chain_pass), whose rows must equal the one-row steps too."""
 
-    def __init__(self, model: nn.Module, seed: int = 0, forward=None, eager_too: bool = True):
+    def __init__(self, model: nn.Module, seed: int = 0, forward=None, trees=None):
         self.model, self.vocab_size, self.seed = model, vocabulary_size(model), seed
-        eager = lambda x, cache: model(x, cache=cache)  # noqa: E731
-        self.forward = forward or eager
-        built_eagerly = {" (built eagerly, as tree rounds build it)": eager} if forward and eager_too else {}
-        self.passes = {"": self.forward} | built_eagerly
+        self.forward = forward or (lambda x, cache: model(x, cache=cache))
+        self.passes = {"": self.forward} | ({" (a tree pass, as tree rounds build it)": trees} if trees else {})
         self.results: dict[int, str | None] = {}  # M -> None (identical) or how it differed
 
     def holds(self, rows: int) -> bool:

@@ -18,7 +18,8 @@ import mlx.nn as nn
 
 from .cache import new_cache, rewind
 from .features import head, tapped
-from .kernels.fused_layer import TreeMask, tree_ready
+from .kernels.fused_layer import TreeMask, fused, tree_ready
+from .kernels.row_positions import tree_passes_ready
 from .options import GenerateOptions
 from .rounds import Outcome, PlanNext, Verifier
 from .verify import tree_greedy_accept
@@ -29,10 +30,15 @@ MAX_TREE_NODES = 63  # drafts per tree (+ the root: one bit each in the kernel's
 def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool | tuple[int, ...]):
     """(N,) ids of a tree's nodes -> (logits (N, V), final hidden states (N, H) or None; with `hidden` a
     tuple, the inputs of those layers: features.target_forward). mlx-lm's decoder body with a TreeMask in
-    place of the causal mask."""
+    place of the causal mask: the CPU's fused blocks place and mask each row themselves; on a GPU mlx-lm's
+    blocks see the rows' positions as their caches' offset (TreePositions: RoPE per row, through
+    kernels/row_positions.py) and the attention kernel takes the mask."""
     body = model.model
     h = body.embed_tokens(x[None])
     mask = TreeMask(tuple(parents))
+    if not fused(model):
+        positions = mx.array([cache[0].offset + d for d in depths(parents)], dtype=mx.int32)
+        cache = [TreePositions(c, positions) for c in cache]
     for layer, c in zip(body.layers, cache):
         h = layer(h, mask, cache=c)
     h = body.norm(h)
@@ -49,11 +55,30 @@ def path_to(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def tree_depth(parents: list[int]) -> int:
+def depths(parents: list[int]) -> list[int]:
+    """Each node's depth (the root's 0)."""
     depth = [0] * len(parents)
     for m in range(1, len(parents)):
         depth[m] = depth[parents[m]] + 1
-    return max(depth)
+    return depth
+
+
+def tree_depth(parents: list[int]) -> int:
+    return max(depths(parents))
+
+
+class TreePositions:
+    """A layer's KV cache in a tree pass through mlx-lm's blocks: `offset` is the rows' positions (N,) for
+    RoPE; the nodes' keys and values go into the cache itself, in row order, as a chain's would."""
+
+    def __init__(self, cache, positions: mx.array):
+        self.cache, self.offset = cache, positions
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        return self.cache.update_and_fetch(keys, values)
+
+    def __getattr__(self, name: str):
+        return getattr(self.cache, name)
 
 
 def keep_path(cache: list, start: int, path: list[int]) -> None:
@@ -78,12 +103,22 @@ def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, widt
 
 
 def target_takes_trees(target: nn.Module) -> bool:
-    """Can tree passes run on this target at all (every block fused, on the CPU)? Where they cannot, no
-    round builds a pass eagerly and the engine's exactness check needs only the passes decoding runs."""
+    """Can tree passes run on this target at all (on the CPU every block fused; on a GPU llama-family blocks
+    on the attention kernel: kernels/row_positions.py)? Where they cannot, no round builds a pass eagerly
+    and the engine's exactness check needs only the passes decoding runs."""
     inner = getattr(target, "model", None)  # wrapped models (Gemma 4's language_model) have no tree path
     if inner is None or not hasattr(inner, "embed_tokens"):
         return False
-    return tree_ready(target, inner.embed_tokens(mx.array([0])).dtype, new_cache(target)[0])
+    cache = new_cache(target)[0]
+    return tree_ready(target, inner.embed_tokens(mx.array([0])).dtype, cache) or tree_passes_ready(target, cache)
+
+
+def chain_pass(model: nn.Module):
+    """A tree pass over a chain: (1, M) ids, cache -> logits (1, M, V), as a tree round builds its passes
+    (the engine's exactness check holds them to one-row steps: exactness.RowInvariance)."""
+    def forward(x: mx.array, cache: list) -> mx.array:
+        return tree_forward(model, x[0], cache, [-1] + list(range(x.shape[1] - 1)), False)[0][None]
+    return forward
 
 
 class TreeRound:

@@ -188,14 +188,14 @@ def test_rows_of_a_compiled_pass_equal_compiled_one_row_steps(model):
     assert check.holds(9) and check.failures() == {}
 
 
-def test_eagerly_built_passes_must_equal_compiled_steps_too(tiny_llama):
-    """Tree rounds build their passes eagerly: the exactness check holds them to the compiled one-row
-    steps too, and says which kind of pass differs."""
+def test_tree_passes_must_equal_compiled_steps_too(tiny_llama):
+    """Tree rounds build their passes eagerly: the exactness check holds them (an eager pass stands in
+    here) to the compiled one-row steps too, and says which kind of pass differs."""
     model = exact_model(tiny_llama)
     mlp = model.model.layers[0].mlp
-    check = RowInvariance(model, forward=StepGraphs(model))
+    check = RowInvariance(model, forward=StepGraphs(model), trees=lambda x, cache: model(x, cache=cache))
     mlp.down_proj = Traced(mlp.down_proj)  # traced graphs (compiled steps) compute other bits
-    assert not check.holds(3) and "built eagerly" in check.failures()[2]
+    assert not check.holds(3) and "a tree pass" in check.failures()[2]
 
 
 class Traced(nn.Module):
@@ -361,7 +361,7 @@ def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_pat
     for e, c in zip(eager, compiled):
         pairs = zip(e.cache, c.cache) if type(c) is ArraysCache else zip(held(e), held(c))
         assert all(same(a, b) for a, b in pairs)
-    check = RowInvariance(model, forward=steps, eager_too=ON_CPU)
+    check = RowInvariance(model, forward=steps)
     assert check.holds(6) and check.failures() == {}
 
 

@@ -205,17 +205,18 @@ def test_trees_apply_only_where_they_stay_exact(q4, head):
     assert [t for e in no_kernels.generate(ids, opts) for t in e.tokens] == want
 
 
-def test_the_exactness_check_builds_passes_eagerly_only_where_tree_rounds_run(q4, head, monkeypatch):
-    """Tree rounds build their passes eagerly, chains run the compiled steps: the engine holds eagerly built
-    passes to the compiled one-row steps only where tree rounds can run (a drafter of trees over a target whose
-    every block is fused: the CPU). Elsewhere (a GPU, where a compiled graph may fuse elementwise ops into
-    other last bits than eager ops give: an H200) no such pass runs, and none may mark speculation inexact."""
+def test_the_exactness_check_builds_tree_passes_only_where_tree_rounds_run(q4, head, monkeypatch):
+    """Tree rounds build their passes eagerly, chains run the compiled steps: the engine holds tree passes (over
+    chains) to the compiled one-row steps only where tree rounds can run (a drafter of trees over a target whose
+    every block is fused on the CPU, or a GPU's: tests/kernels/test_row_positions.py). Elsewhere (a GPU, where a
+    compiled graph may fuse elementwise ops into other last bits than eager ops give: an H200) no such pass
+    runs, and none may mark speculation inexact."""
     monkeypatch.setenv("MLXSPEC_COMPILE", "1")
     trees = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
     chains = Engine.load(str(q4["llama"]), drafter="lookup")
     unfused = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}", kernels="ops")  # the per-op kernels
     assert all(e.steps.off is None for e in (trees, chains, unfused))
-    assert sorted(trees.rows.passes) == ["", " (built eagerly, as tree rounds build it)"]
+    assert sorted(trees.rows.passes) == ["", " (a tree pass, as tree rounds build it)"]
     assert list(chains.rows.passes) == [""] and list(unfused.rows.passes) == [""]
 
 

@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from ..cache import mask_marks, marked_window
 from . import registry
+from .fused_layer import TreeMask
 from .hooks import route_functions, unroute_functions
 from .passes import prompt_queries
 from .reference import on_cpu
@@ -115,6 +116,8 @@ def self_check(sdpa: Callable, heads: int, kv_heads: int, dim: int, value_dim: i
             return err
         if getattr(sdpa, "softcaps", False) and (err := _check_softcap(sdpa, q, k, v, scale)):
             return err
+        if getattr(sdpa, "trees", False) and _check_tree(sdpa, q, k, v, scale):
+            sdpa.trees = False  # the kernel keeps its other passes; draft trees' passes stay off (tree.py)
     except Exception as e:
         return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     return None
@@ -152,6 +155,30 @@ def _check_sinks(sdpa, q, k, v, scale: float) -> str | None:
             one = sdpa(q[:, :, i : i + 1], k[:, :, lo:seen], v[:, :, lo:seen], scale, False, sinks=sinks)
             if not mx.array_equal(one[:, :, 0], y[:, :, i]).item():
                 return f"sinks, window {window}: row {i} of a {rows}-row call differs from the one-row call"
+    return None
+
+
+CHECK_TREE = (-1, 0, 0, 1)  # a root, two children, a grandchild under the first: siblings and a path
+
+
+def _check_tree(sdpa, q, k, v, scale: float) -> str | None:
+    """A draft tree's pass over the last rows of the keys: within tolerance, and row m = a one-row call over
+    the keys before the tree, then its path's nodes in order."""
+    rows, keys = q.shape[2], k.shape[2]
+    start, parents = keys - rows, CHECK_TREE[:rows]
+    y = sdpa(q, k, v, scale, True, tree=parents)
+    for m in range(rows):
+        path, node = [], m
+        while node >= 0:
+            path, node = [start + node] + path, parents[node]
+        seen = mx.array(list(range(start)) + path)
+        one = sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], scale, False)
+        ok, ratio = attention_within_tolerance(y[:, :, m : m + 1], q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen],
+                                               scale, False)
+        if not ok:
+            return f"tree row {m}: error {ratio:.3g}x the tolerance"
+        if not mx.array_equal(one, y[:, :, m : m + 1]).item():
+            return f"tree row {m} differs from the one-row call over its path"
     return None
 
 
@@ -232,6 +259,11 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
     if keys.dtype == mx.float32 and values.dtype in (mx.float16, mx.bfloat16):
         values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
     extra = ({"sinks": sinks} if sinks is not None else {}) | ({"softcap": softcap} if softcap else {})
+    if isinstance(mask, TreeMask):  # a draft tree's pass on a GPU (tree.py): only the kernel computes its mask
+        if not (getattr(rec.fn, "trees", False) and sinks is None and not softcap
+                and _usable(rec, queries, keys, values, cache, "causal", None)):
+            raise RuntimeError("a draft tree's pass reached attention the kernel cannot run")
+        return rec.fn(queries, keys, values, scale, True, tree=mask.parents)
     length, window = _in_buffer(cache, mask)
     if length is not None:  # a compiled step's cache buffers: `length` of their keys count
         fn = rec.fn

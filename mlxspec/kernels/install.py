@@ -27,6 +27,7 @@ from .layers import restore_layers, use_kernels
 from .pointwise import restore_pointwise, use_pointwise_kernels
 from .projections import join_projections, unjoin_projections
 from .registry import device_backend_name, kernel
+from .row_positions import restore_row_positions, use_row_positions
 from .rowwise import restore_rowwise_gates, use_rowwise_gates
 from .softcap_attention import SoftcapAttention, restore_softcap_attention, use_softcap_attention
 from .ssm_steps import restore_ssm_steps, use_ssm_steps
@@ -56,6 +57,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
         report["delta"] = use_delta_kernel(model)  # delta-net layers' convs: the taps in order (MLX's may vary)
         report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
         report["rowwise_gates"] = use_rowwise_gates(model)  # MoE routers that multiply by a raw weight
+        report["row_positions"] = use_row_positions(model)  # RoPE at each row's own position: draft trees' passes
     return report
 
 
@@ -71,6 +73,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_pointwise(model)
     restore_delta(model)
     restore_ssm_steps(model)
+    restore_row_positions(model)
 
 
 def installed(model: nn.Module) -> bool:

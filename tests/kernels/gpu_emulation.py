@@ -69,6 +69,27 @@ def per_row_dense(calls: list):
     return dense
 
 
+def tree_sdpa(sdpa):
+    """The CPU attention kernel taking draft trees as the GPU kernel does (a stand-in): row m over the keys
+    before the tree's nodes (the last M keys) and its path's, as a one-row call over them."""
+    from mlxspec.tree import path_to
+
+    def attend(q, k, v, scale, causal, window=0, tree=None, **kw):
+        if tree is None:
+            return sdpa(q, k, v, scale, causal, window=window, **kw)
+        start, rows = k.shape[2] - q.shape[2], []
+        for m in range(q.shape[2]):
+            seen = mx.array(list(range(start)) + [start + node for node in path_to(list(tree), m)])
+            rows.append(sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], scale, False, **kw))
+        return mx.concatenate(rows, axis=2)
+
+    for name in ("windows", "sinks", "lengths", "mixed", "softcaps", "isa"):
+        if hasattr(sdpa, name):
+            setattr(attend, name, getattr(sdpa, name))
+    attend.trees = True
+    return attend
+
+
 def _unavailable():
     raise KernelUnavailable("no stand-in: MLX's op (as where this kernel fails on a device)")
 
@@ -81,7 +102,7 @@ def emulate_gpu(monkeypatch, backend: str = "cuda") -> list:
     from mlxspec.kernels.cpu import cpu_sdpa_function
 
     calls: list = []
-    sdpa = cpu_sdpa_function()  # the CPU attention kernel: row-invariant, with windows, lengths and sinks
+    sdpa = tree_sdpa(cpu_sdpa_function())  # the CPU attention kernel: row-invariant, with windows, lengths, sinks, trees
     serve(monkeypatch, {"qmm": lambda: per_row_qmm(calls), "gather-qmm": lambda: per_row_gather(calls),
                         "dense": lambda: per_row_dense(calls), "sdpa": lambda: sdpa,
                         "qmm-mma": _unavailable, "accept": _unavailable})

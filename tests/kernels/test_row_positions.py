@@ -1,0 +1,110 @@
+"""Draft trees' passes on GPUs (kernels/row_positions.py, tree.py), on this CPU and on an emulated GPU.
+
+RoPE with one position per row equals one-row calls; on an emulated GPU (gpu_emulation.emulate_gpu:
+CUDA's wiring, row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) a tree
+pass through mlx-lm's llama blocks gives every node the bits of a one-row decoding step over its path,
+the engine's exactness check holds tree passes to one-row steps, and greedy tree rounds keep plain
+decoding's tokens. The kernel's own tree mode is tested under the emulator (test_gpu_attention_sources).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+from test_eagle import random_head
+
+from gpu_emulation import emulate_gpu
+from model_factory import config_dir, make_model_dir
+from mlxspec.cache import new_cache
+from mlxspec.decode import Decoder
+from mlxspec.engine import Engine
+from mlxspec.kernels import registry
+from mlxspec.kernels.row_positions import RowPositionsRoPE, tree_passes_ready
+from mlxspec.options import GenerateOptions
+from mlxspec.stats import Stats
+from mlxspec.step_graph import StepGraphs
+from mlxspec.tree import TreeRound, path_to, target_takes_trees, tree_forward
+
+TREES = {"chain": [-1, 0, 1, 2], "bushy": [-1, 0, 0, 1, 1, 2, 3, 3, 6, 2]}
+
+
+@pytest.mark.parametrize("rope", [nn.RoPE(16, base=10000.0), nn.RoPE(16, traditional=True, base=500.0, scale=0.5)])
+def test_a_position_per_row_equals_one_row_calls(rope):
+    x = mx.random.normal((1, 3, 5, 16), key=mx.random.key(1))
+    positions = mx.array([7, 8, 8, 9, 12], mx.int32)
+    rows = RowPositionsRoPE(rope)(x, offset=positions)
+    for m in range(5):
+        one = rope(x[:, :, m : m + 1], offset=int(positions[m].item()))
+        assert mx.array_equal(rows[:, :, m : m + 1], one).item(), m
+    assert mx.array_equal(RowPositionsRoPE(rope)(x, offset=3), rope(x, offset=3)).item()  # other calls: as before
+    with pytest.raises(ValueError, match="positions"):
+        RowPositionsRoPE(rope)(x, offset=positions[:4])
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    default = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    emulate_gpu(monkeypatch)
+    yield
+    registry.reset()
+    mx.set_default_device(default)
+
+
+@pytest.fixture
+def llama(tmp_path):
+    return make_model_dir(tmp_path / "llama", "llama", seed=3)
+
+
+@pytest.mark.parametrize("shape", TREES)
+def test_every_node_equals_a_one_row_step_on_an_emulated_gpu(gpu, llama, shape):
+    engine = Engine.load(str(llama), kernels="exact")
+    model, parents = engine.target.model, TREES[shape]
+    assert engine.kernels["target"]["backend"] == "cuda" and target_takes_trees(model)
+    prompt = list(range(3, 20))
+    nodes = [prompt[-1]] + [(7 * m + 3) % 60 + 5 for m in range(1, len(parents))]
+    steps = StepGraphs(model)  # one-row steps as decoding runs them on a GPU: compiled graphs
+
+    def prefilled() -> list:
+        cache = new_cache(model)
+        mx.eval(model(mx.array(prompt[:-1])[None], cache=cache))
+        return cache
+
+    logits = tree_forward(model, mx.array(nodes, dtype=mx.uint32), prefilled(), parents, False)[0]
+    for m in range(len(parents)):
+        cache = prefilled()
+        for node in path_to(parents, m):
+            want = steps(mx.array([[nodes[node]]]), cache)[0, -1]
+        assert mx.array_equal(logits[m], want).item(), (shape, m)
+    assert steps.off is None
+
+
+def test_tree_passes_need_the_kernels_and_a_plain_cache(gpu, llama, tmp_path):
+    assert not target_takes_trees(Engine.load(str(llama), kernels=False).target.model)  # MLX's attention
+    window = config_dir(tmp_path / "g", model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
+                        query_pre_attn_scalar=16, rope_local_base_freq=1e4)
+    gemma = Engine.load(str(window), kernels="exact").target.model
+    assert not tree_passes_ready(gemma, new_cache(gemma)[0])  # sliding windows, another family
+    model = Engine.load(str(llama), kernels="exact").target.model
+    registry.kernel("sdpa").fn.trees = False  # a device whose kernel failed its tree check
+    assert not tree_passes_ready(model, new_cache(model)[0])
+
+
+def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp_path):
+    plain = Engine.load(str(llama), kernels="exact")
+    head = random_head(plain.target.model, tmp_path / "head", vocab=40)
+    spec = Engine.load(str(llama), drafter=f"eagle:{head}", kernels="exact")
+    assert spec.rows.holds(8), spec.rows.failures()  # tree passes over chains included
+    assert " (a tree pass" in next(iter(spec.rows.passes.keys() - {""}))
+    ids = list(range(5, 25))
+    want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=24)) for t in e.tokens]
+    for k, width in ((2, 2), (3, 3), (4, 2)):
+        events = list(spec.generate(ids, GenerateOptions(max_tokens=24, draft_length=k, draft_width=width,
+                                                         adaptive=False)))
+        assert [t for e in events for t in e.tokens] == want, (k, width)
+        stats = events[-1].stats
+        assert stats.drafted > 0 and stats.exact is True
+    decoder = Decoder(spec.target.model, spec.drafter, ids, GenerateOptions(max_tokens=4), draft_length=3, eos_ids=set(),
+                      context_length=512, stats=Stats(), width=3)
+    assert TreeRound in {type(s) for s in decoder.speculative.values()}  # the rounds above were trees
