@@ -59,6 +59,30 @@ def test_tensor_core_qmm_on_device(n, k, group_size, bits, dtype, tiles):
         assert mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item(), f"row {i}"
 
 
+@pytest.mark.skipif("metal" not in BACKENDS, reason="simdgroup matrices: Metal only")
+@pytest.mark.parametrize("ksplit", [4, 2, 8])
+@pytest.mark.parametrize("n, k, group_size, bits, dtype",
+                         [(300, 1024, 64, 4, mx.float16), (130, 2048, 32, 8, mx.bfloat16), (64, 4096, 128, 4, mx.float32),
+                          (130, 1024, 32, 6, mx.float16), (300, 2048, 32, 5, mx.bfloat16)])  # the bit-stream path
+def test_simdgroup_qmm_on_device(n, k, group_size, bits, dtype, ksplit):
+    """Within tolerance, and rows of a many-row call equal to one-row calls, on Apple's simdgroup matrices
+    (whose per-element summation Metal does not document); 1 or 2 row tiles a simdgroup, several row blocks."""
+    from mlxspec.kernels import gpu
+    from mlxspec.kernels.registry import MMA_CHECK_ROWS
+
+    qmm = gpu.metal_mma_qmm_function(gpu.metal_qmm_function(), ksplit=ksplit)
+    assert self_check(qmm, n, k, group_size, bits, dtype, rows=MMA_CHECK_ROWS) is None
+    x = mx.random.normal((40, k), key=mx.random.key(9)).astype(dtype)
+    w, s, b = mx.quantize(mx.random.normal((n, k), key=mx.random.key(8)).astype(mx.float16), group_size=group_size,
+                          bits=bits)
+    s, b = s.astype(dtype), b.astype(dtype)
+    y = qmm(x, w, s, b, group_size, bits)
+    for lo, hi in ((0, 8), (8, 24)):
+        assert mx.array_equal(qmm(x[lo:hi], w, s, b, group_size, bits), y[lo:hi]).item(), f"rows {lo}:{hi}"
+    for i in range(16):
+        assert mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item(), f"row {i}"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
 def test_dense_on_device(backend, dtype):
@@ -77,6 +101,7 @@ def test_dense_on_device(backend, dtype):
 def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
     sdpa = kernels(backend)[2]
     assert attention_self_check(sdpa, heads, kv_heads, dim, dim, mx.float16) is None
+    assert sdpa.trees, "the kernel's tree rows failed their self-check (tree passes would stay off)"
     kq, kk, kv = mx.random.split(mx.random.key(length), 3)
     m = 16
     q = mx.random.normal((1, heads, m, dim), key=kq).astype(mx.bfloat16)
@@ -89,6 +114,28 @@ def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
         seen = length - m + i + 1
         one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], dim**-0.5, False)
         assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"row {i}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("length", [300, 2100])  # 2,100: warps that serve several query heads
+def test_sdpa_tree_rows_on_device(backend, length):
+    """A draft tree's pass (16 nodes, the last 16 keys): row m = a one-row call over the keys before the
+    tree and its path's nodes, bit for bit, within tolerance."""
+    from mlxspec.tree import path_to
+
+    sdpa, parents = kernels(backend)[2], [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10]
+    kq, kk, kv = mx.random.split(mx.random.key(length + 1), 3)
+    q = mx.random.normal((1, 8, 16, 128), key=kq).astype(mx.float16)
+    k = mx.random.normal((1, 2, length, 128), key=kk).astype(mx.float16)
+    v = mx.random.normal((1, 2, length, 128), key=kv).astype(mx.float16)
+    y, start = sdpa(q, k, v, 128**-0.5, True, tree=tuple(parents)), length - 16
+    for m in range(16):
+        seen = mx.array(list(range(start)) + [start + node for node in path_to(parents, m)])
+        one = sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], 128**-0.5, False)
+        ok, ratio = attention_within_tolerance(y[:, :, m : m + 1], q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen],
+                                               128**-0.5, False)
+        assert ok, f"row {m}: error {ratio:.3g}x the tolerance"
+        assert mx.array_equal(one, y[:, :, m : m + 1]).item(), f"row {m}"
 
 
 @pytest.mark.skipif("cuda" not in BACKENDS, reason="the kernel store: CUDA only")
