@@ -83,6 +83,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     hybrid) pytest_step hybrid 180 "${par[@]}" tests/test_decode_hybrid.py tests/test_mtp_checkpoints.py \
       tests/test_eagle3.py tests/test_gemma4_assistant.py tests/kernels/test_ssm_steps.py \
       -k "equals_plain or speculates_exactly or plain_decoding" ;;
+    # draft trees' passes on the GPU (kernels/row_positions.py, the attention kernel's tree build): every node = its
+    # path's one-row steps, the cache keeps the accepted path, greedy tree rounds keep plain tokens (never run on a device)
+    trees) pytest_step trees 150 "${par[@]}" tests/test_tree.py \
+      -k "every_node or keeps_the_accepted or greedy_tree_rounds or medusa_trees" ;;
     # logprobs: speculation's equal plain decoding's bit for bit there too? (needs row-invariant logsumexp);
     # the top-k candidate sampling against mlx-lm's filters on the device's argpartition and scatter
     logprobs-sampling) pytest_step logprobs-sampling 60 "${par[@]}" tests/test_logprobs.py tests/test_sampling.py ;;
@@ -110,10 +114,10 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
   esac
 }
 # The default order puts first what the fifth session left open: the hybrid and compiled-step fixes (exact: false
-# from eagerly built passes, never re-run), the 8B-shape forwards with the rewritten attention kernel (the old one
+# from eagerly built passes, never re-run), draft trees on the GPU (new since), the 8B-shape forwards with the rewritten attention kernel (the old one
 # was most of the one-row gap: 16.7 vs 10.4 ms compiled), the families (gemma4, gemma2: never reached; gpt-oss last),
 # then the ops (the attention rows: 130 us a call at 300 keys before the rewrite), the engine and the rest.
-for s in ${STEPS:-hybrid compiled-steps attention forward ceiling families ops exactness kernels engine mlxspec-bench logprobs-sampling \
+for s in ${STEPS:-hybrid compiled-steps trees attention forward ceiling families ops exactness kernels engine mlxspec-bench logprobs-sampling \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)

@@ -109,8 +109,8 @@ def target_takes_trees(target: nn.Module) -> bool:
     inner = getattr(target, "model", None)  # wrapped models (Gemma 4's language_model) have no tree path
     if inner is None or not hasattr(inner, "embed_tokens"):
         return False
-    cache = new_cache(target)[0]
-    return tree_ready(target, inner.embed_tokens(mx.array([0])).dtype, cache) or tree_passes_ready(target, cache)
+    cache, dtype = new_cache(target)[0], inner.embed_tokens(mx.array([0])).dtype
+    return tree_ready(target, dtype, cache) or tree_passes_ready(target, cache, dtype)
 
 
 def chain_pass(model: nn.Module):

@@ -260,8 +260,8 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
         values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
     extra = ({"sinks": sinks} if sinks is not None else {}) | ({"softcap": softcap} if softcap else {})
     if isinstance(mask, TreeMask):  # a draft tree's pass on a GPU (tree.py): only the kernel computes its mask
-        if not (getattr(rec.fn, "trees", False) and sinks is None and not softcap
-                and _usable(rec, queries, keys, values, cache, "causal", None)):
+        if not (sinks is None and not softcap and _usable(rec, queries, keys, values, cache, "causal", None)
+                and getattr(rec.fn, "trees", False)):  # after _usable: its self-check may turn trees off
             raise RuntimeError("a draft tree's pass reached attention the kernel cannot run")
         return rec.fn(queries, keys, values, scale, True, tree=mask.parents)
     length, window = _in_buffer(cache, mask)

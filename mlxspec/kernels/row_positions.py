@@ -59,11 +59,12 @@ def restore_row_positions(model: nn.Module) -> None:
             m.rope = m.rope._origin
 
 
-def tree_passes_ready(model: nn.Module, cache) -> bool:
+def tree_passes_ready(model: nn.Module, cache, dtype: mx.Dtype) -> bool:
     """Can a tree pass run this model on this GPU, each row as its one-row step would: every block a
-    TREE_FAMILIES one whose attention is routed to the attention kernel, which takes trees, with its
-    RoPE wrapped, and a plain KV cache (`cache`: a fresh one of the kind the model decodes with)?"""
-    from .attention import NAME, few_row_attention
+    TREE_FAMILIES one whose attention is routed to the attention kernel, with its RoPE wrapped, a plain KV
+    cache (`cache`: a fresh one of the kind the model decodes with), and the kernel's self-check passed
+    for the model's attention, tree rows included (run now if it has not run: it may turn trees off)?"""
+    from .attention import NAME, check_signature, few_row_attention
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers or registry.device_backend_name() == "cpu" or type(cache) not in (KVCache, HalfKVCache):
@@ -71,9 +72,14 @@ def tree_passes_ready(model: nn.Module, cache) -> bool:
     rec = registry.kernel("sdpa")
     if rec.error or not getattr(rec.fn, "trees", False):
         return False
+    signatures = set()
     for layer in layers:
         attn = getattr(layer, "self_attn", None)
         if (attn is None or type(attn).__module__ not in TREE_FAMILIES or routed(attn, NAME) is not few_row_attention
                 or not isinstance(getattr(attn, "rope", None), RowPositionsRoPE)):
             return False
-    return True
+        signatures.add((attn.n_heads, attn.n_kv_heads, round(attn.scale**-2)))
+    kv_dtype = mx.float16 if type(cache) is HalfKVCache else dtype
+    if any(check_signature(h, kv, d, d, dtype, kv_dtype) for h, kv, d in signatures):
+        return False
+    return bool(getattr(rec.fn, "trees", False))

@@ -85,10 +85,34 @@ def test_tree_passes_need_the_kernels_and_a_plain_cache(gpu, llama, tmp_path):
     window = config_dir(tmp_path / "g", model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
                         query_pre_attn_scalar=16, rope_local_base_freq=1e4)
     gemma = Engine.load(str(window), kernels="exact").target.model
-    assert not tree_passes_ready(gemma, new_cache(gemma)[0])  # sliding windows, another family
+    assert not tree_passes_ready(gemma, new_cache(gemma)[0], mx.float32)  # sliding windows, another family
     model = Engine.load(str(llama), kernels="exact").target.model
-    registry.kernel("sdpa").fn.trees = False  # a device whose kernel failed its tree check
-    assert not tree_passes_ready(model, new_cache(model)[0])
+    assert tree_passes_ready(model, new_cache(model)[0], mx.float32)
+    assert registry.kernel("sdpa").checks  # the model's attention self-checked, tree rows included, first
+
+
+def test_a_kernel_whose_tree_rows_fail_keeps_its_other_passes(gpu, llama, monkeypatch):
+    """On a device whose kernel gets tree rows wrong the self-check turns trees off: chains and plain steps keep
+    the kernel, no tree pass is built, and the engine's exactness check holds no tree pass."""
+    from gpu_emulation import tree_sdpa
+    from mlxspec.kernels import attention
+    from mlxspec.kernels.cpu import cpu_sdpa_function
+
+    inner = tree_sdpa(cpu_sdpa_function())
+
+    def sdpa(q, k, v, scale, causal, window=0, tree=None, **kw):  # tree rows a little off
+        y = inner(q, k, v, scale, causal, window=window, tree=tree, **kw)
+        return y * 1.001 if tree is not None else y
+
+    for name in ("windows", "sinks", "lengths", "mixed", "softcaps", "isa", "trees"):
+        setattr(sdpa, name, getattr(inner, name))
+    monkeypatch.setattr(registry, "_loaders", dict(registry._loaders, sdpa=lambda backend: (sdpa, "wrong trees")))
+    registry.reset()
+    head = random_head(Engine.load(str(llama), kernels="exact").target.model, llama.parent / "h", vocab=40)
+    spec = Engine.load(str(llama), drafter=f"eagle:{head}", kernels="exact")
+    assert sdpa.trees is False and registry.kernel("sdpa").error is None
+    assert list(spec.rows.passes) == [""] and spec.rows.holds(4)
+    assert attention.attention_status()["active"]
 
 
 def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp_path):
