@@ -180,6 +180,8 @@ def _kernel_line(entry) -> str:
                       for sig, t in (entry.get("timings") or {}).items())
     if "groups_experts" in entry:  # the MoE gather: verify rows grouped by expert, or one expert read per row
         timings += "; verify rows grouped by expert" if entry["groups_experts"] else "; grouping off (self-check)"
+    if "trees" in entry:  # the GPU attention: draft trees' passes, unless its tree rows failed their self-check
+        timings += "; takes draft trees" if entry["trees"] else "; draft trees off (self-check)"
     spent = entry.get("seconds") or {}  # where this family's first use went (a build, compiles, timings)
     if sum(spent.values()) >= 0.1:
         timings += "; first use " + ", ".join(f"{what} {t:.1f} s" for what, t in spent.items())

@@ -49,10 +49,7 @@ def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int],
 
 def path_to(parents: list[int], node: int) -> list[int]:
     """The nodes from the root (0) down to `node`."""
-    path = [node]
-    while parents[path[-1]] >= 0:
-        path.append(parents[path[-1]])
-    return path[::-1]
+    return TreeMask(tuple(parents)).path(node)
 
 
 def depths(parents: list[int]) -> list[int]:

@@ -168,10 +168,7 @@ def _check_tree(sdpa, q, k, v, scale: float) -> str | None:
     start, parents = keys - rows, CHECK_TREE[:rows]
     y = sdpa(q, k, v, scale, True, tree=parents)
     for m in range(rows):
-        path, node = [], m
-        while node >= 0:
-            path, node = [start + node] + path, parents[node]
-        seen = mx.array(list(range(start)) + path)
+        seen = mx.array(list(range(start)) + [start + node for node in TreeMask(parents).path(m)])
         one = sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], scale, False)
         ok, ratio = attention_within_tolerance(y[:, :, m : m + 1], q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen],
                                                scale, False)

@@ -206,10 +206,18 @@ def _fused_class(base: type) -> type:
 @dataclass(frozen=True)
 class TreeMask:
     """The mask of a verify pass over a draft tree: row m's parent row (-1 for row 0, else < m).
-    Row m sits at position offset + depth(m) and sees the cache, its ancestors and itself. Only the
-    fused block computes it (each row with the bits of a one-row step over the cache and its path)."""
+    Row m sits at position offset + depth(m) and sees the cache, its ancestors and itself. The fused
+    CPU block and the GPU attention kernel compute it (each row with the bits of a one-row step over the
+    cache and its path); mlx-lm's own attention cannot."""
 
     parents: tuple[int, ...]
+
+    def path(self, node: int) -> list[int]:
+        """The rows from the root (0) down to `node`."""
+        path = [node]
+        while self.parents[path[-1]] >= 0:
+            path.append(self.parents[path[-1]])
+        return path[::-1]
 
 
 def tree_ready(model: nn.Module, dtype: mx.Dtype, cache: KVCache) -> bool:

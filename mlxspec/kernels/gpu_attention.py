@@ -23,6 +23,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from .fused_layer import TreeMask
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
                                    MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP, TREE_NODES,
@@ -121,12 +122,10 @@ def tree_shape_ok(parents, rows: int) -> bool:
 def tree_rows(parents: tuple[int, ...], start: int) -> mx.array:
     """The partial kernel's `tree` input (int32): [start, then per row its path's length and the path's nodes,
     root first, padded to TREE_ROW]; start: the first node's key. Made once per tree pass, for all its layers."""
-    out = [start]
+    out, tree = [start], TreeMask(parents)
     for node in range(len(parents)):
-        path = [node]
-        while parents[path[-1]] >= 0:
-            path.append(parents[path[-1]])
-        out += [len(path)] + path[::-1] + [0] * (TREE_ROW - 1 - len(path))
+        path = tree.path(node)
+        out += [len(path)] + path + [0] * (TREE_ROW - 1 - len(path))
     rows = mx.array(out, mx.int32)
     mx.eval(rows)
     return rows

@@ -79,7 +79,8 @@ class KernelRecord:
                 "timings": {str(s): t for s, t in self.timings.items()},
                 "seconds": {what: round(t, 3) for what, t in self.seconds.items()},
                 **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {}),
-                **({"groups_experts": self.fn.groups_experts} if hasattr(self.fn, "groups_experts") else {})}
+                **({"groups_experts": self.fn.groups_experts} if hasattr(self.fn, "groups_experts") else {}),
+                **({"trees": self.fn.trees} if hasattr(self.fn, "trees") else {})}
 
 
 # family -> loader(backend) -> (fn, detail); raises KernelUnavailable where the family has no such kernel

@@ -82,6 +82,12 @@ def test_the_moe_gather_says_whether_it_groups_verify_rows_by_expert():
     assert doctor_mod._kernel_line(entry | {"groups_experts": False}).endswith("; grouping off (self-check)")
 
 
+def test_the_gpu_attention_says_whether_it_takes_draft_trees():
+    entry = {"kernel": "cuda-sdpa", "active": True, "reason": "self-check passed on 1 signature(s)"}
+    assert doctor_mod._kernel_line(entry | {"trees": True}).endswith("; takes draft trees")
+    assert doctor_mod._kernel_line(entry | {"trees": False}).endswith("; draft trees off (self-check)")
+
+
 def test_a_kernels_first_use_costs_are_shown_where_they_count():
     entry = {"kernel": "cuda-qmm", "active": True, "reason": "self-check passed on 5 signature(s)"}
     line = doctor_mod._kernel_line(entry | {"seconds": {"load": 0.001, "checks": 41.27, "timing": 3.0}})
