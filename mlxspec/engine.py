@@ -70,7 +70,7 @@ class Engine:
         # tree rounds may run (built eagerly: on a GPU compiled graphs may fuse elementwise ops otherwise)
         trees = self.drafter.trees and target_takes_trees(target.model)
         self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None,
-                                  trees=chain_pass(target.model) if trees else None)
+                                  trees=chain_pass(target.model, self.steps) if trees else None)
         self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)

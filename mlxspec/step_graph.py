@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
+from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -64,6 +65,8 @@ class StepGraphs:
         if kinds:
             self.off = f"off: its caches are not all KV caches or recurrent states ({', '.join(sorted(kinds))})"
         self._compiled: dict[str, object] = {}  # pass name -> its mx.compile'd function (made on first use)
+        # other passes over the model's caches, by name: (inputs, cache views) -> outputs (tree.py's tree passes)
+        self.extra: dict[str, Callable[[tuple, list], list[mx.array]]] = {}
         self.checks: dict[tuple[str, int], str] = {}  # (pass, rows) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
 
@@ -77,7 +80,7 @@ class StepGraphs:
         return tuple(out) if hidden else out[0]
 
     def replay(self, name: str, inputs: tuple, cache: list) -> list | None:
-        """Pass `name` (`_pass`) over inputs (inputs[0]: (1, rows) ids or (rows,) ones) through its
+        """Pass `name` (`_pass`) over inputs (inputs[0]: (1, rows) ids or (rows,) ones; the rest any arrays) through its
         compiled graph, writing its rows into the cache; its outputs, or None where compiled steps do
         not apply (then nothing was written)."""
         rows = _rows(inputs)
@@ -157,7 +160,10 @@ class StepGraphs:
         return self._pass(name, inputs, views) + [a for v in views for a in _arrays(v)]
 
     def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
-        """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden)."""
+        """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden), and
+        those registered in `extra`."""
+        if name in self.extra:
+            return self.extra[name](inputs, views)
         (x,) = inputs
         if name.startswith("hidden"):
             layers = tuple(int(i) for i in name.partition(":")[2].split(",")) if ":" in name else None

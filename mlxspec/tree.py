@@ -13,32 +13,56 @@ anything that reads the drafts as one history (repeat penalty, grammars) keep th
 
 from __future__ import annotations
 
+from functools import partial
+
 import mlx.core as mx
 import mlx.nn as nn
 
 from .cache import new_cache, rewind
 from .features import head, tapped
-from .kernels.fused_layer import TreeMask, fused, tree_ready
+from .kernels.fused_layer import fused, tree_ready
 from .kernels.row_positions import tree_passes_ready
+from .kernels.tree_mask import TreeMask, tree_rows
 from .options import GenerateOptions
 from .rounds import Outcome, PlanNext, Verifier
+from .step_graph import StepGraphs
 from .verify import tree_greedy_accept
 
 MAX_TREE_NODES = 63  # drafts per tree (+ the root: one bit each in the kernel's 64-bit row masks)
 
 
-def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool | tuple[int, ...]):
+def tree_forward(model: nn.Module, x: mx.array, cache: list, parents: list[int], hidden: bool | tuple[int, ...],
+                 steps: StepGraphs | None = None):
     """(N,) ids of a tree's nodes -> (logits (N, V), final hidden states (N, H) or None; with `hidden` a
     tuple, the inputs of those layers: features.target_forward). mlx-lm's decoder body with a TreeMask in
     place of the causal mask: the CPU's fused blocks place and mask each row themselves; on a GPU mlx-lm's
     blocks see the rows' positions as their caches' offset (TreePositions: RoPE per row, through
-    kernels/row_positions.py) and the attention kernel takes the mask."""
+    kernels/row_positions.py) and the attention kernel takes the mask, through `steps`' compiled graphs
+    where they apply (as the one-row steps the rows must equal run), else built eagerly."""
+    if fused(model):
+        return _tree_body(model, x, cache, TreeMask(tuple(parents)), hidden)
+    start = cache[0].offset
+    positions = mx.array([start + d for d in depths(parents)], dtype=mx.int32)
+    rows = tree_rows(tuple(parents), start)
+    if steps is not None:
+        name = "tree" if not hidden else "tree-hidden" if hidden is True else f"tree-hidden:{','.join(map(str, hidden))}"
+        steps.extra.setdefault(name, partial(_tree_graph, model, hidden))
+        out = steps.replay(name, (x, positions, rows), cache)
+        if out is not None:
+            return out[0], (out[1] if hidden else None)
+    return _tree_body(model, x, [TreePositions(c, positions) for c in cache], TreeMask(tuple(parents), rows), hidden)
+
+
+def _tree_graph(model: nn.Module, hidden, inputs: tuple, views: list) -> list[mx.array]:
+    """A GPU tree pass as a compiled graph's function: the tree (tree_rows) and positions are its inputs."""
+    x, positions, rows = inputs
+    logits, h = _tree_body(model, x, [TreePositions(v, positions) for v in views], TreeMask((), rows), hidden)
+    return [logits] + ([h] if hidden else [])
+
+
+def _tree_body(model: nn.Module, x: mx.array, cache: list, mask: TreeMask, hidden: bool | tuple[int, ...]):
     body = model.model
     h = body.embed_tokens(x[None])
-    mask = TreeMask(tuple(parents))
-    if not fused(model):
-        positions = mx.array([cache[0].offset + d for d in depths(parents)], dtype=mx.int32)
-        cache = [TreePositions(c, positions) for c in cache]
     for layer, c in zip(body.layers, cache):
         h = layer(h, mask, cache=c)
     h = body.norm(h)
@@ -110,11 +134,11 @@ def target_takes_trees(target: nn.Module) -> bool:
     return tree_ready(target, dtype, cache) or tree_passes_ready(target, cache, dtype)
 
 
-def chain_pass(model: nn.Module):
+def chain_pass(model: nn.Module, steps: StepGraphs | None = None):
     """A tree pass over a chain: (1, M) ids, cache -> logits (1, M, V), as a tree round builds its passes
     (the engine's exactness check holds them to one-row steps: exactness.RowInvariance)."""
     def forward(x: mx.array, cache: list) -> mx.array:
-        return tree_forward(model, x[0], cache, [-1] + list(range(x.shape[1] - 1)), False)[0][None]
+        return tree_forward(model, x[0], cache, [-1] + list(range(x.shape[1] - 1)), False, steps)[0][None]
     return forward
 
 
@@ -132,7 +156,7 @@ class TreeRound:
         parents = [-1] + (draft.parents or list(range(draft.count)))  # (N,): a chain when no tree came
         x = mx.concatenate([mx.array(context[-1:], dtype=mx.uint32), draft.tokens])  # (N,)
         start = cache[0].offset
-        logits, hidden = tree_forward(v.target, x, cache, parents, drafter.wants_features)  # (N, V)
+        logits, hidden = tree_forward(v.target, x, cache, parents, drafter.wants_features, v.steps)  # (N, V)
         node, nxt = tree_greedy_accept(logits, draft.tokens, parents)
         mx.eval(node, nxt, draft.tokens)  # the round's one host synchronisation
         stats.host_syncs += 1

@@ -26,7 +26,7 @@ import mlx.core as mx
 
 from ..cache import mask_marks, marked_window
 from . import registry
-from .fused_layer import TreeMask
+from .tree_mask import TreeMask, tree_rows
 from .hooks import route_functions, unroute_functions
 from .passes import prompt_queries
 from .reference import on_cpu
@@ -166,7 +166,7 @@ def _check_tree(sdpa, q, k, v, scale: float) -> str | None:
     the keys before the tree, then its path's nodes in order."""
     rows, keys = q.shape[2], k.shape[2]
     start, parents = keys - rows, CHECK_TREE[:rows]
-    y = sdpa(q, k, v, scale, True, tree=parents)
+    y = sdpa(q, k, v, scale, True, tree=tree_rows(parents, start))
     for m in range(rows):
         seen = mx.array(list(range(start)) + [start + node for node in TreeMask(parents).path(m)])
         one = sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], scale, False)
@@ -260,7 +260,9 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
         if not (sinks is None and not softcap and _usable(rec, queries, keys, values, cache, "causal", None)
                 and getattr(rec.fn, "trees", False)):  # after _usable: its self-check may turn trees off
             raise RuntimeError("a draft tree's pass reached attention the kernel cannot run")
-        return rec.fn(queries, keys, values, scale, True, tree=mask.parents)
+        length = getattr(cache, "key_length", None)  # a compiled pass's cache buffers: its graph made `rows`
+        rows = mask.rows if mask.rows is not None else tree_rows(mask.parents, keys.shape[2] - queries.shape[2])
+        return rec.fn(queries, keys, values, scale, True, tree=rows, **({"length": length} if length is not None else {}))
     length, window = _in_buffer(cache, mask)
     if length is not None:  # a compiled step's cache buffers: `length` of their keys count
         fn = rec.fn

@@ -35,6 +35,7 @@ from mlx_lm.models.cache import KVCache
 from . import registry
 from ..cache import HalfKVCache, KVView, WindowKVCache
 from .hooks import routed
+from .tree_mask import TreeMask
 from .layers import KernelQuantizedLinear
 from .pointwise import KernelOffsetRMSNorm, KernelRMSNorm, KernelRoPE, _ext, geglu_swapped
 
@@ -201,23 +202,6 @@ def _fused_class(base: type) -> type:
         _classes[base] = type(base.__name__, (base,), {FUSED_FROM: base, "__module__": base.__module__,
                                                        "__call__": _fused_call})
     return _classes[base]
-
-
-@dataclass(frozen=True)
-class TreeMask:
-    """The mask of a verify pass over a draft tree: row m's parent row (-1 for row 0, else < m).
-    Row m sits at position offset + depth(m) and sees the cache, its ancestors and itself. The fused
-    CPU block and the GPU attention kernel compute it (each row with the bits of a one-row step over the
-    cache and its path); mlx-lm's own attention cannot."""
-
-    parents: tuple[int, ...]
-
-    def path(self, node: int) -> list[int]:
-        """The rows from the root (0) down to `node`."""
-        path = [node]
-        while self.parents[path[-1]] >= 0:
-            path.append(self.parents[path[-1]])
-        return path[::-1]
 
 
 def tree_ready(model: nn.Module, dtype: mx.Dtype, cache: KVCache) -> bool:

@@ -3,7 +3,7 @@
     sdpa = metal_sdpa_function()   # or cuda_sdpa_function(); KernelUnavailable where there is no such GPU
     o = sdpa(q, k, v, scale, causal)   # q (1, H, M, D), k (1, HKV, L, D), v (1, HKV, L, DV) -> (1, H, M, DV)
     o = sdpa(q, k, v, scale, True, window=W, sinks=s)   # a sliding-window layer; s (H,): gpt-oss's sinks
-    o = sdpa(q, k, v, scale, True, tree=parents)   # a draft tree's pass: the last M keys are its nodes
+    o = sdpa(q, k, v, scale, True, tree=tree_rows(parents, start))   # a draft tree's pass (tree_mask.py)
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
 not (the mask is a runtime value: one compiled kernel), whether its warp serves one query head or
@@ -11,24 +11,22 @@ several; with a window, to a 1-row call over the last W
 of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
 float16 cache (each value is read as float32 either way). `length=` (an array): only keys [0, length)
 count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). With `tree`
-(row m's parent row, -1 for row 0), row m sees the keys before the tree's and its own path's nodes, bit
-for bit as a one-row call over those keys laid out in order (tree.py's passes on GPUs). q, k and
+(a draft tree whose nodes are keys start.. of the cache), row m sees the keys before the tree and its own
+path's nodes, bit for bit as a one-row call over those keys laid out in order (tree.py's passes on GPUs). q, k and
 v are read in place through their strides (ensure_row_contiguous=False): a KV cache view costs no copy.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import mlx.core as mx
 
-from .fused_layer import TreeMask
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
-                                   MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP, TREE_NODES,
-                                   TREE_ROW, combine_template, dims_per_lane, partial_template, partial_warps,
-                                   tree_heads)
+                                   MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP,
+                                   combine_template, dims_per_lane, partial_template, partial_warps, tree_heads)
+from .tree_mask import TREE_ROW
 
 
 # From this many key chunks (2,048 keys) on, a partial warp serves HEADS query heads of its kv head,
@@ -64,7 +62,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
              sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0,
-             tree: tuple[int, ...] | None = None) -> mx.array:
+             tree: mx.array | None = None) -> mx.array:
         b, h, m, _ = q.shape
         hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
@@ -73,9 +71,9 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
                 or (length is not None and length.size != 1) or softcap < 0):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
                              f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
-        if tree is not None and not (causal and not window and length is None and tree_shape_ok(tree, m)):
-            raise ValueError(f"sdpa kernel: a tree of {len(tree)} nodes over {m} rows, causal={causal}, window {window}, "
-                             f"length {length} unsupported")
+        if tree is not None and not (causal and not window and tree.dtype == mx.int32 and tree.size == 1 + m * TREE_ROW):
+            raise ValueError(f"sdpa kernel: a tree of {tree.size} int32s over {m} rows, causal={causal}, window {window} "
+                             "unsupported")
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         by_rows = tree is None and (window == 0 or keys <= window)  # every row starts at key 0: warps may mix rows
@@ -93,8 +91,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         dpl = dims_per_lane(q.shape[3], dv)
         heads = heads if tree is None else tree_heads(heads, dpl)
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None)
-        rows_of = no_tree if tree is None else tree_rows(tuple(tree), keys - m)  # the tree's nodes: the last m keys
-        pmax, psum, pacc = partial(inputs=[q, k, v, params, length, rows_of], template=targs,
+        pmax, psum, pacc = partial(inputs=[q, k, v, params, length, no_tree if tree is None else tree], template=targs,
                                    grid=(32, partial_warps(h, hkv, m, heads, by_rows), nch), threadgroup=THREADGROUP,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
@@ -108,24 +105,5 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     sdpa.windows = sdpa.sinks = sdpa.mixed = True
     sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer count (a compiled step's cache)
     sdpa.softcaps = True  # takes `softcap`: scores capped as cap * tanh(score / cap) (Gemma 2)
-    sdpa.trees = True  # takes `tree` (each row's parent row): a draft tree's verify pass (tree.py)
+    sdpa.trees = True  # takes `tree` (tree_mask.tree_rows): a draft tree's verify pass (tree.py)
     return sdpa
-
-
-def tree_shape_ok(parents, rows: int) -> bool:
-    """A tree the kernel takes: one node a row, the root first, every parent an earlier row, at most TREE_NODES."""
-    return (len(parents) == rows <= TREE_NODES and parents[0] == -1
-            and all(0 <= p < i for i, p in enumerate(parents) if i))
-
-
-@functools.lru_cache(maxsize=64)
-def tree_rows(parents: tuple[int, ...], start: int) -> mx.array:
-    """The partial kernel's `tree` input (int32): [start, then per row its path's length and the path's nodes,
-    root first, padded to TREE_ROW]; start: the first node's key. Made once per tree pass, for all its layers."""
-    out, tree = [start], TreeMask(parents)
-    for node in range(len(parents)):
-        path = tree.path(node)
-        out += [len(path)] + path + [0] * (TREE_ROW - 1 - len(path))
-    rows = mx.array(out, mx.int32)
-    mx.eval(rows)
-    return rows

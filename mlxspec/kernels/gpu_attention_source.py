@@ -42,6 +42,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .gpu_codegen import cuda_function, cuda_program, metal_function
+from .tree_mask import TREE_ROW
 
 PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
@@ -51,8 +52,6 @@ COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # si
 CHUNK = 256  # keys per partial warp
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
 HEADS = 4  # query heads sharing a kv head that one partial warp serves (each key and value read once for them)
-TREE_NODES = 64  # a tree pass's rows at most (tree.MAX_TREE_NODES drafts + the root)
-TREE_ROW = 1 + TREE_NODES  # a row's entry in `tree`: its path's length, then the path (node indices, root first)
 THREADGROUP = (32, 1, 1)
 
 # //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)

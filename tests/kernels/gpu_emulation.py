@@ -70,17 +70,21 @@ def per_row_dense(calls: list):
 
 
 def tree_sdpa(sdpa):
-    """The CPU attention kernel taking draft trees as the GPU kernel does (a stand-in): row m over the keys
-    before the tree's nodes (the last M keys) and its path's, as a one-row call over them."""
-    from mlxspec.tree import path_to
+    """The CPU attention kernel taking draft trees as the GPU kernel does (a stand-in): row m as a one-row call
+    over the keys before the tree's nodes and its path's (tree_mask.tree_rows), gathered with MLX's ops of
+    fixed shapes, so it runs in a compiled pass's graph too (the tree and the keys that count are inputs)."""
+    from mlxspec.kernels.tree_mask import TREE_ROW
 
-    def attend(q, k, v, scale, causal, window=0, tree=None, **kw):
+    def attend(q, k, v, scale, causal, window=0, tree=None, length=None, **kw):
         if tree is None:
-            return sdpa(q, k, v, scale, causal, window=window, **kw)
-        start, rows = k.shape[2] - q.shape[2], []
+            return sdpa(q, k, v, scale, causal, window=window, **({"length": length} if length is not None else {}), **kw)
+        start, j, rows = tree[0], mx.arange(k.shape[2]), []
         for m in range(q.shape[2]):
-            seen = mx.array(list(range(start)) + [start + node for node in path_to(list(tree), m)])
-            rows.append(sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], scale, False, **kw))
+            n, path = tree[1 + m * TREE_ROW], tree[2 + m * TREE_ROW : (m + 1) * TREE_ROW + 1]
+            node = start + mx.take(path, mx.clip(j - start, 0, TREE_ROW - 2))
+            seen = mx.where(j < start, j, mx.where(j < start + n, node, 0))  # the row's keys, in order, first
+            rows.append(sdpa(q[:, :, m : m + 1], mx.take(k, seen, axis=2), mx.take(v, seen, axis=2), scale, True,
+                             length=(start + n).reshape(1), **kw))
         return mx.concatenate(rows, axis=2)
 
     for name in ("windows", "sinks", "lengths", "mixed", "softcaps", "isa"):

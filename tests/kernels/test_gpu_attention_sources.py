@@ -22,7 +22,7 @@ import pytest
 from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
 from mlxspec.kernels import gpu_attention_source as src
 from mlxspec.kernels.attention import attention_within_tolerance
-from mlxspec.kernels.gpu_attention import tree_rows
+from mlxspec.kernels.tree_mask import tree_rows
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
@@ -51,7 +51,7 @@ constexpr int TREE_HEADS_ = {tree_heads};  // the tree build's (gpu_attention_so
 int H, HKV, D, DV;
 float params[5];  // scale, causal, window, by_rows, softcap
 int length[1];  // keys that count
-std::vector<int32_t> tree{{-1}};  // a tree pass's rows (gpu_attention.tree_rows), or [-1]: none
+std::vector<int32_t> tree{{-1}};  // a tree pass's rows (tree_mask.tree_rows), or [-1]: none
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
 // keys [0, S): S = L, or (buffered, as a compiled step passes its cache) the whole capacity, L a runtime value
@@ -114,6 +114,7 @@ int main(int argc, char** argv) {{
   save(out, attend(q, M, k, v, L, cap, true, W, true));  // windowed over the whole buffer, L keys counting
   tree = load<int32_t>(d + "/tree", 1 + size_t(M) * {tree_row});  // the last M keys: a draft tree's nodes
   save(out, attend(q, M, k, v, L, cap, true));
+  save(out, attend(q, M, k, v, L, cap, true, 0, true));  // over the whole buffer, L keys counting (a compiled pass)
   const std::vector<int32_t> rows_of = tree;
   tree = {{-1}};
   for (int i = 0; i < M; ++i) {{  // tree row i alone: an unmasked call over the cache, then its path's keys in order
@@ -241,7 +242,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     q, k, v, scale, sinks = inputs(tmp_path, case)
     run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
-    size = len(raw) // (10 * M + ODD)  # bytes of one row (H, DV)
+    size = len(raw) // (11 * M + ODD)  # bytes of one row (H, DV)
 
     def part(first: int, count: int, per_row: bool) -> mx.array:  # (1, H, count, DV)
         a = from_np(raw[first * size : (first + count) * size], dtype, (count, h, dv) if per_row else (h, count, dv))
@@ -251,7 +252,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     causal_rows, full_rows, odd = part(2 * M, M, True), part(3 * M, M, True), part(4 * M, ODD, False)
     windowed, buffered = part(4 * M + ODD, M, False), part(5 * M + ODD, M, False)
     windowed_rows, windowed_buffered = part(6 * M + ODD, M, True), part(7 * M + ODD, M, False)
-    tree, tree_rows_alone = part(8 * M + ODD, M, False), part(9 * M + ODD, M, True)
+    tree, tree_buffered, tree_rows_alone = part(8 * M + ODD, M, False), part(9 * M + ODD, M, False), part(10 * M + ODD, M, True)
     used = sinks if with_sinks else None
     for y, is_causal, w in ((causal, True, 0), (full, False, 0), (windowed, True, window)):
         ok, ratio = attention_within_tolerance(y, q, k, v, scale, is_causal, w, used, softcap)
@@ -263,6 +264,7 @@ def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes,
     assert mx.array_equal(buffered, causal).item(), "a launch over the whole buffer with L keys counting differs"
     assert mx.array_equal(windowed_buffered, windowed).item(), "a windowed launch over the whole buffer differs"
     assert mx.array_equal(tree, tree_rows_alone).item(), "tree rows differ from 1-row calls over their paths' keys"
+    assert mx.array_equal(tree_buffered, tree).item(), "a tree pass over the whole buffer with L keys counting differs"
     for i in range(M):  # and each is that attention: the cache, then its path's keys
         path, node = [], i
         while node >= 0:

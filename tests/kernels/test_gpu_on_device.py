@@ -121,6 +121,7 @@ def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
 def test_sdpa_tree_rows_on_device(backend, length):
     """A draft tree's pass (16 nodes, the last 16 keys): row m = a one-row call over the keys before the
     tree and its path's nodes, bit for bit, within tolerance."""
+    from mlxspec.kernels.tree_mask import tree_rows
     from mlxspec.tree import path_to
 
     sdpa, parents = kernels(backend)[2], [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10]
@@ -128,7 +129,8 @@ def test_sdpa_tree_rows_on_device(backend, length):
     q = mx.random.normal((1, 8, 16, 128), key=kq).astype(mx.float16)
     k = mx.random.normal((1, 2, length, 128), key=kk).astype(mx.float16)
     v = mx.random.normal((1, 2, length, 128), key=kv).astype(mx.float16)
-    y, start = sdpa(q, k, v, 128**-0.5, True, tree=tuple(parents)), length - 16
+    start = length - 16
+    y = sdpa(q, k, v, 128**-0.5, True, tree=tree_rows(tuple(parents), start))
     for m in range(16):
         seen = mx.array(list(range(start)) + [start + node for node in path_to(parents, m)])
         one = sdpa(q[:, :, m : m + 1], k[:, :, seen], v[:, :, seen], 128**-0.5, False)

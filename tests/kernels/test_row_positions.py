@@ -57,27 +57,46 @@ def llama(tmp_path):
     return make_model_dir(tmp_path / "llama", "llama", seed=3)
 
 
+def prefilled(model, prompt: list[int]) -> list:
+    cache = new_cache(model)
+    mx.eval(model(mx.array(prompt)[None], cache=cache))
+    return cache
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("shape", TREES)
-def test_every_node_equals_a_one_row_step_on_an_emulated_gpu(gpu, llama, shape):
+def test_every_node_equals_a_one_row_step_on_an_emulated_gpu(gpu, llama, shape, compiled):
     engine = Engine.load(str(llama), kernels="exact")
     model, parents = engine.target.model, TREES[shape]
     assert engine.kernels["target"]["backend"] == "cuda" and target_takes_trees(model)
     prompt = list(range(3, 20))
     nodes = [prompt[-1]] + [(7 * m + 3) % 60 + 5 for m in range(1, len(parents))]
     steps = StepGraphs(model)  # one-row steps as decoding runs them on a GPU: compiled graphs
-
-    def prefilled() -> list:
-        cache = new_cache(model)
-        mx.eval(model(mx.array(prompt[:-1])[None], cache=cache))
-        return cache
-
-    logits = tree_forward(model, mx.array(nodes, dtype=mx.uint32), prefilled(), parents, False)[0]
+    tree_steps = StepGraphs(model) if compiled else None  # a tree pass as a compiled graph, as tree rounds run it
+    logits = tree_forward(model, mx.array(nodes, dtype=mx.uint32), prefilled(model, prompt[:-1]), parents, False, tree_steps)[0]
+    if compiled:
+        assert tree_steps.off is None and any(g[0] == "tree" for g in tree_steps.graphs), tree_steps.status()
     for m in range(len(parents)):
-        cache = prefilled()
+        cache = prefilled(model, prompt[:-1])
         for node in path_to(parents, m):
             want = steps(mx.array([[nodes[node]]]), cache)[0, -1]
         assert mx.array_equal(logits[m], want).item(), (shape, m)
     assert steps.off is None
+
+
+def test_a_compiled_tree_pass_takes_each_tree_as_an_input(gpu, llama):
+    """Trees of the same size replay one compiled graph: its tree and positions are inputs, not constants."""
+    engine = Engine.load(str(llama), kernels="exact")
+    model, steps, prompt = engine.target.model, StepGraphs(engine.target.model), list(range(3, 20))
+    nodes = mx.array([prompt[-1], 7, 9, 11], dtype=mx.uint32)
+    for parents in ([-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 0, 0, 0]):
+        logits = tree_forward(model, nodes, prefilled(model, prompt[:-1]), parents, False, steps)[0]
+        for m in range(4):
+            cache = prefilled(model, prompt[:-1])
+            for node in path_to(parents, m):
+                want = steps(nodes[node : node + 1][None], cache)[0, -1]
+            assert mx.array_equal(logits[m], want).item(), (parents, m)
+    assert len([g for g in steps.graphs if g[0] == "tree"]) == 1  # one graph for the three trees
 
 
 def test_tree_passes_need_the_kernels_and_a_plain_cache(gpu, llama, tmp_path):
@@ -129,6 +148,7 @@ def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp
         assert [t for e in events for t in e.tokens] == want, (k, width)
         stats = events[-1].stats
         assert stats.drafted > 0 and stats.exact is True
+    assert any(g[0] == "tree" for g in spec.steps.graphs)  # tree rounds ran through compiled graphs
     decoder = Decoder(spec.target.model, spec.drafter, ids, GenerateOptions(max_tokens=4), draft_length=3, eos_ids=set(),
                       context_length=512, stats=Stats(), width=3)
     assert TreeRound in {type(s) for s in decoder.speculative.values()}  # the rounds above were trees
