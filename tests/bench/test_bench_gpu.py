@@ -44,6 +44,17 @@ def test_ops_and_forward_sections_on_the_cpu(bench):
     assert forward["MLX's ops, attention kernel"]["matmul_kernels"] == {}  # MLX's matmuls there
 
 
+def test_trees_section_on_the_cpu(bench):
+    """Tree passes (the CPU's fused blocks here) are timed beside chains of as many rows, and every node of a
+    22-node tree equals the one-row steps along its path."""
+    assert bench.favourites_tree(2, 3) == [-1, 0, 0, 0, 1, 1, 1]
+    with mx.stream(mx.cpu):
+        trees = bench.tree_costs(bench.FORWARD_SHAPES["quick"], context=32, repeats=1)
+    assert trees["trees_ready"] and trees["nodes_equal_steps"], trees
+    assert set(trees["ms"]) == {"step"} | {f"{kind} {n}" for kind in ("chain", "tree") for n in (4, 10, 22, 46)}
+    assert all(ms > 0 for ms in trees["ms"].values())
+
+
 def test_graph_nodes_counts_one_forward_however_often_it_is_asked(bench):
     """A forward's cache writes, left lazy, made the next forward's graph count them again (an H200 run
     reported 2,000 nodes for the kernels' forward: MLX's 897 of the forward counted before it, and its own)."""
