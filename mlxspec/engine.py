@@ -29,6 +29,7 @@ from .emit import Event  # noqa: F401  (streamed by generate; the server imports
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
 from .features import vocabulary_size
+from .kernels import registry
 from .kernels.cpu import ACTIVATION_SETTINGS
 from .loading import LoadedModel
 from .logprobs import token_bytes
@@ -39,6 +40,8 @@ KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / ML
 from .stats import Stats
 from .step_graph import StepGraphs
 from .tree import MAX_TREE_NODES, chain_pass, target_takes_trees
+
+GPU_TREE_WIDTH = 3  # a draft tree's candidates per depth on GPUs by default (the adaptive controller may use fewer)
 
 DEFAULT_DRAFT_LENGTH = 4
 
@@ -59,7 +62,6 @@ class Engine:
         self._lock = threading.Lock()
         self.costs = CostModel()  # what rounds cost on this machine: learned once, kept across requests
         self.tree_costs: dict[int, CostModel] = {}  # the same for tree rounds, per width
-        self.draft_width = 1  # candidates per draft depth (options.draft_width overrides): > 1 verifies trees
         self.kv = PrefixCache(target.model)  # the last request's KV cache: a shared prefix is reused
         self._token_bytes = None  # token id -> bytes, built on first use
         self.kernels: dict = {"disabled": "not requested"}  # what use_kernels did (for doctor / show)
@@ -71,6 +73,10 @@ class Engine:
         trees = self.drafter.trees and target_takes_trees(target.model)
         self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None,
                                   trees=chain_pass(target.model, self.steps) if trees else None)
+        # candidates per draft depth when a request does not say (options.draft_width): > 1 verifies trees. On a
+        # GPU, where a pass's extra rows cost little, the adaptive controller may try trees of GPU_TREE_WIDTH and
+        # keeps them only where they time faster; on the CPU (a row ~16% of a step) chains
+        self.draft_width = GPU_TREE_WIDTH if trees and registry.device_backend_name() != "cpu" else 1
         self.speculable = speculable(target.model)  # can every layer undo rejected drafts? else plain
         self.exact: bool | None = None  # for the last request: its verify rows equal one-row steps
         self._grammar_tokenizer = None  # llguidance's view of the tokenizer (structured output)
@@ -244,7 +250,7 @@ class Engine:
         drafter = self.drafter if k > 0 else (tap or NoDrafter())
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
-            width = self.draft_width if options.draft_width is None else options.draft_width
+            width = options.draft_width or (self.draft_width if options.adaptive else 1)  # fixed rounds: as asked
             rows = min(k * width, MAX_TREE_NODES) if width > 1 and drafter.trees else k  # drafts per pass
             self.exact = self.rows.holds(rows + 1)
             stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)

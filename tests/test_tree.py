@@ -195,6 +195,7 @@ def test_trees_apply_only_where_they_stay_exact(q4, head):
         return {type(s) for s in decoder.speculative.values()}
 
     spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+    assert spec.draft_width == 1  # on the CPU chains unless asked (a row costs ~16% of a step here)
     assert TreeRound in strategy(spec)
     assert TreeRound not in strategy(spec, temperature=0.8)  # sampling: the chain's rejection sampling
     assert TreeRound not in strategy(spec, repeat_penalty=1.2)  # a penalty reads the drafts as one history

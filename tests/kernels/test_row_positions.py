@@ -139,6 +139,7 @@ def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp
     head = random_head(plain.target.model, tmp_path / "head", vocab=40)
     spec = Engine.load(str(llama), drafter=f"eagle:{head}", kernels="exact")
     assert spec.rows.holds(8), spec.rows.failures()  # tree passes over chains included
+    assert spec.draft_width == 3 and plain.draft_width == 1  # a GPU's default: trees, where a drafter drafts them
     assert " (a tree pass" in next(iter(spec.rows.passes.keys() - {""}))
     ids = list(range(5, 25))
     want = [t for e in plain.generate(ids, GenerateOptions(max_tokens=24)) for t in e.tokens]
@@ -149,6 +150,8 @@ def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp
         stats = events[-1].stats
         assert stats.drafted > 0 and stats.exact is True
     assert any(g[0] == "tree" for g in spec.steps.graphs)  # tree rounds ran through compiled graphs
+    adaptive = list(spec.generate(ids, GenerateOptions(max_tokens=24)))  # the default width: trees, measured
+    assert [t for e in adaptive for t in e.tokens] == want and adaptive[-1].stats.exact is True
     decoder = Decoder(spec.target.model, spec.drafter, ids, GenerateOptions(max_tokens=4), draft_length=3, eos_ids=set(),
                       context_length=512, stats=Stats(), width=3)
     assert TreeRound in {type(s) for s in decoder.speculative.values()}  # the rounds above were trees
