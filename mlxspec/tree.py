@@ -130,8 +130,8 @@ def target_takes_trees(target: nn.Module) -> bool:
     inner = getattr(target, "model", None)  # wrapped models (Gemma 4's language_model) have no tree path
     if inner is None or not hasattr(inner, "embed_tokens"):
         return False
-    cache, dtype = new_cache(target)[0], inner.embed_tokens(mx.array([0])).dtype
-    return tree_ready(target, dtype, cache) or tree_passes_ready(target, cache, dtype)
+    caches, dtype = new_cache(target), inner.embed_tokens(mx.array([0])).dtype
+    return tree_ready(target, dtype, caches[0]) or tree_passes_ready(target, caches, dtype)
 
 
 def chain_pass(model: nn.Module, steps: StepGraphs | None = None):

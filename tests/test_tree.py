@@ -79,7 +79,7 @@ def engine(request, q4, tmp_path_factory):
         store_kv_in_half(e.target.model)
     cache = new_cache(e.target.model)[0]
     assert isinstance(cache, HalfKVCache) == bool(half)  # GGUF models get it at load
-    assert tree_ready(e.target.model, mx.float32, cache) or tree_passes_ready(e.target.model, cache, mx.float32), e.kernels  # CPU, GPU
+    assert tree_ready(e.target.model, mx.float32, cache) or tree_passes_ready(e.target.model, new_cache(e.target.model), mx.float32), e.kernels  # CPU, GPU
     return e
 
 

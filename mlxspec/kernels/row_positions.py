@@ -22,9 +22,11 @@ from ..cache import HalfKVCache
 from . import registry
 from .hooks import routed
 
-# mlx-lm attention modules that read cache.offset only to place RoPE, and whose layers call them with the
-# mask they are given: a tree pass through them needs nothing but the positions and the attention kernel
-TREE_FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3")
+# mlx-lm models whose attention reads cache.offset only to place RoPE, whose layers pass it the mask they are
+# given, and whose decoder is embed, layers, norm (tree.py runs those itself): a tree pass through them needs
+# nothing but the positions and the attention kernel (MoE experts: the grouped gather, row for row)
+TREE_FAMILIES = ("mlx_lm.models.llama", "mlx_lm.models.qwen2", "mlx_lm.models.qwen3", "mlx_lm.models.qwen3_moe",
+                 "mlx_lm.models.qwen2_moe", "mlx_lm.models.phi3")
 
 
 class RowPositionsRoPE(nn.Module):
@@ -59,15 +61,17 @@ def restore_row_positions(model: nn.Module) -> None:
             m.rope = m.rope._origin
 
 
-def tree_passes_ready(model: nn.Module, cache, dtype: mx.Dtype) -> bool:
+def tree_passes_ready(model: nn.Module, caches: list, dtype: mx.Dtype) -> bool:
     """Can a tree pass run this model on this GPU, each row as its one-row step would: every block a
-    TREE_FAMILIES one whose attention is routed to the attention kernel, with its RoPE wrapped, a plain KV
-    cache (`cache`: a fresh one of the kind the model decodes with), and the kernel's self-check passed
-    for the model's attention, tree rows included (run now if it has not run: it may turn trees off)?"""
+    TREE_FAMILIES one whose attention is routed to the attention kernel, with its RoPE wrapped, plain KV
+    caches (`caches`: fresh ones of the kinds the model decodes with: no sliding windows), and the kernel's
+    self-check passed for the model's attention, tree rows included (run now if it has not run: it may turn
+    trees off)?"""
     from .attention import NAME, check_signature, few_row_attention
 
     layers = getattr(getattr(model, "model", None), "layers", None)
-    if not layers or registry.device_backend_name() == "cpu" or type(cache) not in (KVCache, HalfKVCache):
+    if (not layers or registry.device_backend_name() == "cpu" or len(caches) != len(layers)
+            or any(type(c) not in (KVCache, HalfKVCache) for c in caches)):
         return False
     rec = registry.kernel("sdpa")
     if rec.error or not getattr(rec.fn, "trees", False):
@@ -79,7 +83,7 @@ def tree_passes_ready(model: nn.Module, cache, dtype: mx.Dtype) -> bool:
                 or not isinstance(getattr(attn, "rope", None), RowPositionsRoPE)):
             return False
         signatures.add((attn.n_heads, attn.n_kv_heads, round(attn.scale**-2)))
-    kv_dtype = mx.float16 if type(cache) is HalfKVCache else dtype
+    kv_dtype = mx.float16 if type(caches[0]) is HalfKVCache else dtype
     if any(check_signature(h, kv, d, d, dtype, kv_dtype) for h, kv, d in signatures):
         return False
     return bool(getattr(rec.fn, "trees", False))

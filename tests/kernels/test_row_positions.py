@@ -57,6 +57,29 @@ def llama(tmp_path):
     return make_model_dir(tmp_path / "llama", "llama", seed=3)
 
 
+OTHER_FAMILIES = {  # TREE_FAMILIES beyond llama: MoE experts through the grouped gather, a fused q/k/v
+    "qwen3_moe": lambda d: config_dir(d, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                                      mlp_only_layers=[], norm_topk_prob=True, moe_intermediate_size=32,
+                                      tie_word_embeddings=False),
+    "phi3": lambda d: config_dir(d, model_type="phi3", tie_word_embeddings=False),
+}
+
+
+@pytest.mark.parametrize("family", OTHER_FAMILIES)
+def test_other_families_take_trees_on_an_emulated_gpu(gpu, tmp_path, family):
+    engine = Engine.load(str(OTHER_FAMILIES[family](tmp_path / family)), kernels="exact")
+    model, parents, prompt = engine.target.model, TREES["bushy"], list(range(3, 20))
+    assert target_takes_trees(model)
+    nodes = mx.array([prompt[-1]] + [(5 * m + 3) % 60 + 5 for m in range(1, len(parents))], dtype=mx.uint32)
+    steps = StepGraphs(model)
+    logits = tree_forward(model, nodes, prefilled(model, prompt[:-1]), parents, False, steps)[0]
+    for m in range(len(parents)):
+        cache = prefilled(model, prompt[:-1])
+        for node in path_to(parents, m):
+            want = steps(nodes[node : node + 1][None], cache)[0, -1]
+        assert mx.array_equal(logits[m], want).item(), (family, m)
+
+
 def prefilled(model, prompt: list[int]) -> list:
     cache = new_cache(model)
     mx.eval(model(mx.array(prompt)[None], cache=cache))
@@ -104,9 +127,9 @@ def test_tree_passes_need_the_kernels_and_a_plain_cache(gpu, llama, tmp_path):
     window = config_dir(tmp_path / "g", model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
                         query_pre_attn_scalar=16, rope_local_base_freq=1e4)
     gemma = Engine.load(str(window), kernels="exact").target.model
-    assert not tree_passes_ready(gemma, new_cache(gemma)[0], mx.float32)  # sliding windows, another family
+    assert not tree_passes_ready(gemma, new_cache(gemma), mx.float32)  # sliding windows, another family
     model = Engine.load(str(llama), kernels="exact").target.model
-    assert tree_passes_ready(model, new_cache(model)[0], mx.float32)
+    assert tree_passes_ready(model, new_cache(model), mx.float32)
     assert registry.kernel("sdpa").checks  # the model's attention self-checked, tree rows included, first
 
 
