@@ -67,6 +67,7 @@ class StepGraphs:
         self._compiled: dict[str, object] = {}  # pass name -> its mx.compile'd function (made on first use)
         # other passes over the model's caches, by name: (inputs, cache views) -> outputs (tree.py's tree passes)
         self.extra: dict[str, Callable[[tuple, list], list[mx.array]]] = {}
+        self.extra_off: dict[str, str] = {}  # such a pass that failed or disagreed -> why (it alone runs eagerly)
         self.checks: dict[tuple[str, int], str] = {}  # (pass, rows) -> how its compiled pass matched the eager one
         self.graphs: set[tuple] = set()  # the shapes traced so far (one compiled graph each)
 
@@ -84,7 +85,7 @@ class StepGraphs:
         compiled graph, writing its rows into the cache; its outputs, or None where compiled steps do
         not apply (then nothing was written)."""
         rows = _rows(inputs)
-        if not self._applies(rows, cache):
+        if name in self.extra_off or not self._applies(rows, cache):
             return None
         for c in cache:
             _make_room(c, rows)
@@ -105,7 +106,7 @@ class StepGraphs:
             if first:
                 out = self._check(name, rows, eager, out)
         except Exception as e:  # a model that does arithmetic on the offset, an op compile refuses: eager from now
-            self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            self._turn_off(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", name)
             return None
         self.graphs.add((name, rows, kv[0].keys.shape[2] if kv else 0, *(str(a.dtype) for a in inputs)))
         heads = at = len(out) - len(buffers)  # the pass's outputs, then each cache's arrays in order
@@ -128,11 +129,17 @@ class StepGraphs:
         diff, scale = mx.abs(want - got).max().item(), mx.abs(want).max().item()
         self.checks[(name, rows)] = f"max |diff| {diff:.3g} of values up to {scale:.3g}"
         if not diff <= CLOSE * scale:  # NaN fails too
-            self._turn_off(f"compiled {rows}-row {name} passes disagree with eager ones ({self.checks[(name, rows)]})")
+            self._turn_off(f"compiled {rows}-row {name} passes disagree with eager ones ({self.checks[(name, rows)]})",
+                           name)
             return eager
         return compiled
 
-    def _turn_off(self, why: str) -> None:
+    def _turn_off(self, why: str, name: str = "") -> None:
+        """Compiled passes off for this model; for a pass of `extra`, only that pass (the decoding steps keep theirs)."""
+        if name in self.extra:
+            self.extra_off[name] = why
+            log.warning("mlxspec: compiled %s passes off for this model (%s); building them eagerly", name, why)
+            return
         self.off = why
         log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", why)
 
@@ -173,7 +180,8 @@ class StepGraphs:
     def status(self) -> dict:
         checks = {f"{rows} rows" + ("" if name == "logits" else f" ({name})"): how
                   for (name, rows), how in sorted(self.checks.items())}
-        return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks}
+        return {"compiled": self.off is None, "off": self.off, "graphs": len(self.graphs), "checks": checks,
+                **({"passes_off": dict(self.extra_off)} if self.extra_off else {})}
 
 
 def _rows(inputs: tuple) -> int:

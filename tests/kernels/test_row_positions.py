@@ -122,6 +122,26 @@ def test_a_compiled_tree_pass_takes_each_tree_as_an_input(gpu, llama):
     assert len([g for g in steps.graphs if g[0] == "tree"]) == 1  # one graph for the three trees
 
 
+def test_a_tree_pass_that_fails_in_a_graph_runs_eagerly_and_steps_stay_compiled(gpu, llama, monkeypatch):
+    """A tree pass whose compiled graph fails (an op a trace refuses, say) is built eagerly from then on, with the
+    same result; the decoding steps keep their compiled graphs."""
+    from mlxspec import tree
+
+    engine = Engine.load(str(llama), kernels="exact")
+    model, steps, prompt, parents = engine.target.model, StepGraphs(engine.target.model), list(range(3, 20)), TREES["bushy"]
+    nodes = mx.array([prompt[-1]] + [9] * (len(parents) - 1), dtype=mx.uint32)
+    want = tree_forward(model, nodes, prefilled(model, prompt[:-1]), parents, False)[0]
+
+    def refuses(*args):
+        raise ValueError("not in a graph")
+
+    monkeypatch.setattr(tree, "_tree_graph", refuses)
+    got = tree_forward(model, nodes, prefilled(model, prompt[:-1]), parents, False, steps)[0]
+    assert mx.array_equal(got, want).item() and "tree" in steps.extra_off and steps.off is None
+    assert steps(mx.array([[5]]), prefilled(model, prompt)) is not None and any(g[1] == 1 for g in steps.graphs)
+    assert "tree" in steps.status()["passes_off"]
+
+
 def test_tree_passes_need_the_kernels_and_a_plain_cache(gpu, llama, tmp_path):
     assert not target_takes_trees(Engine.load(str(llama), kernels=False).target.model)  # MLX's attention
     window = config_dir(tmp_path / "g", model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
