@@ -69,7 +69,7 @@ class Engine:
         # decoding passes through compiled graphs (kernels are installed by now: the graphs capture them)
         self.steps = StepGraphs(target.model, enabled=self.settings.compile_steps())
         # is speculation exact here? per row count, through the passes decoding runs: tree passes too where
-        # tree rounds may run (built eagerly: on a GPU compiled graphs may fuse elementwise ops otherwise)
+        # tree rounds may run, built as tree rounds build them (compiled on GPUs, the CPU's fused blocks eagerly)
         trees = self.drafter.trees and target_takes_trees(target.model)
         self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None,
                                   trees=chain_pass(target.model, self.steps) if trees else None)

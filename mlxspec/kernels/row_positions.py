@@ -8,7 +8,7 @@ own RoPE module, turns that into M one-row calls in one (mx.fast.rope takes one 
 row m gets what a one-row step at its position gets. Every other call passes through unchanged.
 
     use_row_positions(model)          # on GPUs (install_kernels): the attention modules' RoPE wrapped
-    tree_passes_ready(model, cache)   # can a tree pass run this model here, row for row as one-row steps?
+    tree_passes_ready(model, caches, dtype)   # can a tree pass run this model here, row for row as one-row steps?
     restore_row_positions(model)
 """
 
