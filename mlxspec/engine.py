@@ -39,7 +39,7 @@ from .settings import DecodeSettings
 KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
 from .stats import Stats
 from .step_graph import StepGraphs
-from .tree import MAX_TREE_NODES, chain_pass, target_takes_trees
+from .tree import chain_pass, target_takes_trees, tree_sizes
 
 GPU_TREE_WIDTH = 3  # a draft tree's candidates per depth on GPUs by default (the adaptive controller may use fewer)
 
@@ -172,7 +172,8 @@ class Engine:
                 kernel_report[f"drafter{i}"] = install_kernels(module, fuse=kernels != "ops", activations=act)
         engine = cls(tgt, built, dft, draft_length, settings)
         engine.kernels = kernel_report
-        engine.rows.holds(engine.draft_length + 1)  # measured now, not inside the first request
+        k = engine.draft_length  # measured now, not inside the first request
+        engine.rows.holds(k + 1, tree_sizes(k, engine.draft_width) if built.trees else ())
         return engine
 
     # -- facts -------------------------------------------------------------------------------
@@ -251,8 +252,7 @@ class Engine:
         with self._lock:
             # Verify passes run up to k+1 rows: exact only if each equals a one-row step (checked once per M).
             width = options.draft_width or (self.draft_width if options.adaptive else 1)  # fixed rounds: as asked
-            rows = min(k * width, MAX_TREE_NODES) if width > 1 and drafter.trees else k  # drafts per pass
-            self.exact = self.rows.holds(rows + 1)
+            self.exact = self.rows.holds(k + 1, tree_sizes(k, width) if drafter.trees else ())
             stats = Stats(drafter=drafter.name, draft_length=k if k > 0 else 0, exact=self.exact)
             decoder = Decoder(
                 self.target.model,

@@ -134,6 +134,12 @@ def target_takes_trees(target: nn.Module) -> bool:
     return tree_ready(target, dtype, caches[0]) or tree_passes_ready(target, caches, dtype)
 
 
+def tree_sizes(depth: int, width: int) -> tuple[int, ...]:
+    """The nodes (root included) of the trees rounds of up to `depth` at `width` verify (Draft.favourites_tree:
+    `width` candidates per depth); none for a chain's width."""
+    return tuple(1 + min(d * width, MAX_TREE_NODES) for d in range(1, depth + 1)) if width > 1 else ()
+
+
 def chain_pass(model: nn.Module, steps: StepGraphs | None = None):
     """A tree pass over a chain: (1, M) ids, cache -> logits (1, M, V), as a tree round builds its passes
     (the engine's exactness check holds them to one-row steps: exactness.RowInvariance)."""

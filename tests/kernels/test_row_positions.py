@@ -195,6 +195,10 @@ def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp
     assert any(g[0] == "tree" for g in spec.steps.graphs)  # tree rounds ran through compiled graphs
     adaptive = list(spec.generate(ids, GenerateOptions(max_tokens=24)))  # the default width: trees, measured
     assert [t for e in adaptive for t in e.tokens] == want and adaptive[-1].stats.exact is True
+    fresh = Engine.load(str(llama), drafter=f"eagle:{head}", kernels="exact")  # measured at load: chains of up to
+    k = fresh.draft_length  # k + 1 rows, and the trees rounds of up to k use (not every size up to 3 k + 1)
+    assert {m for label, m in fresh.rows.results if label == ""} == set(range(2, k + 2))
+    assert {m for label, m in fresh.rows.results if label} == {1 + 3 * d for d in range(1, k + 1)}
     decoder = Decoder(spec.target.model, spec.drafter, ids, GenerateOptions(max_tokens=4), draft_length=3, eos_ids=set(),
                       context_length=512, stats=Stats(), width=3)
     assert TreeRound in {type(s) for s in decoder.speculative.values()}  # the rounds above were trees
