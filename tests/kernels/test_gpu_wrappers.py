@@ -32,12 +32,17 @@ class StandIn:
         return [y.astype(output_dtypes[0]).reshape(output_shapes[0])]
 
 
+def stand_in_launches(monkeypatch, backend: str) -> list:
+    """mx.fast.{backend}_kernel replaced by StandIn (its launches recorded in the list returned)."""
+    calls = []
+    monkeypatch.setattr(gpu, f"require_{backend}", lambda: None)
+    monkeypatch.setattr(mx.fast, f"{backend}_kernel", lambda **kw: StandIn(calls, kw["name"]))
+    return calls
+
+
 @pytest.fixture
 def launches(monkeypatch):
-    calls = []
-    monkeypatch.setattr(gpu, "require_cuda", lambda: None)
-    monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: StandIn(calls, kw["name"]))
-    return calls
+    return stand_in_launches(monkeypatch, "cuda")
 
 
 def weights(n=40, k=128, e=None):
@@ -181,10 +186,7 @@ def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(
 
 @pytest.fixture
 def metal_launches(monkeypatch):
-    calls = []
-    monkeypatch.setattr(gpu, "require_metal", lambda: None)
-    monkeypatch.setattr(mx.fast, "metal_kernel", lambda **kw: StandIn(calls, kw["name"]))
-    return calls
+    return stand_in_launches(monkeypatch, "metal")
 
 
 def test_simdgroup_wrapper_runs_any_rows_in_one_launch_and_falls_back_where_it_must(metal_launches):
