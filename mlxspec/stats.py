@@ -16,6 +16,7 @@ class Stats:
     drafted_per_position: list[int] = field(default_factory=list)  # [i]: rounds that drafted position i
     host_syncs: int = 0  # host read-backs during decoding (one per round by design)
     backoffs: int = 0  # times adaptive speculation fell back to plain decoding for losing time
+    tree_rounds: int = 0  # of the rounds, those that verified a draft tree (draft_width > 1: tree.py)
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the previous request (shared prefix)
     generated_tokens: int = 0  # tokens emitted to the caller
@@ -72,7 +73,8 @@ class Stats:
             f"decode: {self.generated_tokens} tokens in {self.decode_time:.3f}s ({self.tokens_per_second:.1f} tok/s)",
             f"drafter: {self.drafter} (k={self.draft_length}), target passes: {self.rounds}, "
             f"tokens per pass: {self.mean_accepted_length:.2f}",
-            f"drafted: {self.drafted}, accepted: {self.accepted} ({100 * self.acceptance_rate:.1f}%)",
+            f"drafted: {self.drafted}, accepted: {self.accepted} ({100 * self.acceptance_rate:.1f}%)"
+            + (f", tree rounds: {self.tree_rounds}" if self.tree_rounds else ""),
             f"exact: {'unknown' if self.exact is None else 'yes' if self.exact else 'no'}",
         ]
         if self.drafted_per_position:

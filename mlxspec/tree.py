@@ -175,6 +175,7 @@ class TreeRound:
             drafter.accept(n, hidden=hidden[mx.array(path, dtype=mx.int32)])
         depth = tree_depth(parents)
         stats.record_round(depth, n)  # counted by depth: drafted positions, as a chain of `depth`
+        stats.tree_rounds += 1
         return Outcome([drafts[m - 1] for m in path[1:]] + [int(nxt.item())], n, depth)
 
     def drop(self, cache: list) -> None:

@@ -191,7 +191,8 @@ def test_greedy_tree_rounds_keep_plain_tokens_on_an_emulated_gpu(gpu, llama, tmp
                                                          adaptive=False)))
         assert [t for e in events for t in e.tokens] == want, (k, width)
         stats = events[-1].stats
-        assert stats.drafted > 0 and stats.exact is True
+        assert stats.drafted > 0 and stats.exact is True and 0 < stats.tree_rounds <= stats.rounds
+        assert f"tree rounds: {stats.tree_rounds}" in stats.summary()
     assert any(g[0] == "tree" for g in spec.steps.graphs)  # tree rounds ran through compiled graphs
     adaptive = list(spec.generate(ids, GenerateOptions(max_tokens=24)))  # the default width: trees, measured
     assert [t for e in adaptive for t in e.tokens] == want and adaptive[-1].stats.exact is True
