@@ -96,6 +96,7 @@ def _counts(runs: list[dict], repeats: int) -> dict:
         total["target_passes"] += s["rounds"]
         total["generated"] += s["generated_tokens"]
         total["backoffs"] += s.get("backoffs", 0)
+        total["tree_rounds"] += s.get("tree_rounds", 0)  # rounds that verified a draft tree
         total["bytes_read"] += r.get("bytes_read", 0)
         for i, n in enumerate(s["drafted_per_position"]):
             drafted_pos[i] += n
