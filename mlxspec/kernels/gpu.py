@@ -7,7 +7,7 @@
     y = gather(x, w, scales, biases, indices, group_size, bits)   # x (P, K) -> (P, N)
     y = gather(..., per_expert=T)   # T tokens' rows: each chosen expert read once, the same bits
     qmm = cuda_mma_qmm_function(fallback)   # CUDA tensor cores: float16/bfloat16 x, 2-6/8-bit affine
-    qmm = metal_mma_qmm_function(fallback)  # Metal simdgroup matrices: any x, 4/8-bit affine
+    qmm = metal_mma_qmm_function(fallback)  # Metal simdgroup matrices: any x, 2-6/8-bit affine
     dense = metal_dense_function()  # or cuda_dense_function()
     y = dense(x, w)                                      # x (..., K), w (N, K) -> (..., N)
 
@@ -104,8 +104,8 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
 
 def metal_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles: int | None = None,
                            ksplit: int = simdgroup.KSPLIT) -> Callable[..., mx.array]:
-    """The simdgroup-matrix qmm (gpu_simdgroup_source.py): 4- and 8-bit affine layers, any x dtype, any
-    number of rows in one launch; other layouts go to `fallback` (the FMA kernel), as on CUDA."""
+    """The simdgroup-matrix qmm (gpu_simdgroup_source.py): 2-6 or 8-bit affine layers, any x dtype, any
+    number of rows in one launch; other layouts (mxfp4) go to `fallback` (the FMA kernel), as on CUDA."""
     require_metal()
     kernel = mx.fast.metal_kernel(name=simdgroup.NAME, input_names=simdgroup.INPUTS, output_names=simdgroup.OUTPUTS,
                                   source=simdgroup.BODY, header=simdgroup.HEADER)

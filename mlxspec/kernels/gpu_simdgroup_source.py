@@ -45,7 +45,6 @@ INPUTS = ["x", "w", "scales", "biases"]
 OUTPUTS = ["y"]
 TILES = 2  # 8-column tiles per simdgroup: each B (x) fragment serves them all; the bits do not depend on it
 KSPLIT = 4  # simdgroups of a threadgroup, each taking every KSPLIT-th block of K: it orders the sums
-ROW_TILES = (1, 2)  # 8-row tiles a simdgroup computes with each A (weights) fragment it dequantizes
 X_DTYPES = (mx.float32, mx.float16, mx.bfloat16)  # float32 matrices: every x is exact in them
 BITS = (2, 3, 4, 5, 6, 8)  # 4 and 8: whole codes a word, read 16 bytes at a time; the others: MLX's bit stream
 GROUP_SIZES = (32, 64, 128)
@@ -147,7 +146,8 @@ def supports(x_dtype, group_size: int, bits: int, mode: str = "affine") -> bool:
 
 
 def row_tiles(rows: int) -> int:
-    """8-row tiles per simdgroup for a launch of `rows`: 1 up to 8 rows, else 2 (the grid's z covers the rest)."""
+    """8-row tiles a simdgroup computes with each weights fragment it dequantizes, for a launch of `rows`: 1 up
+    to 8 rows, else 2 (the grid's z covers the rest)."""
     return 1 if rows <= 8 else 2
 
 

@@ -190,7 +190,7 @@ register("qmm-q8", _load_qmm_q8)
 
 def _load_qmm_mma(backend: str):
     """The matrix-unit qmm: tensor cores on CUDA, simdgroup matrices on Metal; what it does not take (float32
-    x on CUDA, 2/3/5/6 bits on Metal) goes to the FMA kernel of the "qmm" family."""
+    x on CUDA, mxfp4 on both) goes to the FMA kernel of the "qmm" family."""
     from . import gpu
 
     if backend == "cuda":
