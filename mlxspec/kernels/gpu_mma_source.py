@@ -267,12 +267,12 @@ STORE = """
   }
 """
 
-# The loops run in two copies: 16-byte loads of x where the launch's x is 8-byte aligned (always,
-# unless x is a view at an odd offset), one value at a time otherwise; the same values, the same bits.
+# The loops run in two copies: 16- or 8-byte loads of x where the launch's x is 16-byte aligned (always,
+# unless x is a view at an offset), one value at a time otherwise; the same values, the same bits.
 
 
 def _two_copies(setup: str, loop: str) -> str:
-    return (setup + "  if (reinterpret_cast<size_t>(x) % 8 == 0) {  // uniform over the launch\n"
+    return (setup + "  if (reinterpret_cast<size_t>(x) % 16 == 0) {  // uniform over the launch\n"
             + loop.replace("LOAD_X", "load_x_wide") + "  } else {\n"
             + loop.replace("LOAD_X", "load_x_one_by_one") + "  }\n")
 

@@ -36,9 +36,11 @@ BUILDS = [(1, 1, 4), (2, 1, 4), (1, 2, 4), (1, 4, 4), (1, 8, 4),  # (16-column t
 M, ODD = 40, (9, 7)  # a 40-row launch, each row alone, rows [9, 16) as one 7-row launch
 N, K = 19, 384  # N: a partial 16-column tile; K: 3 groups of 128, 12 of 32
 
-SHIFTED = """  std::vector<T> shifted(x.size() + 1);  // x one element past its alignment: one-by-one loads
-  for (size_t i = 0; i < x.size(); ++i) shifted[i + 1] = x[i];
-  save(out, launch(3, shifted.data() + 1, M, w.data(), s.data(), b.data(), N, K));"""
+SHIFTED = """  std::vector<T> shifted(x.size() + 8);  // x 1 element (2 bytes) and 8 bytes past 16-byte alignment:
+  for (int off : {1, int(8 / sizeof(T))}) {  // each takes the loads its alignment allows, the same bits
+    for (size_t i = 0; i < x.size(); ++i) shifted[i + off] = x[i];
+    save(out, launch(3, shifted.data() + off, M, w.data(), s.data(), b.data(), N, K));
+  }"""
 CASE = "      case {i}: mlx::core::cu::{name}(x, xs, w, ws, s, b, y.data()); break;"
 
 
@@ -60,8 +62,9 @@ def exes() -> dict:
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_mma_qmm_matches_reference_and_rows_are_invariant(tmp_path, exes, case):
-    y, (shifted,) = check_matrix_qmm(tmp_path, exes[case], case, BUILDS, M, N, K, ODD, extra=1)
-    assert mx.array_equal(shifted, y).item(), "x at an unaligned address gives other bits"
+    y, shifted = check_matrix_qmm(tmp_path, exes[case], case, BUILDS, M, N, K, ODD, extra=2)
+    for offset, other in zip(("2 bytes", "8 bytes"), shifted):
+        assert mx.array_equal(other, y).item(), f"x {offset} past 16-byte alignment gives other bits"
 
 
 def test_supports_only_what_the_source_handles():

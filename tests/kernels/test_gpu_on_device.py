@@ -59,6 +59,29 @@ def test_tensor_core_qmm_on_device(n, k, group_size, bits, dtype, tiles):
         assert mx.array_equal(qmm(x[i : i + 1], w, s, b, group_size, bits)[0], y[i]).item(), f"row {i}"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bits, dtype", [(4, mx.float16), (8, mx.bfloat16), (6, mx.float16)])
+def test_qmm_takes_x_at_any_offset_on_device(backend, bits, dtype):
+    """x as a view 1 element and 8 bytes past 16-byte alignment (a slice of a larger array): every qmm
+    gives the aligned x's bits, and none faults on a misaligned vector load."""
+    from mlxspec.kernels import gpu
+
+    if backend == "metal":
+        qmms = {"fma": gpu.metal_qmm_function(), "matrix": gpu.metal_mma_qmm_function()}
+    else:
+        qmms = {"fma": gpu.cuda_qmm_function(), "matrix": gpu.cuda_mma_qmm_function()}
+    k = 1024
+    w, s, b = mx.quantize(mx.random.normal((96, k), key=mx.random.key(3)).astype(dtype), group_size=64, bits=bits)
+    x = mx.random.normal((3, k), key=mx.random.key(4)).astype(dtype)
+    for offset in (1, 8 // x.itemsize):
+        flat = mx.concatenate([mx.zeros((offset,), dtype), x.reshape(-1)])
+        for rows in (1, 3):
+            view = flat[offset : offset + rows * k].reshape(rows, k)  # x's values, `offset` elements into a buffer
+            for name, qmm in qmms.items():
+                got, want = qmm(view, w, s, b, 64, bits), qmm(x[:rows], w, s, b, 64, bits)
+                assert mx.array_equal(got, want).item(), f"{name}: x at +{offset} elements, {rows} rows"
+
+
 @pytest.mark.skipif("metal" not in BACKENDS, reason="simdgroup matrices: Metal only")
 @pytest.mark.parametrize("ksplit", [4, 2, 8])
 @pytest.mark.parametrize("n, k, group_size, bits, dtype",
