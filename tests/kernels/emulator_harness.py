@@ -40,17 +40,26 @@ template <typename V> void save(std::ofstream& out, const std::vector<V>& v) {
 """
 
 
+# AddressSanitizer: a kernel that reads past an input (a prefetch past the last group, a clamp missed) may
+# fault on a GPU or read another allocation; here every input is a vector of exactly its size
+SANITIZERS = ["-fsanitize=alignment,address", "-fno-sanitize-recover=alignment"]  # GPUs fault on misaligned vector loads
+
+
+def compile_program(cpp: Path, exe: Path) -> None:
+    """g++ (or clang++) with the emulator's header and the sanitizers; fails with the compiler's error."""
+    cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
+           "-Wno-unused-local-typedefs", "-Wno-unused-variable", "-pthread", *SANITIZERS,  # MLX declares every template arg
+           "-include", str(EMULATOR / "gpu_emulator.h"), "-I", str(EMULATOR / "include"), str(cpp), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"generated source {cpp.name} does not compile:\n{proc.stderr[-3000:]}"
+
+
 def _build(code: str) -> Path:
     key = hashlib.sha1(code.encode()).hexdigest()[:16]
     if key not in _BUILT:
         cpp, exe = _DIR / f"{key}.cpp", _DIR / key
         cpp.write_text(PRELUDE + code)
-        cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
-               "-Wno-unused-local-typedefs", "-Wno-unused-variable", "-pthread",  # MLX declares every template arg
-               "-fsanitize=alignment", "-fno-sanitize-recover=alignment",  # a GPU faults on misaligned vector loads
-               "-include", str(EMULATOR / "gpu_emulator.h"), "-I", str(EMULATOR / "include"), str(cpp), "-o", str(exe)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0, f"generated source does not compile:\n{proc.stderr[-3000:]}"
+        compile_program(cpp, exe)
         _BUILT[key] = exe
     return _BUILT[key]
 

@@ -9,7 +9,6 @@ The registry-style self-check (accept_check.py) must pass on these kernels and c
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,12 +17,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from emulator_harness import CXX, compile_program
 from mlxspec.kernels import accept_source as src
 from mlxspec.kernels.accept_check import draw_error, draw_row, inverse_cdf, self_check
 from mlxspec.verify import greedy_accept, rejection_accept
 
-EMULATOR = Path(__file__).parent / "emulator"
-CXX = shutil.which("g++") or shutil.which("clang++")
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 KS, VS = (0, 1, 4, 8), (7, 50, 257)
@@ -85,11 +83,7 @@ def compile_all(tmp: Path, builds: dict[str, str]) -> dict[str, Path]:
     """Compile {label: code} in parallel (each is ~1-2 s of g++); a failure shows the compiler's error."""
     def build(label: str) -> Path:
         (tmp / f"{label}.cpp").write_text(builds[label])
-        cmd = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
-               "-Wno-unused-local-typedefs", "-pthread", "-include", str(EMULATOR / "gpu_emulator.h"),
-               "-I", str(EMULATOR / "include"), str(tmp / f"{label}.cpp"), "-o", str(tmp / label)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0, f"generated source {label} does not compile:\n{proc.stderr[-3000:]}"
+        compile_program(tmp / f"{label}.cpp", tmp / label)
         return tmp / label
 
     with ThreadPoolExecutor(4) as pool:
