@@ -57,12 +57,13 @@ class Decoder:
         tree_costs: dict[int, CostModel] | None = None,
         steps: StepGraphs | None = None,
         window_note: str = "",
+        takes_trees: bool | None = None,
     ):
         if not prompt:
             raise PromptError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt = target, drafter, list(prompt)
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
-        tree = draft_length > 0 and can_tree(target, drafter, options, constraint, width)  # tree.py
+        tree = draft_length > 0 and can_tree(target, drafter, options, constraint, width, takes_trees)  # tree.py
         tree_table = None
         if tree:  # trees of this width have a cost table of their own (engine-wide, as the chains')
             draft_length = min(draft_length, MAX_TREE_NODES // width)

@@ -70,7 +70,7 @@ class Engine:
         self.steps = StepGraphs(target.model, enabled=self.settings.compile_steps())
         # is speculation exact here? per row count, through the passes decoding runs: tree passes too where
         # tree rounds may run, built as tree rounds build them (compiled on GPUs, the CPU's fused blocks eagerly)
-        trees = self.drafter.trees and target_takes_trees(target.model)
+        self.takes_trees = trees = self.drafter.trees and target_takes_trees(target.model)  # once: a request asks this
         self.rows = RowInvariance(target.model, forward=self.steps if self.steps.off is None else None,
                                   trees=chain_pass(target.model, self.steps) if trees else None)
         # candidates per draft depth when a request does not say (options.draft_width): > 1 verifies trees. On a
@@ -274,6 +274,7 @@ class Engine:
                 window_note=self.window_note,
                 detokenizer=self.tokenizer.detokenizer,
                 constraint=constraint,
+                takes_trees=self.takes_trees,
             )
             try:
                 yield from decoder

@@ -113,14 +113,16 @@ def keep_path(cache: list, start: int, path: list[int]) -> None:
     rewind(cache, cache[0].offset - start - len(path))
 
 
-def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int) -> bool:
+def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int,
+             takes_trees: bool | None = None) -> bool:
     """Tree rounds apply: width > 1, a drafter that drafts trees, greedy, no repeat penalty or
-    grammar (they read the drafts as one history), no logprobs (chains report them), and a target whose every block runs the fused kernel."""
+    grammar (they read the drafts as one history), no logprobs (chains report them), and a target that takes
+    tree passes (`takes_trees`: the engine's answer from load time; None: ask target_takes_trees now)."""
     if width <= 1 or not drafter.trees or not opts.greedy or constraint is not None or opts.logprobs is not None:
         return False
     if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
         return False
-    return target_takes_trees(target)
+    return target_takes_trees(target) if takes_trees is None else takes_trees
 
 
 def target_takes_trees(target: nn.Module) -> bool:

@@ -207,6 +207,22 @@ def test_trees_apply_only_where_they_stay_exact(q4, head):
     assert [t for e in no_kernels.generate(ids, opts) for t in e.tokens] == want
 
 
+def test_requests_use_the_engine_s_load_time_answer_on_trees(q4, head, monkeypatch):
+    """Whether the target takes tree passes is asked once, at load (it builds caches and may run a kernel check):
+    a request's tree rounds run on that answer."""
+    import mlxspec.tree
+
+    spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+    assert spec.takes_trees
+
+    def asked(_target):
+        raise AssertionError("target_takes_trees asked again for a request")
+
+    monkeypatch.setattr(mlxspec.tree, "target_takes_trees", asked)
+    events = list(spec.generate("Once upon a time", GenerateOptions(max_tokens=12, draft_length=3, draft_width=3, adaptive=False)))
+    assert events[-1].stats.tree_rounds > 0
+
+
 def test_the_exactness_check_builds_tree_passes_only_where_tree_rounds_run(q4, head, monkeypatch):
     """Tree rounds build their passes eagerly, chains run the compiled steps: the engine holds tree passes (over
     chains) to the compiled one-row steps only where tree rounds can run (a drafter of trees over a target whose
