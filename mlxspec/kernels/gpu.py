@@ -208,7 +208,9 @@ def _biases(biases: mx.array | None, scales: mx.array, mode: str) -> mx.array:
     if MODES[mode] == 0:
         return biases
     if mode not in UNUSED_BIASES:
-        UNUSED_BIASES[mode] = mx.zeros((1,), scales.dtype)
+        # 8 elements: MLX puts a Metal input of fewer in constant space, and the kernels' `MODE == 0 ? biases[g] :
+        # scales[g]` would then mix address spaces (unknown to Apple's compiler; the emulator cannot tell)
+        UNUSED_BIASES[mode] = mx.zeros((8,), scales.dtype)
     return UNUSED_BIASES[mode]
 
 
