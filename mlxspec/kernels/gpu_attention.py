@@ -63,10 +63,14 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
              sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0,
              tree: mx.array | None = None) -> mx.array:
-        b, h, m, _ = q.shape
+        b, h, m, d = q.shape
         hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
-        if (b != 1 or h % hkv or max(q.shape[3], dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0 or (causal and m > keys)
+        # the kernel reads k's rows over q's D dims and v over k's heads and keys (fewer: reads out of bounds), and
+        # launches grids of h * m and hkv warps (0: an invalid launch)
+        shapes_ok = min(h, m, hkv, d, dv) > 0 and k.shape[::3] == (1, d) and v.shape[:3] == (1, hkv, keys)
+        if (b != 1 or not shapes_ok or h % hkv or max(d, dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0
+                or (causal and m > keys)
                 or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
                 or (length is not None and length.size != 1) or softcap < 0):
             raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
@@ -77,6 +81,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
         by_rows = tree is None and (window == 0 or keys <= window)  # every row starts at key 0: warps may mix rows
+        if backend == "cuda" and max(h * m, nch) > 65535:  # grid y (H*M warps at most) and z: CUDA's limit
+            raise ValueError(f"sdpa kernel: {h} heads x {m} rows or {nch} key chunks: past CUDA's 65535 blocks a grid dimension")
         constants = (float(scale), float(causal), float(window), float(by_rows), float(softcap))
         params = params_of.get(constants)
         if params is None:
