@@ -222,8 +222,10 @@ def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sink
         return False
     if sinks is not None and not (getattr(fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
         return False
-    if queries.ndim != 4 or keys.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
+    if queries.ndim != 4 or keys.ndim != 4 or values.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
         return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
+    if keys.shape[0] != 1 or keys.shape[3] != queries.shape[3] or values.shape[:3] != keys.shape[:3]:
+        return False  # shapes the kernels would read past (the GPU wrapper refuses them): the model's own op decides
     if mask is not None and queries.shape[2] > keys.shape[2]:
         return False
     if queries.dtype not in EPS or values.dtype != keys.dtype:

@@ -207,3 +207,14 @@ def test_sinks_reach_only_kernels_that_take_them(cpu_ext, monkeypatch):
     with pytest.raises(ValueError):
         attention.few_row_attention(q, k, v, None, scale=0.2, mask="causal", sinks=wrong_shape)
     assert len(calls) == 2
+
+
+def test_shapes_the_kernels_would_read_past_go_to_the_model_s_own_attention(cpu_ext):
+    """k's dims must be q's, and v's batch, heads and keys k's: else the kernels would read past a buffer (the GPU
+    wrapper refuses such calls), so the routing leaves them to mlx-lm's op."""
+    rec = attention._record()
+    q, k, v = inputs(4, 2, 1, 10, 64, 48, mx.float32)
+    assert attention._usable(rec, q, k, v, None, None, None)
+    assert not attention._usable(rec, q, k[..., :32], v, None, None, None)  # k narrower than q
+    assert not attention._usable(rec, q, k, v[:, :, :9], None, None, None)  # fewer values than keys
+    assert not attention._usable(rec, q, k, v[:, :1], None, None, None)  # fewer value heads than key heads
