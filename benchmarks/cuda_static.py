@@ -255,6 +255,39 @@ def add_sass(results: list[Compiled], bin_dir: Path) -> None:
             r.sass = {name: loops(code) for name, code in sass_functions(r.cubin, bin_dir).items()}
 
 
+# ---------------------------------------------------------------- binaries as the kernel store keeps them
+
+LAUNCH_US_PER_KB = 0.37  # MLX hashes a precompiled kernel's binary at every launch (H200, fifth device session)
+
+
+def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90") -> list[tuple[str, int]]:
+    """(label, bytes) of the binaries kernels/cuda_cache.py keeps for the hottest launches: one program per
+    template instantiation, as each launch hands MLX."""
+    f16, f32, u32 = mx.float16, mx.float32, mx.uint32
+    qmm_in = [f16, u32, f16, f16]
+    cases = []
+    for x, g, rows in ((f16, 64, 1), (f16, 64, 16), (f32, 32, 1), (f32, 32, 16)):  # f32 x: GGUF models' activations
+        cases.append((f"qmm (FMA) {str(x).split('.')[-1]} x, q4 g{g}, {rows} row(s)", gpu_source.NAME, gpu_source.INPUTS,
+                      gpu_source.CUDA_BODY, gpu_source.CUDA_HEADER, [x] + qmm_in[1:], [x],
+                      gpu_source.template_args(x, f16, output_dtype(x, f16), g, 4, "affine", rows)))
+    for tiles, rt in ((1, 1), (2, 2)):
+        cases.append((f"qmm (tensor cores) float16 x, q4 g64, {tiles} tile(s) x {8 * rt} rows", gpu_mma_source.NAME,
+                      gpu_mma_source.INPUTS, gpu_mma_source.BODY, gpu_mma_source.HEADER, qmm_in, [f16],
+                      gpu_mma_source.template_args(f16, f16, f16, 64, 4, tiles, 8 * rt)))
+    out = []
+    for label, name, inputs, body, header, dtypes, out_dtypes, targs in cases:
+        _, text = cuda_cache.program(name, inputs, ["y"], body, header, dtypes, [2] * len(inputs), out_dtypes, targs)
+        compiled = nvrtc.compile(label, text, arch)
+        out.append((label, len(compiled.cubin) if compiled.cubin else -1))
+    return out
+
+
+def binaries_table(sizes: list[tuple[str, int]]) -> str:
+    rows = ["| stored program | binary KB | hashed per launch, us (at 0.37 us/KB) |", "|---|---|---|"]
+    rows += [f"| {label} | {n / 1024:.1f} | {n / 1024 * LAUNCH_US_PER_KB:.1f} |" for label, n in sizes]
+    return "\n".join(rows)
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -281,12 +314,16 @@ def main() -> int:
     ap.add_argument("--mlx-headers", action="store_true", help="MLX's own JIT headers (downloads the mlx-cuda wheel)")
     ap.add_argument("--sass", action="store_true", help="the hot loop's instruction mix (cuobjdump + nvdisasm)")
     ap.add_argument("--json", type=Path, help="save the results here")
+    ap.add_argument("--binaries", action="store_true", help="only the stored binaries' sizes of the hottest launches")
     args = ap.parse_args()
     root = nvidia_root()
     if root is None:
         print("NVRTC not found: pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cuda-cccl", file=sys.stderr)
         return 2
     headers, cccl = mlx_headers() if args.mlx_headers else (stand_in_headers(), None)
+    if args.binaries:
+        print(binaries_table(stored_binaries(Nvrtc(root, headers, cccl), (args.arch or ["sm_90"])[0])))
+        return 0
     results = compile_all(Nvrtc(root, headers, cccl), args.arch or ["sm_90"], args.only)
     if args.sass:
         add_sass(results, root / "bin")
