@@ -74,3 +74,12 @@ def test_tensor_core_qmm_issues_mma_instructions(compiled):
     for r in mma:
         for name, loops in r.sass.items():
             assert sum(lp["mix"].get("HMMA", 0) for lp in loops) > 0, (name, loops)
+
+
+def test_stored_qmm_binaries_stay_small():
+    """MLX hashes a precompiled kernel's binary at every launch (~0.37 us a KB on an H200): the FMA qmm's copy for
+    an unaligned x stays rolled (gpu_source._compact), so its one-row binary is ~23 KB, not the 34 of two unrolled copies."""
+    sizes = dict(cuda_static.stored_binaries(cuda_static.Nvrtc(ROOT, cuda_static.stand_in_headers())))
+    assert all(n > 0 for n in sizes.values()), sizes  # every program compiled
+    one_row = [n for label, n in sizes.items() if "FMA" in label and "1 row" in label]
+    assert one_row and max(one_row) < 28 * 1024, sizes
