@@ -260,9 +260,9 @@ def add_sass(results: list[Compiled], bin_dir: Path) -> None:
 LAUNCH_US_PER_KB = 0.37  # MLX hashes a precompiled kernel's binary at every launch (H200, fifth device session)
 
 
-def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90") -> list[tuple[str, int]]:
+def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90", only: str = "") -> list[tuple[str, int]]:
     """(label, bytes) of the binaries kernels/cuda_cache.py keeps for the hottest launches: one program per
-    template instantiation, as each launch hands MLX."""
+    template instantiation, as each launch hands MLX; `only`: the labels containing it."""
     f16, f32, u32 = mx.float16, mx.float32, mx.uint32
     qmm_in = [f16, u32, f16, f16]
     cases = []
@@ -275,7 +275,7 @@ def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90") -> list[tuple[str, int]]:
                       gpu_mma_source.INPUTS, gpu_mma_source.BODY, gpu_mma_source.HEADER, qmm_in, [f16],
                       gpu_mma_source.template_args(f16, f16, f16, 64, 4, tiles, 8 * rt)))
     out = []
-    for label, name, inputs, body, header, dtypes, out_dtypes, targs in cases:
+    for label, name, inputs, body, header, dtypes, out_dtypes, targs in (c for c in cases if only in c[0]):
         _, text = cuda_cache.program(name, inputs, ["y"], body, header, dtypes, [2] * len(inputs), out_dtypes, targs)
         compiled = nvrtc.compile(label, text, arch)
         out.append((label, len(compiled.cubin) if compiled.cubin else -1))
