@@ -51,7 +51,7 @@ inline int arrived = 0, generation = 0;  // __syncthreads()
 // One translation unit per emulated program, so the symbol is defined once.
 extern "C" void emu_switch(void** save_sp, void* load_sp);
 asm(R"(
-  .text
+  .pushsection .text
   .globl emu_switch
   .type emu_switch, @function
 emu_switch:
@@ -71,6 +71,7 @@ emu_switch:
   popq %rbp
   ret
   .size emu_switch, .-emu_switch
+  .popsection
 )");
 struct Context {
   void* sp = nullptr;
@@ -148,7 +149,8 @@ inline void run_threads(int warps, const std::function<void(int)>& fn) {
       threadIdx = f.tid, blockIdx = f.bid, blockDim = f.bdim;
       switch_to(scheduler, f.ctx);
       f.tid = threadIdx, f.bid = blockIdx, f.bdim = blockDim;
-      (f.done ? ended : met)[l / kLanes] += 1;
+      ++(f.done ? ended[l / kLanes] : met[l / kLanes]);  // not (f.done ? ended : met)[w]: GCC 12 under UBSan
+      // shift checks took the warp from a stale register there (a lane's index from an earlier round)
     }
     if (left == 0) break;
     for (int w = 0; w < warps; ++w)
