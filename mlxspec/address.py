@@ -21,7 +21,9 @@ def parse_host(value: str | None = None) -> tuple[str, str, int]:
         raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: use host:port, e.g. 127.0.0.1:11435")
     try:
         port = parts.port
-    except ValueError:
-        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: the port must be a number") from None
+        if port == 0:  # ':0' would bind a random port, and the CLI could not find the daemon there
+            raise ValueError
+    except ValueError:  # not a number, or out of range
+        raise MlxspecError(f"invalid MLXSPEC_HOST {value!r}: the port must be a number from 1 to 65535") from None
     default_port = {"http": 80, "https": 443}[parts.scheme] if "://" in value else DEFAULT_PORT
     return parts.scheme, parts.hostname or DEFAULT_HOST, port or default_port

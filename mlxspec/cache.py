@@ -264,13 +264,25 @@ def new_cache(model: nn.Module) -> list:
     return make_prompt_cache(model)
 
 
+class PrefillCancelled(Exception):
+    """The request's cancel flag was set while its prompt was read: `fed` tokens are in the cache."""
+
+    def __init__(self, fed: int):
+        super().__init__(f"prefill cancelled after {fed} tokens")
+        self.fed = fed
+
+
 def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFILL_CHUNK,
-            features: bool | tuple[int, ...] = False) -> mx.array | None:
+            features: bool | tuple[int, ...] = False, cancel=None) -> mx.array | None:
     """Feed tokens into the cache in chunks. features=True: through the decoder body alone (no
     output head) and return its final hidden states (len(tokens), H), as learned drafters need; a
-    tuple of layers: their inputs, concatenated (features.tapped: EAGLE-3's)."""
+    tuple of layers: their inputs, concatenated (features.tapped: EAGLE-3's).
+    `cancel` (a threading.Event): checked before each chunk after the first; once set, PrefillCancelled
+    (a client that left stops holding the model for the rest of a long prompt)."""
     rows = []
     for i in range(0, len(tokens), chunk):
+        if i and cancel is not None and cancel.is_set():
+            raise PrefillCancelled(i)
         x = mx.array(tokens[i : i + chunk])[None]
         if features:
             final = decoder_body(model)(x, cache=cache)[0]
@@ -329,9 +341,11 @@ class PrefixCache:
         self.tokens: list[int] | None = None
         self.hidden: mx.array | None = None  # (n, H) features of tokens[:n], from the last prefill with them
 
-    def prepare(self, tokens: list[int], features: bool | tuple[int, ...] = False) -> int:
+    def prepare(self, tokens: list[int], features: bool | tuple[int, ...] = False, cancel=None) -> int:
         """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed.
-        With features, `self.hidden` then holds the hidden states of all of `tokens`."""
+        With features, `self.hidden` then holds the hidden states of all of `tokens`.
+        `cancel` set while a long prompt is read: PrefillCancelled, the cache keeping the prefix it holds
+        (a client that asks again reuses it)."""
         reused = 0
         if self.cache is not None and self.tokens is not None and can_trim_prompt_cache(self.cache):
             reused = _common_prefix(self.tokens, tokens)
@@ -344,7 +358,14 @@ class PrefixCache:
         else:
             rewind(self.cache, len(self.tokens) - reused)
         self.tokens = None
-        new = prefill(self.model, self.cache, tokens[reused:], features=features)
+        try:
+            new = prefill(self.model, self.cache, tokens[reused:], features=features, cancel=cancel)
+        except PrefillCancelled as e:
+            if not features:  # (with features, the hidden states of the fed chunks are not kept: start afresh)
+                self.tokens = list(tokens[: reused + e.fed])
+                if reused < (0 if self.hidden is None else self.hidden.shape[0]):
+                    self.hidden = self.hidden[:reused]
+            raise
         if features:
             parts = [p for p in (self.hidden[:reused] if reused else None, new) if p is not None]
             self.hidden = mx.concatenate(parts) if parts else None

@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adaptive import CostModel, DraftController
-from .cache import PrefixCache
+from .cache import PrefillCancelled, PrefixCache
 from .drafters.base import Drafter
 from .emit import Emitter, Event
 from .errors import PromptError
@@ -71,6 +71,7 @@ class Decoder:
         self.k, self.stats = draft_length, stats
         # Timing decisions are left out of seeded sampling runs so they stay reproducible.
         timing = options.greedy or options.seed is None
+        self.seeded = not timing
         costs = (costs or CostModel()) if timing else None
         self.controller = None
         if adaptive and draft_length > 0:  # it chooses chain or tree, and the length, per round
@@ -101,8 +102,15 @@ class Decoder:
         stats = self.stats
         start = time.perf_counter()
         features = self.drafter.wants_features  # a learned drafter reads the prompt's hidden states too
-        stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features)
+        try:
+            stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features, cancel=self.emitter.cancel)
+        except PrefillCancelled:  # the client left while its prompt was read: no token, no drafter
+            stats.prompt_tokens, stats.prompt_time = len(self.prompt), time.perf_counter() - start
+            self.emitter.ended()  # finish_reason 'cancelled'
+            yield self.emitter.close()
+            return
         self.drafter.bind_cache(self.kv.cache)
+        self.drafter.reproducible(self.seeded)  # drafts from this request alone (lookup's memory left out)
         if features:
             self.drafter.start(self.prompt, hidden=self.kv.hidden)
         else:

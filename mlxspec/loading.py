@@ -28,7 +28,9 @@ from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
-REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+$")
+# Hugging Face's rule: each part letters, digits, '_', '-' and '.', neither '.' nor '-' first or last, no
+# '--' nor '..' ('./weights', '../x' are relative paths, never repo ids)
+REPO_ID = re.compile(r"^(?!.*(?:--|\.\.))\w(?:[\w.-]*\w)?/\w(?:[\w.-]*\w)?$")
 QUANT_SPEC = re.compile(r"^q(?P<bits>[2-8])(?:g(?P<group>\d+))?$")
 
 

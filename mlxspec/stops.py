@@ -8,15 +8,17 @@ class StopMatcher:
         self.stops = [s for s in stops if s]
         self.held = ""  # text that might still turn into a stop string
         self.hit = False
+        self.matched: str | None = None  # the stop string that cut the text (the first in it)
 
     def feed(self, text: str) -> str:
         """Add streamed text; return what is safe to emit (everything before a stop string)."""
         if not self.stops:
             return text
         self.held += text
-        found = [i for i in (self.held.find(s) for s in self.stops) if i >= 0]
+        found = [(i, s) for i, s in ((self.held.find(s), s) for s in self.stops) if i >= 0]
         if found:
-            out, self.held, self.hit = self.held[: min(found)], "", True
+            at, self.matched = min(found, key=lambda f: f[0])
+            out, self.held, self.hit = self.held[:at], "", True
             return out
         keep = max((_overlap(self.held, s) for s in self.stops), default=0)
         out = self.held[: len(self.held) - keep]

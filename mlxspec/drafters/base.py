@@ -78,6 +78,13 @@ class Drafter:
         """The target's cache of this request, before `start` (a drafter that attends to the target's keys
         and values reads it at `propose`: Gemma 4's assistant); it holds the context less its last token."""
 
+    def reproducible(self, on: bool) -> None:
+        """Before `start`: does this request need drafts that depend on the request alone (a seeded
+        sampling run)? A round's random draws depend on its drafts, so a drafter whose proposals also
+        depend on earlier requests (lookup's memory of earlier answers) must leave them out while `on`,
+        or the same seed would give another sample each time. Greedy runs need nothing: their tokens
+        never depend on the drafts."""
+
     def has_guess(self, context: list[int]) -> bool:
         """A look on the host, cheap enough for every plain round: would `propose` now offer a
         guess worth a verify row? Only drafters that know (lookup) say yes; while adaptive

@@ -11,7 +11,9 @@ from a 1-token match kept 0.28 drafts on average (88% kept none), 2-token matche
 Beside the context sits a memory of the target's earlier answers (ngram_memory.py, engine-wide:
 the drafter lives as long as its engine). After a match of 3 tokens in the context, the memory
 continues the guess where it stops short of k; after a shorter match or none, a confident memory
-guess goes first. Each finished request's output is remembered.
+guess goes first. Each finished request's output is remembered. A seeded sampling request drafts
+from its own context alone (`reproducible`): the memory would change its drafts, hence its random
+draws, from one run to the next.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class LookupDrafter(Drafter):
         """memory: the earlier answers' n-grams (None: a fresh one; NgramMemory(0): none kept)."""
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.memory = NgramMemory() if memory is None else memory
+        self.recall = True  # consult the memory (not in a seeded sampling run: reproducible)
         self.prompt_length, self.context = 0, None
         self.start([])
 
@@ -41,6 +44,12 @@ class LookupDrafter(Drafter):
         # so the context's own suffix never matches itself.
         self.index: dict[int, dict[tuple, int]] = {n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
         self.indexed = 0  # ends indexed so far: 1..indexed
+
+    def reproducible(self, on: bool) -> None:
+        self.recall = not on
+
+    def _recalled(self, context: list[int], k: int) -> list[int]:
+        return self.memory.continue_(context, k) if self.recall else []
 
     def _index_until(self, context: list[int], end: int) -> None:
         for e in range(self.indexed + 1, end + 1):
@@ -53,9 +62,9 @@ class LookupDrafter(Drafter):
         self.context = context  # grows in place as the answer is written: remembered at finish()
         guess, n = self._from_context(context, k)
         if n < 3:  # a short match is a weak guess: a confident memory first
-            guess = self.memory.continue_(context[-MAX_N:], k) or guess
+            guess = self._recalled(context[-MAX_N:], k) or guess
         elif len(guess) < k:
-            guess += self.memory.continue_(context[-MAX_N:] + guess, k - len(guess))
+            guess += self._recalled(context[-MAX_N:] + guess, k - len(guess))
         if not guess:
             return Draft.empty()
         return Draft(mx.array(guess, dtype=mx.uint32), None, len(guess))
@@ -63,7 +72,7 @@ class LookupDrafter(Drafter):
     def has_guess(self, context: list[int]) -> bool:
         """A strong guess: a 3-token match in the context (3.4 of 4 drafts kept on average, above)
         or two tokens the memory is confident of. Shorter matches are mostly wrong in prose."""
-        return self._from_context(context, 1)[1] >= 3 or len(self.memory.continue_(context[-MAX_N:], 2)) == 2
+        return self._from_context(context, 1)[1] >= 3 or len(self._recalled(context[-MAX_N:], 2)) == 2
 
     def _from_context(self, context: list[int], k: int) -> tuple[list[int], int]:
         """What followed the longest recent match of the context's last tokens, and the match's

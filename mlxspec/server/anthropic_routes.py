@@ -4,7 +4,8 @@ chat machinery, as Ollama serves it.
 `system` and `messages` (text, `tool_use` and `tool_result` blocks) become chat messages; `tools`
 ({name, description, input_schema}) are offered as function tools. The answer's `content` holds a
 `thinking` block (where the model thinks and `thinking` is enabled, or always for harmony), a
-`text` block and `tool_use` blocks; `stop_reason` is end_turn, max_tokens or tool_use. Streaming
+`text` block and `tool_use` blocks; `stop_reason` is end_turn, max_tokens, stop_sequence (with
+`stop_sequence` naming it) or tool_use. Streaming
 sends message_start, content_block_start/delta/stop per block, message_delta and message_stop.
 Errors keep the /v1/ shape ({"error": {"type", "message", ...}}), which Anthropic's clients read too.
 """
@@ -126,7 +127,13 @@ def _blocks(thinking: str, text: str, calls: list[ToolCall]) -> list[dict]:
 
 
 def _stop(last, calls) -> dict:
-    return {"stop_reason": "tool_use" if calls else STOP[last.finish_reason], "stop_sequence": None}
+    """stop_reason, and the stop sequence that ended the text (Anthropic: "stop_sequence" and its string)."""
+    if calls:
+        return {"stop_reason": "tool_use", "stop_sequence": None}
+    matched = getattr(last, "stop_string", None)
+    if matched is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    return {"stop_reason": STOP[last.finish_reason], "stop_sequence": None}
 
 
 def _usage(stats, final: bool) -> dict:

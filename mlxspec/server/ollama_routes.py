@@ -167,7 +167,7 @@ async def respond(
             thoughts.append(thinking)
             calls += new_calls
             tokens += event.tokens
-            lps += event.logprobs
+            lps += event.text_logprobs
             last = event
         whole = {**piece("".join(text), calls, "".join(thoughts)), **_logprobs(job, lps)}
         return web.json_response(final(job, last, whole, tokens if context else None))
@@ -178,7 +178,7 @@ async def _chunks(job: Job, events, piece: Callable[..., dict], context: bool):
     pending: list = []  # logprobs of tokens whose text was held back: they go with the next chunk
     async for content, calls, event, thinking in events:
         tokens += event.tokens
-        pending += event.logprobs
+        pending += event.text_logprobs
         if calls:  # Ollama sends the calls in a chunk of their own, before the final one
             yield {"model": job.name, "created_at": now_iso(), **piece(content, calls, thinking),
                    **_logprobs(job, pending), "done": False}

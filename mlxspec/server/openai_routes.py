@@ -195,7 +195,7 @@ async def _respond(request: web.Request, job: Job, body: dict, prefix: str, kind
 
 async def _noting_logprobs(events, logprobs: list):
     async for item in events:
-        logprobs += item[2].logprobs
+        logprobs += item[2].text_logprobs
         yield item
 
 
@@ -211,7 +211,7 @@ async def _chunks(events, head: dict, kind: str, choice, include_usage: bool, sh
         return {**head, "object": kind, "choices": [answer]}
 
     async for content, calls, event, thinking in events:
-        pending += event.logprobs
+        pending += event.text_logprobs
         if calls:  # the calls in a chunk of their own, then the finish chunk says "tool_calls"
             yield piece(content, calls, thinking, None)
             content = thinking = ""

@@ -15,6 +15,7 @@ from daemon_harness import ThreadDaemon, free_port, wait_until, without_chat_tem
 from mlxspec.frontend.cli import LAZY_VERBS, cli
 from mlxspec.frontend.models import ago, until
 from mlxspec.address import parse_host
+from mlxspec.errors import MlxspecError
 from mlxspec.frontend.client import Client
 from mlxspec.frontend.repl import Session, repl, stats_from
 from mlxspec.server import Settings
@@ -51,6 +52,9 @@ def test_host_parsing():
     assert parse_host(":9000") == ("http", "127.0.0.1", 9000)
     assert parse_host("0.0.0.0:11434") == ("http", "0.0.0.0", 11434)
     assert parse_host("https://example.com") == ("https", "example.com", 443)
+    for bad in ("127.0.0.1:99999", "127.0.0.1:0", "host:port"):  # out of range is no port either
+        with pytest.raises(MlxspecError, match="the port must be a number from 1 to 65535"):
+            parse_host(bad)
 
 
 def test_run_one_shot_with_verbose_statistics(daemon):

@@ -89,3 +89,21 @@ def test_an_empty_block_list_is_an_empty_message(client):
     ac, _ = client
     out = ac.messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": []}])
     assert out.stop_reason in ("max_tokens", "end_turn")
+
+
+def test_a_stop_sequence_is_named_in_the_stop_reason(client, stories_model):
+    """Anthropic: text cut by one of `stop_sequences` ends with stop_reason "stop_sequence" and names it
+    in `stop_sequence` (end_turn is the model's own end), whole and streamed."""
+    ac, _ = client
+    kwargs = dict(model=stories_model, max_tokens=30, messages=[{"role": "user", "content": "Once upon a time"}],
+                  stop_sequences=["dragon", "girl named"], extra_body={"temperature": 0})
+    whole = ac.messages.create(**kwargs)
+    assert whole.stop_reason == "stop_sequence" and whole.stop_sequence == "girl named"
+    assert whole.content[0].text.endswith("little ") and "girl" not in whole.content[0].text
+    with ac.messages.stream(**kwargs) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text == whole.content[0].text
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == "girl named"
+    free = ac.messages.create(**{**kwargs, "stop_sequences": ["dragon"]})
+    assert free.stop_reason == "max_tokens" and free.stop_sequence is None

@@ -67,6 +67,10 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/copy", {"source": "tiny", "destination": "a/b/c"}, 400, "invalid model name"),
         ("/api/create", {"model": "x"}, 400, "from is required"),
         ("/api/create", {"model": "x", "from": "/no/such/dir"}, 403, "MLXSPEC_MODEL_DIRS"),
+        # a relative path is no repo id (Hugging Face's: no leading or trailing '.' or '-', no '..')
+        ("/api/create", {"model": "x", "from": "./weights"}, 404, "not found"),
+        ("/api/create", {"model": "x", "from": "../models/weights"}, 404, "not found"),
+        ("/api/create", {"model": "x", "from": "tiny", "draft": "./draft"}, 404, "not found"),
         ("/api/create", {"model": "x", "from": "tiny", "quantize": "q5"}, 400, "unknown quantization"),
         ("/api/create", {"model": "x", "from": "tiny", "drafter": "magic"}, 400, "unknown drafter"),
         ("/api/create", {"model": "x", "from": "tiny", "parameters": {"nope": 1}}, 400, "unknown option"),
@@ -200,6 +204,56 @@ def test_client_disconnect_cancels_the_generation(tmp_path, tiny_llama):
         assert wait_until(lambda: finals, timeout=10)
         assert finals[0].finish_reason == "cancelled" and finals[0].stats.generated_tokens < 100
     finally:
+        d.stop()
+
+
+def test_a_client_leaving_during_a_long_prompt_stops_its_prefill(tmp_path, tiny_llama, monkeypatch):
+    """Editors cancel requests all the time (autocomplete). A prompt is read in chunks; a client that
+    left must not hold the model's worker for the rest of its prompt (on a CPU, an 8k prompt of SmolLM2
+    takes ~45 s): the prefill stops at the next chunk, and the next request is served at once."""
+    from mlxspec.cache import PREFILL_CHUNK
+
+    finals, chunks, left = [], [], threading.Event()
+    registry = Registry(3, 300, loader=lambda m: instrument(load_engine(m), finals=finals))
+    store = Store(tmp_path)
+    store.save("tiny", Manifest(target=str(tiny_llama)))
+    d = ThreadDaemon(store, Settings(), registry).start()
+    model_class = type(load_engine(Manifest(target=str(tiny_llama))).target.model)
+    original = model_class.__call__
+
+    def slow_prompt(self, inputs, *args, **kwargs):
+        if inputs.shape[-1] > 1:  # a prompt chunk: the first one waits until its client has left
+            chunks.append(inputs.shape[-1])
+            if len(chunks) == 1:
+                left.wait(30)
+                wait_until(lambda: False, timeout=0.5)  # time for the server to see the connection close
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(model_class, "__call__", slow_prompt)
+    try:
+        prompt = "x" * (PREFILL_CHUNK + 300)  # two chunks within the tiny model's 1024 positions
+        assert PREFILL_CHUNK < len(load_engine(Manifest(target=str(tiny_llama))).encode(prompt)) < 1000
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("POST", "/api/generate", body=json.dumps({"model": "tiny", "prompt": prompt, "raw": True,
+                                                                "options": {"num_predict": 50}}))
+        assert wait_until(lambda: chunks, timeout=30)
+        conn.sock.close()  # the client goes away while its prompt is read
+        conn.close()
+        left.set()
+        assert wait_until(lambda: finals, timeout=30)
+        assert finals[0].finish_reason == "cancelled" and finals[0].stats.generated_tokens == 0
+        assert len(chunks) == 1  # the prompt's other chunks were never computed
+        # asked again (the editor's next keystroke), the chunk that was read is not read again
+        status, out = post(d.url + "/api/generate", {"model": "tiny", "prompt": prompt, "raw": True, "stream": False,
+                                                      "options": {"num_predict": 3}})
+        assert status == 200 and out["eval_count"] == 3
+        assert out["speculative"]["cached_tokens"] == PREFILL_CHUNK
+        assert chunks[1:] == [out["prompt_eval_count"] - 1 - PREFILL_CHUNK]
+        status, out = post(d.url + "/api/generate", {"model": "tiny", "prompt": "hi", "stream": False,
+                                                      "options": {"num_predict": 3}})
+        assert status == 200 and out["eval_count"] == 3
+    finally:
+        left.set()
         d.stop()
 
 

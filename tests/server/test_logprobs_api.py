@@ -96,3 +96,40 @@ def test_openai_completions_logprobs(client):
     tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
     assert tokens == lp.tokens and offsets == lp.text_offset
+
+
+def test_logprobs_stop_where_a_stop_string_cuts_the_text(daemon, stories_model, client):
+    """As Ollama's runner: the tokens of a stop string are not in the text, so their logprobs are not in
+    the answer either (a token the cut splits keeps its entry). Streamed, they were sent before the stop
+    string was whole: they must be held back with the text."""
+    # stories260K greedy: ", there was a little girl named Lily. ..." -> cut inside " g|ir|l| named"
+    body = {"model": stories_model, "prompt": "Once upon a time", "raw": True, "logprobs": True,
+            "options": {"temperature": 0, "num_predict": 20, "stop": ["girl named"]}}
+
+    def check(text: str, tokens: list[str]) -> None:
+        assert text == ", there was a little "
+        assert "".join(tokens).startswith(text) and len("".join(tokens[:-1])) < len(text)  # each token starts in it
+
+    status, whole = post(daemon.url + "/api/generate", {**body, "stream": False})
+    assert status == 200 and whole["done_reason"] == "stop"
+    check(whole["response"], [lp["token"] for lp in whole["logprobs"]])
+    status, lines = ndjson_lines(daemon.url + "/api/generate", body)
+    assert status == 200
+    check("".join(line["response"] for line in lines), [lp["token"] for line in lines for lp in line["logprobs"]])
+
+    kwargs = dict(model=stories_model, prompt="Once upon a time", max_tokens=20, temperature=0, stop=["girl named"])
+    out = client.completions.create(**kwargs, logprobs=1)
+    lp = out.choices[0].logprobs
+    check(out.choices[0].text, lp.tokens)
+    assert all(offset < len(out.choices[0].text) for offset in lp.text_offset)
+    chunks = list(client.completions.create(**kwargs, logprobs=1, stream=True))
+    check("".join(c.choices[0].text for c in chunks),
+          [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens])
+    chat = dict(model=stories_model, messages=[{"role": "user", "content": "Once upon a time"}], max_tokens=20,
+                temperature=0, stop=["girl named"], logprobs=True)
+    whole = client.chat.completions.create(**chat)
+    chunks = list(client.chat.completions.create(**chat, stream=True))
+    streamed = [lp.token for c in chunks if c.choices and c.choices[0].logprobs for lp in c.choices[0].logprobs.content]
+    assert streamed == [lp.token for lp in whole.choices[0].logprobs.content]
+    assert "".join(streamed).startswith(whole.choices[0].message.content)
+    assert len("".join(streamed[:-1])) < len(whole.choices[0].message.content)

@@ -233,3 +233,28 @@ def test_a_lookup_model_drafts_a_repeated_request_from_its_earlier_answer(client
     finally:
         client.generate(model="tiny-lookup", keep_alive=0)
         daemon.state.store.delete("tiny-lookup")
+
+
+def test_a_seeded_sampling_request_to_a_lookup_model_is_reproducible(client, daemon, tiny_llama):
+    """Ollama: a seed makes the model "generate the same text for the same prompt". The lookup
+    drafter's memory of earlier answers changes its drafts, and with them which random numbers a
+    round draws: a seeded run must draft from the request alone."""
+    daemon.state.store.save("tiny-lookup-seed", Manifest(target=str(tiny_llama), drafter="lookup"))
+    try:
+        body = {"model": "tiny-lookup-seed", "prompt": "The quick brown fox", "raw": True, "stream": False,
+                "options": {"temperature": 1.0, "top_k": 3, "seed": 11, "num_predict": 40, "adaptive": False,
+                            "draft_length": 4}}
+        answers = []
+        for _ in range(3):  # the first answer enters the memory; the next ones would draft from it
+            status, out = post(daemon.url + "/api/generate", body)
+            assert status == 200
+            answers.append(out["response"])
+        assert answers[0] == answers[1] == answers[2]
+        # the memory still serves unseeded and greedy requests
+        greedy = {**body, "options": {"temperature": 0, "num_predict": 40, "adaptive": False, "draft_length": 4}}
+        post(daemon.url + "/api/generate", greedy)
+        status, again = post(daemon.url + "/api/generate", greedy)
+        assert again["speculative"]["accepted"] > 4
+    finally:
+        client.generate(model="tiny-lookup-seed", keep_alive=0)
+        daemon.state.store.delete("tiny-lookup-seed")
