@@ -27,7 +27,11 @@ MIN_REPEAT_PENALTY = 0.01
 
 
 class OptionsError(MlxspecError, ValueError):
-    """A caller's invalid option: the message names the option and what is allowed."""
+    """A caller's invalid option: the message names the option and what is allowed (`option`: our field)."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option
 
 
 @dataclass
@@ -59,7 +63,7 @@ class GenerateOptions:
     def validate(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:
             if not ok:
-                raise OptionsError(f"invalid option {name}={getattr(self, name)!r}: {what}")
+                raise OptionsError(f"invalid option {name}={getattr(self, name)!r}: {what}", name)
 
         check(_is_int(self.max_tokens) and self.max_tokens >= -1, "max_tokens", "must be an integer >= -1")
         check(_is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "must be in [0, 100]")
@@ -127,6 +131,7 @@ class GenerateOptions:
         known = {f.name for f in dataclasses.fields(cls)} - set(cls.REQUEST_FIELDS)
         ints = {name: kind is int for name, kind in cls.names().items()}
         kwargs: dict[str, Any] = {}
+        given: dict[str, str] = {}  # our field -> the name the caller used (Ollama's num_predict ...)
         for key, value in {**options, **overrides}.items():
             if key in cls.IGNORED:
                 continue
@@ -141,8 +146,14 @@ class GenerateOptions:
                 value = [value]
             if _integral_float(value) and ints.get(name):  # JSON has one number type: 4.0 is 4 (as Ollama)
                 value = int(value)
-            kwargs[name] = value
-        return cls(**kwargs)
+            kwargs[name], given[name] = value, key
+        try:
+            return cls(**kwargs)
+        except OptionsError as e:  # named as the caller named it
+            key = given.get(e.option or "", e.option)
+            if key == e.option:
+                raise
+            raise OptionsError(str(e).replace(f"option {e.option}=", f"option {key}=", 1), e.option) from None
 
 
 def _integral_float(x: Any) -> bool:
