@@ -48,8 +48,8 @@ class GenerateOptions:
     num_ctx: int | None = None  # context window; None = the model's own
     draft_length: int | None = None  # tokens drafted per round; 0 = no speculation; None = engine default
     adaptive: bool = True  # adapt the draft length and back off to plain decoding when it does not pay
-    # candidates per draft depth: > 1 verifies a tree of drafts (greedy, a drafter that drafts trees,
-    # the CPU's fused kernels); None = the engine's default
+    # candidates per draft depth: > 1 verifies a tree of drafts (greedy, a drafter that drafts trees, a target
+    # whose tree passes run: tree.target_takes_trees); None = the engine's default
     draft_width: int | None = None
     # log-probabilities of the emitted tokens (Event.logprobs), each with this many most likely
     # alternatives (0..20); None = none (Ollama's logprobs + top_logprobs, OpenAI's)
