@@ -147,6 +147,8 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
         entry = {"N": n, "K": k, "bits": bits, "mode": mode, "kernel": how}
         if device_backend_name() == "cuda" and mode == "affine":  # both CUDA qmm kernels, whichever serves layers
             entry["tensor_cores"] = kernel("qmm-mma").chosen.get((n, k, group, bits, str(s.dtype)))  # the timed choice
+            if (as_cubin := cubin_qmm()) is not None:  # the FMA kernel handed over as its cubin: the fatbins' gain
+                fns["qmm-cubin"] = lambda x: as_cubin(x, w, s, b, group, bits)
             for family in ("qmm", "qmm-mma"):
                 rec = kernel(family)
                 if rec.fn is not None:
@@ -172,6 +174,21 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
         print(f"qmm {n}x{k} {bits}-bit {mode}: kernel {how!r} {checks} " + "  ".join(
             f"M={m} " + " ".join(f"{k_}={v}" for k_, v in entry[f'M={m}'].items()) for m in QMM_ROWS), flush=True)
     return out
+
+
+def cubin_qmm():
+    """The FMA qmm with each launch handing MLX the stored cubin itself, not the compressed fatbin layers get
+    (kernels/cuda_fatbin.py): what the smaller image saves per call. None where layers get cubins anyway."""
+    from mlxspec.kernels import cuda_cache, gpu, gpu_source as src
+    from mlxspec.kernels.build import cache_root
+
+    if "compressed fatbins" not in cuda_cache.detail():
+        return None
+    homes = cuda_cache.cuda_homes()
+    compiler = cuda_cache.Compiler(cuda_cache.Nvrtc(cuda_cache.load_nvrtc(homes), cuda_cache.include_paths(homes)),
+                                   cuda_cache.device_arch(), cache_root() / "cuda")  # no packer: cubins
+    return gpu._qmm_function(cuda_cache.CachedCudaKernel(compiler, src.NAME, src.INPUTS, src.OUTPUTS, src.CUDA_BODY,
+                                                         src.CUDA_HEADER))
 
 
 def gather_ops(experts: int, n: int, k: int, used: int, dtype=mx.float16, bits: int = 4, mode: str = "affine") -> dict:
@@ -282,9 +299,11 @@ def pad_kernel(iterations: int) -> str:
 
 def source_size_cost(x: mx.array) -> dict:
     """Microseconds a trivial custom kernel's call costs as its program (MLX's JIT: the source text) or binary
-    (kernels/cuda_cache.py: the cubin) grows, eager and inside mx.compile: MLX's CustomKernel hashes the whole
-    of it at every launch (std::hash: ~5.5 us for 32 KB on the dev VM's Xeon), and an eager call copies it too.
-    Our one-row qmm is ~13 KB of source and a 36 KB cubin, the 16-row one a 131 KB cubin."""
+    (kernels/cuda_cache.py: the cubin, or where nvFatbin is installed the compressed fatbin, which packs this
+    padding into far fewer bytes than real code: `cached_*_bytes`) grows, eager and inside mx.compile: MLX's
+    CustomKernel hashes the whole of it at every launch (std::hash: ~5.5 us for 32 KB on the dev VM's Xeon),
+    and an eager call copies it too. Our one-row qmm is ~13 KB of source and a 23 KB cubin (7 KB as a fatbin),
+    the 16-row one an 81 KB cubin (15 KB)."""
     from mlxspec.kernels.cuda_cache import cuda_kernel
 
     body = "y[threadIdx.x] = x[threadIdx.x] + 1.0f;"

@@ -37,6 +37,7 @@ import mlx.core as mx
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_source, gpu_mma_source, gpu_source  # noqa: E402
 from mlxspec.kernels.build import KernelUnavailable  # noqa: E402
+from mlxspec.kernels.cuda_fatbin import Fatbin  # noqa: E402
 from mlxspec.kernels.reference import output_dtype  # noqa: E402
 
 CACHE = Path.home() / ".cache" / "mlxspec" / "cuda-static"
@@ -260,9 +261,14 @@ def add_sass(results: list[Compiled], bin_dir: Path) -> None:
 LAUNCH_US_PER_KB = 0.37  # MLX hashes a precompiled kernel's binary at every launch (H200, fifth device session)
 
 
-def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90", only: str = "") -> list[tuple[str, int]]:
-    """(label, bytes) of the binaries kernels/cuda_cache.py keeps for the hottest launches: one program per
-    template instantiation, as each launch hands MLX; `only`: the labels containing it."""
+def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90", only: str = "") -> list[tuple[str, int, int | None]]:
+    """(label, cubin bytes, compressed fatbin bytes) of the binaries kernels/cuda_cache.py keeps for the hottest
+    launches: one program per template instantiation; each launch hands MLX the fatbin where nvFatbin is
+    installed (kernels/cuda_fatbin.py; None here without it), else the cubin. `only`: the labels containing it."""
+    try:
+        packer = Fatbin(cuda_cache.load_library("libnvfatbin", cuda_cache.nvidia_roots()))
+    except KernelUnavailable:
+        packer = None
     f16, f32, u32 = mx.float16, mx.float32, mx.uint32
     qmm_in = [f16, u32, f16, f16]
     cases = []
@@ -277,14 +283,18 @@ def stored_binaries(nvrtc: Nvrtc, arch: str = "sm_90", only: str = "") -> list[t
     out = []
     for label, name, inputs, body, header, dtypes, out_dtypes, targs in (c for c in cases if only in c[0]):
         _, text = cuda_cache.program(name, inputs, ["y"], body, header, dtypes, [2] * len(inputs), out_dtypes, targs)
-        compiled = nvrtc.compile(label, text, arch)
-        out.append((label, len(compiled.cubin) if compiled.cubin else -1))
+        cubin = nvrtc.compile(label, text, arch).cubin
+        packed = len(packer.pack(cubin, arch)) if cubin and packer else None
+        out.append((label, len(cubin) if cubin else -1, packed))
     return out
 
 
-def binaries_table(sizes: list[tuple[str, int]]) -> str:
-    rows = ["| stored program | binary KB | hashed per launch, us (at 0.37 us/KB) |", "|---|---|---|"]
-    rows += [f"| {label} | {n / 1024:.1f} | {n / 1024 * LAUNCH_US_PER_KB:.1f} |" for label, n in sizes]
+def binaries_table(sizes: list[tuple[str, int, int | None]]) -> str:
+    rows = ["| stored program | cubin KB | fatbin KB | copied and hashed per launch, us (at 0.37 us/KB): cubin, fatbin |",
+            "|---|---|---|---|"]
+    for label, n, packed in sizes:
+        fat = (f"{packed / 1024:.1f}", f"{packed / 1024 * LAUNCH_US_PER_KB:.1f}") if packed else ("-", "-")
+        rows.append(f"| {label} | {n / 1024:.1f} | {fat[0]} | {n / 1024 * LAUNCH_US_PER_KB:.1f}, {fat[1]} |")
     return "\n".join(rows)
 
 

@@ -33,6 +33,7 @@ from typing import Callable
 import mlx.core as mx
 
 from .build import KernelUnavailable, cache_root
+from .cuda_fatbin import Fatbin
 from .gpu_codegen import CUDA_TYPES
 
 log = logging.getLogger(__name__)
@@ -114,14 +115,19 @@ def include_paths(homes: list[Path]) -> list[str]:
 
 def load_nvrtc(homes: list[Path]) -> ctypes.CDLL:
     """The NVRTC library: the one MLX loaded (by its soname), else from the toolkit or pip's package."""
-    candidates = ["libnvrtc.so.13", "libnvrtc.so.12"]
-    candidates += [str(p) for h in homes for d in ("lib", "lib64") for p in sorted((h / d).glob("libnvrtc.so*"))]
+    return load_library("libnvrtc", homes)
+
+
+def load_library(stem: str, homes: list[Path]) -> ctypes.CDLL:
+    """A CUDA 13 or 12 library (libnvrtc, libnvfatbin) by its soname, else from the toolkit or pip's package."""
+    candidates = [f"{stem}.so.13", f"{stem}.so.12"]
+    candidates += [str(p) for h in homes for d in ("lib", "lib64") for p in sorted((h / d).glob(f"{stem}.so*"))]
     for name in candidates:
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    raise KernelUnavailable("NVRTC (libnvrtc.so) not found")
+    raise KernelUnavailable(f"{stem}.so not found")
 
 
 def device_arch() -> str:
@@ -212,7 +218,7 @@ class CachedCudaKernel:
     def _compile(self, launch: tuple) -> tuple[str, bytes]:
         """(entry, binary) of one launch (input dtypes, input ndims, output dtypes, template), stored or compiled."""
         entry, text = program(self.name, self.input_names, self.output_names, self.source, self.header, *launch)
-        return entry, self.compiler.binary(entry, text)
+        return entry, self.compiler.launchable(self.compiler.binary(entry, text))
 
     def _build(self, input_dtypes, input_ndims, output_dtypes, template) -> tuple[str, bytes] | None:
         """This launch's (entry, binary), compiled or read from the store; None: MLX's JIT takes the kernel over."""
@@ -235,12 +241,17 @@ def _key(input_dtypes, input_ndims, output_dtypes, template) -> tuple:
 
 
 class Compiler:
-    """NVRTC plus the on-disk store: binary(entry, program) compiles a program once per machine."""
+    """NVRTC plus the on-disk store: binary(entry, program) compiles a program once per machine;
+    launchable(binary) is what a launch hands MLX: with a `packer` (cuda_fatbin.Fatbin) a compressed fatbin,
+    3.5-5.5x fewer bytes for MLX to copy and hash at every launch, else the stored binary itself."""
 
-    def __init__(self, nvrtc: Nvrtc, arch: str, folder: Path):
-        self.nvrtc, self.arch, self.folder = nvrtc, arch, folder
+    def __init__(self, nvrtc: Nvrtc, arch: str, folder: Path, packer=None):
+        self.nvrtc, self.arch, self.folder, self.packer = nvrtc, arch, folder, packer
         self.compiles = 0  # programs compiled by this process (the rest came from the store)
         self._lock = threading.Lock()  # prebuild compiles on threads
+
+    def launchable(self, binary: bytes) -> bytes:
+        return binary if self.packer is None else self.packer.pack(binary, self.arch)
 
     def binary(self, entry: str, text: str) -> bytes:
         key = hashlib.sha256(f"{text}\n{self.arch}\nnvrtc {self.nvrtc.version}".encode()).hexdigest()[:16]
@@ -288,8 +299,16 @@ def kernel_maker() -> tuple[Callable, str]:
             if os.environ.get("MLXSPEC_CUDA_CACHE", "1") == "0":  # read once per process, at this first use
                 raise KernelUnavailable("turned off by MLXSPEC_CUDA_CACHE=0")
             homes = cuda_homes()
-            compiler = Compiler(Nvrtc(load_nvrtc(homes), include_paths(homes)), device_arch(), cache_root() / "cuda")
-            probe(compiler)
+            compiler = Compiler(Nvrtc(load_nvrtc(homes), include_paths(homes)), device_arch(), cache_root() / "cuda",
+                                packer(homes))
+            try:
+                probe(compiler)
+            except Exception as e:  # a driver that will not load the fatbin: the cubins themselves
+                if compiler.packer is None:
+                    raise
+                log.info("mlxspec: CUDA kernels as cubins (the fatbin probe: %s)", str(e).splitlines()[0][:200])
+                compiler.packer = None
+                probe(compiler)
 
             def make(name, input_names, output_names, source, header="", ensure_row_contiguous=True, **kw):
                 try:
@@ -299,12 +318,22 @@ def kernel_maker() -> tuple[Callable, str]:
                     return mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
                                                source=source, header=header, ensure_row_contiguous=ensure_row_contiguous, **kw)
 
-            _MAKER.append((make, f"compiled once per machine (NVRTC {compiler.nvrtc.version}, {compiler.arch})"))
+            packed = ", compressed fatbins" if compiler.packer is not None else ""
+            _MAKER.append((make, f"compiled once per machine (NVRTC {compiler.nvrtc.version}, {compiler.arch}{packed})"))
         except Exception as e:  # no NVRTC, no headers, a driver that will not load it: MLX's JIT, as before
             why = f"MLX's JIT in each process ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
             log.info("mlxspec: CUDA kernels through %s", why)
             _MAKER.append((lambda **kw: mx.fast.cuda_kernel(**kw), why))
     return _MAKER[0]
+
+
+def packer(homes: list[Path]) -> Fatbin | None:
+    """nvFatbin where this machine has it (the CUDA toolkit's, pip's nvidia-nvfatbin), else None: cubins."""
+    try:
+        return Fatbin(load_library("libnvfatbin", homes))
+    except (KernelUnavailable, AttributeError) as e:  # AttributeError: a library without nvFatbin's functions
+        log.info("mlxspec: CUDA kernels as cubins (%s)", e)
+        return None
 
 
 def cuda_kernel(**kw):

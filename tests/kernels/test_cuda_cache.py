@@ -213,12 +213,8 @@ def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_str
     wrong = 0
     monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", precompiled, raising=False)
     monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: ("jit", kw["name"]))
-    monkeypatch.setattr(cuda_cache, "device_arch", lambda: "sm_90")
-    monkeypatch.setattr(cuda_cache, "load_nvrtc", lambda homes: None)
-    monkeypatch.setattr(cuda_cache, "Nvrtc", lambda lib, includes: FakeNvrtc())
-    monkeypatch.setattr(cuda_cache, "cache_root", lambda: tmp_path)
-    monkeypatch.delenv("MLXSPEC_CUDA_CACHE", raising=False)
-    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    stand_in_device(monkeypatch, tmp_path)
+    monkeypatch.setattr(cuda_cache, "packer", lambda homes: None)  # cubins (the fatbins: the test below)
     make, how = cuda_cache.kernel_maker()
     assert how == "compiled once per machine (NVRTC 13.0, sm_90)"
     assert isinstance(make(name="qmm", input_names=["x"], output_names=["y"], source="y[0] = x[0];"),
@@ -231,6 +227,44 @@ def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_str
     monkeypatch.setenv("MLXSPEC_CUDA_CACHE", "0")
     monkeypatch.setattr(cuda_cache, "_MAKER", [])
     assert "MLXSPEC_CUDA_CACHE=0" in cuda_cache.kernel_maker()[1]
+
+
+def stand_in_device(monkeypatch, tmp_path) -> None:
+    """kernel_maker on a CUDA device of sm_90 with NVRTC 13.0 (FakeNvrtc), its store under tmp_path."""
+    monkeypatch.setattr(cuda_cache, "device_arch", lambda: "sm_90")
+    monkeypatch.setattr(cuda_cache, "load_nvrtc", lambda homes: None)
+    monkeypatch.setattr(cuda_cache, "Nvrtc", lambda lib, includes: FakeNvrtc())
+    monkeypatch.setattr(cuda_cache, "cache_root", lambda: tmp_path)
+    monkeypatch.delenv("MLXSPEC_CUDA_CACHE", raising=False)
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+
+
+def test_launches_hand_mlx_compressed_fatbins_and_a_driver_refusing_them_gets_cubins(tmp_path, monkeypatch):
+    """With nvFatbin (the packer) a launch hands MLX the packed image (fewer bytes to copy and hash a launch);
+    the probe proves the driver loads it, and where it does not (an older driver) the cubins serve."""
+    class Packer:
+        def pack(self, binary, arch):
+            assert arch == "sm_90"
+            return b"FATBIN" + binary
+
+    def precompiled(name, inputs, scalars, compiled_source, **kw):
+        handed.append(compiled_source)
+        if refuse and compiled_source.startswith(b"FATBIN"):
+            raise RuntimeError(f"Failed to load compiled {name} kernel")
+        return [inputs[0] * 3 + scalars[0]]
+
+    handed, refuse = [], False
+    monkeypatch.setattr(mx.fast, "precompiled_cuda_kernel", precompiled, raising=False)
+    stand_in_device(monkeypatch, tmp_path)
+    monkeypatch.setattr(cuda_cache, "packer", lambda homes: Packer())
+    make, how = cuda_cache.kernel_maker()
+    assert how == "compiled once per machine (NVRTC 13.0, sm_90, compressed fatbins)"
+    assert handed == [b"FATBIN\x7fELF" + handed[0][len(b"FATBIN\x7fELF"):]] and b"probe_" in handed[0]
+    refuse = True
+    monkeypatch.setattr(cuda_cache, "_MAKER", [])
+    make, how = cuda_cache.kernel_maker()
+    assert how == "compiled once per machine (NVRTC 13.0, sm_90)"
+    assert handed[1].startswith(b"FATBIN") and handed[2] == handed[0][len(b"FATBIN"):]  # tried, refused: the cubin
 
 
 @pytest.fixture
