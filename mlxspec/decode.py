@@ -104,17 +104,12 @@ class Decoder:
         features = self.drafter.wants_features  # a learned drafter reads the prompt's hidden states too
         try:
             stats.cached_tokens = self.kv.prepare(self.prompt[:-1], features=features, cancel=self.emitter.cancel)
-        except PrefillCancelled:  # the client left while its prompt was read: no token, no drafter
+            self._start_drafter(features)
+        except PrefillCancelled:  # the client left while its prompt was read (the target's or the draft's)
             stats.prompt_tokens, stats.prompt_time = len(self.prompt), time.perf_counter() - start
             self.emitter.ended()  # finish_reason 'cancelled'
             yield self.emitter.close()
             return
-        self.drafter.bind_cache(self.kv.cache)
-        self.drafter.reproducible(self.seeded)  # drafts from this request alone (lookup's memory left out)
-        if features:
-            self.drafter.start(self.prompt, hidden=self.kv.hidden)
-        else:
-            self.drafter.start(self.prompt)
         stats.prompt_tokens = len(self.prompt)
         decode_start = time.perf_counter()
         stats.prompt_time = decode_start - start
@@ -128,6 +123,15 @@ class Decoder:
             # Kept for the next request unless a round was cut off half-way (an exception in it).
             self.kv.tokens = None if self.in_flight else context[:-1]
         yield self.emitter.close()
+
+    def _start_drafter(self, features) -> None:
+        self.drafter.bind_cache(self.kv.cache)
+        self.drafter.reproducible(self.seeded)  # drafts from this request alone (lookup's memory left out)
+        self.drafter.bind_cancel(self.emitter.cancel)  # a draft model reads the prompt too: as stoppable
+        if features:
+            self.drafter.start(self.prompt, hidden=self.kv.hidden)
+        else:
+            self.drafter.start(self.prompt)
 
     def _rounds(self, cache: list, context: list[int], decode_start: float) -> Iterator[Event]:
         k = None  # this round's draft length, when the round before already planned it

@@ -220,13 +220,23 @@ class Engine:
             self._token_bytes = token_bytes(self.tokenizer)
         return self._token_bytes(token)
 
-    def chat_prompt(self, messages: list[dict], chat_template: str | None = None, **template_kwargs) -> list[int]:
-        """Token ids of a chat, rendered with the model's own chat template (or `chat_template`, Jinja)."""
+    def chat_prompt(self, messages: list[dict], chat_template: str | None = None, *, prefill: bool | None = None,
+                    **template_kwargs) -> list[int]:
+        """Token ids of a chat, rendered with the model's own chat template (or `chat_template`, Jinja).
+        A chat ending with an assistant message is continued (`prefill`; None: decided by `continues`)."""
         if chat_template is not None:
             template_kwargs["chat_template"] = chat_template
         elif not getattr(self.tokenizer, "has_chat_template", False):
             raise MlxspecError("this model has no chat template")
-        return list(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **template_kwargs))
+        prefill = continues(messages) if prefill is None else prefill
+        turn = {"continue_final_message": True, "add_generation_prompt": False} if prefill else {"add_generation_prompt": True}
+        try:
+            return list(self.tokenizer.apply_chat_template(messages, **turn, **template_kwargs))
+        except ValueError as e:  # HF's check that the template shows the message it is to continue
+            if prefill and "continue_final_message" in str(e):
+                raise PromptError("the chat template does not show the final assistant message as it was "
+                                  "given, so the model cannot continue it") from None
+            raise
 
     # -- generation --------------------------------------------------------------------------
 
@@ -295,6 +305,13 @@ class Engine:
         if bad is not None:
             raise PromptError(f"prompt token id {bad} is outside the model's vocabulary: "
                               f"ids are 0..{self.vocab_size - 1} (vocabulary size {self.vocab_size})")
+
+
+def continues(messages: list[dict]) -> bool:
+    """Does the chat end with the assistant's words to continue (a "prefill"), as Ollama's renderers
+    decide: the last message is the assistant's. One that only called tools waits for their results instead."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
 
 
 def resolve_activations(setting: str, model: LoadedModel) -> str:

@@ -78,6 +78,11 @@ class Drafter:
         """The target's cache of this request, before `start` (a drafter that attends to the target's keys
         and values reads it at `propose`: Gemma 4's assistant); it holds the context less its last token."""
 
+    def bind_cancel(self, cancel) -> None:
+        """Before `start`: the request's cancel flag (a threading.Event, or None). A drafter that reads
+        the prompt itself (a draft model's prefill) checks it between chunks and raises
+        cache.PrefillCancelled once set, as the target's prefill does."""
+
     def reproducible(self, on: bool) -> None:
         """Before `start`: does this request need drafts that depend on the request alone (a seeded
         sampling run)? A round's random draws depend on its drafts, so a drafter whose proposals also

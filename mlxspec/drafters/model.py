@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import PrefixCache, rewind
+from ..cache import PrefillCancelled, PrefixCache, rewind
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
 from ..step_graph import StepGraphs
@@ -33,9 +33,18 @@ class ModelDrafter(Drafter):
         self.fed = 0  # drafts of the last proposal that went through the model (so sit in the cache)
         self.proposing = False
         self.context: list[int] = []
+        self.cancel = None  # the request's cancel flag, checked between prompt chunks (bind_cancel)
+
+    def bind_cancel(self, cancel) -> None:
+        self.cancel = cancel
 
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
-        self.kv.prepare(prompt[:-1])
+        try:
+            self.kv.prepare(prompt[:-1], cancel=self.cancel)
+        except PrefillCancelled:  # the client left: finish() keeps the chunks read, for its retry
+            self.context = self.kv.tokens or []
+            self.seen = len(self.context)
+            raise
         self.seen = len(prompt) - 1
         self.context = prompt  # the loop's token list (only ever appended to): no copy per round
         self.kv.tokens = None  # in use: set again by finish()

@@ -126,8 +126,12 @@ _OPENAI_COMMON = {
     "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
     "stream": BOOL, "stream_options": obj({"include_usage": BOOL}), "n": {"enum": [1]},
     "frequency_penalty": {"enum": [0]}, "presence_penalty": {"enum": [0]},
-    "response_format": obj({"type": {"enum": ["text", "json_object", "json_schema"]},
-                            "json_schema": obj({"name": STR, "schema": {"type": "object"}, "strict": BOOL})}, ("type",)),
+    # json_schema needs its schema (a 400 naming the field otherwise, as OpenAI answers)
+    "response_format": {"anyOf": [
+        obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),
+        obj({"type": {"enum": ["json_schema"]},
+             "json_schema": obj({"name": STR, "schema": {"type": "object"}, "strict": BOOL}, ("schema",))},
+            ("type", "json_schema"))]},
     "options": ref("Options"),
 }
 CHAT_COMPLETION = obj({
@@ -154,8 +158,10 @@ RESPONSES = obj({
     "tool_choice": {"enum": ["auto", "none"]}, "max_output_tokens": {"type": "integer", "minimum": -1},
     "temperature": _OPENAI_COMMON["temperature"], "top_p": _OPENAI_COMMON["top_p"], "stream": BOOL, "store": BOOL,
     "reasoning": obj({"effort": {"enum": ["none", "minimal", "low", "medium", "high"]}}),
-    "text": obj({"format": obj({"type": {"enum": ["text", "json_object", "json_schema"]}, "name": STR,
-                                "schema": {"type": "object"}, "strict": BOOL}, ("type",))}),
+    "text": obj({"format": {"anyOf": [
+        obj({"type": {"enum": ["text", "json_object"]}}, ("type",)),
+        obj({"type": {"enum": ["json_schema"]}, "name": STR, "schema": {"type": "object"}, "strict": BOOL},
+            ("type", "schema"))]}}),
     "options": ref("Options"),
 }, ("model", "input"))
 _BLOCK = {"anyOf": [

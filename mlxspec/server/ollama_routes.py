@@ -26,7 +26,8 @@ routes = web.RouteTableDef()
 
 @routes.get("/")  # aiohttp answers HEAD on GET routes
 async def root(request: web.Request) -> web.Response:
-    return web.Response(text="mlxspec is running")
+    # Ollama's exact words: clients and editors probe for this string to find a daemon
+    return web.Response(text="Ollama is running")
 
 
 @routes.get("/api/version")

@@ -110,12 +110,23 @@ def response_format(body: dict) -> str | dict | None:
         return None
     if kind == "json_object":
         return format_field("json")
-    if kind == "json_schema":  # without a schema: any JSON object
-        spec = fmt.get("json_schema") or {}
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema") or {}, dict):
-            raise ApiError(400, "response_format.json_schema.schema is not a JSON schema object")
-        return format_field(spec.get("schema") or {"type": "object"})
+    if kind == "json_schema":
+        return format_field(json_schema(fmt.get("json_schema"), "response_format.json_schema"))
     raise ApiError(400, "response_format.type must be text, json_object or json_schema")
+
+
+def json_schema(spec, where: str) -> dict:
+    """The schema a json_schema format names. Missing, it is a 400 naming the field, as OpenAI answers
+    (guessing "any object" would hand the client JSON of a shape it never asked for)."""
+    if spec is None:
+        raise ApiError(400, f"Missing required parameter: '{where}'.")
+    if not isinstance(spec, dict):
+        raise ApiError(400, f"{where} must be an object")
+    if spec.get("schema") is None:
+        raise ApiError(400, f"Missing required parameter: '{where}.schema'.")
+    if not isinstance(spec["schema"], dict):
+        raise ApiError(400, f"{where}.schema is not a JSON schema object")
+    return spec["schema"] or {"type": "object"}  # an empty schema: any JSON object
 
 
 def options(body: dict, manifest: Manifest, logprobs: int | None = None) -> GenerateOptions:

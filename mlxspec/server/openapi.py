@@ -20,7 +20,7 @@ routes = web.RouteTableDef()
 
 # (method, path, tag, summary, request schema, answers: "json" | "ndjson" | "sse" | "text" | "empty", schema)
 OPERATIONS = [
-    ("get", "/", "ollama", "Heartbeat: 'mlxspec is running'", None, "text", None),
+    ("get", "/", "ollama", "Heartbeat: 'Ollama is running' (Ollama's words, which clients probe for)", None, "text", None),
     ("get", "/api/version", "ollama", "The Ollama API level followed, and mlxspec's version", None, "json", "Version"),
     ("post", "/api/generate", "ollama", "Complete a prompt (empty prompt: load; keep_alive 0: unload)",
      "GenerateRequest", "ndjson", "GenerateResponse"),

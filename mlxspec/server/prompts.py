@@ -13,8 +13,10 @@ import json
 from dataclasses import dataclass, field
 
 from ..engine import Engine
+from ..errors import PromptError
 from ..store import Manifest
-from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, to_jinja, uses_suffix
+from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, is_go_template, to_jinja, uses_suffix
+from ..renderers import renderer_of
 from .requests import ApiError
 from .template_limits import TemplateLimitError, limited
 from .harmony import HarmonySplitter, is_harmony
@@ -149,13 +151,14 @@ def chat_ids(
 
 
 def think_variables(template: str | None, think: bool | str | None) -> dict:
-    """`think` for templates that know it: Qwen3-style `enable_thinking`, gpt-oss `reasoning_effort`.
-    Turning thinking off where a template has no switch is a no-op (as Ollama); asking for it is a 400."""
+    """`think` for templates that know it: Qwen3-style `enable_thinking`, gpt-oss `reasoning_effort` (a level;
+    `true` is Ollama's default, medium). Turning thinking off where a template has no switch is a no-op (as
+    Ollama); asking for it is a 400."""
     if think is None:
         return {}
     template = template or ""
-    if isinstance(think, str) and "reasoning_effort" in template:
-        return {"reasoning_effort": think}
+    if "reasoning_effort" in template and (isinstance(think, str) or (think is True and "enable_thinking" not in template)):
+        return {"reasoning_effort": think if isinstance(think, str) else "medium"}  # true: Ollama's default level
     if "enable_thinking" in template:
         return {"enable_thinking": bool(think)}
     if not think:
@@ -171,13 +174,12 @@ def _jinja(source: str):
 
 
 def render(engine: Engine, template: str, messages: list[dict], **variables) -> list[int]:
-    """Token ids of `messages` through a chat template given as text (Jinja, or Go translated to Jinja)."""
-    tok = engine.tokenizer
-    template = chat_source(template)  # GoTemplateError (a 400) when outside the subset mlxspec translates
-    return _apply(
-        engine,
-        lambda: list(tok.apply_chat_template(messages, chat_template=template, add_generation_prompt=True, **variables)),
-    )
+    """Token ids of `messages` through a chat template given as text (Jinja, or Go translated to Jinja).
+    A trailing assistant message: a Jinja template continues it; Ollama's Go templates and renderers
+    decide themselves, as in Ollama (a per-turn template stops after `.Response`; Gemma 4's opens a new turn)."""
+    ollamas = is_go_template(template) or renderer_of(template) is not None
+    source = chat_source(template)  # GoTemplateError (a 400) when outside the subset mlxspec translates
+    return _apply(engine, lambda: engine.chat_prompt(messages, source, prefill=False if ollamas else None, **variables))
 
 
 def _apply(engine: Engine, fn):
@@ -187,6 +189,8 @@ def _apply(engine: Engine, fn):
 
     try:
         return limited(fn)
+    except PromptError as e:  # e.g. a template that hides the assistant message it was to continue
+        raise ApiError(400, str(e)) from None
     except TemplateLimitError as e:
         raise ApiError(400, f"template error: {e}") from None
     except (TemplateError, ArithmeticError, LookupError, TypeError) as e:

@@ -16,7 +16,7 @@ import time
 
 from aiohttp import web
 
-from .openai_routes import options, think_field
+from .openai_routes import json_schema, options, think_field
 from .prompts import chat_build, check_messages
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
@@ -115,9 +115,9 @@ def _text_format(body: dict):
         return None
     if kind == "json_object":
         return format_field("json")
-    if kind == "json_schema" and isinstance(fmt.get("schema") or {}, dict):
-        return format_field(fmt.get("schema") or {"type": "object"})
-    raise ApiError(400, "text.format.type must be text, json_object or json_schema (with a schema object)")
+    if kind == "json_schema":  # the Responses API flattens json_schema's fields into the format
+        return format_field(json_schema(fmt, "text.format"))
+    raise ApiError(400, "text.format.type must be text, json_object or json_schema")
 
 
 # -- output ------------------------------------------------------------------------------------

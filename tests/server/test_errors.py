@@ -257,6 +257,52 @@ def test_a_client_leaving_during_a_long_prompt_stops_its_prefill(tmp_path, tiny_
         d.stop()
 
 
+def test_a_client_leaving_while_the_draft_model_reads_its_prompt_stops_that_too(tmp_path, tiny_llama, tiny_llama_other,
+                                                                               monkeypatch):
+    """A draft model reads the prompt after the target, in the same chunks: a client that left by then
+    stops the draft's prefill at its next chunk as well; the chunks read are kept for a retry."""
+    from mlxspec.cache import PREFILL_CHUNK
+
+    finals, engines, chunks, left = [], [], [], threading.Event()
+    registry = Registry(3, 300, loader=lambda m: engines.append(instrument(load_engine(m), finals=finals)) or engines[-1])
+    store = Store(tmp_path)
+    store.save("pair", Manifest(target=str(tiny_llama), draft=str(tiny_llama_other)))
+    d = ThreadDaemon(store, Settings(), registry).start()
+    model_class = type(load_engine(Manifest(target=str(tiny_llama))).target.model)
+    original = model_class.__call__
+
+    def slow_draft_prompt(self, inputs, *args, **kwargs):
+        if inputs.shape[-1] > 32:  # a prompt chunk (verify passes are a few rows)
+            chunks.append(("draft" if self is engines[0].drafter.model else "target", inputs.shape[-1]))
+            if chunks.count(("draft", PREFILL_CHUNK)) == 1 and chunks[-1][0] == "draft":  # its client leaves now
+                left.wait(30)
+                wait_until(lambda: False, timeout=0.5)  # time for the server to see the connection close
+        return original(self, inputs, *args, **kwargs)
+
+    monkeypatch.setattr(model_class, "__call__", slow_draft_prompt)
+    body = {"model": "pair", "prompt": "x" * (PREFILL_CHUNK + 300), "raw": True, "options": {"draft_num_predict": 4}}
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", d.port)
+        conn.request("POST", "/api/generate", body=json.dumps({**body, "options": {**body["options"], "num_predict": 50}}))
+        assert wait_until(lambda: ("draft", PREFILL_CHUNK) in chunks, timeout=30)
+        conn.sock.close()  # the client goes away while the draft model reads its prompt
+        conn.close()
+        left.set()
+        assert wait_until(lambda: finals, timeout=30)
+        assert finals[0].finish_reason == "cancelled" and finals[0].stats.generated_tokens == 0
+        rest = len(chunks) and chunks[1][1]
+        assert chunks == [("target", PREFILL_CHUNK), ("target", rest), ("draft", PREFILL_CHUNK)]  # not the draft's rest
+        # asked again: the target reads nothing, the draft only the chunk it had not read
+        status, out = post(d.url + "/api/generate", {**body, "stream": False,
+                                                      "options": {**body["options"], "num_predict": 3}})
+        assert status == 200 and out["eval_count"] == 3
+        assert out["speculative"]["cached_tokens"] == out["prompt_eval_count"] - 1
+        assert chunks[3:] == [("draft", rest)]
+    finally:
+        left.set()
+        d.stop()
+
+
 def test_unload_releases_memory_and_max_loaded(tmp_path, tiny_llama):
     store = Store(tmp_path)
     store.save("a", Manifest(target=str(tiny_llama)))

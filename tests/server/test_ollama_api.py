@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 from datetime import datetime, timezone
 
 import ollama
@@ -30,7 +31,12 @@ def client(daemon):
 
 def test_version_and_heartbeat(daemon):
     status, body = post(daemon.url + "/", b"", method="GET")
-    assert status == 200 and "running" in body
+    assert status == 200 and body == "Ollama is running"  # the exact string clients and editors probe for
+    conn = http.client.HTTPConnection("127.0.0.1", daemon.port)
+    conn.request("HEAD", "/")
+    head = conn.getresponse()
+    assert head.status == 200 and head.read() == b""
+    conn.close()
     status, body = post(daemon.url + "/api/version", b"", method="GET")
     major, minor, patch = map(int, body["version"].split("."))
     assert (major, minor, patch) >= (0, 6, 4)

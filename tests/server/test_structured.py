@@ -50,3 +50,19 @@ def test_openai_response_format(daemon):
         client.chat.completions.create(model="tiny", messages=USER, response_format={"type": "json_schema",
                                        "json_schema": {"name": "x", "schema": {"type": "nonsense"}}})
     assert "format" in e.value.message
+
+
+@pytest.mark.parametrize("response_format, missing", [
+    ({"type": "json_schema"}, "'response_format.json_schema'"),
+    ({"type": "json_schema", "json_schema": {"name": "answer"}}, "'response_format.json_schema.schema'"),
+    ({"type": "json_schema", "json_schema": {"name": "answer", "schema": None}}, "'response_format.json_schema.schema'"),
+])
+def test_a_json_schema_format_without_its_schema_is_a_400_naming_it(daemon, response_format, missing):
+    """As OpenAI answers: no schema is no silent fallback to any JSON object."""
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="tiny", messages=USER, response_format=response_format, max_tokens=4)
+    assert e.value.status_code == 400 and f"Missing required parameter: {missing}" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:  # the Responses API's flattened text.format alike
+        client.responses.create(model="tiny", input="hi", text={"format": {"type": "json_schema", "name": "answer"}})
+    assert "Missing required parameter: 'text.format.schema'" in e.value.message

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from api_helpers import post, scripted
+from mlxspec.server.prompts import think_variables
 from mlxspec.server.thinking import ThinkSplitter, opens_thinking, splitter_for
 from mlxspec.store import Manifest
 
@@ -92,3 +93,12 @@ def test_openai_chat_puts_it_in_reasoning(daemon, thinker):
     deltas = [c.choices[0].delta for c in stream if c.choices]
     assert "".join((d.model_extra or {}).get("reasoning", "") for d in deltas) == "\nTwo and two make four."
     assert "".join(d.content or "" for d in deltas) == "The answer is 4."
+
+
+def test_think_true_on_an_effort_template_is_ollamas_default_level():
+    """gpt-oss's template takes an effort, not a switch: `true` is Ollama's default level (ThinkValue.String),
+    so `mlxspec run` (which turns thinking on for models that can think) is no 400 there."""
+    effort = "{{ reasoning_effort }}"
+    assert think_variables(effort, True) == {"reasoning_effort": "medium"}
+    assert think_variables(effort, "high") == {"reasoning_effort": "high"} and think_variables(effort, False) == {}
+    assert think_variables(TEMPLATE, True) == {"enable_thinking": True}
