@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -158,15 +159,33 @@ def daemon_status():
 # -- talking to a model ----------------------------------------------------------------------------
 
 
-@cli.command()
+class BareFlagValues(click.Command):
+    """Options whose value may be left out, as cobra's NoOptDefVal in Ollama's CLI: a bare `--think`
+    means `--think=true` and never takes the next word (the prompt) for its value."""
+
+    bare = {"--think": "true"}
+
+    def parse_args(self, ctx, args):
+        end = args.index("--") if "--" in args else len(args)
+        args = [f"{a}={self.bare[a]}" if a in self.bare and i < end else a for i, a in enumerate(args)]
+        return super().parse_args(ctx, args)
+
+
+@cli.command(cls=BareFlagValues)
 @click.argument("model")
 @click.argument("prompt", nargs=-1)
 @click.option("--verbose", is_flag=True, help="Print timings, tok/s and speculation statistics.")
 @click.option("--keepalive", help="How long the model stays loaded afterwards (e.g. 5m, 0, -1).")
-def run(model, prompt, verbose, keepalive):
+@click.option("--format", "format_", metavar="json|SCHEMA", help="Response format: json, or a JSON schema.")
+@click.option("--think", metavar="[=false|high|medium|low|max]",
+              help="Thinking for models that support it (on by default where they do): --think, --think=false, or a level.")
+@click.option("--hidethinking", is_flag=True, help="Don't print the thinking (if the model thinks).")
+@click.option("--nowordwrap", is_flag=True, help="Don't wrap words to the next line (piped output never wraps).")
+def run(model, prompt, verbose, keepalive, format_, think, hidethinking, nowordwrap):
     """Answer PROMPT (or stdin), or chat interactively when neither is given."""
     from .repl import Session, repl
 
+    answer_format, think = format_option(format_), think_option(think)  # refused before any daemon is called
     c = Client()
     ensure_daemon(c)
     info = show_or_pull(c, model)
@@ -174,7 +193,11 @@ def run(model, prompt, verbose, keepalive):
     if not sys.stdin.isatty():
         piped = sys.stdin.read()
         text = f"{piped.rstrip()}\n\n{text}".strip() if piped.strip() else text
-    session = Session(c, model, chat=bool(info.get("mlxspec", {}).get("chat")), verbose=verbose, keep_alive=keepalive)
+    thinks = "thinking" in (info.get("capabilities") or [])
+    think = True if think is None and thinks else think  # as Ollama's CLI: a model that can think does
+    session = Session(c, model, chat=bool(info.get("mlxspec", {}).get("chat")), verbose=verbose, keep_alive=keepalive,
+                      format=answer_format, think=think, thinks=thinks,
+                      hide_thinking=hidethinking, wordwrap=not nowordwrap, terminal=sys.stdout.isatty())
     if sys.stderr.isatty():  # loading a large model takes a while: say so, then load
         click.echo(f"loading {model} ...", err=True)
         c.request("POST", "/api/generate", {"model": model, **({"keep_alive": keepalive} if keepalive else {})})
@@ -185,6 +208,30 @@ def run(model, prompt, verbose, keepalive):
         repl(session)
     else:
         raise click.UsageError("no prompt: give one as an argument or on stdin")
+
+
+def format_option(value: str | None) -> str | dict | None:
+    """--format: "json", or a JSON schema given as JSON text (sent as Ollama's `format`)."""
+    if value is None or value == "json":
+        return value
+    try:
+        schema = json.loads(value)
+    except ValueError:
+        schema = None
+    if not isinstance(schema, dict):
+        raise click.BadParameter("must be json or a JSON schema object", param_hint="--format")
+    return schema
+
+
+def think_option(value: str | None) -> bool | str | None:
+    """--think's value as Ollama's `think`: true, false or an effort level; None when not given."""
+    if value is None:
+        return None
+    if value in ("", "true", "false"):
+        return value != "false"
+    if value in ("high", "medium", "low", "max"):
+        return value
+    raise click.BadParameter(f"{value!r}: must be true, false, high, medium, low, or max", param_hint="--think")
 
 
 def show_or_pull(c: Client, model: str) -> dict:

@@ -13,6 +13,7 @@ from typing import Callable
 import click
 
 from .client import Client
+from .display import AnswerPrinter, WordWrap, terminal_width
 from ..options import GenerateOptions, OptionsError
 from ..stats import Stats
 
@@ -20,11 +21,19 @@ HELP = """Commands:
   /set parameter <name> <value>   set an option (temperature, num_predict, draft_num_predict, stop, ...)
   /set system <text>              set the system message
   /set verbose | /set quiet       show or hide statistics after each answer
+  /set format json                answer in JSON (constrained)
+  /set noformat                   answer in free text
+  /set think [high|medium|low|max] let the model think first (models that support it)
+  /set nothink                    ask the model not to think
+  /set wordwrap | /set nowordwrap wrap words at the terminal's width, or not
   /show info                      show the model's details
   /clear                          forget the conversation
   /bye                            exit (also Ctrl-D)
   /? or /help                     this help
 Use \"\"\" to begin and end a message of several lines."""
+
+
+THINK_LEVELS = ("high", "medium", "low", "max")  # besides true/false, as Ollama's `think`
 
 
 @dataclasses.dataclass
@@ -39,12 +48,19 @@ class Session:
     messages: list = dataclasses.field(default_factory=list)
     context: list = dataclasses.field(default_factory=list)
     echo: Callable = click.echo
+    format: str | dict | None = None  # "json" or a JSON schema: the answer is constrained to it
+    think: bool | str | None = None  # None: the model's default
+    thinks: bool = False  # the model can think (its capabilities say "thinking")
+    hide_thinking: bool = False
+    wordwrap: bool = True  # wrap words, where the output is a terminal
+    terminal: bool = False  # stdout is a terminal: piped output is never wrapped
+    width: Callable[[], int] = terminal_width
 
     def ask(self, text: str) -> None:
         """Stream the answer to `text`; Ctrl-C stops it (the daemon cancels the generation)."""
         body: dict = {"model": self.model, "options": self.options}
-        if self.keep_alive is not None:
-            body["keep_alive"] = self.keep_alive
+        body.update({k: v for k, v in (("keep_alive", self.keep_alive), ("format", self.format), ("think", self.think))
+                     if v is not None})
         if self.chat:
             system = [{"role": "system", "content": self.system}] if self.system else []
             body["messages"] = system + self.messages + [{"role": "user", "content": text}]
@@ -52,22 +68,28 @@ class Session:
         else:
             body.update(prompt=text, context=self.context, **({"system": self.system} if self.system else {}))
             path = "/api/generate"
-        answer, final = [], None
+        answer, thoughts, final = [], [], None
+        printer = AnswerPrinter(self.echo, WordWrap(self.width()) if self.wordwrap and self.terminal else None,
+                                self.hide_thinking)
         stream = self.client.stream("POST", path, body)
         try:
             for obj in stream:
-                piece = obj["message"]["content"] if self.chat else obj.get("response", "")
+                part = obj["message"] if self.chat else obj
+                thinking, piece = part.get("thinking") or "", part.get("content" if self.chat else "response") or ""
                 answer.append(piece)
-                self.echo(piece, nl=False)
+                thoughts.append(thinking)
+                printer.piece(thinking, piece)
                 final = obj if obj.get("done") else final
         except KeyboardInterrupt:
             self.echo("")
             return  # the answer is dropped: the conversation stays as it was
         finally:
             stream.close()  # closes the connection: the daemon stops generating
+        printer.close_thinking()
         self.echo("")
-        if self.chat:
-            self.messages += [{"role": "user", "content": text}, {"role": "assistant", "content": "".join(answer)}]
+        if self.chat:  # the thinking is kept with the answer, as Ollama's CLI keeps it
+            reply = {"role": "assistant", "content": "".join(answer), **({"thinking": "".join(thoughts)} if any(thoughts) else {})}
+            self.messages += [{"role": "user", "content": text}, reply]
         elif final is not None:
             self.context = final.get("context", [])
         if self.verbose and final is not None:
@@ -155,6 +177,16 @@ def run_command(session: Session, command: str) -> None:
         elif words[:2] in (["/set", "verbose"], ["/set", "quiet"]):
             session.verbose = words[1] == "verbose"
             echo(f"Set '{words[1]}' mode.", err=True)
+        elif words[:2] in (["/set", "wordwrap"], ["/set", "nowordwrap"]):
+            session.wordwrap = words[1] == "wordwrap"
+            echo(f"Set '{words[1]}' mode.", err=True)
+        elif words[:2] == ["/set", "format"]:
+            set_format(session, words[2:])
+        elif words == ["/set", "noformat"]:
+            session.format = None
+            echo("Disabled format.", err=True)
+        elif words[:2] in (["/set", "think"], ["/set", "nothink"]):
+            set_think(session, words[1] == "think", words[2:])
         elif words[:2] == ["/show", "info"]:
             echo(show_info(session.client.request("POST", "/api/show", {"model": session.model})))
         elif words == ["/clear"]:
@@ -166,6 +198,27 @@ def run_command(session: Session, command: str) -> None:
             echo(f"Unknown command '{command}'. Type /? for help", err=True)
     except OptionsError as e:
         echo(f"Error: {e}", err=True)
+
+
+def set_format(session: Session, args: list[str]) -> None:
+    """`/set format json`: the only format the REPL takes, as Ollama's."""
+    if args != ["json"]:
+        session.echo("Invalid or missing format. For 'json' mode use '/set format json'", err=True)
+        return
+    session.format = "json"
+    session.echo("Set format to 'json' mode.", err=True)
+
+
+def set_think(session: Session, on: bool, args: list[str]) -> None:
+    """`/set think [level]` or `/set nothink`; a model that cannot think hears it anyway, with a warning."""
+    if args and (not on or args[0] not in THINK_LEVELS or len(args) > 1):
+        session.echo(f"Invalid think level '{' '.join(args)}': use /set think [{'|'.join(THINK_LEVELS)}]", err=True)
+        return
+    session.think = (args[0] if args else True) if on else False
+    if not session.thinks:
+        session.echo(f"warning: model '{session.model}' does not support thinking output", err=True)
+    level = f" to '{args[0]}'" if args else ""
+    session.echo(f"Set '{'think' if on else 'nothink'}' mode{level}.", err=True)
 
 
 def show_info(info: dict) -> str:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import sys
 from datetime import datetime, timedelta, timezone
@@ -15,11 +17,35 @@ from daemon_harness import ThreadDaemon, free_port, wait_until, without_chat_tem
 from mlxspec.frontend.cli import LAZY_VERBS, cli
 from mlxspec.frontend.models import ago, until
 from mlxspec.address import parse_host
+from mlxspec.emit import Event
+from mlxspec.frontend.display import WordWrap
 from mlxspec.errors import MlxspecError
 from mlxspec.frontend.client import Client
 from mlxspec.frontend.repl import Session, repl, stats_from
 from mlxspec.server import Settings
 from mlxspec.store import Manifest, Store
+
+
+# A template that can think (Qwen3's switch), and the reply its model streams (a random model cannot think)
+THINK_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined "
+                  "and not enable_thinking %}<think></think>{% endif %}{% endif %}")
+THOUGHT, ANSWER = "Two and two make four, as everyone knows.", "The answer is four, which is what you expected."
+
+
+def thinking(engine):
+    """The engine generates as usual (briefly), then streams a reply that thinks first."""
+    original = engine.generate
+
+    def generate(prompt, options=None, *, cancel=None, format=None):
+        last = None
+        for last in original(prompt, dataclasses.replace(options, max_tokens=2), cancel=cancel):
+            pass
+        yield Event(text=f"<think>{THOUGHT}</think>\n\n")
+        yield Event(text=ANSWER, done=True, finish_reason="stop", stats=last.stats)
+
+    engine.generate = generate
+    return engine
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +54,10 @@ def daemon(tiny_llama, tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("cli-home"))
     store.save("tiny", Manifest(target=str(tiny_llama), draft=str(tiny_llama), parameters={"adaptive": False, "num_predict": 16}))
     store.save("base", Manifest(target=str(base_model), parameters={"num_predict": 4}))
+    store.save("thinker", Manifest(target=str(tiny_llama), template=THINK_TEMPLATE))
     d = ThreadDaemon(store, Settings()).start()
+    registry, load = d.state.registry, d.state.registry.loader
+    registry.loader = lambda m: thinking(load(m)) if m.template == THINK_TEMPLATE else load(m)
     yield d
     d.stop()
 
@@ -259,3 +288,81 @@ def test_daemon_install_uninstall_status(tmp_path, monkeypatch):
     failing = lambda cmd: __import__("subprocess").CompletedProcess(cmd, 1, "", "Failed to connect to bus")  # noqa: E731
     with pytest.raises(Exception, match="Failed to connect to bus"):
         service.install(tmp_path, failing)
+
+
+def screen(out: str) -> list[str]:
+    """The lines a terminal shows for `out` (text, newlines, and word wrap's cursor-left + clear-line)."""
+    lines = [""]
+    for piece in re.split(r"(\x1b\[\d+D\x1b\[K|\n)", out):
+        if piece == "\n":
+            lines.append("")
+        elif piece.startswith("\x1b["):
+            lines[-1] = lines[-1][: -int(piece[2:].split("D")[0])]
+        else:
+            lines[-1] += piece
+    return lines
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 100])
+def test_word_wrap_moves_whole_words_and_breaks_long_ones(size):
+    text = "Once upon a time there was a little robot who loved to count supercalifragilisticexpialidocious things."
+    wrap = WordWrap(30)  # lines of at most 25 columns, as Ollama leaves 5 free
+    lines = [line.rstrip() for line in screen("".join(wrap.feed(text[i : i + size]) for i in range(0, len(text), size)))]
+    assert all(len(line) <= 25 for line in lines) and len(lines) > 3
+    assert lines[:3] == ["Once upon a time there", "was a little robot who", "loved to count"]
+    assert "".join(lines[3:]) == "supercalifragilisticexpialidocious things."  # too long for a line: broken
+    assert screen(WordWrap(30).feed("one\ntwo three")) == ["one", "two three"]
+
+
+def test_run_flags_format_think_hidethinking(daemon):
+    shown = invoke(daemon, ["run", "thinker", "What is 2 + 2?"])  # a model that thinks does by default, as Ollama
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout == f"Thinking...\n{THOUGHT}\n...done thinking.\n\n{ANSWER}\n"
+    hidden = invoke(daemon, ["run", "thinker", "What is 2 + 2?", "--hidethinking"])
+    assert hidden.exit_code == 0 and hidden.stdout == f"{ANSWER}\n"
+    off = invoke(daemon, ["run", "thinker", "--think=false", "What is 2 + 2?"])  # not split off: the text as written
+    assert off.exit_code == 0 and "Thinking..." not in off.stdout and "<think>" in off.stdout
+    bare = invoke(daemon, ["run", "thinker", "--think", "What", "is", "2 + 2?"])  # a bare --think takes no word
+    assert bare.exit_code == 0 and bare.stdout.startswith("Thinking...")
+    piped = invoke(daemon, ["run", "thinker", "--nowordwrap"], input="What is 2 + 2?")  # piped: never wrapped anyway
+    assert piped.exit_code == 0 and ANSWER in piped.stdout
+
+    pytest.importorskip("llguidance")
+    constrained = invoke(daemon, ["run", "tiny", "Answer in JSON", "--format", "json"])
+    assert constrained.exit_code == 0 and constrained.stdout.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run", "tiny", "hi", "--think=sometimes"], "must be true, false, high, medium, low, or max"),
+    (["run", "tiny", "hi", "--format", "yaml"], "must be json or a JSON schema object"),
+    (["run", "base", "hi", "--think"], "thinking is only supported on /api/chat"),
+])
+def test_run_flag_mistakes_are_one_line(daemon, args, words):
+    bad = invoke(daemon, args)
+    assert bad.exit_code == 1 and words in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_repl_set_format_think_and_wordwrap(daemon):
+    said, lines = [], iter(["/set format yaml", "/set format json", "/set noformat", "/set think high", "/set think maybe",
+                            "/set nothink", "/set think", "/set nowordwrap", "/set wordwrap", "/?", "What is 2 + 2?"])
+    session = Session(Client(daemon.host), "thinker", chat=True, thinks=True, terminal=True, width=lambda: 30,
+                      echo=lambda text="", **kw: said.append(text))
+    states = []
+
+    def read(prompt):
+        states.append((session.format, session.think, session.wordwrap))
+        line = next(lines, None)
+        if line is None:
+            raise EOFError  # Ctrl-D
+        return line
+
+    repl(session, read)
+    assert states[1:10] == [(None, None, True), ("json", None, True), (None, None, True), (None, "high", True),
+                            (None, "high", True), (None, False, True), (None, True, True), (None, True, False), (None, True, True)]
+    out = "".join(str(x) for x in said)
+    assert "For 'json' mode use '/set format json'" in out and "Invalid think level 'maybe'" in out
+    assert all(f"/set {c}" in out for c in ("format json", "noformat", "think", "nothink", "wordwrap", "nowordwrap"))
+    answer = screen(out[out.index("Thinking..."):])  # wrapped at 25 columns, words whole
+    assert all(len(line) <= 25 for line in answer) and " ".join(answer).split() == \
+        ["Thinking...", *THOUGHT.split(), "...done", "thinking.", *ANSWER.split()]
+    assert session.messages[-1] == {"role": "assistant", "content": ANSWER, "thinking": THOUGHT}
