@@ -32,6 +32,11 @@ HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken",
 # '--' nor '..' ('./weights', '../x' are relative paths, never repo ids)
 REPO_ID = re.compile(r"^(?!.*(?:--|\.\.))\w(?:[\w.-]*\w)?/\w(?:[\w.-]*\w)?$")
 QUANT_SPEC = re.compile(r"^q(?P<bits>[2-8])(?:g(?P<group>\d+))?$")
+# Ollama's quantization names (`ollama create -q`): llama.cpp's block formats, read as MLX's affine layout of
+# as many bits over groups of 32 (their blocks and K-quants' sub-blocks hold 32 weights; Q6_K's 16), the
+# nearest MLX has. Not the same numbers as Ollama's files: the same width and granularity.
+OLLAMA_QUANTS = {"q2_k": "q2g32", "q3_k_s": "q3g32", "q3_k_m": "q3g32", "q3_k_l": "q3g32", "q4_0": "q4g32",
+                 "q4_1": "q4g32", "q4_k_s": "q4g32", "q4_k_m": "q4g32", "q6_k": "q6g32", "q8_0": "q8g32"}
 
 
 @dataclass
@@ -55,14 +60,16 @@ def is_gguf(m: LoadedModel) -> bool:
 
 
 def parse_quantize(spec: str | None) -> tuple[int, int] | None:
-    """'q4' -> (4 bits, group 64); 'q4g32' -> (4, 32); 'q8' -> (8, 64); None/'none' -> None."""
+    """'q4' -> (4 bits, group 64); 'q4g32' -> (4, 32); 'q8' -> (8, 64); Ollama's 'q4_K_M' -> (4, 32);
+    None/'none' -> None."""
     if spec is None or spec in ("", "none", "fp"):
         return None
-    m = QUANT_SPEC.match(spec.lower())
+    m = QUANT_SPEC.match(OLLAMA_QUANTS.get(spec.lower(), spec.lower()))
     group = int(m["group"]) if m and m["group"] else 64
     if not m or int(m["bits"]) not in (2, 3, 4, 6, 8) or group not in (32, 64, 128):
         raise ModelLoadError(
-            f"unknown quantization {spec!r}: use q4, q8, q4g32, q4g64 (bits 2/3/4/6/8, group 32/64/128)"
+            f"unknown quantization {spec!r}: use q4, q8, q4g32, q4g64 (bits 2/3/4/6/8, group 32/64/128) or "
+            f"Ollama's {', '.join(OLLAMA_QUANTS)}"
         )
     return int(m["bits"]), group
 

@@ -41,7 +41,9 @@ def test_quantize_on_load(tiny_llama, spec, bits, group):
 
 def test_bad_quantization_spec():
     assert parse_quantize(None) is None and parse_quantize("q4") == (4, 64)
-    for bad in ("q5", "q4g48", "int4", "4"):
+    # Ollama's names (`ollama create -q q4_K_M`): the nearest MLX layout, groups of 32 as their blocks
+    assert parse_quantize("q4_K_M") == (4, 32) and parse_quantize("Q8_0") == (8, 32) and parse_quantize("q6_K") == (6, 32)
+    for bad in ("q5", "q4g48", "int4", "4", "q5_K_M", "iq4_xs"):
         with pytest.raises(ModelLoadError, match="unknown quantization"):
             parse_quantize(bad)
 
