@@ -229,7 +229,9 @@ def think_option(value: str | None) -> bool | str | None:
         return None
     if value in ("", "true", "false"):
         return value != "false"
-    if value in ("high", "medium", "low", "max"):
+    from .repl import THINK_LEVELS
+
+    if value in THINK_LEVELS:
         return value
     raise click.BadParameter(f"{value!r}: must be true, false, high, medium, low, or max", param_hint="--think")
 
