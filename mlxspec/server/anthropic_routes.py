@@ -46,7 +46,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "top_p": field(body, "top_p", float), "stop": field(body, "stop_sequences", list),
                 "options": {**field(body, "options", dict, {}), **extra}}
     opts = options({k: v for k, v in sampling.items() if v is not None}, manifest)
-    job = Job(name, manifest, chat_build(manifest, name, chat, tools, think, found), opts)
+    job = Job(name, manifest, chat_build(manifest, name, chat, tools, think, found, opts.num_ctx), opts)
     head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": name}
 
     def whole(text: str, calls: list[ToolCall], thoughts: str, last) -> dict:

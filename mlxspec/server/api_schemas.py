@@ -103,7 +103,9 @@ GENERATE = obj({
 }, **_NAMED)
 CHAT = obj({
     "model": MODEL, "name": MODEL, "messages": array(ref("Message")), "tools": array(ref("Tool")),
-    "think": {"anyOf": [BOOL, {"enum": ["low", "medium", "high", "max"]}]}, **_OUTPUT, **_COMMON,
+    "think": {"anyOf": [BOOL, {"enum": ["low", "medium", "high", "max"]}]},
+    "truncate": {"type": "boolean", "description": "a conversation past the context window loses its oldest "
+                 "messages, system messages kept (default true, as Ollama); false: a 400"}, **_OUTPUT, **_COMMON,
 }, **_NAMED)
 NAMED = obj({"model": MODEL, "name": MODEL, "verbose": BOOL, "insecure": BOOL, "stream": BOOL}, **_NAMED)
 EMBED = obj({"model": MODEL, "name": MODEL, "input": {"anyOf": [STR, array(STR)]}, "prompt": STR, "truncate": BOOL,

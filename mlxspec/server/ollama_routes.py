@@ -79,8 +79,10 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return await load_or_unload(state, name, manifest, keep_alive, _message("", []))
     tools, think, found = field(body, "tools", list), think_field(body), Found()
 
-    build = chat_build(manifest, name, messages, tools, think, found)  # the reasoning goes to message.thinking
-    job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))
+    opts = options(body, manifest)
+    build = chat_build(manifest, name, messages, tools, think, found,  # the reasoning goes to message.thinking
+                       opts.num_ctx, field(body, "truncate", bool, True))
+    job = Job(name, manifest, build, opts, keep_alive, format=format_field(body.get("format")))
     return await respond(request, state, job, field(body, "stream", bool, True), _message, found=found)
 
 

@@ -37,8 +37,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "messages must not be empty")
     tools, think, found = tools_field(body), think_field(body), Found()
 
-    build = chat_build(manifest, name, messages, tools, think, found)  # reasoning: message.reasoning (as Ollama's)
     opts = options(body, manifest, logprob_fields.requested(body))
+    build = chat_build(manifest, name, messages, tools, think, found, opts.num_ctx)  # reasoning: message.reasoning
     job = Job(name, manifest, build, opts, format=response_format(body))
     return await _respond(request, job, body, "chatcmpl", "chat.completion", _chat_choice, found)
 

@@ -10,6 +10,7 @@ These functions run on the MLX thread: they need the tokenizer.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 from ..engine import Engine
@@ -28,6 +29,7 @@ FIM_TOKENS = [
     ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
 ]
 ROLES = ("system", "user", "assistant", "tool")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,16 +106,46 @@ def reply_splitter(engine: Engine, manifest: Manifest, ids: list[int], think, te
     return splitter_for(template, engine.tokenizer.decode(ids[-8:]), think)
 
 
-def chat_build(manifest: Manifest, name: str, messages: list[dict], tools: list | None, think, found):
+def chat_build(manifest: Manifest, name: str, messages: list[dict], tools: list | None, think, found,
+               num_ctx: int | None = None, truncate: bool = True):
     """A chat Job's `build`: the prompt's ids, and in `found` (tool_calls.Found) the reply's call
-    format, the request's tools and what splits the reply's text."""
+    format, the request's tools and what splits the reply's text. `truncate` (Ollama's, default true):
+    a conversation longer than the context window (num_ctx, at most the model's) loses its oldest messages."""
     def build(engine: Engine) -> list[int]:
         found.format, found.tools = tool_format(engine, manifest, name, tools), tools
-        ids = chat_ids(engine, manifest, messages, tools, think)
+        limit = min(num_ctx or engine.context_length, engine.context_length) if truncate else None
+        ids = fitting_chat_ids(engine, manifest, messages, tools, think, limit)
         found.thinking = reply_splitter(engine, manifest, ids, think)
         return ids
 
     return build
+
+
+def fitting_chat_ids(engine: Engine, manifest: Manifest, messages: list[dict], tools: list | None, think,
+                     limit: int | None) -> list[int]:
+    """chat_ids of the longest tail of the conversation that leaves a token of `limit` to answer, as Ollama's
+    chatPrompt (server/prompt.go) truncates: the oldest messages go first, system messages stay, the last
+    message always (too long alone, the engine refuses it: a 400). None: the whole conversation."""
+    ids = chat_ids(engine, manifest, messages, tools, think)
+    if limit is None or len(ids) < limit or len(messages) < 2:
+        return ids
+
+    def tail(i: int) -> list[int]:  # without messages[:i], but for their system messages
+        kept = [m for m in messages[:i] if m.get("role") == "system"] + messages[i:]
+        return chat_ids(engine, manifest, kept, tools, think)
+
+    lo, hi = 1, len(messages) - 1  # the first kept message: the smallest that fits (a binary search: each
+    best = tail(hi)                # try renders the template, and fewer messages never make a longer prompt)
+    while lo < hi and len(best) < limit:
+        mid = (lo + hi) // 2
+        ids = tail(mid)
+        if len(ids) < limit:
+            hi, best = mid, ids
+        else:
+            lo = mid + 1
+    if len(best) < limit:
+        log.info("chat truncated to fit %d tokens: the oldest %d of %d messages left out", limit, hi, len(messages))
+    return best
 
 
 def tool_format(engine: Engine, manifest: Manifest, name: str, tools: list | None) -> str | None:

@@ -37,7 +37,8 @@ async def responses(request: web.Request) -> web.StreamResponse:
     tools, found = _tools(body), Found()
     think = think_field({"reasoning_effort": (field(body, "reasoning", dict, {}) or {}).get("effort")})
     opts = options({**body, "max_tokens": field(body, "max_output_tokens", int)}, manifest)
-    job = Job(name, manifest, chat_build(manifest, name, messages, tools, think, found), opts, format=_text_format(body))
+    job = Job(name, manifest, chat_build(manifest, name, messages, tools, think, found, opts.num_ctx), opts,
+              format=_text_format(body))
     head = {"id": f"resp_{secrets.token_hex(12)}", "object": "response", "created_at": int(time.time()),
             "model": name, "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice") or "auto",
             "parallel_tool_calls": True, "instructions": body.get("instructions"), "metadata": {}}

@@ -264,3 +264,29 @@ def test_a_seeded_sampling_request_to_a_lookup_model_is_reproducible(client, dae
     finally:
         client.generate(model="tiny-lookup-seed", keep_alive=0)
         daemon.state.store.delete("tiny-lookup-seed")
+
+
+def test_a_conversation_past_the_context_loses_its_oldest_messages(client, daemon):
+    """As Ollama (server/prompt.go): a chat longer than num_ctx drops its oldest messages, system messages
+    kept and the last message always, and is answered exactly as the conversation it kept; with
+    `truncate: false`, or a last message too long alone, it is a 400."""
+    system = {"role": "system", "content": "Be brief."}
+    turns = [{"role": role, "content": f"turn {i} " + "word " * 12} for i, role in
+             zip(range(8), ["user", "assistant"] * 4)]
+    last = {"role": "user", "content": "And now?"}
+    whole = client.chat(model="tiny", messages=[system] + turns + [last], options=GREEDY)
+    budget = whole.prompt_eval_count - 30  # too small for the whole conversation
+    opts = {**GREEDY, "num_ctx": budget, "num_predict": 4}
+    cut = client.chat(model="tiny", messages=[system] + turns + [last], options=opts)
+    sizes = [client.chat(model="tiny", messages=[system] + turns[n:] + [last], options={**GREEDY, "num_predict": 1})
+             .prompt_eval_count for n in range(len(turns) + 1)]  # each tail whole (the default context holds it)
+    kept = min(n for n, size in enumerate(sizes) if size < budget)  # the first turn of the longest tail that fits
+    assert kept > 0 and cut.prompt_eval_count == sizes[kept] and cut.done_reason == "length"
+    again = client.chat(model="tiny", messages=[system] + turns[kept:] + [last], options=opts)
+    assert again.message.content == cut.message.content  # greedy: the answer to the conversation kept
+    status, out = post(daemon.url + "/api/chat", {"model": "tiny", "messages": [system] + turns + [last], "stream": False,
+                                                  "truncate": False, "options": opts})
+    assert status == 400 and "context window" in out["error"]
+    status, out = post(daemon.url + "/api/chat", {"model": "tiny", "stream": False, "options": {"num_ctx": 16},
+                                                  "messages": [{"role": "user", "content": "word " * 40}]})
+    assert status == 400 and "context window" in out["error"]
