@@ -49,7 +49,7 @@ async def embed(request: web.Request) -> web.Response:
     state, body = request.app[STATE], await read_json(request)
     name, manifest = state.manifest(model_field(body))
     raw = body.get("input", [])
-    inputs = [raw] if isinstance(raw, str) else raw
+    inputs = ([raw] if raw else []) if isinstance(raw, str) else raw  # "": no input (it loads the model), as Ollama
     if not isinstance(inputs, list) or not all(isinstance(x, str) for x in inputs):
         raise ApiError(400, "input must be a string or a list of strings")
     start = time.perf_counter()

@@ -62,6 +62,7 @@ def test_the_older_embeddings_endpoint(client):
     v = client.embeddings(model="tiny", prompt=TEXTS[1]).embedding
     assert list(v) == client.embed(model="tiny", input=TEXTS[1]).embeddings[0]
     assert list(client.embeddings(model="tiny", prompt="").embedding) == []  # as Ollama: loads, answers empty
+    assert client.embed(model="tiny", input="").embeddings == []  # so does /api/embed with an empty string
 
 
 def test_openai_embeddings_floats_base64_and_token_ids(oai, client):
