@@ -65,6 +65,9 @@ mkdir -p "$store"
 [ -f /var/tmp/stash/kernel-store.tar.gz ] && tar -xzf /var/tmp/stash/kernel-store.tar.gz -C "$store" 2>/dev/null
 python3 -c "import mlx.core as mx; print(mx.__version__, mx.default_device(), mx.device_info())" > "$out/device.txt" 2>&1
 nvidia-smi >> "$out/device.txt" 2>&1
+# how our CUDA kernels reach MLX: the store's path and whether launches hand it compressed fatbins (cuda_fatbin.py)
+python3 -c "from mlxspec.kernels import cuda_cache; print('cuda kernels:', cuda_cache.detail())" 2>&1 | tail -n 1 \
+  | tee -a "$out/summary.txt"
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 bench() {  # bench SECTION SECONDS [ARGS]: one bench_gpu.py section
