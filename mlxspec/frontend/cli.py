@@ -278,7 +278,8 @@ def _save_history(readline, path: Path) -> None:
 @click.argument("model")
 @click.argument("prompt")
 @click.option("--draft", help="A draft model reference (same tokenizer as the target).")
-@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME|PATH, eagle:NAME|PATH, mtp.")
+@click.option("--drafter", help="How to draft: none, draft-model, lookup, early-exit[:LAYERS], medusa:NAME|PATH, "
+              "eagle:NAME|PATH, eagle3:SOURCE (a published EAGLE-3 head: folder or repo id), mtp[:SOURCE].")
 @click.option("--quantize", help="Quantize the target on load: q4, q8, q4g32 ...")
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("-n", "--max-tokens", type=int, help="Tokens to generate (default 256; -1: until EOS or context end).")

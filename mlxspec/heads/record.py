@@ -31,6 +31,9 @@ from .prompt_files import PROMPTS_FILE, Prompt, load_prompts  # noqa: F401  (wha
 from .record_batch import record_wave
 
 
+MIN_ANSWER = 3  # answer tokens a sample needs to be kept
+
+
 @dataclass
 class Recorded:
     ids: list[int]  # prompt + the target's greedy answer (but its last token, see above)
@@ -51,8 +54,8 @@ def record(engine, prompts: list[Prompt], tokens: int, max_answer: int = 256, sh
     chat = getattr(engine.tokenizer, "has_chat_template", False)
     out, total, i = [], 0, 0
     bar = tqdm(total=tokens, desc="recording answers", unit="tok", disable=not show)
-    while i < len(prompts) and total < tokens:
-        budget = min(max_answer, tokens - total)
+    while i < len(prompts) and tokens - total >= MIN_ANSWER:  # fewer left: no answer could be kept
+        budget = min(max_answer, tokens - total + 1)  # an answer cut at its budget keeps one token less
         mean = total / len(out) if out else max_answer  # answer tokens per prompt so far
         size = min(max(1, batch), math.ceil(budget / max(mean, 1)))  # the last wave: about what is left
         wave = []  # (prompt ids, a kept sample or None): answered together
@@ -108,7 +111,7 @@ def _sample(ids: list[int], answer: list[int], hidden: mx.array | None) -> Recor
     """Prompt + answer with the rows the target read (an answer cut at its budget has no row for
     its last token, which is then left out); None for an answer too short to train on."""
     rows = 0 if hidden is None else min(hidden.shape[0], len(ids) + len(answer))
-    if rows - len(ids) < 3:
+    if rows - len(ids) < MIN_ANSWER:
         return None
     sample = Recorded((ids + answer)[:rows], len(ids), hidden[:rows].astype(mx.float32))
     mx.eval(sample.hidden)

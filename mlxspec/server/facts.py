@@ -69,7 +69,8 @@ class Facts:
 _LEVELS = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}  # Ollama's spelling
 
 
-def _format(ref: str) -> str:
+def weights_format(ref: str) -> str:
+    """'gguf' for a .gguf file or an Ollama model, else 'safetensors'."""
     return "gguf" if ref.lower().endswith(".gguf") or is_ollama(ref) else "safetensors"
 
 
@@ -78,7 +79,7 @@ def from_engine(engine: Engine, manifest: Manifest) -> Facts:
     template = getattr(tok, "chat_template", None)
     return Facts(
         architecture=info.get("architecture", "unknown"),
-        format=_format(manifest.target),
+        format=weights_format(manifest.target),
         context_length=info.get("context_length"),
         parameters=info.get("parameters"),
         parameter_size=info.get("parameter_size", ""),

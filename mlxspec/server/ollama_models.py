@@ -34,7 +34,8 @@ async def _tag(state: State, entry: Entry) -> dict:
     """One model of /api/tags; Ollama's models say so in `source` (and in their `ollama:` names)."""
     if entry.details is None:
         known = _loaded_facts(state, entry.name, entry.manifest)
-        known = known or await asyncio.to_thread(facts.from_disk, entry.manifest, False) or facts.Facts()
+        known = (known or await asyncio.to_thread(facts.from_disk, entry.manifest, False)
+                 or facts.Facts(format=facts.weights_format(entry.manifest.target)))
     size = entry.size if entry.size is not None else await asyncio.to_thread(disk_size, entry.manifest, state.store.ollama)
     return {
         "name": entry.name,

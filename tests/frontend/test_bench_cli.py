@@ -66,3 +66,24 @@ def test_the_cli_reaches_the_commands_lazily():
 
     ctx = click.Context(cli)
     assert cli.get_command(ctx, "bench") is bench and cli.get_command(ctx, "doctor") is doctor
+
+
+def test_bench_takes_a_model_name_as_generate_does(tiny_llama, tmp_path, monkeypatch):
+    """`mlxspec bench NAME [--draft NAME]`: a stored model's name stands for its target, as in `generate`."""
+    from mlxspec.store import Manifest, Store
+
+    monkeypatch.setenv("MLXSPEC_HOME", str(tmp_path))
+    Store().save("tiny", Manifest(target=str(tiny_llama)))
+    seen = {}
+
+    def run_bench(spec, progress):
+        seen.update(target=spec.target, draft=spec.draft)
+        raise SystemExit(0)
+
+    monkeypatch.setattr("mlxspec.bench.harness.run_bench", run_bench)
+    result = CliRunner().invoke(bench, ["tiny", "--draft", "tiny", "--max-tokens", "4"])
+    assert result.exit_code == 0, result.output
+    assert seen == {"target": str(tiny_llama), "draft": str(tiny_llama)}
+    hardware = invoke(bench, ["--hardware", "tiny", "--bandwidth-mib", "4"])
+    assert hardware.exit_code == 0, hardware.output
+    assert "roofline:" in hardware.stdout
