@@ -37,6 +37,7 @@ from .options import GenerateOptions
 from .settings import DecodeSettings
 
 KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
+KERNEL_ENV = ("1", "0", "ops", "exact")
 from .stats import Stats
 from .step_graph import StepGraphs
 from .tree import chain_pass, target_takes_trees, tree_sizes
@@ -131,7 +132,9 @@ class Engine:
         """
         if kernels is None:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
-            kernels = env if env in ("ops", "exact") else env != "0"
+            if env not in KERNEL_ENV:
+                raise MlxspecError(f"MLXSPEC_KERNELS={env!r}: use 1 (on, the default), 0 (off), ops or exact")
+            kernels = env if env in ("ops", "exact") else env == "1"
         if kernels not in KERNEL_SETTINGS:
             raise MlxspecError(f"unknown kernels setting {kernels!r} (True, False, 'ops' or 'exact')")
         kv_cache = kv_cache or os.environ.get("MLXSPEC_KV_CACHE_TYPE") or "f16"

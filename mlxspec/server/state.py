@@ -14,6 +14,7 @@ from ..address import parse_host
 from ..cache import KV_CACHE_TYPES
 from ..kernels.cpu import ACTIVATION_SETTINGS
 from ..drafters.ngram_memory import lookup_memory_setting
+from ..engine import KERNEL_ENV
 from ..errors import MlxspecError
 from ..footprint import model_footprint
 from ..home import LOCAL_KEY_HEADER
@@ -77,7 +78,8 @@ class Settings:
 def _check_engine_settings(env) -> None:
     """Engine settings are read where each Engine loads (Engine.load); a daemon checks them at start,
     so a typo stops `serve` with one line instead of failing every model load later."""
-    for key, allowed in (("MLXSPEC_KV_CACHE_TYPE", KV_CACHE_TYPES), ("MLXSPEC_ACTIVATIONS", ACTIVATION_SETTINGS)):
+    for key, allowed in (("MLXSPEC_KV_CACHE_TYPE", KV_CACHE_TYPES), ("MLXSPEC_ACTIVATIONS", ACTIVATION_SETTINGS),
+                         ("MLXSPEC_KERNELS", KERNEL_ENV)):
         value = env.get(key)
         if value and value not in allowed:
             raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {value!r}")

@@ -205,6 +205,9 @@ def test_exact_setting_keeps_the_kernels_without_the_cost_gate(tiny_llama, monke
     assert engine.rows.holds(5)  # verify rows equal one-row steps with the kernels kept
     with pytest.raises(MlxspecError, match="unknown kernels setting"):
         Engine.load(str(tiny_llama), quantize="q4g32", kernels="fast")
+    monkeypatch.setenv("MLXSPEC_KERNELS", "bogus")  # not silently "on"
+    with pytest.raises(MlxspecError, match="MLXSPEC_KERNELS='bogus': use 1"):
+        Engine.load(str(tiny_llama), quantize="q4g32")
 
 
 def test_unquantized_model_has_nothing_to_swap(tiny_llama):

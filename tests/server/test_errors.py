@@ -148,7 +148,8 @@ def test_settings_from_environment():
     assert Settings.from_env({"MLXSPEC_KEEP_ALIVE": "-1"}).keep_alive == -1
     assert Settings.from_env({}).keep_alive == 300 and Settings.from_env({}).api_key is None
     for env in ({"MLXSPEC_KEEP_ALIVE": "soon"}, {"MLXSPEC_MAX_LOADED_MODELS": "0"}, {"MLXSPEC_MAX_QUEUE": "x"},
-                {"MLXSPEC_KV_CACHE_TYPE": "q8_0"}, {"MLXSPEC_ACTIVATIONS": "int8"}, {"MLXSPEC_LOOKUP_MEMORY": "lots"}):
+                {"MLXSPEC_KV_CACHE_TYPE": "q8_0"}, {"MLXSPEC_ACTIVATIONS": "int8"}, {"MLXSPEC_LOOKUP_MEMORY": "lots"},
+                {"MLXSPEC_KERNELS": "bogus"}):
         with pytest.raises(ValueError):
             Settings.from_env(env)
     assert Settings.from_env({"MLXSPEC_KV_CACHE_TYPE": "f32"}).keep_alive == 300  # a valid engine setting passes
