@@ -75,21 +75,25 @@ class Constraint:
         self.vocab = tokenizer.vocab_size
         self._bits = self._np.allocate_token_bitmask(1, self.vocab)
 
-    def _mask(self) -> np.ndarray:
-        self._np.fill_next_token_bitmask(self.matcher, self._bits, 0)
+    def _mask(self, matcher=None) -> np.ndarray:
+        self._np.fill_next_token_bitmask(self.matcher if matcher is None else matcher, self._bits, 0)
         return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].astype(bool)
 
     def masks(self, drafts: list[int]) -> np.ndarray:
         """(len(drafts) + 1, V): row i allows what may follow drafts[:i]. Rows past a draft the
-        grammar refuses repeat the refusing row's mask (they are never used: that draft is rejected)."""
-        valid = self.matcher.validate_tokens(drafts) if drafts else 0  # state unchanged (consuming a
-        rows = []  # refused token would stop the matcher for good)
+        grammar refuses repeat the refusing row's mask (they are never used: that draft is rejected).
+        The drafts are walked on a copy of the matcher (a microsecond), never consumed and rolled back: a
+        matcher stopped at the grammar's end takes an EOS draft without counting it, so rolling back the
+        validated count went one token too far (before tokens already emitted)."""
+        if not drafts:
+            return self._mask()[None]
+        walk = self.matcher.deep_copy()
+        valid = walk.validate_tokens(drafts)  # (consuming a refused token would stop the matcher for good)
+        rows = []
         for i in range(valid + 1):
-            rows.append(self._mask())
+            rows.append(self._mask(walk))
             if i < valid:
-                self.matcher.consume_token(drafts[i])
-        if valid:
-            self.matcher.rollback(valid)
+                walk.consume_token(drafts[i])
         rows += [rows[-1]] * (len(drafts) + 1 - len(rows))
         return np.stack(rows)
 

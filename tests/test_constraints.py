@@ -110,3 +110,37 @@ def test_bad_formats_are_the_callers_mistake():
         with pytest.raises(FormatError):
             format_grammar(bad)
     assert format_grammar("json") and format_grammar(SCHEMA)
+
+
+def test_drafts_past_the_grammars_end_leave_its_state_alone(tiny_qwen2):
+    """Drafts that complete the JSON and go on (EOS after it) are walked without moving the request's grammar:
+    llguidance's matcher stops at the closing brace and does not count the EOS consumed after it, so rolling back
+    as many tokens as were validated undid one token too many (the '{' already emitted)."""
+    pytest.importorskip("llguidance")
+    from mlxspec.constraints import Constraint
+
+    engine = Engine.load(str(tiny_qwen2))
+    (eos,) = engine.tokenizer.eos_token_ids
+    brace, close = engine.encode("{"), engine.encode("}")
+    constraint = Constraint(engine.grammar_tokenizer(), format_grammar("json"))
+    constraint.commit(brace)
+    after_brace = constraint.masks([])
+    rows = constraint.masks(close + [eos, eos])
+    assert rows[0].tolist() == after_brace[0].tolist() and rows[1].sum() == 1 and rows[1][eos]  # '}': only EOS
+    assert constraint.masks([]).tolist() == after_brace.tolist()  # still just after '{'
+
+
+@pytest.mark.parametrize("repeats", [3, 4])
+def test_lookup_drafting_the_end_of_the_json_keeps_plain_output(tiny_qwen2, repeats):
+    """The prompt '{}<EOS>' repeated: lookup drafts '}', EOS right after the '{' the grammar forces first, the target
+    wants ' ' there. Before, the grammar's state went back to before '{', the ' ' broke it and output ended at '{ '."""
+    pytest.importorskip("llguidance")
+    plain, drafted = Engine.load(str(tiny_qwen2)), Engine.load(str(tiny_qwen2), drafter="lookup", lookup_memory=0)
+    (eos,) = plain.tokenizer.eos_token_ids
+    prompt = (plain.encode("{}") + [eos]) * repeats
+    want = "".join(e.text for e in plain.generate(prompt, GenerateOptions(max_tokens=30), format="json"))
+    for k in (2, 4):
+        events = list(drafted.generate(prompt, GenerateOptions(max_tokens=30, draft_length=k, adaptive=False),
+                                       format="json"))
+        assert "".join(e.text for e in events) == want and events[-1].stats.drafted > 0
+    assert json.loads(want) == {}
