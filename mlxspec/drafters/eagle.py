@@ -53,8 +53,9 @@ class EagleDrafter(Drafter):
         self.draft_head = DraftHead(target, vocab)
         self._setup(target, head, f"eagle:{name_or_path}", compiled)
         group = next((g for g in (64, 32) if self.head.dims % g == 0), None)
-        if bits and group:  # its bits never reach the output: only speed and acceptance
-            nn.quantize(self.head, group_size=group, bits=bits)
+        if bits and group:  # its bits never reach the output: only speed and acceptance; layers whose inputs the
+            # group does not divide (an MLP's intermediate size: stories260K's 172) stay as they are
+            nn.quantize(self.head, group_size=group, bits=bits, class_predicate=_divisible(group))
 
     def _setup(self, target: nn.Module, head: nn.Module, name: str, compiled: bool) -> None:
         """What every feature-level head shares, once self.draft_head (features -> draft logits) is set."""
