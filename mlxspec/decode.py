@@ -25,7 +25,7 @@ from .cache import PrefillCancelled, PrefixCache
 from .drafters.base import Drafter
 from .emit import Emitter, Event
 from .errors import PromptError
-from .options import GenerateOptions
+from .options import GenerateOptions, context_window
 from .rounds import ChainRound, Outcome, PlainRound, RoundStrategy, Verifier
 from .settings import DecodeSettings
 from .stats import Stats
@@ -77,7 +77,7 @@ class Decoder:
         if adaptive and draft_length > 0:  # it chooses chain or tree, and the length, per round
             self.controller = DraftController(draft_length, costs, tree=(width, tree_table) if tree else None)
         self.width = width if tree else 1  # of the next speculative round (the controller may change it)
-        num_ctx = min(options.num_ctx or context_length, context_length)
+        num_ctx = context_window(options.num_ctx, context_length)
         if len(self.prompt) >= num_ctx:
             raise PromptError(f"the prompt is {len(self.prompt)} tokens; the context window is {num_ctx}{window_note}")
         limit = num_ctx - len(self.prompt)  # every emitted token enters the context

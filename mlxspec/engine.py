@@ -37,7 +37,7 @@ from .options import GenerateOptions
 from .settings import DecodeSettings
 
 KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
-KERNEL_ENV = ("1", "0", "ops", "exact")
+KERNEL_ENV = {"1": True, "0": False, "ops": "ops", "exact": "exact"}  # MLXSPEC_KERNELS -> the setting
 from .stats import Stats
 from .step_graph import StepGraphs
 from .tree import chain_pass, target_takes_trees, tree_sizes
@@ -134,7 +134,7 @@ class Engine:
             env = os.environ.get("MLXSPEC_KERNELS", "1")
             if env not in KERNEL_ENV:
                 raise MlxspecError(f"MLXSPEC_KERNELS={env!r}: use 1 (on, the default), 0 (off), ops or exact")
-            kernels = env if env in ("ops", "exact") else env == "1"
+            kernels = KERNEL_ENV[env]
         if kernels not in KERNEL_SETTINGS:
             raise MlxspecError(f"unknown kernels setting {kernels!r} (True, False, 'ops' or 'exact')")
         kv_cache = kv_cache or os.environ.get("MLXSPEC_KV_CACHE_TYPE") or "f16"

@@ -26,6 +26,11 @@ MIN_TEMPERATURE = 1e-3
 MIN_REPEAT_PENALTY = 0.01
 
 
+def context_window(num_ctx: int | None, model_context: int) -> int:
+    """The tokens a request may hold, prompt and answer: num_ctx where given, never past the model's context."""
+    return min(num_ctx or model_context, model_context)
+
+
 class OptionsError(MlxspecError, ValueError):
     """A caller's invalid option: the message names the option and what is allowed (`option`: our field)."""
 

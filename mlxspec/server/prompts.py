@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..errors import PromptError
+from ..options import context_window
 from ..store import Manifest
 from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, is_go_template, to_jinja, uses_suffix
 from ..renderers import renderer_of
@@ -113,7 +114,7 @@ def chat_build(manifest: Manifest, name: str, messages: list[dict], tools: list 
     a conversation longer than the context window (num_ctx, at most the model's) loses its oldest messages."""
     def build(engine: Engine) -> list[int]:
         found.format, found.tools = tool_format(engine, manifest, name, tools), tools
-        limit = min(num_ctx or engine.context_length, engine.context_length) if truncate else None
+        limit = context_window(num_ctx, engine.context_length) if truncate else None  # as the engine decides it
         ids = fitting_chat_ids(engine, manifest, messages, tools, think, limit)
         found.thinking = reply_splitter(engine, manifest, ids, think)
         return ids
