@@ -10,7 +10,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   largest |row i of an M-row call - the same row alone| (0 = row-invariant, what exactness needs).
   qmm on the issue's shapes and the joined projections' (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
-  experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal).
+  experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
+  the attention kernel also with 1 and 4 warps a block (ours-w1, ours-w4: warps_same_bits says whether the bits agree).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -59,6 +60,7 @@ import mlx.nn as nn
 from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_layer
 from mlxspec.kernels.registry import status as registry_status
 from mlxspec.bench.forwards import graph_nodes, interleaved_forwards
+from mlxspec.kernels.gpu_attention_source import WARPS
 from mlxspec.kernels.timing import op_batch, time_call
 
 HERE = Path(__file__).parent
@@ -237,6 +239,9 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
     why = check_signature(heads, kv_heads, dim, dim, dtype)
     if why is None:
         fns["ours"] = lambda q, kk_, vv: kernel("sdpa").fn(q, kk_, vv, scale, True)
+        if device_backend_name() in ("cuda", "metal"):  # the GPU kernel's other schedules
+            fns |= {f"ours-w{w}": (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa_with_warps(w))
+                    for w in SDPA_WARPS if w != WARPS}
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
     for m in ROWS:
         q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
@@ -250,9 +255,23 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
                      for i in range(m)]
             row[f"{name}_row_gap"] = float(mx.stack([mx.abs(y[0, :, i] - a).max() for i, a in enumerate(alone)])
                                            .max().astype(mx.float32).item())
+        outs = [f(q, k, v) for name, f in fns.items() if name.startswith("ours")]  # warps a block: a schedule, not bits
+        if len(outs) > 1:
+            row["warps_same_bits"] = all(mx.array_equal(o, outs[0]).item() for o in outs[1:])
         entry[f"M={m}"] = row
     print("attention: " + "  ".join(f"M={m} {entry[f'M={m}']}" for m in ROWS), flush=True)
     return entry
+
+
+SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention_source.WARPS)
+
+
+def sdpa_with_warps(warps: int):
+    """The GPU attention kernel built with `warps` warps a partial block (the same bits as the production build)."""
+    from mlxspec.kernels import gpu_attention
+
+    make = gpu_attention.cuda_sdpa_function if device_backend_name() == "cuda" else gpu_attention.metal_sdpa_function
+    return make(warps)
 
 
 def launch_overhead() -> dict:

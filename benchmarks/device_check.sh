@@ -27,7 +27,8 @@
 # kernels only: MLX compiles custom kernels anew in every process. mlxspec's are compiled once per machine into
 # its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
 # (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. A call carries
-# 64 MiB: .gpu/a (~47 MiB) with ptx.tar.gz (~13 MiB after the fifth session), .gpu/b (~54 MiB) with kernel-store.tar.gz.
+# 64 MiB with the project's own files (~4 MiB): .gpu/a (~47 MiB), then ptx.tar.gz (~15 MiB) with kernel-store.tar.gz (~6 MiB)
+# in a call of their own, then .gpu/b (~55 MiB) (sixth session's sizes).
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one
 # worker, the exactness tests 76 s); the ops section took over 300 s; the engine section over 45 s.
 # 2026-11-27: staging took 4 calls of ~5 s after a 30 s start; then `... device_check.sh 555` (timeout_s 600)
@@ -36,6 +37,9 @@
 # 2026-11-27 (H200, third session, no GGUF staged: 2 staging calls): the forwards never left install_kernels in
 # 240 s (the self-checks' CPU references over whole layers: since cut to a wide layer's two ends); the ops reached the
 # head shape at 97 s (MLX's own 64-row qmm JIT took 30 s once); hybrid 119 s on 4 workers; exactness 36/38 in 130 s.
+# 2026-11-28 (H100, sixth session): .gpu/a with ptx.tar.gz is past 64 MiB now (the project grew): three staging calls
+# (.gpu/a; .gpu-ptx/ptx.tar.gz; .gpu/b with kernel-store.tar.gz), then 449 s + 215 s of steps on 8 workers: kernels 61 s,
+# trees 83 s, exactness 63 s, compiled steps 45 s, hybrid 40 s; the ops on two shapes within 240 s.
 # 2026-11-27 (H200, fifth session, kernel store new): one staging call (+ the PTX cache), then three runs (283 + 314 +
 # 142 s). The forward section took 90 s in all (install 18 s), exactness 66 s and the kernels 31 s on 8 workers; the
 # hybrid step ran into its 120 s with 20 of its tests done (now 180 s); gpt-oss's family ran past 100 s twice.
@@ -108,7 +112,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
       --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
     ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
-    attention) bench attention 60 ;;  # the attention kernel vs MLX's alone (the ops section ends with it too)
+    attention) bench attention 90 ;;  # the attention kernel (8, 4 and 1 warps a block: the same bits?) vs MLX's alone
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
@@ -117,12 +121,12 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-# The default order puts first what the fifth session left open: the hybrid and compiled-step fixes (exact: false
-# from eagerly built passes, never re-run), draft trees on the GPU (new since), the 8B-shape forwards with the rewritten attention kernel (the old one
-# was most of the one-row gap: 16.7 vs 10.4 ms compiled), the families (gemma4, gemma2: never reached; gpt-oss last),
-# then the ops (the attention rows: 130 us a call at 300 keys before the rewrite), the engine and the rest.
-for s in ${STEPS:-hybrid compiled-steps trees attention forward ceiling tree-costs families ops exactness kernels engine mlxspec-bench logprobs-sampling \
-    cache-copies ncu suite}; do run_step "$s"; done
+# The default order puts first what the sixth session (H100, 2026-11-28) left open: the attention kernel with blocks
+# of 8 warps (the old one, one warp walking 8 steps, was most of the one-row gap: 20.6 vs 12.8 ms compiled at 256 keys),
+# then the forwards and the ceiling with it, the on-device kernel tests (its self-check), the families (gemma4, gemma2:
+# never reached; gpt-oss last), logprobs (its reference fixed), then the rest.
+for s in ${STEPS:-attention kernels forward ceiling exactness logprobs-sampling families tree-costs trees engine mlxspec-bench ops \
+    hybrid compiled-steps cache-copies ncu suite}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"

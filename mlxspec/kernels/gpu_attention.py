@@ -6,8 +6,8 @@
     o = sdpa(q, k, v, scale, True, tree=tree_rows(parents, start))   # a draft tree's pass (tree_mask.py)
 
 Row i of an M-row causal call is bit-identical to a 1-row call over keys [: L - M + i + 1], masked or
-not (the mask is a runtime value: one compiled kernel), whether its warp serves one query head or
-several; with a window, to a 1-row call over the last W
+not (the mask is a runtime value: one compiled kernel), whether its block serves one query head or
+several, whatever its warps; with a window, to a 1-row call over the last W
 of them, wherever they sit in the cache. Keys and values share a dtype; float32 queries may read a
 float16 cache (each value is read as float32 either way). `length=` (an array): only keys [0, length)
 count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). With `tree`
@@ -24,30 +24,32 @@ import mlx.core as mx
 
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
-                                   MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP,
-                                   combine_template, dims_per_lane, partial_template, partial_warps, tree_heads)
+                                   MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP, WARPS,
+                                   combine_template, dims_per_lane, partial_blocks, partial_template,
+                                   partial_threadgroup, tree_heads)
 from .tree_mask import TREE_ROW
 
 
-# From this many key chunks (2,048 keys) on, a partial warp serves HEADS query heads of its kv head,
+# From this many key chunks (2,048 keys) on, a partial block serves HEADS query heads of its kv head,
 # reading each key and value once for them (GQA: H / HKV heads share them). Below it, one head a
-# warp keeps more warps in flight for a short cache. A guess, unmeasured on a device.
+# block keeps more blocks in flight for a short cache. A guess, unmeasured on a device.
 SHARED_READS_FROM = 8
 
 
-def metal_sdpa_function() -> Callable[..., mx.array]:
+def metal_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
+    """warps: a partial block's (1, 2, 4 or 8: the same bits, another schedule; bench_gpu.py times them)."""
     require_metal()
-    return _sdpa_function(mx.fast.metal_kernel, "metal")
+    return _sdpa_function(mx.fast.metal_kernel, "metal", warps)
 
 
-def cuda_sdpa_function() -> Callable[..., mx.array]:
+def cuda_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
     require_cuda()
     from .cuda_cache import cuda_kernel
 
-    return _sdpa_function(cuda_kernel, "cuda")  # the partial reads strides: MLX's JIT; the combine: compiled once
+    return _sdpa_function(cuda_kernel, "cuda", warps)  # the partial reads strides: MLX's JIT; the combine: compiled once
 
 
-def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
+def _sdpa_function(make, backend: str, warps: int = WARPS) -> Callable[..., mx.array]:
     partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
                    source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
     combine = make(name=COMBINE_NAME, input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS,
@@ -67,7 +69,7 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
         hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
         kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
         # the kernel reads k's rows over q's D dims and v over k's heads and keys (fewer: reads out of bounds), and
-        # launches grids of h * m and hkv warps (0: an invalid launch)
+        # launches grids of h * m and hkv blocks (0: an invalid launch)
         shapes_ok = min(h, m, hkv, d, dv) > 0 and k.shape[::3] == (1, d) and v.shape[:3] == (1, hkv, keys)
         if (b != 1 or not shapes_ok or h % hkv or max(d, dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0
                 or (causal and m > keys)
@@ -80,8 +82,8 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
                              "unsupported")
         f32 = mx.float32
         nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
-        by_rows = tree is None and (window == 0 or keys <= window)  # every row starts at key 0: warps may mix rows
-        if backend == "cuda" and max(h * m, nch) > 65535:  # grid y (H*M warps at most) and z: CUDA's limit
+        by_rows = tree is None and (window == 0 or keys <= window)  # every row starts at key 0: blocks may mix rows
+        if backend == "cuda" and max(h * m, nch) > 65535:  # grid y (H*M blocks at most) and z: CUDA's limit
             raise ValueError(f"sdpa kernel: {h} heads x {m} rows or {nch} key chunks: past CUDA's 65535 blocks a grid dimension")
         constants = (float(scale), float(causal), float(window), float(by_rows), float(softcap))
         params = params_of.get(constants)
@@ -92,13 +94,14 @@ def _sdpa_function(make, backend: str) -> Callable[..., mx.array]:
             length = every_key
         else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
             length = length.reshape(1).astype(mx.int32)  # input would be a reference in MLX's Metal signature)
-        slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a warp may serve: the same bits (tested)
+        slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a block may serve: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         dpl = dims_per_lane(q.shape[3], dv)
         heads = heads if tree is None else tree_heads(heads, dpl)
-        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None)
+        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=warps)
+        blocks = partial_blocks(h, hkv, m, heads, by_rows)
         pmax, psum, pacc = partial(inputs=[q, k, v, params, length, no_tree if tree is None else tree], template=targs,
-                                   grid=(32, partial_warps(h, hkv, m, heads, by_rows), nch), threadgroup=THREADGROUP,
+                                   grid=(32, warps * blocks, nch), threadgroup=partial_threadgroup(warps),
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
         per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink

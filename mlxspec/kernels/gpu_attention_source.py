@@ -13,24 +13,28 @@
     Output (1, H, M, DV) in T.
 
 Two kernels:
-  partial: grid (32, warps, NCH), threadgroup (32, 1, 1), NCH = ceil(min(S, W or S) / CHUNK), S = k's keys. A warp
-    serves up to HEADS slots (query head, row) of one kv head for chunk c: the heads of one row, or any
-    heads and rows where every row starts at key 0 (params[3], `partial_warps`). It covers keys
-    [start + c*CHUNK, start + (c+1)*CHUNK), each slot clipped to its own keys, 32 keys per step: lane j
-    reads key base + j (16-byte loads on CUDA where the cache allows, else one value at a time: the same
-    values) and forms each slot's dot over d = 0, 1, ..., D-1 in order, q's dims coming from the lanes
-    that hold them (lane owns dims lane + 32*i, DPL of them) by shuffle: a warp's 32 keys load at once,
-    not one after another (the H200 timed that at 130 us a call over 300 keys, MLX's 24). Then per slot
-    an online-softmax step (lane_max, lane_sum) and acc[d] += p_j * v[j][d] for j = 0, 1, ... in order
-    (value rows loaded 4 at a time).
+  partial: grid (32, WARPS * blocks, NCH), threadgroup (32, WARPS, 1), NCH = ceil(min(S, W or S) / CHUNK), S = k's
+    keys. A block serves up to HEADS slots (query head, row) of one kv head for chunk c: the heads of one row, or
+    any heads and rows where every row starts at key 0 (params[3], `partial_blocks`). The chunk's keys
+    [start + c*CHUNK, start + (c+1)*CHUNK) come in 32-key steps, each slot clipped to its own keys; the block's
+    warps take the steps in rounds (warp w: steps w, w + WARPS, ...), all in flight at once. In a step lane j
+    reads key base + j (16-byte loads on CUDA where the cache allows, else one value at a time: the same values)
+    and forms each slot's dot over d = 0, 1, ..., D-1 in order, the query's dims read from threadgroup memory
+    (one address for every lane: a broadcast). Then per slot the step's own softmax terms: its max (lane_max),
+    p_j = exp(s_j - max), their sum (lane_sum) and acc[d] = sum_j p_j v[j][d] in j order (value rows loaded 8 at
+    a time). The steps then fold into the chunk's state in key order, one warp at a time between barriers:
+    m1 = max(m0, max), state = state * exp(m0 - m1) + step * exp(max - m1); a step without a slot's keys
+    leaves its state as it was. So WARPS changes only the schedule, never the bits (tested for 1, 2, 4, 8).
+    Before: one warp walked a chunk's 8 steps one after another (a chained call over 300 keys took 190 us
+    on an H100, MLX's 27: 2026-11-28).
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
   combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
     with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
 Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
-Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS and DPL
-(partial: slots a warp, dims a lane; neither changes the bits), TREE (partial: 0 or 1), SINKS (0 or 1). The mask is a runtime
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS, DPL and WARPS
+(partial: slots a block, dims a lane, warps a block; none changes the bits), TREE (partial: 0 or 1), SINKS (0 or 1). The mask is a runtime
 value (params = [scale, causal, window, by_rows, softcap]) so every mask runs the very same code. L, the keys
 that count, is a runtime value too (`length`, one int32): a compiled step passes its whole cache buffer
 (NCH from its capacity) and the length from its graph; chunks past L are empty, so the bits are those of
@@ -49,10 +53,11 @@ COMBINE_NAME = "mlxspec_sdpa_combine"
 PARTIAL_INPUTS = ["q", "k", "v", "params", "length", "tree"]  # length, tree: int32
 PARTIAL_OUTPUTS = ["pmax", "psum", "pacc"]
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
-CHUNK = 256  # keys per partial warp
+CHUNK = 256  # keys per partial block
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
-HEADS = 4  # query heads sharing a kv head that one partial warp serves (each key and value read once for them)
-THREADGROUP = (32, 1, 1)
+HEADS = 4  # query heads sharing a kv head that one partial block serves (each key and value read once for them)
+THREADGROUP = (32, 1, 1)  # the combine's
+WARPS = CHUNK // 32  # warps a partial block: one 32-key step each (1, 2, 4: the same bits; 8 a guess, unmeasured)
 
 # //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)
 PARTIAL_CORE = """
@@ -64,6 +69,7 @@ PARTIAL_CORE = """
   // every index below is the one a one-row call over that path, laid out in order, would use (TREE_KEY maps it).
   const int TS = TREE ? tree[0] : -1;  // TREE: a template constant, so the other builds carry none of this
   constexpr int TREE_ROW = @TREE_ROW;  // gpu_attention_source.TREE_ROW
+  constexpr int STEPS = CHUNK / 32;  // 32-key steps a chunk; WARPS warps take them in rounds
 #define TREE_KEY(t) (TS >= 0 && (t) >= TS ? TS + tree[tree_path + (t) - TS] : (t))
   const float sc = params[0];
   const float cap = params[4];  // logit softcap (Gemma 2): a score becomes cap * tanh(score / cap); 0: none
@@ -71,108 +77,131 @@ PARTIAL_CORE = """
   const int window = causal ? int(params[2]) : 0;
   const int S = k_shape[2];  // keys launched over: the grid's chunks (NCH) come from S, as the host computed them
   const int NCH = ((window > 0 && window < S ? window : S) + CHUNK - 1) / CHUNK;
-  // A warp serves up to HEADS slots (query head, row) of one kv head: the heads of one row, or (by_rows:
+  // A block serves up to HEADS slots (query head, row) of one kv head: the heads of one row, or (by_rows:
   // every row starts at key 0) any heads and rows. Each key and value is read once for all its slots.
   const int G = H / HKV;
   const bool by_rows = params[3] != 0.0f;
-  const int per_kv = by_rows ? G * M : G, SETS = (per_kv + HEADS - 1) / HEADS;  // slots, warps per (kv head[, row])
+  const int per_kv = by_rows ? G * M : G, SETS = (per_kv + HEADS - 1) / HEADS;  // slots, blocks per (kv head[, row])
   const int hk = by_rows ? wy / SETS : wy / (M * SETS), s0 = (wy % SETS) * HEADS;
-  const int nh = per_kv - s0 < HEADS ? per_kv - s0 : HEADS;  // this warp's slots: s0 .. s0 + nh - 1
-  int hr[HEADS], mr[HEADS], rows[HEADS];  // each slot's head, row, and keys [start, rows) it sees
+  const int nh = per_kv - s0 < HEADS ? per_kv - s0 : HEADS;  // this block's slots: s0 .. s0 + nh - 1
+#define SLOT_HEAD(r) (hk * G + (by_rows ? (s0 + (r)) / M : s0 + (r)))
+#define SLOT_ROW(r) (by_rows ? (s0 + (r)) % M : wy / SETS - hk * M)
+  int rows[HEADS];  // each slot's keys [start, rows)
   int rows_max = 0;
 #pragma unroll
   for (int r = 0; r < HEADS; ++r) {
-    hr[r] = hk * G + (by_rows ? (s0 + r) / M : s0 + r);
-    mr[r] = by_rows ? (s0 + r) % M : wy / SETS - hk * M;
-    rows[r] = TS >= 0 ? TS + tree[1 + mr[r] * TREE_ROW] : causal ? L - M + mr[r] + 1 : L;  // the same in a 1-row call
+    rows[r] = TS >= 0 ? TS + tree[1 + SLOT_ROW(r) * TREE_ROW] : causal ? L - M + SLOT_ROW(r) + 1 : L;  // as a 1-row call's
     if (r < nh && rows[r] > rows_max) rows_max = rows[r];
   }
-  const int tree_path = TS >= 0 ? 2 + mr[0] * TREE_ROW : 0;  // a tree's warp serves one row: its path
+  const int tree_path = TS >= 0 ? 2 + SLOT_ROW(0) * TREE_ROW : 0;  // a tree's block serves one row: its path
   const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
-  // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped as before
-  float acc[HEADS][DPL], qd[HEADS][DPL], run_max[HEADS], run_sum[HEADS];  // per head: value dims, query dims lane + 32 i
+  // Shared by the block's warps: the slots' query dims (every lane reads them as broadcasts), and the chunk's
+  // softmax state, into which the 32-key steps fold one after another in key order (step s reads state s).
+  TG_SHARED float q_sh[HEADS][DPL * 32];
+  TG_SHARED float fold_acc[HEADS][DPL * 32];
+  TG_SHARED float fold_max[STEPS + 1][HEADS], fold_sum[STEPS + 1][HEADS];
+  for (int e = w * 32 + lane; e < HEADS * DPL * 32; e += WARPS * 32) {
+    const int r = e / (DPL * 32), d = e % (DPL * 32);
+    q_sh[r][d] = r < nh && d < D ? float(q[SLOT_HEAD(r) * q_strides[1] + SLOT_ROW(r) * q_strides[2] + d * q_strides[3]]) : 0.0f;
+    fold_acc[r][d] = 0.0f;
+  }
+  if (w == 0 && lane < HEADS) fold_max[0][lane] = -3.0e38f, fold_sum[0][lane] = 0.0f;
+  TG_BARRIER;  // the queries in place before any warp scores a key
+  // DPL: dims per lane (ceil(max(D, DV) / 32), at most 8): dims lane + 32 i past D or DV are skipped
   int64_t vd[DPL];  // the lane's value dims' offsets in a value row (the strides are runtime values)
 #pragma unroll
   for (int i = 0; i < DPL; ++i) vd[i] = (lane + 32 * i) * v_strides[3];
-#pragma unroll
-  for (int r = 0; r < HEADS; ++r) {
-    const int64_t qr = hr[r] * q_strides[1] + mr[r] * q_strides[2];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      acc[r][i] = 0.0f;
-      qd[r][i] = r < nh && lane + 32 * i < D ? float(q[qr + (lane + 32 * i) * q_strides[3]]) : 0.0f;
-    }
-    run_max[r] = -3.0e38f, run_sum[r] = 0.0f;
-  }
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
 //@WIDE
   const int first = start + c * CHUNK;
-  for (int base = first; base < first + CHUNK && base < rows_max; base += 32) {  // uniform over the warp
-    const int t = base + lane;  // lane j scores key base + j: its loads are its own, all in flight at once
-    const int count = rows_max - base < 32 ? rows_max - base : 32;
-    bool on[HEADS];  // the slot's own call would run this block (its keys reach it)
-    int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
-    float dot[HEADS];
+  for (int round = 0; round < (STEPS + WARPS - 1) / WARPS; ++round) {  // uniform over the block
+    const int step = round * WARPS + w, base = first + 32 * step;  // this warp's keys: base .. base + 31
+    float step_max[HEADS], step_sum[HEADS], acc[HEADS][DPL];  // the step's own softmax terms, per slot
 #pragma unroll
     for (int r = 0; r < HEADS; ++r) {
-      on[r] = r < nh && base < rows[r];
-      n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
-      dot[r] = 0.0f;
+      step_max[r] = -3.0e38f, step_sum[r] = 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
     }
-    const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
+    if (step < STEPS && base < rows_max) {  // uniform over the warp: lane j scores key base + j
+      const int t = base + lane;
+      const int count = rows_max - base < 32 ? rows_max - base : 32;
+      bool on[HEADS];  // the slot's own call would run this step (its keys reach it)
+      int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
+      float dot[HEADS];
+#pragma unroll
+      for (int r = 0; r < HEADS; ++r) {
+        on[r] = r < nh && base < rows[r];
+        n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
+        dot[r] = 0.0f;
+      }
+      const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
 //@KEYS
-    float s[HEADS];  // lane j: key base + j's score, per head
+      float p[HEADS];  // lane j: key base + j's weight exp(score - the step's max), per slot
 #pragma unroll
-    for (int r = 0; r < HEADS; ++r)
-      s[r] = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
-    float p[HEADS];
+      for (int r = 0; r < HEADS; ++r) {
+        const float s = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
+        p[r] = 0.0f;
+        if (on[r]) {
+          step_max[r] = lane_max(s);
+          p[r] = t < rows[r] ? EXP(s - step_max[r]) : 0.0f;
+          step_sum[r] = lane_sum(p[r]);
+        }
+      }
 #pragma unroll
-    for (int r = 0; r < HEADS; ++r) {
-      p[r] = 0.0f;
-      if (on[r]) {
-        const float new_max = MAXF(run_max[r], lane_max(s[r]));
-        const float corr = EXP(run_max[r] - new_max);  // 0 on the first step
-        p[r] = t < rows[r] ? EXP(s[r] - new_max) : 0.0f;
-        run_sum[r] = FMA(run_sum[r], corr, lane_sum(p[r]));
-        run_max[r] = new_max;
+      for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 value rows loaded at once, then added in order
+        float vv[8][DPL];
 #pragma unroll
-        for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
+        for (int jj = 0; jj < 8; ++jj) {
+          const int64_t vr = v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2];
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = j0 + jj;
+#pragma unroll
+          for (int r = 0; r < HEADS; ++r) {
+            const float pj = lane_shuffle(p[r], j);
+            const bool use = on[r] && j < n_keys[r];  // uniform over the warp: a row past a slot's keys adds nothing
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              if (use && lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
+          }
+        }
       }
     }
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 value rows loaded at once, then added in order
-      float vv[8][DPL];
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int64_t vr = v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2];
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
-      }
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj) {
-        const int j = j0 + jj;
+    // Fold the round's steps into the chunk's state in key order (whatever WARPS is: the same bits). A step with
+    // none of a slot's keys (step_sum 0) passes its state on unchanged.
+    for (int turn = 0; turn < WARPS; ++turn) {
+      TG_BARRIER;
+      if (turn == w && step < STEPS) {
 #pragma unroll
         for (int r = 0; r < HEADS; ++r) {
-          const float pj = lane_shuffle(p[r], j);
-          const bool use = on[r] && j < n_keys[r];  // uniform over the warp: a row past a slot's keys adds nothing
+          const bool add = r < nh && step_sum[r] > 0.0f;  // uniform over the warp
+          const float m0 = fold_max[step][r], m1 = add ? MAXF(m0, step_max[r]) : m0;
+          const float c0 = EXP(m0 - m1), c1 = EXP(step_max[r] - m1);  // c0 = 0 on a slot's first keys
+          if (lane == 0) fold_max[step + 1][r] = m1, fold_sum[step + 1][r] = add ? FMA(fold_sum[step][r], c0, step_sum[r] * c1) : fold_sum[step][r];
 #pragma unroll
           for (int i = 0; i < DPL; ++i)
-            if (use && lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
+            if (add && lane + 32 * i < DV) fold_acc[r][lane + 32 * i] = FMA(fold_acc[r][lane + 32 * i], c0, acc[r][i] * c1);
         }
       }
     }
   }
+  TG_BARRIER;
+  for (int r = w; r < nh; r += WARPS) {  // warp w writes slots w, w + WARPS, ...
+    const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + c;
+    if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
 #pragma unroll
-  for (int r = 0; r < HEADS; ++r) {
-    if (r < nh) {
-      const size_t slot = size_t(hr[r] * M + mr[r]) * NCH + c;
-      if (lane == 0) { pmax[slot] = run_max[r]; psum[slot] = run_sum[r]; }
-#pragma unroll
-      for (int i = 0; i < DPL; ++i)
-        if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = acc[r][i];
-    }
+    for (int i = 0; i < DPL; ++i)
+      if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = fold_acc[r][lane + 32 * i];
   }
 #undef TREE_KEY
+#undef SLOT_HEAD
+#undef SLOT_ROW
+#undef TG_SHARED
+#undef TG_BARRIER
 """
 
 COMBINE_CORE = """
@@ -201,8 +230,11 @@ COMBINE_CORE = """
 """
 
 METAL_PARTIAL_PROLOGUE = """
-  const int lane = int(thread_position_in_grid.x);
-  const int wy = int(thread_position_in_grid.y), c = int(thread_position_in_grid.z);
+  const int lane = int(thread_position_in_grid.x);  // the grid's x is one warp: 32 threads
+  const int wy = int(thread_position_in_grid.y) / WARPS, w = int(thread_position_in_grid.y) % WARPS;
+  const int c = int(thread_position_in_grid.z);
+#define TG_SHARED threadgroup
+#define TG_BARRIER threadgroup_barrier(mem_flags::mem_threadgroup)
 """
 METAL_COMBINE_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);
@@ -224,8 +256,10 @@ inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)
 """ + KEY_ONE_BY_ONE
 
 CUDA_PARTIAL_PROLOGUE = """
-  const int lane = int(threadIdx.x);
+  const int lane = int(threadIdx.x), w = int(threadIdx.y);  // a block: WARPS warps
   const int wy = int(blockIdx.y), c = int(blockIdx.z);
+#define TG_SHARED __shared__
+#define TG_BARRIER __syncthreads()
 """
 CUDA_COMBINE_PROLOGUE = """
   const int lane = int(threadIdx.x);
@@ -268,14 +302,14 @@ template <typename E> __device__ inline void load_key_wide(float* out, const E* 
 KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read dim 0, rows past the keys row base: never used),
     // only the additions are guarded: no branch stands between a later load and the start of the block.
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31: q's come from lane d - 32 i by shuffle
+    for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31 of the lane's key
       float kv[32];
       LOADER(kv, k + kr, 32 * i, D, k_strides[3]);
 #pragma unroll
       for (int u = 0; u < 32; ++u) {  // every dot runs over d = 0, 1, ..., D - 1 in order, in one lane
 #pragma unroll
         for (int r = 0; r < HEADS; ++r) {
-          const float qv = lane_shuffle(qd[r][i], u);
+          const float qv = q_sh[r][32 * i + u];  // the same address in every lane: a broadcast
           if (32 * i + u < D && on[r]) dot[r] = FMA(qv, kv[u], dot[r]);  // uniform over the warp
         }
       }
@@ -297,12 +331,18 @@ BODIES = {  # (backend, kernel) -> body
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
-def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8, tree: bool = False) -> list[tuple]:
-    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree))]
+def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8, tree: bool = False,
+                     warps: int = WARPS) -> list[tuple]:
+    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree)), ("WARPS", warps)]
+
+
+def partial_threadgroup(warps: int = WARPS) -> tuple[int, int, int]:
+    """The partial kernel's block: `warps` warps (grid y counts warps * blocks; x is one warp's 32 lanes)."""
+    return (32, warps, 1)
 
 
 def tree_heads(heads: int, dpl: int) -> int:
-    """A tree pass's build serves one query head a warp at 8 dims a lane (head dims over 224): with 4, the
+    """A tree pass's build serves one query head a block at 8 dims a lane (head dims over 224): with 4, the
     path's key lookups spilled 108 bytes of registers on sm_90 (benchmarks/cuda_static.py). The bits are the same."""
     return heads if dpl < 8 else 1
 
@@ -312,8 +352,8 @@ def dims_per_lane(d: int, dv: int) -> int:
     return (max(d, dv) + 31) // 32
 
 
-def partial_warps(h: int, hkv: int, m: int, heads: int = HEADS, by_rows: bool = False) -> int:
-    """The partial kernel's warps per chunk: one per (kv head, row, set of up to `heads` query heads),
+def partial_blocks(h: int, hkv: int, m: int, heads: int = HEADS, by_rows: bool = False) -> int:
+    """The partial kernel's blocks per chunk: one per (kv head, row, set of up to `heads` query heads),
     or (by_rows) per (kv head, set of up to `heads` (query head, row) slots)."""
     if by_rows:
         return hkv * ((h // hkv * m + heads - 1) // heads)
@@ -334,14 +374,15 @@ def _kernels(dtype, kv_dtype=None) -> dict:
 
 
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
-            heads: int = HEADS, dpl: int = 8) -> tuple[dict, str]:
+            heads: int = HEADS, dpl: int = 8, warps: int = WARPS) -> tuple[dict, str]:
     """({'partial', 'partial_tree', 'combine'}: function names, one program with the three) as MLX writes them;
     partial_tree: the build of draft trees' passes (TREE = 1)."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1}
-    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl)),
-                               ("partial_tree", "partial", partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True)),
+    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl, warps=warps)),
+                               ("partial_tree", "partial", partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True,
+                                                                            warps=warps)),
                                ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]

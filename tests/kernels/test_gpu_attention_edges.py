@@ -1,14 +1,14 @@
 """Edge cases of the few-row attention kernels (gpu_attention_source.py) launched exactly as the wrapper launches them.
 
 Each launch's template, grid, params, length and sinks are what gpu_attention._sdpa_function computes (CHUNK = 64 as in
-test_gpu_attention_sources.py: warps share key reads from 449 keys), run under the emulator (ASan, UBSan alignment),
+test_gpu_attention_sources.py: blocks share key reads from 449 keys; WARPS = 2 warps a block), run under the emulator (ASan, UBSan alignment),
 Metal in float16, CUDA in bfloat16. Checked: within attention_within_tolerance, and bit-equal where the kernel
 promises (row i of an M-row launch == a 1-row launch over its keys or window; strided, offset, padded views ==
 contiguous inputs; a whole buffer with `length` == the launch over those keys):
 - L = 1, 63, 64, 65, 97, 448, 449, 512, 513; M = 1, 2, 15, 16 and M == L; GQA 1, 7, 8; D = DV = 80, 84, 96, 256, D != DV;
 - q / k / v views: transposed, caches with room, k and v halves of one buffer, 2 and 8 bytes past 16-byte alignment,
   rows / heads / dims off CUDA's 16-byte grid: CUDA takes 16-byte key loads exactly where keys_wide allows;
-- windows shorter than a chunk, not chunk-aligned, of 8+ chunks (warps sharing reads); sinks; softcap; length past the buffer.
+- windows shorter than a chunk, not chunk-aligned, of 8+ chunks (blocks sharing reads); sinks; softcap; length past the buffer.
 What a launch must not read (outside a view, past `length`, around a lone row's window) is NaN, as are the partial's
 outputs before it runs (psum 1): a stray read or an unwritten slot fails. Last: the wrapper's ValueErrors for shapes a
 GPU could not run (a grid dimension of 0 or, on CUDA, past 65535; k / v reads past their ends).
@@ -27,13 +27,13 @@ from mlxspec.kernels import gpu_attention
 from mlxspec.kernels import gpu_attention_source as src
 from mlxspec.kernels.attention import attention_within_tolerance
 from mlxspec.kernels.gpu_codegen import cuda_function, cuda_program, metal_function
-from test_gpu_attention_sources import CHUNK, CUDA_COMBINE, METAL_COMBINE
+from test_gpu_attention_sources import CHUNK, CUDA_COMBINE, METAL_COMBINE, WARPS
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 BACKENDS = {"metal": mx.float16, "cuda": mx.bfloat16}  # q, k and v in this dtype
 BUILDS = [(1, 3), (4, 3), (1, 8)]  # (HEADS, DPL) of the partials compiled: every launch below is one of them
-INTS = ["build", "sinks", "H", "HKV", "M", "D", "DV", "S", "L", "warps", "nch", "narrow", "causal", "window", "by_rows"]
+INTS = ["build", "sinks", "H", "HKV", "M", "D", "DV", "S", "L", "blocks", "nch", "narrow", "causal", "window", "by_rows"]
 I64 = ["s_at", "s_n"] + [f"{a}_{f}" for a in "qkv" for f in ("at", "n", "off", "s0", "s1", "s2", "s3")]
 FIELDS = INTS + ["scale", "softcap"] + I64
 HARNESS = """
@@ -78,9 +78,10 @@ int main(int argc, char** argv) {{
 """
 ARGS = ("q.data() + q_off, qs, qt, k.data() + k_off, ks, kt, v.data() + v_off, vs, vt, params, length, tree.data(), "
         "pmax.data(), psum.data(), pacc.data()")
-CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0>(%s, uint3{{unsigned(lane), unsigned(y), unsigned(z)}});" % (CHUNK, ARGS),
-        "cuda": "threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
-                "        blockDim = dim3{{32, 1, 1}}; mlx::core::cu::{fn}(%s);" % ARGS}
+CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0, %d>(%s, uint3{{unsigned(lane), unsigned(y * %d + w), unsigned(z)}});"
+                  % (CHUNK, WARPS, ARGS, WARPS),
+        "cuda": "threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
+                "        blockDim = dim3{{32, %d, 1}}; mlx::core::cu::{fn}(%s);" % (WARPS, ARGS)}
 SHAPES = {"metal": "int qs[4] = {1, H, M, D}, ks[4] = {1, HKV, S, D}, vs[4] = {1, HKV, S, DV};\n    int64_t "
                    "qt[4] = {q_s0, q_s1, q_s2, q_s3}, kt[4] = {k_s0, k_s1, k_s2, k_s3}, vt[4] = {v_s0, v_s1, v_s2, v_s3};",
           "cuda": "Shape qs{1, H, M, D}, ks{1, HKV, S, D}, vs{1, HKV, S, DV};\n    "
@@ -91,7 +92,7 @@ def harness(backend: str) -> str:
     dtype = BACKENDS[backend]
     kernels, texts, names = src._kernels(dtype), [], []  # BUILDS' partials, then the combine without and with sinks
     sizes = dict.fromkeys(src.PARTIAL_INPUTS + src.COMBINE_INPUTS, 99) | {"params": 5, "length": 1, "tree": 1}
-    for kind, targs in [("partial", src.partial_template(dtype, CHUNK, h, p)) for h, p in BUILDS] + [
+    for kind, targs in [("partial", src.partial_template(dtype, CHUNK, h, p, warps=WARPS)) for h, p in BUILDS] + [
             ("combine", src.combine_template(dtype, s)) for s in (False, True)]:
         kernel, dtypes = kernels[kind]
         body = src.BODIES[(backend, kind)]
@@ -107,7 +108,7 @@ def harness(backend: str) -> str:
         source = source.replace(src.CUDA_WIDE, wide)
     ctype = {f: "int" if f in INTS else "float" if f in ("scale", "softcap") else "int64_t" for f in FIELDS}
     unpack = "\n".join(f"    const {ctype[f]} {f} = {ctype[f]}(f[{i}]);" for i, f in enumerate(FIELDS))
-    partials = "\n".join(f"      case {i}: emu::run_grid(warps, nch, [&](int lane, int y, int z) {{\n        "
+    partials = "\n".join(f"      case {i}: emu::run_blocks(blocks, nch, {WARPS}, [&](int lane, int w, int y, int z) {{\n        "
                          + CALL[backend].format(fn=names[i], heads=h, dpl=p) + "\n      }); break;"
                          for i, (h, p) in enumerate(BUILDS))
     combine = METAL_COMBINE if backend == "metal" else CUDA_COMBINE
@@ -148,7 +149,7 @@ class Batch:
                 return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
             return launch
 
-        self.sdpa = gpu_attention._sdpa_function(make, backend)
+        self.sdpa = gpu_attention._sdpa_function(make, backend, WARPS)
 
     def add(self, q, k, v, causal: bool = True, narrow: bool = False, **kw) -> int:
         """q, k, v: (buffer, view) pairs (place); kw: the wrapper's window, sinks, length, softcap."""
@@ -158,9 +159,9 @@ class Batch:
             self.sdpa(*(mx.zeros(a.shape, self.dtype) for _, a in (q, k, v)), q[1].shape[3] ** -0.5, causal, **kw)
         (p_in, p_t, p_grid), (c_in, c_t, c_grid) = self.seen
         (_, h, m, d), (_, hkv, keys, dv) = q[1].shape, v[1].shape
-        assert p_grid[0] == 32 and c_grid == (32, h * m, 1)
+        assert p_grid[0] == 32 and p_grid[1] % WARPS == 0 and p_t["WARPS"] == WARPS and c_grid == (32, h * m, 1)
         fields = dict(build=BUILDS.index((p_t["HEADS"], p_t["DPL"])), sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
-                      S=keys, L=p_in["length"].item(), warps=p_grid[1], nch=p_grid[2], narrow=narrow,
+                      S=keys, L=p_in["length"].item(), blocks=p_grid[1] // WARPS, nch=p_grid[2], narrow=narrow,
                       **dict(zip(["scale", "causal", "window", "by_rows", "softcap"], p_in["params"].tolist())))
         for name, (buf, view) in zip("qkvs", (q, k, v, (np.array(c_in["sinks"]),) * 2)):
             buf = buf.reshape(-1)  # the same memory

@@ -27,6 +27,7 @@ from mlxspec.kernels.tree_mask import tree_rows
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 CHUNK = 64
+WARPS = CHUNK // 32  # a block's warps: one 32-key step each, as in production (other builds: 1 and 4)
 M, ODD = 16, 7
 TREE = (-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10)  # M nodes, each row's parent row: depths up to 6
 ROOM = 70  # cache positions past the L keys: a launch over the whole buffer spans one more chunk
@@ -46,7 +47,7 @@ HARNESS = """
 using T = {T};
 using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
-constexpr int HEADS_ = {heads}, DPL_ = {dpl};  // query heads per partial warp, dims per lane
+constexpr int HEADS_ = {heads}, DPL_ = {dpl}, WARPS_ = {warps};  // query heads per partial block, dims per lane, warps
 constexpr int TREE_HEADS_ = {tree_heads};  // the tree build's (gpu_attention_source.tree_heads)
 int H, HKV, D, DV;
 float params[5];  // scale, causal, window, by_rows, softcap
@@ -64,15 +65,15 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   params[3] = by_rows ? 1.0f : 0.0f;
   length[0] = L;
   const int heads = tree[0] >= 0 ? TREE_HEADS_ : HEADS_;
-  const int per = H / HKV * (by_rows ? M : 1), warps = HKV * (by_rows ? 1 : M) * ((per + heads - 1) / heads);
+  const int per = H / HKV * (by_rows ? M : 1), blocks = HKV * (by_rows ? 1 : M) * ((per + heads - 1) / heads);
   const int NCH = ((window > 0 && window < S ? window : S) + CH - 1) / CH, HM = H * M;
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
   if (tree[0] >= 0)  // a tree pass: the TREE = 1 build, as gpu_attention.py launches it
-    emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial_tree} }});
+    emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {partial_tree} }});
   else
-    emu::run_grid(warps, NCH, [&](int lane, int y, int z) {{ {partial} }});
+    emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {partial} }});
   emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine} }});
   return o;
 }}
@@ -136,15 +137,16 @@ int main(int argc, char** argv) {{
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] = {{1, HKV, S, DV}};
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
-  const uint3 at{{unsigned(lane), unsigned(y), unsigned(z)}};
-  {p}<T, CH, {heads}, DPL_, {tree}>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
+  const uint3 at{{unsigned(lane), unsigned(y * WARPS_ + w), unsigned(z)}};
+  {p}<T, CH, {heads}, DPL_, {tree}, WARPS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
                       psum.data(), pacc.data(), at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}};
   Strides qt{{int64_t(H) * M * D, M * D, D, 1}}, kt{{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
-  threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}}; blockDim = dim3{{32, 1, 1}};
+  threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};
+  blockDim = dim3{{32, WARPS_, 1}};
   mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
                      psum.data(), pacc.data());"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
@@ -155,15 +157,16 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
 ONE_BY_ONE = "  const bool wide = false;\n"  # CUDA's keys read as Metal reads them
 
 
-def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False) -> str:
-    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl)
+def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False,
+            warps: int = WARPS) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl, warps)
     if narrow:
         assert src.CUDA_WIDE in source
         source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_")
     tree = dict(fmt, p=names["partial_tree"], tree=1, heads="TREE_HEADS_")
-    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl,
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl, warps=warps,
                           tree_row=src.TREE_ROW, tree_heads=src.tree_heads(heads, dpl), partial=partial.format(**fmt), partial_tree=partial.format(**tree),
                           combine=combine.format(**fmt))
 
@@ -177,8 +180,10 @@ ONE_HEAD = [CASES[0], CASES[2]]  # G = 2 and 4 query heads per kv head: also bui
 
 
 def builds(case) -> list[tuple]:
-    """Labels of the other builds a ONE_HEAD case runs: (..., heads, dims per lane)."""
-    return [case[:4] + (1, 8), case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]))]
+    """Labels of the other builds a ONE_HEAD case runs: (..., heads, dims per lane[, narrow, warps]): one head a
+    block, the case's own dims per lane, one warp walking a chunk's steps in turn, four (two with no step)."""
+    return [case[:4] + (1, 8), case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7])),
+            case[:4] + (src.HEADS, 8, False, 1), case[:4] + (src.HEADS, 8, False, 4)]
 
 
 NARROW = [c for c in CASES if c[0] == "cuda"][:2]  # float16 and float32 caches
@@ -210,17 +215,18 @@ def inputs(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ONE_HEAD, ids=[case_id(c) for c in ONE_HEAD])
-def test_heads_sharing_a_warp_and_dims_per_lane_do_not_change_the_bits(tmp_path, exes, case):
-    """A partial warp serves up to HEADS query heads of one kv head (one read of each key and value
-    for all of them), and holds only the dims its head needs: every output is bit-identical to a
-    build with one head per warp, and to one with 8 dims per lane."""
+def test_heads_dims_and_warps_of_a_block_do_not_change_the_bits(tmp_path, exes, case):
+    """A partial block serves up to HEADS query heads of one kv head (one read of each key and value
+    for all of them), holds only the dims its head needs, and its warps take a chunk's 32-key steps
+    at once: every output is bit-identical to a build with one head per block, to one with 8 dims per
+    lane, and to ones with one warp (the steps one after another) and four (more than the steps)."""
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
     inputs(tmp_path, case)
     outs = []
     for label in [case[:4]] + builds(case):
         run(exes[label], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         outs.append((tmp_path / "o").read_bytes())
-    assert outs[0] == outs[1] == outs[2]
+    assert all(out == outs[0] for out in outs[1:]) and len(outs) == 5
 
 
 @pytest.mark.parametrize("case", NARROW, ids=[case_id(c) for c in NARROW])
