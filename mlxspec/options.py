@@ -51,6 +51,9 @@ class GenerateOptions:
     repeat_penalty: float = 1.0  # 1 = off
     repeat_last_n: int = 64
     num_ctx: int | None = None  # context window; None = the model's own
+    # a prompt past the context window (/api/generate, truncate on) keeps its first num_keep tokens (and a BOS),
+    # then its tail: Ollama's context shift (-1: as many from the start as fit)
+    num_keep: int = 4
     draft_length: int | None = None  # tokens drafted per round; 0 = no speculation; None = engine default
     adaptive: bool = True  # adapt the draft length and back off to plain decoding when it does not pay
     # candidates per draft depth: > 1 verifies a tree of drafts (greedy, a drafter that drafts trees, a target
@@ -88,6 +91,7 @@ class GenerateOptions:
         )
         check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n", "must be an integer >= -1")
         check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be >= 1")
+        check(_is_int(self.num_keep) and self.num_keep >= -1, "num_keep", "must be an integer >= -1")
         check(
             self.draft_length is None or (_is_int(self.draft_length) and 0 <= self.draft_length <= MAX_DRAFT_LENGTH),
             "draft_length",
@@ -108,7 +112,7 @@ class GenerateOptions:
     # Ollama runner options we accept and ignore (with their types): they tune llama.cpp, not this engine.
     # Fields a request sets beside its options (APIs' own fields), not options: not in from_dict or Modelfiles.
     REQUEST_FIELDS = ("logprobs",)
-    IGNORED = {"num_keep": int, "num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
+    IGNORED = {"num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
                "use_mmap": bool, "use_mlock": bool, "numa": bool, "low_vram": bool}
 
     @classmethod

@@ -99,7 +99,9 @@ GENERATE = obj({
     "model": MODEL, "name": MODEL, "prompt": STR, "suffix": STR, "system": STR,
     "template": {"type": "string", "description": "Jinja, or Ollama's Go syntax (the common subset)"},
     "raw": BOOL, "context": array({"type": "integer", "minimum": 0}, description="token ids from an earlier answer"),
-    "images": array(STR, **NONE_OF), "think": {"enum": [False]}, **_OUTPUT, **_COMMON,
+    "images": array(STR, **NONE_OF), "think": {"enum": [False]},
+    "truncate": {"type": "boolean", "description": "a prompt past the context window keeps its first num_keep tokens "
+                 "and its end (default true, as Ollama's context shift); false: a 400"}, **_OUTPUT, **_COMMON,
 }, **_NAMED)
 CHAT = obj({
     "model": MODEL, "name": MODEL, "messages": array(ref("Message")), "tools": array(ref("Tool")),

@@ -12,7 +12,7 @@ from aiohttp import web
 from ..options import GenerateOptions
 from ..store import Manifest
 from . import logprobs as logprob_fields
-from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids, reply_splitter
+from .prompts import GeneratePrompt, chat_build, check_messages, fitted_generate_ids, reply_splitter
 from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
@@ -52,15 +52,15 @@ async def generate(request: web.Request) -> web.StreamResponse:
         raw=field(body, "raw", bool, False),
         context=context_field(body),
     )
-    found = Found()
+    found, opts, truncate = Found(), options(body, manifest), field(body, "truncate", bool, True)
 
     def build(engine):
-        ids = generate_ids(engine, manifest, req)
+        ids = fitted_generate_ids(engine, manifest, req, opts.num_ctx, opts.num_keep, truncate)
         if not req.raw:  # a harmony reply (gpt-oss): its reasoning goes to `thinking`, as Ollama's
             found.thinking = reply_splitter(engine, manifest, ids, None, req.template)
         return ids
 
-    job = Job(name, manifest, build, options(body, manifest), keep_alive, format=format_field(body.get("format")))
+    job = Job(name, manifest, build, opts, keep_alive, format=format_field(body.get("format")))
     return await respond(request, state, job, field(body, "stream", bool, True), _response, not req.raw, found)
 
 

@@ -17,7 +17,7 @@ from ..options import GenerateOptions
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
 from . import logprobs as logprob_fields
-from .prompts import GeneratePrompt, chat_build, check_messages, generate_ids
+from .prompts import GeneratePrompt, chat_build, check_messages, fitted_generate_ids
 from .requests import ApiError, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
@@ -80,7 +80,8 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "echo is not supported")
     req = GeneratePrompt(prompt, suffix=field(body, "suffix", str) or None)
     opts = options(body, manifest, logprob_fields.requested_count(body))
-    job = Job(name, manifest, lambda engine: generate_ids(engine, manifest, req), opts, format=response_format(body))
+    build = lambda engine: fitted_generate_ids(engine, manifest, req, opts.num_ctx, opts.num_keep)  # noqa: E731
+    job = Job(name, manifest, build, opts, format=response_format(body))
     return await _respond(request, job, body, "cmpl", "text_completion", _text_choice)
 
 

@@ -57,6 +57,32 @@ def generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> lis
     return req.context + _generate_ids(engine, manifest, req)
 
 
+def fitted_generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt, num_ctx: int | None, num_keep: int,
+                        truncate: bool = True) -> list[int]:
+    """generate_ids, cut to the context window as Ollama cuts a completion's prompt where `truncate` (its default):
+    fitting_prompt_ids. Without it a prompt past the window is the engine's 400."""
+    ids = generate_ids(engine, manifest, req)
+    if not truncate:
+        return ids
+    limit = context_window(num_ctx, engine.context_length)  # as the engine decides it
+    bos = getattr(engine.tokenizer, "bos_token_id", None)
+    fitted = fitting_prompt_ids(ids, limit, num_keep, bos is not None and ids[:1] == [bos])
+    if len(fitted) < len(ids):
+        log.warning("prompt truncated to fit %d tokens: %d -> %d (num_keep %d)", limit, len(ids), len(fitted), num_keep)
+    return fitted
+
+
+def fitting_prompt_ids(ids: list[int], limit: int, num_keep: int, bos: bool) -> list[int]:
+    """A prompt of `limit` tokens or more as Ollama's completionPromptForRequest (llm/llama_server.go) shifts it:
+    the first num_keep tokens (all where -1; one more for a leading BOS) and the end, so that about half of what
+    the kept start leaves of the window is free to answer in. Shorter prompts come back as they are."""
+    if len(ids) < limit or limit <= 1:
+        return ids
+    keep = min((len(ids) if num_keep < 0 else num_keep) + int(bos), limit - 1)
+    room = limit - max((limit - keep) // 2, 1)  # the prompt's tokens after the cut
+    return ids[:keep] + ids[keep + len(ids) - room:]
+
+
 def _generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> list[int]:
     if req.raw:
         return engine.encode(req.prompt)

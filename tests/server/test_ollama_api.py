@@ -266,6 +266,30 @@ def test_a_seeded_sampling_request_to_a_lookup_model_is_reproducible(client, dae
         daemon.state.store.delete("tiny-lookup-seed")
 
 
+def test_a_prompt_past_the_context_keeps_its_start_and_end(client, daemon):
+    """As Ollama's completion prompt (llm/llama_server.go): /api/generate's prompt past num_ctx keeps its first
+    num_keep tokens and its end, so that about half of what they leave of the window is free, and is answered
+    exactly as that prompt; with `truncate: false` it is a 400. /v1/completions cuts the same way."""
+    long_ids = list(range(40, 140))  # an earlier answer's context: 100 tokens, then a short prompt
+    opts = {**GREEDY, "num_ctx": 60, "num_keep": 5, "num_predict": 3}
+    cut = client.generate(model="tiny", prompt="the end", raw=True, context=long_ids, options=opts)
+    tail = client.generate(model="tiny", prompt="the end", raw=True, options={**GREEDY, "num_predict": 1})
+    room = 60 - (60 - 5) // 2  # the prompt's tokens after the cut: 33
+    assert cut.prompt_eval_count == room and cut.done_reason == "length"
+    kept = long_ids[:5] + long_ids[5 + len(long_ids) + tail.prompt_eval_count - room:]
+    assert len(kept) + tail.prompt_eval_count == room
+    again = client.generate(model="tiny", prompt="the end", raw=True, context=kept, options=opts)
+    assert (again.response, again.prompt_eval_count) == (cut.response, room)  # greedy: the answer to the prompt kept
+    status, out = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "the end", "raw": True, "stream": False,
+                                                      "context": long_ids, "truncate": False, "options": opts})
+    assert status == 400 and "context window" in out["error"]
+    whole = client.generate(model="tiny", prompt="word " * 100, options={**GREEDY, "num_predict": 1})  # templated
+    status, out = post(daemon.url + "/v1/completions", {"model": "tiny", "prompt": "word " * 100, "max_tokens": 2,
+                                                        "temperature": 0, "options": {"num_ctx": 40}})
+    assert whole.prompt_eval_count > 40 and status == 200  # (the tiny tokenizer has no BOS: num_keep 4 is 4 tokens)
+    assert out["usage"]["prompt_tokens"] == 40 - (40 - 4) // 2
+
+
 def test_a_conversation_past_the_context_loses_its_oldest_messages(client, daemon):
     """As Ollama (server/prompt.go): a chat longer than num_ctx drops its oldest messages, system messages
     kept and the last message always, and is answered exactly as the conversation it kept; with
