@@ -61,7 +61,7 @@ from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_lay
 from mlxspec.kernels.registry import status as registry_status
 from mlxspec.bench.forwards import graph_nodes, interleaved_forwards
 from mlxspec.kernels.gpu_attention_source import WARPS
-from mlxspec.kernels.timing import op_batch, time_call
+from mlxspec.kernels.timing import latency_us, op_batch, time_call
 
 HERE = Path(__file__).parent
 ROWS = (1, 8, 16)
@@ -110,25 +110,11 @@ def rounded(us: float | None) -> float | None:
     return None if us is None else round(us, 1)
 
 
-def chained_us(fn, x: mx.array, calls: int = 16, repeats: int = 15) -> float | None:
-    """Microseconds per call of `calls` calls each fed the previous one's output (its first K columns, or
-    it tiled up to K): the latency a forward pays, where op_batch's independent calls may overlap on the
-    device (MLX's CUDA graph has no edge between them). Tiling (N < K) adds a copy to every call, for
-    MLX's op and ours alike. None on the CPU, which runs one call at a time (and MLX's float16 matmul
-    there takes tens of milliseconds)."""
-    if op_batch() == 1:
-        return None
-    k = x.shape[-1]
-
-    def chain():
-        y = x
-        for _ in range(calls):
-            y = fn(y)
-            n = y.shape[-1]
-            y = y[..., :k] if n >= k else mx.tile(y, (1,) * (y.ndim - 1) + (-(-k // n),))[..., :k]
-        return y
-
-    return time_call(chain, repeats=repeats) / calls
+def chained_us(fn, x: mx.array, repeats: int = 15) -> float | None:
+    """Microseconds per call of calls each fed the previous one's output (kernels/timing.latency_us): the latency
+    a forward pays, where op_batch's independent calls may overlap on the device. None on the CPU, which runs one
+    call at a time (and MLX's float16 matmul there takes tens of milliseconds)."""
+    return None if op_batch() == 1 else latency_us(fn, x, repeats=repeats)
 
 
 def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine", variants: int = 2,

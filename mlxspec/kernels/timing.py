@@ -1,6 +1,7 @@
 """Self-timing next to the self-check: our kernel against MLX's op, on the user's device.
 
     us = time_call(lambda: qmm(x, w, s, b, 32, 4))            # median microseconds of an evaluated call
+    us = latency_us(lambda x: qmm(x, w, s, b, 32, 4), x)       # ... of a call that waits for the one before
     record_timing(rec, signature, kernel_us, mlx_us)           # kept in the record and on disk
     slower = forward_cost_ratio(model, install, remove)        # one-row forward: kernels / MLX's ops
 
@@ -25,11 +26,12 @@ from .build import cache_root
 from .registry import KernelRecord, device_backend_name
 
 EXACT_BUDGET = 1.10  # exact mode is the default when it costs plain decoding at most 10% more
-OP_BATCH = 16  # calls per evaluation when one op is timed on a GPU (time_call's batch)
+OP_BATCH = 16  # calls per evaluation when one op is timed on a GPU (time_call's batch, latency_us's chain)
 
 
 def op_batch() -> int:
-    """time_call's batch for one op on the default device: the CPU has no per-evaluation sync to hide."""
+    """time_call's batch (latency_us's chain) for one op on the default device: the CPU has no per-evaluation
+    sync to hide."""
     return 1 if device_backend_name() == "cpu" else OP_BATCH
 
 
@@ -40,7 +42,7 @@ def device_key() -> str:
         name = mx.device_info().get("device_name", "") if backend != "cpu" else platform.processor()
     except Exception:  # device_info is missing on some builds
         name = ""
-    return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}|batch{op_batch()}"
+    return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}|chain{op_batch()}"
 
 
 def _path():
@@ -95,6 +97,28 @@ def time_call(fn: Callable[[], object], repeats: int = 7, warmup: int = 2, batch
     return statistics.median(times) * 1e6
 
 
+def latency_us(fn: Callable[[mx.array], mx.array], x: mx.array, repeats: int = 7) -> float:
+    """Microseconds a call of fn(x) costs when it waits for the call before it, as a forward's layers do:
+    op_batch() calls each fed the previous one's output (its first K columns, or it tiled up to K: a copy
+    each call, for every kernel alike), evaluated at once. Independent calls (time_call's batch) may overlap
+    on a GPU and hide a kernel's latency: on an H100 (2026-11-28) the tensor-core qmm with 2 warps on K took
+    25.0 us a call batched and 47.6 chained on 4096 x 4096, with 8 warps 24.1 and 35.5. On the CPU (one
+    call at a time anyway): time_call of one call."""
+    calls, k = op_batch(), x.shape[-1]
+    if calls == 1:
+        return time_call(lambda: fn(x), repeats=repeats)
+
+    def chain():
+        y = x
+        for _ in range(calls):
+            y = fn(y)
+            n = y.shape[-1]
+            y = y[..., :k] if n >= k else mx.tile(y, (1,) * (y.ndim - 1) + (-(-k // n),))[..., :k]
+        return y
+
+    return time_call(chain, repeats=repeats) / calls
+
+
 def forward_cost_ratio(model, install: Callable[[], object], remove: Callable[[], object], context: int = 64,
                        steps: Callable | None = None) -> dict:
     """Median one-row forward time with kernels installed vs MLX's ops (interleaved), same cache.
@@ -144,9 +168,9 @@ def time_qmm(n: int, k: int, group_size: int, bits: int, scale_dtype, rows: tupl
         entry = cached_timing(rec, signature)
         if entry is None:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
-            ours = time_call(lambda: qmm(x, w, s, b, group_size, bits), batch=op_batch())
-            theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size, bits=bits),
-                               batch=op_batch())
+            ours = latency_us(lambda x_: qmm(x_, w, s, b, group_size, bits), x)
+            theirs = latency_us(lambda x_: mx.quantized_matmul(x_, w, s, b, transpose=True, group_size=group_size,
+                                                               bits=bits), x)
             entry = record_timing(rec, signature, ours, theirs)
         out[m] = entry
     return out
@@ -165,7 +189,8 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
     K split and OTHER_KSPLITS, where it has them) on this layer shape at 1 and 8 rows (cached on disk per
     device and MLX version, shown by doctor).
     Returns the K split of the tensor-core build that serves the layer, 0 for the FMA kernel: of the
-    builds that win against FMA (tensor_cores_win), the cheapest decoding step + 8-row verify round.
+    builds that win against FMA (tensor_cores_win), the cheapest decoding step + 8-row verify round, each
+    call timed as a forward makes it: after the one before (latency_us).
     On an H100 (2026-11-26) the vocabulary head took 257 / 290 us at 1 / 8 rows with tensor cores, 247 /
     570 with FMA: a 4% dearer step for a verify pass at half the cost; the FMA kernel's cost grows with
     M, the tensor cores' does not."""
@@ -185,9 +210,9 @@ def prefer_tensor_cores(fma, mma, n: int, k: int, group_size: int, bits: int, sc
             entry = cached_timing(rec, signature)
             if entry is None:
                 x = mx.random.normal((m, k), key=mx.random.key(m)).astype(scale_dtype)
-                theirs = time_call(lambda: mx.quantized_matmul(x, w, s, b, transpose=True, group_size=group_size,
-                                                               bits=bits), batch=op_batch())
-                ours = time_call(lambda: fn(x, w, s, b, group_size, bits), batch=op_batch())
+                theirs = latency_us(lambda x_: mx.quantized_matmul(x_, w, s, b, transpose=True, group_size=group_size,
+                                                                   bits=bits), x)
+                ours = latency_us(lambda x_: fn(x_, w, s, b, group_size, bits), x)
                 entry = record_timing(rec, signature, ours, theirs)
             times[name][m] = entry["kernel_us"]
             times["mlx"][m] = min(times["mlx"].get(m, entry["mlx_us"]), entry["mlx_us"])  # timed with each

@@ -89,10 +89,29 @@ def test_time_call_batches_calls_into_one_evaluation(monkeypatch):
 
 def test_ops_are_timed_in_batches_on_gpus_only(monkeypatch):
     """A GPU's per-evaluation sync is amortized over OP_BATCH calls; the CPU times one call at a time.
-    The batch is part of the timing cache's key, so older one-call GPU timings are not reused."""
-    assert timing.op_batch() == 1 and timing.device_key().endswith("|batch1")
+    The chain is part of the timing cache's key, so older one-call or batched GPU timings are not reused."""
+    assert timing.op_batch() == 1 and timing.device_key().endswith("|chain1")
     monkeypatch.setattr(timing, "device_backend_name", lambda: "cuda")
-    assert timing.op_batch() == timing.OP_BATCH > 1 and timing.device_key().endswith(f"|batch{timing.OP_BATCH}")
+    assert timing.op_batch() == timing.OP_BATCH > 1 and timing.device_key().endswith(f"|chain{timing.OP_BATCH}")
+
+
+def test_latency_feeds_each_call_the_one_before(monkeypatch):
+    """On a GPU every timed call takes the previous call's output (its first K columns, or it tiled up to K), so the
+    device cannot overlap them: a forward's layers wait for each other too. On the CPU: one call, timed."""
+    seen = []
+
+    def fn(x):  # (1, 4) -> (1, 3): tiled back up to 4 columns for the next call
+        seen.append(x.tolist())
+        return x[:, :3] + 1
+
+    x = mx.array([[0.0, 0.0, 0.0, 0.0]])
+    assert timing.latency_us(fn, x, repeats=1) > 0 and seen == [x.tolist()] * 3  # CPU: warm-up twice, one repeat
+    seen.clear()
+    monkeypatch.setattr(timing, "device_backend_name", lambda: "cuda")
+    timing.latency_us(fn, x, repeats=1)
+    chain = seen[: timing.OP_BATCH]
+    assert len(seen) == 3 * timing.OP_BATCH and chain[1] == [[1.0, 1.0, 1.0, 1.0]] and chain[2] == [[2.0, 2.0, 2.0, 2.0]]
+    assert all(c == [[float(i)] * 4] for i, c in enumerate(chain))
 
 
 def test_tensor_cores_win_a_cheaper_round_with_a_step_within_budget_of_fma_or_mlx():
