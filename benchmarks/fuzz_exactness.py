@@ -1,0 +1,159 @@
+"""Fuzz exactness: speculation against plain decoding over thousands of random requests.
+
+    python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--out FILE]
+
+Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories260K where ../shared has it, each
+with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights) and early exit.
+A case draws a prompt (random words with repeated phrases, so lookup finds matches) and options: draft length
+1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop string cut from plain decoding's own text, a
+repeat penalty, logprobs, a context window a few tokens past the prompt, JSON output. The property:
+
+- greedy: speculation's tokens, text, finish reason, stop string and logprobs == plain decoding's (the same
+  engine and options with draft_length 0), bit for bit;
+- seeded sampling (temperature, top-k/top-p/min-p): speculation gives the same tokens twice (reproducible).
+
+Writes the counts, the drafted/accepted totals (that speculation really ran) and every mismatch with its case
+(enough to replay it) to --out (default benchmarks/results/fuzz_exactness.json). Exit status 1 on a mismatch.
+The twenty-third session's run of this kind (~5,700 greedy comparisons, then a script outside the repo) found
+structured output cut short under lookup drafting (fixed in aa1cdc9).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # this checkout's mlxspec, the tests' model factory
+
+from mlxspec.engine import Engine  # noqa: E402
+from mlxspec.options import GenerateOptions  # noqa: E402
+from model_factory import make_model_dir  # noqa: E402
+
+STORIES = HERE.parent.parent / "shared" / "models" / "stories260K"
+WORDS = ("the cat sat on a mat and then it ran to the old red door where one small bird sang all day "
+         "while we read some long books about far away hills { } : , \" 1 2 3").split()
+DRAFTERS = ("lookup", "draft-model", "early-exit")
+
+
+def engines(root: Path, stories: bool) -> dict[str, Engine]:
+    """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights)."""
+    models = {"llama": make_model_dir(root / "llama", "llama", seed=0),
+              "qwen2": make_model_dir(root / "qwen2", "qwen2", seed=2, scale=1.0)}
+    drafts = {"llama": make_model_dir(root / "llama-other", "llama", seed=1),
+              "qwen2": make_model_dir(root / "qwen2-other", "qwen2", seed=3, scale=1.0)}
+    if stories and STORIES.exists():
+        models["stories260K"] = STORIES
+    out = {}
+    for name, path in models.items():
+        for drafter in DRAFTERS:
+            if drafter == "draft-model" and name not in drafts:
+                continue
+            draft = str(drafts[name]) if drafter == "draft-model" else None
+            out[f"{name}/{drafter}"] = Engine.load(str(path), drafter=drafter, draft=draft)
+    return out
+
+
+def prompt(rng: random.Random) -> str:
+    """Random words, a phrase of them repeated now and then (lookup's matches)."""
+    phrase = rng.choices(WORDS, k=rng.randint(2, 6))
+    words = []
+    while len(words) < rng.randint(3, 40):
+        words += phrase if rng.random() < 0.3 else [rng.choice(WORDS)]
+    return " ".join(words)
+
+
+def draw(rng: random.Random, prompt_tokens: int) -> dict:
+    """A case's options (GenerateOptions fields, and `format`), greedy or seeded sampling."""
+    case = {"draft_length": rng.randint(1, 8), "adaptive": rng.random() < 0.4, "max_tokens": rng.randint(1, 48)}
+    if rng.random() < 0.3:
+        case["draft_width"] = rng.randint(2, 3)
+    if rng.random() < 0.25:
+        case |= {"repeat_penalty": round(rng.uniform(1.05, 1.6), 2), "repeat_last_n": rng.choice([-1, 0, 4, 64])}
+    if rng.random() < 0.3:
+        case["logprobs"] = rng.randint(0, 3)
+    if rng.random() < 0.2:
+        case["num_ctx"] = prompt_tokens + rng.randint(1, 12)  # the window ends the answer
+    if rng.random() < 0.15:
+        case["format"] = "json"
+    if rng.random() < 0.3:
+        case |= {"temperature": round(rng.uniform(0.3, 1.5), 2), "seed": rng.randrange(2**32)}
+        case |= rng.choice([{}, {"top_k": rng.randint(1, 20)}, {"top_p": round(rng.uniform(0.3, 1.0), 2)},
+                            {"min_p": round(rng.uniform(0.0, 0.3), 2)}])
+    return case
+
+
+def run(engine: Engine, text: str, case: dict) -> dict:
+    """One generation: its tokens, text, finish, stop string, logprobs and speculation counters."""
+    fields = {k: v for k, v in case.items() if k != "format"}
+    events = list(engine.generate(text, GenerateOptions(**fields), format=case.get("format")))
+    last = events[-1]
+    return {"tokens": [t for e in events for t in e.tokens], "text": "".join(e.text for e in events),
+            "finish": last.finish_reason, "stop_string": last.stop_string,
+            "logprobs": [dataclasses.astuple(lp) for e in events for lp in e.text_logprobs],
+            "drafted": last.stats.drafted, "accepted": last.stats.accepted}
+
+
+def check(engine: Engine, text: str, case: dict, rng: random.Random) -> tuple[str | None, dict]:
+    """(what differs or None, the speculative run). Greedy: against plain decoding; sampling: against itself."""
+    if case.get("temperature"):
+        first, again = run(engine, text, case), run(engine, text, case)
+        return (None if first["tokens"] == again["tokens"] else "seeded sampling not reproducible"), first
+    plain = run(engine, text, {**case, "draft_length": 0})
+    if plain["text"].strip() and rng.random() < 0.3:  # a stop string plain decoding's text contains
+        start = rng.randrange(len(plain["text"]))
+        case["stop"] = [plain["text"][start : start + rng.randint(1, 4)]]
+        plain = run(engine, text, {**case, "draft_length": 0})
+    spec = run(engine, text, case)
+    for key in ("tokens", "text", "finish", "stop_string", "logprobs"):
+        if spec[key] != plain[key]:
+            return f"{key} differ from plain decoding's", spec
+    return None, spec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--minutes", type=float, default=20.0, help="stop after this long, whatever --cases says")
+    ap.add_argument("--no-stories", action="store_true", help="tiny random models only")
+    ap.add_argument("--out", type=Path, default=HERE / "results" / "fuzz_exactness.json")
+    args = ap.parse_args()
+    rng, start = random.Random(args.seed), time.time()
+    report = {"seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0, "by_engine": {},
+              "mismatches": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        pool = engines(Path(tmp), not args.no_stories)
+        names = sorted(pool)
+        while report["cases"] < args.cases and time.time() - start < args.minutes * 60:
+            name, text = rng.choice(names), prompt(rng)
+            engine = pool[name]
+            case = draw(rng, len(engine.encode(text)))
+            why, spec = check(engine, text, case, rng)
+            report["cases"] += 1
+            report["sampled" if case.get("temperature") else "greedy"] += 1
+            report["drafted"] += spec["drafted"]
+            report["accepted"] += spec["accepted"]
+            report["by_engine"][name] = report["by_engine"].get(name, 0) + 1
+            if why:
+                report["mismatches"].append({"engine": name, "prompt": text, "case": case, "why": why})
+                print(f"MISMATCH {name}: {why}: {json.dumps(case)} prompt={text!r}", flush=True)
+            if report["cases"] % 100 == 0:
+                print(f"{report['cases']} cases, {len(report['mismatches'])} mismatches, "
+                      f"{time.time() - start:.0f} s", flush=True)
+    report["seconds"] = round(time.time() - start, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{report['cases']} cases ({report['greedy']} greedy, {report['sampled']} sampled), drafted "
+          f"{report['drafted']}, accepted {report['accepted']}, {len(report['mismatches'])} mismatches; wrote {args.out}")
+    return 1 if report["mismatches"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""benchmarks/fuzz_exactness.py's pieces, small: its cases are valid requests, and its check passes speculation
+that keeps plain decoding's output and catches one that does not."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmark_scripts import load
+from mlxspec.engine import Engine
+from mlxspec.options import GenerateOptions
+
+
+@pytest.fixture(scope="module")
+def fuzz():
+    return load("fuzz_exactness")
+
+
+@pytest.fixture(scope="module")
+def lookup(tiny_llama):
+    return Engine.load(str(tiny_llama), drafter="lookup")
+
+
+def test_every_drawn_case_is_a_valid_request(fuzz):
+    rng = random.Random(0)
+    cases = [fuzz.draw(rng, 20) for _ in range(300)]
+    for case in cases:
+        GenerateOptions(**{k: v for k, v in case.items() if k != "format"})  # raises OptionsError if not
+    assert {bool(c.get("temperature")) for c in cases} == {False, True}  # greedy and sampled cases
+    assert any("draft_width" in c for c in cases) and any(c.get("format") == "json" for c in cases)
+    assert all(20 < c["num_ctx"] <= 32 for c in cases if "num_ctx" in c)
+
+
+def test_the_check_passes_exact_speculation_and_catches_a_changed_token(fuzz, lookup, monkeypatch):
+    rng = random.Random(3)
+    text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
+    case = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
+    why, spec = fuzz.check(lookup, text, dict(case), rng)
+    assert why is None and spec["drafted"] > 0  # speculation ran, and its output is plain decoding's
+    why, _ = fuzz.check(lookup, text, {**case, "temperature": 0.9, "seed": 7}, rng)
+    assert why is None  # seeded sampling reproduces itself
+    real = fuzz.run
+
+    def speculation_drops_a_token(engine, text_, case_):
+        out = real(engine, text_, case_)
+        if case_["draft_length"]:
+            out["tokens"] = out["tokens"][:-1]
+        return out
+
+    monkeypatch.setattr(fuzz, "run", speculation_drops_a_token)
+    why, _ = fuzz.check(lookup, text, dict(case), rng)
+    assert why == "tokens differ from plain decoding's"
