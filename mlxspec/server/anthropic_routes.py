@@ -93,6 +93,10 @@ def chat_messages(body: dict) -> list[dict]:
                 raise ApiError(400, f"messages[{i}].content: {what}")
         if texts or calls or not results:  # (an empty block list is an empty message, not none)
             out.append({"role": m["role"], "content": "".join(texts), **({"tool_calls": calls} if calls else {})})
+    last = out[-1]
+    if items[-1].get("role") == "assistant" and isinstance(last.get("content"), str) and last["content"] != last["content"].rstrip():
+        # a prefill the model continues: Anthropic refuses trailing whitespace (it would end mid-token)
+        raise ApiError(400, "messages: final assistant content cannot end with trailing whitespace")
     return out
 
 

@@ -77,6 +77,8 @@ def test_thinking_blocks(client):
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "only client tools"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"messages": []}, "messages must not be empty"),
+    ({"messages": USER + [{"role": "assistant", "content": "It is "}]}, "cannot end with trailing whitespace"),
+    ({"messages": USER + [{"role": "assistant", "content": [{"type": "text", "text": "It is\n"}]}]}, "trailing whitespace"),
 ])
 def test_what_it_cannot_do_is_a_400(client, extra, match):
     ac, _ = client
