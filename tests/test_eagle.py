@@ -227,6 +227,32 @@ def test_a_chat_turn_reuses_the_prefix_and_stays_exact(plain, tiny_llama, traine
         history += [{"role": "assistant", "content": plain.tokenizer.decode(want)}, {"role": "user", "content": "More."}]
 
 
+def test_a_client_leaving_stops_the_heads_prefill_at_the_next_chunk(plain, tiny_llama, trained, monkeypatch):
+    """The head reads the prompt's features after the target, a chunk at a time: a request cancelled by then ends
+    'cancelled' at the head's next chunk, and the engine then serves the same prompt exactly (its prefix reused)."""
+    import threading
+
+    monkeypatch.setattr("mlxspec.drafters.eagle.PREFILL_CHUNK", 8)
+    spec = Engine.load(str(tiny_llama), drafter=f"eagle:{trained[0]}")
+    ids = plain.encode(HELD_OUT[2] + " " + HELD_OUT[3])
+    assert len(ids) > 3 * 8
+    cancel, feeds, feed = threading.Event(), [], spec.drafter._feed
+
+    def leave_after_the_first_chunk(tokens, features, token=None):
+        feeds.append(features.shape[0])
+        cancel.set()  # the client leaves while the head reads its first chunk
+        return feed(tokens, features, token)
+
+    monkeypatch.setattr(spec.drafter, "_feed", leave_after_the_first_chunk)
+    opts = GenerateOptions(max_tokens=20, temperature=0, draft_length=3, adaptive=False)
+    events = list(spec.generate(ids, opts, cancel=cancel))
+    assert events[-1].finish_reason == "cancelled" and events[-1].stats.generated_tokens == 0 and feeds == [8]
+    monkeypatch.setattr(spec.drafter, "_feed", feed)
+    events = list(spec.generate(ids, opts))
+    want = [t for e in plain.generate(ids, opts) for t in e.tokens]
+    assert [t for e in events for t in e.tokens] == want and events[-1].stats.cached_tokens == len(ids) - 1
+
+
 def test_recording_keeps_the_features_the_target_decoded_with(plain):
     """Recorded during decoding (no second pass): each row is the target's hidden state there, the
     answer is its own greedy continuation, and only the last answer token (never read) is left out."""

@@ -23,7 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 
-from ..cache import PREFILL_CHUNK, rewind
+from ..cache import PREFILL_CHUNK, PrefillCancelled, rewind
 from ..errors import MlxspecError
 from ..features import head as target_head
 from ..features import vocabulary_size
@@ -70,16 +70,25 @@ class EagleDrafter(Drafter):
         self.next = 1  # the token paired with pending[0][0]: pending rows pair with context[next:]
         self.drafted = 0  # cache entries written from predicted features, past the real ones
         self.steps = DraftSteps(self, compiled)  # its draft steps: compiled graphs (on GPUs), or eager
+        self.cancel = None  # the request's cancel flag, checked between prompt chunks (bind_cancel)
 
     def kernel_modules(self) -> list[nn.Module]:
         return [self.head, self.draft_head] if isinstance(self.draft_head, nn.Module) else [self.head]
 
+    def bind_cancel(self, cancel) -> None:
+        self.cancel = cancel
+
     def start(self, prompt: list[int], hidden: mx.array | None = None) -> None:
         self.cache, self.drafted, self.next = [KVCache()], 0, 1
         self.pending = [] if hidden is None or hidden.shape[0] == 0 else [hidden]
-        if self.pending and hidden.shape[0] > 1:  # prefill the head now, all but the newest row
-            self._feed(prompt[1 : hidden.shape[0]], hidden[:-1])
-            mx.eval([c.state for c in self.cache])
+        if self.pending and hidden.shape[0] > 1:  # prefill the head now, all but the newest row, a chunk at a time:
+            rows = hidden.shape[0] - 1  # a client that left stops it at the next chunk, as the target's prefill
+            for i in range(0, rows, PREFILL_CHUNK):
+                if i and self.cancel is not None and self.cancel.is_set():
+                    raise PrefillCancelled(i)
+                end = min(i + PREFILL_CHUNK, rows)
+                self._feed(prompt[1 + i : 1 + end], hidden[i:end])
+                mx.eval([c.state for c in self.cache])
             self.pending, self.next = [hidden[-1:]], hidden.shape[0]
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array, width: int = 1) -> Draft:
