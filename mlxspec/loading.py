@@ -36,7 +36,8 @@ QUANT_SPEC = re.compile(r"^q(?P<bits>[2-8])(?:g(?P<group>\d+))?$")
 # as many bits over groups of 32 (their blocks and K-quants' sub-blocks hold 32 weights; Q6_K's 16), the
 # nearest MLX has. Not the same numbers as Ollama's files: the same width and granularity.
 OLLAMA_QUANTS = {"q2_k": "q2g32", "q3_k_s": "q3g32", "q3_k_m": "q3g32", "q3_k_l": "q3g32", "q4_0": "q4g32",
-                 "q4_1": "q4g32", "q4_k_s": "q4g32", "q4_k_m": "q4g32", "q6_k": "q6g32", "q8_0": "q8g32"}
+                 "q4_1": "q4g32", "q4_k_s": "q4g32", "q4_k_m": "q4g32", "q5_0": "q5g32", "q5_1": "q5g32",
+                 "q5_k_s": "q5g32", "q5_k_m": "q5g32", "q6_k": "q6g32", "q8_0": "q8g32"}
 
 
 @dataclass
@@ -66,9 +67,9 @@ def parse_quantize(spec: str | None) -> tuple[int, int] | None:
         return None
     m = QUANT_SPEC.match(OLLAMA_QUANTS.get(spec.lower(), spec.lower()))
     group = int(m["group"]) if m and m["group"] else 64
-    if not m or int(m["bits"]) not in (2, 3, 4, 6, 8) or group not in (32, 64, 128):
+    if not m or int(m["bits"]) not in (2, 3, 4, 5, 6, 8) or group not in (32, 64, 128):
         raise ModelLoadError(
-            f"unknown quantization {spec!r}: use q4, q8, q4g32, q4g64 (bits 2/3/4/6/8, group 32/64/128) or "
+            f"unknown quantization {spec!r}: use q4, q8, q4g32, q4g64 (bits 2/3/4/5/6/8, group 32/64/128) or "
             f"Ollama's {', '.join(OLLAMA_QUANTS)}"
         )
     return int(m["bits"]), group

@@ -29,7 +29,8 @@ def test_directory_loads_with_info(tiny_llama):
     assert quantized_layers(m.model) == {}
 
 
-@pytest.mark.parametrize("spec,bits,group", [("q4", 4, 64), ("q4g32", 4, 32), ("q4g64", 4, 64), ("q8", 8, 64)])
+@pytest.mark.parametrize("spec,bits,group", [("q4", 4, 64), ("q4g32", 4, 32), ("q4g64", 4, 64), ("q8", 8, 64),
+                                             ("q5_K_M", 5, 32)])
 def test_quantize_on_load(tiny_llama, spec, bits, group):
     m = load(str(tiny_llama), quantize=spec)
     layers = quantized_layers(m.model)
@@ -43,7 +44,8 @@ def test_bad_quantization_spec():
     assert parse_quantize(None) is None and parse_quantize("q4") == (4, 64)
     # Ollama's names (`ollama create -q q4_K_M`): the nearest MLX layout, groups of 32 as their blocks
     assert parse_quantize("q4_K_M") == (4, 32) and parse_quantize("Q8_0") == (8, 32) and parse_quantize("q6_K") == (6, 32)
-    for bad in ("q5", "q4g48", "int4", "4", "q5_K_M", "iq4_xs"):
+    assert parse_quantize("q5") == (5, 64) and parse_quantize("q5_0") == (5, 32)  # MLX quantizes 5 bits too
+    for bad in ("q7", "q4g48", "int4", "4", "q5_K_X", "iq4_xs"):
         with pytest.raises(ModelLoadError, match="unknown quantization"):
             parse_quantize(bad)
 
