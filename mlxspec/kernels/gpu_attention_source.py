@@ -111,6 +111,7 @@ PARTIAL_CORE = """
   int64_t vd[DPL];  // the lane's value dims' offsets in a value row (the strides are runtime values)
 #pragma unroll
   for (int i = 0; i < DPL; ++i) vd[i] = (lane + 32 * i) * v_strides[3];
+  const bool v_dense = v_strides[3] == 1;  // a value row's dims contiguous (every KV cache): no per-value index math
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
 //@WIDE
   const int first = start + c * CHUNK;
@@ -148,28 +149,7 @@ PARTIAL_CORE = """
           step_sum[r] = lane_sum(p[r]);
         }
       }
-#pragma unroll
-      for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 value rows loaded at once, then added in order
-        float vv[8][DPL];
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int64_t vr = v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2];
-#pragma unroll
-          for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + vd[i]]) : 0.0f;
-        }
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int j = j0 + jj;
-#pragma unroll
-          for (int r = 0; r < HEADS; ++r) {
-            const float pj = lane_shuffle(p[r], j);
-            const bool use = on[r] && j < n_keys[r];  // uniform over the warp: a row past a slot's keys adds nothing
-#pragma unroll
-            for (int i = 0; i < DPL; ++i)
-              if (use && lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
-          }
-        }
-      }
+//@VALUES
     }
     // Fold the round's steps into the chunk's state in key order (whatever WARPS is: the same bits). A step with
     // none of a slot's keys (step_sum 0) passes its state on unchanged.
@@ -299,6 +279,33 @@ template <typename E> __device__ inline void load_key_wide(float* out, const E* 
 }
 """ + KEY_ONE_BY_ONE
 
+# The value phase, for dims contiguous in a row (VOFF: lane + 32 i, an offset the compiler folds into each load)
+# and for any stride (vd[i]): the same values read, so the same bits; two copies so neither branches per value.
+VALUE_PHASE = """#pragma unroll
+      for (int j0 = 0; j0 < 32; j0 += 8) {  // 8 value rows loaded at once, then added in order
+        float vv[8][DPL];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int64_t vr = v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2];
+#pragma unroll
+          for (int i = 0; i < DPL; ++i) vv[jj][i] = lane + 32 * i < DV ? float(v[vr + VOFF]) : 0.0f;
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const int j = j0 + jj;
+#pragma unroll
+          for (int r = 0; r < HEADS; ++r) {
+            const float pj = lane_shuffle(p[r], j);
+            const bool use = on[r] && j < n_keys[r];  // uniform over the warp: a row past a slot's keys adds nothing
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              if (use && lane + 32 * i < DV) acc[r][i] = FMA(pj, vv[jj][i], acc[r][i]);
+          }
+        }
+      }
+"""
+VALUES = ("      if (v_dense) {\n" + VALUE_PHASE.replace("VOFF", "lane + 32 * i") + "      } else {\n"
+          + VALUE_PHASE.replace("VOFF", "vd[i]") + "      }\n")
 KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read dim 0, rows past the keys row base: never used),
     // only the additions are guarded: no branch stands between a later load and the start of the block.
 #pragma unroll
@@ -321,7 +328,7 @@ CUDA_WIDE = "  const bool wide = keys_wide(k, k_strides[1], k_strides[2], k_stri
 CUDA_KEYS = ("    if (wide) {\n" + KEY_PHASE.replace("LOADER", "load_key_wide") + "    } else {\n"
              + KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE") + "    }\n")
 METAL_KEYS = KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE")
-PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW))
+PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW)).replace("//@VALUES\n", VALUES)
 BODIES = {  # (backend, kernel) -> body
     ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
     ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
