@@ -89,7 +89,7 @@ def test_listing_skips_broken_and_foreign_files(store, tmp_path):
         ({"target": "x", "drafter": "magic"}, "unknown drafter"),
         ({"target": "x", "drafter": "draft-model"}, "needs one"),
         ({"target": "x", "draft": "y", "drafter": "lookup"}, "draft model goes with"),
-        ({"target": "x", "quantize": "q5"}, "unknown quantization"),
+        ({"target": "x", "quantize": "q7"}, "unknown quantization"),
         ({"target": "x", "draft_length": 99}, "draft_length"),
         ({"target": "x", "parameters": {"temperature": "hot"}}, "temperature"),
         ({"target": "x", "parameters": {"nope": 1}}, "unknown option"),

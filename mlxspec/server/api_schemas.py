@@ -37,7 +37,8 @@ DURATION = {"anyOf": [{"type": "number", "minimum": -MAX_DURATION, "maximum": MA
                       {"type": "string", "format": "duration",
                        "pattern": r"^[+-]?(\d{1,6}(\.\d{1,3})?|(\d{1,6}(\.\d{1,3})?(ns|us|ms|s|m|h)){1,2})$"}],
             "description": "seconds, or a Go duration ('5m', '1h30m'); negative: forever, 0: unload now"}
-QUANTIZE = {"type": "string", "pattern": r"^(|none|fp|[qQ][23468]([gG](32|64|128))?)$"}
+QUANTIZE = {"type": "string", "pattern": r"^(|none|fp|[qQ][234568]([gG](32|64|128))?"  # ours, then Ollama's names
+                                        r"|[qQ](2_[kK]|3_[kK]_[sSmMlL]|[45]_[01]|[45]_[kK]_[sSmM]|6_[kK]|8_0))$"}
 DRAFTER = {"type": "string", "pattern": r"^(none|draft-model|lookup|early-exit(:[0-9]{1,2})?|(medusa|eagle|eagle3):\S+|mtp(:\S+)?)$"}
 NONE_OF = {"maxItems": 0}  # a field accepted only empty: the feature is refused with a 400
 
@@ -54,6 +55,8 @@ _OPTION_RANGES = {
     "repeat_penalty": {"type": "number", "minimum": MIN_REPEAT_PENALTY, "maximum": 10},
     "repeat_last_n": {"type": "integer", "minimum": -1},
     "num_ctx": {"type": "integer", "minimum": 1},
+    "num_keep": {"type": "integer", "minimum": -1,
+                 "description": "a prompt past the context window keeps this many tokens from its start; -1: all that fit"},
     "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
     "draft_num_predict": {"type": "integer", "minimum": 0, "maximum": 32, "description": "draft length; 0: no speculation"},
     "adaptive": BOOL,

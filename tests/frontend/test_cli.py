@@ -158,7 +158,7 @@ def test_create_from_flags_and_from_a_manifest_file(daemon, tiny_llama, tmp_path
         (["cp", "tiny", "bad name!"], "invalid model name"),
         (["create", "x"], "--from"),
         (["create", "x", "--from", "/no/such/path"], "not found"),
-        (["create", "x", "--from", "tiny", "--quantize", "q5"], "unknown quantization"),
+        (["create", "x", "--from", "tiny", "--quantize", "q7"], "unknown quantization"),
         (["run", "tiny", "hi", "--keepalive", "later"], "keep_alive"),
         (["generate"], "Missing argument"),
         (["frobnicate"], "No such command"),
@@ -208,7 +208,7 @@ def test_generate_in_process(tiny_llama, tmp_path, monkeypatch):
 
     for args, words in (
         (["generate", "nothing-here", "hi"], "not found"),
-        (["generate", str(tiny_llama), "hi", "--quantize", "q5"], "unknown quantization"),
+        (["generate", str(tiny_llama), "hi", "--quantize", "q7"], "unknown quantization"),
         (["generate", str(tiny_llama), "hi", "--drafter", "draft-model"], "needs one"),
         (["generate", str(tiny_llama), "hi", "--temperature", "-2"], "temperature"),
         (["generate", str(tiny_llama), "hi", "--temperature", "1", "--seed", "-5"], "seed"),

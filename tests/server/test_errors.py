@@ -73,7 +73,7 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/create", {"model": "x", "from": "./weights"}, 404, "not found"),
         ("/api/create", {"model": "x", "from": "../models/weights"}, 404, "not found"),
         ("/api/create", {"model": "x", "from": "tiny", "draft": "./draft"}, 404, "not found"),
-        ("/api/create", {"model": "x", "from": "tiny", "quantize": "q5"}, 400, "unknown quantization"),
+        ("/api/create", {"model": "x", "from": "tiny", "quantize": "q7"}, 400, "unknown quantization"),
         ("/api/create", {"model": "x", "from": "tiny", "drafter": "magic"}, 400, "unknown drafter"),
         ("/api/create", {"model": "x", "from": "tiny", "parameters": {"nope": 1}}, 400, "unknown option"),
         ("/api/create", {"model": "x", "from": "tiny", "files": {"a": "sha256:0"}}, 400, "not supported"),
