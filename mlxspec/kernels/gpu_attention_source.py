@@ -306,8 +306,9 @@ VALUE_PHASE = """#pragma unroll
 """
 VALUES = ("      if (v_dense) {\n" + VALUE_PHASE.replace("VOFF", "lane + 32 * i") + "      } else {\n"
           + VALUE_PHASE.replace("VOFF", "vd[i]") + "      }\n")
-KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read dim 0, rows past the keys row base: never used),
-    // only the additions are guarded: no branch stands between a later load and the start of the block.
+KEY_PHASE = """    // Nothing is guarded: no branch stands between a later load and the start of the block. Dims past D read
+    // dim 0 (finite) against a query of 0 there, so each adds +-0 to a dot that is never -0: its bits stay; a slot
+    // that is off (or absent: its query is 0) scores keys it never uses. Rows past the keys read row base.
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {  // dims 32 i .. 32 i + 31 of the lane's key
       float kv[32];
@@ -315,10 +316,7 @@ KEY_PHASE = """    // Loads and shuffles run unconditionally (dims past D read d
 #pragma unroll
       for (int u = 0; u < 32; ++u) {  // every dot runs over d = 0, 1, ..., D - 1 in order, in one lane
 #pragma unroll
-        for (int r = 0; r < HEADS; ++r) {
-          const float qv = q_sh[r][32 * i + u];  // the same address in every lane: a broadcast
-          if (32 * i + u < D && on[r]) dot[r] = FMA(qv, kv[u], dot[r]);  // uniform over the warp
-        }
+        for (int r = 0; r < HEADS; ++r) dot[r] = FMA(q_sh[r][32 * i + u], kv[u], dot[r]);  // q: a broadcast read
       }
     }
 """
