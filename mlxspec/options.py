@@ -113,7 +113,13 @@ class GenerateOptions:
     # Fields a request sets beside its options (APIs' own fields), not options: not in from_dict or Modelfiles.
     REQUEST_FIELDS = ("logprobs",)
     IGNORED = {"num_batch": int, "num_gpu": int, "main_gpu": int, "num_thread": int,
-               "use_mmap": bool, "use_mlock": bool, "numa": bool, "low_vram": bool}
+               "use_mmap": bool, "use_mlock": bool, "numa": bool, "low_vram": bool,
+               # what the `ollama` client still offers and Ollama's server no longer reads (it ignores them too)
+               "mirostat": int, "mirostat_tau": float, "mirostat_eta": float, "tfs_z": float, "penalize_newline": bool,
+               "f16_kv": bool, "logits_all": bool, "vocab_only": bool, "embedding_only": bool}
+    # Ollama's options this engine does not apply: taken at the value that turns them off (Ollama's default), any
+    # other value refused
+    OFF_ONLY = {"typical_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
     @classmethod
     def names(cls) -> dict[str, type]:
@@ -128,7 +134,7 @@ class GenerateOptions:
             kinds[f.name] = list if "list" in hint else bool if "bool" in hint else float if "float" in hint else int
         for ours, theirs in ((v, k) for k, v in cls.OLLAMA_NAMES.items()):
             kinds[theirs] = kinds[ours]
-        return {**kinds, **cls.IGNORED}
+        return {**kinds, **cls.IGNORED, **dict.fromkeys(cls.OFF_ONLY, float)}
 
     @classmethod
     def from_dict(cls, options: dict[str, Any] | None, **overrides: Any) -> "GenerateOptions":
@@ -143,6 +149,11 @@ class GenerateOptions:
         given: dict[str, str] = {}  # our field -> the name the caller used (Ollama's num_predict ...)
         for key, value in {**options, **overrides}.items():
             if key in cls.IGNORED:
+                continue
+            if key in cls.OFF_ONLY:
+                if value is not None and value != cls.OFF_ONLY[key]:
+                    raise OptionsError(f"invalid option {key}={value!r}: not supported (only {cls.OFF_ONLY[key]:g}, "
+                                       "which turns it off)", key)
                 continue
             name = cls.OLLAMA_NAMES.get(key, key)
             if name not in known:

@@ -66,7 +66,7 @@ def test_a_drafters_source_is_a_path_relative_to_the_modelfile_or_a_name(tmp_pat
     ("FROM x\nRENDERER qwen3", "RENDERER"),
     ("FROM x\nPARSER qwen3", "PARSER"),
     ("FROM x\nFOO bar", "line 2: unknown directive 'FOO'"),
-    ("FROM x\nPARAMETER mirostat 1", "'mirostat': unknown parameter; mlxspec knows"),
+    ("FROM x\nPARAMETER mirostat_x 1", "'mirostat_x': unknown parameter; mlxspec knows"),
     ("FROM x\nPARAMETER temperature hot", "temperature must be a finite number, not 'hot'"),
     ("FROM x\nPARAMETER temperature nan", "finite number"),
     ("FROM x\nPARAMETER num_ctx 1.5", "num_ctx must be an integer"),

@@ -7,7 +7,8 @@ chat machinery, as Ollama serves it.
 `text` block and `tool_use` blocks; `stop_reason` is end_turn, max_tokens, stop_sequence (with
 `stop_sequence` naming it) or tool_use. Streaming
 sends message_start, content_block_start/delta/stop per block, message_delta and message_stop.
-Errors keep the /v1/ shape ({"error": {"type", "message", ...}}), which Anthropic's clients read too.
+Errors take Anthropic's shape ({"type": "error", "error": {"type", "message"}}: app.py's _error_body), and
+the API key may come as x-api-key, as Anthropic's clients send it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ async def messages(request: web.Request) -> web.StreamResponse:
     state, body = request.app[STATE], await read_json(request)
     name, manifest = state.manifest(field(body, "model", str, required=True))
     max_tokens = field(body, "max_tokens", int, required=True)
+    if max_tokens < 1:  # Anthropic's minimum; -1 would mean no limit to the options
+        raise ApiError(400, "max_tokens must be at least 1")
     chat = check_messages(chat_messages(body), openai=True)
     tools, found = _tools(body), Found()
     thinking = field(body, "thinking", dict, {}) or {}
@@ -54,7 +57,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "usage": _usage(last.stats, True), "speculative": last.stats.to_dict()}
 
     return await serve_reply(request, state.scheduler, job, found, field(body, "stream", bool, False),
-                             lambda events: _stream(events, head), whole, _error)
+                             lambda events: _stream(events, head, len(job.prompt_ids)), whole, _error)
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -144,8 +147,9 @@ def _usage(stats, final: bool) -> dict:
     return {"input_tokens": stats.prompt_tokens, "output_tokens": stats.generated_tokens if final else 0}
 
 
-async def _stream(events, head: dict):
-    """message_start, then each block's start, deltas and stop (thinking, text, tool uses), then the end."""
+async def _stream(events, head: dict, input_tokens: int):
+    """message_start (with the prompt's size, known once the job started), then each block's start,
+    deltas and stop (thinking, text, tool uses), then the end."""
     index, kind = -1, None  # the open block
 
     def start(new: str):
@@ -160,7 +164,7 @@ async def _stream(events, head: dict):
         return {"type": "content_block_stop", "index": index}
 
     yield {"type": "message_start", "message": {**head, "content": [], "stop_reason": None, "stop_sequence": None,
-                                                "usage": {"input_tokens": 0, "output_tokens": 0}}}
+                                                "usage": {"input_tokens": input_tokens, "output_tokens": 0}}}
     async for content, calls, ev, thought in events:
         for block, delta in (("thinking", thought), ("text", content)):
             if not delta:

@@ -68,7 +68,9 @@ _OPTION_RANGES = {
 def options_schema() -> dict:
     """Every option GenerateOptions.from_dict accepts; the runner options it ignores only by type."""
     kinds = GenerateOptions.names()
-    props = {name: _OPTION_RANGES.get(name) or {int: INT, bool: BOOL}[kinds[name]] for name in kinds}
+    props = {name: _OPTION_RANGES.get(name) or {int: INT, bool: BOOL, float: NUM}[kinds[name]] for name in kinds}
+    props |= {name: {"enum": [off], "description": "not applied: only its off value"}  # a float 1.0 is also 1
+              for name, off in GenerateOptions.OFF_ONLY.items()}
     return obj(props, additionalProperties=False)
 
 

@@ -73,7 +73,15 @@ def serve(host: str, port: int, store: Store | None = None, settings: Settings |
 # -- errors ------------------------------------------------------------------------------------
 
 
+# Anthropic's error types by status (503, our "busy", is their overloaded_error)
+ANTHROPIC_ERRORS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
 def _error_body(request: web.Request, status: int, message: str) -> dict:
+    if request.path.startswith("/v1/messages"):  # Anthropic's shape: its clients read `type` and `error.type`
+        kind = ANTHROPIC_ERRORS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+        return {"type": "error", "error": {"type": kind, "message": message}}
     if request.path.startswith("/v1/"):  # OpenAI's shape
         kind = {401: "authentication_error", 404: "not_found_error"}.get(status, "invalid_request_error")
         kind = "api_error" if status >= 500 else kind
@@ -161,7 +169,10 @@ async def auth_middleware(request: web.Request, handler):
     key = request.app[STATE].settings.api_key
     if key and not (request.method == "HEAD" and request.path == "/"):
         scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
-        # the scheme is case-insensitive (RFC 9110): 'bearer' and 'BEARER' are 'Bearer'
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), key.encode()):
+        # the scheme is case-insensitive (RFC 9110): 'bearer' and 'BEARER' are 'Bearer'; Anthropic's clients
+        # (its SDK, Claude Code) send the key as x-api-key instead
+        if scheme.lower() != "bearer":
+            given = request.headers.get("x-api-key", "")
+        if not hmac.compare_digest(given.strip().encode(), key.encode()):
             raise ApiError(401, "missing or wrong API key: send Authorization: Bearer <MLXSPEC_API_KEY>")
     return await handler(request)

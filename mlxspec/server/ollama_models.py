@@ -114,7 +114,8 @@ def _parameters(params: dict) -> str:
 async def ps(request: web.Request) -> web.Response:
     state = request.app[STATE]
     models = []
-    for name, loaded in list(state.registry.loaded.items()):
+    # as Ollama: the model kept longest first
+    for name, loaded in sorted(state.registry.loaded.items(), key=lambda kv: -kv[1].expires_at):
         if loaded.engine is None:
             continue
         known = facts.from_engine(loaded.engine, loaded.manifest)

@@ -87,7 +87,7 @@ def _generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> li
     if req.raw:
         return engine.encode(req.prompt)
     template = req.template or manifest.template
-    system = req.system if req.system is not None else manifest.system
+    system = req.system or manifest.system  # as Ollama: an empty `system` keeps the model's
     if req.suffix and not uses_suffix(template):
         fim = fim_tokens(engine.tokenizer.get_added_vocab())
         if fim is None:
@@ -269,8 +269,8 @@ def check_messages(messages, openai: bool = False) -> list[dict]:
             raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}")
         if openai and isinstance(content, list):
             content = _text_parts(content, i)
-        if content is None and m.get("tool_calls"):
-            content = ""
+        if content is None and (m.get("tool_calls") or not openai):  # Ollama reads a missing content as "" (its
+            content = ""                                               # client drops empty ones)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string")
         if m.get("images"):

@@ -67,9 +67,10 @@ def input_messages(body: dict) -> list[dict]:
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
+            output = item.get("output")  # a string, or content parts (as a message's, checked alike)
+            output = _content(output, i) if isinstance(output, list) else output
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": output if isinstance(output, str) else json.dumps(output)})
+                        "content": output if isinstance(output, (str, list)) else json.dumps(output)})
         elif kind != "reasoning":  # earlier reasoning is not shown to the model again
             raise ApiError(400, f"input[{i}].type {kind!r} is not supported (message, function_call, function_call_output)")
     if all(m["role"] in ("system", "developer") for m in out):

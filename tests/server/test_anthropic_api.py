@@ -7,7 +7,7 @@ from __future__ import annotations
 import anthropic
 import pytest
 
-from api_helpers import TOOL_CALL_REPLY, TOOL_CALL_TEMPLATE, scripted_models
+from api_helpers import TOOL_CALL_REPLY, TOOL_CALL_TEMPLATE, post, scripted_models
 
 THINK_TEMPLATE = (
     "{% if enable_thinking is defined %}thinking={{ enable_thinking }}\n{% endif %}"
@@ -109,3 +109,38 @@ def test_a_stop_sequence_is_named_in_the_stop_reason(client, stories_model):
     assert final.stop_reason == "stop_sequence" and final.stop_sequence == "girl named"
     free = ac.messages.create(**{**kwargs, "stop_sequences": ["dragon"]})
     assert free.stop_reason == "max_tokens" and free.stop_sequence is None
+
+
+def test_errors_take_anthropics_shape(client, daemon):
+    """Anthropic's errors are {"type": "error", "error": {"type", "message"}} (app.py writes OpenAI's
+    shape under /v1/): Claude-compatible tools read `type` and `error.type`."""
+    ac, _ = client
+    with pytest.raises(anthropic.NotFoundError) as e:
+        ac.messages.create(model="nothing-here", max_tokens=8, messages=USER)
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    assert "not found" in e.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError) as e:
+        ac.messages.create(model="tiny", max_tokens=8, messages=[])
+    assert e.value.body == {"type": "error", "error": {"type": "invalid_request_error",
+                                                       "message": "messages must not be empty"}}
+    status, body = post(daemon.url + "/v1/messages", b"{not json")
+    assert status == 400 and body["type"] == "error" and body["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_max_tokens_below_one_is_a_400(client, max_tokens):
+    """Anthropic requires max_tokens >= 1; -1 (Ollama's "no limit") would generate to the context's end."""
+    ac, _ = client
+    with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
+        ac.messages.create(model="tiny", max_tokens=max_tokens, messages=USER)
+
+
+def test_message_start_counts_the_input(client):
+    """message_start's usage holds the prompt's input_tokens, as Anthropic sends them (clients that
+    only read output_tokens from message_delta keep what message_start said)."""
+    ac, _ = client
+    whole = ac.messages.create(model="tiny", max_tokens=4, messages=USER)
+    with ac.messages.stream(model="tiny", max_tokens=4, messages=USER) as stream:
+        start = next(e for e in stream if e.type == "message_start")
+        stream.until_done()
+    assert whole.usage.input_tokens > 0 and start.message.usage.input_tokens == whole.usage.input_tokens

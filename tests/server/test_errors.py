@@ -128,6 +128,10 @@ def test_api_key_and_cors(tmp_path):
         assert status == 401 and body["error"]["type"] == "authentication_error"
         auth = {"Authorization": "Bearer s3cret"}
         assert post(d.url + "/api/tags", b"", method="GET", headers=auth) == (200, {"models": []})
+        # Anthropic's clients send x-api-key, and read its error shape
+        assert post(d.url + "/api/tags", b"", method="GET", headers={"x-api-key": "s3cret"}) == (200, {"models": []})
+        status, body = post(d.url + "/v1/messages", {}, headers={"x-api-key": "wrong"})
+        assert status == 401 and body["type"] == "error" and body["error"]["type"] == "authentication_error"
 
         conn = http.client.HTTPConnection("127.0.0.1", d.port)
         conn.request("GET", "/api/version", headers={**auth, "Origin": "https://app.example"})

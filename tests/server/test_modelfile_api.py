@@ -91,7 +91,7 @@ def test_show_modelfile_round_trips_through_create(daemon, tiny_llama, tmp_path)
     ({"renderer": "qwen3"}, 400, "RENDERER"),
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0] must be"),
     ({"license": [1]}, 400, "license must be"),
-    ({"parameters": {"mirostat": 1}}, 400, "unknown option 'mirostat'"),
+    ({"parameters": {"mirostat_x": 1}}, 400, "unknown option 'mirostat_x'"),
 ])
 def test_create_refusals_name_the_problem(daemon, body, status, words):
     got, answer = post(daemon.url + "/api/create", {"model": "refused", "from": "tiny", "stream": False, **body})

@@ -89,3 +89,20 @@ def test_what_it_cannot_do_is_a_400(client, extra, match):
     oa, _ = client
     with pytest.raises(openai.BadRequestError, match=match):
         oa.responses.create(**{"model": "tiny", "input": "hi", **extra})
+
+
+def test_a_function_call_output_may_be_a_list_of_text_parts(client):
+    """A function_call_output's `output` is a string or a list of content parts (input_text, ...): the tool
+    sees their text, not the list's JSON; an image part is refused as images are elsewhere."""
+    oa, prompts = client
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+    parts = [{"type": "input_text", "text": "18 C, "}, {"type": "input_text", "text": "sunny"}]
+    oa.responses.create(model="caller", tools=[WEATHER], input=[
+        {"role": "user", "content": "Weather in Paris?"}, call,
+        {"type": "function_call_output", "call_id": "call_1", "output": parts}])
+    assert "<|im_start|>tool\n18 C, sunny<|im_end|>" in prompts[-1]
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    with pytest.raises(openai.BadRequestError, match="does not support images"):
+        oa.responses.create(model="caller", tools=[WEATHER], input=[
+            {"role": "user", "content": "Weather in Paris?"}, call,
+            {"type": "function_call_output", "call_id": "call_1", "output": [image]}])

@@ -215,3 +215,18 @@ def test_a_template_that_shows_tools_in_an_unknown_format_is_served(daemon):
     assert "tools" in client.show("odd-tools").capabilities  # listed, as Ollama lists any `.Tools` template
     out = client.chat(model="odd-tools", messages=USER, tools=[WEATHER], options={"temperature": 0, "num_predict": 4})
     assert out.done and not out.message.tool_calls
+
+
+@pytest.mark.parametrize("tool, match", [
+    (1, r"tools\[0\] must be"),  # was a 500 (the template library refused it)
+    ({"type": "function"}, r"tools\[0\] must be"),  # was a 400 "template error: ... has no attribute 'function'"
+    ({"type": "web_search"}, r"tools\[0\] must be"),
+    ({"type": "function", "function": {"description": "no name"}}, r"tools\[0\]\.function\.name"),  # was served
+    ({"type": "function", "function": {"name": "f", "parameters": "x"}}, r"tools\[0\]\.function\.parameters"),
+])
+def test_openai_malformed_tools_are_400s_naming_the_field(daemon, tools_model, tool, match):
+    """As OpenAI: a tool that is not {"type": "function", "function": {"name", "parameters"?: object}} is a 400
+    naming the field, before any template sees it."""
+    client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match=match):
+        client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER, tool][::-1], max_tokens=2)
