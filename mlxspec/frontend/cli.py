@@ -39,11 +39,13 @@ class Cli(click.Group):
         """Errors become one line on stderr and exit status 1."""
         try:
             return super().main(*args, **{**kwargs, "standalone_mode": False})
-        except click.exceptions.Abort:
+        except click.exceptions.Abort as e:
+            if isinstance(e.__context__, KeyboardInterrupt):  # Ctrl-C, which click makes an Abort: status 130
+                sys.exit(130)
             click.echo("Aborted.", err=True)
         except click.ClickException as e:
             click.echo(f"Error: {e.format_message()}", err=True)
-        except (MlxspecError, OptionsError) as e:
+        except (MlxspecError, OptionsError, OSError) as e:  # OSError: a home that is a file, a full disk ...
             click.echo(f"Error: {e}", err=True)
         except KeyboardInterrupt:
             click.echo("", err=True)
@@ -52,7 +54,7 @@ class Cli(click.Group):
 
 
 @click.group(cls=Cli, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_version("mlxspec"), prog_name="mlxspec")
+@click.version_option(package_version("mlxspec"), "-v", "--version", prog_name="mlxspec")  # -v as Ollama
 def cli():
     """Speculative decoding on MLX, served the way Ollama serves models."""
 
@@ -182,7 +184,8 @@ class BareFlagValues(click.Command):
 @click.option("--hidethinking", is_flag=True, help="Don't print the thinking (if the model thinks).")
 @click.option("--nowordwrap", is_flag=True, help="Don't wrap words to the next line (piped output never wraps).")
 def run(model, prompt, verbose, keepalive, format_, think, hidethinking, nowordwrap):
-    """Answer PROMPT (or stdin), or chat interactively when neither is given."""
+    """Answer PROMPT (or stdin), or chat interactively when neither is given; an empty PROMPT ("") only loads
+    the model (as Ollama's preload)."""
     from .repl import Session, repl
 
     answer_format, think = format_option(format_), think_option(think)  # refused before any daemon is called
@@ -193,21 +196,20 @@ def run(model, prompt, verbose, keepalive, format_, think, hidethinking, nowordw
     if not sys.stdin.isatty():
         piped = sys.stdin.read()
         text = f"{piped.rstrip()}\n\n{text}".strip() if piped.strip() else text
-    thinks = "thinking" in (info.get("capabilities") or [])
-    think = True if think is None and thinks else think  # as Ollama's CLI: a model that can think does
-    session = Session(c, model, chat=bool(info.get("mlxspec", {}).get("chat")), verbose=verbose, keep_alive=keepalive,
-                      format=answer_format, think=think, thinks=thinks,
-                      hide_thinking=hidethinking, wordwrap=not nowordwrap, terminal=sys.stdout.isatty())
-    if sys.stderr.isatty():  # loading a large model takes a while: say so, then load
+    session = Session(c, model, chat=False, verbose=verbose, keep_alive=keepalive, format=answer_format, think=think,
+                      think_set=think is not None, hide_thinking=hidethinking, wordwrap=not nowordwrap,
+                      terminal=sys.stdout.isatty())
+    session.adopt(model, info)  # its chat template, whether it thinks, its saved conversation
+    only_load = not text and (bool(prompt) or not (sys.stdin.isatty() and sys.stdout.isatty()))  # as Ollama: `run M ""`
+    if sys.stderr.isatty():  # loading a large model takes a while: say so
         click.echo(f"loading {model} ...", err=True)
+    if sys.stderr.isatty() or only_load:
         c.request("POST", "/api/generate", {"model": model, **({"keep_alive": keepalive} if keepalive else {})})
     if text:
         session.ask(text)
-    elif sys.stdin.isatty():
+    elif not only_load:
         _load_history()
         repl(session)
-    else:
-        raise click.UsageError("no prompt: give one as an argument or on stdin")
 
 
 def format_option(value: str | None) -> str | dict | None:

@@ -134,4 +134,5 @@ def _error_text(data: bytes, status: int) -> str:
         err = None
     if isinstance(err, dict):  # OpenAI's shape
         err = err.get("message")
-    return str(err) if err else f"HTTP {status}: {data[:200].decode(errors='replace')}"
+    text = " ".join(data[:200].decode(errors="replace").split())  # an error page's lines: one line, as every error
+    return str(err) if err else f"HTTP {status}: {text}"

@@ -53,18 +53,25 @@ def pull(model):
     pull_with_progress(_client(), model)
 
 
+def _named(models: list[dict], prefix: str | None) -> list[dict]:
+    """The models whose name begins with `prefix` (any case), as Ollama's `list PREFIX` and `ps PREFIX`."""
+    return [m for m in models if not prefix or m["name"].lower().startswith(prefix.lower())]
+
+
 @click.command("list")
-def list_models():
-    """List the models in the store."""
-    models = _client().request("GET", "/api/tags")["models"]
+@click.argument("prefix", required=False)
+def list_models(prefix):
+    """List the models in the store (those whose name begins with PREFIX)."""
+    models = _named(_client().request("GET", "/api/tags")["models"], prefix)
     rows = [(m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])) for m in models]
     click.echo(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
 
 
 @click.command()
-def ps():
-    """List the models loaded in the daemon."""
-    models = _client().request("GET", "/api/ps")["models"]
+@click.argument("prefix", required=False)
+def ps(prefix):
+    """List the models loaded in the daemon (those whose name begins with PREFIX)."""
+    models = _named(_client().request("GET", "/api/ps")["models"], prefix)
     rows = [
         (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "", str(m.get("context_length") or ""),
          until(m["expires_at"]))
@@ -75,14 +82,19 @@ def ps():
 
 @click.command()
 @click.argument("model")
-@click.option("--modelfile", "part", flag_value="modelfile", help="Show the Modelfile-style description.")
-@click.option("--parameters", "part", flag_value="parameters", help="Show the default parameters.")
-@click.option("--template", "part", flag_value="template", help="Show the template.")
-@click.option("--system", "part", flag_value="system", help="Show the system message.")
-@click.option("--license", "part", flag_value="license", help="Show the license.")
+@click.option("--modelfile", is_flag=True, help="Show the Modelfile-style description.")
+@click.option("--parameters", is_flag=True, help="Show the default parameters.")
+@click.option("--template", is_flag=True, help="Show the template.")
+@click.option("--system", is_flag=True, help="Show the system message.")
+@click.option("--license", "license_", is_flag=True, help="Show the license.")
 @click.option("-v", "--verbose", is_flag=True, help="Show everything the daemon knows, as JSON.")
-def show(model, part, verbose):
+def show(model, modelfile, parameters, template, system, license_, verbose):
     """Show a model's details."""
+    parts = [name for name, on in (("modelfile", modelfile), ("parameters", parameters), ("template", template),
+                                   ("system", system), ("license", license_)) if on]
+    if len(parts) > 1:  # as Ollama: one part at a time, not silently the last one
+        raise click.UsageError("only one of --license, --modelfile, --parameters, --system or --template can be given")
+    part = parts[0] if parts else None
     info = _client().request("POST", "/api/show", {"model": model})
     if verbose:
         click.echo(json.dumps(info, indent=2))

@@ -8,29 +8,49 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Callable
 
 import click
 
-from .client import Client
+from .client import ApiError, Client
 from .display import AnswerPrinter, WordWrap, terminal_width
 from ..options import GenerateOptions, OptionsError
 from ..stats import Stats
 
-HELP = """Commands:
-  /set parameter <name> <value>   set an option (temperature, num_predict, draft_num_predict, stop, ...)
-  /set system <text>              set the system message
+SET_HELP = """  /set parameter <name> <value>   set an option (temperature, num_predict, draft_num_predict, stop, ...)
+  /set system <string>            set the system message (\"\"\" for several lines)
   /set verbose | /set quiet       show or hide statistics after each answer
   /set format json                answer in JSON (constrained)
   /set noformat                   answer in free text
   /set think [high|medium|low|max] let the model think first (models that support it)
   /set nothink                    ask the model not to think
-  /set wordwrap | /set nowordwrap wrap words at the terminal's width, or not
-  /show info                      show the model's details
+  /set wordwrap | /set nowordwrap wrap words at the terminal's width, or not"""
+
+SHOW_HELP = """  /show info                      show the model's details
+  /show license | modelfile       show the model's license, or its Modelfile
+  /show parameters                show the model's parameters, and this session's
+  /show system | template         show the system message, or the prompt template"""
+
+HELP = f"""Commands:
+{SET_HELP}
+{SHOW_HELP}
+  /load <model>                   load another model: the conversation starts over
+  /save <model>                   save this session (system, parameters, conversation) as a model
   /clear                          forget the conversation
-  /bye                            exit (also Ctrl-D)
-  /? or /help                     this help
+  /bye or /exit                   exit (also Ctrl-D)
+  /? or /help [set|show]          this help, or its /set or /show part
 Use \"\"\" to begin and end a message of several lines."""
+
+PARAMETERS_HELP = """Available Parameters:
+  /set parameter seed <int>               random number seed
+  /set parameter num_predict <int>        tokens to generate at most
+  /set parameter temperature <float>      0 is greedy decoding
+  /set parameter top_k <int>              pick from the top k tokens
+  /set parameter top_p <float>            pick from the tokens within this probability
+  /set parameter num_ctx <int>            the context size
+  /set parameter draft_num_predict <int>  tokens drafted per round (0: no speculation)
+  /set parameter stop <string> <string> ...   stop at any of these (replaces the earlier ones)"""
 
 
 THINK_LEVELS = ("high", "medium", "low", "max")  # besides true/false, as Ollama's `think`
@@ -50,11 +70,22 @@ class Session:
     echo: Callable = click.echo
     format: str | dict | None = None  # "json" or a JSON schema: the answer is constrained to it
     think: bool | str | None = None  # None: the model's default
+    think_set: bool = False  # the user chose `think` (--think, /set think): a /load keeps it
     thinks: bool = False  # the model can think (its capabilities say "thinking")
     hide_thinking: bool = False
     wordwrap: bool = True  # wrap words, where the output is a terminal
     terminal: bool = False  # stdout is a terminal: piped output is never wrapped
     width: Callable[[], int] = terminal_width
+    saved_messages: list = dataclasses.field(default_factory=list)  # the model's own conversation (/save keeps it)
+
+    def adopt(self, model: str, info: dict) -> None:
+        """Take on a model from its /api/show answer; the conversation starts over."""
+        self.model, self.chat = model, bool(info.get("mlxspec", {}).get("chat"))
+        self.thinks = "thinking" in (info.get("capabilities") or [])
+        if not self.think_set:  # as Ollama's CLI: a model that can think does, unless told otherwise
+            self.think = True if self.thinks else None
+        self.saved_messages = list(info.get("messages") or [])
+        self.clear()
 
     def ask(self, text: str) -> None:
         """Stream the answer to `text`; Ctrl-C stops it (the daemon cancels the generation)."""
@@ -95,21 +126,37 @@ class Session:
         if self.verbose and final is not None:
             self.echo(verbose_report(final), err=True)
 
-    def set_parameter(self, name: str, raw: str) -> None:
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            value = raw
+    def set_parameter(self, name: str, raw: list[str]) -> None:
+        """As Ollama's /set parameter: one value, or for stop the words given (replacing the earlier ones)."""
+        values = [_json_or_text(word) for word in raw]
         new = dict(self.options)
         if name == "stop":
-            new["stop"] = list(new.get("stop", [])) + [str(value)]
+            new["stop"] = [str(v) for v in values]
         else:
-            new[name] = value
+            new[name] = values[0] if len(values) == 1 else " ".join(raw)
         GenerateOptions.from_dict(new)  # refuse it here, not at the next answer
         self.options = new
 
+    def save(self, name: str) -> None:
+        """/save NAME: a model made of this one with the session's system message, parameters and conversation."""
+        body: dict = {"model": name, "from": self.model}
+        if self.system:
+            body["system"] = self.system
+        if self.options:
+            body["parameters"] = self.options
+        if self.messages:  # they replace the model's own: keep those first
+            body["messages"] = self.saved_messages + self.messages
+        self.client.request("POST", "/api/create", {**body, "stream": False})
+
     def clear(self) -> None:
         self.messages, self.context = [], []
+
+
+def _json_or_text(word: str):
+    try:
+        return json.loads(word)
+    except ValueError:
+        return word
 
 
 def verbose_report(final: dict) -> str:
@@ -128,20 +175,25 @@ def stats_from(data: dict) -> Stats:
     return Stats(**{k: v for k, v in data.items() if k in names})
 
 
+MULTILINE = re.compile(r'\s*(/set\s+system\s+)?"""')  # a message, or a system message, of several lines
+
+
 def read_message(read: Callable[[str], str]) -> str:
-    """One message: a line, or several between triple quotes."""
+    """One message: a line, or several between triple quotes (also after /set system)."""
     line = read(">>> ")
-    if not line.lstrip().startswith('"""'):
+    opened = MULTILINE.match(line)
+    if not opened:
         return line
-    lines = [line.lstrip()[3:]]
+    lines = [line[opened.end():]]
     while not lines[-1].rstrip().endswith('"""'):
         lines.append(read("... "))
     lines[-1] = lines[-1].rstrip()[:-3]
-    return "\n".join(lines).strip()
+    text = "\n".join(lines).strip()
+    return f"/set system {text}" if opened.group(1) else text
 
 
 def repl(session: Session, read: Callable[[str], str] = input) -> None:
-    """The interactive loop; returns on /bye or end of input."""
+    """The interactive loop; returns on /bye, /exit or end of input."""
     echo = session.echo
     echo("Send a message (/? for help)", err=True)
     while True:
@@ -156,48 +208,112 @@ def repl(session: Session, read: Callable[[str], str] = input) -> None:
         command = text.strip()
         if not command:
             continue
-        if command == "/bye":
+        if command.split()[0] in ("/bye", "/exit"):
             return
-        if command.startswith("/"):
-            run_command(session, command)
-        else:
-            session.ask(text)
+        try:
+            if command.startswith("/"):
+                run_command(session, command)
+            else:
+                session.ask(text)
+        except ApiError as e:  # the daemon refused this one request: the session goes on
+            echo(f"Error: {e}", err=True)
 
 
 def run_command(session: Session, command: str) -> None:
-    echo = session.echo
-    words = command.split(maxsplit=3)
+    words = command.split()
     try:
-        if words[:2] == ["/set", "parameter"] and len(words) == 4:
-            session.set_parameter(words[2], words[3])
-            echo(f"Set parameter '{words[2]}' to '{words[3]}'", err=True)
-        elif words[:2] == ["/set", "system"] and len(words) >= 3:
-            session.system = command.split(maxsplit=2)[2]
-            echo("Set system message.", err=True)
-        elif words[:2] in (["/set", "verbose"], ["/set", "quiet"]):
-            session.verbose = words[1] == "verbose"
-            echo(f"Set '{words[1]}' mode.", err=True)
-        elif words[:2] in (["/set", "wordwrap"], ["/set", "nowordwrap"]):
-            session.wordwrap = words[1] == "wordwrap"
-            echo(f"Set '{words[1]}' mode.", err=True)
-        elif words[:2] == ["/set", "format"]:
-            set_format(session, words[2:])
-        elif words == ["/set", "noformat"]:
-            session.format = None
-            echo("Disabled format.", err=True)
-        elif words[:2] in (["/set", "think"], ["/set", "nothink"]):
-            set_think(session, words[1] == "think", words[2:])
-        elif words[:2] == ["/show", "info"]:
-            echo(show_info(session.client.request("POST", "/api/show", {"model": session.model})))
+        if words[0] == "/set":
+            set_command(session, command, words[1:])
+        elif words[0] == "/show":
+            show_command(session, words[1:])
+        elif words[0] in ("/load", "/save") and len(words) != 2:
+            session.echo(f"Usage:\n  {words[0]} <model>", err=True)
+        elif words[0] == "/load":
+            load_model(session, words[1])
+        elif words[0] == "/save":
+            session.save(words[1])
+            session.echo(f"Created new model '{words[1]}'", err=True)
         elif words == ["/clear"]:
             session.clear()
-            echo("Cleared session context.", err=True)
+            session.echo("Cleared session context.", err=True)
         elif words[0] in ("/?", "/help"):
-            echo(HELP)
+            part = {"set": SET_HELP, "show": SHOW_HELP}.get(words[1].lstrip("/") if len(words) > 1 else "")
+            session.echo(f"Commands:\n{part}" if part else HELP)
         else:
-            echo(f"Unknown command '{command}'. Type /? for help", err=True)
+            session.echo(f"Unknown command '{command}'. Type /? for help", err=True)
     except OptionsError as e:
-        echo(f"Error: {e}", err=True)
+        session.echo(f"Error: {e}", err=True)
+
+
+def set_command(session: Session, command: str, args: list[str]) -> None:
+    echo = session.echo
+    what = args[0] if args else ""
+    if what == "parameter" and len(args) >= 3:
+        session.set_parameter(args[1], args[2:])
+        echo(f"Set parameter '{args[1]}' to '{', '.join(args[2:])}'", err=True)
+    elif what == "parameter":
+        echo(PARAMETERS_HELP, err=True)
+    elif what == "system" and len(args) >= 2:
+        session.system = command.split(maxsplit=2)[2]
+        echo("Set system message.", err=True)
+    elif what in ("verbose", "quiet"):
+        session.verbose = what == "verbose"
+        echo(f"Set '{what}' mode.", err=True)
+    elif what in ("wordwrap", "nowordwrap"):
+        session.wordwrap = what == "wordwrap"
+        echo(f"Set '{what}' mode.", err=True)
+    elif what == "format":
+        set_format(session, args[1:])
+    elif what == "noformat" and len(args) == 1:
+        session.format = None
+        echo("Disabled format.", err=True)
+    elif what in ("think", "nothink"):
+        set_think(session, what == "think", args[1:])
+    elif what in ("", "system"):
+        echo(f"Commands:\n{SET_HELP}", err=True)
+    else:
+        echo(f"Unknown command '/set {what}'. Type /? for help", err=True)
+
+
+def show_command(session: Session, args: list[str]) -> None:
+    """/show PART, as Ollama's: the session's own system message and parameters come first."""
+    echo = session.echo
+    if len(args) != 1:
+        echo(f"Commands:\n{SHOW_HELP}", err=True)
+        return
+    if args[0] not in ("info", "license", "modelfile", "parameters", "system", "template"):
+        echo(f"Unknown command '/show {args[0]}'. Type /? for help", err=True)
+        return
+    info = session.client.request("POST", "/api/show", {"model": session.model})
+    if args[0] == "info":
+        echo(show_info(info))
+    elif args[0] == "parameters":
+        echo("Model defined parameters:\n" + _indented(info.get("parameters") or "No parameters were specified."))
+        if session.options:
+            echo("User defined parameters:\n" + _indented("\n".join(f"{k:<30} {v}" for k, v in session.options.items())))
+    elif args[0] == "system":
+        echo(session.system or info.get("system") or "No system message was specified for this model.")
+    else:
+        echo(info.get(args[0]) or f"No {args[0]} was specified for this model.")
+
+
+def _indented(text: str) -> str:
+    return "\n".join(f"  {line}" for line in text.splitlines())
+
+
+def load_model(session: Session, model: str) -> None:
+    """/load MODEL: another model, loaded now; one the daemon does not have leaves the session as it was."""
+    session.echo(f"Loading model '{model}'", err=True)
+    try:
+        info = session.client.request("POST", "/api/show", {"model": model})
+    except ApiError as e:
+        if e.status != 404:
+            raise
+        session.echo(f"Couldn't find model '{model}'", err=True)
+        return
+    session.adopt(model, info)
+    session.client.request("POST", "/api/generate", {"model": model, **({"keep_alive": session.keep_alive}
+                                                                         if session.keep_alive else {})})
 
 
 def set_format(session: Session, args: list[str]) -> None:

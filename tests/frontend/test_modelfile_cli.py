@@ -48,7 +48,7 @@ def test_create_from_a_modelfile_and_show_one_that_round_trips(daemon, tiny_llam
 
 
 @pytest.mark.parametrize("text, words", [
-    ("FROM tiny\nPARAMETER mirostat 1\n", "'mirostat': unknown parameter"),
+    ("FROM tiny\nPARAMETER mirostat_x 1\n", "'mirostat_x': unknown parameter"),
     ("FROM {model}\nTEMPLATE {{{{ .Tools }}}}\n", ".Tools is not supported"),
     ("FROM {model}\nADAPTER ./lora.gguf\n", "ADAPTER"),
 ])
