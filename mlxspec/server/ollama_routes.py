@@ -13,7 +13,7 @@ from ..options import GenerateOptions
 from ..store import Manifest
 from . import logprobs as logprob_fields
 from .prompts import GeneratePrompt, chat_build, check_messages, fitted_generate_ids, reply_splitter
-from .requests import ApiError, field, format_field, model_field, parse_duration, read_json
+from .requests import ApiError, check_tools, field, format_field, model_field, parse_duration, read_json
 from .scheduler import Job
 from .state import STATE, State
 from .streams import ndjson, now_iso, ns
@@ -77,7 +77,7 @@ async def chat(request: web.Request) -> web.StreamResponse:
     messages = check_messages(field(body, "messages", list, []))
     if not messages:
         return await load_or_unload(state, name, manifest, keep_alive, _message("", []))
-    tools, think, found = field(body, "tools", list), think_field(body), Found()
+    tools, think, found = check_tools(field(body, "tools", list)), think_field(body), Found()
 
     opts = options(body, manifest)
     build = chat_build(manifest, name, messages, tools, think, found,  # the reasoning goes to message.thinking

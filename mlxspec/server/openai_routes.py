@@ -18,7 +18,7 @@ from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, parse_name
 from . import logprobs as logprob_fields
 from .prompts import GeneratePrompt, chat_build, check_messages, fitted_generate_ids
-from .requests import ApiError, field, format_field, read_json
+from .requests import ApiError, check_tools, field, format_field, read_json
 from .scheduler import Job
 from .state import STATE
 from .streams import sse
@@ -51,20 +51,7 @@ def tools_field(body: dict) -> list | None:
         return None
     if choice not in (None, "auto"):
         raise ApiError(400, "tool_choice: only \"auto\" and \"none\" are supported (a call cannot be forced)")
-    for i, tool in enumerate(tools or []):
-        check_tool(tool, f"tools[{i}]")
-    return tools
-
-
-def check_tool(tool, where: str) -> None:
-    """A function tool, checked before a template sees it (a malformed one was a template error or a 500)."""
-    fn = tool.get("function") if isinstance(tool, dict) else None
-    if not isinstance(fn, dict) or tool.get("type", "function") != "function":
-        raise ApiError(400, f'{where} must be {{"type": "function", "function": {{"name": ...}}}} (only function tools are supported)')
-    if not isinstance(fn.get("name"), str):
-        raise ApiError(400, f"Missing required parameter: '{where}.function.name'.")
-    if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-        raise ApiError(400, f"{where}.function.parameters must be an object (a JSON schema)")
+    return check_tools(tools)
 
 
 def think_field(body: dict) -> bool | str | None:

@@ -134,3 +134,17 @@ def format_field(value) -> str | dict | None:
         return None
     format_grammar(value)  # FormatError (400) naming the problem
     return value
+
+
+def check_tools(tools: list | None) -> list | None:
+    """Function tools (OpenAI's shape, Ollama's too), checked before a template sees them: a malformed one was a
+    template error or a 500."""
+    for i, tool in enumerate(tools or []):
+        where, fn = f"tools[{i}]", tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or tool.get("type", "function") != "function":
+            raise ApiError(400, f'{where} must be {{"type": "function", "function": {{"name": ...}}}} (only function tools are supported)')
+        if not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"Missing required parameter: '{where}.function.name'.")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise ApiError(400, f"{where}.function.parameters must be an object (a JSON schema)")
+    return tools

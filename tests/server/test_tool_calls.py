@@ -8,6 +8,7 @@ a Qwen-style model asked to call a tool would write. The parsers are also tested
 from __future__ import annotations
 
 import json
+import re
 
 import ollama
 import openai
@@ -224,9 +225,11 @@ def test_a_template_that_shows_tools_in_an_unknown_format_is_served(daemon):
     ({"type": "function", "function": {"description": "no name"}}, r"tools\[0\]\.function\.name"),  # was served
     ({"type": "function", "function": {"name": "f", "parameters": "x"}}, r"tools\[0\]\.function\.parameters"),
 ])
-def test_openai_malformed_tools_are_400s_naming_the_field(daemon, tools_model, tool, match):
+def test_malformed_tools_are_400s_naming_the_field(daemon, tools_model, tool, match):
     """As OpenAI: a tool that is not {"type": "function", "function": {"name", "parameters"?: object}} is a 400
-    naming the field, before any template sees it."""
+    naming the field, before any template sees it; /api/chat checks its tools alike (tools: [1] was a 500 there)."""
     client = openai.OpenAI(base_url=daemon.url + "/v1", api_key="unused", max_retries=0)
     with pytest.raises(openai.BadRequestError, match=match):
         client.chat.completions.create(model="tools", messages=USER, tools=[WEATHER, tool][::-1], max_tokens=2)
+    status, out = post(daemon.url + "/api/chat", {"model": "tools", "messages": USER, "tools": [tool], "stream": False})
+    assert status == 400 and re.search(match, out["error"])
