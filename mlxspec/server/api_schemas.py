@@ -129,7 +129,7 @@ CREATE = obj({
 }, ("from",), **_NAMED)
 COPY = obj({"source": MODEL, "destination": MODEL}, ("source", "destination"))
 _OPENAI_COMMON = {
-    "model": MODEL, "max_tokens": {"type": "integer", "minimum": -1}, "max_completion_tokens": {"type": "integer", "minimum": -1},
+    "model": MODEL, "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 100, "description": "default 1.0"},
     "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, "seed": {"type": "integer", "minimum": -1, "maximum": 2**64 - 1},
     "stop": {"anyOf": [{"type": "string", "minLength": 1}, array({"type": "string", "minLength": 1})]},
@@ -164,7 +164,7 @@ RESPONSES = obj({
     "model": MODEL, "input": {"anyOf": [STR, array(_RESPONSE_INPUT, minItems=1)]}, "instructions": STR,
     "tools": array(obj({"type": {"enum": ["function"]}, "name": {"type": "string", "minLength": 1}, "description": STR,
                         "parameters": {"type": "object"}, "strict": BOOL}, ("type", "name"))),
-    "tool_choice": {"enum": ["auto", "none"]}, "max_output_tokens": {"type": "integer", "minimum": -1},
+    "tool_choice": {"enum": ["auto", "none"]}, "max_output_tokens": {"type": "integer", "minimum": 1},
     "temperature": _OPENAI_COMMON["temperature"], "top_p": _OPENAI_COMMON["top_p"], "stream": BOOL, "store": BOOL,
     "reasoning": obj({"effort": {"enum": ["none", "minimal", "low", "medium", "high"]}}),
     "text": obj({"format": {"anyOf": [

@@ -141,6 +141,8 @@ def options(body: dict, manifest: Manifest, logprobs: int | None = None) -> Gene
     opts = field(body, "options", dict, {})
     max_tokens = field(body, "max_completion_tokens", int)
     max_tokens = field(body, "max_tokens", int) if max_tokens is None else max_tokens
+    if max_tokens is not None and max_tokens < 1:  # as OpenAI (0 was an empty answer, -1 no limit at all)
+        raise ApiError(400, f"Invalid 'max_tokens': integer below minimum value. Expected a value >= 1, got {max_tokens}.")
     for key, value in (
         ("num_predict", max_tokens),
         ("temperature", field(body, "temperature", float)),

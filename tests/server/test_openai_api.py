@@ -118,3 +118,14 @@ def test_stream_error_after_start_is_a_final_event(daemon):
     finally:
         registry.loader = original
         daemon.call(registry.unload("tiny-plain:latest"))
+
+
+@pytest.mark.parametrize("max_tokens", [0, -1])
+def test_max_tokens_below_one_is_a_400(client, max_tokens):
+    """As OpenAI: max_tokens (or max_completion_tokens) below 1 is refused, not an empty answer or no limit."""
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=max_tokens)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.chat.completions.create(model="tiny", messages=MESSAGES, max_completion_tokens=max_tokens)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="tiny-plain", prompt="Once", max_tokens=max_tokens)
