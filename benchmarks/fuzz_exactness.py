@@ -3,7 +3,9 @@
     python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--out FILE]
 
 Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories260K where ../shared has it, each
-with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights) and early exit.
+with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights), early exit and
+an untrained EAGLE head on the model quantized to 4 bits (its favourites trees make draft_width > 1 run
+tree rounds).
 A case draws a prompt (random words with repeated phrases, so lookup finds matches) and options: draft length
 1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop string cut from plain decoding's own text, a
 repeat penalty, logprobs, a context window a few tokens past the prompt, JSON output. The property:
@@ -32,6 +34,8 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # this checkout's mlxspec, the tests' model factory
 
+import mlx.core as mx  # noqa: E402
+
 from mlxspec.engine import Engine  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
 from model_factory import make_model_dir  # noqa: E402
@@ -39,11 +43,29 @@ from model_factory import make_model_dir  # noqa: E402
 STORIES = HERE.parent.parent / "shared" / "models" / "stories260K"
 WORDS = ("the cat sat on a mat and then it ran to the old red door where one small bird sang all day "
          "while we read some long books about far away hills { } : , \" 1 2 3").split()
-DRAFTERS = ("lookup", "draft-model", "early-exit")
+DRAFTERS = ("lookup", "draft-model", "early-exit", "eagle")
+
+
+EAGLE_QUANTIZE = "q4"  # tree passes run on the CPU where the target's blocks fuse (4/8-bit layers)
+
+
+def random_eagle_head(model_dir: Path, out: Path) -> Path:
+    """An untrained EAGLE head (random weights) for the model quantized as EAGLE_QUANTIZE: exactness must not depend
+    on training, and its favourites trees (draft_width > 1) run tree rounds, which only learned heads draft."""
+    from mlxspec.heads import eagle, files
+    from mlxspec.loading import load
+
+    model = load(str(model_dir), quantize=EAGLE_QUANTIZE).model
+    mx.random.seed(0)
+    head = eagle.EagleHead(eagle.block_config(model))
+    rows = eagle.DraftHead(model, mx.arange(1)).module_rows
+    config = {"target_sha256": files.identity(model), "target": str(model_dir), "block": eagle.block_config(model)}
+    return eagle.save(out, head, mx.arange(rows, dtype=mx.int32), config)
 
 
 def engines(root: Path, stories: bool) -> dict[str, Engine]:
-    """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights)."""
+    """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights;
+    EAGLE: a random head)."""
     models = {"llama": make_model_dir(root / "llama", "llama", seed=0),
               "qwen2": make_model_dir(root / "qwen2", "qwen2", seed=2, scale=1.0)}
     drafts = {"llama": make_model_dir(root / "llama-other", "llama", seed=1),
@@ -56,7 +78,10 @@ def engines(root: Path, stories: bool) -> dict[str, Engine]:
             if drafter == "draft-model" and name not in drafts:
                 continue
             draft = str(drafts[name]) if drafter == "draft-model" else None
-            out[f"{name}/{drafter}"] = Engine.load(str(path), drafter=drafter, draft=draft)
+            quantize = EAGLE_QUANTIZE if drafter == "eagle" else None
+            if drafter == "eagle":
+                drafter = f"eagle:{random_eagle_head(path, root / f'{name}-eagle')}"
+            out[f"{name}/{drafter.split(':')[0]}"] = Engine.load(str(path), drafter=drafter, draft=draft, quantize=quantize)
     return out
 
 
@@ -97,7 +122,7 @@ def run(engine: Engine, text: str, case: dict) -> dict:
     return {"tokens": [t for e in events for t in e.tokens], "text": "".join(e.text for e in events),
             "finish": last.finish_reason, "stop_string": last.stop_string,
             "logprobs": [dataclasses.astuple(lp) for e in events for lp in e.text_logprobs],
-            "drafted": last.stats.drafted, "accepted": last.stats.accepted}
+            "drafted": last.stats.drafted, "accepted": last.stats.accepted, "tree_rounds": last.stats.tree_rounds}
 
 
 def check(engine: Engine, text: str, case: dict, rng: random.Random) -> tuple[str | None, dict]:
@@ -126,8 +151,8 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=HERE / "results" / "fuzz_exactness.json")
     args = ap.parse_args()
     rng, start = random.Random(args.seed), time.time()
-    report = {"seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0, "by_engine": {},
-              "mismatches": []}
+    report = {"seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0, "tree_rounds": 0,
+              "by_engine": {}, "mismatches": []}
     with tempfile.TemporaryDirectory() as tmp:
         pool = engines(Path(tmp), not args.no_stories)
         names = sorted(pool)
@@ -140,6 +165,7 @@ def main() -> int:
             report["sampled" if case.get("temperature") else "greedy"] += 1
             report["drafted"] += spec["drafted"]
             report["accepted"] += spec["accepted"]
+            report["tree_rounds"] += spec["tree_rounds"]
             report["by_engine"][name] = report["by_engine"].get(name, 0) + 1
             if why:
                 report["mismatches"].append({"engine": name, "prompt": text, "case": case, "why": why})
@@ -151,7 +177,8 @@ def main() -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['cases']} cases ({report['greedy']} greedy, {report['sampled']} sampled), drafted "
-          f"{report['drafted']}, accepted {report['accepted']}, {len(report['mismatches'])} mismatches; wrote {args.out}")
+          f"{report['drafted']}, accepted {report['accepted']}, tree rounds {report['tree_rounds']}, "
+          f"{len(report['mismatches'])} mismatches; wrote {args.out}")
     return 1 if report["mismatches"] else 0
 
 

@@ -51,3 +51,13 @@ def test_the_check_passes_exact_speculation_and_catches_a_changed_token(fuzz, lo
     monkeypatch.setattr(fuzz, "run", speculation_drops_a_token)
     why, _ = fuzz.check(lookup, text, dict(case), rng)
     assert why == "tokens differ from plain decoding's"
+
+
+def test_a_random_eagle_head_makes_tree_rounds_and_keeps_plain_tokens(fuzz, tiny_llama, tmp_path):
+    """The fuzz's EAGLE engines (an untrained head) draft favourites trees where draft_width > 1: tree rounds run,
+    and the check holds them to plain decoding's output."""
+    engine = Engine.load(str(tiny_llama), drafter=f"eagle:{fuzz.random_eagle_head(tiny_llama, tmp_path / 'head')}",
+                         quantize=fuzz.EAGLE_QUANTIZE)
+    case = {"draft_length": 3, "draft_width": 2, "adaptive": False, "max_tokens": 16}
+    why, spec = fuzz.check(engine, "the cat sat on the mat", dict(case), random.Random(1))
+    assert why is None and spec["tree_rounds"] > 0 and spec["drafted"] > 0
