@@ -34,11 +34,9 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # this checkout's mlxspec, the tests' model factory
 
-import mlx.core as mx  # noqa: E402
-
 from mlxspec.engine import Engine  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
-from model_factory import make_model_dir  # noqa: E402
+from model_factory import make_model_dir, random_head  # noqa: E402
 
 STORIES = HERE.parent.parent / "shared" / "models" / "stories260K"
 WORDS = ("the cat sat on a mat and then it ran to the old red door where one small bird sang all day "
@@ -50,17 +48,11 @@ EAGLE_QUANTIZE = "q4"  # tree passes run on the CPU where the target's blocks fu
 
 
 def random_eagle_head(model_dir: Path, out: Path) -> Path:
-    """An untrained EAGLE head (random weights) for the model quantized as EAGLE_QUANTIZE: exactness must not depend
-    on training, and its favourites trees (draft_width > 1) run tree rounds, which only learned heads draft."""
-    from mlxspec.heads import eagle, files
+    """An untrained EAGLE head for the model quantized as EAGLE_QUANTIZE: exactness must not depend on training,
+    and its favourites trees (draft_width > 1) run tree rounds, which only learned heads draft."""
     from mlxspec.loading import load
 
-    model = load(str(model_dir), quantize=EAGLE_QUANTIZE).model
-    mx.random.seed(0)
-    head = eagle.EagleHead(eagle.block_config(model))
-    rows = eagle.DraftHead(model, mx.arange(1)).module_rows
-    config = {"target_sha256": files.identity(model), "target": str(model_dir), "block": eagle.block_config(model)}
-    return eagle.save(out, head, mx.arange(rows, dtype=mx.int32), config)
+    return random_head(load(str(model_dir), quantize=EAGLE_QUANTIZE).model, out)
 
 
 def engines(root: Path, stories: bool) -> dict[str, Engine]:

@@ -36,8 +36,8 @@ from .logprobs import token_bytes
 from .options import GenerateOptions
 from .settings import DecodeSettings
 
-KERNEL_SETTINGS = (True, False, "ops", "exact")  # Engine.load(kernels=...) / MLXSPEC_KERNELS (1, 0, ops, exact)
 KERNEL_ENV = {"1": True, "0": False, "ops": "ops", "exact": "exact"}  # MLXSPEC_KERNELS -> the setting
+KERNEL_SETTINGS = tuple(KERNEL_ENV.values())  # Engine.load(kernels=...)
 from .stats import Stats
 from .step_graph import StepGraphs
 from .tree import chain_pass, target_takes_trees, tree_sizes

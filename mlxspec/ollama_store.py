@@ -325,7 +325,7 @@ def split_parameters(params: dict) -> tuple[dict, dict]:
     applied, ignored = {}, {}
     for key, value in params.items():
         if key in GenerateOptions.IGNORED:
-            ignored[key] = "a llama.cpp runner setting"
+            ignored[key] = "not applied (a llama.cpp runner setting, or one Ollama no longer reads)"
             continue
         try:
             GenerateOptions.from_dict({key: value})

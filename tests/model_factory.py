@@ -299,3 +299,17 @@ def make_gemma4_dir(path: str | Path, layers: int = 8, seed: int = 1, moe: bool 
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (path / "config.json").write_text(json.dumps(config, indent=1))
     return path
+
+
+def random_head(model, path, seed: int = 0, vocab: int | None = None) -> Path:
+    """An untrained EAGLE head (random weights) for `model`, saved at `path`: exactness must not depend on
+    training (tests, benchmarks/fuzz_exactness.py)."""
+    from mlxspec.heads import eagle, files
+
+    mx.random.seed(seed)
+    head = eagle.EagleHead(eagle.block_config(model))
+    rows = eagle.DraftHead(model, mx.arange(1)).module_rows
+    ids = mx.arange(rows if vocab is None else vocab, dtype=mx.int32)
+    config = {"target_sha256": files.identity(model), "target": "test", "block": eagle.block_config(model)}
+    return eagle.save(path, head, ids, config)
+

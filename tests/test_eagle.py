@@ -7,6 +7,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 from click.testing import CliRunner
+from model_factory import random_head  # (test_tree and test_row_positions import it from here too)
 from test_decode_sampling import fit, models  # noqa: F401  (models: the V=4 fixture fit() samples)
 
 from mlxspec.bench.configs import parse_drafters
@@ -16,7 +17,7 @@ from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
 from mlxspec.features import target_forward
 from mlxspec.frontend.cli import cli
-from mlxspec.heads import eagle, eagle_train, files
+from mlxspec.heads import eagle, eagle_train
 from mlxspec.heads.eagle_train import forward_two
 from mlxspec.heads.record import load_prompts, record
 from mlxspec.heads.record_batch import record_wave
@@ -25,16 +26,6 @@ from mlxspec.options import GenerateOptions
 from mlxspec.sampling import Sampling
 
 HELD_OUT = load_prompts()[-6:]  # the fixture records answers to the first prompts only
-
-
-def random_head(model, path, seed: int = 0, vocab: int | None = None):
-    """An untrained head (random weights) for `model`: exactness must not depend on training."""
-    mx.random.seed(seed)
-    head = eagle.EagleHead(eagle.block_config(model))
-    rows = eagle.DraftHead(model, mx.arange(1)).module_rows
-    ids = mx.arange(rows if vocab is None else vocab, dtype=mx.int32)
-    config = {"target_sha256": files.identity(model), "target": "test", "block": eagle.block_config(model)}
-    return eagle.save(path, head, ids, config)
 
 
 @pytest.fixture(scope="module")

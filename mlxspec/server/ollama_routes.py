@@ -55,7 +55,7 @@ async def generate(request: web.Request) -> web.StreamResponse:
     found, opts, truncate = Found(), options(body, manifest), field(body, "truncate", bool, True)
 
     def build(engine):
-        ids = fitted_generate_ids(engine, manifest, req, opts.num_ctx, opts.num_keep, truncate)
+        ids = fitted_generate_ids(engine, manifest, req, opts, truncate)
         if not req.raw:  # a harmony reply (gpt-oss): its reasoning goes to `thinking`, as Ollama's
             found.thinking = reply_splitter(engine, manifest, ids, None, req.template)
         return ids

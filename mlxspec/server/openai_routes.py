@@ -80,7 +80,7 @@ async def completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "echo is not supported")
     req = GeneratePrompt(prompt, suffix=field(body, "suffix", str) or None)
     opts = options(body, manifest, logprob_fields.requested_count(body))
-    build = lambda engine: fitted_generate_ids(engine, manifest, req, opts.num_ctx, opts.num_keep)  # noqa: E731
+    build = lambda engine: fitted_generate_ids(engine, manifest, req, opts)  # noqa: E731
     job = Job(name, manifest, build, opts, format=response_format(body))
     return await _respond(request, job, body, "cmpl", "text_completion", _text_choice)
 

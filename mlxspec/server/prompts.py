@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..engine import Engine
 from ..errors import PromptError
-from ..options import context_window
+from ..options import GenerateOptions, context_window
 from ..store import Manifest
 from ..go_jinja import DEFAULT_GO_TEMPLATE, chat_source, is_go_template, to_jinja, uses_suffix
 from ..renderers import renderer_of
@@ -57,18 +57,19 @@ def generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> lis
     return req.context + _generate_ids(engine, manifest, req)
 
 
-def fitted_generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt, num_ctx: int | None, num_keep: int,
+def fitted_generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt, opts: GenerateOptions,
                         truncate: bool = True) -> list[int]:
     """generate_ids, cut to the context window as Ollama cuts a completion's prompt where `truncate` (its default):
     fitting_prompt_ids. Without it a prompt past the window is the engine's 400."""
     ids = generate_ids(engine, manifest, req)
     if not truncate:
         return ids
-    limit = context_window(num_ctx, engine.context_length)  # as the engine decides it
+    limit = context_window(opts.num_ctx, engine.context_length)  # as the engine decides it
     bos = getattr(engine.tokenizer, "bos_token_id", None)
-    fitted = fitting_prompt_ids(ids, limit, num_keep, bos is not None and ids[:1] == [bos])
+    fitted = fitting_prompt_ids(ids, limit, opts.num_keep, bos is not None and ids[:1] == [bos])
     if len(fitted) < len(ids):
-        log.warning("prompt truncated to fit %d tokens: %d -> %d (num_keep %d)", limit, len(ids), len(fitted), num_keep)
+        log.warning("prompt truncated to fit %d tokens: %d -> %d (num_keep %d)", limit, len(ids), len(fitted),
+                    opts.num_keep)
     return fitted
 
 
