@@ -23,8 +23,9 @@ from typing import Callable
 import mlx.core as mx
 
 from .gpu import require_cuda, require_metal
-from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, HEADERS, HEADS,
-                                   MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME, PARTIAL_OUTPUTS, THREADGROUP, WARPS,
+from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_NAME,
+                                   DIRECT_OUTPUTS, HEADERS, HEADS, MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME,
+                                   PARTIAL_OUTPUTS, THREADGROUP, WARPS,
                                    combine_template, dims_per_lane, partial_blocks, partial_template,
                                    partial_threadgroup, tree_heads)
 from .tree_mask import TREE_ROW
@@ -52,6 +53,8 @@ def cuda_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
 def _sdpa_function(make, backend: str, warps: int = WARPS) -> Callable[..., mx.array]:
     partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
                    source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
+    direct = make(name=DIRECT_NAME, input_names=PARTIAL_INPUTS, output_names=DIRECT_OUTPUTS,
+                  source=BODIES[(backend, "direct")], header=HEADERS[backend], ensure_row_contiguous=False)
     combine = make(name=COMBINE_NAME, input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS,
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 
@@ -100,8 +103,12 @@ def _sdpa_function(make, backend: str, warps: int = WARPS) -> Callable[..., mx.a
         heads = heads if tree is None else tree_heads(heads, dpl)
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=warps)
         blocks = partial_blocks(h, hkv, m, heads, by_rows)
-        pmax, psum, pacc = partial(inputs=[q, k, v, params, length, no_tree if tree is None else tree], template=targs,
-                                   grid=(32, warps * blocks, nch), threadgroup=partial_threadgroup(warps),
+        inputs = [q, k, v, params, length, no_tree if tree is None else tree]
+        grid, threadgroup = (32, warps * blocks, nch), partial_threadgroup(warps)
+        if nch == 1 and sinks is None:  # one chunk holds every row's keys: the partial writes the output
+            return direct(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+                          output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
+        pmax, psum, pacc = partial(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
                                    output_dtypes=[f32, f32, f32])
         per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink

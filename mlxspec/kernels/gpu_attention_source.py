@@ -12,7 +12,7 @@
     computes (`tree`: gpu_attention.tree_rows).
     Output (1, H, M, DV) in T.
 
-Two kernels:
+Three kernels:
   partial: grid (32, WARPS * blocks, NCH), threadgroup (32, WARPS, 1), NCH = ceil(min(S, W or S) / CHUNK), S = k's
     keys. A block serves up to HEADS slots (query head, row) of one kv head for chunk c: the heads of one row, or
     any heads and rows where every row starts at key 0 (params[3], `partial_blocks`). The chunk's keys
@@ -30,6 +30,8 @@ Two kernels:
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
   combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
     with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
+  direct: the partial for launches of one chunk (NCH = 1) without sinks: writes o (1, H, M, DV) by the
+    combine's arithmetic over that one chunk (one launch, no float32 round trip; the same bits: tested).
 Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
@@ -52,6 +54,7 @@ PARTIAL_NAME = "mlxspec_sdpa_partial"
 COMBINE_NAME = "mlxspec_sdpa_combine"
 PARTIAL_INPUTS = ["q", "k", "v", "params", "length", "tree"]  # length, tree: int32
 PARTIAL_OUTPUTS = ["pmax", "psum", "pacc"]
+DIRECT_NAME, DIRECT_OUTPUTS = "mlxspec_sdpa_direct", ["o"]  # the partial whose chunk is a row's all: writes o itself
 COMBINE_INPUTS, COMBINE_OUTPUTS = ["pmax", "psum", "pacc", "sinks"], ["o"]  # sinks (H*M,) float32, or 1 unused
 CHUNK = 256  # keys per partial block
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
@@ -170,13 +173,7 @@ PARTIAL_CORE = """
     }
   }
   TG_BARRIER;
-  for (int r = w; r < nh; r += WARPS) {  // warp w writes slots w, w + WARPS, ...
-    const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + c;
-    if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
-#pragma unroll
-    for (int i = 0; i < DPL; ++i)
-      if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = fold_acc[r][lane + 32 * i];
-  }
+//@WRITE
 #undef TREE_KEY
 #undef SLOT_HEAD
 #undef SLOT_ROW
@@ -207,6 +204,32 @@ COMBINE_CORE = """
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     if (lane + 32 * i < DV) o[size_t(hm) * DV + lane + 32 * i] = static_cast<T>(acc[i] / total);
+"""
+
+# The partial's last phase: its chunk's state to pmax / psum / pacc for the combine, or (the direct build, launched
+# where a row's keys fit one chunk and no sinks) the output itself, by the combine's arithmetic for one chunk term for
+# term, so a direct launch's rows have the bits a combine over this chunk and empty ones gives (tested).
+WRITE_PARTIAL = """  for (int r = w; r < nh; r += WARPS) {  // warp w writes slots w, w + WARPS, ...
+    const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + c;
+    if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i)
+      if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = fold_acc[r][lane + 32 * i];
+  }
+"""
+WRITE_DIRECT = """  for (int r = w; r < nh; r += WARPS) {
+    const size_t hm = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r));
+    const float ps = fold_sum[STEPS][r], pm = fold_max[STEPS][r];
+    float gmax = -3.0e38f, total = 0.0f, wgt = 0.0f;  // the combine's terms with NCH = 1
+    if (ps > 0.0f) gmax = MAXF(gmax, pm);
+    if (ps > 0.0f) wgt = EXP(pm - gmax), total = FMA(ps, wgt, total);
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      float a = 0.0f;
+      if (ps > 0.0f) a = FMA(fold_acc[r][lane + 32 * i], wgt, a);
+      if (lane + 32 * i < DV) o[hm * DV + lane + 32 * i] = static_cast<T>(a / total);
+    }
+  }
 """
 
 METAL_PARTIAL_PROLOGUE = """
@@ -327,10 +350,12 @@ CUDA_KEYS = ("    if (wide) {\n" + KEY_PHASE.replace("LOADER", "load_key_wide") 
              + KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE") + "    }\n")
 METAL_KEYS = KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE")
 PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW)).replace("//@VALUES\n", VALUES)
+PARTIALS = {"metal": METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
+            "cuda": CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS)}
 BODIES = {  # (backend, kernel) -> body
-    ("metal", "partial"): METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
+    **{(b, "partial"): body.replace("//@WRITE\n", WRITE_PARTIAL) for b, body in PARTIALS.items()},
+    **{(b, "direct"): body.replace("//@WRITE\n", WRITE_DIRECT) for b, body in PARTIALS.items()},
     ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
-    ("cuda", "partial"): CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS),
     ("cuda", "combine"): CUDA_COMBINE_PROLOGUE + COMBINE_CORE,
 }
 HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
@@ -371,24 +396,25 @@ def combine_template(dtype, sinks: bool = False) -> list[tuple]:
 
 def _kernels(dtype, kv_dtype=None) -> dict:
     f32, kv_dtype = mx.float32, kv_dtype or dtype
+    partial_dtypes = {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}
     return {
-        "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3),
-                    {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}),
+        "partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3), partial_dtypes),
+        "direct": ((DIRECT_NAME, PARTIAL_INPUTS, DIRECT_OUTPUTS, [dtype]), partial_dtypes),
         "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32)),
     }
 
 
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
             heads: int = HEADS, dpl: int = 8, warps: int = WARPS) -> tuple[dict, str]:
-    """({'partial', 'partial_tree', 'combine'}: function names, one program with the three) as MLX writes them;
-    partial_tree: the build of draft trees' passes (TREE = 1)."""
+    """({'partial', 'partial_tree', 'direct', 'direct_tree', 'combine'}: function names, one program with the five) as
+    MLX writes them; *_tree: the builds of draft trees' passes (TREE = 1); direct*: a partial writing the output."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
-             "sinks": 99 if sinks else 1}
-    for label, kind, targs in (("partial", "partial", partial_template(dtype, chunk, heads, dpl, warps=warps)),
-                               ("partial_tree", "partial", partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True,
-                                                                            warps=warps)),
-                               ("combine", "combine", combine_template(dtype, sinks))):
+             "sinks": 99 if sinks else 1, "o": 99}
+    plain = partial_template(dtype, chunk, heads, dpl, warps=warps)
+    tree = partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True, warps=warps)
+    for label, kind, targs in (("partial", "partial", plain), ("partial_tree", "partial", tree), ("direct", "direct", plain),
+                               ("direct_tree", "direct", tree), ("combine", "combine", combine_template(dtype, sinks))):
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]
         if backend == "metal":

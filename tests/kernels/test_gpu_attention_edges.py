@@ -33,7 +33,7 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 BACKENDS = {"metal": mx.float16, "cuda": mx.bfloat16}  # q, k and v in this dtype
 BUILDS = [(1, 3), (4, 3), (1, 8)]  # (HEADS, DPL) of the partials compiled: every launch below is one of them
-INTS = ["build", "sinks", "H", "HKV", "M", "D", "DV", "S", "L", "blocks", "nch", "narrow", "causal", "window", "by_rows"]
+INTS = ["build", "direct", "sinks", "H", "HKV", "M", "D", "DV", "S", "L", "blocks", "nch", "narrow", "causal", "window", "by_rows"]
 I64 = ["s_at", "s_n"] + [f"{a}_{f}" for a in "qkv" for f in ("at", "n", "off", "s0", "s1", "s2", "s3")]
 FIELDS = INTS + ["scale", "softcap"] + I64
 HARNESS = """
@@ -65,11 +65,12 @@ int main(int argc, char** argv) {{
     std::vector<T> o(size_t(HM) * DV);
     force_narrow = narrow, wide_seen = 0;
     {shapes}
-    switch (build) {{
+    switch (build + (direct ? {builds} : 0)) {{  // the direct builds (one chunk, no sinks) write o themselves
 {partials}
       default: std::abort();
     }}
-    if (sinks) emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine1} }});
+    if (direct) {{}}
+    else if (sinks) emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine1} }});
     else emu::run_grid(HM, 1, [&](int lane, int y, int) {{ {combine0} }});
     save(out, o);
     wides.put(char(wide_seen));
@@ -77,11 +78,12 @@ int main(int argc, char** argv) {{
 }}
 """
 ARGS = ("q.data() + q_off, qs, qt, k.data() + k_off, ks, kt, v.data() + v_off, vs, vt, params, length, tree.data(), "
-        "pmax.data(), psum.data(), pacc.data()")
+        "{outs}")
 CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0, %d>(%s, uint3{{unsigned(lane), unsigned(y * %d + w), unsigned(z)}});"
                   % (CHUNK, WARPS, ARGS, WARPS),
         "cuda": "threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
                 "        blockDim = dim3{{32, %d, 1}}; mlx::core::cu::{fn}(%s);" % (WARPS, ARGS)}
+OUTS = {"partial": "pmax.data(), psum.data(), pacc.data()", "direct": "o.data()"}
 SHAPES = {"metal": "int qs[4] = {1, H, M, D}, ks[4] = {1, HKV, S, D}, vs[4] = {1, HKV, S, DV};\n    int64_t "
                    "qt[4] = {q_s0, q_s1, q_s2, q_s3}, kt[4] = {k_s0, k_s1, k_s2, k_s3}, vt[4] = {v_s0, v_s1, v_s2, v_s3};",
           "cuda": "Shape qs{1, H, M, D}, ks{1, HKV, S, D}, vs{1, HKV, S, DV};\n    "
@@ -90,10 +92,10 @@ SHAPES = {"metal": "int qs[4] = {1, H, M, D}, ks[4] = {1, HKV, S, D}, vs[4] = {1
 
 def harness(backend: str) -> str:
     dtype = BACKENDS[backend]
-    kernels, texts, names = src._kernels(dtype), [], []  # BUILDS' partials, then the combine without and with sinks
+    kernels, texts, names = src._kernels(dtype), [], []  # BUILDS' partials, their direct builds, then the combine
     sizes = dict.fromkeys(src.PARTIAL_INPUTS + src.COMBINE_INPUTS, 99) | {"params": 5, "length": 1, "tree": 1}
-    for kind, targs in [("partial", src.partial_template(dtype, CHUNK, h, p, warps=WARPS)) for h, p in BUILDS] + [
-            ("combine", src.combine_template(dtype, s)) for s in (False, True)]:
+    for kind, targs in [(kind, src.partial_template(dtype, CHUNK, h, p, warps=WARPS)) for kind in ("partial", "direct")
+                        for h, p in BUILDS] + [("combine", src.combine_template(dtype, s)) for s in (False, True)]:
         kernel, dtypes = kernels[kind]
         body = src.BODIES[(backend, kind)]
         name, text = (metal_function(kernel, dtypes, sizes, targs, body) if backend == "metal"
@@ -109,10 +111,10 @@ def harness(backend: str) -> str:
     ctype = {f: "int" if f in INTS else "float" if f in ("scale", "softcap") else "int64_t" for f in FIELDS}
     unpack = "\n".join(f"    const {ctype[f]} {f} = {ctype[f]}(f[{i}]);" for i, f in enumerate(FIELDS))
     partials = "\n".join(f"      case {i}: emu::run_blocks(blocks, nch, {WARPS}, [&](int lane, int w, int y, int z) {{\n        "
-                         + CALL[backend].format(fn=names[i], heads=h, dpl=p) + "\n      }); break;"
-                         for i, (h, p) in enumerate(BUILDS))
+                         + CALL[backend].format(fn=names[i], heads=h, dpl=p, outs=OUTS[kind]) + "\n      }); break;"
+                         for i, (kind, (h, p)) in enumerate((kind, b) for kind in ("partial", "direct") for b in BUILDS))
     combine = METAL_COMBINE if backend == "metal" else CUDA_COMBINE
-    return HARNESS.format(source=source, T=C_TYPES[dtype], F=len(FIELDS), unpack=unpack, partials=partials,
+    return HARNESS.format(source=source, T=C_TYPES[dtype], F=len(FIELDS), unpack=unpack, partials=partials, builds=len(BUILDS),
                           shapes=SHAPES[backend], combine0=combine.format(c=names[-2], sinks=0), combine1=combine.format(c=names[-1], sinks=1))
 
 
@@ -145,7 +147,7 @@ class Batch:
 
         def make(name, input_names, **_):
             def launch(inputs, template, grid, output_shapes, output_dtypes, **__):
-                seen.append((dict(zip(input_names, inputs)), dict(template), grid))
+                seen.append((name, dict(zip(input_names, inputs)), dict(template), grid))
                 return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
             return launch
 
@@ -157,10 +159,13 @@ class Batch:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(gpu_attention, "CHUNK", CHUNK)
             self.sdpa(*(mx.zeros(a.shape, self.dtype) for _, a in (q, k, v)), q[1].shape[3] ** -0.5, causal, **kw)
-        (p_in, p_t, p_grid), (c_in, c_t, c_grid) = self.seen
+        (p_name, p_in, p_t, p_grid), *combine = self.seen  # a direct launch (one chunk, no sinks) has no combine
         (_, h, m, d), (_, hkv, keys, dv) = q[1].shape, v[1].shape
+        direct = p_name == src.DIRECT_NAME
+        assert direct == (p_grid[2] == 1 and kw.get("sinks") is None) and len(combine) == (0 if direct else 1)
+        (_, c_in, c_t, c_grid), = combine or [(None, {"sinks": np.zeros(1, np.float32)}, {"SINKS": 0}, (32, h * m, 1))]
         assert p_grid[0] == 32 and p_grid[1] % WARPS == 0 and p_t["WARPS"] == WARPS and c_grid == (32, h * m, 1)
-        fields = dict(build=BUILDS.index((p_t["HEADS"], p_t["DPL"])), sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
+        fields = dict(build=BUILDS.index((p_t["HEADS"], p_t["DPL"])), direct=direct, sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
                       S=keys, L=p_in["length"].item(), blocks=p_grid[1] // WARPS, nch=p_grid[2], narrow=narrow,
                       **dict(zip(["scale", "causal", "window", "by_rows", "softcap"], p_in["params"].tolist())))
         for name, (buf, view) in zip("qkvs", (q, k, v, (np.array(c_in["sinks"]),) * 2)):
@@ -223,6 +228,7 @@ def test_key_counts_rows_heads_and_head_dims(tmp_path, exes, backend):
         near += [(causal, (q, k, v), dict(causal=True), label), (full, (q, k, v), dict(causal=False), label + " unmasked")]
         same += [(causal, alone, label + " rows alone"), ((full, m - 1), (alone[-1], 0), label + " unmasked last row")]
     assert {f["build"] for f, _ in batch.launches} == set(range(len(BUILDS)))  # one head a warp and HEADS, DPL 3 and 8
+    assert {f["direct"] for f, _ in batch.launches} == {0, 1}  # one chunk (L <= 64, no sinks): the direct build writes o
     check(batch, exes[backend], tmp_path, near, same)
 
 

@@ -40,6 +40,8 @@ CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softc
     ("cuda", mx.float32, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),
     ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 140, 100, 2.0),  # Gemma 2's capped scores (a low cap)
     ("metal", mx.float32, mx.float32, False, 2, 1, 32, 32, 70, 40, 2.0),
+    # rows alone over <= 64 keys (one chunk: the direct build writes o) == rows of launches over two (a combine)
+    ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 70, 40, 0.0),
 ]
 
 HARNESS = """
@@ -49,6 +51,7 @@ using KT = {KT};  // keys' and values' type
 constexpr int CH = {chunk};
 constexpr int HEADS_ = {heads}, DPL_ = {dpl}, WARPS_ = {warps};  // query heads per partial block, dims per lane, warps
 constexpr int TREE_HEADS_ = {tree_heads};  // the tree build's (gpu_attention_source.tree_heads)
+constexpr bool SINKS_ = {sinks};
 int H, HKV, D, DV;
 float params[5];  // scale, causal, window, by_rows, softcap
 int length[1];  // keys that count
@@ -70,6 +73,11 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
+  if (NCH == 1 && !SINKS_) {{  // one chunk: the direct build writes o, as gpu_attention.py launches it
+    if (tree[0] >= 0) emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {direct_tree} }});
+    else emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {direct} }});
+    return o;
+  }}
   if (tree[0] >= 0)  // a tree pass: the TREE = 1 build, as gpu_attention.py launches it
     emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {partial_tree} }});
   else
@@ -138,8 +146,8 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] =
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y * WARPS_ + w), unsigned(z)}};
-  {p}<T, CH, {heads}, DPL_, {tree}, WARPS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
-                      psum.data(), pacc.data(), at);"""
+  {p}<T, CH, {heads}, DPL_, {tree}, WARPS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(),
+                                           {outs}, at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
 CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}};
@@ -147,13 +155,13 @@ CUDA_PARTIAL = """Shape qs{{1, H, M, D}}, ks{{1, HKV, S, D}}, vs{{1, HKV, S, DV}
       vt{{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};
   blockDim = dim3{{32, WARPS_, 1}};
-  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), pmax.data(),
-                     psum.data(), pacc.data());"""
+  mlx::core::cu::{p}(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(), {outs});"""
 CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
   threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), 0}}; blockDim = dim3{{32, 1, 1}};
   mlx::core::cu::{c}(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data());"""
 
 
+PARTIAL_OUTS = "pmax.data(), psum.data(), pacc.data()"
 ONE_BY_ONE = "  const bool wide = false;\n"  # CUDA's keys read as Metal reads them
 
 
@@ -164,11 +172,13 @@ def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, 
         assert src.CUDA_WIDE in source
         source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
-    fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_")
+    fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_", outs=PARTIAL_OUTS)
     tree = dict(fmt, p=names["partial_tree"], tree=1, heads="TREE_HEADS_")
+    direct, direct_tree = dict(fmt, p=names["direct"], outs="o.data()"), dict(tree, p=names["direct_tree"], outs="o.data()")
     return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl, warps=warps,
                           tree_row=src.TREE_ROW, tree_heads=src.tree_heads(heads, dpl), partial=partial.format(**fmt), partial_tree=partial.format(**tree),
-                          combine=combine.format(**fmt))
+                          direct=partial.format(**direct), direct_tree=partial.format(**direct_tree), combine=combine.format(**fmt),
+                          sinks=str(sinks).lower())
 
 
 def case_id(case) -> str:
