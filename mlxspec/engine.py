@@ -258,7 +258,7 @@ class Engine:
         options = options or GenerateOptions()
         constraint = Constraint(self.grammar_tokenizer(), format_grammar(format)) if format else None
         ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_ids(ids)
+        self.check_ids(ids)
         k = self.draft_length if options.draft_length is None else options.draft_length
         k = 0 if isinstance(self.drafter, NoDrafter) or tap is not None or not self.speculable else k  # plain rounds
         drafter = self.drafter if k > 0 else (tap or NoDrafter())
@@ -302,7 +302,7 @@ class Engine:
             self._grammar_tokenizer = grammar_tokenizer(self.tokenizer._tokenizer, size, self.tokenizer.eos_token_ids)
         return self._grammar_tokenizer
 
-    def _check_ids(self, ids: list[int]) -> None:
+    def check_ids(self, ids: list[int]) -> None:
         """An id past the embedding table would read outside it (a crash, not an error): refuse it."""
         bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
         if bad is not None:

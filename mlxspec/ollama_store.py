@@ -44,7 +44,8 @@ SMALL_LAYER_LIMIT = 16 * 1024 * 1024  # template/system/params/license are text:
 _HOST = r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,349}"
 _NAMESPACE = r"[A-Za-z0-9_][A-Za-z0-9_-]{0,79}"
 _MODEL = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,79}"  # also the tag's pattern
-_DIGEST = re.compile(r"^sha256[:-](?P<hex>[0-9a-fA-F]{64})$")
+# Ollama's digest (manifest/paths.go): sha256, then ':' or '-', then 64 hex digits
+DIGEST = re.compile(r"^sha256[:-](?P<hex>[0-9a-fA-F]{64})$")
 
 
 class OllamaNameError(MlxspecError):
@@ -246,7 +247,7 @@ class OllamaStore:
     # -- layers --------------------------------------------------------------------------------
 
     def blob_path(self, layer: Layer) -> Path:
-        return self.root / "blobs" / ("sha256-" + _DIGEST.match(layer.digest)["hex"])
+        return self.root / "blobs" / ("sha256-" + DIGEST.match(layer.digest)["hex"])
 
     @_readable
     def contents(self, model: OllamaModel) -> Contents:
@@ -429,7 +430,7 @@ def _layer(item: object, name: OllamaName) -> Layer:
     if not isinstance(item, dict):
         raise ModelLoadError(f"{name.reference}: a manifest layer is not an object")
     media, digest, size = item.get("mediaType"), item.get("digest"), item.get("size")
-    if not isinstance(media, str) or not isinstance(digest, str) or not _DIGEST.match(digest):
+    if not isinstance(media, str) or not isinstance(digest, str) or not DIGEST.fullmatch(digest):
         raise ModelLoadError(f"{name.reference}: manifest layer {digest!r} has no valid mediaType and sha256 digest")
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
         raise ModelLoadError(f"{name.reference}: manifest layer {digest} has no valid size")
@@ -437,7 +438,7 @@ def _layer(item: object, name: OllamaName) -> Layer:
 
 
 def _hex(layer: Layer) -> str:
-    return _DIGEST.match(layer.digest)["hex"].lower()
+    return DIGEST.match(layer.digest)["hex"].lower()
 
 
 def _mismatch(model: OllamaModel, layer: Layer, path: Path, what: str = "its sha256 differs from its digest") -> str:

@@ -7,6 +7,9 @@ arrived, so an interrupted pull leaves nothing that looks like a model.
 
 `ollama:NAME[:TAG]` names a model of Ollama's store (mlxspec.ollama_store), read in place: listed,
 shown, loaded and copied from, never written to nor deleted.
+
+Blobs uploaded over Ollama's API and the model folders made of them live beside the manifests
+(mlxspec.blobs); a folder goes when the last model using it is deleted or replaced.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -24,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import hub_gguf, loading, ollama_store
+from .blobs import BlobStore
 from .drafters import SOURCED, parse_drafter
 from .engine import Engine
 from .errors import MlxspecError, ModelLoadError, ModelNotFoundError
@@ -184,6 +190,10 @@ class Store:
         self.root = self.home / "manifests"
         verified = self.home / ollama_store.VERIFIED_FILE
         self.ollama = OllamaStore(ollama_models, verified) if ollama_models else None
+        self.blobs = BlobStore(self.home)
+        # held by writes that may drop an import folder, and by a create across making its folder and
+        # saving the manifest that uses it (so a delete meanwhile cannot take the folder away)
+        self.lock = threading.RLock()
 
     # -- names -> files ------------------------------------------------------------------------
 
@@ -282,17 +292,20 @@ class Store:
         manifest.validate(canonical(name))
         path = self.path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(manifest.to_dict(), f, indent=2)
-                f.write("\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with self.lock:
+            replaced = _refs_in(path)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(manifest.to_dict(), f, indent=2)
+                    f.write("\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            self._drop_imports(replaced)
         return canonical(name)
 
     def delete(self, name: str) -> None:
@@ -300,26 +313,44 @@ class Store:
             display = self._ollama().find(name).name.display
             raise ReadOnlyError(f"{canonical(name)} is in Ollama's store, which mlxspec only reads: remove it with `ollama rm {display}`")
         path = self.path(name)
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            raise ModelNotFoundError(f"model {canonical(name)!r} not found") from None
+        with self.lock:
+            refs = _refs_in(path)
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                raise ModelNotFoundError(f"model {canonical(name)!r} not found") from None
+            self._drop_imports(refs)
         for parent in (path.parent, path.parent.parent):  # drop directories left empty
             try:
                 parent.rmdir()
             except OSError:
                 break
 
+    def _drop_imports(self, refs: list) -> None:
+        """Remove the import folders among `refs` that no stored model uses any more, with their blobs."""
+        candidates = {folder for ref in refs if (folder := self.blobs.folder_of(ref))}
+        for folder in candidates - self._imports_in_use() if candidates else ():
+            self.blobs.remove_folder(folder, with_blobs=True)
+
+    def _imports_in_use(self) -> set[Path]:
+        return {folder for path in self.root.glob("*/*/*.json") for ref in _refs_in(path)
+                if (folder := self.blobs.folder_of(ref))}
+
     def clean_leftovers(self, min_age: float = 60.0) -> list[Path]:
-        """Remove what a kill -9 during save/create/pull left: temp files older than `min_age`
-        seconds (younger ones may be another process's save in progress) and directories left
-        without any file. Returns what was removed."""
+        """Remove what a kill -9 during save/create/pull/upload left: temp files and folders older
+        than `min_age` seconds (younger ones may be another process's work in progress), import
+        folders no model uses (their blobs stay: a client may be about to create from them) and
+        directories left without any file. Returns what was removed."""
         removed = []
         now = time.time()
-        for tmp in [*self.home.glob(".*.tmp"), *self.root.glob("**/.*.tmp")]:
+        temps = [*self.home.glob(".*.tmp"), *self.root.glob("**/.*.tmp"), *self.blobs.root.glob(".*.tmp"),
+                 *self.blobs.imports.glob(".*.tmp")]
+        with self.lock:
+            orphans = set(self.blobs.folders()) - self._imports_in_use()
+        for tmp in [*temps, *orphans]:
             try:
-                if tmp.is_file() and now - tmp.stat().st_mtime >= min_age:
-                    tmp.unlink()
+                if now - tmp.stat().st_mtime >= min_age:
+                    shutil.rmtree(tmp) if tmp.is_dir() else tmp.unlink()
                     removed.append(tmp)
             except OSError:
                 continue  # gone meanwhile, or not ours to remove
@@ -509,6 +540,15 @@ def disk_size(manifest: Manifest, ollama: OllamaStore | None = None) -> int:
         files = [path] if path.is_file() else [p for p in path.iterdir() if p.is_file()]
         total += sum(p.stat().st_size for p in files)
     return total
+
+
+def _refs_in(path: Path) -> list:
+    """The target and draft a manifest file names, read leniently ([] for a missing or broken file)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    return [data.get("target"), data.get("draft")] if isinstance(data, dict) else []
 
 
 def _parse_file(text: str, path: Path) -> Manifest:

@@ -27,7 +27,7 @@ import copy
 import json
 import re
 from dataclasses import dataclass
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import jsonschema
 from hypothesis import strategies as st
@@ -148,9 +148,10 @@ def _call(op, case, mode: str, models: list[str]) -> Call:
     from schemathesis.core import NotSet
 
     path = op.path
-    for key, value in (case.path_parameters or {}).items():
-        path = path.replace("{" + key + "}", quote(str(value), safe="/:", errors="surrogatepass"))
+    for key, value in (case.path_parameters or {}).items():  # schemathesis gives them percent-encoded already
+        path = path.replace("{" + key + "}", quote(unquote(str(value)), safe="/:", errors="surrogatepass"))
     body = None if isinstance(case.body, NotSet) else case.body
+    body = body.data if isinstance(getattr(body, "data", None), bytes) else body  # format: binary -> the bytes
     if mode == "valid" and isinstance(body, dict):
         body = _bounded(op.path, body)
     if isinstance(body, dict):

@@ -199,7 +199,8 @@ def run(model, prompt, verbose, keepalive, format_, think, hidethinking, nowordw
     session = Session(c, model, chat=False, verbose=verbose, keep_alive=keepalive, format=answer_format, think=think,
                       think_set=think is not None, hide_thinking=hidethinking, wordwrap=not nowordwrap,
                       terminal=sys.stdout.isatty())
-    session.adopt(model, info)  # its chat template, whether it thinks, its saved conversation
+    with c.reading("POST /api/show"):
+        session.adopt(model, info)  # its chat template, whether it thinks, its saved conversation
     only_load = not text and (bool(prompt) or not (sys.stdin.isatty() and sys.stdout.isatty()))  # as Ollama: `run M ""`
     if sys.stderr.isatty():  # loading a large model takes a while: say so
         click.echo(f"loading {model} ...", err=True)
@@ -241,14 +242,15 @@ def think_option(value: str | None) -> bool | str | None:
 def show_or_pull(c: Client, model: str) -> dict:
     """The model's /api/show answer, pulling it first when the daemon does not have it (as Ollama)."""
     from .client import ApiError
+    from .repl import show_reply
 
     try:
-        return c.request("POST", "/api/show", {"model": model})
+        return show_reply(c, model)
     except ApiError as e:
         if e.status != 404:
             raise
     pull_with_progress(c, model)
-    return c.request("POST", "/api/show", {"model": model})
+    return show_reply(c, model)
 
 
 def _load_history() -> None:

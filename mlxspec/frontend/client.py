@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..errors import MlxspecError
@@ -32,6 +33,10 @@ class ApiError(MlxspecError):
 class StreamCutOff(MlxspecError):
     """A streamed answer that ended before its final object: the daemon died or the connection broke."""
 
+
+class UnexpectedReply(MlxspecError):
+    """A 2xx reply of a shape no mlxspec daemon sends (not JSON, a field missing or of another type):
+    most likely another server listens on the port."""
 
 
 class Client:
@@ -77,6 +82,28 @@ class Client:
             return json.loads(data)
         except ValueError:
             return data.decode(errors="replace")
+
+    def json_object(self, method: str, path: str, body: Any = None) -> dict:
+        """`request` for the routes that answer a JSON object; anything else is an UnexpectedReply."""
+        reply = self.request(method, path, body)
+        if not isinstance(reply, dict):
+            gist = " ".join(str(reply)[:80].split()) if reply is not None else "nothing"
+            raise UnexpectedReply(f"the server at {self.url} answered {method} {path} with {gist!r}, not a JSON object: "
+                                  "is another server listening there?")
+        return reply
+
+    @contextmanager
+    def reading(self, what: str):
+        """Around code that reads a reply to `what` ("GET /api/tags"): a field missing or of another type
+        there (KeyError, TypeError ...) is an UnexpectedReply, one line for the CLI, not a traceback."""
+        try:
+            yield
+        except MlxspecError:
+            raise
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+            detail = " ".join(f"{type(e).__name__}: {e}".split())[:120]
+            raise UnexpectedReply(f"the server at {self.url} answered {what} with a reply no mlxspec daemon sends "
+                                  f"({detail}): is another server listening there?") from None
 
     def stream(self, method: str, path: str, body: Any = None) -> Iterator[dict]:
         """NDJSON objects as they arrive; an `{"error": ...}` line raises ApiError.

@@ -12,7 +12,7 @@ import click
 from .. import modelfile
 from .client import Client
 from ..errors import MlxspecError
-from .repl import show_info
+from .repl import show_info, show_reply
 
 
 def _client() -> Client:
@@ -23,18 +23,19 @@ def pull_with_progress(c: Client, name: str) -> None:
     """Stream /api/pull: status lines, and a progress bar per downloaded repository."""
     bar = None
     try:
-        for obj in c.stream("POST", "/api/pull", {"model": name}):
-            digest = obj.get("digest")
-            if bar is not None and digest != bar.label.removeprefix("pulling "):
-                bar.render_finish()
-                bar = None
-            if digest is None:
-                click.echo(obj.get("status", ""), err=True)
-                continue
-            if bar is None:
-                bar = click.progressbar(length=1, label=f"pulling {digest}", file=sys.stderr)
-            bar.length = max(obj.get("total") or 0, 1)
-            bar.update(obj.get("completed", 0) - bar.pos)
+        with c.reading("POST /api/pull"):  # a total or completed that is no number: another server
+            for obj in c.stream("POST", "/api/pull", {"model": name}):
+                digest = obj.get("digest")
+                if bar is not None and digest != bar.label.removeprefix("pulling "):
+                    bar.render_finish()
+                    bar = None
+                if digest is None:
+                    click.echo(obj.get("status", ""), err=True)
+                    continue
+                if bar is None:
+                    bar = click.progressbar(length=1, label=f"pulling {digest}", file=sys.stderr)
+                bar.length = max(obj.get("total") or 0, 1)
+                bar.update(obj.get("completed", 0) - bar.pos)
     finally:
         if bar is not None:
             bar.render_finish()
@@ -62,8 +63,11 @@ def _named(models: list[dict], prefix: str | None) -> list[dict]:
 @click.argument("prefix", required=False)
 def list_models(prefix):
     """List the models in the store (those whose name begins with PREFIX)."""
-    models = _named(_client().request("GET", "/api/tags")["models"], prefix)
-    rows = [(m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])) for m in models]
+    c = _client()
+    reply = c.json_object("GET", "/api/tags")
+    with c.reading("GET /api/tags"):
+        models = _named(reply["models"], prefix)
+        rows = [(m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])) for m in models]
     click.echo(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
 
 
@@ -71,12 +75,15 @@ def list_models(prefix):
 @click.argument("prefix", required=False)
 def ps(prefix):
     """List the models loaded in the daemon (those whose name begins with PREFIX)."""
-    models = _named(_client().request("GET", "/api/ps")["models"], prefix)
-    rows = [
-        (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "", str(m.get("context_length") or ""),
-         until(m["expires_at"]))
-        for m in models
-    ]
+    c = _client()
+    reply = c.json_object("GET", "/api/ps")
+    with c.reading("GET /api/ps"):
+        models = _named(reply["models"], prefix)
+        rows = [
+            (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "", str(m.get("context_length") or ""),
+             until(m["expires_at"]))
+            for m in models
+        ]
     click.echo(table(["NAME", "ID", "SIZE", "DRAFTER", "CONTEXT", "UNTIL"], rows))
 
 
@@ -95,13 +102,16 @@ def show(model, modelfile, parameters, template, system, license_, verbose):
     if len(parts) > 1:  # as Ollama: one part at a time, not silently the last one
         raise click.UsageError("only one of --license, --modelfile, --parameters, --system or --template can be given")
     part = parts[0] if parts else None
-    info = _client().request("POST", "/api/show", {"model": model})
-    if verbose:
-        click.echo(json.dumps(info, indent=2))
-    elif part:
-        click.echo(info.get(part, ""))
-    else:
-        click.echo("  Model\n" + show_info(info))
+    c = _client()
+    info = show_reply(c, model)
+    with c.reading("POST /api/show"):
+        if verbose:
+            text = json.dumps(info, indent=2)
+        elif part:
+            text = str(info.get(part) or "")
+        else:
+            text = "  Model\n" + show_info(info)
+    click.echo(text)
 
 
 @click.command()

@@ -105,8 +105,8 @@ class Session:
         stream = self.client.stream("POST", path, body)
         try:
             for obj in stream:
-                part = obj["message"] if self.chat else obj
-                thinking, piece = part.get("thinking") or "", part.get("content" if self.chat else "response") or ""
+                with self.client.reading(f"POST {path}"):
+                    thinking, piece = _texts(obj, self.chat)
                 answer.append(piece)
                 thoughts.append(thinking)
                 printer.piece(thinking, piece)
@@ -124,7 +124,9 @@ class Session:
         elif final is not None:
             self.context = final.get("context", [])
         if self.verbose and final is not None:
-            self.echo(verbose_report(final), err=True)
+            with self.client.reading(f"POST {path}"):  # its statistics
+                report = verbose_report(final)
+            self.echo(report, err=True)
 
     def set_parameter(self, name: str, raw: list[str]) -> None:
         """As Ollama's /set parameter: one value, or for stop the words given (replacing the earlier ones)."""
@@ -150,6 +152,15 @@ class Session:
 
     def clear(self) -> None:
         self.messages, self.context = [], []
+
+
+def _texts(obj: dict, chat: bool) -> tuple[str, str]:
+    """A streamed object's (thinking, text): its message's (chat) or its own thinking and response."""
+    part = obj["message"] if chat else obj
+    thinking, text = part.get("thinking") or "", part.get("content" if chat else "response") or ""
+    if not isinstance(thinking, str) or not isinstance(text, str):
+        raise TypeError("the thinking and the text must be strings")
+    return thinking, text
 
 
 def _json_or_text(word: str):
@@ -178,18 +189,19 @@ def stats_from(data: dict) -> Stats:
 MULTILINE = re.compile(r'\s*(/set\s+system\s+)?"""')  # a message, or a system message, of several lines
 
 
-def read_message(read: Callable[[str], str]) -> str:
-    """One message: a line, or several between triple quotes (also after /set system)."""
+def read_message(read: Callable[[str], str]) -> tuple[str, bool]:
+    """One entry: a line, or several between triple quotes (also after /set system), and whether it was
+    a \"\"\" block: as in Ollama's CLI such a block is always a message, even one that starts with '/'."""
     line = read(">>> ")
     opened = MULTILINE.match(line)
     if not opened:
-        return line
+        return line, False
     lines = [line[opened.end():]]
     while not lines[-1].rstrip().endswith('"""'):
         lines.append(read("... "))
     lines[-1] = lines[-1].rstrip()[:-3]
     text = "\n".join(lines).strip()
-    return f"/set system {text}" if opened.group(1) else text
+    return (f"/set system {text}", False) if opened.group(1) else (text, True)
 
 
 def repl(session: Session, read: Callable[[str], str] = input) -> None:
@@ -198,7 +210,7 @@ def repl(session: Session, read: Callable[[str], str] = input) -> None:
     echo("Send a message (/? for help)", err=True)
     while True:
         try:
-            text = read_message(read)
+            text, message = read_message(read)
         except EOFError:
             echo("")
             return
@@ -208,10 +220,10 @@ def repl(session: Session, read: Callable[[str], str] = input) -> None:
         command = text.strip()
         if not command:
             continue
-        if command.split()[0] in ("/bye", "/exit"):
+        if not message and command.split()[0] in ("/bye", "/exit"):
             return
         try:
-            if command.startswith("/"):
+            if not message and command.startswith("/"):
                 run_command(session, command)
             else:
                 session.ask(text)
@@ -284,34 +296,52 @@ def show_command(session: Session, args: list[str]) -> None:
     if args[0] not in ("info", "license", "modelfile", "parameters", "system", "template"):
         echo(f"Unknown command '/show {args[0]}'. Type /? for help", err=True)
         return
-    info = session.client.request("POST", "/api/show", {"model": session.model})
-    if args[0] == "info":
-        echo(show_info(info))
-    elif args[0] == "parameters":
-        echo("Model defined parameters:\n" + _indented(info.get("parameters") or "No parameters were specified."))
+    info = show_reply(session.client, session.model)
+    with session.client.reading("POST /api/show"):
+        for text in _show_part(session, info, args[0]):
+            echo(text)
+
+
+def _show_part(session: Session, info: dict, part: str) -> list[str]:
+    """The lines /show PART prints from the model's /api/show answer."""
+    if part == "info":
+        return [show_info(info)]
+    if part == "parameters":
+        lines = ["Model defined parameters:\n" + _indented(info.get("parameters") or "No parameters were specified.")]
         if session.options:
-            echo("User defined parameters:\n" + _indented("\n".join(f"{k:<30} {v}" for k, v in session.options.items())))
-    elif args[0] == "system":
-        echo(session.system or info.get("system") or "No system message was specified for this model.")
-    else:
-        echo(info.get(args[0]) or f"No {args[0]} was specified for this model.")
+            lines.append("User defined parameters:\n" + _indented("\n".join(f"{k:<30} {v}" for k, v in session.options.items())))
+        return lines
+    if part == "system":
+        return [session.system or info.get("system") or "No system message was specified for this model."]
+    return [info.get(part) or f"No {part} was specified for this model."]
 
 
 def _indented(text: str) -> str:
     return "\n".join(f"  {line}" for line in text.splitlines())
 
 
+def show_reply(client: Client, model: str) -> dict:
+    """The model's /api/show answer; one without a `details` object (which every daemon sends, Ollama's
+    too) is another server's, an UnexpectedReply."""
+    info = client.json_object("POST", "/api/show", {"model": model})
+    with client.reading("POST /api/show"):
+        if not isinstance(info["details"], dict):
+            raise TypeError("details is not an object")
+    return info
+
+
 def load_model(session: Session, model: str) -> None:
     """/load MODEL: another model, loaded now; one the daemon does not have leaves the session as it was."""
     session.echo(f"Loading model '{model}'", err=True)
     try:
-        info = session.client.request("POST", "/api/show", {"model": model})
+        info = show_reply(session.client, model)
     except ApiError as e:
         if e.status != 404:
             raise
         session.echo(f"Couldn't find model '{model}'", err=True)
         return
-    session.adopt(model, info)
+    with session.client.reading("POST /api/show"):
+        session.adopt(model, info)
     session.client.request("POST", "/api/generate", {"model": model, **({"keep_alive": session.keep_alive}
                                                                          if session.keep_alive else {})})
 

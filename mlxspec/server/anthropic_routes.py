@@ -1,5 +1,5 @@
 """Anthropic's Messages API: POST /v1/messages (Claude Code and other Anthropic clients), over the
-chat machinery, as Ollama serves it.
+chat machinery, as Ollama serves it, and POST /v1/messages/count_tokens (the prompt's size, exact).
 
 `system` and `messages` (text, `tool_use` and `tool_result` blocks) become chat messages; `tools`
 ({name, description, input_schema}) are offered as function tools. The answer's `content` holds a
@@ -13,6 +13,7 @@ the API key may come as x-api-key, as Anthropic's clients send it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 
@@ -33,9 +34,37 @@ STOP = {"stop": "end_turn", "length": "max_tokens", "cancelled": "end_turn"}
 @routes.post("/v1/messages")
 async def messages(request: web.Request) -> web.StreamResponse:
     state, body = request.app[STATE], await read_json(request)
+    job, found = _job(state, body)
+    head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": job.name}
+
+    def whole(text: str, calls: list[ToolCall], thoughts: str, last) -> dict:
+        return {**head, "content": _blocks(thoughts, text, calls), **_stop(last, calls),
+                "usage": _usage(last.stats, True), "speculative": last.stats.to_dict()}
+
+    return await serve_reply(request, state.scheduler, job, found, field(body, "stream", bool, False),
+                             lambda events: _stream(events, head, len(job.prompt_ids)), whole, _error)
+
+
+@routes.post("/v1/messages/count_tokens")
+async def count_tokens(request: web.Request) -> web.Response:
+    """The `input_tokens` /v1/messages would report for this body (no max_tokens): its prompt, built
+    as that route builds it (template, tools, thinking switch, truncation to the window), not run."""
+    state, body = request.app[STATE], await read_json(request)
+    job, _ = _job(state, body, counting=True)
+    entry, _ = await state.registry.acquire(job.name, job.manifest)  # the tokenizer comes with the model
+    try:  # on a worker thread, as the scheduler renders templates (time-limited, off the MLX thread)
+        ids = await asyncio.get_running_loop().run_in_executor(None, job.build_prompt, entry.engine)
+    finally:
+        state.registry.release(entry, None)
+    return web.json_response({"input_tokens": len(ids)})
+
+
+def _job(state, body: dict, counting: bool = False) -> tuple[Job, Found]:
+    """The body checked and made a chat Job (and the Found its reply's calls go to): shared by
+    /v1/messages and count_tokens (`counting`: no max_tokens), so both refuse alike and count one prompt."""
     name, manifest = state.manifest(field(body, "model", str, required=True))
-    max_tokens = field(body, "max_tokens", int, required=True)
-    if max_tokens < 1:  # Anthropic's minimum; -1 would mean no limit to the options
+    max_tokens = None if counting else field(body, "max_tokens", int, required=True)
+    if max_tokens is not None and max_tokens < 1:  # Anthropic's minimum; -1 would mean no limit to the options
         raise ApiError(400, "max_tokens must be at least 1")
     chat = check_messages(chat_messages(body), openai=True)
     tools, found = _tools(body), Found()
@@ -49,15 +78,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
                 "top_p": field(body, "top_p", float), "stop": field(body, "stop_sequences", list),
                 "options": {**field(body, "options", dict, {}), **extra}}
     opts = options({k: v for k, v in sampling.items() if v is not None}, manifest)
-    job = Job(name, manifest, chat_build(manifest, name, chat, tools, think, found, opts.num_ctx), opts)
-    head = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": name}
-
-    def whole(text: str, calls: list[ToolCall], thoughts: str, last) -> dict:
-        return {**head, "content": _blocks(thoughts, text, calls), **_stop(last, calls),
-                "usage": _usage(last.stats, True), "speculative": last.stats.to_dict()}
-
-    return await serve_reply(request, state.scheduler, job, found, field(body, "stream", bool, False),
-                             lambda events: _stream(events, head, len(job.prompt_ids)), whole, _error)
+    return Job(name, manifest, chat_build(manifest, name, chat, tools, think, found, opts.num_ctx), opts), found
 
 
 def chat_messages(body: dict) -> list[dict]:

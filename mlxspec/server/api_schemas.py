@@ -40,6 +40,12 @@ DURATION = {"anyOf": [{"type": "number", "minimum": -MAX_DURATION, "maximum": MA
 QUANTIZE = {"type": "string", "pattern": r"^(|none|fp|[qQ][234568]([gG](32|64|128))?"  # ours, then Ollama's names
                                         r"|[qQ](2_[kK]|3_[kK]_[sSmMlL]|[45]_[01]|[45]_[kK]_[sSmM]|6_[kK]|8_0))$"}
 DRAFTER = {"type": "string", "pattern": r"^(none|draft-model|lookup|early-exit(:[0-9]{1,2})?|(medusa|eagle|eagle3):\S+|mtp(:\S+)?)$"}
+DIGEST = {"type": "string", "pattern": "^sha256[:-][0-9a-fA-F]{64}$", "description": "sha256:<hex> (or sha256-<hex>)"}
+# {file name: digest} of blobs uploaded with POST /api/blobs/{digest}: plain names, never paths
+FILES = {"type": "object", "propertyNames": {"pattern": r"^[^/\\\u0000]{1,255}$", "not": {"enum": [".", ".."]}},
+         "additionalProperties": DIGEST,
+         "description": "uploaded model files by name: one .gguf file, or a safetensors model's files (config.json, "
+                        "*.safetensors, tokenizer files)"}
 NONE_OF = {"maxItems": 0}  # a field accepted only empty: the feature is refused with a 400
 
 # -- options (Ollama's `options`, Modelfile PARAMETER names) ---------------------------------------
@@ -78,7 +84,7 @@ def options_schema() -> dict:
 
 TOOL = obj({"type": {"enum": ["function"]},
             "function": obj({"name": STR, "description": STR, "parameters": ANY_OBJECT}, ("name",))}, ("type", "function"))
-OLLAMA_CALL = obj({"function": obj({"name": STR, "arguments": ANY_OBJECT}, ("name",))}, ("function",))
+OLLAMA_CALL = obj({"id": STR, "function": obj({"index": INT, "name": STR, "arguments": ANY_OBJECT}, ("name",))}, ("function",))
 OLLAMA_MESSAGE = obj({
     "role": {"enum": ["system", "user", "assistant", "tool"]}, "content": STR, "images": array(STR, **NONE_OF),
     "tool_calls": array(OLLAMA_CALL), "tool_name": STR, "thinking": STR,
@@ -117,16 +123,23 @@ CHAT = obj({
 NAMED = obj({"model": MODEL, "name": MODEL, "verbose": BOOL, "insecure": BOOL, "stream": BOOL}, **_NAMED)
 EMBED = obj({"model": MODEL, "name": MODEL, "input": {"anyOf": [STR, array(STR)]}, "prompt": STR, "truncate": BOOL,
              "dimensions": {"type": "integer", "minimum": 1}, "options": ANY_OBJECT, "keep_alive": DURATION}, **_NAMED)
+def _given(key: str) -> dict:
+    return {"required": [key], "properties": {key: {"minProperties": 1}}}
+
+
 CREATE = obj({
-    "model": MODEL, "name": MODEL, "from": REFERENCE, "draft": REFERENCE, "drafter": DRAFTER,
+    "model": MODEL, "name": MODEL, "from": REFERENCE, "files": FILES, "draft": REFERENCE, "draft_files": FILES,
+    "drafter": DRAFTER,
     "quantize": QUANTIZE, "draft_quantize": QUANTIZE, "draft_length": {"type": "integer", "minimum": 0, "maximum": 32},
     "template": {"type": "string", "description": "Jinja, or Ollama's Go syntax (the common subset); must parse"},
     "system": STR, "description": STR, "parameters": ref("Options"),
     "messages": array(obj({"role": {"enum": ["system", "user", "assistant"]}, "content": STR}, ("role", "content"))),
     "license": {"anyOf": [STR, array(STR)]}, "stream": BOOL,
-    **{k: {"type": "object", "maxProperties": 0, "description": "refused unless empty"} for k in ("files", "draft_files", "adapters")},
+    "adapters": {"type": "object", "maxProperties": 0, "description": "refused unless empty"},
     **{k: {"type": "string", "maxLength": 0, "description": "refused unless empty"} for k in ("renderer", "parser", "remote_host")},
-}, ("from",), **_NAMED)
+}, allOf=[_NAMED, {"anyOf": [{"required": ["from"]}, _given("files")]},  # from or files, not both; draft likewise
+          {"not": {"allOf": [{"required": ["from"]}, _given("files")]}},
+          {"not": {"allOf": [{"required": ["draft"]}, _given("draft_files")]}}])
 COPY = obj({"source": MODEL, "destination": MODEL}, ("source", "destination"))
 _OPENAI_COMMON = {
     "model": MODEL, "max_tokens": {"type": "integer", "minimum": 1}, "max_completion_tokens": {"type": "integer", "minimum": 1},
@@ -194,6 +207,8 @@ ANTHROPIC = obj({
     "stream": BOOL, "thinking": obj({"type": {"enum": ["enabled", "disabled"]}, "budget_tokens": INT}, ("type",)),
     "metadata": ANY_OBJECT, "options": ref("Options"),
 }, ("model", "max_tokens", "messages"))
+# count_tokens: the same body without max_tokens (read by /v1/messages only)
+ANTHROPIC_COUNT = obj(ANTHROPIC["properties"], ("model", "messages"))
 _IDS = array({"type": "integer", "minimum": 0}, minItems=1)
 OPENAI_EMBED = obj({"model": MODEL, "input": {"anyOf": [STR, array({"anyOf": [STR, _IDS]}, minItems=1), _IDS]},
                     "dimensions": {"type": "integer", "minimum": 1}, "encoding_format": {"enum": ["float", "base64"]}},
@@ -260,6 +275,7 @@ ANTHROPIC_MESSAGE = obj({"id": STR, "type": {"enum": ["message"]}, "role": {"enu
                          "stop_reason": {"enum": ["end_turn", "max_tokens", "tool_use", "stop_sequence"]},
                          "usage": obj({"input_tokens": INT, "output_tokens": INT}), "speculative": ref("Speculative")},
                         ("id", "type", "role", "content", "stop_reason", "usage"))
+TOKEN_COUNT = obj({"input_tokens": {"type": "integer", "minimum": 0}}, ("input_tokens",))
 RESPONSE_EVENT = obj({"type": {"type": "string", "minLength": 1}, "sequence_number": INT}, ("type",))
 MODEL_ENTRY = obj({"id": STR, "object": {"enum": ["model"]}, "created": INT, "owned_by": STR}, ("id", "object"))
 MODELS = obj({"object": {"enum": ["list"]}, "data": array(ref("Model"))}, ("object", "data"))
@@ -283,4 +299,5 @@ SCHEMAS = {
     "Model": MODEL_ENTRY, "Models": MODELS, "EmbedResponse": EMBEDDED, "EmbeddingResponse": EMBEDDING,
     "Embeddings": OPENAI_EMBEDDED, "ResponsesRequest": RESPONSES, "Response": RESPONSE, "ResponseEvent": RESPONSE_EVENT,
     "MessagesRequest": ANTHROPIC, "AnthropicMessage": ANTHROPIC_MESSAGE, "AnthropicEvent": RESPONSE_EVENT,
+    "CountTokensRequest": ANTHROPIC_COUNT, "TokenCount": TOKEN_COUNT,
 }

@@ -12,7 +12,7 @@ from aiohttp import web
 from ..errors import MlxspecError
 from ..home import write_local_key
 from ..store import ModelNotFoundError, Store
-from . import anthropic_routes, embed_routes, ollama_models, ollama_routes, openai_routes, openapi, responses_routes
+from . import anthropic_routes, blobs, embed_routes, ollama_models, ollama_routes, openai_routes, openapi, responses_routes
 from .hosts import host_allowed
 from .registry import Registry
 from .requests import ApiError
@@ -31,6 +31,7 @@ def make_app(store: Store | None = None, settings: Settings | None = None, regis
     app[STATE] = State(store or Store(ollama_models=settings.ollama_models), settings, registry)
     app.add_routes(ollama_routes.routes)
     app.add_routes(ollama_models.routes)
+    app.add_routes(blobs.routes)
     app.add_routes(openai_routes.routes)
     app.add_routes(responses_routes.routes)
     app.add_routes(anthropic_routes.routes)

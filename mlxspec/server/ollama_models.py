@@ -1,4 +1,4 @@
-"""Ollama's model management API: tags, show, ps, pull, create, copy, delete."""
+"""Ollama's model management API: tags, show, ps, pull, create, copy, delete (uploads: blobs.py)."""
 
 from __future__ import annotations
 
@@ -193,8 +193,7 @@ async def create(request: web.Request) -> web.StreamResponse:
     for key, why in REFUSED.items():
         if body.get(key):
             raise ApiError(400, why)
-    manifest = await asyncio.to_thread(_created_manifest, state, request, body)
-    saved = await asyncio.to_thread(state.store.save, name, manifest)
+    manifest, saved = await asyncio.to_thread(_create, state, request, body, name)
     if not field(body, "stream", bool, True):
         return web.json_response({"status": "success"})
 
@@ -205,15 +204,20 @@ async def create(request: web.Request) -> web.StreamResponse:
     return await ndjson(request, statuses())
 
 
+def _create(state: State, request: web.Request, body: dict, name: str) -> tuple[Manifest, str]:
+    """Build and save under the store's lock: a delete meanwhile cannot remove the folder of uploaded
+    files the new model is made of before its manifest names it."""
+    with state.store.lock:
+        manifest = _created_manifest(state, request, body)
+        return manifest, state.store.save(name, manifest)
+
+
 def _reference(state: State, ref: str, what: str, trusted: bool) -> Manifest:
     return resolve_for_http(state.store, ref, what, state.settings.model_dirs, trusted)
 
 
 # What /api/create refuses by name (Ollama fields mlxspec has no counterpart for).
 REFUSED = {
-    "files": "files (blobs uploaded with /api/blobs) are not supported: give 'from' a stored model, an absolute "
-             "path to a model directory or .gguf file, or a repo id",
-    "draft_files": "draft_files are not supported: give 'draft' a model reference",
     "adapters": "ADAPTER (LoRA adapters) is not supported by mlxspec: merge the adapter into the weights first",
     "renderer": "RENDERER (Ollama's built-in prompt renderers) is not supported: give a template",
     "parser": "PARSER (Ollama's built-in output parsers) is not supported",
@@ -222,16 +226,21 @@ REFUSED = {
 
 
 def _created_manifest(state: State, request: web.Request, body: dict) -> Manifest:
-    """A manifest from `from` (a stored or shipped model, else a reference) and the given fields: as
-    Ollama, parameters merge over the base's, messages replace its, licenses add to its."""
+    """A manifest from `from` (a stored or shipped model, else a reference) or `files` (uploaded blobs), and
+    the given fields: as Ollama, parameters merge over the base's, messages replace its, licenses add to its."""
     trusted = state.is_local_user(request)
-    base = _reference(state, field(body, "from", str, required=True), "from", trusted)
+    base = _base(state, body, trusted)
     keys = ("draft", "drafter", "quantize", "draft_quantize", "template", "system", "description")
     changes = {k: v for k in keys if (v := field(body, k, str)) is not None}
     if "template" in changes and (why := check_template(changes["template"])):
         raise ApiError(400, f"template does not parse: {why}")  # refused now, not at every request
-    if "draft" in changes:
+    if draft_files := _files(body, "draft_files"):
+        if "draft" in changes:
+            raise ApiError(400, "give either draft or draft_files (uploaded blobs), not both")
+        changes["draft"] = str(state.store.blobs.model_from_files(draft_files, "draft_files"))
+    elif "draft" in changes:
         changes["draft"] = _reference(state, changes["draft"], "draft", trusted).target
+    if "draft" in changes:
         # a draft model means the draft-model drafter (left implicit, as the base had it, for round trips)
         changes.setdefault("drafter", base.drafter if base.drafter in (None, "draft-model") else "draft-model")
     elif changes.get("drafter") not in (None, "draft-model"):
@@ -251,6 +260,24 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
     if (licenses := _licenses(body)) is not None:
         changes["license"] = (base.license or []) + licenses
     return dataclasses.replace(base, **changes)
+
+
+def _base(state: State, body: dict, trusted: bool) -> Manifest:
+    """What the model is made of: `from`, or `files` ({name: digest} of blobs uploaded with /api/blobs:
+    one .gguf file, or a safetensors model's files), as Ollama takes either."""
+    given, files = field(body, "from", str), _files(body, "files")
+    if files and given:
+        raise ApiError(400, "give either from or files (uploaded blobs), not both")
+    if files:
+        return Manifest(target=str(state.store.blobs.model_from_files(files)))
+    if given is None:
+        raise ApiError(400, "from is required (or files: blobs uploaded with /api/blobs)")
+    return _reference(state, given, "from", trusted)
+
+
+def _files(body: dict, key: str) -> dict:
+    """`files` / `draft_files`: {file name: digest}; names and digests are checked where the folder is made."""
+    return field(body, key, dict) or {}
 
 
 def _message(m, i: int) -> dict:

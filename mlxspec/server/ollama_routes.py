@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
+import string
 import time
 from importlib.metadata import version as package_version
 from typing import Callable
@@ -21,6 +23,7 @@ from .tool_calls import Found, ToolCall, pieces
 
 OLLAMA_VERSION = "0.6.4"  # the Ollama API level we follow; clients such as VS Code check >= 0.6.4
 
+CALL_ID_LETTERS = string.ascii_lowercase + string.digits
 routes = web.RouteTableDef()
 
 
@@ -128,8 +131,15 @@ def refuse_unsupported(body: dict, chat: bool = False) -> None:
 def _message(text: str, calls: list[ToolCall], thinking: str = "") -> dict:
     message = {"role": "assistant", "content": text, **({"thinking": thinking} if thinking else {})}
     if calls:
-        message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+        message["tool_calls"] = [_tool_call(c, i) for i, c in enumerate(calls)]
     return {"message": message}
+
+
+def _tool_call(call: ToolCall, index: int) -> dict:
+    """As Ollama's api.ToolCall: an `id` (its toolCallId: call_ and 8 of [a-z0-9]) that a tool message's
+    tool_call_id answers, and `function.index`, the call's place in the reply (a reply's calls come in one chunk)."""
+    return {"id": "call_" + "".join(secrets.choice(CALL_ID_LETTERS) for _ in range(8)),
+            "function": {"index": index, "name": call.name, "arguments": call.arguments}}
 
 
 # -- responses ---------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from . import api_schemas as s
 
 routes = web.RouteTableDef()
 
-# (method, path, tag, summary, request schema, answers: "json" | "ndjson" | "sse" | "text" | "empty", schema)
+# (method, path, tag, summary, request schema or "binary" (raw bytes),
+#  answers: "json" | "ndjson" | "sse" | "text" | "empty" | "created" (201, or 200: had it already), schema)
 OPERATIONS = [
     ("get", "/", "ollama", "Heartbeat: 'Ollama is running' (Ollama's words, which clients probe for)", None, "text", None),
     ("get", "/api/version", "ollama", "The Ollama API level followed, and mlxspec's version", None, "json", "Version"),
@@ -37,6 +38,9 @@ OPERATIONS = [
      "ndjson", "Status"),
     ("post", "/api/create", "ollama", "Create a model (Ollama's create request, Modelfile fields, mlxspec's drafting)",
      "CreateRequest", "ndjson", "Status"),
+    ("head", "/api/blobs/{digest}", "ollama", "Is this blob uploaded? 200 yes, 404 no", None, "empty", None),
+    ("post", "/api/blobs/{digest}", "ollama", "Upload a model file, the raw bytes, under its sha256 digest (for "
+     "/api/create's files); a body of another digest is a 400 and nothing is kept", "binary", "created", None),
     ("post", "/api/copy", "ollama", "Copy a model under another name", "CopyRequest", "empty", None),
     ("delete", "/api/delete", "ollama", "Remove a model from the store", "NamedRequest", "empty", None),
     ("post", "/v1/chat/completions", "openai", "OpenAI chat completions", "ChatCompletionRequest", "sse", "ChatCompletion"),
@@ -45,6 +49,8 @@ OPERATIONS = [
      "ResponsesRequest", "sse", "Response"),
     ("post", "/v1/messages", "anthropic", "Anthropic Messages (Claude Code and Anthropic clients)", "MessagesRequest",
      "sse", "AnthropicMessage"),
+    ("post", "/v1/messages/count_tokens", "anthropic", "The input_tokens /v1/messages would count for this body "
+     "(its prompt built, not run)", "CountTokensRequest", "json", "TokenCount"),
     ("get", "/v1/models", "openai", "The stored models", None, "json", "Models"),
     ("get", "/v1/models/{model}", "openai", "One stored model", None, "json", "Model"),
     ("post", "/v1/embeddings", "openai", "OpenAI embeddings (float or base64)", "EmbeddingsRequest", "json", "Embeddings"),
@@ -57,7 +63,7 @@ ERRORS = {
     400: "the request is wrong (a field, a value, a template, a reference): the message says what",
     401: "MLXSPEC_API_KEY is set and the request lacks `Authorization: Bearer <key>`",
     403: "a Host or Origin not allowed, or a local path outside MLXSPEC_MODEL_DIRS",
-    404: "no such model (or file)",
+    404: "no such model (or file, or blob)",
     413: "the body is larger than MLXSPEC_MAX_BODY",
     415: "a Content-Encoding other than gzip, deflate or none",
     500: "a failure of mlxspec's own (logged with its traceback); never a caller's mistake",
@@ -65,6 +71,7 @@ ERRORS = {
 }
 BODY_ERRORS = (400, 401, 403, 404, 413, 415, 500, 503)  # what a request with a body may get
 GET_ERRORS = (401, 403, 500)
+PATH_PARAMETERS = {"model": s.MODEL, "digest": s.DIGEST}
 
 
 @functools.lru_cache(maxsize=1)
@@ -94,14 +101,22 @@ def document() -> dict:
 def _operation(method, path, tag, summary, request, answers, schema) -> dict:
     op = {"operationId": f"{method}_{path.strip('/').replace('/', '_').replace('.', '_').replace('{', '').replace('}', '') or 'root'}",
           "tags": [tag], "summary": summary, "responses": {}}
-    if "{model}" in path:
-        op["parameters"] = [{"name": "model", "in": "path", "required": True, "schema": s.MODEL}]
-    if request:
+    if params := [{"name": k, "in": "path", "required": True, "schema": v} for k, v in PATH_PARAMETERS.items()
+                  if "{" + k + "}" in path]:
+        op["parameters"] = params
+    if request == "binary":
+        op["requestBody"] = {"required": True,
+                             "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}
+    elif request:
         op["requestBody"] = {"required": True, "content": {"application/json": {"schema": s.ref(request)}}}
     error = s.ref("OpenAIError" if path.startswith("/v1/") else "Error")
-    if answers != "error":
+    if answers == "created":
+        op["responses"]["200"] = {"description": "stored already (the body is read, not kept)"}
+        op["responses"]["201"] = {"description": "stored"}
+    elif answers != "error":
         op["responses"]["200"] = _ok(answers, schema, error)
-    codes = ((*BODY_ERRORS, 404) if "{model}" in path else BODY_ERRORS) if request or "{model}" in path else GET_ERRORS
+    codes = BODY_ERRORS if request or "{model}" in path else GET_ERRORS
+    codes = (*codes, 400, 404) if params else codes  # a malformed parameter, or nothing under it
     for code in sorted(set(codes)):
         op["responses"][str(code)] = {"description": ERRORS[code]} if method == "head" else \
             {"description": ERRORS[code], "content": {"application/json": {"schema": error}}}

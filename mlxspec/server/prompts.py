@@ -54,6 +54,7 @@ def supports_insert(template: str | None, added_vocab) -> bool:
 
 def generate_ids(engine: Engine, manifest: Manifest, req: GeneratePrompt) -> list[int]:
     """/api/generate and /v1/completions: raw text, a template, FIM, or the chat template."""
+    engine.check_ids(req.context)  # the caller's ids, before anything decodes them (a huge one overflows there)
     return req.context + _generate_ids(engine, manifest, req)
 
 

@@ -82,6 +82,16 @@ def test_multi_line_system_message(daemon):
     assert session.system == "You are terse.\nAnswer in one word." and "Set system message." in said
 
 
+def test_a_triple_quoted_block_is_always_a_message(daemon):
+    """As Ollama's CLI (cmd/interactive.go): text between \"\"\" is a message even where it starts with '/'."""
+    session, said = session_for(daemon)
+    left = run_lines(session, ['"""/bye is no command here', '/set system neither"""', '"""/show info"""', "/bye", "never"])
+    assert left == ["never"] and session.system is None
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == \
+        ["/bye is no command here\n/set system neither", "/show info"]
+    assert not any("Unknown command" in line or "Set system" in line or "architecture" in line for line in said)
+
+
 def test_exit_ends_the_session(daemon):
     session, _ = session_for(daemon)
     assert run_lines(session, ["/exit", "never read"]) == ["never read"]

@@ -72,12 +72,16 @@ def test_thinking_blocks(client):
     assert [b.type for b in final.content] == ["thinking", "text"] and final.content[1].text == "It is 4."
 
 
-@pytest.mark.parametrize("extra, match", [
+REFUSALS = [  # (body fields, words of the 400): count_tokens refuses them alike (test_anthropic_count_tokens.py)
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "does not support images"),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "only client tools"),
     ({"tool_choice": {"type": "any"}}, "tool_choice"),
     ({"messages": []}, "messages must not be empty"),
     ({"messages": USER + [{"role": "assistant", "content": "It is "}]}, "cannot end with trailing whitespace"),
+]
+
+
+@pytest.mark.parametrize("extra, match", REFUSALS + [
     ({"messages": USER + [{"role": "assistant", "content": [{"type": "text", "text": "It is\n"}]}]}, "trailing whitespace"),
 ])
 def test_what_it_cannot_do_is_a_400(client, extra, match):

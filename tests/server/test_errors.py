@@ -44,6 +44,9 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/generate", {"model": "tiny", "prompt": "hi", "images": ["aGk="]}, 400, "images"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "think": True}, 400, "thinking"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "context": ["a"]}, 400, "context"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "template": "{{ .Prompt }}", "context": [2**64]}, 400,
+         "vocabulary"),  # was a 500: the reply splitter decoded it first
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "raw": True, "context": [1, 10**6]}, 400, "vocabulary"),
         ("/api/generate", {"model": "tiny", "prompt": "word " * 600, "truncate": False, "options": {"num_ctx": 64}}, 400,
          "context window"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"num_keep": -2}}, 400, "num_keep"),
@@ -76,7 +79,7 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/create", {"model": "x", "from": "tiny", "quantize": "q7"}, 400, "unknown quantization"),
         ("/api/create", {"model": "x", "from": "tiny", "drafter": "magic"}, 400, "unknown drafter"),
         ("/api/create", {"model": "x", "from": "tiny", "parameters": {"nope": 1}}, 400, "unknown option"),
-        ("/api/create", {"model": "x", "from": "tiny", "files": {"a": "sha256:0"}}, 400, "not supported"),
+        ("/api/create", {"model": "x", "files": {"a.gguf": "sha256:0"}}, 400, "invalid digest format"),
         ("/api/create", {"model": "bad name!", "from": "tiny"}, 400, "invalid model name"),
         ("/api/pull", {"model": "not-a-known-model"}, 404, "cannot pull"),
     ],

@@ -87,7 +87,7 @@ def test_show_modelfile_round_trips_through_create(daemon, tiny_llama, tmp_path)
     ({"template": "{{ range .Messages }}{{ .Images }}{{ end }}"}, 400, ".Images is not supported"),
     ({"template": "{{ .Prompt | printf }}"}, 400, "pipelines"),
     ({"adapters": {"lora.gguf": "sha256:00"}}, 400, "ADAPTER (LoRA adapters) is not supported"),
-    ({"files": {"model.gguf": "sha256:00"}}, 400, "files (blobs uploaded with /api/blobs) are not supported"),
+    ({"files": {"model.gguf": "sha256:" + "0" * 64}}, 400, "give either from or files"),
     ({"renderer": "qwen3"}, 400, "RENDERER"),
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0] must be"),
     ({"license": [1]}, 400, "license must be"),

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 
-from api_helpers import post, scripted
+from api_helpers import ndjson_lines, post, scripted
 from mlxspec.server.tool_calls import FORMATS, Splitter, ToolCall, detect, parse_hermes, parse_llama3, parse_mistral
 from mlxspec.store import Manifest
 
@@ -93,6 +93,33 @@ def test_ollama_client_gets_tool_calls(daemon, tools_model):
     assert "".join(c.message.content for c in chunks) == "Let me check. "
     assert [c.function.name for ch in chunks for c in ch.message.tool_calls or []] == ["get_weather"]
     assert chunks[-1].done and not chunks[-1].message.tool_calls  # the calls came once, before the final chunk
+
+
+def test_ollama_tool_calls_carry_an_id_and_an_index_as_ollamas(daemon, tools_model):
+    """Ollama's api.ToolCall: `id` (call_ + 8 of [a-z0-9]) and `function.index` (the call's place in the
+    reply), whole and streamed; the message sent back as it came, with a tool_call_id answering an id,
+    reaches the template (the result under its call's name)."""
+    two = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' \
+          '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>'
+    tools_model[0]["text"] = [two]
+    try:
+        reply = ollama.Client(host=daemon.url).chat(model="tools", messages=USER, tools=[WEATHER]).message
+        status, whole = post(daemon.url + "/api/chat", {"model": "tools", "messages": USER, "tools": [WEATHER], "stream": False})
+        _, lines = ndjson_lines(daemon.url + "/api/chat", {"model": "tools", "messages": USER, "tools": [WEATHER]})
+    finally:
+        tools_model[0]["text"] = CALL
+    assert [(c.function.name, dict(c.function.arguments)) for c in reply.tool_calls] == \
+        [("get_weather", {"city": "Paris"}), ("get_weather", {"city": "Rome"})]  # the client reads them as before
+    streamed = [c for line in lines for c in line["message"].get("tool_calls", [])]
+    for calls in (whole["message"]["tool_calls"], streamed):
+        assert [(c["function"]["index"], c["function"]["arguments"]["city"]) for c in calls] == [(0, "Paris"), (1, "Rome")]
+        assert all(re.fullmatch(r"call_[a-z0-9]{8}", c["id"]) for c in calls) and calls[0]["id"] != calls[1]["id"]
+
+    history = USER + [whole["message"], {"role": "tool", "tool_call_id": whole["message"]["tool_calls"][1]["id"],
+                                         "content": "rainy"}]
+    status, _ = post(daemon.url + "/api/chat", {"model": "tools", "messages": history, "tools": [WEATHER], "stream": False})
+    assert status == 200 and "call get_weather city=Rome" in tools_model[1][-1]
+    assert "rainy from get_weather" in tools_model[1][-1]
 
 
 def test_ollama_text_that_is_not_a_call_stays_content(daemon, tools_model):
