@@ -11,7 +11,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   qmm on the issue's shapes and the joined projections' (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
-  the attention kernel also with 1 and 4 warps a block (ours-w1, ours-w4: warps_same_bits says whether the bits agree).
+  the attention kernel also with 1 and 4 warps a block (ours-w1, ours-w4) and, on CUDA, values read one by one
+  (ours-unpacked): warps_same_bits says whether all their bits agree.
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -228,6 +229,9 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
         if device_backend_name() in ("cuda", "metal"):  # the GPU kernel's other schedules
             fns |= {f"ours-w{w}": (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa_with_warps(w))
                     for w in SDPA_WARPS if w != WARPS}
+            if device_backend_name() == "cuda":  # a lane's value dims one by one, not in one load (the same bits)
+                unpacked = sdpa_with_warps(WARPS, pack=False)
+                fns["ours-unpacked"] = lambda q, kk_, vv: unpacked(q, kk_, vv, scale, True)
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
     for m in ROWS:
         q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
@@ -241,7 +245,7 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
                      for i in range(m)]
             row[f"{name}_row_gap"] = float(mx.stack([mx.abs(y[0, :, i] - a).max() for i, a in enumerate(alone)])
                                            .max().astype(mx.float32).item())
-        outs = [f(q, k, v) for name, f in fns.items() if name.startswith("ours")]  # warps a block: a schedule, not bits
+        outs = [f(q, k, v) for name, f in fns.items() if name.startswith("ours")]  # warps, packing: schedules, not bits
         if len(outs) > 1:
             row["warps_same_bits"] = all(mx.array_equal(o, outs[0]).item() for o in outs[1:])
         entry[f"M={m}"] = row
@@ -252,12 +256,14 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
 SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention_source.WARPS)
 
 
-def sdpa_with_warps(warps: int):
-    """The GPU attention kernel built with `warps` warps a partial block (the same bits as the production build)."""
+def sdpa_with_warps(warps: int, pack: bool = True):
+    """The GPU attention kernel built with `warps` warps a partial block (the same bits as the production build);
+    CUDA's without packed value loads where `pack` is False."""
     from mlxspec.kernels import gpu_attention
 
-    make = gpu_attention.cuda_sdpa_function if device_backend_name() == "cuda" else gpu_attention.metal_sdpa_function
-    return make(warps)
+    if device_backend_name() == "cuda":
+        return gpu_attention.cuda_sdpa_function(warps, pack)
+    return gpu_attention.metal_sdpa_function(warps)
 
 
 def launch_overhead() -> dict:

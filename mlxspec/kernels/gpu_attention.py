@@ -43,14 +43,15 @@ def metal_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
     return _sdpa_function(mx.fast.metal_kernel, "metal", warps)
 
 
-def cuda_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
+def cuda_sdpa_function(warps: int = WARPS, pack: bool = True) -> Callable[..., mx.array]:
+    """pack: a lane's value dims of a row in one load where the cache allows (False: one by one; the same bits)."""
     require_cuda()
     from .cuda_cache import cuda_kernel
 
-    return _sdpa_function(cuda_kernel, "cuda", warps)  # the partial reads strides: MLX's JIT; the combine: compiled once
+    return _sdpa_function(cuda_kernel, "cuda", warps, pack)  # the partial reads strides: MLX's JIT; the combine: compiled once
 
 
-def _sdpa_function(make, backend: str, warps: int = WARPS) -> Callable[..., mx.array]:
+def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True) -> Callable[..., mx.array]:
     partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
                    source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
     direct = make(name=DIRECT_NAME, input_names=PARTIAL_INPUTS, output_names=DIRECT_OUTPUTS,
@@ -101,7 +102,7 @@ def _sdpa_function(make, backend: str, warps: int = WARPS) -> Callable[..., mx.a
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         dpl = dims_per_lane(q.shape[3], dv)
         heads = heads if tree is None else tree_heads(heads, dpl)
-        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=warps)
+        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=warps, pack=pack)
         blocks = partial_blocks(h, hkv, m, heads, by_rows)
         inputs = [q, k, v, params, length, no_tree if tree is None else tree]
         grid, threadgroup = (32, warps * blocks, nch), partial_threadgroup(warps)

@@ -22,7 +22,8 @@ Three kernels:
     and forms each slot's dot over d = 0, 1, ..., D-1 in order, the query's dims read from threadgroup memory
     (one address for every lane: a broadcast). Then per slot the step's own softmax terms: its max (lane_max),
     p_j = exp(s_j - max), their sum (lane_sum) and acc[d] = sum_j p_j v[j][d] in j order (value rows loaded 8 at
-    a time). The steps then fold into the chunk's state in key order, one warp at a time between barriers:
+    a time; on CUDA where a row's dims are contiguous and aligned, a lane's DPL dims in one load, 32 rows of them at
+    fp16 and D = 128, the first batch issued before the keys' loads so both latencies overlap). The steps then fold into the chunk's state in key order, one warp at a time between barriers:
     m1 = max(m0, max), state = state * exp(m0 - m1) + step * exp(max - m1); a step without a slot's keys
     leaves its state as it was. So WARPS changes only the schedule, never the bits (tested for 1, 2, 4, 8).
     Before: one warp walked a chunk's 8 steps one after another (a chained call over 300 keys took 190 us
@@ -35,8 +36,9 @@ Three kernels:
 Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
-Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS, DPL and WARPS
-(partial: slots a block, dims a lane, warps a block; none changes the bits), TREE (partial: 0 or 1), SINKS (0 or 1). The mask is a runtime
+Template: T (dtype), CHUNK (multiple of 32; 256 in production, smaller in tests), HEADS, DPL, WARPS and PACK
+(partial: slots a block, dims a lane, warps a block, packed value loads; none changes the bits), TREE (partial: 0 or 1),
+SINKS (0 or 1). The mask is a runtime
 value (params = [scale, causal, window, by_rows, softcap]) so every mask runs the very same code. L, the keys
 that count, is a runtime value too (`length`, one int32): a compiled step passes its whole cache buffer
 (NCH from its capacity) and the length from its graph; chunks past L are empty, so the bits are those of
@@ -115,6 +117,7 @@ PARTIAL_CORE = """
 #pragma unroll
   for (int i = 0; i < DPL; ++i) vd[i] = (lane + 32 * i) * v_strides[3];
   const bool v_dense = v_strides[3] == 1;  // a value row's dims contiguous (every KV cache): no per-value index math
+//@VPACK
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
 //@WIDE
   const int first = start + c * CHUNK;
@@ -140,6 +143,7 @@ PARTIAL_CORE = """
         dot[r] = 0.0f;
       }
       const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
+//@PREFETCH
 //@KEYS
       float p[HEADS];  // lane j: key base + j's weight exp(score - the step's max), per slot
 #pragma unroll
@@ -167,7 +171,7 @@ PARTIAL_CORE = """
           if (lane == 0) fold_max[step + 1][r] = m1, fold_sum[step + 1][r] = add ? FMA(fold_sum[step][r], c0, step_sum[r] * c1) : fold_sum[step][r];
 #pragma unroll
           for (int i = 0; i < DPL; ++i)
-            if (add && lane + 32 * i < DV) fold_acc[r][lane + 32 * i] = FMA(fold_acc[r][lane + 32 * i], c0, acc[r][i] * c1);
+            if (add && VD(i) < DV) fold_acc[r][VD(i)] = FMA(fold_acc[r][VD(i)], c0, acc[r][i] * c1);
         }
       }
     }
@@ -175,6 +179,7 @@ PARTIAL_CORE = """
   TG_BARRIER;
 //@WRITE
 #undef TREE_KEY
+#undef VD
 #undef SLOT_HEAD
 #undef SLOT_ROW
 #undef TG_SHARED
@@ -214,7 +219,7 @@ WRITE_PARTIAL = """  for (int r = w; r < nh; r += WARPS) {  // warp w writes slo
     if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
 #pragma unroll
     for (int i = 0; i < DPL; ++i)
-      if (lane + 32 * i < DV) pacc[slot * DV + lane + 32 * i] = fold_acc[r][lane + 32 * i];
+      if (VD(i) < DV) pacc[slot * DV + VD(i)] = fold_acc[r][VD(i)];
   }
 """
 WRITE_DIRECT = """  for (int r = w; r < nh; r += WARPS) {
@@ -226,8 +231,8 @@ WRITE_DIRECT = """  for (int r = w; r < nh; r += WARPS) {
 #pragma unroll
     for (int i = 0; i < DPL; ++i) {
       float a = 0.0f;
-      if (ps > 0.0f) a = FMA(fold_acc[r][lane + 32 * i], wgt, a);
-      if (lane + 32 * i < DV) o[hm * DV + lane + 32 * i] = static_cast<T>(a / total);
+      if (ps > 0.0f) a = FMA(fold_acc[r][VD(i)], wgt, a);
+      if (VD(i) < DV) o[hm * DV + VD(i)] = static_cast<T>(a / total);
     }
   }
 """
@@ -288,6 +293,38 @@ template <typename E> __device__ inline bool keys_wide(const E* p, int64_t s1, i
   constexpr int PER = 16 / int(sizeof(E));
   return s3 == 1 && s2 % PER == 0 && s1 % PER == 0 && d % PER == 0 && reinterpret_cast<size_t>(p) % 16 == 0;
 }
+// A lane's N contiguous value dims of one row as raw 32-bit words, in one 4-, 8- or 16-byte load (two for 32 bytes;
+// OK: N values make one of those), and BATCH rows of them in flight at once (64 registers of words at most)
+template <typename E, int N> struct VRow {
+  static constexpr int BYTES = N * int(sizeof(E)), WORDS = (BYTES + 3) / 4;
+  static constexpr bool OK = BYTES == 4 || BYTES == 8 || BYTES == 16 || BYTES == 32;
+  static constexpr int BATCH = 64 / WORDS < 32 ? 64 / WORDS : 32;
+  uint32_t w[WORDS];
+  __device__ static bool aligned(const E* p) { return reinterpret_cast<size_t>(p) % (BYTES < 16 ? BYTES : 16) == 0; }
+  __device__ inline void load(const E* p) {
+    if constexpr (BYTES == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(p);
+    } else if constexpr (BYTES == 8) {
+      const uint2 u = *reinterpret_cast<const uint2*>(p);
+      w[0] = u.x, w[1] = u.y;
+    } else if constexpr (BYTES == 16 || BYTES == 32) {
+#pragma unroll
+      for (int h = 0; h < BYTES / 16; ++h) {
+        const uint4 u = reinterpret_cast<const uint4*>(p)[h];
+        w[4 * h] = u.x, w[4 * h + 1] = u.y, w[4 * h + 2] = u.z, w[4 * h + 3] = u.w;
+      }
+    } else {
+      memcpy(w, p, BYTES);  // never launched (v_pack needs OK): compiles for every head size
+    }
+  }
+  __device__ inline void unpack(float* out) const {  // the N values as floats: what reading them one by one gives
+    E e[N];
+    memcpy(e, w, BYTES);
+#pragma unroll
+    for (int i = 0; i < N; ++i) out[i] = float(e[i]);
+  }
+};
+template <int N, typename E> __device__ VRow<E, N> vrow_of(const E*);  // for decltype: v's element type
 // dims d0 .. d0 + 31 of a key as floats (past d: dim 0's, never used) in 16-byte loads: the values one by one gives
 template <typename E> __device__ inline void load_key_wide(float* out, const E* row, int d0, int d, int64_t) {
   constexpr int PER = 16 / int(sizeof(E));
@@ -327,8 +364,52 @@ VALUE_PHASE = """#pragma unroll
         }
       }
 """
+# CUDA, where a lane's DPL dims of a row are one 4- to 32-byte load (v_pack): the lane takes dims lane DPL + i, not
+# lane + 32 i (each dim's sum is the same chain of FMAs over j in order, whichever lane runs it: the same bits), and
+# VB rows' loads are in flight at once (32 rows at fp16 and 128 dims: one latency, not four batches of eight).
+# The first batch is loaded before the keys (PREFETCH): its latency and the keys' overlap.
+PREFETCH = """      VR first[VR::BATCH];  // the step's first VR::BATCH value rows (CUDA, v_pack)
+      if (v_pack) {
+#pragma unroll
+        for (int jj = 0; jj < VR::BATCH; ++jj)
+          first[jj].load(v + v_head + int64_t(TREE_KEY(base + (jj < count ? jj : 0))) * v_strides[2] + lane * DPL);
+      }
+"""
+PACKED_VALUE_PHASE = """#pragma unroll
+      for (int j0 = 0; j0 < 32; j0 += VR::BATCH) {
+        VR vw[VR::BATCH];
+#pragma unroll
+        for (int jj = 0; jj < VR::BATCH; ++jj) {
+          if (j0 == 0) vw[jj] = first[jj];
+          else vw[jj].load(v + v_head + int64_t(TREE_KEY(base + (j0 + jj < count ? j0 + jj : 0))) * v_strides[2] + lane * DPL);
+        }
+#pragma unroll
+        for (int jj = 0; jj < VR::BATCH; ++jj) {
+          const int j = j0 + jj;
+          float vv[DPL];
+          vw[jj].unpack(vv);
+#pragma unroll
+          for (int r = 0; r < HEADS; ++r) {
+            const float pj = lane_shuffle(p[r], j);
+            const bool use = on[r] && j < n_keys[r];
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              if (use) acc[r][i] = FMA(pj, vv[i], acc[r][i]);
+          }
+        }
+      }
+"""
 VALUES = ("      if (v_dense) {\n" + VALUE_PHASE.replace("VOFF", "lane + 32 * i") + "      } else {\n"
           + VALUE_PHASE.replace("VOFF", "vd[i]") + "      }\n")
+CUDA_VALUES = "      if (v_pack) {\n" + PACKED_VALUE_PHASE + "      } else " + VALUES.lstrip()
+CUDA_VPACK = """  using VR = decltype(vrow_of<DPL>(v));  // a lane's DPL value dims of a row as raw words (CUDA_HEADER)
+  const bool v_pack = PACK && VR::OK && v_dense && DV == 32 * DPL && v_strides[2] % DPL == 0 && v_strides[1] % DPL == 0
+                      && VR::aligned(v);  // uniform over the launch
+#define VD(i) (v_pack ? lane * DPL + (i) : lane + 32 * (i))  // the value dim a lane's slot i holds
+"""
+METAL_VPACK = """  constexpr bool v_pack = false;  // Metal reads values one by one
+#define VD(i) (lane + 32 * (i))  // the value dim a lane's slot i holds
+"""
 KEY_PHASE = """    // Nothing is guarded: no branch stands between a later load and the start of the block. Dims past D read
     // dim 0 (finite) against a query of 0 there, so each adds +-0 to a dot that is never -0: its bits stay; a slot
     // that is off (or absent: its query is 0) scores keys it never uses. Rows past the keys read row base.
@@ -349,9 +430,11 @@ CUDA_WIDE = "  const bool wide = keys_wide(k, k_strides[1], k_strides[2], k_stri
 CUDA_KEYS = ("    if (wide) {\n" + KEY_PHASE.replace("LOADER", "load_key_wide") + "    } else {\n"
              + KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE") + "    }\n")
 METAL_KEYS = KEY_PHASE.replace("LOADER", "LOAD_KEY_ONE_BY_ONE")
-PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW)).replace("//@VALUES\n", VALUES)
-PARTIALS = {"metal": METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS),
-            "cuda": CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS)}
+PARTIAL_CORE = PARTIAL_CORE.replace("@TREE_ROW", str(TREE_ROW))
+PARTIALS = {"metal": METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", "").replace("//@KEYS\n", METAL_KEYS)
+            .replace("//@VPACK\n", METAL_VPACK).replace("//@PREFETCH\n", "").replace("//@VALUES\n", VALUES),
+            "cuda": CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS)
+            .replace("//@VPACK\n", CUDA_VPACK).replace("//@PREFETCH\n", PREFETCH).replace("//@VALUES\n", CUDA_VALUES)}
 BODIES = {  # (backend, kernel) -> body
     **{(b, "partial"): body.replace("//@WRITE\n", WRITE_PARTIAL) for b, body in PARTIALS.items()},
     **{(b, "direct"): body.replace("//@WRITE\n", WRITE_DIRECT) for b, body in PARTIALS.items()},
@@ -362,8 +445,10 @@ HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
 def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8, tree: bool = False,
-                     warps: int = WARPS) -> list[tuple]:
-    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree)), ("WARPS", warps)]
+                     warps: int = WARPS, pack: bool = True) -> list[tuple]:
+    """pack: CUDA reads a lane's value dims of a row in one load where it can (0: one by one; the same bits)."""
+    return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree)), ("WARPS", warps),
+            ("PACK", int(pack))]
 
 
 def partial_threadgroup(warps: int = WARPS) -> tuple[int, int, int]:

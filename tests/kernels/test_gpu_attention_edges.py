@@ -79,7 +79,7 @@ int main(int argc, char** argv) {{
 """
 ARGS = ("q.data() + q_off, qs, qt, k.data() + k_off, ks, kt, v.data() + v_off, vs, vt, params, length, tree.data(), "
         "{outs}")
-CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0, %d>(%s, uint3{{unsigned(lane), unsigned(y * %d + w), unsigned(z)}});"
+CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0, %d, 1>(%s, uint3{{unsigned(lane), unsigned(y * %d + w), unsigned(z)}});"
                   % (CHUNK, WARPS, ARGS, WARPS),
         "cuda": "threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
                 "        blockDim = dim3{{32, %d, 1}}; mlx::core::cu::{fn}(%s);" % (WARPS, ARGS)}

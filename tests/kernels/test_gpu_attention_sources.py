@@ -146,7 +146,7 @@ METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] =
   int64_t qt[4] = {{int64_t(H) * M * D, M * D, D, 1}}, kt[4] = {{int64_t(HKV) * cap * D, cap * D, D, 1}},
       vt[4] = {{int64_t(HKV) * cap * DV, cap * DV, DV, 1}};
   const uint3 at{{unsigned(lane), unsigned(y * WARPS_ + w), unsigned(z)}};
-  {p}<T, CH, {heads}, DPL_, {tree}, WARPS_>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(),
+  {p}<T, CH, {heads}, DPL_, {tree}, WARPS_, 1>(q.data(), qs, qt, k.data(), ks, kt, v.data(), vs, vt, params, length, tree.data(),
                                            {outs}, at);"""
 METAL_COMBINE = """int as[3] = {{HM, NCH, DV}};
   {c}<T, {sinks}>(pmax.data(), psum.data(), pacc.data(), as, s.data(), o.data(), uint3{{unsigned(lane), unsigned(y), 0}});"""
@@ -162,15 +162,21 @@ CUDA_COMBINE = """Shape as{{HM, NCH, DV}};
 
 
 PARTIAL_OUTS = "pmax.data(), psum.data(), pacc.data()"
-ONE_BY_ONE = "  const bool wide = false;\n"  # CUDA's keys read as Metal reads them
+ONE_BY_ONE = "  const bool wide = false;\n"
+PACKED_TOGGLES = [("VR::OK && v_dense", 'VR::OK && !std::getenv("EMU_UNPACKED") && v_dense'),
+                  ("vw[jj].unpack(vv);", 'vw[jj].unpack(vv);\n          if (std::getenv("EMU_CORRUPT")) vv[0] += 1.0f;')]  # CUDA's keys read as Metal reads them
 
 
 def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False,
-            warps: int = WARPS) -> str:
+            warps: int = WARPS, toggles: bool = False) -> str:
     names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl, warps)
     if narrow:
         assert src.CUDA_WIDE in source
         source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
+    if toggles:  # CUDA: values read one by one where EMU_UNPACKED is set; the packed loads' first value off by 1
+        for a, b in PACKED_TOGGLES:  # where EMU_CORRUPT is (proof that they ran)
+            assert a in source
+            source = source.replace(a, b)
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_", outs=PARTIAL_OUTS)
     tree = dict(fmt, p=names["partial_tree"], tree=1, heads="TREE_HEADS_")
@@ -206,10 +212,21 @@ def narrow(case) -> tuple:
     return case[:4] + (src.HEADS, 8, True)
 
 
+# CUDA reads a lane's dims of a value row in one load where they are contiguous (v_pack): the production head dims
+# (128 at fp16: 8 bytes, 32 rows a batch) and 256 in float32 (32 bytes, 8 rows a batch), with the wrapper's dims a lane
+PACKED = [("cuda", mx.float16, mx.float16, False, 4, 2, 128, 128, 140, 100, 0.0),
+          ("cuda", mx.float32, mx.float32, False, 2, 1, 256, 256, 70, 40, 0.0)]
+
+
+def packed(case) -> tuple:
+    """The label of a PACKED case's build: its own dims a lane, values packed or not (EMU_UNPACKED)."""
+    return case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]), False, WARPS, True)
+
+
 @pytest.fixture(scope="module")
 def exes() -> dict:
     labels = sorted({c[:4] for c in CASES}, key=str) + [label for c in ONE_HEAD for label in builds(c)]
-    labels += [narrow(c) for c in NARROW]
+    labels += [narrow(c) for c in NARROW] + [packed(c) for c in PACKED]
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
@@ -254,11 +271,32 @@ def test_keys_read_in_16_byte_loads_or_one_by_one_give_the_same_bits(tmp_path, e
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+@pytest.mark.parametrize("case", PACKED, ids=[case_id(c) for c in PACKED])
+def test_values_read_a_row_at_a_time_give_the_same_bits(tmp_path, exes, case, monkeypatch):
+    """Every output (causal, unmasked, rows alone, windows, trees, whole buffers) with a lane's value dims read in
+    one load equals the build reading them one by one, bit for bit; the packed loads really ran (corrupted, the
+    outputs change), and the bits equal the 8-dims-a-lane build's, whose values are never packed (DV < 256)."""
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
+    inputs(tmp_path, case)
+    outs = {}
+    for flag in ("", "EMU_UNPACKED", "EMU_CORRUPT"):
+        with monkeypatch.context() as env:
+            if flag:
+                env.setenv(flag, "1")
+            run(exes[packed(case)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        outs[flag] = (tmp_path / "o").read_bytes()
+    assert outs[""] == outs["EMU_UNPACKED"], "packed value loads changed the bits"
+    assert outs[""] != outs["EMU_CORRUPT"], "the packed value loads never ran"
+    if dv < 256:
+        run(exes[case[:4]], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        assert (tmp_path / "o").read_bytes() == outs[""], "dims a lane changed the bits"
+
+
+@pytest.mark.parametrize("case", CASES + PACKED, ids=[case_id(c) for c in CASES + PACKED])
 def test_attention_source_matches_reference_and_is_row_invariant(tmp_path, exes, case):
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, softcap = case
     q, k, v, scale, sinks = inputs(tmp_path, case)
-    run(exes[(backend, dtype, kv_dtype, with_sinks)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+    run(exes[packed(case) if case in PACKED else case[:4]], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
     raw = (tmp_path / "o").read_bytes()
     size = len(raw) // (11 * M + ODD)  # bytes of one row (H, DV)
 
