@@ -43,7 +43,8 @@ class ModelfileError(MlxspecError):
 def parse(text: str, base_dir: str | Path = ".") -> dict:
     """The /api/create body a Modelfile stands for (without `model`); FROM and DRAFT paths (and a DRAFTER's
     source, mtp:PATH) that exist are made absolute (relative ones are relative to `base_dir`, the Modelfile's
-    folder)."""
+    folder); a relative one that does not exist is a ModelfileError. Whether the CLI sends such a path or
+    uploads the files it names is frontend/models.py's choice."""
     body: dict[str, Any] = {}
     params: dict[str, Any] = {}
     messages, licenses = [], []
@@ -55,7 +56,7 @@ def parse(text: str, base_dir: str | Path = ".") -> dict:
             key = "from" if name == "from" else "draft"
             if key in body:
                 raise ModelfileError(f"{where} is given twice")
-            body[key] = _reference(args, Path(base_dir))
+            body[key] = _reference(args, Path(base_dir), where)
         elif name == "parameter":
             key, _, value = args.partition(" ")  # commands() wrote "name value"
             _parameter(params, key, value, where)
@@ -72,7 +73,7 @@ def parse(text: str, base_dir: str | Path = ".") -> dict:
             body["draft_length"] = int(args)
         elif name == "drafter":  # eagle:PATH, medusa:PATH, mtp:PATH: a path relative to the Modelfile too
             kind, colon, arg = args.partition(":")
-            body[name] = f"{kind}:{_reference(arg, Path(base_dir))}" if colon and arg else args
+            body[name] = f"{kind}:{_reference(arg, Path(base_dir), where)}" if colon and arg else args
         elif name in SINGLE:
             body[name] = args
     if "from" not in body:
@@ -176,16 +177,21 @@ def _finite(value: str) -> bool:
         return False
 
 
-def _reference(ref: str, base: Path) -> str:
-    """A path that exists, made absolute (as Ollama's expandPath), else the name or repo id as written."""
+def _reference(ref: str, base: Path, where: str) -> str:
+    """A path that exists, made absolute (as Ollama's expandPath), else the name or repo id as written;
+    a relative path (./x, ../x) that is not there is a mistake, not a name."""
     if not ref:
         raise ModelfileError("Modelfile: FROM and DRAFT need a model")
     path = Path(ref).expanduser()
     path = path if path.is_absolute() else base / path
     try:
-        return str(path.resolve()) if path.exists() else ref
+        if path.exists():
+            return str(path.resolve())
     except (OSError, ValueError):  # a name too long for a path, a NUL byte: not a path then
         return ref
+    if ref in (".", "..") or ref.startswith(("./", "../")):
+        raise ModelfileError(f"{where} {ref}: no such file or directory ({path})")
+    return ref
 
 
 # -- manifest -> Modelfile -------------------------------------------------------------------------

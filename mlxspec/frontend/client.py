@@ -6,11 +6,12 @@ optional, as with OLLAMA_HOST); MLXSPEC_API_KEY, when set, is sent as a bearer t
 
 from __future__ import annotations
 
+import http
 import http.client
 import json
 import os
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from ..errors import MlxspecError
 from ..home import LOCAL_KEY_HEADER, read_local_key
@@ -49,18 +50,29 @@ class Client:
     def url(self) -> str:
         return f"{self.scheme}://{self.host}:{self.port}"
 
-    def _send(self, method: str, path: str, body: Any = None, timeout: float | None = None):
+    @property
+    def is_local(self) -> bool:
+        """The daemon runs on this machine (a loopback address): it can read the paths we name."""
+        return self.host in LOOPBACK
+
+    def _connection(self, timeout: float | None = None) -> http.client.HTTPConnection:
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        conn = cls(self.host, self.port, timeout=timeout if timeout is not None else self.timeout)
-        headers = {"Content-Type": "application/json"}
+        return cls(self.host, self.port, timeout=timeout if timeout is not None else self.timeout)
+
+    def _headers(self, path: str, content_type: str = "application/json") -> dict:
+        headers = {"Content-Type": content_type}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         # Proof of being this machine's user, for local paths in create: never sent elsewhere.
-        local_key = read_local_key() if path == "/api/create" and self.host in LOOPBACK else None
+        local_key = read_local_key() if path == "/api/create" and self.is_local else None
         if local_key:
             headers[LOCAL_KEY_HEADER] = local_key
+        return headers
+
+    def _send(self, method: str, path: str, body: Any = None, timeout: float | None = None):
+        conn = self._connection(timeout)
         try:
-            conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+            conn.request(method, path, body=None if body is None else json.dumps(body), headers=self._headers(path))
             resp = conn.getresponse()
         except (ConnectionRefusedError, OSError) as e:
             conn.close()
@@ -68,6 +80,42 @@ class Client:
         if resp.status >= 400:
             raise ApiError(_error_text(resp.read(), resp.status), resp.status)
         return conn, resp
+
+    # -- blobs (Ollama's upload API) ---------------------------------------------------------------
+
+    def has_blob(self, digest: str) -> bool:
+        """HEAD /api/blobs/{digest}: whether the daemon holds a file of that sha256 already."""
+        try:
+            conn, _ = self._send("HEAD", f"/api/blobs/{digest}")
+        except ApiError as e:
+            if e.status == 404:
+                return False
+            raise ApiError(_head_error(self.url, e.status), e.status) from None
+        conn.close()
+        return True
+
+    def upload_blob(self, digest: str, chunks: Iterable[bytes], size: int) -> None:
+        """POST /api/blobs/{digest} with `size` bytes streamed from `chunks` (never held whole)."""
+        conn, path = self._connection(), f"/api/blobs/{digest}"
+        headers = {**self._headers(path, "application/octet-stream"), "Content-Length": str(size)}
+        try:
+            try:
+                conn.request("POST", path, body=chunks, headers=headers)
+            except OSError as e:  # the daemon answered early and closed: its answer says why
+                resp = _early_answer(conn)
+                if resp is None:
+                    raise DaemonUnreachable(f"the connection to the daemon at {self.url} was lost while uploading "
+                                            f"({e.strerror or e})") from None
+            else:
+                resp = conn.getresponse()
+            data = resp.read()
+            if resp.status >= 400:
+                raise ApiError(_error_text(data, resp.status), resp.status)
+        except (http.client.HTTPException, ConnectionError) as e:
+            raise DaemonUnreachable(f"the connection to the daemon at {self.url} was lost while uploading "
+                                    f"({type(e).__name__})") from None
+        finally:
+            conn.close()
 
     def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> Any:
         """One JSON answer (or text, or None for an empty body)."""
@@ -144,6 +192,14 @@ def _lines(resp, url: str) -> Iterator[bytes]:
         raise StreamCutOff(f"the connection to the daemon at {url} was lost ({type(e).__name__})") from None
 
 
+def _early_answer(conn: http.client.HTTPConnection) -> http.client.HTTPResponse | None:
+    """The answer a server sent before it stopped reading our body (a refusal), if one came."""
+    try:
+        return conn.getresponse()
+    except (http.client.HTTPException, OSError):
+        return None
+
+
 def _stream_object(line: bytes, url: str) -> dict:
     try:
         obj = json.loads(line)
@@ -152,6 +208,16 @@ def _stream_object(line: bytes, url: str) -> dict:
     if not isinstance(obj, dict):
         raise StreamCutOff(f"the daemon at {url} sent {line[:80]!r}, not a JSON object")
     return obj
+
+
+def _head_error(url: str, status: int) -> str:
+    """A refused HEAD, whose answer has no body to quote: what its status means."""
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = "refused"
+    hint = ": set MLXSPEC_API_KEY to the daemon's key" if status == 401 else ""
+    return f"the daemon at {url} answered HTTP {status} ({phrase}) when asked for a blob{hint}"
 
 
 def _error_text(data: bytes, status: int) -> str:

@@ -16,6 +16,13 @@ MARGIN = 5  # Ollama leaves 5 columns free at the end of a line
 THINKING, DONE_THINKING = "Thinking...\n", "...done thinking.\n\n"
 
 
+def human_size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def terminal_width() -> int:
     return shutil.get_terminal_size((80, 24)).columns
 

@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from .. import modelfile
-from .client import Client
+from . import uploads
+from .client import ApiError, Client
+from .display import human_size
 from ..errors import MlxspecError
 from .repl import show_info, show_reply
 
@@ -153,8 +155,17 @@ def cp(source, destination):
 @click.option("--draft-quantize", help="Quantize the draft on load.")
 @click.option("--draft-length", type=int, help="Tokens drafted per round.")
 @click.option("--system", help="Default system message.")
-def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_length, system):
-    """Create a named model from a Modelfile, or from a target, an optional draft or drafter, and quantization."""
+@click.option("--upload/--no-upload", default=None,
+              help="How a local FROM or DRAFT (a .gguf file or a model directory) reaches the daemon. --upload: "
+              "its files are sent (as `ollama create` does; files the daemon holds already are not sent again). "
+              "--no-upload: its path is sent, for a daemon that can read it. Default: the path when the daemon "
+              "runs on this machine (MLXSPEC_HOST on a loopback address), an upload when it runs elsewhere.")
+def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_length, system, upload):
+    """Create a named model from a Modelfile, or from a target, an optional draft or drafter, and quantization.
+
+    A local model (FROM ./model.gguf, a model directory) is uploaded to a daemon on another machine: each
+    file is hashed, and only those the daemon lacks are sent (see --upload).
+    """
     if path is None and target is None and Path("Modelfile").is_file():
         path = "Modelfile"  # as Ollama's CLI
     body = _create_file(Path(path)) if path else {}
@@ -163,14 +174,53 @@ def create(name, path, target, draft, drafter, quantize, draft_quantize, draft_l
     body.update({k: v for k, v in flags.items() if v is not None})
     if not body.get("from"):
         raise click.UsageError("give a Modelfile with -f, or a target with --from")
-    for key in ("from", "draft"):
-        if body.get(key) and _is_local_path(body[key]):  # the daemon may run elsewhere
-            body[key] = str(Path(body[key]).expanduser().resolve())
+    c = _client()
+    uploading = upload if upload is not None else not c.is_local
+    paths = _local_models(c, body, uploading)
+    _local_drafter(body, uploading)
+    try:
+        for obj in c.stream("POST", "/api/create", {"model": name, **body}):
+            click.echo(obj.get("status", ""), err=True)
+    except ApiError as e:
+        # the daemon may not read (or cannot find) a path we sent: it may take the files instead
+        if e.status in (403, 404) and any(p[:60] in str(e) for p in paths):
+            raise ApiError(f"{e}; or give --upload to send the model's files", e.status) from None
+        raise
+
+
+def _local_models(c: Client, body: dict, uploading: bool) -> list[str]:
+    """A FROM or DRAFT that is a local path: uploaded (`files`, `draft_files` in its place) when
+    `uploading`, else made absolute. Returns the paths sent."""
+    paths = []
+    for key, files_key in (("from", "files"), ("draft", "draft_files")):
+        ref = body.get(key)
+        if not isinstance(ref, str) or not _is_local_path(ref):
+            _check_not_relative(key, ref)
+            continue
+        if uploading:
+            body[files_key] = uploads.upload_model(c, Path(ref).expanduser().absolute(), key)
+            del body[key]
+        else:
+            body[key] = str(Path(ref).expanduser().resolve())
+            paths.append(body[key])
+    return paths
+
+
+def _local_drafter(body: dict, uploading: bool) -> None:
+    """eagle:PATH, medusa:PATH, mtp:PATH: made absolute. Uploads do not cover them (the daemon takes a
+    drafter's files by path only): say so, since a daemon elsewhere must find the path itself."""
     kind, colon, arg = (body.get("drafter") or "").partition(":")
-    if colon and _is_local_path(arg):  # eagle:PATH, medusa:PATH, mtp:PATH likewise
+    if colon and _is_local_path(arg):
         body["drafter"] = f"{kind}:{Path(arg).expanduser().resolve()}"
-    for obj in _client().stream("POST", "/api/create", {"model": name, **body}):
-        click.echo(obj.get("status", ""), err=True)
+        if uploading:
+            click.echo(f"note: the {kind} drafter's source is sent as the path {body['drafter'][len(kind) + 1:]}, "
+                       "not uploaded: the daemon must be able to read it", err=True)
+
+
+def _check_not_relative(key: str, ref) -> None:
+    """A relative path that is not there: a mistake, not a model name (a daemon reads no relative path)."""
+    if isinstance(ref, str) and (ref in (".", "..") or ref.startswith(("./", "../"))):
+        raise MlxspecError(f"{key} {ref}: no such file or directory")
 
 
 def _is_local_path(ref: str) -> bool:
@@ -210,13 +260,6 @@ def _manifest_file(path: Path, data) -> dict:
 def table(headers: list[str], rows: list[tuple]) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
     return "\n".join("   ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [headers, *rows])
-
-
-def human_size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _seconds_from_now(iso: str) -> float:
