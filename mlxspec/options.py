@@ -71,7 +71,7 @@ class GenerateOptions:
     def validate(self) -> None:
         def check(ok: bool, name: str, what: str) -> None:
             if not ok:
-                raise OptionsError(f"invalid option {name}={getattr(self, name)!r}: {what}", name)
+                raise OptionsError(f"invalid option {name}={shown(getattr(self, name))}: {what}", name)
 
         check(_is_int(self.max_tokens) and self.max_tokens >= -1, "max_tokens", "must be an integer >= -1")
         check(_is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "must be in [0, 100]")
@@ -148,16 +148,19 @@ class GenerateOptions:
         kwargs: dict[str, Any] = {}
         given: dict[str, str] = {}  # our field -> the name the caller used (Ollama's num_predict ...)
         for key, value in {**options, **overrides}.items():
-            if key in cls.IGNORED:
+            if key in cls.IGNORED:  # not applied, but still of its type (as Ollama checks them)
+                kind = cls.IGNORED[key]
+                if value is not None and not _IS_KIND[kind](value):
+                    raise OptionsError(f"invalid option {key}={shown(value)}: must be {_KINDS[kind]}", key)
                 continue
             if key in cls.OFF_ONLY:
                 if value is not None and value != cls.OFF_ONLY[key]:
-                    raise OptionsError(f"invalid option {key}={value!r}: not supported (only {cls.OFF_ONLY[key]:g}, "
+                    raise OptionsError(f"invalid option {key}={shown(value)}: not supported (only {cls.OFF_ONLY[key]:g}, "
                                        "which turns it off)", key)
                 continue
             name = cls.OLLAMA_NAMES.get(key, key)
             if name not in known:
-                raise OptionsError(f"unknown option {key!r}")
+                raise OptionsError(f"unknown option {shown(key)}")
             if value is None and name not in ("seed", "num_ctx", "draft_length"):
                 continue
             if name == "seed" and value == -1:
@@ -176,6 +179,16 @@ class GenerateOptions:
             raise OptionsError(str(e).replace(f"option {e.option}=", f"option {key}=", 1), e.option) from None
 
 
+_KINDS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def shown(value: Any, limit: int = 60) -> str:
+    """repr(value) for an error message, cut short: a 4000-digit number or a list of 10,000 stop strings is
+    named, not echoed whole."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _integral_float(x: Any) -> bool:
     return isinstance(x, float) and x.is_integer()
 
@@ -184,5 +197,26 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_bool(x: Any) -> bool:
+    return isinstance(x, bool)
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _is_integral(x: Any) -> bool:
+    return _is_int(x) or _integral_float(x)
+
+
+_IS_KIND = {bool: _is_bool, int: _is_integral, float: _is_number}
+
+
 def _is_num(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite number; an integer past float's range (JSON's 1 followed by 400 zeros) is not one."""
+    if not _is_number(x):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # math.isfinite converts an int to a float first
+        return False

@@ -11,14 +11,14 @@ choice, fails on this hypothesis: its object strategy uses a private API that ch
   fields, values out of range, bodies that are not objects);
 - "hostile": a valid body with one change JSON Schema cannot express: a value anywhere in the tree
   replaced by NaN / Infinity / a huge number, deep nesting, a lone surrogate, a huge string, or a
-  field dropped, or unknown fields added;
+  field dropped, or unknown fields added, or one number field (or all) given a hostile number (10**400, NaN, -1 ...);
 - "raw": bytes that are not a JSON object (truncated, nested past the parser's limit, binary).
 Property per answer: no 5xx; the status is one the document lists for the operation; a 4xx is the
 documented JSON error; a 200 matches the documented schema (each NDJSON line, each SSE event); no
 internal error inside a stream. Shared by tests/server/test_fuzz.py and benchmarks/fuzz.py.
 
-Bounds, chosen so a run stays short, not to hide anything: a valid body's num_predict / max_tokens
-is at most 8 (a missing one is set to 4); hostile and negative values go anywhere.
+Bounds, chosen so a run stays short, not to hide anything: a valid body's num_predict / max_tokens /
+max_output_tokens is at most 8 (a missing one is set to 4); hostile and negative values go anywhere.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def weighted(*choices: tuple[int, st.SearchStrategy]) -> st.SearchStrategy:
 # -- hostile values --------------------------------------------------------------------------------
 
 HUGE = 10**30
-NUMBERS = st.sampled_from([0, -1, -2, 1, 2**31, 2**63, 2**64, -(2**63) - 1, HUGE, -HUGE, 10**400,
+NUMBERS = st.sampled_from([0, -1, -2, 1, 2**31, 2**63, 2**64, -(2**63) - 1, HUGE, -HUGE, 10**400, -(10**400),
                            0.5, -0.0, 1e-300, 1e-39, 1e308, float("nan"), float("inf"), float("-inf")])
 LONE_SURROGATES = st.text(st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF), min_size=1, max_size=3)
 ODD_TEXT = st.sampled_from(["", " ", "\x00", "\u202e", "{{", "{% for x in y %}", "{{ raise_exception('x') }}",
@@ -74,7 +74,8 @@ WEIRD = weighted((6, ANY_JSON), (1, st.builds(deep, st.sampled_from([50, 500]), 
                  (1, LONE_SURROGATES), (1, st.integers(1, 200_000).map(lambda n: "ab " * n)))  # up to 600 KB
 RAW = st.one_of(st.binary(max_size=64), st.sampled_from(
     [b"[", b"{\"model\": ", b"null", b"[]", b"\"x\"", b"{\"model\": \"tiny\", \"prompt\": \"\\ud800\"}",
-     b"[" * 100_000, b"{\"a\":" * 50_000, b"NaN", b"{\"model\": \"tiny\"} trailing"]))
+     b"[" * 100_000, b"{\"a\":" * 50_000, b"NaN", b"{\"model\": \"tiny\"} trailing",
+     b"{\"model\": \"tiny\", \"options\": {\"num_ctx\": 1" + b"0" * 5000 + b"}}"]))  # past Python's int digits
 
 
 # -- from the document -----------------------------------------------------------------------------
@@ -163,7 +164,7 @@ def _with(call: Call, **changes) -> Call:
     return Call(**{**call.__dict__, **changes})
 
 
-SMALL_PREDICT = ("num_predict", "max_tokens", "max_completion_tokens")
+SMALL_PREDICT = ("num_predict", "max_tokens", "max_completion_tokens", "max_output_tokens")
 MAKES_OR_REMOVES = {"/api/create": "model", "/api/delete": "model", "/api/copy": "destination"}
 
 
@@ -176,14 +177,20 @@ def _bounded(template: str, body: dict) -> dict:
             options["num_predict"] = 4
         options.pop("max_tokens", None)
         body["options"] = options
-    if template in ("/v1/chat/completions", "/v1/completions"):
-        for key in SMALL_PREDICT[1:]:
-            if key in body and not 0 <= body[key] <= 8:
+    if template in LENGTHS:
+        for key in LENGTHS[template]:
+            if key in body and not 1 <= body[key] <= 8:
                 body[key] = 4
-        body.setdefault("max_tokens", 4)
+        body.setdefault(LENGTHS[template][0], 4)
         if isinstance(body.get("options"), dict):
             body["options"] = {k: v for k, v in body["options"].items() if k not in SMALL_PREDICT}
     return body
+
+
+# the fields that bound an answer's length, per OpenAI / Anthropic operation (the first one set where none is)
+LENGTHS = {"/v1/chat/completions": ("max_tokens", "max_completion_tokens"),
+           "/v1/completions": ("max_tokens", "max_completion_tokens"),
+           "/v1/responses": ("max_output_tokens",), "/v1/messages": ("max_tokens",)}
 
 
 def _protected(template: str, body: dict, models: list[str]) -> dict:
@@ -209,6 +216,16 @@ def _paths(value, at=()) -> list[tuple]:
     return out
 
 
+def _at(value, at: tuple):
+    for key in at:
+        value = value[key]
+    return value
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _replace(value, at: tuple, new):
     if not at:
         return new
@@ -219,7 +236,7 @@ def _replace(value, at: tuple, new):
 
 def _mutated(valid: st.SearchStrategy) -> st.SearchStrategy:
     """A valid call whose body gets one hostile change."""
-    def mutate(args) -> Call:
+    def mutate(args, number) -> Call:
         call, kind, pick, weird, extra = args
         body = call.body
         if kind == "drop" and isinstance(body, dict) and body:
@@ -227,13 +244,19 @@ def _mutated(valid: st.SearchStrategy) -> st.SearchStrategy:
             body = {k: v for k, v in body.items() if k != key}
         elif kind == "extra" and isinstance(body, dict):
             body = {**body, **extra}
+        elif kind in ("number", "numbers") and (numbers := [at for at in _paths(body)[1:] if _is_number(_at(body, at))
+                                                             and at[-1] not in SMALL_PREDICT]):  # (huge: a long answer)
+            # one number field, or all of them, given a hostile number: found by "replace" only once in hundreds
+            for at in numbers if kind == "numbers" else [numbers[pick % len(numbers)]]:
+                body = _replace(body, at, number)
         else:
             positions = _paths(body)[1:] or [()]
             body = _replace(body, positions[pick % len(positions)], weird)
         return _with(call, body=body, mode="hostile")
 
-    return st.tuples(valid, st.sampled_from(["drop", "replace", "replace", "replace", "extra"]), st.integers(0, 10**6),
-                     WEIRD, st.dictionaries(st.text(max_size=12), WEIRD, min_size=1, max_size=2)).map(mutate)
+    return st.tuples(valid, st.sampled_from(["drop", "replace", "replace", "replace", "extra", "number", "numbers"]),
+                     st.integers(0, 10**6), WEIRD, st.dictionaries(st.text(max_size=12), WEIRD, min_size=1, max_size=2),
+                     NUMBERS).map(lambda t: mutate(t[:5], t[5]))
 
 
 # -- sending and checking ---------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 
 from ..blobs import Upload
 from .requests import ApiError
@@ -38,12 +40,12 @@ async def upload_blob(request: web.Request) -> web.Response:
     if encoding not in ENCODINGS:
         raise ApiError(415, f"unsupported Content-Encoding {encoding!r}: send gzip, deflate or none")
     if await asyncio.to_thread(blobs.exists, digest):
-        async for _ in request.content.iter_any():  # read, not answered early: a client still sending would fail
+        async for _ in _chunks(request, encoding):  # read, not answered early: a client still sending would fail
             pass
         return web.Response(status=200)
     upload = await asyncio.to_thread(blobs.upload, digest)
     try:
-        await _receive(request, upload)
+        await _receive(request, upload, encoding)
         await asyncio.to_thread(upload.commit)
     except BaseException:  # a mismatch, a client gone (cancelled, connection reset), a full disk: no partial blob
         upload.discard()
@@ -51,10 +53,19 @@ async def upload_blob(request: web.Request) -> web.Response:
     return web.Response(status=201)
 
 
-async def _receive(request: web.Request, upload: Upload) -> None:
+async def _chunks(request: web.Request, encoding: str):
+    """The body as it arrives; one that does not decode (Content-Encoding: gzip on bytes that are not) is a 400."""
+    try:
+        async for chunk in request.content.iter_any():
+            yield chunk
+    except (RequestPayloadError, HttpProcessingError) as e:
+        raise ApiError(400, f"the body is not valid {encoding or 'plain'} data ({type(e).__name__})") from None
+
+
+async def _receive(request: web.Request, upload: Upload, encoding: str) -> None:
     """The body into `upload`, written and hashed in a worker thread (the event loop never waits on the disk)."""
     pending, size = [], 0
-    async for chunk in request.content.iter_any():
+    async for chunk in _chunks(request, encoding):
         pending.append(chunk)
         size += len(chunk)
         if size >= WRITE_SIZE:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass, field
 
 from ..engine import Engine
@@ -239,13 +240,18 @@ def render(engine: Engine, template: str, messages: list[dict], **variables) -> 
     A trailing assistant message: a Jinja template continues it; Ollama's Go templates and renderers
     decide themselves, as in Ollama (a per-turn template stops after `.Response`; Gemma 4's opens a new turn)."""
     ollamas = is_go_template(template) or renderer_of(template) is not None
-    source = chat_source(template)  # GoTemplateError (a 400) when outside the subset mlxspec translates
+    try:
+        source = chat_source(template)  # GoTemplateError (a 400) when outside the subset mlxspec translates
+    except RecursionError:  # {{ if }} in {{ if }} ... thousands deep: the translator recurses per level
+        raise ApiError(400, "template error: its blocks nest too deeply") from None
     return _apply(engine, lambda: engine.chat_prompt(messages, source, prefill=False if ollamas else None, **variables))
 
 
 def _apply(engine: Engine, fn):
     """Render a template; its failures are the caller's: the template (request or create) or the
-    messages it was given. Jinja passes Python's own errors through ({{ 1/0 }}, {{ prompt + 1 }})."""
+    messages it was given. Jinja passes Python's own errors through ({{ 1/0 }}, {{ prompt + 1 }},
+    {{ 'a'.index('b') }}, {{ 'a' * 10**13 }}, a macro calling itself, a filter's assertion): any error
+    that comes out of Jinja, compiling or running the template, is the template's."""
     from jinja2 import TemplateError
 
     try:
@@ -256,6 +262,24 @@ def _apply(engine: Engine, fn):
         raise ApiError(400, f"template error: {e}") from None
     except (TemplateError, ArithmeticError, LookupError, TypeError) as e:
         raise ApiError(400, f"template error: {type(e).__name__}: {e}") from None
+    except Exception as e:  # noqa: BLE001  # ours (a tokenizer's, transformers') unless Jinja raised it
+        if not _from_jinja(e):
+            raise
+        why = ("it asked for more memory than there is" if isinstance(e, MemoryError) else
+               "it nests or recurses too deeply" if isinstance(e, RecursionError) else str(e)[:200])
+        raise ApiError(400, f"template error: {type(e).__name__}: {why}") from None
+
+
+def _from_jinja(e: BaseException) -> bool:
+    """Did `e` come from compiling or running a template: a frame of the template's own code ("<template>"
+    once Jinja rewrote the traceback) or of Jinja's (its compiler, its filters) on the way?"""
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename == "<template>" or f"{os.sep}jinja2{os.sep}" in code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def check_messages(messages, openai: bool = False) -> list[dict]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from typing import Any
 
 from aiohttp import web
@@ -55,6 +56,8 @@ def _parse(raw: bytes) -> Any:
         raise ApiError(400, "invalid JSON body: a string holds a lone surrogate (\\ud800-\\udfff), which is not text") from None
     except RecursionError:
         raise ApiError(400, "invalid JSON body: nested too deeply") from None
+    except ValueError:  # json.loads's only other error: an integer of more digits than Python converts
+        raise ApiError(400, f"invalid JSON body: a number has more than {sys.get_int_max_str_digits()} digits") from None
     return body
 
 

@@ -64,10 +64,14 @@ def check_template(source: str) -> str | None:
         source = chat_source(source)
     except GoTemplateError as e:
         return str(e)
+    except RecursionError:  # both parsers recurse per level of nesting
+        return "blocks nested too deeply"
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     try:
         env.parse(source)
     except TemplateSyntaxError as e:
         return f"line {e.lineno}: {e.message}"
+    except RecursionError:
+        return "expressions nested too deeply"
     return None
 

@@ -142,6 +142,19 @@ def test_a_compressed_upload_is_stored_decoded(daemon):
     assert status == 415 and "Content-Encoding" in body["error"] and head(daemon, digest_of(b"x")) == 404
 
 
+@pytest.mark.parametrize("stored_already", [False, True])
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_body_that_does_not_decode_is_a_400_and_keeps_nothing(daemon, encoding, stored_already):
+    """Content-Encoding: gzip on bytes that are not gzip was a 500 (the decoder's error, raised mid-read)."""
+    data = b"bytes stored before " + encoding.encode()
+    if stored_already:  # the body is still read (and must decode) when the blob is there already
+        assert post(daemon.url + f"/api/blobs/{digest_of(data)}", data)[0] == 201
+    before = stored(daemon)
+    status, body = post(daemon.url + f"/api/blobs/{digest_of(data)}", b"not compressed at all", {"Content-Encoding": encoding})
+    assert status == 400 and f"not valid {encoding} data" in body["error"], body
+    assert stored(daemon) == before
+
+
 def test_create_names_a_missing_blob(client):
     missing = "sha256:" + "ab" * 32
     with pytest.raises(ollama.ResponseError) as err:

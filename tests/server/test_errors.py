@@ -38,6 +38,19 @@ from mlxspec.store import Manifest, Store, load_engine
         ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"seed": -2, "temperature": 1}}, 400, "seed"),
         ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"seed": 2**70}},
          400, "seed"),
+        # an integer past float's range where a number is wanted (JSON allows it): was a 500 (OverflowError)
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"temperature": 10**400}}, 400,
+         "invalid option temperature=1000"),
+        ("/api/chat", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "options": {"top_p": -10**400}},
+         400, "invalid option top_p=-1000"),
+        ("/api/create", {"model": "x", "from": "tiny", "parameters": {"repeat_penalty": 10**309}}, 400, "repeat_penalty"),
+        # an integer of more digits than Python converts: was a 500 (ValueError from json.loads)
+        ("/api/generate", b'{"model": "tiny", "options": {"num_ctx": 1' + b"0" * 5000 + b"}}", 400, "more than 4300 digits"),
+        # runner options are ignored, but of their type as in the document (and Ollama)
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"num_thread": "x"}}, 400,
+         "invalid option num_thread='x': must be an integer"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"use_mmap": 1}}, 400, "use_mmap"),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "options": {"mirostat_tau": "5"}}, 400, "mirostat_tau"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "keep_alive": "forever"}, 400, "keep_alive"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "format": {"type": "nonsense"}}, 400, "format"),
         ("/api/generate", {"model": "tiny", "prompt": "hi", "format": "yaml"}, 400, "format"),
@@ -88,6 +101,38 @@ def test_bad_requests_get_clear_json_errors(daemon, path, body, status, words):
     got_status, got = post(daemon.url + path, body)
     assert got_status == status and isinstance(got, dict), got
     assert words in got["error"], got["error"]
+
+
+def test_option_errors_name_a_huge_value_without_echoing_it(daemon):
+    for options in ({"stop": ["x" * 100_000, ""]}, {"temperature": 10**4000}, {"x" * 100_000: 1}):
+        status, got = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "hi", "options": options})
+        assert status == 400 and len(got["error"]) < 150 and "..." in got["error"], got["error"][:300]
+
+
+# what JSON can carry where an option goes: huge and tiny numbers (10**400 is past float's range), NaN, infinities
+HOSTILE = [10**400, -(10**400), 2**64, -(2**63) - 1, 1e308, -1e308, 5e-324, float("nan"), float("inf"), float("-inf"),
+           0.5, 4.0, -1, -2, 0, "x", "", "1", [], [""], ["a", 1], {}, {"a": 1}, True, False, None]
+
+
+def test_every_option_takes_any_json_value_without_an_internal_error():
+    """Each option (Ollama's names, ours, the ignored runner ones) with each hostile value: options, or an
+    OptionsError (a 400) naming it, never another exception (a float option given 10**400 was an OverflowError:
+    a 500). The fuzz draws these one at a time, rarely; here every pair, in milliseconds."""
+    from mlxspec.options import GenerateOptions, OptionsError
+
+    for name in GenerateOptions.names():
+        for value in HOSTILE:
+            try:
+                GenerateOptions.from_dict({name: value})
+            except OptionsError as e:
+                assert name in str(e) and len(str(e)) < 200, (name, value, str(e))
+
+
+def test_ignored_runner_options_of_their_type_are_served(daemon):
+    options = {"num_predict": 2, "num_thread": 2, "num_batch": 512.0, "num_gpu": -1, "use_mmap": True, "numa": None,
+               "mirostat": 0, "mirostat_tau": 5, "mirostat_eta": 0.1}
+    status, got = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "hi", "stream": False, "options": options})
+    assert status == 200 and got["done"], got
 
 
 def test_a_draft_with_another_tokenizer_is_refused(daemon, tiny_llama, stories):

@@ -131,11 +131,33 @@ def test_a_gzip_body_is_read(daemon):
     assert _raw(daemon, "/api/generate", body, {"Content-Encoding": "gzip"})[0] == 200
 
 
-@pytest.mark.parametrize("template", ["{{ 1 / 0 }}", "{{ prompt + 1 }}", "{% for %}", "{{ raise_exception('no') }}"])
+@pytest.mark.parametrize("template", ["{{ 1 / 0 }}", "{{ prompt + 1 }}", "{% for %}", "{{ raise_exception('no') }}",
+                                      # were 500s: Python's other errors, raised by the template's own code
+                                      "{{ 'a'.index('b') }}",  # ValueError
+                                      "{{ 10**5000 }}",  # ValueError (Jinja's compiler writes the int out)
+                                      "{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}",  # RecursionError
+                                      "{{ [0] * 2**62 }}",  # MemoryError (refused before any allocation)
+                                      "{{ 'ab'|truncate(-5) }}"])  # AssertionError (a Jinja filter's)
 @pytest.mark.parametrize("stream", [False, True])
 def test_template_errors_are_400(daemon, template, stream):
     status, body = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "hi", "template": template, "stream": stream})
     assert status == 400 and "template error" in body["error"], body
+
+
+def test_only_what_jinja_raises_is_the_templates_error():
+    """A ValueError from the code around the template (a tokenizer's, ours) stays an internal error (a 500)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from mlxspec.server.prompts import _apply
+    from mlxspec.server.requests import ApiError
+
+    def ours():
+        raise ValueError("a bug of ours")
+
+    with pytest.raises(ValueError, match="a bug of ours"):
+        _apply(None, ours)
+    with pytest.raises(ApiError, match="template error: ValueError: substring not found"):
+        _apply(None, lambda: ImmutableSandboxedEnvironment().from_string("{{ 'a'.index('b') }}").render())
 
 
 def test_an_internal_value_error_is_a_logged_500(tmp_path, tiny_llama, caplog):

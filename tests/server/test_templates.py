@@ -54,3 +54,18 @@ def test_create_refuses_a_template_that_does_not_parse(daemon):
     assert status == 400 and "does not parse" in body["error"], body
     status, _ = post(daemon.url + "/api/create", {"model": "fine", "from": "tiny", "template": "{{ messages }}"})
     assert status == 200
+
+
+DEEP_GO = "{{ if .Prompt }}" * 3000 + "{{ .Prompt }}" + "{{ end }}" * 3000
+DEEP_JINJA = "{{ " + "(" * 5000 + "prompt" + ")" * 5000 + " }}"
+
+
+def test_templates_nested_past_the_parsers_depth_are_400s(daemon):
+    """Both parsers recurse per level of nesting: a RecursionError was a 500, at create and at each request."""
+    assert "nested too deeply" in check_template(DEEP_GO) and "nested too deeply" in check_template(DEEP_JINJA)
+    for template in (DEEP_GO, DEEP_JINJA):
+        status, body = post(daemon.url + "/api/create", {"model": "deep", "from": "tiny", "template": template})
+        assert status == 400 and "does not parse" in body["error"] and "nested too deeply" in body["error"], body
+        status, body = post(daemon.url + "/api/generate", {"model": "tiny", "prompt": "hi", "template": template,
+                                                           "stream": False})
+        assert status == 400 and "template error" in body["error"] and "too deeply" in body["error"], body
