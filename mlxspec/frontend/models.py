@@ -65,28 +65,26 @@ def _named(models: list[dict], prefix: str | None) -> list[dict]:
 @click.argument("prefix", required=False)
 def list_models(prefix):
     """List the models in the store (those whose name begins with PREFIX)."""
-    c = _client()
-    reply = c.json_object("GET", "/api/tags")
-    with c.reading("GET /api/tags"):
-        models = _named(reply["models"], prefix)
-        rows = [(m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])) for m in models]
-    click.echo(table(["NAME", "ID", "SIZE", "MODIFIED"], rows))
+    _listing("/api/tags", prefix, ["NAME", "ID", "SIZE", "MODIFIED"],
+             lambda m: (m["name"], m["digest"][:12], human_size(m["size"]), ago(m["modified_at"])))
 
 
 @click.command()
 @click.argument("prefix", required=False)
 def ps(prefix):
     """List the models loaded in the daemon (those whose name begins with PREFIX)."""
+    _listing("/api/ps", prefix, ["NAME", "ID", "SIZE", "DRAFTER", "CONTEXT", "UNTIL"],
+             lambda m: (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "",
+                        str(m.get("context_length") or ""), until(m["expires_at"])))
+
+
+def _listing(path: str, prefix: str | None, headers: list[str], row) -> None:
+    """GET `path`'s models (those named PREFIX...) as a table of row(model); a reply of another shape is one line."""
     c = _client()
-    reply = c.json_object("GET", "/api/ps")
-    with c.reading("GET /api/ps"):
-        models = _named(reply["models"], prefix)
-        rows = [
-            (m["name"], m["digest"][:12], human_size(m["size"]), m.get("drafter") or "", str(m.get("context_length") or ""),
-             until(m["expires_at"]))
-            for m in models
-        ]
-    click.echo(table(["NAME", "ID", "SIZE", "DRAFTER", "CONTEXT", "UNTIL"], rows))
+    reply = c.json_object("GET", path)
+    with c.reading(f"GET {path}"):
+        rows = [row(m) for m in _named(reply["models"], prefix)]
+    click.echo(table(headers, rows))
 
 
 @click.command()

@@ -25,7 +25,8 @@ PROGRAMS = [  # every family; qmm's three code paths (4/8 bits, the 2/3/5/6-bit 
     "qmm-mma float16 q6 g32",  # and their bit-stream path (2/3/5/6 bits)
     "gather float16 q4 g64 affine", "gather bfloat16 q4 g32 mxfp4", "dense bfloat16",
     "grouped float16 q4 g64 affine", "grouped bfloat16 q4 g32 mxfp4",  # MoE verify: an expert's rows together
-    "sdpa q float16 kv float16", "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",
+    "sdpa q float16 kv float16 D128 1 heads a warp",  # the wrapper's build for Llama's head dim 128 (the 8-dims-a-lane
+    "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",  # one: ~4x the compile)
 ]
 ONE_ROW_REGISTERS = 96  # a decoding step's kernel keeps >= 21 of an H100 SM's 64 warps resident
 
