@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from aiohttp import web
 
 from .. import modelfile, ollama_store
-from ..drafters import LEARNED, SOURCED
+from ..drafters import LEARNED, SOURCED, parse_drafter
 from ..store import Entry, Manifest, PullCancelled, canonical, disk_size
 from . import facts
 from ..go_jinja import DEFAULT_GO_TEMPLATE
@@ -259,7 +259,19 @@ def _created_manifest(state: State, request: web.Request, body: dict) -> Manifes
         changes["messages"] = [_message(m, i) for i, m in enumerate(messages)]
     if (licenses := _licenses(body)) is not None:
         changes["license"] = (base.license or []) + licenses
-    return dataclasses.replace(base, **changes)
+    manifest = dataclasses.replace(base, **changes)
+    _check_early_exit(manifest)
+    return manifest
+
+
+def _check_early_exit(manifest: Manifest) -> None:
+    """early-exit:N stops before the target's last layer: refused now where the target's config.json is on
+    disk (a GGUF's count is read at load), not at every request to the model."""
+    kind, layers = parse_drafter(manifest.drafter_name)
+    known = facts.from_disk(manifest, tokenizer=False) if kind == "early-exit" and layers is not None else None
+    total = known.num_layers if known else None
+    if isinstance(total, int) and not 1 <= layers < total:
+        raise ApiError(400, f"drafter early-exit:{layers}: the target has {total} layers, choose 1..{total - 1}")
 
 
 def _base(state: State, body: dict, trusted: bool) -> Manifest:

@@ -92,10 +92,21 @@ def test_show_modelfile_round_trips_through_create(daemon, tiny_llama, tmp_path)
     ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages[0] must be"),
     ({"license": [1]}, 400, "license must be"),
     ({"parameters": {"mirostat_x": 1}}, 400, "unknown option 'mirostat_x'"),
+    ({"drafter": "early-exit:99"}, 400, "choose 1.."),  # was saved, then every request to it a 400
+    ({"drafter": "early-exit:0"}, 400, "choose 1.."),
 ])
 def test_create_refusals_name_the_problem(daemon, body, status, words):
     got, answer = post(daemon.url + "/api/create", {"model": "refused", "from": "tiny", "stream": False, **body})
     assert got == status and words in answer["error"], answer
+
+
+def test_an_early_exit_the_target_can_take_is_created(daemon):
+    got, answer = post(daemon.url + "/api/create", {"model": "exits", "from": "tiny", "drafter": "early-exit:1",
+                                                     "stream": False})
+    assert got == 200, answer
+    got, answer = post(daemon.url + "/api/generate", {"model": "exits", "prompt": "hi", "stream": False,
+                                                       "options": {"num_predict": 3}})
+    assert got == 200 and answer["done"], answer
 
 
 def test_a_request_template_in_go_syntax_renders_too(daemon):
