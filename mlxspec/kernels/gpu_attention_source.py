@@ -401,7 +401,10 @@ PACKED_VALUE_PHASE = """#pragma unroll
 """
 VALUES = ("      if (v_dense) {\n" + VALUE_PHASE.replace("VOFF", "lane + 32 * i") + "      } else {\n"
           + VALUE_PHASE.replace("VOFF", "vd[i]") + "      }\n")
-CUDA_VALUES = "      if (v_pack) {\n" + PACKED_VALUE_PHASE + "      } else " + VALUES.lstrip()
+# CUDA: packed where it can, else through vd[i] (a dense row that is not packable, D = 80 or 96, reads the same
+# values that way: one copy fewer to compile than Metal's two)
+CUDA_VALUES = ("      if (v_pack) {\n" + PACKED_VALUE_PHASE + "      } else {\n" + VALUE_PHASE.replace("VOFF", "vd[i]")
+               + "      }\n")
 CUDA_VPACK = """  using VR = decltype(vrow_of<DPL>(v));  // a lane's DPL value dims of a row as raw words (CUDA_HEADER)
   const bool v_pack = PACK && VR::OK && v_dense && DV == 32 * DPL && v_strides[2] % DPL == 0 && v_strides[1] % DPL == 0
                       && VR::aligned(v);  // uniform over the launch
@@ -492,14 +495,16 @@ def _kernels(dtype, kv_dtype=None) -> dict:
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
             heads: int = HEADS, dpl: int = 8, warps: int = WARPS) -> tuple[dict, str]:
     """({'partial', 'partial_tree', 'direct', 'direct_tree', 'combine'}: function names, one program with the five) as
-    MLX writes them; *_tree: the builds of draft trees' passes (TREE = 1); direct*: a partial writing the output."""
+    MLX writes them; *_tree: the builds of draft trees' passes (TREE = 1); direct*: a partial writing the output
+    (not with sinks: such launches always combine)."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1, "o": 99}
     plain = partial_template(dtype, chunk, heads, dpl, warps=warps)
     tree = partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True, warps=warps)
-    for label, kind, targs in (("partial", "partial", plain), ("partial_tree", "partial", tree), ("direct", "direct", plain),
-                               ("direct_tree", "direct", tree), ("combine", "combine", combine_template(dtype, sinks))):
+    direct = [] if sinks else [("direct", "direct", plain), ("direct_tree", "direct", tree)]  # never launched with sinks
+    for label, kind, targs in [("partial", "partial", plain), ("partial_tree", "partial", tree), *direct,
+                               ("combine", "combine", combine_template(dtype, sinks))]:
         kernel, dtypes = kernels[kind]
         body = BODIES[(backend, kind)]
         if backend == "metal":

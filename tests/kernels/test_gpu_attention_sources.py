@@ -180,10 +180,14 @@ def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, 
     partial, combine = (METAL_PARTIAL, METAL_COMBINE) if backend == "metal" else (CUDA_PARTIAL, CUDA_COMBINE)
     fmt = dict(p=names["partial"], c=names["combine"], sinks=int(sinks), tree=0, heads="HEADS_", outs=PARTIAL_OUTS)
     tree = dict(fmt, p=names["partial_tree"], tree=1, heads="TREE_HEADS_")
-    direct, direct_tree = dict(fmt, p=names["direct"], outs="o.data()"), dict(tree, p=names["direct_tree"], outs="o.data()")
+    if sinks:  # no direct build: launches with sinks always combine
+        direct = direct_tree = None
+    else:
+        direct, direct_tree = dict(fmt, p=names["direct"], outs="o.data()"), dict(tree, p=names["direct_tree"], outs="o.data()")
     return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=heads, dpl=dpl, warps=warps,
                           tree_row=src.TREE_ROW, tree_heads=src.tree_heads(heads, dpl), partial=partial.format(**fmt), partial_tree=partial.format(**tree),
-                          direct=partial.format(**direct), direct_tree=partial.format(**direct_tree), combine=combine.format(**fmt),
+                          direct=partial.format(**direct) if direct else "std::abort();",
+                          direct_tree=partial.format(**direct_tree) if direct_tree else "std::abort();", combine=combine.format(**fmt),
                           sinks=str(sinks).lower())
 
 
