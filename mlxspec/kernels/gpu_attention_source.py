@@ -366,7 +366,7 @@ VALUE_PHASE = """#pragma unroll
 """
 # CUDA, where a lane's DPL dims of a row are one 4- to 32-byte load (v_pack): the lane takes dims lane DPL + i, not
 # lane + 32 i (each dim's sum is the same chain of FMAs over j in order, whichever lane runs it: the same bits), and
-# VB rows' loads are in flight at once (32 rows at fp16 and 128 dims: one latency, not four batches of eight).
+# VR::BATCH rows' loads are in flight at once (32 rows at fp16 and 128 dims: one latency, not four batches of eight).
 # The first batch is loaded before the keys (PREFETCH): its latency and the keys' overlap.
 PREFETCH = """      VR first[VR::BATCH];  // the step's first VR::BATCH value rows (CUDA, v_pack)
       if (v_pack) {
