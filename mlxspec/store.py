@@ -329,7 +329,9 @@ class Store:
     def _drop_imports(self, refs: list) -> None:
         """Remove the import folders among `refs` that no stored model uses any more, with their blobs."""
         candidates = {folder for ref in refs if (folder := self.blobs.folder_of(ref))}
-        for folder in candidates - self._imports_in_use() if candidates else ():
+        if not candidates:  # the common case: no manifest scan
+            return
+        for folder in candidates - self._imports_in_use():
             self.blobs.remove_folder(folder, with_blobs=True)
 
     def _imports_in_use(self) -> set[Path]:
