@@ -12,7 +12,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
   the attention kernel also with 1 and 4 warps a block (ours-w1, ours-w4) and, on CUDA, values read one by one
-  (ours-unpacked): warps_same_bits says whether all their bits agree.
+  (ours-unpacked), and as two launches however few the key chunks (ours-split: the production runs one launch up to
+  gpu_attention_source.DIRECT_CHUNKS chunks, 1,024 keys): warps_same_bits says whether all their bits agree.
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -232,6 +233,8 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
             if device_backend_name() == "cuda":  # a lane's value dims one by one, not in one load (the same bits)
                 unpacked = sdpa_with_warps(WARPS, pack=False)
                 fns["ours-unpacked"] = lambda q, kk_, vv: unpacked(q, kk_, vv, scale, True)
+            split = sdpa_with_warps(WARPS, direct_chunks=0)  # partial + combine however few the chunks (the same bits)
+            fns["ours-split"] = lambda q, kk_, vv: split(q, kk_, vv, scale, True)
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
     for m in ROWS:
         q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
@@ -256,14 +259,16 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
 SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention_source.WARPS)
 
 
-def sdpa_with_warps(warps: int, pack: bool = True):
+def sdpa_with_warps(warps: int, pack: bool = True, direct_chunks: int | None = None):
     """The GPU attention kernel built with `warps` warps a partial block (the same bits as the production build);
-    CUDA's without packed value loads where `pack` is False."""
+    CUDA's without packed value loads where `pack` is False; direct_chunks: launches over at most that many key chunks
+    are one kernel (0: partial + combine always; None: the production's DIRECT_CHUNKS)."""
     from mlxspec.kernels import gpu_attention
 
+    chunks = gpu_attention.DIRECT_CHUNKS if direct_chunks is None else direct_chunks
     if device_backend_name() == "cuda":
-        return gpu_attention.cuda_sdpa_function(warps, pack)
-    return gpu_attention.metal_sdpa_function(warps)
+        return gpu_attention.cuda_sdpa_function(warps, pack, chunks)
+    return gpu_attention.metal_sdpa_function(warps, chunks)
 
 
 def launch_overhead() -> dict:
@@ -768,6 +773,8 @@ def main() -> None:
         save()
     if "ops" in sections or "attention" in sections:  # "attention": these alone (seconds, not minutes)
         report["attention"] = attention_ops(*((32, 8, 128, 300) if size == "full" else (4, 2, 64, 40)))
+        if size == "full":  # the direct build's most chunks (4 x 256 keys): one block walking them vs two launches
+            report["attention_1k"] = attention_ops(32, 8, 128, 1000)
         save()
         if size == "full":  # a long context: where reading the cache, not the weights, takes the time
             report["attention_long"] = attention_ops(32, 8, 128, 8192)

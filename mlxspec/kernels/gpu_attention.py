@@ -23,7 +23,7 @@ from typing import Callable
 import mlx.core as mx
 
 from .gpu import require_cuda, require_metal
-from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_NAME,
+from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_CHUNKS, DIRECT_NAME,
                                    DIRECT_OUTPUTS, HEADERS, HEADS, MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME,
                                    PARTIAL_OUTPUTS, THREADGROUP, WARPS,
                                    combine_template, dims_per_lane, partial_blocks, partial_template,
@@ -37,21 +37,26 @@ from .tree_mask import TREE_ROW
 SHARED_READS_FROM = 8
 
 
-def metal_sdpa_function(warps: int = WARPS) -> Callable[..., mx.array]:
-    """warps: a partial block's (1, 2, 4 or 8: the same bits, another schedule; bench_gpu.py times them)."""
+def metal_sdpa_function(warps: int = WARPS, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
+    """warps: a partial block's (1, 2, 4 or 8: the same bits, another schedule; bench_gpu.py times them).
+    direct_chunks: launches over at most this many key chunks (<= DIRECT_CHUNKS) are one kernel (0: always two)."""
     require_metal()
-    return _sdpa_function(mx.fast.metal_kernel, "metal", warps)
+    return _sdpa_function(mx.fast.metal_kernel, "metal", warps, direct_chunks=direct_chunks)
 
 
-def cuda_sdpa_function(warps: int = WARPS, pack: bool = True) -> Callable[..., mx.array]:
+def cuda_sdpa_function(warps: int = WARPS, pack: bool = True, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
     """pack: a lane's value dims of a row in one load where the cache allows (False: one by one; the same bits)."""
     require_cuda()
     from .cuda_cache import cuda_kernel
 
-    return _sdpa_function(cuda_kernel, "cuda", warps, pack)  # the partial reads strides: MLX's JIT; the combine: compiled once
+    # the partial reads strides: MLX's JIT; the combine: compiled once
+    return _sdpa_function(cuda_kernel, "cuda", warps, pack, direct_chunks)
 
 
-def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True) -> Callable[..., mx.array]:
+def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True,
+                   direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
+    if not 0 <= direct_chunks <= DIRECT_CHUNKS:  # the direct build keeps at most DIRECT_CHUNKS chunks' states
+        raise ValueError(f"direct_chunks {direct_chunks}: 0 .. {DIRECT_CHUNKS}")
     partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
                    source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
     direct = make(name=DIRECT_NAME, input_names=PARTIAL_INPUTS, output_names=DIRECT_OUTPUTS,
@@ -106,8 +111,8 @@ def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True) ->
         blocks = partial_blocks(h, hkv, m, heads, by_rows)
         inputs = [q, k, v, params, length, no_tree if tree is None else tree]
         grid, threadgroup = (32, warps * blocks, nch), partial_threadgroup(warps)
-        if nch == 1 and sinks is None:  # one chunk holds every row's keys: the partial writes the output
-            return direct(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+        if nch <= direct_chunks and sinks is None:  # one block walks every chunk and writes the output
+            return direct(inputs=inputs, template=targs, grid=grid[:2] + (1,), threadgroup=threadgroup,
                           output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
         pmax, psum, pacc = partial(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
                                    output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],

@@ -31,8 +31,10 @@ Three kernels:
     Writes pmax, psum (H*M, NCH) and pacc (H*M, NCH, DV) in float32; an empty chunk has psum = 0.
   combine: grid (32, H*M, 1). Chunks with psum > 0 in chunk order: global max, then weighted sums;
     with sinks, the row's sink logit joins the max and adds exp(sink - max) to the denominator last.
-  direct: the partial for launches of one chunk (NCH = 1) without sinks: writes o (1, H, M, DV) by the
-    combine's arithmetic over that one chunk (one launch, no float32 round trip; the same bits: tested).
+  direct: the partial for launches over at most DIRECT_CHUNKS chunks without sinks, grid (32, WARPS * blocks, 1):
+    a block walks the chunks one after another (those before its slots' last key), keeps each one's state in
+    threadgroup memory and writes o (1, H, M, DV) by the combine's arithmetic over them, term for term (one launch,
+    no float32 round trip; the same bits as partial + combine: tested).
 Chunk boundaries are multiples of CHUNK from the row's first key and each step depends only on the
 keys the row sees, so row m of an M-row call computes exactly what a 1-row call over those keys
 computes (whatever keys before them the cache still holds): same chunks, same order, same combine.
@@ -62,6 +64,10 @@ CHUNK = 256  # keys per partial block
 MAX_VALUE_DIM = 256  # 8 dims per lane, for the query/key dims and the value dims alike
 HEADS = 4  # query heads sharing a kv head that one partial block serves (each key and value read once for them)
 THREADGROUP = (32, 1, 1)  # the combine's
+# A launch whose keys span at most this many chunks (and no sinks) is one kernel: the direct build walks the chunks in
+# one block and combines them itself (the same bits as partial + combine), one launch fewer (~12 us each through MLX's
+# CUDA custom kernels, 2026-11 H200) for chunks walked one after another (a guess, unmeasured: bench_gpu's ours-split)
+DIRECT_CHUNKS = 4
 WARPS = CHUNK // 32  # warps a partial block: one 32-key step each (1, 2, 4: the same bits; 8 a guess, unmeasured)
 
 # //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)
@@ -105,6 +111,7 @@ PARTIAL_CORE = """
   TG_SHARED float q_sh[HEADS][DPL * 32];
   TG_SHARED float fold_acc[HEADS][DPL * 32];
   TG_SHARED float fold_max[STEPS + 1][HEADS], fold_sum[STEPS + 1][HEADS];
+//@DIRECT
   for (int e = w * 32 + lane; e < HEADS * DPL * 32; e += WARPS * 32) {
     const int r = e / (DPL * 32), d = e % (DPL * 32);
     q_sh[r][d] = r < nh && d < D ? float(q[SLOT_HEAD(r) * q_strides[1] + SLOT_ROW(r) * q_strides[2] + d * q_strides[3]]) : 0.0f;
@@ -120,63 +127,66 @@ PARTIAL_CORE = """
 //@VPACK
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
 //@WIDE
-  const int first = start + c * CHUNK;
-  for (int round = 0; round < (STEPS + WARPS - 1) / WARPS; ++round) {  // uniform over the block
-    const int step = round * WARPS + w, base = first + 32 * step;  // this warp's keys: base .. base + 31
-    float step_max[HEADS], step_sum[HEADS], acc[HEADS][DPL];  // the step's own softmax terms, per slot
-#pragma unroll
-    for (int r = 0; r < HEADS; ++r) {
-      step_max[r] = -3.0e38f, step_sum[r] = 0.0f;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
-    }
-    if (step < STEPS && base < rows_max) {  // uniform over the warp: lane j scores key base + j
-      const int t = base + lane;
-      const int count = rows_max - base < 32 ? rows_max - base : 32;
-      bool on[HEADS];  // the slot's own call would run this step (its keys reach it)
-      int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
-      float dot[HEADS];
+//@CHUNKS
+    const int first = start + c * CHUNK;
+    for (int round = 0; round < (STEPS + WARPS - 1) / WARPS; ++round) {  // uniform over the block
+      const int step = round * WARPS + w, base = first + 32 * step;  // this warp's keys: base .. base + 31
+      float step_max[HEADS], step_sum[HEADS], acc[HEADS][DPL];  // the step's own softmax terms, per slot
 #pragma unroll
       for (int r = 0; r < HEADS; ++r) {
-        on[r] = r < nh && base < rows[r];
-        n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
-        dot[r] = 0.0f;
-      }
-      const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
-//@PREFETCH
-//@KEYS
-      float p[HEADS];  // lane j: key base + j's weight exp(score - the step's max), per slot
+        step_max[r] = -3.0e38f, step_sum[r] = 0.0f;
 #pragma unroll
-      for (int r = 0; r < HEADS; ++r) {
-        const float s = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
-        p[r] = 0.0f;
-        if (on[r]) {
-          step_max[r] = lane_max(s);
-          p[r] = t < rows[r] ? EXP(s - step_max[r]) : 0.0f;
-          step_sum[r] = lane_sum(p[r]);
-        }
+        for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
       }
-//@VALUES
-    }
-    // Fold the round's steps into the chunk's state in key order (whatever WARPS is: the same bits). A step with
-    // none of a slot's keys (step_sum 0) passes its state on unchanged.
-    for (int turn = 0; turn < WARPS; ++turn) {
-      TG_BARRIER;
-      if (turn == w && step < STEPS) {
+      if (step < STEPS && base < rows_max) {  // uniform over the warp: lane j scores key base + j
+        const int t = base + lane;
+        const int count = rows_max - base < 32 ? rows_max - base : 32;
+        bool on[HEADS];  // the slot's own call would run this step (its keys reach it)
+        int n_keys[HEADS];  // of which keys base .. base + n_keys - 1
+        float dot[HEADS];
 #pragma unroll
         for (int r = 0; r < HEADS; ++r) {
-          const bool add = r < nh && step_sum[r] > 0.0f;  // uniform over the warp
-          const float m0 = fold_max[step][r], m1 = add ? MAXF(m0, step_max[r]) : m0;
-          const float c0 = EXP(m0 - m1), c1 = EXP(step_max[r] - m1);  // c0 = 0 on a slot's first keys
-          if (lane == 0) fold_max[step + 1][r] = m1, fold_sum[step + 1][r] = add ? FMA(fold_sum[step][r], c0, step_sum[r] * c1) : fold_sum[step][r];
+          on[r] = r < nh && base < rows[r];
+          n_keys[r] = rows[r] - base < 32 ? rows[r] - base : 32;
+          dot[r] = 0.0f;
+        }
+        const int64_t kr = k_head + int64_t(TREE_KEY(t < rows_max ? t : base)) * k_strides[2];  // lanes past the keys read key base
+//@PREFETCH
+//@KEYS
+        float p[HEADS];  // lane j: key base + j's weight exp(score - the step's max), per slot
 #pragma unroll
-          for (int i = 0; i < DPL; ++i)
-            if (add && VD(i) < DV) fold_acc[r][VD(i)] = FMA(fold_acc[r][VD(i)], c0, acc[r][i] * c1);
+        for (int r = 0; r < HEADS; ++r) {
+          const float s = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
+          p[r] = 0.0f;
+          if (on[r]) {
+            step_max[r] = lane_max(s);
+            p[r] = t < rows[r] ? EXP(s - step_max[r]) : 0.0f;
+            step_sum[r] = lane_sum(p[r]);
+          }
+        }
+//@VALUES
+      }
+      // Fold the round's steps into the chunk's state in key order (whatever WARPS is: the same bits). A step with
+      // none of a slot's keys (step_sum 0) passes its state on unchanged.
+      for (int turn = 0; turn < WARPS; ++turn) {
+        TG_BARRIER;
+        if (turn == w && step < STEPS) {
+#pragma unroll
+          for (int r = 0; r < HEADS; ++r) {
+            const bool add = r < nh && step_sum[r] > 0.0f;  // uniform over the warp
+            const float m0 = fold_max[step][r], m1 = add ? MAXF(m0, step_max[r]) : m0;
+            const float c0 = EXP(m0 - m1), c1 = EXP(step_max[r] - m1);  // c0 = 0 on a slot's first keys
+            if (lane == 0) fold_max[step + 1][r] = m1, fold_sum[step + 1][r] = add ? FMA(fold_sum[step][r], c0, step_sum[r] * c1) : fold_sum[step][r];
+#pragma unroll
+            for (int i = 0; i < DPL; ++i)
+              if (add && VD(i) < DV) fold_acc[r][VD(i)] = FMA(fold_acc[r][VD(i)], c0, acc[r][i] * c1);
+          }
         }
       }
     }
+    TG_BARRIER;
+//@KEEP
   }
-  TG_BARRIER;
 //@WRITE
 #undef TREE_KEY
 #undef VD
@@ -215,32 +225,38 @@ COMBINE_CORE = """
 # where a row's keys fit one chunk and no sinks) the output itself, by the combine's arithmetic for one chunk term for
 # term, so a direct launch's rows have the bits a combine over this chunk and empty ones gives (tested).
 WRITE_PARTIAL = """  for (int r = w; r < nh; r += WARPS) {  // warp w writes slots w, w + WARPS, ...
-    const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + c;
+    const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + cz;  // its chunk: the grid's z
     if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
 #pragma unroll
     for (int i = 0; i < DPL; ++i)
       if (VD(i) < DV) pacc[slot * DV + VD(i)] = fold_acc[r][VD(i)];
   }
 """
-WRITE_DIRECT = """  for (int r = w; r < nh; r += WARPS) {
+WRITE_DIRECT = """  for (int r = w; r < nh; r += WARPS) {  // the combine's arithmetic over the kept chunks, term for term
     const size_t hm = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r));
-    const float ps = fold_sum[STEPS][r], pm = fold_max[STEPS][r];
-    float gmax = -3.0e38f, total = 0.0f, wgt = 0.0f;  // the combine's terms with NCH = 1
-    if (ps > 0.0f) gmax = MAXF(gmax, pm);
-    if (ps > 0.0f) wgt = EXP(pm - gmax), total = FMA(ps, wgt, total);
+    float gmax = -3.0e38f, total = 0.0f, a[DPL];
+    for (int ch = 0; ch < chunks; ++ch)
+      if (kept_sum[ch][r] > 0.0f) gmax = MAXF(gmax, kept_max[ch][r]);
 #pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      float a = 0.0f;
-      if (ps > 0.0f) a = FMA(fold_acc[r][VD(i)], wgt, a);
-      if (VD(i) < DV) o[hm * DV + VD(i)] = static_cast<T>(a / total);
+    for (int i = 0; i < DPL; ++i) a[i] = 0.0f;
+    for (int ch = 0; ch < chunks; ++ch) {
+      if (kept_sum[ch][r] > 0.0f) {
+        const float wgt = EXP(kept_max[ch][r] - gmax);
+        total = FMA(kept_sum[ch][r], wgt, total);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) a[i] = FMA(kept_acc[ch][r][VD(i)], wgt, a[i]);
+      }
     }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i)
+      if (VD(i) < DV) o[hm * DV + VD(i)] = static_cast<T>(a[i] / total);
   }
 """
 
 METAL_PARTIAL_PROLOGUE = """
   const int lane = int(thread_position_in_grid.x);  // the grid's x is one warp: 32 threads
   const int wy = int(thread_position_in_grid.y) / WARPS, w = int(thread_position_in_grid.y) % WARPS;
-  const int c = int(thread_position_in_grid.z);
+  const int cz = int(thread_position_in_grid.z);  // the partial's chunk (the direct build walks them all)
 #define TG_SHARED threadgroup
 #define TG_BARRIER threadgroup_barrier(mem_flags::mem_threadgroup)
 """
@@ -265,7 +281,7 @@ inline float lane_shuffle(float v, int src) { return simd_shuffle(v, ushort(src)
 
 CUDA_PARTIAL_PROLOGUE = """
   const int lane = int(threadIdx.x), w = int(threadIdx.y);  // a block: WARPS warps
-  const int wy = int(blockIdx.y), c = int(blockIdx.z);
+  const int wy = int(blockIdx.y), cz = int(blockIdx.z);  // cz: the partial's chunk (the direct build walks them all)
 #define TG_SHARED __shared__
 #define TG_BARRIER __syncthreads()
 """
@@ -438,9 +454,34 @@ PARTIALS = {"metal": METAL_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", 
             .replace("//@VPACK\n", METAL_VPACK).replace("//@PREFETCH\n", "").replace("//@VALUES\n", VALUES),
             "cuda": CUDA_PARTIAL_PROLOGUE + PARTIAL_CORE.replace("//@WIDE\n", CUDA_WIDE).replace("//@KEYS\n", CUDA_KEYS)
             .replace("//@VPACK\n", CUDA_VPACK).replace("//@PREFETCH\n", PREFETCH).replace("//@VALUES\n", CUDA_VALUES)}
+# The direct build keeps each chunk's state (at most DIRECT_CHUNKS of them) in threadgroup memory for its last phase
+DIRECT_STATE = """  // one block walks every chunk, then combines them (WRITE_DIRECT)
+  constexpr int KEPT = @KEPT;  // gpu_attention_source.DIRECT_CHUNKS
+  TG_SHARED float kept_acc[KEPT][HEADS][DPL * 32];
+  TG_SHARED float kept_max[KEPT][HEADS], kept_sum[KEPT][HEADS];
+""".replace("@KEPT", str(DIRECT_CHUNKS))
+# The partial's chunk is its grid's z; the direct build walks the chunks (those past every slot's keys are empty: skipped)
+CHUNK_OF_GRID = "  {\n    const int c = cz;\n"
+CHUNK_WALK = """  int chunks = 0;  // chunks walked
+  const int last = NCH < KEPT ? NCH : KEPT;  // the host launches direct builds over <= KEPT chunks
+  for (int c = 0; c < last && start + c * CHUNK < rows_max; ++c, ++chunks) {
+"""
+KEEP = """    // keep the chunk's state for the end, and start the next chunk's from nothing
+    for (int e = w * 32 + lane; e < HEADS * DPL * 32; e += WARPS * 32) {
+      const int r = e / (DPL * 32), d = e % (DPL * 32);
+      kept_acc[c][r][d] = fold_acc[r][d], fold_acc[r][d] = 0.0f;
+    }
+    if (w == 0 && lane < HEADS) {
+      kept_max[c][lane] = fold_max[STEPS][lane], kept_sum[c][lane] = fold_sum[STEPS][lane];
+      fold_max[0][lane] = -3.0e38f, fold_sum[0][lane] = 0.0f;
+    }
+    TG_BARRIER;  // the next chunk's folds, and the last phase's reads, after every thread's copy
+"""
 BODIES = {  # (backend, kernel) -> body
-    **{(b, "partial"): body.replace("//@WRITE\n", WRITE_PARTIAL) for b, body in PARTIALS.items()},
-    **{(b, "direct"): body.replace("//@WRITE\n", WRITE_DIRECT) for b, body in PARTIALS.items()},
+    **{(b, "partial"): body.replace("//@DIRECT\n", "").replace("//@CHUNKS\n", CHUNK_OF_GRID).replace("//@KEEP\n", "")
+       .replace("//@WRITE\n", WRITE_PARTIAL) for b, body in PARTIALS.items()},
+    **{(b, "direct"): body.replace("//@DIRECT\n", DIRECT_STATE).replace("//@CHUNKS\n", CHUNK_WALK).replace("//@KEEP\n", KEEP)
+       .replace("//@WRITE\n", WRITE_DIRECT) for b, body in PARTIALS.items()},
     ("metal", "combine"): METAL_COMBINE_PROLOGUE + COMBINE_CORE,
     ("cuda", "combine"): CUDA_COMBINE_PROLOGUE + COMBINE_CORE,
 }

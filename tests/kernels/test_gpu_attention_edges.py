@@ -65,7 +65,7 @@ int main(int argc, char** argv) {{
     std::vector<T> o(size_t(HM) * DV);
     force_narrow = narrow, wide_seen = 0;
     {shapes}
-    switch (build + (direct ? {builds} : 0)) {{  // the direct builds (one chunk, no sinks) write o themselves
+    switch (build + (direct ? {builds} : 0)) {{  // the direct builds (<= DIRECT_CHUNKS chunks, no sinks) write o themselves
 {partials}
       default: std::abort();
     }}
@@ -143,6 +143,7 @@ class Batch:
     def __init__(self, backend: str):
         self.backend, self.dtype, self.launches = backend, BACKENDS[backend], []
         self.pools = {p: [] for p in "qkvs"}
+        self.walks = 0  # direct launches over more than one chunk
         seen = self.seen = []
 
         def make(name, input_names, **_):
@@ -159,10 +160,13 @@ class Batch:
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(gpu_attention, "CHUNK", CHUNK)
             self.sdpa(*(mx.zeros(a.shape, self.dtype) for _, a in (q, k, v)), q[1].shape[3] ** -0.5, causal, **kw)
-        (p_name, p_in, p_t, p_grid), *combine = self.seen  # a direct launch (one chunk, no sinks) has no combine
+        (p_name, p_in, p_t, p_grid), *combine = self.seen  # a direct launch (few chunks, no sinks) has no combine
         (_, h, m, d), (_, hkv, keys, dv) = q[1].shape, v[1].shape
-        direct = p_name == src.DIRECT_NAME
-        assert direct == (p_grid[2] == 1 and kw.get("sinks") is None) and len(combine) == (0 if direct else 1)
+        direct, window = p_name == src.DIRECT_NAME, kw.get("window", 0)
+        nch = -(-min(keys, window or keys) // CHUNK)
+        assert direct == (nch <= src.DIRECT_CHUNKS and kw.get("sinks") is None) and len(combine) == (0 if direct else 1)
+        assert p_grid[2] == (1 if direct else nch)  # a direct launch: one block walks the chunks
+        self.walks += direct and nch > 1
         (_, c_in, c_t, c_grid), = combine or [(None, {"sinks": np.zeros(1, np.float32)}, {"SINKS": 0}, (32, h * m, 1))]
         assert p_grid[0] == 32 and p_grid[1] % WARPS == 0 and p_t["WARPS"] == WARPS and c_grid == (32, h * m, 1)
         fields = dict(build=BUILDS.index((p_t["HEADS"], p_t["DPL"])), direct=direct, sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
@@ -228,7 +232,7 @@ def test_key_counts_rows_heads_and_head_dims(tmp_path, exes, backend):
         near += [(causal, (q, k, v), dict(causal=True), label), (full, (q, k, v), dict(causal=False), label + " unmasked")]
         same += [(causal, alone, label + " rows alone"), ((full, m - 1), (alone[-1], 0), label + " unmasked last row")]
     assert {f["build"] for f, _ in batch.launches} == set(range(len(BUILDS)))  # one head a warp and HEADS, DPL 3 and 8
-    assert {f["direct"] for f, _ in batch.launches} == {0, 1}  # one chunk (L <= 64, no sinks): the direct build writes o
+    assert {f["direct"] for f, _ in batch.launches} == {0, 1} and batch.walks  # up to DIRECT_CHUNKS chunks: the direct build
     check(batch, exes[backend], tmp_path, near, same)
 
 

@@ -40,7 +40,7 @@ CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softc
     ("cuda", mx.float32, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),
     ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 140, 100, 2.0),  # Gemma 2's capped scores (a low cap)
     ("metal", mx.float32, mx.float32, False, 2, 1, 32, 32, 70, 40, 2.0),
-    # rows alone over <= 64 keys (one chunk: the direct build writes o) == rows of launches over two (a combine)
+    # rows alone over <= 64 keys (one chunk) == rows of launches over two
     ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 70, 40, 0.0),
 ]
 
@@ -57,6 +57,9 @@ float params[5];  // scale, causal, window, by_rows, softcap
 int length[1];  // keys that count
 std::vector<int32_t> tree{{-1}};  // a tree pass's rows (tree_mask.tree_rows), or [-1]: none
 std::vector<float> sinks;  // (H,): each head's sink logit (read only by SINKS=1 builds)
+// launches over at most this many chunks run the direct build (gpu_attention_source.DIRECT_CHUNKS; EMU_DIRECT_CHUNKS)
+const int direct_chunks = std::getenv("EMU_DIRECT_CHUNKS") ? std::atoi(std::getenv("EMU_DIRECT_CHUNKS")) : {direct_chunks};
+int direct_walks = 0;  // direct launches over more than one chunk (written to <dir>/walks)
 // q (H, M, D), k (HKV, cap, D), v (HKV, cap, DV) of which keys [0, L) -> o (H, M, DV); the launch sees
 // keys [0, S): S = L, or (buffered, as a compiled step passes its cache) the whole capacity, L a runtime value
 std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, const std::vector<KT>& v, int L,
@@ -73,9 +76,10 @@ std::vector<T> attend(const std::vector<T>& q, int M, const std::vector<KT>& k, 
   std::vector<float> pmax(HM * NCH), psum(HM * NCH), pacc(size_t(HM) * NCH * DV), s(HM);
   for (int hm = 0; hm < HM; ++hm) s[hm] = sinks[hm / M];  // as gpu_attention.py repeats them per row
   std::vector<T> o(size_t(HM) * DV);
-  if (NCH == 1 && !SINKS_) {{  // one chunk: the direct build writes o, as gpu_attention.py launches it
-    if (tree[0] >= 0) emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {direct_tree} }});
-    else emu::run_blocks(blocks, NCH, WARPS_, [&](int lane, int w, int y, int z) {{ {direct} }});
+  if (NCH <= direct_chunks && !SINKS_) {{  // the direct build walks the chunks and writes o, as gpu_attention.py launches it
+    direct_walks += NCH > 1;
+    if (tree[0] >= 0) emu::run_blocks(blocks, 1, WARPS_, [&](int lane, int w, int y, int z) {{ {direct_tree} }});
+    else emu::run_blocks(blocks, 1, WARPS_, [&](int lane, int w, int y, int z) {{ {direct} }});
     return o;
   }}
   if (tree[0] >= 0)  // a tree pass: the TREE = 1 build, as gpu_attention.py launches it
@@ -140,6 +144,7 @@ int main(int argc, char** argv) {{
     }}
     save(out, attend(rows(q, M, i, 1, D), 1, ks, vs, TS + n, TS + n, false));
   }}
+  std::ofstream(d + "/walks") << direct_walks;
 }}
 """
 METAL_PARTIAL = """int qs[4] = {{1, H, M, D}}, ks[4] = {{1, HKV, S, D}}, vs[4] = {{1, HKV, S, DV}};
@@ -188,7 +193,7 @@ def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, 
                           tree_row=src.TREE_ROW, tree_heads=src.tree_heads(heads, dpl), partial=partial.format(**fmt), partial_tree=partial.format(**tree),
                           direct=partial.format(**direct) if direct else "std::abort();",
                           direct_tree=partial.format(**direct_tree) if direct_tree else "std::abort();", combine=combine.format(**fmt),
-                          sinks=str(sinks).lower())
+                          sinks=str(sinks).lower(), direct_chunks=src.DIRECT_CHUNKS)
 
 
 def case_id(case) -> str:
@@ -294,6 +299,27 @@ def test_values_read_a_row_at_a_time_give_the_same_bits(tmp_path, exes, case, mo
     if dv < 256:
         run(exes[case[:4]], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         assert (tmp_path / "o").read_bytes() == outs[""], "dims a lane changed the bits"
+
+
+SPLITS = [CASES[0], CASES[2], PACKED[0]]  # Metal and CUDA, windows cut across chunks, CUDA's packed value loads
+
+
+@pytest.mark.parametrize("case", SPLITS, ids=[case_id(c) for c in SPLITS])
+def test_one_block_walking_the_chunks_gives_the_bits_of_partial_and_combine(tmp_path, exes, case, monkeypatch):
+    """Launches over up to DIRECT_CHUNKS chunks run the direct build (one block walks them and combines them itself):
+    every output (causal, unmasked, rows alone, windows, trees, whole buffers) equals, bit for bit, that of launches
+    running partial + combine for more than one chunk (EMU_DIRECT_CHUNKS=1) or always (0), and the walks really ran."""
+    backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
+    inputs(tmp_path, case)
+    outs, walks = {}, {}
+    for limit in ("", "1", "0"):
+        with monkeypatch.context() as env:
+            if limit:
+                env.setenv("EMU_DIRECT_CHUNKS", limit)
+            run(exes[packed(case) if case in PACKED else case[:4]], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        outs[limit], walks[limit] = (tmp_path / "o").read_bytes(), int((tmp_path / "walks").read_text())
+    assert walks[""] > 0 and walks["1"] == walks["0"] == 0, walks
+    assert outs[""] == outs["1"] == outs["0"], "the direct build's walk over several chunks changed the bits"
 
 
 @pytest.mark.parametrize("case", CASES + PACKED, ids=[case_id(c) for c in CASES + PACKED])
