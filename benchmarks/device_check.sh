@@ -121,12 +121,14 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
-# The default order puts first what the sixth session (H100, 2026-11-28) left open: the attention kernel with blocks
-# of 8 warps (the old one, one warp walking 8 steps, was most of the one-row gap: 20.6 vs 12.8 ms compiled at 256 keys),
-# then the forwards and the ceiling with it, the on-device kernel tests (its self-check), the families (gemma4, gemma2:
-# never reached; gpt-oss last), logprobs (its reference fixed), then the rest.
-for s in ${STEPS:-attention kernels forward ceiling exactness logprobs-sampling families tree-costs trees engine mlxspec-bench ops \
-    hybrid compiled-steps cache-copies ncu suite}; do run_step "$s"; done
+# The default order puts first what the seventh session (H200, 2026-11-28) left open: the attention kernel's direct
+# build walking up to 4 chunks (ours vs ours-split), the forwards with it (the exact one-row forward was 8.65 ms
+# compiled vs MLX's 9.87), the kernel tests (its self-check), the engine and `mlxspec bench` on SmolLM2 (stage the GGUF:
+# STAGE_GGUF=1), the ops table (its 4096 x 4096 one-row gap), the whole suite (never run on a GPU), then the rest.
+# 2026-11-28 (H200, seventh session, no cache carried; by the logs' times): attention 59 s, kernels 51 s, forward 192 s,
+# ceiling 35 s, exactness 116 s, logprobs-sampling 40 s on 8 workers; compiled steps 112 s, trees 51 s (pytest's).
+for s in ${STEPS:-attention kernels forward engine mlxspec-bench ops suite exactness ceiling families tree-costs trees \
+    logprobs-sampling hybrid compiled-steps cache-copies ncu}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
