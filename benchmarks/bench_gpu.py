@@ -67,6 +67,7 @@ from mlxspec.kernels.timing import latency_us, op_batch, time_call
 
 HERE = Path(__file__).parent
 ROWS = (1, 8, 16)
+OP_REPEATS = 15  # timings a median of one op takes (the tests here, on a CPU: fewer)
 QMM_ROWS = ROWS + (64,)  # 64: a prompt chunk's share (the tensor-core qmm's 8 row tiles a warp)
 QMM_SHAPES = {"full": [(4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096),
                         (6144, 4096), (28672, 4096)],  # an 8B block's joined q/k/v and gate/up (projections.py)
@@ -112,11 +113,11 @@ def rounded(us: float | None) -> float | None:
     return None if us is None else round(us, 1)
 
 
-def chained_us(fn, x: mx.array, repeats: int = 15) -> float | None:
+def chained_us(fn, x: mx.array, repeats: int | None = None) -> float | None:
     """Microseconds per call of calls each fed the previous one's output (kernels/timing.latency_us): the latency
     a forward pays, where op_batch's independent calls may overlap on the device. None on the CPU, which runs one
     call at a time (and MLX's float16 matmul there takes tens of milliseconds)."""
-    return None if op_batch() == 1 else latency_us(fn, x, repeats=repeats)
+    return None if op_batch() == 1 else latency_us(fn, x, repeats=repeats or OP_REPEATS)
 
 
 def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str = "affine", variants: int = 2,
@@ -154,7 +155,7 @@ def qmm_ops(shapes, dtype=mx.float16, group: int = 64, bits: int = 4, mode: str 
         for m in QMM_ROWS:
             x = mx.random.normal((m, k), key=mx.random.key(m)).astype(dtype)
             entry[f"M={m}"] = {f"{name}_first_ms": first_call_ms(lambda: f(x)) for name, f in fns.items()}
-            entry[f"M={m}"] |= {f"{name}_us": round(time_call(lambda: f(x), repeats=15, batch=op_batch()), 1)
+            entry[f"M={m}"] |= {f"{name}_us": round(time_call(lambda: f(x), repeats=OP_REPEATS, batch=op_batch()), 1)
                                 for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_chained_us": rounded(chained_us(f, x)) for name, f in fns.items()}
             entry[f"M={m}"] |= {f"{name}_row_gap": row_gap(f, x) for name, f in fns.items()}
@@ -198,16 +199,16 @@ def gather_ops(experts: int, n: int, k: int, used: int, dtype=mx.float16, bits: 
         pairs, ids = mx.repeat(x, used, axis=0), idx.reshape(-1)
         row = {"mlx_us": round(time_call(lambda: mx.gather_qmm(x[:, None, None], w, s, b, rhs_indices=idx,
                                                                transpose=True, group_size=32, bits=bits, mode=mode),
-                                         repeats=15, batch=op_batch()), 1)}
+                                         repeats=OP_REPEATS, batch=op_batch()), 1)}
         if ours is not None:
             call = lambda p, i: ours(p, w, s, b, i, 32, bits, mode=mode)  # noqa: E731
-            row["ours_us"] = round(time_call(lambda: call(pairs, ids), repeats=15, batch=op_batch()), 1)
+            row["ours_us"] = round(time_call(lambda: call(pairs, ids), repeats=OP_REPEATS, batch=op_batch()), 1)
             y = call(pairs, ids)
             alone = mx.concatenate([call(pairs[t * used:(t + 1) * used], ids[t * used:(t + 1) * used]) for t in range(tokens)])
             row["ours_row_gap"] = float(mx.abs(y.astype(mx.float32) - alone.astype(mx.float32)).max().item())
             if tokens > 1 and getattr(ours, "groups_experts", False):  # each chosen expert read once: same bits?
                 grouped = lambda: ours(pairs, w, s, b, ids, 32, bits, mode=mode, per_expert=tokens)  # noqa: E731
-                row["grouped_us"] = round(time_call(grouped, repeats=15, batch=op_batch()), 1)
+                row["grouped_us"] = round(time_call(grouped, repeats=OP_REPEATS, batch=op_batch()), 1)
                 row["grouped_equal"] = bool(mx.array_equal(grouped(), y).item())
                 row["experts_read"] = len(set(ids.tolist()))
         entry[f"tokens={tokens}"] = row
@@ -241,7 +242,7 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
         row = {}
         for name, f in fns.items():
             row[f"{name}_first_ms"] = first_call_ms(lambda: f(q, k, v))
-            row[f"{name}_us"] = round(time_call(lambda: f(q, k, v), repeats=15, batch=op_batch()), 1)
+            row[f"{name}_us"] = round(time_call(lambda: f(q, k, v), repeats=OP_REPEATS, batch=op_batch()), 1)
             row[f"{name}_chained_us"] = rounded(chained_us(lambda q_: f(q_, k, v), q))  # its output is the next q
             y = f(q, k, v)
             alone = [f(q[:, :, i : i + 1], k[:, :, : keys - m + i + 1], v[:, :, : keys - m + i + 1])[0, :, 0]
@@ -293,7 +294,7 @@ def launch_overhead() -> dict:
             fns["cached_add"] = lambda: c(inputs=[x], grid=(32, 1, 1), threadgroup=(32, 1, 1),
                                           output_shapes=[x.shape], output_dtypes=[x.dtype])[0]
             print(f"CUDA kernels: {detail()}", flush=True)
-    out = {f"{name}_us": round(time_call(f, repeats=15, batch=op_batch()), 1) for name, f in fns.items()}
+    out = {f"{name}_us": round(time_call(f, repeats=OP_REPEATS, batch=op_batch()), 1) for name, f in fns.items()}
     out["build_us"] = build_overhead()
     if backend == "cuda":
         out["source_size"] = source_size_cost(x)
@@ -333,8 +334,8 @@ def source_size_cost(x: mx.array) -> dict:
         for label, k in (("jit", jit), ("cached", cached)):
             call = lambda x_, k=k: k(inputs=[x_], **launch)[0]  # noqa: E731
             compiled = mx.compile(call)
-            out[f"{label}_{kb}KB_us"] = round(time_call(lambda: call(x), repeats=15, batch=op_batch()), 1)
-            out[f"{label}_{kb}KB_compiled_us"] = round(time_call(lambda: compiled(x), repeats=15, batch=op_batch()), 1)
+            out[f"{label}_{kb}KB_us"] = round(time_call(lambda: call(x), repeats=OP_REPEATS, batch=op_batch()), 1)
+            out[f"{label}_{kb}KB_compiled_us"] = round(time_call(lambda: compiled(x), repeats=OP_REPEATS, batch=op_batch()), 1)
         built = getattr(cached, "_built", {})
         out[f"cached_{kb}KB_bytes"] = max((len(b) for _, b in built.values()), default=None)
     return out

@@ -12,7 +12,9 @@ from benchmark_scripts import load
 
 @pytest.fixture(scope="module")
 def bench():
-    return load("bench_gpu")
+    module = load("bench_gpu")
+    module.OP_REPEATS = 3  # a median of 3: what these tests check is that the timings are taken, not their noise
+    return module
 
 
 def test_row_gap_sees_a_row_dependent_op(bench):
