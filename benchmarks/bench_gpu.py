@@ -11,7 +11,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   qmm on the issue's shapes and the joined projections' (4-bit, group 64, fp16), then 6-bit and mxfp4 on two of them (on CUDA
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
-  the attention kernel also with 1 and 4 warps a block (ours-w1, ours-w4) and, on CUDA, values read one by one
+  the attention kernel also with 1, 4 and 8 warps a block for every launch (ours-w1, ours-w4, ours-w8; ours: each
+  launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one
   (ours-unpacked), and as two launches however few the key chunks (ours-split: the production runs one launch up to
   gpu_attention_source.DIRECT_CHUNKS chunks, 1,024 keys): warps_same_bits says whether all their bits agree.
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
@@ -62,7 +63,6 @@ import mlx.nn as nn
 from mlxspec.kernels.registry import device_backend_name, kernel, kernel_for_layer
 from mlxspec.kernels.registry import status as registry_status
 from mlxspec.bench.forwards import graph_nodes, interleaved_forwards
-from mlxspec.kernels.gpu_attention_source import WARPS
 from mlxspec.kernels.timing import latency_us, op_batch, time_call
 
 HERE = Path(__file__).parent
@@ -230,11 +230,11 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
         fns["ours"] = lambda q, kk_, vv: kernel("sdpa").fn(q, kk_, vv, scale, True)
         if device_backend_name() in ("cuda", "metal"):  # the GPU kernel's other schedules
             fns |= {f"ours-w{w}": (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa_with_warps(w))
-                    for w in SDPA_WARPS if w != WARPS}
+                    for w in SDPA_WARPS}  # each launch's own warps (ours) vs the same warps for every launch
             if device_backend_name() == "cuda":  # a lane's value dims one by one, not in one load (the same bits)
-                unpacked = sdpa_with_warps(WARPS, pack=False)
+                unpacked = sdpa_with_warps(None, pack=False)
                 fns["ours-unpacked"] = lambda q, kk_, vv: unpacked(q, kk_, vv, scale, True)
-            split = sdpa_with_warps(WARPS, direct_chunks=0)  # partial + combine however few the chunks (the same bits)
+            split = sdpa_with_warps(None, direct_chunks=0)  # partial + combine however few the chunks (the same bits)
             fns["ours-split"] = lambda q, kk_, vv: split(q, kk_, vv, scale, True)
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
     for m in ROWS:
@@ -257,11 +257,12 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
     return entry
 
 
-SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention_source.WARPS)
+SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention.launch_warps's choice)
 
 
-def sdpa_with_warps(warps: int, pack: bool = True, direct_chunks: int | None = None):
-    """The GPU attention kernel built with `warps` warps a partial block (the same bits as the production build);
+def sdpa_with_warps(warps: int | None, pack: bool = True, direct_chunks: int | None = None):
+    """The GPU attention kernel built with `warps` warps a partial block (None: each launch's own, as in production;
+    the same bits either way);
     CUDA's without packed value loads where `pack` is False; direct_chunks: launches over at most that many key chunks
     are one kernel (0: partial + combine always; None: the production's DIRECT_CHUNKS)."""
     from mlxspec.kernels import gpu_attention

@@ -36,15 +36,28 @@ from .tree_mask import TREE_ROW
 # block keeps more blocks in flight for a short cache. A guess, unmeasured on a device.
 SHARED_READS_FROM = 8
 
+# A launch with fewer (block, chunk) pairs than this runs blocks of WARPS warps, each taking one 32-key step of a
+# chunk, else blocks of one warp walking the steps in turn (the same bits: the fold is in key order either way). On an
+# H200 (2026-11-28, H=32, HKV=8, D=128, fp16) 8 warps won with 64 pairs (300 keys, one row: 38 vs 52 us a call),
+# one warp from 256 (8,192 keys: 61 vs 88 us at one row, 319 vs 527 at 16 rows; 300 keys at 8 rows: 44 vs 74).
+FEW_PAIRS = 256
 
-def metal_sdpa_function(warps: int = WARPS, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
-    """warps: a partial block's (1, 2, 4 or 8: the same bits, another schedule; bench_gpu.py times them).
+
+def launch_warps(blocks: int, nch: int) -> int:
+    """The warps a partial or direct block of this launch runs (WARPS where the grid is small, else 1)."""
+    return WARPS if blocks * nch < FEW_PAIRS else 1
+
+
+def metal_sdpa_function(warps: int | None = None, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
+    """warps: a partial block's (1, 2, 4 or 8: the same bits, another schedule; bench_gpu.py times them); None: each
+    launch's own (launch_warps).
     direct_chunks: launches over at most this many key chunks (<= DIRECT_CHUNKS) are one kernel (0: always two)."""
     require_metal()
     return _sdpa_function(mx.fast.metal_kernel, "metal", warps, direct_chunks=direct_chunks)
 
 
-def cuda_sdpa_function(warps: int = WARPS, pack: bool = True, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
+def cuda_sdpa_function(warps: int | None = None, pack: bool = True,
+                       direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
     """pack: a lane's value dims of a row in one load where the cache allows (False: one by one; the same bits)."""
     require_cuda()
     from .cuda_cache import cuda_kernel
@@ -53,7 +66,7 @@ def cuda_sdpa_function(warps: int = WARPS, pack: bool = True, direct_chunks: int
     return _sdpa_function(cuda_kernel, "cuda", warps, pack, direct_chunks)
 
 
-def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True,
+def _sdpa_function(make, backend: str, warps: int | None = None, pack: bool = True,
                    direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
     if not 0 <= direct_chunks <= DIRECT_CHUNKS:  # the direct build keeps at most DIRECT_CHUNKS chunks' states
         raise ValueError(f"direct_chunks {direct_chunks}: 0 .. {DIRECT_CHUNKS}")
@@ -107,10 +120,11 @@ def _sdpa_function(make, backend: str, warps: int = WARPS, pack: bool = True,
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         dpl = dims_per_lane(q.shape[3], dv)
         heads = heads if tree is None else tree_heads(heads, dpl)
-        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=warps, pack=pack)
         blocks = partial_blocks(h, hkv, m, heads, by_rows)
+        w = warps or launch_warps(blocks, nch)
+        targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=w, pack=pack)
         inputs = [q, k, v, params, length, no_tree if tree is None else tree]
-        grid, threadgroup = (32, warps * blocks, nch), partial_threadgroup(warps)
+        grid, threadgroup = (32, w * blocks, nch), partial_threadgroup(w)
         if nch <= direct_chunks and sinks is None:  # one block walks every chunk and writes the output
             return direct(inputs=inputs, template=targs, grid=grid[:2] + (1,), threadgroup=threadgroup,
                           output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]

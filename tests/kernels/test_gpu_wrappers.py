@@ -165,6 +165,34 @@ def test_attention_wrapper_makes_no_new_arrays_per_call():
     assert partials[3]["params"].tolist()[0] == 0.25 and partials[0]["params"].tolist()[:2] == [0.125, 1.0]
 
 
+def test_attention_launches_pick_their_warps_by_the_grid_and_one_block_walks_few_chunks():
+    """Each launch's warps a block (the same bits whatever they are): 8 where its (block, chunk) pairs are few (a
+    one-row step over 300 keys: 32 heads x 2 chunks), 1 where they are many (8 rows: 512 pairs; 8,192 keys: 256), a
+    fixed count where the function was built with one; up to DIRECT_CHUNKS chunks one direct launch (grid z 1)."""
+    from mlxspec.kernels import gpu_attention
+
+    seen = []
+
+    def make(name, input_names, **_):
+        def launch(inputs, template, grid, threadgroup, output_shapes, output_dtypes, **__):
+            seen.append((name, dict(template).get("WARPS"), grid, threadgroup))  # the combine has none
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return launch
+
+    def first_launch(sdpa, m: int, keys: int) -> tuple:
+        seen.clear()
+        sdpa(mx.zeros((1, 32, m, 128)), mx.zeros((1, 8, keys, 128)), mx.zeros((1, 8, keys, 128)), 0.1, True)
+        return seen[0]
+
+    adaptive, fixed = gpu_attention._sdpa_function(make, "cuda"), gpu_attention._sdpa_function(make, "cuda", 4)
+    direct, partial = "mlxspec_sdpa_direct", "mlxspec_sdpa_partial"
+    assert first_launch(adaptive, 1, 300) == (direct, 8, (32, 8 * 32, 1), (32, 8, 1))  # 32 blocks, 2 chunks walked
+    assert first_launch(adaptive, 8, 300) == (direct, 1, (32, 256, 1), (32, 1, 1))
+    assert first_launch(adaptive, 1, 8192) == (partial, 1, (32, 8, 32), (32, 1, 1))  # 8 blocks of 4 heads, 32 chunks
+    assert first_launch(adaptive, 1, 1100) == (partial, 8, (32, 8 * 32, 5), (32, 8, 1))  # 160 pairs
+    assert first_launch(fixed, 8, 8192)[1:] == (4, (32, 4 * 64, 32), (32, 4, 1))
+
+
 def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(launches, monkeypatch):
     """with_ksplit: the tensor-core qmm with another number of warps on K (its own template, one function
     per split); prepare(rows=...) compiles just those launches (the timing of a split: 1 and 8 rows)."""
