@@ -108,6 +108,11 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     forward) bench forward 240 ;;  # five variants (MLX, kernels eager, compiled, each qmm forced), each NVRTC-compiled on first use
     ncu) command -v ncu > /dev/null && step ncu 120 ncu --profile-from-start off --section SpeedOfLight \
       --section Occupancy --section LaunchStats python3 -u benchmarks/ncu_qmm.py ;;  # one launch of each qmm
+    # one launch of each attention build (and MLX's) per case, with where its warps stall: why 16 rows over 8,192 keys
+    # took 319-527 us (MLX: 57) on the seventh session's H200
+    ncu-attention) command -v ncu > /dev/null && step ncu-attention 120 ncu --profile-from-start off --section SpeedOfLight \
+      --section Occupancy --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis \
+      python3 -u benchmarks/ncu_attention.py ;;
     # every kernel of one 8-layer forward (8B shapes) with its GPU time, each variant, vs its wall time (printed)
     ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
       --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
@@ -127,7 +132,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 # STAGE_GGUF=1), the ops table (its 4096 x 4096 one-row gap), the whole suite (never run on a GPU), then the rest.
 # 2026-11-28 (H200, seventh session, no cache carried; by the logs' times): attention 59 s, kernels 51 s, forward 192 s,
 # ceiling 35 s, exactness 116 s, logprobs-sampling 40 s on 8 workers; compiled steps 112 s, trees 51 s (pytest's).
-for s in ${STEPS:-attention kernels forward engine mlxspec-bench ops suite exactness ceiling families tree-costs trees \
+for s in ${STEPS:-attention ncu-attention kernels forward engine mlxspec-bench ops suite exactness ceiling families tree-costs trees \
     logprobs-sampling hybrid compiled-steps cache-copies ncu}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)

@@ -131,6 +131,16 @@ def test_ncu_forward_runs_a_variant_s_forward_without_the_profiler():
             assert report["variant"] == variant and report["wall_ms"] > 0
 
 
+def test_ncu_attention_warms_and_runs_each_call_without_the_profiler():
+    """benchmarks/ncu_attention.py (run under Nsight Compute on a device): MLX's attention and ours per case, each
+    warmed, then run once; --dry takes the CPU kernel and skips the profiler calls, which need CUDA's driver."""
+    from benchmark_scripts import load
+
+    with mx.stream(mx.cpu):
+        labels = load("ncu_attention").main(["--quick", "--dry"])
+    assert labels == [f"{name} M={m} keys=40" for m in (1, 4) for name in ("mlx", "ours")]
+
+
 @pytest.mark.parametrize("kb", [32, 128])
 def test_the_source_size_probe_pads_a_cubin_to_its_size(bench, kb):
     """source_size_cost times a trivial kernel whose stored cubin a never-launched kernel pads to ~kb KB (as our
