@@ -74,11 +74,11 @@ class GenerateOptions:
                 raise OptionsError(f"invalid option {name}={shown(getattr(self, name))}: {what}", name)
 
         check(_is_int(self.max_tokens) and self.max_tokens >= -1, "max_tokens", "must be an integer >= -1")
-        check(_is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "must be in [0, 100]")
+        check(_is_num(self.temperature) and 0 <= self.temperature <= 100, "temperature", "must be a number in [0, 100]")
         check(_is_int(self.top_k) and self.top_k >= 0, "top_k", "must be an integer >= 0")
-        check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
-        check(_is_num(self.min_p) and 0 <= self.min_p < 1, "min_p", "must be in [0, 1)")
-        check(self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**64, "seed", "must be in [0, 2^64)")
+        check(_is_num(self.top_p) and 0 < self.top_p <= 1, "top_p", "must be a number in (0, 1]")
+        check(_is_num(self.min_p) and 0 <= self.min_p < 1, "min_p", "must be a number in [0, 1)")
+        check(self.seed is None or _is_int(self.seed) and 0 <= self.seed < 2**64, "seed", "must be an integer in [0, 2^64)")
         check(
             isinstance(self.stop, list) and all(isinstance(s, str) and s for s in self.stop),
             "stop",
@@ -87,10 +87,10 @@ class GenerateOptions:
         check(
             _is_num(self.repeat_penalty) and MIN_REPEAT_PENALTY <= self.repeat_penalty <= 10,
             "repeat_penalty",
-            f"must be in [{MIN_REPEAT_PENALTY}, 10] (1 = off)",
+            f"must be a number in [{MIN_REPEAT_PENALTY}, 10] (1 = off)",
         )
         check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1, "repeat_last_n", "must be an integer >= -1")
-        check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be >= 1")
+        check(self.num_ctx is None or (_is_int(self.num_ctx) and self.num_ctx >= 1), "num_ctx", "must be an integer >= 1")
         check(_is_int(self.num_keep) and self.num_keep >= -1, "num_keep", "must be an integer >= -1")
         check(
             self.draft_length is None or (_is_int(self.draft_length) and 0 <= self.draft_length <= MAX_DRAFT_LENGTH),
