@@ -68,7 +68,7 @@ THREADGROUP = (32, 1, 1)  # the combine's
 # one block and combines them itself (the same bits as partial + combine), one launch fewer (~12 us each through MLX's
 # CUDA custom kernels, 2026-11 H200) for chunks walked one after another (a guess, unmeasured: bench_gpu's ours-split)
 DIRECT_CHUNKS = 4
-WARPS = CHUNK // 32  # warps a partial block: one 32-key step each (1, 2, 4: the same bits; 8 a guess, unmeasured)
+WARPS = CHUNK // 32  # warps a partial block at most: one 32-key step each (1, 2, 4: the same bits; launch_warps picks)
 
 # //@WIDE and //@KEYS are filled per backend (CUDA_WIDE and CUDA_KEYS, METAL_KEYS: below)
 PARTIAL_CORE = """
@@ -222,8 +222,8 @@ COMBINE_CORE = """
 """
 
 # The partial's last phase: its chunk's state to pmax / psum / pacc for the combine, or (the direct build, launched
-# where a row's keys fit one chunk and no sinks) the output itself, by the combine's arithmetic for one chunk term for
-# term, so a direct launch's rows have the bits a combine over this chunk and empty ones gives (tested).
+# over at most DIRECT_CHUNKS chunks and no sinks) the output itself, by the combine's arithmetic over the chunks it
+# kept, term for term, so a direct launch's rows have the bits partial + combine give (tested).
 WRITE_PARTIAL = """  for (int r = w; r < nh; r += WARPS) {  // warp w writes slots w, w + WARPS, ...
     const size_t slot = size_t(SLOT_HEAD(r) * M + SLOT_ROW(r)) * NCH + cz;  // its chunk: the grid's z
     if (lane == 0) { pmax[slot] = fold_max[STEPS][r]; psum[slot] = fold_sum[STEPS][r]; }
