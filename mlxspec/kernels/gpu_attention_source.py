@@ -155,14 +155,12 @@ PARTIAL_CORE = """
 //@KEYS
         float p[HEADS];  // lane j: key base + j's weight exp(score - the step's max), per slot
 #pragma unroll
-        for (int r = 0; r < HEADS; ++r) {
+        for (int r = 0; r < HEADS; ++r) {  // every slot's shuffles, on or off: no branch around them (an off slot's
+          // max stays -3e38 and its sum 0, as if skipped), so the compiler needs no divergence handling for them
           const float s = on[r] && lane < n_keys[r] ? (cap > 0.0f ? cap * TANH(dot[r] * sc / cap) : dot[r] * sc) : -3.0e38f;
-          p[r] = 0.0f;
-          if (on[r]) {
-            step_max[r] = lane_max(s);
-            p[r] = t < rows[r] ? EXP(s - step_max[r]) : 0.0f;
-            step_sum[r] = lane_sum(p[r]);
-          }
+          step_max[r] = lane_max(s);
+          p[r] = on[r] && t < rows[r] ? EXP(s - step_max[r]) : 0.0f;
+          step_sum[r] = lane_sum(p[r]);
         }
 //@VALUES
       }
