@@ -12,8 +12,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   both kernels: "qmm" the FMA one, "qmm-mma" the tensor-core one, and "ours" the one layers get); MoE
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
   the attention kernel also with 1, 4 and 8 warps a block for every launch (ours-w1, ours-w4, ours-w8; ours: each
-  launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one
-  (ours-unpacked), and as two launches however few the key chunks (ours-split: the production runs one launch up to
+  launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one (ours-unpacked) or with half the
+  rows in flight (ours-batch16: 86 registers a thread instead of 140 at D = 128), and as two launches however few the key chunks (ours-split: the production runs one launch up to
   gpu_attention_source.DIRECT_CHUNKS chunks, 1,024 keys): warps_same_bits says whether all their bits agree.
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
@@ -232,8 +232,9 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
             fns |= {f"ours-w{w}": (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa_with_warps(w))
                     for w in SDPA_WARPS}  # each launch's own warps (ours) vs the same warps for every launch
             if device_backend_name() == "cuda":  # a lane's value dims one by one, not in one load (the same bits)
-                unpacked = sdpa_with_warps(None, pack=False)
+                unpacked, half = sdpa_with_warps(None, pack=0), sdpa_with_warps(None, pack=2)
                 fns["ours-unpacked"] = lambda q, kk_, vv: unpacked(q, kk_, vv, scale, True)
+                fns["ours-batch16"] = lambda q, kk_, vv: half(q, kk_, vv, scale, True)  # half the rows in flight
             split = sdpa_with_warps(None, direct_chunks=0)  # partial + combine however few the chunks (the same bits)
             fns["ours-split"] = lambda q, kk_, vv: split(q, kk_, vv, scale, True)
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
@@ -260,10 +261,11 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
 SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention.launch_warps's choice)
 
 
-def sdpa_with_warps(warps: int | None, pack: bool = True, direct_chunks: int | None = None):
+def sdpa_with_warps(warps: int | None, pack: int = 1, direct_chunks: int | None = None):
     """The GPU attention kernel built with `warps` warps a partial block (None: each launch's own, as in production;
     the same bits either way);
-    CUDA's without packed value loads where `pack` is False; direct_chunks: launches over at most that many key chunks
+    CUDA's without packed value loads where `pack` is 0, with half the value rows in flight (fewer registers) where
+    it is 2; direct_chunks: launches over at most that many key chunks
     are one kernel (0: partial + combine always; None: the production's DIRECT_CHUNKS)."""
     from mlxspec.kernels import gpu_attention
 

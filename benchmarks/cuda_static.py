@@ -192,6 +192,8 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
     for heads in (1, 4):  # head dim 128 (4 dims a lane), as Llama's: what the wrapper compiles for such models
         _, out[f"sdpa q float16 kv float16 D128 {heads} heads a warp"] = gpu_attention_source.program(
             "cuda", f16, heads=heads, dpl=4)
+        _, out[f"sdpa q float16 kv float16 D128 {heads} heads a warp, 16 value rows in flight"] = (  # PACK 2: bench's
+            gpu_attention_source.program("cuda", f16, heads=heads, dpl=4, pack=2))  # ours-batch16
     for kind in (accept_source.GREEDY, accept_source.REJECTION):
         for dtype in (f32, f16):
             _, out[f"accept {kind} {str(dtype).split('.')[-1]}"] = accept_source.cuda_source(kind, dtype)

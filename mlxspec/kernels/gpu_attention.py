@@ -56,9 +56,10 @@ def metal_sdpa_function(warps: int | None = None, direct_chunks: int = DIRECT_CH
     return _sdpa_function(mx.fast.metal_kernel, "metal", warps, direct_chunks=direct_chunks)
 
 
-def cuda_sdpa_function(warps: int | None = None, pack: bool = True,
+def cuda_sdpa_function(warps: int | None = None, pack: int = 1,
                        direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
-    """pack: a lane's value dims of a row in one load where the cache allows (False: one by one; the same bits)."""
+    """pack: a lane's value dims of a row in one load where the cache allows, with up to 64 registers of rows in
+    flight (1) or 32 (2), or one by one (0): the same bits."""
     require_cuda()
     from .cuda_cache import cuda_kernel
 
@@ -66,7 +67,7 @@ def cuda_sdpa_function(warps: int | None = None, pack: bool = True,
     return _sdpa_function(cuda_kernel, "cuda", warps, pack, direct_chunks)
 
 
-def _sdpa_function(make, backend: str, warps: int | None = None, pack: bool = True,
+def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
                    direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
     if not 0 <= direct_chunks <= DIRECT_CHUNKS:  # the direct build keeps at most DIRECT_CHUNKS chunks' states
         raise ValueError(f"direct_chunks {direct_chunks}: 0 .. {DIRECT_CHUNKS}")

@@ -308,11 +308,11 @@ template <typename E> __device__ inline bool keys_wide(const E* p, int64_t s1, i
   return s3 == 1 && s2 % PER == 0 && s1 % PER == 0 && d % PER == 0 && reinterpret_cast<size_t>(p) % 16 == 0;
 }
 // A lane's N contiguous value dims of one row as raw 32-bit words, in one 4-, 8- or 16-byte load (two for 32 bytes;
-// OK: N values make one of those), and BATCH rows of them in flight at once (64 registers of words at most)
-template <typename E, int N> struct VRow {
+// OK: N values make one of those), and BATCH rows of them in flight at once (CAP registers of words at most)
+template <typename E, int N, int CAP = 64> struct VRow {
   static constexpr int BYTES = N * int(sizeof(E)), WORDS = (BYTES + 3) / 4;
   static constexpr bool OK = BYTES == 4 || BYTES == 8 || BYTES == 16 || BYTES == 32;
-  static constexpr int BATCH = 64 / WORDS < 32 ? 64 / WORDS : 32;
+  static constexpr int BATCH = CAP / WORDS < 32 ? CAP / WORDS : 32;
   uint32_t w[WORDS];
   __device__ static bool aligned(const E* p) { return reinterpret_cast<size_t>(p) % (BYTES < 16 ? BYTES : 16) == 0; }
   __device__ inline void load(const E* p) {
@@ -338,7 +338,7 @@ template <typename E, int N> struct VRow {
     for (int i = 0; i < N; ++i) out[i] = float(e[i]);
   }
 };
-template <int N, typename E> __device__ VRow<E, N> vrow_of(const E*);  // for decltype: v's element type
+template <int N, int CAP, typename E> __device__ VRow<E, N, CAP> vrow_of(const E*);  // for decltype: v's element type
 // dims d0 .. d0 + 31 of a key as floats (past d: dim 0's, never used) in 16-byte loads: the values one by one gives
 template <typename E> __device__ inline void load_key_wide(float* out, const E* row, int d0, int d, int64_t) {
   constexpr int PER = 16 / int(sizeof(E));
@@ -419,7 +419,7 @@ VALUES = ("      if (v_dense) {\n" + VALUE_PHASE.replace("VOFF", "lane + 32 * i"
 # values that way: one copy fewer to compile than Metal's two)
 CUDA_VALUES = ("      if (v_pack) {\n" + PACKED_VALUE_PHASE + "      } else {\n" + VALUE_PHASE.replace("VOFF", "vd[i]")
                + "      }\n")
-CUDA_VPACK = """  using VR = decltype(vrow_of<DPL>(v));  // a lane's DPL value dims of a row as raw words (CUDA_HEADER)
+CUDA_VPACK = """  using VR = decltype(vrow_of<DPL, PACK == 2 ? 32 : 64>(v));  // a lane's DPL value dims of a row as raw words (CUDA_HEADER)
   const bool v_pack = PACK && VR::OK && v_dense && DV == 32 * DPL && v_strides[2] % DPL == 0 && v_strides[1] % DPL == 0
                       && VR::aligned(v);  // uniform over the launch
 #define VD(i) (v_pack ? lane * DPL + (i) : lane + 32 * (i))  // the value dim a lane's slot i holds
@@ -487,8 +487,9 @@ HEADERS = {"metal": METAL_HEADER, "cuda": CUDA_HEADER}
 
 
 def partial_template(dtype, chunk: int = CHUNK, heads: int = HEADS, dims_per_lane: int = 8, tree: bool = False,
-                     warps: int = WARPS, pack: bool = True) -> list[tuple]:
-    """pack: CUDA reads a lane's value dims of a row in one load where it can (0: one by one; the same bits)."""
+                     warps: int = WARPS, pack: int = 1) -> list[tuple]:
+    """pack: CUDA reads a lane's value dims of a row in one load where it can, up to 64 registers of rows in flight (1)
+    or 32 (2: fewer registers a thread, more loads in turn), or one by one (0); the same bits."""
     return [("T", dtype), ("CHUNK", chunk), ("HEADS", heads), ("DPL", dims_per_lane), ("TREE", int(tree)), ("WARPS", warps),
             ("PACK", int(pack))]
 
@@ -532,15 +533,15 @@ def _kernels(dtype, kv_dtype=None) -> dict:
 
 
 def program(backend: str, dtype, chunk: int = CHUNK, sinks: bool = False, kv_dtype=None,
-            heads: int = HEADS, dpl: int = 8, warps: int = WARPS) -> tuple[dict, str]:
+            heads: int = HEADS, dpl: int = 8, warps: int = WARPS, pack: int = 1) -> tuple[dict, str]:
     """({'partial', 'partial_tree', 'direct', 'direct_tree', 'combine'}: function names, one program with the five) as
     MLX writes them; *_tree: the builds of draft trees' passes (TREE = 1); direct*: a partial writing the output
     (not with sinks: such launches always combine)."""
     kernels, names, texts = _kernels(dtype, kv_dtype), {}, []
     sizes = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99,  # small: constant space
              "sinks": 99 if sinks else 1, "o": 99}
-    plain = partial_template(dtype, chunk, heads, dpl, warps=warps)
-    tree = partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True, warps=warps)
+    plain = partial_template(dtype, chunk, heads, dpl, warps=warps, pack=pack)
+    tree = partial_template(dtype, chunk, tree_heads(heads, dpl), dpl, tree=True, warps=warps, pack=pack)
     direct = [] if sinks else [("direct", "direct", plain), ("direct_tree", "direct", tree)]  # never launched with sinks
     for label, kind, targs in [("partial", "partial", plain), ("partial_tree", "partial", tree), *direct,
                                ("combine", "combine", combine_template(dtype, sinks))]:

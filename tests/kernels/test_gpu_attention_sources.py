@@ -173,8 +173,8 @@ PACKED_TOGGLES = [("VR::OK && v_dense", 'VR::OK && !std::getenv("EMU_UNPACKED") 
 
 
 def harness(backend: str, dtype, kv_dtype, sinks: bool, heads: int = src.HEADS, dpl: int = 8, narrow: bool = False,
-            warps: int = WARPS, toggles: bool = False) -> str:
-    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl, warps)
+            warps: int = WARPS, toggles: bool = False, pack: int = 1) -> str:
+    names, source = src.program(backend, dtype, CHUNK, sinks, kv_dtype, heads, dpl, warps, pack)
     if narrow:
         assert src.CUDA_WIDE in source
         source = source.replace(src.CUDA_WIDE, ONE_BY_ONE)
@@ -227,15 +227,16 @@ PACKED = [("cuda", mx.float16, mx.float16, False, 4, 2, 128, 128, 140, 100, 0.0)
           ("cuda", mx.float32, mx.float32, False, 2, 1, 256, 256, 70, 40, 0.0)]
 
 
-def packed(case) -> tuple:
-    """The label of a PACKED case's build: its own dims a lane, values packed or not (EMU_UNPACKED)."""
-    return case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]), False, WARPS, True)
+def packed(case, pack: int = 1) -> tuple:
+    """The label of a PACKED case's build: its own dims a lane, values packed or not (EMU_UNPACKED); pack 2: half the
+    value rows in flight (the same bits)."""
+    return case[:4] + (src.HEADS, src.dims_per_lane(case[6], case[7]), False, WARPS, True, pack)
 
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
     labels = sorted({c[:4] for c in CASES}, key=str) + [label for c in ONE_HEAD for label in builds(c)]
-    labels += [narrow(c) for c in NARROW] + [packed(c) for c in PACKED]
+    labels += [narrow(c) for c in NARROW] + [packed(c, pack) for c in PACKED for pack in (1, 2)]
     return dict(zip(labels, build_all([harness(*label) for label in labels])))
 
 
@@ -283,19 +284,23 @@ def test_keys_read_in_16_byte_loads_or_one_by_one_give_the_same_bits(tmp_path, e
 @pytest.mark.parametrize("case", PACKED, ids=[case_id(c) for c in PACKED])
 def test_values_read_a_row_at_a_time_give_the_same_bits(tmp_path, exes, case, monkeypatch):
     """Every output (causal, unmasked, rows alone, windows, trees, whole buffers) with a lane's value dims read in
-    one load equals the build reading them one by one, bit for bit; the packed loads really ran (corrupted, the
-    outputs change), and the bits equal the 8-dims-a-lane build's, whose values are never packed (DV < 256)."""
+    one load equals the build reading them one by one, bit for bit, with 64 or 32 registers of value rows in flight
+    (PACK 1, 2); the packed loads really ran (corrupted, the outputs change), and the bits equal the
+    8-dims-a-lane build's, whose values are never packed (DV < 256)."""
     backend, dtype, kv_dtype, with_sinks, h, hkv, d, dv, length, window, _ = case
     inputs(tmp_path, case)
     outs = {}
-    for flag in ("", "EMU_UNPACKED", "EMU_CORRUPT"):
-        with monkeypatch.context() as env:
-            if flag:
-                env.setenv(flag, "1")
-            run(exes[packed(case)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
-        outs[flag] = (tmp_path / "o").read_bytes()
-    assert outs[""] == outs["EMU_UNPACKED"], "packed value loads changed the bits"
-    assert outs[""] != outs["EMU_CORRUPT"], "the packed value loads never ran"
+    for pack in (1, 2):
+        for flag in ("", "EMU_UNPACKED", "EMU_CORRUPT"):
+            with monkeypatch.context() as env:
+                if flag:
+                    env.setenv(flag, "1")
+                run(exes[packed(case, pack)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+            outs[pack, flag] = (tmp_path / "o").read_bytes()
+        assert outs[pack, ""] == outs[pack, "EMU_UNPACKED"], f"packed value loads changed the bits (PACK {pack})"
+        assert outs[pack, ""] != outs[pack, "EMU_CORRUPT"], f"the packed value loads never ran (PACK {pack})"
+    assert outs[1, ""] == outs[2, ""], "the value rows in flight changed the bits"
+    outs[""] = outs[1, ""]
     if dv < 256:
         run(exes[case[:4]], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         assert (tmp_path / "o").read_bytes() == outs[""], "dims a lane changed the bits"
