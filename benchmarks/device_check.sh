@@ -117,7 +117,7 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
       --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
     ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
-    attention) bench attention 90 ;;  # the attention kernel (8, 4 and 1 warps a block: the same bits?) vs MLX's alone
+    attention) bench attention 150 ;;  # the attention kernel (adaptive; 8, 4, 1 warps; split; PACK 0/2: the same bits?) vs MLX's
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
