@@ -123,6 +123,11 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
     families) bench families 120 ;;
     suite) pytest_step suite 600 "${par[@]}" tests --ignore=tests/server ;;
+    # the suite in two halves, a call each (the whole ran past one call's 600 s with NVRTC compiles): the kernels,
+    # drafters, benchmarks and CLI; then the engine's own tests (tests/*.py)
+    suite-a) pytest_step suite-a 560 "${par[@]}" tests/kernels tests/drafters tests/heads tests/bench tests/frontend ;;
+    suite-b) pytest_step suite-b 560 "${par[@]}" tests --ignore=tests/server --ignore=tests/kernels --ignore=tests/drafters \
+      --ignore=tests/heads --ignore=tests/bench --ignore=tests/frontend ;;
     *) echo "unknown step $1" | tee -a "$out/summary.txt" ;;
   esac
 }
