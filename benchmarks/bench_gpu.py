@@ -13,8 +13,9 @@ asks for in one call and writes its JSON after every section (a timeout still re
   experts (gather, affine and mxfp4) for 1 and 8 tokens; attention over 300 and 8,192 cached keys (causal); on a GPU
   the attention kernel also with 1, 4 and 8 warps a block for every launch (ours-w1, ours-w4, ours-w8; ours: each
   launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one (ours-unpacked) or with half the
-  rows in flight (ours-batch16: 86 registers a thread instead of 140 at D = 128), and as two launches however few the key chunks (ours-split: the production runs one launch up to
-  gpu_attention_source.DIRECT_CHUNKS chunks, 1,024 keys): warps_same_bits says whether all their bits agree.
+  rows in flight (ours-batch16: 86 registers a thread instead of 140 at D = 128), and as two launches however few
+  the key chunks (ours-split: the production runs one launch up to gpu_attention_source.DIRECT_CHUNKS chunks, 1,024
+  keys): warps_same_bits says whether all their bits agree.
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -263,10 +264,9 @@ SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production
 
 def sdpa_with_warps(warps: int | None, pack: int = 1, direct_chunks: int | None = None):
     """The GPU attention kernel built with `warps` warps a partial block (None: each launch's own, as in production;
-    the same bits either way);
-    CUDA's without packed value loads where `pack` is 0, with half the value rows in flight (fewer registers) where
-    it is 2; direct_chunks: launches over at most that many key chunks
-    are one kernel (0: partial + combine always; None: the production's DIRECT_CHUNKS)."""
+    the same bits either way). pack (CUDA): 0 reads values one by one, 2 holds half the value rows in flight (fewer
+    registers); direct_chunks: launches over at most that many key chunks are one kernel (0: partial + combine
+    always; None: the production's DIRECT_CHUNKS)."""
     from mlxspec.kernels import gpu_attention
 
     chunks = gpu_attention.DIRECT_CHUNKS if direct_chunks is None else direct_chunks
@@ -338,7 +338,8 @@ def source_size_cost(x: mx.array) -> dict:
             call = lambda x_, k=k: k(inputs=[x_], **launch)[0]  # noqa: E731
             compiled = mx.compile(call)
             out[f"{label}_{kb}KB_us"] = round(time_call(lambda: call(x), repeats=OP_REPEATS, batch=op_batch()), 1)
-            out[f"{label}_{kb}KB_compiled_us"] = round(time_call(lambda: compiled(x), repeats=OP_REPEATS, batch=op_batch()), 1)
+            out[f"{label}_{kb}KB_compiled_us"] = round(time_call(lambda: compiled(x), repeats=OP_REPEATS,
+                                                                  batch=op_batch()), 1)
         built = getattr(cached, "_built", {})
         out[f"cached_{kb}KB_bytes"] = max((len(b) for _, b in built.values()), default=None)
     return out
