@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from ..cache import mask_marks, marked_window
 from . import registry
+from .build import KernelUnavailable
 from .tree_mask import TreeMask, tree_rows
 from .hooks import route_functions, unroute_functions
 from .passes import prompt_queries
@@ -213,33 +214,72 @@ def _load_sdpa(backend: str):
 registry.register("sdpa", _load_sdpa)
 
 
-def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sinks, softcap: float = 0.0) -> bool:
-    """Can the kernel of `rec` answer this call exactly as defined (and did its signature pass)?"""
+def _load_sdpa_mma(backend: str):
+    """The tensor-core family (CUDA): a layer takes it instead of the FMA one where it computes the signature,
+    passed its self-check and timed faster on this device (_serving)."""
+    if backend != "cuda":
+        raise KernelUnavailable(f"the tensor-core attention is CUDA's ({backend} keeps the FMA family)")
+    from . import gpu_attention
+
+    fn = gpu_attention.cuda_sdpa_mma_function()
+    return fn, f"mx.fast.cuda_kernel, mma.sync m16n8k16, {fn.chunk}-key chunks"
+
+
+registry.register("sdpa-mma", _load_sdpa_mma)
+
+
+def _usable(rec: registry.KernelRecord, queries, keys, values, cache, mask, sinks, softcap: float = 0.0):
+    """The kernel function that answers this call exactly as defined (its signature passed), or None."""
     fn = rec.fn
     if softcap and not getattr(fn, "softcaps", False):
-        return False
+        return None
     if hasattr(cache, "bits") or not (mask is None or (isinstance(mask, str) and mask == "causal")):
-        return False
+        return None
     if sinks is not None and not (getattr(fn, "sinks", False) and sinks.shape == (queries.shape[1],)):
-        return False
+        return None
     if queries.ndim != 4 or keys.ndim != 4 or values.ndim != 4 or queries.shape[0] != 1 or keys.shape[2] == 0:
-        return False  # the engine decodes one sequence; the GPU kernel takes batch 1 only
+        return None  # the engine decodes one sequence; the GPU kernel takes batch 1 only
     if keys.shape[0] != 1 or keys.shape[3] != queries.shape[3] or values.shape[:3] != keys.shape[:3]:
-        return False  # shapes the kernels would read past (the GPU wrapper refuses them): the model's own op decides
+        return None  # shapes the kernels would read past (the GPU wrapper refuses them): the model's own op decides
     if mask is not None and queries.shape[2] > keys.shape[2]:
-        return False
+        return None
     if queries.dtype not in EPS or values.dtype != keys.dtype:
-        return False
+        return None
     mixed = queries.dtype == mx.float32 and keys.dtype == mx.float16 and getattr(fn, "mixed", False)
     if keys.dtype != queries.dtype and not mixed:  # float32 queries over a float16 cache where the kernel reads it
-        return False
-    return _check(rec, queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype,
-                  keys.dtype) is None
+        return None
+    signature = (queries.shape[1], keys.shape[1], queries.shape[3], values.shape[3], queries.dtype, keys.dtype)
+    return _serving(rec, *signature) if _check(rec, *signature) is None else None
 
 
 def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32, kv_dtype=None) -> str | None:
     """Self-check one signature on the default device's kernel, once per process; None if it passed."""
     return _check(_record(), heads, kv_heads, dim, value_dim, dtype, kv_dtype)
+
+
+def _serving(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype):
+    """The family serving a signature, chosen once per process: on CUDA the tensor-core one where it computes the
+    signature, passed its self-check and timed faster here (timing.prefer_tensor_core_attention), else the
+    record's own. Both are row-invariant with bits of their own, so every launch of a layer (one-row steps,
+    verify rows, trees) meets the one family its signature chose."""
+    if rec.backend != "cuda":
+        return rec.fn
+    from .gpu_attention_mma_source import supports
+
+    mma = registry.kernel("sdpa-mma", rec.backend)
+    if mma.error or not supports(dtype, kv_dtype, dim, value_dim):
+        return rec.fn
+    signature = (heads, kv_heads, dim, value_dim, str(dtype))
+    if signature not in mma.chosen:
+        failure = mma.check(signature, lambda: self_check(mma.fn, heads, kv_heads, dim, value_dim, dtype))
+        if failure is None:
+            from .timing import prefer_tensor_core_attention
+
+            with mma.spending("timing"):
+                mma.chosen[signature] = prefer_tensor_core_attention(rec.fn, mma.fn, heads, kv_heads, dim, value_dim, dtype)
+        else:
+            mma.chosen[signature] = False
+    return mma.fn if mma.chosen[signature] else rec.fn
 
 
 def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype,
@@ -259,24 +299,24 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
         values = values.astype(mx.float32)  # StableLM casts its keys up, not its values: so do these (exact)
     extra = ({"sinks": sinks} if sinks is not None else {}) | ({"softcap": softcap} if softcap else {})
     if isinstance(mask, TreeMask):  # a draft tree's pass on a GPU (tree.py): only the kernel computes its mask
-        if not (sinks is None and not softcap and _usable(rec, queries, keys, values, cache, "causal", None)
-                and getattr(rec.fn, "trees", False)):  # after _usable: its self-check may turn trees off
+        fn = None if sinks is not None or softcap else _usable(rec, queries, keys, values, cache, "causal", None)
+        if not getattr(fn, "trees", False):  # after _usable: its self-check may turn trees off
             raise RuntimeError("a draft tree's pass reached attention the kernel cannot run")
         length = getattr(cache, "key_length", None)  # a compiled pass's cache buffers: its graph made `rows`
         rows = mask.rows if mask.rows is not None else tree_rows(mask.parents, keys.shape[2] - queries.shape[2])
-        return rec.fn(queries, keys, values, scale, True, tree=rows, **({"length": length} if length is not None else {}))
+        return fn(queries, keys, values, scale, True, tree=rows, **({"length": length} if length is not None else {}))
     length, window = _in_buffer(cache, mask)
     if length is not None:  # a compiled step's cache buffers: `length` of their keys count
         fn = rec.fn
         if (getattr(fn, "lengths", False) and (not window or getattr(fn, "windows", False))
-                and _usable(rec, queries, keys, values, cache, "causal", sinks, softcap)):
+                and (fn := _usable(rec, queries, keys, values, cache, "causal", sinks, softcap))):
             return fn(queries, keys, values, scale, True, length=length, **({"window": window} if window else {}), **extra)
         return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
     window = _window(cache, mask, rec.fn)
-    if _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks, softcap):
+    if fn := _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks, softcap):
         if window:  # only kernels that take sinks (softcaps) get here with them
-            return rec.fn(queries, keys, values, scale, True, window=window, **extra)
-        return rec.fn(queries, keys, values, scale, mask is not None, **extra)
+            return fn(queries, keys, values, scale, True, window=window, **extra)
+        return fn(queries, keys, values, scale, mask is not None, **extra)
     return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
 
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 import mlx.core as mx
 
+from . import gpu_attention_mma_source as mma_source
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_CHUNKS, DIRECT_NAME,
                                    DIRECT_OUTPUTS, HEADERS, HEADS, MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME,
@@ -46,6 +47,54 @@ FEW_PAIRS = 256
 def launch_warps(blocks: int, nch: int) -> int:
     """The warps a partial or direct block of this launch runs (WARPS where the grid is small, else 1)."""
     return WARPS if blocks * nch < FEW_PAIRS else 1
+
+
+def _validate(q, k, v, causal: bool, window: int, sinks, length, softcap: float, tree, chunk: int, backend: str,
+              mixed_ok: bool) -> tuple[int, bool]:
+    """(key chunks, by_rows) of a call both families take, or ValueError for one they cannot compute."""
+    b, h, m, d = q.shape
+    hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]
+    kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or mixed_ok)
+    # the kernels read k's rows over q's D dims and v over k's heads and keys (fewer: reads out of bounds), and
+    # launch grids of h * m and hkv blocks (0: an invalid launch)
+    shapes_ok = min(h, m, hkv, d, dv) > 0 and k.shape[::3] == (1, d) and v.shape[:3] == (1, hkv, keys)
+    if (b != 1 or not shapes_ok or h % hkv or max(d, dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0
+            or (causal and m > keys)
+            or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
+            or (length is not None and length.size != 1) or softcap < 0):
+        raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
+                         f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
+    if tree is not None and not (causal and not window and tree.dtype == mx.int32 and tree.size == 1 + m * TREE_ROW):
+        raise ValueError(f"sdpa kernel: a tree of {tree.size} int32s over {m} rows, causal={causal}, window {window} "
+                         "unsupported")
+    nch = (min(keys, window or keys) + chunk - 1) // chunk  # a row sees at most `window` keys
+    if backend == "cuda" and max(h * m, nch) > 65535:  # grid y (H*M blocks at most) and z: CUDA's limit
+        raise ValueError(f"sdpa kernel: {h} heads x {m} rows or {nch} key chunks: past CUDA's 65535 blocks a grid dimension")
+    return nch, tree is None and (window == 0 or keys <= window)  # by_rows: every row starts at key 0
+
+
+class _Inputs:
+    """A launch's inputs after q, k, v: params (a layer's constants, made once each), length and tree, arrays made
+    once, not per call (a new array starts in host memory that the GPU must then read: on CUDA plausibly a page
+    migration each, two per layer and step of an eager forward; unmeasured)."""
+
+    def __init__(self):
+        self.every_key = mx.array([2**31 - 1], mx.int32)  # length: L = min(length, keys) = keys, the buffer's
+        self.no_tree = mx.array([-1], mx.int32)  # tree: not a tree pass
+        self.params_of: dict[tuple, mx.array] = {}  # [scale, causal, window, by_rows, softcap]
+
+    def __call__(self, q, k, v, scale: float, causal: bool, window: int, by_rows: bool, softcap: float, length,
+                 tree) -> list[mx.array]:
+        constants = (float(scale), float(causal), float(window), float(by_rows), float(softcap))
+        params = self.params_of.get(constants)
+        if params is None:
+            params = self.params_of[constants] = mx.array(constants, mx.float32)
+            mx.eval(params)
+        if length is None:
+            length = self.every_key
+        else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
+            length = length.reshape(1).astype(mx.int32)  # input would be a reference in MLX's Metal signature)
+        return [q, k, v, params, length, self.no_tree if tree is None else tree]
 
 
 def metal_sdpa_function(warps: int | None = None, direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
@@ -79,44 +128,16 @@ def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 
     unused = mx.zeros((1,), mx.float32)  # the sinks input of a model without sinks (never read)
-    # Arrays made once, not per call: a new array starts in host memory that the GPU must then read
-    # (on CUDA plausibly a page migration each, two per layer and step of an eager forward; unmeasured)
-    every_key = mx.array([2**31 - 1], mx.int32)  # length: L = min(length, keys) = keys, the buffer's
-    no_tree = mx.array([-1], mx.int32)  # tree: not a tree pass
-    params_of: dict[tuple, mx.array] = {}  # [scale, causal, window, by_rows, softcap]: a layer's constants
+    inputs_of = _Inputs()
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
              sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0,
              tree: mx.array | None = None) -> mx.array:
-        b, h, m, d = q.shape
-        hkv, keys, dv = k.shape[1], k.shape[2], v.shape[3]  # keys: the buffer's; `length` of them count if given
-        kv_dtype_ok = k.dtype == v.dtype and (q.dtype == k.dtype or (q.dtype == mx.float32 and k.dtype == mx.float16))
-        # the kernel reads k's rows over q's D dims and v over k's heads and keys (fewer: reads out of bounds), and
-        # launches grids of h * m and hkv blocks (0: an invalid launch)
-        shapes_ok = min(h, m, hkv, d, dv) > 0 and k.shape[::3] == (1, d) and v.shape[:3] == (1, hkv, keys)
-        if (b != 1 or not shapes_ok or h % hkv or max(d, dv) > MAX_VALUE_DIM or not kv_dtype_ok or keys == 0
-                or (causal and m > keys)
-                or window < 0 or (window and not causal) or (sinks is not None and sinks.shape != (h,))
-                or (length is not None and length.size != 1) or softcap < 0):
-            raise ValueError(f"sdpa kernel: q {q.shape} {q.dtype}, k {k.shape} {k.dtype}, v {v.shape}, window {window}, "
-                             f"sinks {None if sinks is None else sinks.shape}, length {length} unsupported")
-        if tree is not None and not (causal and not window and tree.dtype == mx.int32 and tree.size == 1 + m * TREE_ROW):
-            raise ValueError(f"sdpa kernel: a tree of {tree.size} int32s over {m} rows, causal={causal}, window {window} "
-                             "unsupported")
-        f32 = mx.float32
-        nch = (min(keys, window or keys) + CHUNK - 1) // CHUNK  # a row sees at most `window` keys
-        by_rows = tree is None and (window == 0 or keys <= window)  # every row starts at key 0: blocks may mix rows
-        if backend == "cuda" and max(h * m, nch) > 65535:  # grid y (H*M blocks at most) and z: CUDA's limit
-            raise ValueError(f"sdpa kernel: {h} heads x {m} rows or {nch} key chunks: past CUDA's 65535 blocks a grid dimension")
-        constants = (float(scale), float(causal), float(window), float(by_rows), float(softcap))
-        params = params_of.get(constants)
-        if params is None:
-            params = params_of[constants] = mx.array(constants, f32)
-            mx.eval(params)
-        if length is None:
-            length = every_key
-        else:  # a compiled step's cache length, a value of its graph, read in place: (1,) int32 (a 0-d
-            length = length.reshape(1).astype(mx.int32)  # input would be a reference in MLX's Metal signature)
+        _, h, m, _ = q.shape
+        hkv, dv = k.shape[1], v.shape[3]  # k's keys: the buffer's; `length` of them count if given
+        mixed_ok = q.dtype == mx.float32 and k.dtype == mx.float16
+        nch, by_rows = _validate(q, k, v, causal, window, sinks, length, softcap, tree, CHUNK, backend, mixed_ok)
+        inputs = inputs_of(q, k, v, scale, causal, window, by_rows, softcap, length, tree)
         slots = h // hkv * (m if by_rows else 1)  # (query head, row) slots a block may serve: the same bits (tested)
         heads = 1 if nch < SHARED_READS_FROM else min(HEADS, 1 << (slots - 1).bit_length())
         dpl = dims_per_lane(q.shape[3], dv)
@@ -124,18 +145,11 @@ def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
         blocks = partial_blocks(h, hkv, m, heads, by_rows)
         w = warps or launch_warps(blocks, nch)
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=w, pack=pack)
-        inputs = [q, k, v, params, length, no_tree if tree is None else tree]
         grid, threadgroup = (32, w * blocks, nch), partial_threadgroup(w)
         if nch <= direct_chunks and sinks is None:  # one block walks every chunk and writes the output
             return direct(inputs=inputs, template=targs, grid=grid[:2] + (1,), threadgroup=threadgroup,
                           output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
-        pmax, psum, pacc = partial(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
-                                   output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)],
-                                   output_dtypes=[f32, f32, f32])
-        per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink
-        return combine(inputs=[pmax, psum, pacc, per_row], template=combine_template(q.dtype, sinks is not None),
-                       grid=(32, h * m, 1), threadgroup=THREADGROUP, output_shapes=[(1, h, m, dv)],
-                       output_dtypes=[q.dtype])[0]
+        return _partial_and_combine(partial, combine, inputs, targs, grid, threadgroup, sinks, unused)
 
     # takes `window` and `sinks` (attention.py routes such layers here), and float32 queries over a
     # float16 cache (`mixed`: every value is read as float32, exactly; the output is in q's dtype)
@@ -143,4 +157,58 @@ def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
     sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer count (a compiled step's cache)
     sdpa.softcaps = True  # takes `softcap`: scores capped as cap * tanh(score / cap) (Gemma 2)
     sdpa.trees = True  # takes `tree` (tree_mask.tree_rows): a draft tree's verify pass (tree.py)
+    return sdpa
+
+
+def _partial_and_combine(partial, combine, inputs: list, targs: list, grid: tuple, threadgroup: tuple, sinks,
+                         unused: mx.array) -> mx.array:
+    """The partial launch (each chunk's softmax state, float32), then the combine's (one warp a row)."""
+    q, v = inputs[0], inputs[2]
+    _, h, m, _ = q.shape
+    nch, dv, f32 = grid[2], v.shape[3], mx.float32
+    pmax, psum, pacc = partial(inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+                               output_shapes=[(h * m, nch), (h * m, nch), (h * m, nch, dv)], output_dtypes=[f32] * 3)
+    per_row = unused if sinks is None else mx.repeat(sinks.astype(f32), m)  # (H*M,): row hm's head's sink
+    return combine(inputs=[pmax, psum, pacc, per_row], template=combine_template(q.dtype, sinks is not None),
+                   grid=(32, h * m, 1), threadgroup=THREADGROUP, output_shapes=[(1, h, m, dv)],
+                   output_dtypes=[q.dtype])[0]
+
+
+def cuda_sdpa_mma_function(chunk: int = mma_source.CHUNK) -> Callable[..., mx.array]:
+    """The tensor-core family (gpu_attention_mma_source.py): 16 (query head, row) slots a warp, float16 or
+    bfloat16 queries, keys and values, head dims multiples of 16 up to 128 (mma_source.supports); other
+    calls raise ValueError. Its bits are its own, not the FMA family's: a layer takes one family for all
+    its launches (attention.py). chunk: keys a warp walks (a multiple of 16)."""
+    require_cuda()
+    from .cuda_cache import cuda_kernel
+
+    if chunk <= 0 or chunk % 16:
+        raise ValueError(f"chunk {chunk}: a positive multiple of 16")
+    make = {kind: cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=mma_source.BODIES[kind],
+                              header=mma_source.HEADER, ensure_row_contiguous=kind == "combine")
+            for kind, ((name, inputs, outputs, _), _) in mma_source.kernels(mx.float16).items()}
+    unused, inputs_of = mx.zeros((1,), mx.float32), _Inputs()
+
+    def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
+             sinks: mx.array | None = None, length: mx.array | None = None, softcap: float = 0.0,
+             tree: mx.array | None = None) -> mx.array:
+        _, h, m, d = q.shape
+        hkv, dv = k.shape[1], v.shape[3]
+        if not mma_source.supports(q.dtype, k.dtype, d, dv):
+            raise ValueError(f"sdpa tensor-core kernel: q {q.dtype} over k {k.dtype}, head dims {d} / {dv} unsupported")
+        nch, by_rows = _validate(q, k, v, causal, window, sinks, length, softcap, tree, chunk, "cuda", False)
+        inputs = inputs_of(q, k, v, scale, causal, window, by_rows, softcap, length, tree)
+        targs = mma_source.template(q.dtype, d, dv, chunk, tree is not None)
+        grid, threadgroup = (32, mma_source.tiles(h, hkv, m, by_rows), nch), (32, 1, 1)
+        if grid[1] > 65535:
+            raise ValueError(f"sdpa tensor-core kernel: {grid[1]} tiles: past CUDA's 65535 blocks a grid dimension")
+        if nch == 1 and sinks is None:  # one chunk: the warp writes the output (the combine's arithmetic)
+            return make["direct"](inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+                                  output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
+        return _partial_and_combine(make["partial"], make["combine"], inputs, targs, grid, threadgroup, sinks, unused)
+
+    sdpa.windows = sdpa.sinks = sdpa.lengths = sdpa.softcaps = sdpa.trees = True
+    sdpa.mixed = False  # float32 queries: the FMA family's
+    sdpa.family, sdpa.chunk = "sdpa-mma", chunk
+    sdpa.supports = mma_source.supports
     return sdpa

@@ -281,8 +281,8 @@ BODY = (COMMON + "  if constexpr (BITS == 4 || BITS == 8) {\n" + _two_copies(WOR
         + "  } else {\n" + _two_copies(STREAM_SETUP, STREAM_LOOP) + "  }\n" + STORE)
 
 
-HEADER = """
-#define FMA(a, b, c) fmaf(a, b, c)
+# The pair packing and the mma itself (the emulator has its own mma_16816): shared with the tensor-core attention
+MMA_OPS = """
 // two values as the mma's 16-bit pair (the first in the low half)
 template <typename T> __device__ inline uint32_t pack2(float lo, float hi) {
   const T h[2] = {T(lo), T(hi)};
@@ -290,7 +290,25 @@ template <typename T> __device__ inline uint32_t pack2(float lo, float hi) {
   memcpy(&u, h, 4);
   return u;
 }
-// x[p .. p + PER) as 16-bit pairs, zeros for a row past M: one 16- or 8-byte load (p aligned to it) ...
+#ifndef MLXSPEC_EMULATOR
+// d += A (16 x 16, 4 registers a lane) * B (16 x 8, 2 registers), float32 accumulators (4 a lane)
+__device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __nv_bfloat16) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+"""
+HEADER = """
+#define FMA(a, b, c) fmaf(a, b, c)
+""" + MMA_OPS + """// x[p .. p + PER) as 16-bit pairs, zeros for a row past M: one 16- or 8-byte load (p aligned to it) ...
 template <int PER, typename T> __device__ inline void load_x_wide(uint32_t* xr, const T* p, bool row) {
   if constexpr (PER == 8) {
     const uint4 v = row ? *reinterpret_cast<const uint4*>(p) : uint4{0u, 0u, 0u, 0u};
@@ -409,21 +427,6 @@ template <int BITS, typename T> __device__ inline void stream_pairs(uint64_t v, 
     pairs[i] = pair_minus_magic(lo | (hi << 16) | m2, T());
   }
 }
-#ifndef MLXSPEC_EMULATOR
-// d += A (16 x 16, 4 registers a lane) * B (16 x 8, 2 registers), float32 accumulators (4 a lane)
-__device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-__device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __nv_bfloat16) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
 """
 
 

@@ -241,3 +241,39 @@ def tensor_cores_win(fma_us: dict, mma_us: dict, mlx_us: dict | None = None) -> 
     step_bound = max(fma_us[one], (mlx_us or {}).get(one, 0.0))
     return (sum(mma_us[m] for m in TENSOR_CORE_ROWS) < sum(fma_us[m] for m in TENSOR_CORE_ROWS)
             and mma_us[one] <= TENSOR_CORE_STEP_BUDGET * step_bound)
+
+
+# (rows, keys) the attention families are timed at: a decoding step and a verify pass (k = 7, 15) over a short and a
+# long cache. The FMA family's cost grows with rows x keys; the tensor cores' mostly with keys (16 slots a warp).
+ATTENTION_TIMED = ((1, 1024), (8, 1024), (1, 8192), (16, 8192))
+
+
+def prefer_tensor_core_attention(fma, mma, heads: int, kv_heads: int, dim: int, value_dim: int, dtype) -> bool:
+    """Time the FMA attention and the tensor-core one (gpu_attention_mma_source.py) on this signature at
+    ATTENTION_TIMED (cached on disk per device and MLX version, shown by doctor), each call chained as a forward
+    makes it. True where the tensor cores cost less in total and keep every one-row step within
+    TENSOR_CORE_STEP_BUDGET of the dearer of the FMA kernel's and MLX's own op (as tensor_cores_win for qmm).
+    Unmeasured on a device when written (2026-11-28): the rule's inputs are what the device measures."""
+    from .registry import kernel
+
+    times = {"fma": {}, "mma": {}, "mlx": {}}
+    for name, family, fn in (("fma", "sdpa", fma), ("mma", "sdpa-mma", mma)):
+        rec = kernel(family, "cuda")
+        for m, keys in ATTENTION_TIMED:
+            signature = f"{heads}x{kv_heads} d{dim}/{value_dim} {str(dtype).split('.')[-1]} M={m} L={keys}"
+            entry = cached_timing(rec, signature)
+            if entry is None:
+                kq, kk, kv = mx.random.split(mx.random.key(keys + m), 3)
+                q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
+                k = mx.random.normal((1, kv_heads, keys, dim), key=kk).astype(dtype)
+                v = mx.random.normal((1, kv_heads, keys, value_dim), key=kv).astype(dtype)
+                mx.eval(q, k, v)
+                scale = dim**-0.5
+                ours = latency_us(lambda q_: fn(q_, k, v, scale, True), q)
+                theirs = latency_us(lambda q_: mx.fast.scaled_dot_product_attention(q_, k, v, scale=scale, mask="causal"), q)
+                entry = record_timing(rec, signature, ours, theirs)
+            times[name][m, keys] = entry["kernel_us"]
+            times["mlx"][m, keys] = min(times["mlx"].get((m, keys), entry["mlx_us"]), entry["mlx_us"])
+    steps_ok = all(times["mma"][m, keys] <= TENSOR_CORE_STEP_BUDGET * max(times["fma"][m, keys], times["mlx"][m, keys])
+                   for m, keys in ATTENTION_TIMED if m == 1)
+    return steps_ok and sum(times["mma"].values()) < sum(times["fma"].values())

@@ -193,6 +193,42 @@ def test_attention_launches_pick_their_warps_by_the_grid_and_one_block_walks_few
     assert first_launch(fixed, 8, 8192)[1:] == (4, (32, 4 * 64, 32), (32, 4, 1))
 
 
+def test_tensor_core_attention_launches_a_warp_per_16_slots_and_refuses_what_it_cannot_compute(monkeypatch):
+    """The tensor-core family: one warp per 16 (query head, row) slots of a kv head and chunk (128 keys); one chunk
+    is one direct launch, more a partial + combine; a tree's pass serves one row a tile (TREE = 1); float32 queries
+    and head dims past 128 are refused (ValueError: such a layer keeps the FMA family for every launch)."""
+    from mlxspec.kernels import cuda_cache, gpu_attention, tree_mask
+
+    seen = []
+
+    def make(name, input_names, **_):
+        def launch(inputs, template, grid, threadgroup, output_shapes, output_dtypes, **__):
+            seen.append((name, dict(template).get("TREE"), grid, threadgroup))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return launch
+
+    monkeypatch.setattr(gpu_attention, "require_cuda", lambda: None)
+    monkeypatch.setattr(cuda_cache, "cuda_kernel", lambda **kw: make(**kw))
+    sdpa = gpu_attention.cuda_sdpa_mma_function()
+
+    def launches(m: int, keys: int, dtype=mx.float16, d: int = 128, **kw) -> list:
+        seen.clear()
+        q, kv = mx.zeros((1, 32, m, d), dtype), mx.zeros((1, 8, keys, d), dtype)
+        out = sdpa(q, kv, kv, 0.1, True, **kw)
+        assert out.shape == (1, 32, m, d) and out.dtype == dtype
+        return seen[:]
+
+    direct, partial, combine = "mlxspec_sdpa_mma_direct", "mlxspec_sdpa_mma_partial", "mlxspec_sdpa_combine"
+    assert launches(1, 100) == [(direct, 0, (32, 8, 1), (32, 1, 1))]  # 8 kv heads x 4 slots: 8 warps
+    assert launches(1, 300)[0] == (partial, 0, (32, 8, 3), (32, 1, 1)) and launches(1, 300)[1][0] == combine
+    assert launches(16, 8192)[0] == (partial, 0, (32, 32, 64), (32, 1, 1))  # 64 slots a kv head: 4 tiles
+    tree = tree_mask.tree_rows((-1, 0, 0, 1), 96)
+    assert launches(4, 100, tree=tree) == [(direct, 1, (32, 32, 1), (32, 1, 1))]  # one row a tile
+    for bad in ({"dtype": mx.float32}, {"d": 256}):
+        with pytest.raises(ValueError):
+            launches(1, 100, **bad)
+
+
 def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(launches, monkeypatch):
     """with_ksplit: the tensor-core qmm with another number of warps on K (its own template, one function
     per split); prepare(rows=...) compiles just those launches (the timing of a split: 1 and 8 rows)."""

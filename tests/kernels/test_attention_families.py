@@ -1,0 +1,103 @@
+"""Which attention family serves a layer on CUDA: the FMA kernels or the tensor cores (attention._serving).
+
+Both families are stood in by the CPU kernel (row-invariant, so both pass their self-checks), tagged, with
+time_call faked from tables: the tensor-core family serves a signature where it passed its self-check and
+timing.prefer_tensor_core_attention prefers it, for every launch of that signature, decided once per process.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from gpu_stand_ins import serve
+from mlxspec.kernels import attention, registry, timing
+from mlxspec.kernels.cpu import cpu_sdpa_function
+
+FMA_US = {(1, 1024): 20.0, (8, 1024): 40.0, (1, 8192): 60.0, (16, 8192): 300.0}  # (rows, keys) -> microseconds
+MLX_US = 30.0
+
+
+def tagged(calls: list, tag: str, base, wrong_rows: bool = False):
+    """The CPU kernel recording (tag, rows, keys) per call; wrong_rows: multi-row calls off by a little."""
+    def sdpa(q, k, v, scale, causal, **kw):
+        calls.append((tag, q.shape[2], k.shape[2]))
+        y = base(q, k, v, scale, causal, **kw)
+        return y * 1.001 if wrong_rows and q.shape[2] > 1 else y
+
+    for name in ("windows", "sinks", "lengths", "softcaps"):
+        setattr(sdpa, name, getattr(base, name, False))
+    sdpa.mixed = tag == "fma"
+    return sdpa
+
+
+def stand_in(monkeypatch, tmp_path, mma_us: dict, wrong_rows: bool = False) -> list:
+    base, calls = cpu_sdpa_function(), []
+    serve(monkeypatch, {"sdpa": lambda: tagged(calls, "fma", base),
+                        "sdpa-mma": (lambda: tagged(calls, "mma", base, wrong_rows), "stand-in mma")})
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+    monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
+    us = {"fma": FMA_US, "mma": mma_us}
+
+    def fake_time(fn, **kw):
+        before = len(calls)
+        fn()
+        if len(calls) == before:
+            return MLX_US  # MLX's own op
+        tag, rows, keys = calls[-1]
+        return us[tag][rows, keys]
+
+    monkeypatch.setattr(timing, "time_call", fake_time)
+    registry.reset()
+    return calls
+
+
+def attend(rows: int, dtype=mx.float16):
+    q = mx.random.normal((1, 4, rows, 64), key=mx.random.key(rows)).astype(dtype)
+    kv = mx.random.normal((1, 2, 50, 64), key=mx.random.key(9)).astype(dtype)
+    return attention.few_row_attention(q, kv, kv, None, 0.125, "causal")
+
+
+@pytest.mark.parametrize("mma_us, want", [
+    ({(1, 1024): 18.0, (8, 1024): 19.0, (1, 8192): 40.0, (16, 8192): 45.0}, "mma"),  # cheaper everywhere
+    ({(1, 1024): 25.0, (8, 1024): 26.0, (1, 8192): 60.0, (16, 8192): 70.0}, "mma"),  # a step 1.25x FMA's, within
+    # 10% of MLX's own (30 us): plain decoding keeps exact mode's budget, and the verify passes are far cheaper
+    ({(1, 1024): 34.0, (8, 1024): 20.0, (1, 8192): 40.0, (16, 8192): 45.0}, "fma"),  # a step past the budget
+    ({(1, 1024): 20.0, (8, 1024): 40.0, (1, 8192): 60.0, (16, 8192): 301.0}, "fma"),  # no cheaper in total
+])
+def test_cuda_layers_take_the_tensor_core_attention_where_it_times_faster(cpu_ext, monkeypatch, tmp_path, mma_us, want):
+    calls = stand_in(monkeypatch, tmp_path, mma_us)
+    attend(1)
+    calls.clear()
+    for rows in (1, 4, 1):  # a step, a verify pass, a step: one family for all
+        attend(rows)
+    assert calls == [(want, 1, 50), (want, 4, 50), (want, 1, 50)]
+    status = {st["kernel"]: st for st in registry.status()}
+    assert list(status["cuda-sdpa-mma"]["chosen"].values()) == [want == "mma"]
+    assert "4x2 d64/64 float16 M=16 L=8192" in status["cuda-sdpa-mma"]["timings"]
+    assert "4x2 d64/64 float16 M=16 L=8192" in status["cuda-sdpa"]["timings"]
+    registry.reset()  # a new process: the timings come from disk, not new timings
+    monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
+    calls.clear()
+    attend(2)
+    assert calls[-1] == (want, 2, 50)
+    registry.reset()
+
+
+def test_a_tensor_core_kernel_failing_its_self_check_leaves_the_layer_to_the_fma_family(cpu_ext, monkeypatch, tmp_path):
+    calls = stand_in(monkeypatch, tmp_path, dict.fromkeys(FMA_US, 1.0), wrong_rows=True)
+    attend(1)
+    calls.clear()
+    attend(3)
+    assert calls == [("fma", 3, 50)]
+    status = {st["kernel"]: st for st in registry.status()}["cuda-sdpa-mma"]
+    assert status["failed"] and list(status["chosen"].values()) == [False] and not status["timings"]
+    registry.reset()
+
+
+def test_signatures_the_tensor_cores_do_not_compute_stay_with_the_fma_family(cpu_ext, monkeypatch, tmp_path):
+    calls = stand_in(monkeypatch, tmp_path, dict.fromkeys(FMA_US, 1.0))
+    attend(2, mx.float32)  # float32 queries: the mma's inputs are 16-bit
+    assert calls[-1] == ("fma", 2, 50)
+    assert not {st["kernel"]: st for st in registry.status()}.get("cuda-sdpa-mma", {}).get("chosen")
+    registry.reset()

@@ -1,0 +1,78 @@
+"""The tensor-core attention (gpu_attention_mma_source.py) under the CPU emulator.
+
+The harness is the FMA family's (attention_harness.py): every launch within the reference's tolerance, and
+rows of M-row launches (causal, unmasked, windowed, over a whole buffer with L keys counting, a draft tree's
+pass) bit-identical to 1-row launches over their own keys. The emulator's mma adds each output's products in
+k order (the hardware's order is its own); what the tests hold is that an output depends on its own row of A
+only, which is what the device's self-check tests there. CHUNK is 32 here (128 in production, the same code).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from attention_harness import CUDA_COMBINE, CUDA_PARTIAL, HARNESS, M, ODD, PARTIAL_OUTS, ROOM, check_attention, inputs
+from emulator_harness import C_TYPES, CXX, build_all, case_id, run
+from mlxspec.kernels import gpu_attention_mma_source as src
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+CHUNK = 32
+CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softcap)
+    ("cuda", mx.float16, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),  # 64 slots a kv head: 4 tiles of rows mixed
+    ("cuda", mx.bfloat16, mx.bfloat16, True, 2, 1, 64, 48, 70, 128, 0.0),  # sinks; a window longer than the cache
+    ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 140, 100, 2.0),  # Gemma 2's capped scores (a low cap)
+    ("cuda", mx.bfloat16, mx.bfloat16, False, 8, 1, 128, 128, 40, 20, 0.0),  # head dims 128; rows alone over <= 32
+    # keys run the direct build, rows of the 16-row launch partial + combine; windows of 20 keys: direct
+    ("cuda", mx.float16, mx.float16, False, 32, 1, 16, 16, 70, 37, 0.0),  # 32 heads a kv head: 2 tiles of one row
+]
+
+
+def harness(case) -> str:
+    _, dtype, _, sinks, _, _, d, dv, *_ = case
+    names, source = src.program(dtype, d, dv, CHUNK, sinks)
+    fmt = dict(p=names["partial"], outs=PARTIAL_OUTS)
+    direct = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct"], outs="o.data()")
+    direct_tree = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct_tree"], outs="o.data()")
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[dtype], chunk=CHUNK, odd=ODD, heads=src.SLOTS,
+                          dpl=0, warps=1, tree_row=src.TREE_ROW, tree_heads=src.SLOTS, partial=CUDA_PARTIAL.format(**fmt),
+                          partial_tree=CUDA_PARTIAL.format(**dict(fmt, p=names["partial_tree"])), direct=direct,
+                          direct_tree=direct_tree, combine=CUDA_COMBINE.format(c=names["combine"]),
+                          sinks=str(sinks).lower(), direct_chunks=1)
+
+
+@pytest.fixture(scope="module")
+def exes() -> dict:
+    return dict(zip(map(case_id, CASES), build_all([harness(c) for c in CASES])))
+
+
+@pytest.mark.parametrize("case", CASES, ids=map(case_id, CASES))
+def test_tensor_core_attention_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+    check_attention(tmp_path, exes[case_id(case)], case)
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=map(case_id, [CASES[0], CASES[3]]))
+def test_direct_build_gives_the_bits_of_partial_and_combine(tmp_path, exes, case, monkeypatch):
+    """Launches over one chunk write the output themselves (the combine's arithmetic over one chunk): every output
+    equals, bit for bit, that of launches that always run partial + combine (EMU_DIRECT_CHUNKS=0)."""
+    _, _, _, _, h, hkv, d, dv, length, window, _ = case
+    inputs(tmp_path, case)
+    outs = {}
+    for limit in ("", "0"):
+        with monkeypatch.context() as env:
+            if limit:
+                env.setenv("EMU_DIRECT_CHUNKS", limit)
+            run(exes[case_id(case)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        outs[limit] = (tmp_path / "o").read_bytes()
+    assert outs[""] == outs["0"], "the direct build changed the bits"
+
+
+def test_the_family_takes_only_what_it_computes():
+    assert src.supports(mx.float16, mx.float16, 128, 128) and src.supports(mx.bfloat16, mx.bfloat16, 64, 48)
+    assert not src.supports(mx.float32, mx.float32, 128, 128)  # the mma's inputs are 16-bit
+    assert not src.supports(mx.float16, mx.bfloat16, 128, 128)
+    assert not src.supports(mx.float16, mx.float16, 72, 64)  # D in 16-dim mma steps
+    assert not src.supports(mx.float16, mx.float16, 256, 256)  # Q's and O's fragments a lane past 128
+    assert src.tiles(32, 8, 1, True) == 8 and src.tiles(32, 8, 16, True) == 32  # 4 heads x 16 rows: 4 tiles
+    assert src.tiles(32, 8, 16, False) == 128 and src.tiles(64, 2, 1, False) == 4  # one row a tile; 32 heads: 2
