@@ -35,7 +35,8 @@ from pathlib import Path
 import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
-from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_source, gpu_mma_source, gpu_source  # noqa: E402
+from mlxspec.kernels import (accept_source, cuda_cache, gpu_attention_mma_source, gpu_attention_source,  # noqa: E402
+                             gpu_mma_source, gpu_source)
 from mlxspec.kernels.build import KernelUnavailable  # noqa: E402
 from mlxspec.kernels.cuda_fatbin import Fatbin  # noqa: E402
 from mlxspec.kernels.reference import output_dtype  # noqa: E402
@@ -194,6 +195,9 @@ def programs(rows: tuple[int, ...] = (1, 2, 4, 8, 16)) -> dict[str, str]:
             "cuda", f16, heads=heads, dpl=4)
         _, out[f"sdpa q float16 kv float16 D128 {heads} heads a warp, 16 value rows in flight"] = (  # PACK 2: bench's
             gpu_attention_source.program("cuda", f16, heads=heads, dpl=4, pack=2))  # ours-batch16
+    for dtype, d, dv in ((f16, 128, 128), (bf16, 128, 128), (f16, 64, 64)):  # tensor cores: Llama's heads, gpt-oss's
+        label = f"sdpa-mma {str(dtype).split('.')[-1]} D{d}"
+        _, out[label] = gpu_attention_mma_source.program(dtype, d, dv, sinks=d == 64)
     for kind in (accept_source.GREEDY, accept_source.REJECTION):
         for dtype in (f32, f16):
             _, out[f"accept {kind} {str(dtype).split('.')[-1]}"] = accept_source.cuda_source(kind, dtype)

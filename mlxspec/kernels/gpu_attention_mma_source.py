@@ -77,22 +77,32 @@ CORE = """
   for (int h = 0; h < 2; ++h) lim[h] = g + 8 * h < nh ? SLOT_KEYS(g + 8 * h) : 0;
   const int tree_path = TS >= 0 ? 2 + SLOT_ROW(0) * TREE_ROW : 0;  // a tree's tile serves one row: its path
   const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
-  // Q as A fragments, once: slot g + 8 (i % 2), dims 16 kk + 2 t + 8 (i / 2) and the next (slots past nh: 0)
-  uint32_t qa[DK][4];
+  // Which dims a lane holds (the mma's k and n indices are labels: any fixed map gives each slot its own sums).
+  // Q K^T: lane t's k slots of step kk (2t, 2t+1 | 2t+8, 2t+9) are dims KD + 4 kk (+ 0, 1 | + 2, 3), KD = 4 DK t:
+  // a lane's dims of a key are 4 DK contiguous ones, read in 16- or 8-byte loads straight into B's registers.
+  // P V: column g of value tile n is dim DN g + n: a lane reads DN contiguous dims of each of its 4 keys, and C's
+  // columns 2t, 2t + 1 of tile n are dims DN 2t + n, DN (2t + 1) + n.
+  const int KD = 4 * DK * t, VD = DN * g;
+  uint32_t qa[DK][4];  // Q as A fragments, once: slot g + 8 (i % 2), dims KD + 4 kk + 2 (i / 2) and the next
 #pragma unroll
   for (int kk = 0; kk < DK; ++kk)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const int r = g + 8 * (i % 2), d = 16 * kk + 2 * t + 8 * (i / 2);
+      const int r = g + 8 * (i % 2), d = KD + 4 * kk + 2 * (i / 2);
       const int64_t at = r < nh ? SLOT_HEAD(r) * q_strides[1] + SLOT_ROW(r) * q_strides[2] + d * q_strides[3] : 0;
-      qa[kk][i] = r < nh ? pack2<T>(float(q[at]), float(q[at + q_strides[3]])) : 0u;
+      qa[kk][i] = r < nh ? pack2<T>(float(q[at]), float(q[at + q_strides[3]])) : 0u;  // slots past nh: 0
     }
-  // A key's dims 2j, 2j + 1 as one 32-bit load where a key row's dims are contiguous and 4-byte aligned
-  const bool k_pairs = k_strides[3] == 1 && k_strides[2] % 2 == 0 && k_strides[1] % 2 == 0
-                       && reinterpret_cast<size_t>(k) % 4 == 0;  // uniform over the launch
+  // Keys' and values' dims in wide loads where a row's dims are contiguous and its rows 16-byte aligned (every KV
+  // cache), else one 16-bit value at a time: the same values either way (uniform over the launch)
+  const bool k_wide = k_strides[3] == 1 && k_strides[2] % 8 == 0 && k_strides[1] % 8 == 0
+                      && reinterpret_cast<size_t>(k) % 16 == 0;
+  const bool v_wide = v_strides[3] == 1 && v_strides[2] % 8 == 0 && v_strides[1] % 8 == 0
+                      && reinterpret_cast<size_t>(v) % 16 == 0;
+  const uint16_t* kh = reinterpret_cast<const uint16_t*>(k);  // raw 16-bit values
+  const uint16_t* vh = reinterpret_cast<const uint16_t*>(v);
   const int64_t k_head = hk * k_strides[1], v_head = hk * v_strides[1];
   float m[2] = {-3.0e38f, -3.0e38f}, l[2] = {0.0f, 0.0f};  // slots g, g + 8: running max and sum
-  float o[DN][4];  // O's C fragments: slots g | g + 8, value dims 8 n + 2 t, + 1
+  float o[DN][4];  // O's C fragments: slots g | g + 8, value dims DN 2t + n, DN (2t + 1) + n
 #pragma unroll
   for (int n = 0; n < DN; ++n)
 #pragma unroll
@@ -102,29 +112,30 @@ CORE = """
     float s[2][4];  // scores: two 8-key tiles, C fragments (slots g | g + 8, keys base + 8 nt + 2 t, + 1)
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
       const int key = base + 8 * nt + g;  // this lane's B column (keys past the tile's read key base: masked)
-      const T* kp = k + k_head + int64_t(TREE_KEY(key < rows_max ? key : base)) * k_strides[2];
-      if (k_pairs) {
-#pragma unroll
-        for (int kk = 0; kk < DK; ++kk) {
-          const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(kp + 16 * kk + 2 * t),
-                                 *reinterpret_cast<const uint32_t*>(kp + 16 * kk + 2 * t + 8)};
-          mma_16816(s[nt], qa[kk], b, T());
-        }
+      const int64_t row = k_head + int64_t(TREE_KEY(key < rows_max ? key : base)) * k_strides[2];
+      uint32_t kw[2 * DK];  // the lane's 4 DK dims of the key: step kk's B is kw[2 kk], kw[2 kk + 1]
+      if (k_wide) {
+        load_words<2 * DK>(kw, reinterpret_cast<const uint32_t*>(kh + row + KD));
       } else {
 #pragma unroll
-        for (int kk = 0; kk < DK; ++kk) {
-          const int64_t d0 = (16 * kk + 2 * t) * k_strides[3], d8 = d0 + 8 * k_strides[3];
-          const uint32_t b[2] = {pack2<T>(float(kp[d0]), float(kp[d0 + k_strides[3]])),
-                                 pack2<T>(float(kp[d8]), float(kp[d8 + k_strides[3]]))};
-          mma_16816(s[nt], qa[kk], b, T());
-        }
+        for (int j = 0; j < 2 * DK; ++j)
+          kw[j] = uint32_t(kh[row + (KD + 2 * j) * k_strides[3]]) | uint32_t(kh[row + (KD + 2 * j + 1) * k_strides[3]]) << 16;
       }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < DK; ++kk) mma_16816(s[nt], qa[kk], kw + 2 * kk, T());
     }
     // Each slot's step: scores scaled (capped) and masked, their max, weights and sum over its 4 lanes
     float p[2][4], c0[2];
+    if (cap > 0.0f) {  // uniform: one branch a step, not one around each score's tanh
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i / 4][i % 4] = cap * TANH(s[i / 4][i % 4] * sc / cap);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= sc;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float step_max = -3.0e38f;
@@ -133,8 +144,7 @@ CORE = """
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int i = 2 * h + e, key = base + 8 * nt + 2 * t + e;
-          const float x = cap > 0.0f ? cap * TANH(s[nt][i] * sc / cap) : s[nt][i] * sc;
-          s[nt][i] = key < lim[h] ? x : -3.0e38f;
+          s[nt][i] = key < lim[h] ? s[nt][i] : -3.0e38f;
           step_max = MAXF(step_max, s[nt][i]);
         }
       step_max = MAXF(step_max, __shfl_xor_sync(0xffffffffu, step_max, 1));
@@ -166,17 +176,23 @@ CORE = """
       pa[0][i] = pack2<T>(hi0, hi1);
       pa[1][i] = pack2<T>(p[nt][e] - hi0, p[nt][e + 1] - hi1);
     }
-    int64_t vr[4];  // value rows of keys 2t, 2t + 1, 2t + 8, 2t + 9 of the step (past the tile: key base, weight 0)
+    uint32_t vw[4][DN / 2];  // the lane's DN value dims of keys 2t, 2t + 1, 2t + 8, 2t + 9 (past the tile: key base)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int key = base + 2 * t + j % 2 + 8 * (j / 2);
-      vr[j] = v_head + int64_t(TREE_KEY(key < rows_max ? key : base)) * v_strides[2];
+      const int64_t row = v_head + int64_t(TREE_KEY(key < rows_max ? key : base)) * v_strides[2];
+      if (v_wide) {
+        load_words<DN / 2>(vw[j], reinterpret_cast<const uint32_t*>(vh + row + VD));
+      } else {
+#pragma unroll
+        for (int i = 0; i < DN / 2; ++i)
+          vw[j][i] = uint32_t(vh[row + (VD + 2 * i) * v_strides[3]]) | uint32_t(vh[row + (VD + 2 * i + 1) * v_strides[3]]) << 16;
+      }
     }
 #pragma unroll
-    for (int n = 0; n < DN; ++n) {
-      const int64_t d = (8 * n + g) * v_strides[3];
-      const uint32_t b[2] = {pack2<T>(float(v[vr[0] + d]), float(v[vr[1] + d])),
-                             pack2<T>(float(v[vr[2] + d]), float(v[vr[3] + d]))};
+    for (int n = 0; n < DN; ++n) {  // B of value tile n: dim VD + n of keys (2t, 2t + 1), then (2t + 8, 2t + 9)
+      const uint32_t sel = n % 2 ? 0x7632u : 0x5410u;  // the two keys' high or low halves
+      const uint32_t b[2] = {__byte_perm(vw[0][n / 2], vw[1][n / 2], sel), __byte_perm(vw[2][n / 2], vw[3][n / 2], sel)};
 #pragma unroll
       for (int i = 0; i < 4; ++i) o[n][i] *= c0[i / 2];
       mma_16816(o[n], pa[0], b, T());
@@ -199,7 +215,7 @@ WRITE_PARTIAL = """#pragma unroll
 #pragma unroll
       for (int n = 0; n < DN; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) pacc[slot * DV + 8 * n + 2 * t + e] = o[n][2 * h + e];
+        for (int e = 0; e < 2; ++e) pacc[slot * DV + DN * (2 * t + e) + n] = o[n][2 * h + e];
     }
   }
 """
@@ -212,7 +228,7 @@ WRITE_DIRECT = """#pragma unroll
 #pragma unroll
       for (int n = 0; n < DN; ++n)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) o_out[hm * DV + 8 * n + 2 * t + e] = static_cast<T>((o[n][2 * h + e] + 0.0f) / total);
+        for (int e = 0; e < 2; ++e) o_out[hm * DV + DN * (2 * t + e) + n] = static_cast<T>((o[n][2 * h + e] + 0.0f) / total);
     }
   }
 """
@@ -224,7 +240,7 @@ DIRECT_OUTPUTS = ["o_out"]  # not "o": the body's accumulators are o
 
 def supports(dtype, kv_dtype, d: int, dv: int) -> bool:
     """Shapes and dtypes this family takes (others stay with the FMA family for every launch of the layer)."""
-    return dtype in DTYPES and kv_dtype == dtype and d % 16 == 0 and dv % 8 == 0 and 0 < d <= MAX_DIM and 0 < dv <= MAX_DIM
+    return dtype in DTYPES and kv_dtype == dtype and d % 16 == 0 and dv % 16 == 0 and 0 < d <= MAX_DIM and 0 < dv <= MAX_DIM
 
 
 def tiles(h: int, hkv: int, m: int, by_rows: bool) -> int:

@@ -290,6 +290,25 @@ template <typename T> __device__ inline uint32_t pack2(float lo, float hi) {
   memcpy(&u, h, 4);
   return u;
 }
+// NW consecutive 32-bit words in the widest loads their count allows (the caller's offset keeps that alignment)
+template <int NW> __device__ inline void load_words(uint32_t* out, const uint32_t* p) {
+  if constexpr (NW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < NW / 4; ++i) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
+    }
+  } else if constexpr (NW % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < NW / 2; ++i) {
+      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+      out[2 * i] = v.x, out[2 * i + 1] = v.y;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NW; ++i) out[i] = p[i];
+  }
+}
 #ifndef MLXSPEC_EMULATOR
 // d += A (16 x 16, 4 registers a lane) * B (16 x 8, 2 registers), float32 accumulators (4 a lane)
 __device__ inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) {
@@ -333,25 +352,6 @@ template <int PER> __device__ inline void x_pairs(const uint32_t* xr, int half, 
     b[1] = __byte_perm(xr[half], xr[half + 2], 0x7632);
   } else {
     b[0] = xr[0], b[1] = xr[1];
-  }
-}
-// NW consecutive code words in the widest loads their count allows (the caller's offset keeps that alignment)
-template <int NW> __device__ inline void load_words(uint32_t* out, const uint32_t* p) {
-  if constexpr (NW % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < NW / 4; ++i) {
-      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
-      out[4 * i] = v.x, out[4 * i + 1] = v.y, out[4 * i + 2] = v.z, out[4 * i + 3] = v.w;
-    }
-  } else if constexpr (NW % 2 == 0) {
-#pragma unroll
-    for (int i = 0; i < NW / 2; ++i) {
-      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
-      out[2 * i] = v.x, out[2 * i + 1] = v.y;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NW; ++i) out[i] = p[i];
   }
 }
 // M, the 16-bit number whose last mantissa bits hold a 4-bit code exactly: 1024 (float16), 128 (bfloat16)

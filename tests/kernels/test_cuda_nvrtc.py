@@ -27,6 +27,7 @@ PROGRAMS = [  # every family; qmm's three code paths (4/8 bits, the 2/3/5/6-bit 
     "grouped float16 q4 g64 affine", "grouped bfloat16 q4 g32 mxfp4",  # MoE verify: an expert's rows together
     "sdpa q float16 kv float16 D128 1 heads a warp",  # the wrapper's build for Llama's head dim 128 (the 8-dims-a-lane
     "sdpa q float32 kv float16 sinks", "accept greedy float16", "accept rejection float32",  # one: ~4x the compile)
+    "sdpa-mma float16 D128",  # the tensor-core attention at Llama's head dim
 ]
 ONE_ROW_REGISTERS = 96  # a decoding step's kernel keeps >= 21 of an H100 SM's 64 warps resident
 
@@ -65,16 +66,17 @@ def test_one_row_matmuls_keep_occupancy(compiled):
     assert not heavy, heavy
 
 
-def test_tensor_core_qmm_issues_mma_instructions(compiled):
+def test_tensor_core_kernels_issue_mma_instructions(compiled):
     """The inline PTX reaches the hardware's HMMA (sm_90), not an emulation; checked in the cubin."""
     if cuda_static.nvidia_root() is None or not (cuda_static.nvidia_root() / "bin" / "cuobjdump").exists():
         pytest.skip("cuobjdump / nvdisasm not installed (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm)")
-    mma = [r for r in compiled if r.label.startswith("qmm-mma")]
-    assert len(mma) == 3
+    mma = [r for r in compiled if r.label.startswith(("qmm-mma", "sdpa-mma"))]
+    assert len(mma) == 4
     cuda_static.add_sass(mma, ROOT / "bin")
     for r in mma:
         for name, loops in r.sass.items():
-            assert sum(lp["mix"].get("HMMA", 0) for lp in loops) > 0, (name, loops)
+            if "combine" not in name:  # the attention's combine: plain float32 arithmetic
+                assert sum(lp["mix"].get("HMMA", 0) for lp in loops) > 0, (name, loops)
 
 
 def test_stored_qmm_binaries_stay_small():

@@ -29,9 +29,16 @@ CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softc
 ]
 
 
-def harness(case) -> str:
+NARROW = ("const bool k_wide = ", "const bool k_wide = false && "), ("const bool v_wide = ", "const bool v_wide = false && ")
+
+
+def harness(case, narrow: bool = False) -> str:
+    """narrow: keys and values read one 16-bit value at a time (as where a cache's rows are not aligned)."""
     _, dtype, _, sinks, _, _, d, dv, *_ = case
     names, source = src.program(dtype, d, dv, CHUNK, sinks)
+    for wide, one_by_one in NARROW if narrow else ():
+        assert wide in source
+        source = source.replace(wide, one_by_one)
     fmt = dict(p=names["partial"], outs=PARTIAL_OUTS)
     direct = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct"], outs="o.data()")
     direct_tree = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct_tree"], outs="o.data()")
@@ -42,14 +49,31 @@ def harness(case) -> str:
                           sinks=str(sinks).lower(), direct_chunks=1)
 
 
+NARROWED = [CASES[1], CASES[3]]  # head dims 64 / 48 and 128: 8- and 16-byte loads
+
+
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    return dict(zip(map(case_id, CASES), build_all([harness(c) for c in CASES])))
+    labels = [(case_id(c), False) for c in CASES] + [(case_id(c), True) for c in NARROWED]
+    return dict(zip(labels, build_all([harness(c) for c in CASES] + [harness(c, True) for c in NARROWED])))
 
 
 @pytest.mark.parametrize("case", CASES, ids=map(case_id, CASES))
 def test_tensor_core_attention_matches_reference_and_is_row_invariant(tmp_path, exes, case):
-    check_attention(tmp_path, exes[case_id(case)], case)
+    check_attention(tmp_path, exes[case_id(case), False], case)
+
+
+@pytest.mark.parametrize("case", NARROWED, ids=map(case_id, NARROWED))
+def test_wide_loads_and_one_value_at_a_time_give_the_same_bits(tmp_path, exes, case):
+    """Keys and values read in 16-/8-byte loads (UBSan checks their alignment) or one 16-bit value at a time (a
+    cache whose rows are not aligned): every output bit for bit."""
+    _, _, _, _, h, hkv, d, dv, length, window, _ = case
+    inputs(tmp_path, case)
+    outs = []
+    for narrow in (False, True):
+        run(exes[case_id(case), narrow], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+        outs.append((tmp_path / "o").read_bytes())
+    assert outs[0] == outs[1]
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=map(case_id, [CASES[0], CASES[3]]))
@@ -63,7 +87,7 @@ def test_direct_build_gives_the_bits_of_partial_and_combine(tmp_path, exes, case
         with monkeypatch.context() as env:
             if limit:
                 env.setenv("EMU_DIRECT_CHUNKS", limit)
-            run(exes[case_id(case)], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
+            run(exes[case_id(case), False], tmp_path, h, hkv, M, d, dv, length, length + ROOM, window)
         outs[limit] = (tmp_path / "o").read_bytes()
     assert outs[""] == outs["0"], "the direct build changed the bits"
 
@@ -73,6 +97,7 @@ def test_the_family_takes_only_what_it_computes():
     assert not src.supports(mx.float32, mx.float32, 128, 128)  # the mma's inputs are 16-bit
     assert not src.supports(mx.float16, mx.bfloat16, 128, 128)
     assert not src.supports(mx.float16, mx.float16, 72, 64)  # D in 16-dim mma steps
+    assert not src.supports(mx.float16, mx.float16, 64, 40)  # DV in pairs of 8-dim tiles (a lane's dims: whole words)
     assert not src.supports(mx.float16, mx.float16, 256, 256)  # Q's and O's fragments a lane past 128
     assert src.tiles(32, 8, 1, True) == 8 and src.tiles(32, 8, 16, True) == 32  # 4 heads x 16 rows: 4 tiles
     assert src.tiles(32, 8, 16, False) == 128 and src.tiles(64, 2, 1, False) == 4  # one row a tile; 32 heads: 2
