@@ -15,7 +15,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one (ours-unpacked) or with half the
   rows in flight (ours-batch16: 86 registers a thread instead of 140 at D = 128), and as two launches however few
   the key chunks (ours-split: the production runs one launch up to gpu_attention_source.DIRECT_CHUNKS chunks, 1,024
-  keys): warps_same_bits says whether all their bits agree.
+  keys): warps_same_bits says whether all their bits agree. On CUDA also the tensor-core family (ours-mma-c64/128/256:
+  keys a warp; bits of their own, each row-invariant: its row_gap).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -238,6 +239,7 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
                 fns["ours-batch16"] = lambda q, kk_, vv: half(q, kk_, vv, scale, True)  # half the rows in flight
             split = sdpa_with_warps(None, direct_chunks=0)  # partial + combine however few the chunks (the same bits)
             fns["ours-split"] = lambda q, kk_, vv: split(q, kk_, vv, scale, True)
+        fns |= tensor_core_attention(heads, kv_heads, dim, dtype, scale)
     entry = {"heads": heads, "kv_heads": kv_heads, "dim": dim, "keys": keys, "kernel": why or "passed its self-check"}
     for m in ROWS:
         q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
@@ -251,12 +253,36 @@ def attention_ops(heads: int, kv_heads: int, dim: int, keys: int, dtype=mx.float
                      for i in range(m)]
             row[f"{name}_row_gap"] = float(mx.stack([mx.abs(y[0, :, i] - a).max() for i, a in enumerate(alone)])
                                            .max().astype(mx.float32).item())
-        outs = [f(q, k, v) for name, f in fns.items() if name.startswith("ours")]  # warps, packing: schedules, not bits
+        outs = [f(q, k, v) for name, f in fns.items()  # warps, packing: schedules, not bits (the tensor cores' are their own)
+                if name.startswith("ours") and not name.startswith("ours-mma")]
         if len(outs) > 1:
             row["warps_same_bits"] = all(mx.array_equal(o, outs[0]).item() for o in outs[1:])
         entry[f"M={m}"] = row
     print("attention: " + "  ".join(f"M={m} {entry[f'M={m}']}" for m in ROWS), flush=True)
     return entry
+
+
+MMA_CHUNKS = (64, 128, 256)  # the tensor-core attention's keys a warp timed (production: gpu_attention_mma_source.CHUNK)
+
+
+def tensor_core_attention(heads: int, kv_heads: int, dim: int, dtype, scale: float) -> dict:
+    """On CUDA, where it computes the signature and passes its self-check: the tensor-core attention family
+    (gpu_attention_mma_source.py) as ours-mma-cN for each of MMA_CHUNKS keys a warp (each its own bits: the chunk
+    orders the sums; each must be row-invariant: its row_gap). A layer takes it where timing.prefer_tensor_core_attention
+    says so ("ours" above is the FMA family)."""
+    from mlxspec.kernels import attention, gpu_attention, gpu_attention_mma_source
+
+    if device_backend_name() != "cuda" or not gpu_attention_mma_source.supports(dtype, dtype, dim, dim):
+        return {}
+    fns = {}
+    for chunk in MMA_CHUNKS:
+        sdpa = gpu_attention.cuda_sdpa_mma_function(chunk)
+        why = attention.self_check(sdpa, heads, kv_heads, dim, dim, dtype)
+        if why is None:
+            fns[f"ours-mma-c{chunk}"] = (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa)
+        else:
+            print(f"tensor-core attention, {chunk}-key chunks: failed its self-check: {why}", flush=True)
+    return fns
 
 
 SDPA_WARPS = (1, 4, 8)  # the attention kernel's warps a block timed (production: gpu_attention.launch_warps's choice)

@@ -7,7 +7,8 @@ On an H200 (benchmarks/results/gpu_h200.md, 2026-11-28; H=32, HKV=8, D=128, fp16
 at 16 rows over 8,192 keys against MLX's 57, and 38 us at one row over 300 keys against 7: far more than its reads
 and arithmetic predict, so latency, occupancy or stalls. This warms every case first (JIT compiles, self-check),
 then turns the profiler on for exactly one call of each: MLX's scaled_dot_product_attention, and ours with the
-production's choice of warps and with 1 and 8 warps for every launch (the same bits). ncu then reports each
+production's choice of warps and with 1 and 8 warps for every launch (the same bits), and the tensor-core family
+(gpu_attention_mma_source.py, bits of its own). ncu then reports each
 kernel's duration, throughput, occupancy, launch shape and where its warps stall. --dry (a CPU test) runs the
 calls through the CPU kernel without the profiler.
 """
@@ -35,7 +36,7 @@ def attention_calls(heads: int, kv_heads: int, dim: int, cases, dry: bool) -> li
         ours = {"ours": cpu_sdpa_function()}
     else:
         make = gpu_attention.cuda_sdpa_function
-        ours = {"ours": make(), "ours-w1": make(1), "ours-w8": make(8)}
+        ours = {"ours": make(), "ours-w1": make(1), "ours-w8": make(8), "ours-mma": gpu_attention.cuda_sdpa_mma_function()}
     calls = []
     for m, keys in cases:
         kq, kk, kv = mx.random.split(mx.random.key(keys + m), 3)

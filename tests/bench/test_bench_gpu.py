@@ -23,6 +23,26 @@ def test_row_gap_sees_a_row_dependent_op(bench):
     assert bench.row_gap(lambda a: a * a.shape[0], x) > 0  # a result that depends on the row count
 
 
+def test_attention_times_each_tensor_core_chunk_where_it_passes_its_self_check(bench, monkeypatch):
+    """On CUDA the attention rows also time the tensor-core family at each of MMA_CHUNKS keys a warp (stood in here
+    by the CPU kernel: row-invariant, so it passes the self-check); a build failing it is left out, said once."""
+    from mlxspec.kernels import gpu_attention
+    from mlxspec.kernels.cpu import cpu_sdpa_function
+
+    built = []
+
+    def stand_in(chunk):
+        built.append(chunk)
+        base = cpu_sdpa_function()
+        return base if chunk != 256 else (lambda q, k, v, scale, causal, **kw: base(q, k, v, scale, causal, **kw) * 2)
+
+    monkeypatch.setattr(bench, "device_backend_name", lambda: "cuda")
+    monkeypatch.setattr(gpu_attention, "cuda_sdpa_mma_function", stand_in)
+    assert set(bench.tensor_core_attention(4, 2, 64, mx.float16, 0.125)) == {"ours-mma-c64", "ours-mma-c128"}
+    assert built == list(bench.MMA_CHUNKS)
+    assert bench.tensor_core_attention(4, 2, 64, mx.float32, 0.125) == {}  # float32: the FMA family's
+
+
 def test_ops_and_forward_sections_on_the_cpu(bench):
     with mx.stream(mx.cpu):
         qmm = bench.qmm_ops(bench.QMM_SHAPES["quick"])
