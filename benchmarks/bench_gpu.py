@@ -15,8 +15,8 @@ asks for in one call and writes its JSON after every section (a timeout still re
   launch's own, gpu_attention.launch_warps) and, on CUDA, values read one by one (ours-unpacked) or with half the
   rows in flight (ours-batch16: 86 registers a thread instead of 140 at D = 128), and as two launches however few
   the key chunks (ours-split: the production runs one launch up to gpu_attention_source.DIRECT_CHUNKS chunks, 1,024
-  keys): warps_same_bits says whether all their bits agree. On CUDA also the tensor-core family (ours-mma-c64/128/256:
-  keys a warp; bits of their own, each row-invariant: its row_gap).
+  keys): warps_same_bits says whether all their bits agree. On a GPU also the matrix-unit family (tensor cores,
+  simdgroup matrices: ours-mma-c64/128/256, keys a warp; bits of their own, each row-invariant: its row_gap).
 - forward: a random 4-bit llama of the 8B shape (32 layers, 4096, FFN 14336), one forward of M
   rows (1-16, and a 512-row prompt chunk: the time to first token, MLX's ops on GPUs either way) after 256
   cached tokens, MLX's ops vs the installed kernels (built eagerly, and replayed as compiled step
@@ -266,17 +266,20 @@ MMA_CHUNKS = (64, 128, 256)  # the tensor-core attention's keys a warp timed (pr
 
 
 def tensor_core_attention(heads: int, kv_heads: int, dim: int, dtype, scale: float) -> dict:
-    """On CUDA, where it computes the signature and passes its self-check: the tensor-core attention family
-    (gpu_attention_mma_source.py) as ours-mma-cN for each of MMA_CHUNKS keys a warp (each its own bits: the chunk
+    """On a GPU, where it computes the signature and passes its self-check: the matrix-unit attention family
+    (CUDA's tensor cores, Metal's simdgroup matrices) as ours-mma-cN for each of MMA_CHUNKS keys a warp (each its own bits: the chunk
     orders the sums; each must be row-invariant: its row_gap). A layer takes it where timing.prefer_tensor_core_attention
     says so ("ours" above is the FMA family)."""
-    from mlxspec.kernels import attention, gpu_attention, gpu_attention_mma_source
+    from mlxspec.kernels import attention, gpu_attention, gpu_attention_mma_source, gpu_attention_simdgroup_source
 
-    if device_backend_name() != "cuda" or not gpu_attention_mma_source.supports(dtype, dtype, dim, dim):
+    backend = device_backend_name()
+    source = {"cuda": gpu_attention_mma_source, "metal": gpu_attention_simdgroup_source}.get(backend)
+    if source is None or not source.supports(dtype, dtype, dim, dim):
         return {}
+    make = gpu_attention.cuda_sdpa_mma_function if backend == "cuda" else gpu_attention.metal_sdpa_simdgroup_function
     fns = {}
     for chunk in MMA_CHUNKS:
-        sdpa = gpu_attention.cuda_sdpa_mma_function(chunk)
+        sdpa = make(chunk)
         why = attention.self_check(sdpa, heads, kv_heads, dim, dim, dtype)
         if why is None:
             fns[f"ours-mma-c{chunk}"] = (lambda f: lambda q, kk_, vv: f(q, kk_, vv, scale, True))(sdpa)

@@ -215,14 +215,17 @@ registry.register("sdpa", _load_sdpa)
 
 
 def _load_sdpa_mma(backend: str):
-    """The tensor-core family (CUDA): a layer takes it instead of the FMA one where it computes the signature,
-    passed its self-check and timed faster on this device (_serving)."""
-    if backend != "cuda":
-        raise KernelUnavailable(f"the tensor-core attention is CUDA's ({backend} keeps the FMA family)")
+    """The matrix-unit family (CUDA's tensor cores, Metal's simdgroup matrices): a layer takes it instead of the FMA
+    one where it computes the signature, passed its self-check and timed faster on this device (_serving)."""
     from . import gpu_attention
 
-    fn = gpu_attention.cuda_sdpa_mma_function()
-    return fn, f"mx.fast.cuda_kernel, mma.sync m16n8k16, {fn.chunk}-key chunks"
+    if backend == "cuda":
+        fn = gpu_attention.cuda_sdpa_mma_function()
+        return fn, f"mx.fast.cuda_kernel, mma.sync m16n8k16, {fn.chunk}-key chunks"
+    if backend == "metal":
+        fn = gpu_attention.metal_sdpa_simdgroup_function()
+        return fn, f"mx.fast.metal_kernel, simdgroup_matrix 8x8, {fn.chunk}-key chunks"
+    raise KernelUnavailable(f"the matrix-unit attention is a GPU kernel ({backend} keeps its own)")
 
 
 registry.register("sdpa-mma", _load_sdpa_mma)
@@ -258,25 +261,24 @@ def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=m
 
 
 def _serving(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype):
-    """The family serving a signature, chosen once per process: on CUDA the tensor-core one where it computes the
-    signature, passed its self-check and timed faster here (timing.prefer_tensor_core_attention), else the
-    record's own. Both are row-invariant with bits of their own, so every launch of a layer (one-row steps,
+    """The family serving a signature, chosen once per process: on a GPU the matrix-unit one (CUDA's tensor cores,
+    Metal's simdgroup matrices) where it computes the signature, passed its self-check and timed faster here
+    (timing.prefer_tensor_core_attention), else the record's own. Both are row-invariant with bits of their own, so every launch of a layer (one-row steps,
     verify rows, trees) meets the one family its signature chose."""
-    if rec.backend != "cuda":
+    if rec.backend not in ("cuda", "metal"):
         return rec.fn
-    from .gpu_attention_mma_source import supports
-
     mma = registry.kernel("sdpa-mma", rec.backend)
-    if mma.error or not supports(dtype, kv_dtype, dim, value_dim):
+    if mma.error or not mma.fn.supports(dtype, kv_dtype, dim, value_dim):
         return rec.fn
-    signature = (heads, kv_heads, dim, value_dim, str(dtype))
+    signature = (heads, kv_heads, dim, value_dim, str(dtype)) + ((str(kv_dtype),) if kv_dtype != dtype else ())
     if signature not in mma.chosen:
-        failure = mma.check(signature, lambda: self_check(mma.fn, heads, kv_heads, dim, value_dim, dtype))
+        failure = mma.check(signature, lambda: self_check(mma.fn, heads, kv_heads, dim, value_dim, dtype, kv_dtype))
         if failure is None:
             from .timing import prefer_tensor_core_attention
 
             with mma.spending("timing"):
-                mma.chosen[signature] = prefer_tensor_core_attention(rec.fn, mma.fn, heads, kv_heads, dim, value_dim, dtype)
+                mma.chosen[signature] = prefer_tensor_core_attention(rec.fn, mma.fn, heads, kv_heads, dim, value_dim,
+                                                                     dtype, kv_dtype, rec.backend)
         else:
             mma.chosen[signature] = False
     return mma.fn if mma.chosen[signature] else rec.fn

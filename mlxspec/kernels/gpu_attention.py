@@ -23,6 +23,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import gpu_attention_mma_source as mma_source
+from . import gpu_attention_simdgroup_source as simdgroup_source
 from .gpu import require_cuda, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_CHUNKS, DIRECT_NAME,
                                    DIRECT_OUTPUTS, HEADERS, HEADS, MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME,
@@ -182,11 +183,25 @@ def cuda_sdpa_mma_function(chunk: int = mma_source.CHUNK) -> Callable[..., mx.ar
     require_cuda()
     from .cuda_cache import cuda_kernel
 
+    return _matrix_sdpa_function(cuda_kernel, "cuda", mma_source, chunk)
+
+
+def metal_sdpa_simdgroup_function(chunk: int = simdgroup_source.CHUNK) -> Callable[..., mx.array]:
+    """The simdgroup-matrix family (gpu_attention_simdgroup_source.py), Metal's twin of the tensor cores': 8 slots a
+    simdgroup, float32 matrices (any float dtype; float32 queries over a float16 cache), head dims multiples of 8 up
+    to 256. chunk: keys a simdgroup walks (a multiple of 16)."""
+    require_metal()
+    return _matrix_sdpa_function(mx.fast.metal_kernel, "metal", simdgroup_source, chunk)
+
+
+def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..., mx.array]:
     if chunk <= 0 or chunk % 16:
         raise ValueError(f"chunk {chunk}: a positive multiple of 16")
-    make = {kind: cuda_kernel(name=name, input_names=inputs, output_names=outputs, source=mma_source.BODIES[kind],
-                              header=mma_source.HEADER, ensure_row_contiguous=kind == "combine")
-            for kind, ((name, inputs, outputs, _), _) in mma_source.kernels(mx.float16).items()}
+    f16 = mx.float16
+    kinds = source.kernels(f16) if backend == "cuda" else source.kernels(f16, f16)
+    launch = {kind: make(name=name, input_names=inputs, output_names=outputs, source=source.BODIES[kind],
+                         header=source.HEADER, ensure_row_contiguous=kind == "combine")
+              for kind, ((name, inputs, outputs, _), _) in kinds.items()}
     unused, inputs_of = mx.zeros((1,), mx.float32), _Inputs()
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
@@ -194,21 +209,23 @@ def cuda_sdpa_mma_function(chunk: int = mma_source.CHUNK) -> Callable[..., mx.ar
              tree: mx.array | None = None) -> mx.array:
         _, h, m, d = q.shape
         hkv, dv = k.shape[1], v.shape[3]
-        if not mma_source.supports(q.dtype, k.dtype, d, dv):
-            raise ValueError(f"sdpa tensor-core kernel: q {q.dtype} over k {k.dtype}, head dims {d} / {dv} unsupported")
-        nch, by_rows = _validate(q, k, v, causal, window, sinks, length, softcap, tree, chunk, "cuda", False)
+        if not source.supports(q.dtype, k.dtype, d, dv):
+            raise ValueError(f"sdpa {backend} matrix kernel: q {q.dtype} over k {k.dtype}, head dims {d} / {dv} unsupported")
+        nch, by_rows = _validate(q, k, v, causal, window, sinks, length, softcap, tree, chunk, backend, True)
         inputs = inputs_of(q, k, v, scale, causal, window, by_rows, softcap, length, tree)
-        targs = mma_source.template(q.dtype, d, dv, chunk, tree is not None)
-        grid, threadgroup = (32, mma_source.tiles(h, hkv, m, by_rows), nch), (32, 1, 1)
-        if grid[1] > 65535:
+        if backend == "cuda":
+            targs = source.template(q.dtype, d, dv, chunk, tree is not None)
+        else:
+            targs = source.template(q.dtype, k.dtype, d, dv, chunk, tree is not None)
+        grid, threadgroup = (32, source.tiles(h, hkv, m, by_rows), nch), (32, 1, 1)
+        if backend == "cuda" and grid[1] > 65535:
             raise ValueError(f"sdpa tensor-core kernel: {grid[1]} tiles: past CUDA's 65535 blocks a grid dimension")
         if nch == 1 and sinks is None:  # one chunk: the warp writes the output (the combine's arithmetic)
-            return make["direct"](inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
-                                  output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
-        return _partial_and_combine(make["partial"], make["combine"], inputs, targs, grid, threadgroup, sinks, unused)
+            return launch["direct"](inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+                                    output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
+        return _partial_and_combine(launch["partial"], launch["combine"], inputs, targs, grid, threadgroup, sinks, unused)
 
     sdpa.windows = sdpa.sinks = sdpa.lengths = sdpa.softcaps = sdpa.trees = True
-    sdpa.mixed = False  # float32 queries: the FMA family's
-    sdpa.family, sdpa.chunk = "sdpa-mma", chunk
-    sdpa.supports = mma_source.supports
+    sdpa.mixed = backend == "metal"  # float32 queries over a float16 cache (Metal's float32 matrices take them)
+    sdpa.family, sdpa.chunk, sdpa.supports = "sdpa-mma", chunk, source.supports
     return sdpa

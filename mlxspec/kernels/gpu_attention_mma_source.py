@@ -49,9 +49,9 @@ SLOTS = 16  # (query head, row) slots a warp: the mma's 16 rows
 MAX_DIM = 128  # Q's fragments (D / 16 x 4 registers) and O's (DV / 8 x 4) held a lane: 96 registers at 128
 DTYPES = (mx.float16, mx.bfloat16)
 
-CORE = """
-  const int lane = int(threadIdx.x), wy = int(blockIdx.y), cz = int(blockIdx.z);
-  const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
+# Shared with the Metal twin (gpu_attention_simdgroup_source.py): the tile's slots, their keys and the tree's lookup
+# (each backend defines lane, wy, cz and SLOTS first)
+SETUP = """  const int H = q_shape[1], M = q_shape[2], D = q_shape[3];
   const int HKV = k_shape[1], DV = v_shape[3];
   const int L = length[0] < k_shape[2] ? length[0] : k_shape[2];  // keys [0, L) of k count (never past k)
   const int TS = TREE ? tree[0] : -1;  // a draft tree's pass: keys from TS on are its nodes (gpu_attention_source)
@@ -63,20 +63,30 @@ CORE = """
   const int S = k_shape[2];
   const int NCH = ((window > 0 && window < S ? window : S) + CHUNK - 1) / CHUNK;
   const int G = H / HKV;
-  const int per_kv = by_rows ? G * M : G, SETS = (per_kv + 15) / 16;  // slots, tiles per (kv head[, row])
-  const int hk = by_rows ? wy / SETS : wy / (M * SETS), s0 = (wy % SETS) * 16;
-  const int nh = per_kv - s0 < 16 ? per_kv - s0 : 16;  // this tile's slots: s0 .. s0 + nh - 1
+  const int per_kv = by_rows ? G * M : G, SETS = (per_kv + SLOTS - 1) / SLOTS;  // slots, tiles per (kv head[, row])
+  const int hk = by_rows ? wy / SETS : wy / (M * SETS), s0 = (wy % SETS) * SLOTS;
+  const int nh = per_kv - s0 < SLOTS ? per_kv - s0 : SLOTS;  // this tile's slots: s0 .. s0 + nh - 1
 #define SLOT_HEAD(r) (hk * G + (by_rows ? (s0 + (r)) / M : s0 + (r)))
 #define SLOT_ROW(r) (by_rows ? (s0 + (r)) % M : wy / SETS - hk * M)
 #define SLOT_KEYS(r) (TS >= 0 ? TS + tree[1 + SLOT_ROW(r) * TREE_ROW] : causal ? L - M + SLOT_ROW(r) + 1 : L)
-  const int g = lane / 4, t = lane % 4;  // the mma's groupID and threadID_in_group
   int rows_max = 0;  // the tile's last key + 1 (each slot sees keys [start, its own SLOT_KEYS))
   for (int r = 0; r < nh; ++r) rows_max = SLOT_KEYS(r) > rows_max ? SLOT_KEYS(r) : rows_max;
+  const int tree_path = TS >= 0 ? 2 + SLOT_ROW(0) * TREE_ROW : 0;  // a tree's tile serves one row: its path
+  const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
+""".replace("@TREE_ROW", str(TREE_ROW))
+UNDEFS = """#undef TREE_KEY
+#undef SLOT_HEAD
+#undef SLOT_ROW
+#undef SLOT_KEYS
+"""
+
+CORE = """
+  const int lane = int(threadIdx.x), wy = int(blockIdx.y), cz = int(blockIdx.z);
+  constexpr int SLOTS = 16;  // the mma's rows
+""" + SETUP + """  const int g = lane / 4, t = lane % 4;  // the mma's groupID and threadID_in_group
   int lim[2];  // this lane's slots g and g + 8: their keys' end, 0 for a slot past nh (every key masked)
 #pragma unroll
   for (int h = 0; h < 2; ++h) lim[h] = g + 8 * h < nh ? SLOT_KEYS(g + 8 * h) : 0;
-  const int tree_path = TS >= 0 ? 2 + SLOT_ROW(0) * TREE_ROW : 0;  // a tree's tile serves one row: its path
-  const int start = window > 0 && rows_max > window ? rows_max - window : 0;  // one row's, or 0 for all (by_rows)
   // Which dims a lane holds (the mma's k and n indices are labels: any fixed map gives each slot its own sums).
   // Q K^T: lane t's k slots of step kk (2t, 2t+1 | 2t+8, 2t+9) are dims KD + 4 kk (+ 0, 1 | + 2, 3), KD = 4 DK t:
   // a lane's dims of a key are 4 DK contiguous ones, read in 16- or 8-byte loads straight into B's registers.
@@ -200,11 +210,7 @@ CORE = """
     }
   }
 //@WRITE
-#undef TREE_KEY
-#undef SLOT_HEAD
-#undef SLOT_ROW
-#undef SLOT_KEYS
-""".replace("@TREE_ROW", str(TREE_ROW))
+""" + UNDEFS
 
 WRITE_PARTIAL = """#pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -243,10 +249,10 @@ def supports(dtype, kv_dtype, d: int, dv: int) -> bool:
     return dtype in DTYPES and kv_dtype == dtype and d % 16 == 0 and dv % 16 == 0 and 0 < d <= MAX_DIM and 0 < dv <= MAX_DIM
 
 
-def tiles(h: int, hkv: int, m: int, by_rows: bool) -> int:
+def tiles(h: int, hkv: int, m: int, by_rows: bool, slots: int = SLOTS) -> int:
     """Warps a chunk: one per 16 slots of a kv head (by_rows: its heads x rows; else the heads of one row)."""
     per_kv = h // hkv * (m if by_rows else 1)
-    return hkv * (1 if by_rows else m) * ((per_kv + 15) // 16)
+    return hkv * (1 if by_rows else m) * ((per_kv + slots - 1) // slots)
 
 
 def template(dtype, d: int, dv: int, chunk: int = CHUNK, tree: bool = False) -> list[tuple]:

@@ -49,11 +49,9 @@ X_DTYPES = (mx.float32, mx.float16, mx.bfloat16)  # float32 matrices: every x is
 BITS = (2, 3, 4, 5, 6, 8)  # 4 and 8: whole codes a word, read 16 bytes at a time; the others: MLX's bit stream
 GROUP_SIZES = (32, 64, 128)
 
-HEADER = """
+# The 8 x 8 float32 product from a lane's elements: shared with the simdgroup attention (gpu_attention_simdgroup_source)
+MMA8 = """
 #include <metal_simdgroup_matrix>
-#define LOAD4(p) (*((const device uint4*)(p)))
-#define UNROLL _Pragma("clang loop unroll(full)")  // loops over template constants: registers, not memory
-inline uint32_t word_of(uint4 q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 // D = A B + C on 8 x 8 float32 matrices, from and to the two elements this lane holds of each
 inline void mma8(thread float* d, float a0, float a1, float b0, float b1) {
   simdgroup_matrix<float, 8, 8> A, B, C, D;
@@ -67,6 +65,10 @@ inline void mma8(thread float* d, float a0, float a1, float b0, float b1) {
   d[0] = D.thread_elements()[0];
   d[1] = D.thread_elements()[1];
 }
+"""
+HEADER = MMA8 + """#define LOAD4(p) (*((const device uint4*)(p)))
+#define UNROLL _Pragma("clang loop unroll(full)")  // loops over template constants: registers, not memory
+inline uint32_t word_of(uint4 q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 """
 
 BODY = """

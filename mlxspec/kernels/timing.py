@@ -248,29 +248,35 @@ def tensor_cores_win(fma_us: dict, mma_us: dict, mlx_us: dict | None = None) -> 
 ATTENTION_TIMED = ((1, 1024), (8, 1024), (1, 8192), (16, 8192))
 
 
-def prefer_tensor_core_attention(fma, mma, heads: int, kv_heads: int, dim: int, value_dim: int, dtype) -> bool:
-    """Time the FMA attention and the tensor-core one (gpu_attention_mma_source.py) on this signature at
+def prefer_tensor_core_attention(fma, mma, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype=None,
+                                 backend: str = "cuda") -> bool:
+    """Time the FMA attention and the matrix-unit one (CUDA's tensor cores: gpu_attention_mma_source.py; Metal's
+    simdgroup matrices: gpu_attention_simdgroup_source.py) on this signature at
     ATTENTION_TIMED (cached on disk per device and MLX version, shown by doctor), each call chained as a forward
     makes it. True where the tensor cores cost less in total and keep every one-row step within
     TENSOR_CORE_STEP_BUDGET of the dearer of the FMA kernel's and MLX's own op (as tensor_cores_win for qmm).
     Unmeasured on a device when written (2026-11-28): the rule's inputs are what the device measures."""
     from .registry import kernel
 
+    kv_dtype = kv_dtype or dtype
     times = {"fma": {}, "mma": {}, "mlx": {}}
     for name, family, fn in (("fma", "sdpa", fma), ("mma", "sdpa-mma", mma)):
-        rec = kernel(family, "cuda")
+        rec = kernel(family, backend)
         for m, keys in ATTENTION_TIMED:
             signature = f"{heads}x{kv_heads} d{dim}/{value_dim} {str(dtype).split('.')[-1]} M={m} L={keys}"
+            signature += f" kv {str(kv_dtype).split('.')[-1]}" if kv_dtype != dtype else ""
             entry = cached_timing(rec, signature)
             if entry is None:
                 kq, kk, kv = mx.random.split(mx.random.key(keys + m), 3)
                 q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
-                k = mx.random.normal((1, kv_heads, keys, dim), key=kk).astype(dtype)
-                v = mx.random.normal((1, kv_heads, keys, value_dim), key=kv).astype(dtype)
+                k = mx.random.normal((1, kv_heads, keys, dim), key=kk).astype(kv_dtype)
+                v = mx.random.normal((1, kv_heads, keys, value_dim), key=kv).astype(kv_dtype)
                 mx.eval(q, k, v)
                 scale = dim**-0.5
                 ours = latency_us(lambda q_: fn(q_, k, v, scale, True), q)
-                theirs = latency_us(lambda q_: mx.fast.scaled_dot_product_attention(q_, k, v, scale=scale, mask="causal"), q)
+                kx, vx = k.astype(dtype), v.astype(dtype)  # MLX's op: one dtype (a float16 cache read as float32)
+                theirs = latency_us(lambda q_: mx.fast.scaled_dot_product_attention(q_, kx, vx, scale=scale, mask="causal"),
+                                    q)
                 entry = record_timing(rec, signature, ours, theirs)
             times[name][m, keys] = entry["kernel_us"]
             times["mlx"][m, keys] = min(times["mlx"].get((m, keys), entry["mlx_us"]), entry["mlx_us"])

@@ -40,7 +40,7 @@ def test_attention_times_each_tensor_core_chunk_where_it_passes_its_self_check(b
     monkeypatch.setattr(gpu_attention, "cuda_sdpa_mma_function", stand_in)
     assert set(bench.tensor_core_attention(4, 2, 64, mx.float16, 0.125)) == {"ours-mma-c64", "ours-mma-c128"}
     assert built == list(bench.MMA_CHUNKS)
-    assert bench.tensor_core_attention(4, 2, 64, mx.float32, 0.125) == {}  # float32: the FMA family's
+    assert bench.tensor_core_attention(4, 2, 64, mx.float32, 0.125) == {}  # float32: the FMA family's on CUDA
 
 
 def test_ops_and_forward_sections_on_the_cpu(bench):

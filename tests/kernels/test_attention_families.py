@@ -11,14 +11,17 @@ import mlx.core as mx
 import pytest
 
 from gpu_stand_ins import serve
-from mlxspec.kernels import attention, registry, timing
+from mlxspec.kernels import attention, gpu_attention_mma_source, gpu_attention_simdgroup_source, registry, timing
 from mlxspec.kernels.cpu import cpu_sdpa_function
 
 FMA_US = {(1, 1024): 20.0, (8, 1024): 40.0, (1, 8192): 60.0, (16, 8192): 300.0}  # (rows, keys) -> microseconds
 MLX_US = 30.0
 
 
-def tagged(calls: list, tag: str, base, wrong_rows: bool = False):
+SUPPORTS = {"cuda": gpu_attention_mma_source.supports, "metal": gpu_attention_simdgroup_source.supports}
+
+
+def tagged(calls: list, tag: str, base, wrong_rows: bool = False, backend: str = "cuda"):
     """The CPU kernel recording (tag, rows, keys) per call; wrong_rows: multi-row calls off by a little."""
     def sdpa(q, k, v, scale, causal, **kw):
         calls.append((tag, q.shape[2], k.shape[2]))
@@ -28,14 +31,15 @@ def tagged(calls: list, tag: str, base, wrong_rows: bool = False):
     for name in ("windows", "sinks", "lengths", "softcaps"):
         setattr(sdpa, name, getattr(base, name, False))
     sdpa.mixed = tag == "fma"
+    sdpa.supports = SUPPORTS[backend]  # the matrix family's signatures (its stand-in's)
     return sdpa
 
 
-def stand_in(monkeypatch, tmp_path, mma_us: dict, wrong_rows: bool = False) -> list:
+def stand_in(monkeypatch, tmp_path, mma_us: dict, wrong_rows: bool = False, backend: str = "cuda") -> list:
     base, calls = cpu_sdpa_function(), []
     serve(monkeypatch, {"sdpa": lambda: tagged(calls, "fma", base),
-                        "sdpa-mma": (lambda: tagged(calls, "mma", base, wrong_rows), "stand-in mma")})
-    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "cuda")
+                        "sdpa-mma": (lambda: tagged(calls, "mma", base, wrong_rows, backend), "stand-in mma")})
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: backend)
     monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
     us = {"fma": FMA_US, "mma": mma_us}
 
@@ -65,17 +69,19 @@ def attend(rows: int, dtype=mx.float16):
     ({(1, 1024): 34.0, (8, 1024): 20.0, (1, 8192): 40.0, (16, 8192): 45.0}, "fma"),  # a step past the budget
     ({(1, 1024): 20.0, (8, 1024): 40.0, (1, 8192): 60.0, (16, 8192): 301.0}, "fma"),  # no cheaper in total
 ])
-def test_cuda_layers_take_the_tensor_core_attention_where_it_times_faster(cpu_ext, monkeypatch, tmp_path, mma_us, want):
-    calls = stand_in(monkeypatch, tmp_path, mma_us)
+@pytest.mark.parametrize("backend", ["cuda", "metal"])  # tensor cores; simdgroup matrices
+def test_gpu_layers_take_the_matrix_unit_attention_where_it_times_faster(cpu_ext, monkeypatch, tmp_path, mma_us, want,
+                                                                         backend):
+    calls = stand_in(monkeypatch, tmp_path, mma_us, backend=backend)
     attend(1)
     calls.clear()
     for rows in (1, 4, 1):  # a step, a verify pass, a step: one family for all
         attend(rows)
     assert calls == [(want, 1, 50), (want, 4, 50), (want, 1, 50)]
     status = {st["kernel"]: st for st in registry.status()}
-    assert list(status["cuda-sdpa-mma"]["chosen"].values()) == [want == "mma"]
-    assert "4x2 d64/64 float16 M=16 L=8192" in status["cuda-sdpa-mma"]["timings"]
-    assert "4x2 d64/64 float16 M=16 L=8192" in status["cuda-sdpa"]["timings"]
+    assert list(status[f"{backend}-sdpa-mma"]["chosen"].values()) == [want == "mma"]
+    assert "4x2 d64/64 float16 M=16 L=8192" in status[f"{backend}-sdpa-mma"]["timings"]
+    assert "4x2 d64/64 float16 M=16 L=8192" in status[f"{backend}-sdpa"]["timings"]
     registry.reset()  # a new process: the timings come from disk, not new timings
     monkeypatch.setattr(timing, "time_call", lambda fn, **kw: (_ for _ in ()).throw(AssertionError("re-timed")))
     calls.clear()
@@ -97,7 +103,7 @@ def test_a_tensor_core_kernel_failing_its_self_check_leaves_the_layer_to_the_fma
 
 def test_signatures_the_tensor_cores_do_not_compute_stay_with_the_fma_family(cpu_ext, monkeypatch, tmp_path):
     calls = stand_in(monkeypatch, tmp_path, dict.fromkeys(FMA_US, 1.0))
-    attend(2, mx.float32)  # float32 queries: the mma's inputs are 16-bit
+    attend(2, mx.float32)  # float32 queries: the mma's inputs are 16-bit (Metal's float32 matrices take them)
     assert calls[-1] == ("fma", 2, 50)
     assert not {st["kernel"]: st for st in registry.status()}.get("cuda-sdpa-mma", {}).get("chosen")
     registry.reset()

@@ -1,10 +1,12 @@
-"""The tensor-core attention (gpu_attention_mma_source.py) under the CPU emulator.
+"""The matrix-unit attention under the CPU emulator: CUDA's tensor cores (gpu_attention_mma_source.py) and its
+Metal twin on simdgroup matrices (gpu_attention_simdgroup_source.py).
 
 The harness is the FMA family's (attention_harness.py): every launch within the reference's tolerance, and
 rows of M-row launches (causal, unmasked, windowed, over a whole buffer with L keys counting, a draft tree's
 pass) bit-identical to 1-row launches over their own keys. The emulator's mma adds each output's products in
 k order (the hardware's order is its own); what the tests hold is that an output depends on its own row of A
 only, which is what the device's self-check tests there. CHUNK is 32 here (128 in production, the same code).
+The emulator's simdgroup matrices sum each output's 8 products in k order, likewise.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from attention_harness import CUDA_COMBINE, CUDA_PARTIAL, HARNESS, M, ODD, PARTIAL_OUTS, ROOM, check_attention, inputs
+from attention_harness import (CUDA_COMBINE, CUDA_PARTIAL, HARNESS, METAL_COMBINE, METAL_PARTIAL, M, ODD, PARTIAL_OUTS,
+                               ROOM, check_attention, inputs)
 from emulator_harness import C_TYPES, CXX, build_all, case_id, run
 from mlxspec.kernels import gpu_attention_mma_source as src
+from mlxspec.kernels import gpu_attention_simdgroup_source as metal
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
@@ -32,21 +36,36 @@ CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softc
 NARROW = ("const bool k_wide = ", "const bool k_wide = false && "), ("const bool v_wide = ", "const bool v_wide = false && ")
 
 
+METAL_CASES = [  # float32 matrices: any of MLX's float dtypes, float32 queries over a float16 cache, heads to 256
+    ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70, 0.0),  # 16 slots a kv head: 2 tiles
+    ("metal", mx.float16, mx.float16, True, 2, 1, 64, 48, 70, 128, 0.0),  # sinks
+    ("metal", mx.bfloat16, mx.bfloat16, False, 4, 2, 32, 32, 140, 100, 2.0),  # Gemma 2's capped scores
+    ("metal", mx.float32, mx.float16, False, 16, 1, 256, 256, 40, 20, 0.0),  # GGUF's cache; head dims 256; 2 tiles a row
+]
+METAL_CALL = METAL_PARTIAL.replace("<T, CH, {heads}, DPL_, {tree}, WARPS_, 1>", "<T, KT, CH, {dk}, {dn}, {tree}>")
+
+
 def harness(case, narrow: bool = False) -> str:
     """narrow: keys and values read one 16-bit value at a time (as where a cache's rows are not aligned)."""
-    _, dtype, _, sinks, _, _, d, dv, *_ = case
-    names, source = src.program(dtype, d, dv, CHUNK, sinks)
+    backend, dtype, kv_dtype, sinks, _, _, d, dv, *_ = case
+    if backend == "metal":
+        mod, call, combine = metal, METAL_CALL, METAL_COMBINE
+        names, source = metal.program(dtype, kv_dtype, d, dv, CHUNK, sinks)
+    else:
+        mod, call, combine = src, CUDA_PARTIAL, CUDA_COMBINE
+        names, source = src.program(dtype, d, dv, CHUNK, sinks)
     for wide, one_by_one in NARROW if narrow else ():
         assert wide in source
         source = source.replace(wide, one_by_one)
-    fmt = dict(p=names["partial"], outs=PARTIAL_OUTS)
-    direct = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct"], outs="o.data()")
-    direct_tree = "std::abort();" if sinks else CUDA_PARTIAL.format(p=names["direct_tree"], outs="o.data()")
-    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[dtype], chunk=CHUNK, odd=ODD, heads=src.SLOTS,
-                          dpl=0, warps=1, tree_row=src.TREE_ROW, tree_heads=src.SLOTS, partial=CUDA_PARTIAL.format(**fmt),
-                          partial_tree=CUDA_PARTIAL.format(**dict(fmt, p=names["partial_tree"])), direct=direct,
-                          direct_tree=direct_tree, combine=CUDA_COMBINE.format(c=names["combine"]),
-                          sinks=str(sinks).lower(), direct_chunks=1)
+    fmt = dict(p=names["partial"], outs=PARTIAL_OUTS, dk=d // (16 if mod is src else 8), dn=dv // 8, tree=0)
+    tree = dict(fmt, p=names["partial_tree"], tree=1)
+    direct = "std::abort();" if sinks else call.format(**dict(fmt, p=names["direct"], outs="o.data()"))
+    direct_tree = "std::abort();" if sinks else call.format(**dict(tree, p=names["direct_tree"], outs="o.data()"))
+    return HARNESS.format(source=source, T=C_TYPES[dtype], KT=C_TYPES[kv_dtype], chunk=CHUNK, odd=ODD, heads=mod.SLOTS,
+                          dpl=0, warps=1, tree_row=src.TREE_ROW, tree_heads=mod.SLOTS, partial=call.format(**fmt),
+                          partial_tree=call.format(**tree), direct=direct, direct_tree=direct_tree,
+                          combine=combine.format(c=names["combine"], sinks=int(sinks)), sinks=str(sinks).lower(),
+                          direct_chunks=1)
 
 
 NARROWED = [CASES[1], CASES[3]]  # head dims 64 / 48 and 128: 8- and 16-byte loads
@@ -54,12 +73,12 @@ NARROWED = [CASES[1], CASES[3]]  # head dims 64 / 48 and 128: 8- and 16-byte loa
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    labels = [(case_id(c), False) for c in CASES] + [(case_id(c), True) for c in NARROWED]
-    return dict(zip(labels, build_all([harness(c) for c in CASES] + [harness(c, True) for c in NARROWED])))
+    labels = [(case_id(c), False) for c in CASES + METAL_CASES] + [(case_id(c), True) for c in NARROWED]
+    return dict(zip(labels, build_all([harness(c) for c in CASES + METAL_CASES] + [harness(c, True) for c in NARROWED])))
 
 
-@pytest.mark.parametrize("case", CASES, ids=map(case_id, CASES))
-def test_tensor_core_attention_matches_reference_and_is_row_invariant(tmp_path, exes, case):
+@pytest.mark.parametrize("case", CASES + METAL_CASES, ids=map(case_id, CASES + METAL_CASES))
+def test_matrix_unit_attention_matches_reference_and_is_row_invariant(tmp_path, exes, case):
     check_attention(tmp_path, exes[case_id(case), False], case)
 
 
@@ -76,7 +95,10 @@ def test_wide_loads_and_one_value_at_a_time_give_the_same_bits(tmp_path, exes, c
     assert outs[0] == outs[1]
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3]], ids=map(case_id, [CASES[0], CASES[3]]))
+DIRECTS = [CASES[0], CASES[3], METAL_CASES[3]]
+
+
+@pytest.mark.parametrize("case", DIRECTS, ids=map(case_id, DIRECTS))
 def test_direct_build_gives_the_bits_of_partial_and_combine(tmp_path, exes, case, monkeypatch):
     """Launches over one chunk write the output themselves (the combine's arithmetic over one chunk): every output
     equals, bit for bit, that of launches that always run partial + combine (EMU_DIRECT_CHUNKS=0)."""
@@ -101,3 +123,6 @@ def test_the_family_takes_only_what_it_computes():
     assert not src.supports(mx.float16, mx.float16, 256, 256)  # Q's and O's fragments a lane past 128
     assert src.tiles(32, 8, 1, True) == 8 and src.tiles(32, 8, 16, True) == 32  # 4 heads x 16 rows: 4 tiles
     assert src.tiles(32, 8, 16, False) == 128 and src.tiles(64, 2, 1, False) == 4  # one row a tile; 32 heads: 2
+    assert metal.supports(mx.float32, mx.float16, 256, 256) and metal.supports(mx.bfloat16, mx.bfloat16, 8, 8)
+    assert not metal.supports(mx.float16, mx.float32, 64, 64) and not metal.supports(mx.float16, mx.float16, 64, 60)
+    assert metal.tiles(32, 8, 1, True) == 8 and metal.tiles(32, 8, 16, True) == 64  # 8 slots a simdgroup

@@ -229,6 +229,29 @@ def test_tensor_core_attention_launches_a_warp_per_16_slots_and_refuses_what_it_
             launches(1, 100, **bad)
 
 
+def test_simdgroup_attention_launches_a_simdgroup_per_8_slots_and_takes_float32(monkeypatch):
+    """Metal's twin: 8 slots a simdgroup; float32 queries (over a float16 cache too) and head dims to 256 taken, head
+    dims off the 8-dim tiles refused."""
+    from mlxspec.kernels import gpu_attention
+
+    seen = []
+
+    def make(name, input_names, **_):
+        def launch(inputs, template, grid, threadgroup, output_shapes, output_dtypes, **__):
+            seen.append((name, grid))
+            return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+        return launch
+
+    monkeypatch.setattr(gpu_attention, "require_metal", lambda: None)
+    monkeypatch.setattr(mx.fast, "metal_kernel", lambda **kw: make(**kw))
+    sdpa = gpu_attention.metal_sdpa_simdgroup_function()
+    q, kv = mx.zeros((1, 32, 4, 256), mx.float32), mx.zeros((1, 8, 100, 256), mx.float16)
+    assert sdpa(q, kv, kv, 0.1, True).shape == (1, 32, 4, 256) and sdpa.mixed
+    assert seen == [("mlxspec_sdpa_simdgroup_direct", (32, 16, 1))]  # 8 kv heads x 16 slots: 2 simdgroups each
+    with pytest.raises(ValueError):
+        sdpa(mx.zeros((1, 32, 1, 100)), mx.zeros((1, 8, 100, 100)), mx.zeros((1, 8, 100, 100)), 0.1, True)
+
+
 def test_other_k_splits_are_builds_of_their_own_and_prepare_only_the_rows_asked(launches, monkeypatch):
     """with_ksplit: the tensor-core qmm with another number of warps on K (its own template, one function
     per split); prepare(rows=...) compiles just those launches (the timing of a split: 1 and 8 rows)."""

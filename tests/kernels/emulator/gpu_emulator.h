@@ -272,6 +272,7 @@ inline int simd_min(int v) {
   return m;
 }
 inline float simd_shuffle(float v, unsigned short src) { return emu::exchange(v, int(src)); }
+inline float simd_shuffle_xor(float v, unsigned short mask) { return emu::exchange(v, emu::lane ^ int(mask)); }
 inline float simd_prefix_exclusive_sum(float v) {  // lane 0 + ... + lane (l - 1), in that order
   const auto all = emu::gather(v);
   float s = 0.0f;
