@@ -119,10 +119,20 @@ def test_dense_on_device(backend, dtype):
         assert mx.array_equal(dense(x[i : i + 1], w)[0], y[i]).item(), f"row {i}"
 
 
+def sdpa_of(backend: str, family: str):
+    """The FMA attention ("sdpa") or the matrix-unit one ("sdpa-mma": tensor cores, simdgroup matrices)."""
+    from mlxspec.kernels import gpu_attention
+
+    if family == "sdpa":
+        return kernels(backend)[2]
+    return gpu_attention.cuda_sdpa_mma_function() if backend == "cuda" else gpu_attention.metal_sdpa_simdgroup_function()
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["sdpa", "sdpa-mma"])
 @pytest.mark.parametrize("heads, kv_heads, dim, length", [(8, 2, 128, 600), (4, 4, 64, 257), (8, 2, 128, 2100)])
-def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
-    sdpa = kernels(backend)[2]
+def test_sdpa_on_device(backend, family, heads, kv_heads, dim, length):
+    sdpa = sdpa_of(backend, family)
     assert attention_self_check(sdpa, heads, kv_heads, dim, dim, mx.float16) is None
     assert sdpa.trees, "the kernel's tree rows failed their self-check (tree passes would stay off)"
     kq, kk, kv = mx.random.split(mx.random.key(length), 3)
@@ -133,21 +143,22 @@ def test_sdpa_on_device(backend, heads, kv_heads, dim, length):
     y = sdpa(q, k, v, dim**-0.5, True)
     ok, ratio = attention_within_tolerance(y, q, k, v, dim**-0.5, True)
     assert ok, f"error {ratio:.3g}x the tolerance"
-    for i in range(m):  # rows cross the 256-key chunk boundaries differently
+    for i in range(m):  # rows cross the key chunks' boundaries differently
         seen = length - m + i + 1
         one = sdpa(q[:, :, i : i + 1], k[:, :, :seen], v[:, :, :seen], dim**-0.5, False)
         assert mx.array_equal(one[:, :, 0], y[:, :, i]).item(), f"row {i}"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("family", ["sdpa", "sdpa-mma"])
 @pytest.mark.parametrize("length", [300, 2100])  # 2,100: warps that serve several query heads
-def test_sdpa_tree_rows_on_device(backend, length):
+def test_sdpa_tree_rows_on_device(backend, family, length):
     """A draft tree's pass (16 nodes, the last 16 keys): row m = a one-row call over the keys before the
     tree and its path's nodes, bit for bit, within tolerance."""
     from mlxspec.kernels.tree_mask import tree_rows
     from mlxspec.tree import path_to
 
-    sdpa, parents = kernels(backend)[2], [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10]
+    sdpa, parents = sdpa_of(backend, family), [-1, 0, 0, 1, 1, 2, 3, 3, 5, 6, 4, 8, 9, 7, 12, 10]
     kq, kk, kv = mx.random.split(mx.random.key(length + 1), 3)
     q = mx.random.normal((1, 8, 16, 128), key=kq).astype(mx.float16)
     k = mx.random.normal((1, 2, length, 128), key=kk).astype(mx.float16)
