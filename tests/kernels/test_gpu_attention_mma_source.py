@@ -26,7 +26,7 @@ CHUNK = 32
 CASES = [  # (backend, q dtype, kv dtype, sinks, H, HKV, D, DV, L, window, softcap)
     ("cuda", mx.float16, mx.float16, False, 4, 1, 32, 32, 140, 100, 0.0),  # 64 slots a kv head: 4 tiles of rows mixed
     ("cuda", mx.bfloat16, mx.bfloat16, True, 2, 1, 64, 48, 70, 128, 0.0),  # sinks; a window longer than the cache
-    ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 140, 100, 2.0),  # Gemma 2's capped scores (a low cap)
+    ("cuda", mx.float16, mx.float16, False, 4, 2, 64, 64, 70, 40, 2.0),  # Gemma 2's capped scores (a low cap)
     ("cuda", mx.bfloat16, mx.bfloat16, False, 8, 1, 128, 128, 40, 20, 0.0),  # head dims 128; rows alone over <= 32
     # keys run the direct build, rows of the 16-row launch partial + combine; windows of 20 keys: direct
     ("cuda", mx.float16, mx.float16, False, 32, 1, 16, 16, 70, 37, 0.0),  # 32 heads a kv head: 2 tiles of one row
@@ -39,8 +39,8 @@ NARROW = ("const bool k_wide = ", "const bool k_wide = false && "), ("const bool
 METAL_CASES = [  # float32 matrices: any of MLX's float dtypes, float32 queries over a float16 cache, heads to 256
     ("metal", mx.float32, mx.float32, False, 4, 2, 64, 64, 140, 70, 0.0),  # 16 slots a kv head: 2 tiles
     ("metal", mx.float16, mx.float16, True, 2, 1, 64, 48, 70, 128, 0.0),  # sinks
-    ("metal", mx.bfloat16, mx.bfloat16, False, 4, 2, 32, 32, 140, 100, 2.0),  # Gemma 2's capped scores
-    ("metal", mx.float32, mx.float16, False, 16, 1, 256, 256, 40, 20, 0.0),  # GGUF's cache; head dims 256; 2 tiles a row
+    ("metal", mx.bfloat16, mx.bfloat16, False, 4, 2, 32, 32, 40, 20, 2.0),  # Gemma 2's capped scores
+    ("metal", mx.float32, mx.float16, False, 9, 1, 256, 256, 40, 20, 0.0),  # GGUF's cache; head dims 256; 2 tiles a row
 ]
 METAL_CALL = METAL_PARTIAL.replace("<T, CH, {heads}, DPL_, {tree}, WARPS_, 1>", "<T, KT, CH, {dk}, {dn}, {tree}>")
 
@@ -95,7 +95,7 @@ def test_wide_loads_and_one_value_at_a_time_give_the_same_bits(tmp_path, exes, c
     assert outs[0] == outs[1]
 
 
-DIRECTS = [CASES[0], CASES[3], METAL_CASES[3]]
+DIRECTS = [CASES[3], METAL_CASES[2]]  # rows alone over <= 32 keys: one chunk, direct
 
 
 @pytest.mark.parametrize("case", DIRECTS, ids=map(case_id, DIRECTS))
