@@ -263,8 +263,9 @@ def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=m
 def _serving(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype):
     """The family serving a signature, chosen once per process: on a GPU the matrix-unit one (CUDA's tensor cores,
     Metal's simdgroup matrices) where it computes the signature, passed its self-check and timed faster here
-    (timing.prefer_tensor_core_attention), else the record's own. Both are row-invariant with bits of their own, so every launch of a layer (one-row steps,
-    verify rows, trees) meets the one family its signature chose."""
+    (timing.prefer_tensor_core_attention, which also picks its chunk), else the record's own. Both are row-invariant
+    with bits of their own, so every launch of a layer (one-row steps, verify rows, trees) meets the one build its
+    signature chose."""
     if rec.backend not in ("cuda", "metal"):
         return rec.fn
     mma = registry.kernel("sdpa-mma", rec.backend)
@@ -280,8 +281,16 @@ def _serving(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, va
                 mma.chosen[signature] = prefer_tensor_core_attention(rec.fn, mma.fn, heads, kv_heads, dim, value_dim,
                                                                      dtype, kv_dtype, rec.backend)
         else:
-            mma.chosen[signature] = False
-    return mma.fn if mma.chosen[signature] else rec.fn
+            mma.chosen[signature] = 0
+    chunk = mma.chosen[signature]  # 0: the FMA family; else the matrix build walking that many keys a warp
+    if not chunk:
+        return rec.fn
+    if chunk == mma.fn.chunk:
+        return mma.fn
+    other = mma.fn.with_chunk(chunk)
+    failure = mma.check(signature + (f"c{chunk}",), lambda: self_check(other, heads, kv_heads, dim, value_dim, dtype,
+                                                                         kv_dtype))
+    return rec.fn if failure else other  # failed: the FMA family, as if never chosen (its first check passed)
 
 
 def _check(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype,

@@ -228,4 +228,13 @@ def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..
     sdpa.windows = sdpa.sinks = sdpa.lengths = sdpa.softcaps = sdpa.trees = True
     sdpa.mixed = backend == "metal"  # float32 queries over a float16 cache (Metal's float32 matrices take them)
     sdpa.family, sdpa.chunk, sdpa.supports = "sdpa-mma", chunk, source.supports
+    builds = {chunk: sdpa}
+
+    def with_chunk(other: int) -> Callable[..., mx.array]:
+        """The build walking `other` keys a warp (its own bits; made once)."""
+        if other not in builds:
+            builds[other] = _matrix_sdpa_function(make, backend, source, other)
+        return builds[other]
+
+    sdpa.with_chunk = with_chunk
     return sdpa

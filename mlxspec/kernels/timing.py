@@ -244,42 +244,57 @@ def tensor_cores_win(fma_us: dict, mma_us: dict, mlx_us: dict | None = None) -> 
 
 
 # (rows, keys) the attention families are timed at: a decoding step and a verify pass (k = 7, 15) over a short and a
-# long cache. The FMA family's cost grows with rows x keys; the tensor cores' mostly with keys (16 slots a warp).
+# long cache. The FMA family's cost grows with rows x keys; the matrix units' mostly with keys (16 slots a warp).
 ATTENTION_TIMED = ((1, 1024), (8, 1024), (1, 8192), (16, 8192))
+# Keys a warp walks, timed beside the matrix family's default (gpu_attention_mma_source.CHUNK): each orders the sums
+# otherwise (its own bits), so a signature keeps the one chosen for every launch; smaller chunks keep more warps busy
+# over a short cache, larger ones write fewer partial states. A guess at the range, unmeasured on a device.
+OTHER_CHUNKS = (64, 256)
 
 
 def prefer_tensor_core_attention(fma, mma, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype=None,
-                                 backend: str = "cuda") -> bool:
+                                 backend: str = "cuda") -> int:
     """Time the FMA attention and the matrix-unit one (CUDA's tensor cores: gpu_attention_mma_source.py; Metal's
-    simdgroup matrices: gpu_attention_simdgroup_source.py) on this signature at
+    simdgroup matrices: gpu_attention_simdgroup_source.py; its default chunk and OTHER_CHUNKS) on this signature at
     ATTENTION_TIMED (cached on disk per device and MLX version, shown by doctor), each call chained as a forward
-    makes it. True where the tensor cores cost less in total and keep every one-row step within
-    TENSOR_CORE_STEP_BUDGET of the dearer of the FMA kernel's and MLX's own op (as tensor_cores_win for qmm).
+    makes it. Returns the chunk of the matrix build that serves the signature, 0 for the FMA family: of the builds
+    that cost less than FMA in total and keep every one-row step within TENSOR_CORE_STEP_BUDGET of the dearer of
+    the FMA kernel's and MLX's own op (as tensor_cores_win for qmm), the cheapest in total.
     Unmeasured on a device when written (2026-11-28): the rule's inputs are what the device measures."""
     from .registry import kernel
 
     kv_dtype = kv_dtype or dtype
-    times = {"fma": {}, "mma": {}, "mlx": {}}
-    for name, family, fn in (("fma", "sdpa", fma), ("mma", "sdpa-mma", mma)):
+    default = mma.chunk
+    builds = {default: mma} | {c: mma.with_chunk(c) for c in OTHER_CHUNKS if c != default}
+    times = {"fma": {}, "mlx": {}} | {c: {} for c in builds}
+    for name, family, fn in [("fma", "sdpa", fma)] + [(c, "sdpa-mma", f) for c, f in builds.items()]:
         rec = kernel(family, backend)
         for m, keys in ATTENTION_TIMED:
             signature = f"{heads}x{kv_heads} d{dim}/{value_dim} {str(dtype).split('.')[-1]} M={m} L={keys}"
             signature += f" kv {str(kv_dtype).split('.')[-1]}" if kv_dtype != dtype else ""
+            signature += f" c{name}" if name not in ("fma", default) else ""
             entry = cached_timing(rec, signature)
             if entry is None:
-                kq, kk, kv = mx.random.split(mx.random.key(keys + m), 3)
-                q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
-                k = mx.random.normal((1, kv_heads, keys, dim), key=kk).astype(kv_dtype)
-                v = mx.random.normal((1, kv_heads, keys, value_dim), key=kv).astype(kv_dtype)
-                mx.eval(q, k, v)
-                scale = dim**-0.5
-                ours = latency_us(lambda q_: fn(q_, k, v, scale, True), q)
-                kx, vx = k.astype(dtype), v.astype(dtype)  # MLX's op: one dtype (a float16 cache read as float32)
-                theirs = latency_us(lambda q_: mx.fast.scaled_dot_product_attention(q_, kx, vx, scale=scale, mask="causal"),
-                                    q)
-                entry = record_timing(rec, signature, ours, theirs)
+                entry = record_timing(rec, signature, *_attention_us(fn, heads, kv_heads, dim, value_dim, dtype, kv_dtype,
+                                                                     m, keys))
             times[name][m, keys] = entry["kernel_us"]
             times["mlx"][m, keys] = min(times["mlx"].get((m, keys), entry["mlx_us"]), entry["mlx_us"])
-    steps_ok = all(times["mma"][m, keys] <= TENSOR_CORE_STEP_BUDGET * max(times["fma"][m, keys], times["mlx"][m, keys])
-                   for m, keys in ATTENTION_TIMED if m == 1)
-    return steps_ok and sum(times["mma"].values()) < sum(times["fma"].values())
+    totals = {c: sum(times[c].values()) for c in builds if sum(times[c].values()) < sum(times["fma"].values())
+              and all(times[c][m, keys] <= TENSOR_CORE_STEP_BUDGET * max(times["fma"][m, keys], times["mlx"][m, keys])
+                      for m, keys in ATTENTION_TIMED if m == 1)}
+    return min(totals, key=lambda c: (totals[c], c != default)) if totals else 0
+
+
+def _attention_us(fn, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype, m: int,
+                  keys: int) -> tuple[float, float]:
+    """(fn's, MLX's) chained microseconds a causal call of m rows over `keys` cached keys."""
+    kq, kk, kv = mx.random.split(mx.random.key(keys + m), 3)
+    q = mx.random.normal((1, heads, m, dim), key=kq).astype(dtype)
+    k = mx.random.normal((1, kv_heads, keys, dim), key=kk).astype(kv_dtype)
+    v = mx.random.normal((1, kv_heads, keys, value_dim), key=kv).astype(kv_dtype)
+    kx, vx = k.astype(dtype), v.astype(dtype)  # MLX's op: one dtype (a float16 cache read as float32)
+    mx.eval(q, k, v, kx, vx)
+    scale = dim**-0.5
+    ours = latency_us(lambda q_: fn(q_, k, v, scale, True), q)
+    theirs = latency_us(lambda q_: mx.fast.scaled_dot_product_attention(q_, kx, vx, scale=scale, mask="causal"), q)
+    return ours, theirs

@@ -227,6 +227,11 @@ def test_tensor_core_attention_launches_a_warp_per_16_slots_and_refuses_what_it_
     for bad in ({"dtype": mx.float32}, {"d": 256}):
         with pytest.raises(ValueError):
             launches(1, 100, **bad)
+    other = sdpa.with_chunk(64)  # another chunk: a build of its own, made once (the timing's candidates)
+    assert other.chunk == 64 and sdpa.with_chunk(64) is other and sdpa.with_chunk(128) is sdpa
+    seen.clear()
+    other(mx.zeros((1, 32, 1, 128), mx.float16), *[mx.zeros((1, 8, 100, 128), mx.float16)] * 2, 0.1, True)
+    assert seen[0][0] == partial and seen[0][2] == (32, 8, 2)  # 100 keys: two 64-key chunks
 
 
 def test_simdgroup_attention_launches_a_simdgroup_per_8_slots_and_takes_float32(monkeypatch):
