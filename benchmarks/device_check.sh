@@ -117,7 +117,8 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
     ncu-forward) command -v ncu > /dev/null && for v in mlx kernels; do step "ncu-forward-$v" 90 ncu --profile-from-start off \
       --metrics gpu__time_duration.sum --csv --page raw python3 -u benchmarks/ncu_forward.py --variant "$v"; done ;;
     ops) bench ops 240 ${SHAPES:+--shapes "$SHAPES"} ;;  # SHAPES=NxK,...: only these qmm shapes
-    attention) bench attention 150 ;;  # the attention kernel (adaptive; 8, 4, 1 warps; split; PACK 0/2: the same bits?) vs MLX's
+    attention) bench attention 150 ;;  # the attention kernel (adaptive; 8, 4, 1 warps; split; PACK 0/2: the same bits?) and
+      # the matrix-unit family (ours-mma-c64/128/256: keys a warp) vs MLX's
     mlxspec-bench) [ -f /var/tmp/stash/smol.gguf ] && step mlxspec-bench 150 env MLXSPEC_KERNELS=1 python3 -m mlxspec bench \
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
@@ -132,7 +133,8 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
   esac
 }
 # The default order puts first what the seventh session (H200, 2026-11-28) left open: the attention kernel's direct
-# build walking up to 4 chunks (ours vs ours-split), the forwards with it (the exact one-row forward was 8.65 ms
+# build walking up to 4 chunks (ours vs ours-split) and the matrix-unit attention written since (ours-mma-c*: does it
+# beat the FMA family at 16 rows over 8,192 keys, and at one row over 300?), the forwards with it (the exact one-row forward was 8.65 ms
 # compiled vs MLX's 9.87), the kernel tests (its self-check), the engine and `mlxspec bench` on SmolLM2 (stage the GGUF:
 # STAGE_GGUF=1), the ops table (its 4096 x 4096 one-row gap), the whole suite (never run on a GPU), then the rest.
 # 2026-11-28 (H200, seventh session, no cache carried; by the logs' times): attention 59 s, kernels 51 s, forward 192 s,
