@@ -1,8 +1,9 @@
 """Compile and run generated GPU programs on the CPU (tests/kernels/emulator/gpu_emulator.h).
 
 Shared by the qmm / dense and attention emulator tests: g++ builds are cached per test session by
-their code, and run in parallel (each is ~1-2 s). Builds run under AddressSanitizer and UBSan's alignment
-check; `EMULATOR_UBSAN=full python -m pytest tests/kernels` adds its shift, bounds and signed-overflow checks.
+their code, and run in parallel (each is ~1-2 s). Builds run under UBSan's alignment check, the edge tests' also
+under AddressSanitizer; `EMULATOR_ASAN=all` puts every build under it, `EMULATOR_UBSAN=full` adds UBSan's shift,
+bounds and signed-overflow checks.
 """
 
 from __future__ import annotations
@@ -44,56 +45,66 @@ template <typename V> void save(std::ofstream& out, const std::vector<V>& v) {
 
 
 # AddressSanitizer: a kernel that reads past an input (a prefetch past the last group, a clamp missed) may
-# fault on a GPU or read another allocation; here every input is a vector of exactly its size. UBSan: alignment
-# (GPUs fault on misaligned vector loads), shift (x86 takes a shift count mod 32 where a GPU's shl/shr clamp it:
-# the emulator and the device would part), bounds (local arrays' indices) and signed overflow (index arithmetic).
-# The last three cost ~70 s of the suite's 2-core time, so they run where EMULATOR_UBSAN=full (an audit after a
-# kernel change; all passed on 2026-11-27); alignment always.
+# fault on a GPU or read another allocation; here every input is a vector of exactly its size. It runs on the
+# adversarial edge tests (test_gpu_qmm_edges.py, test_gpu_attention_edges.py: buffers ending where a launch's
+# reads end, offsets off alignment), which ask for it (build_all(asan=True)), and on every build where
+# EMULATOR_ASAN=all (an audit after a kernel change): on the regular cases it cost ~70 s of the suite's wall time
+# (tests/kernels 4:15 -> 3:05 without, 2026-11-28). UBSan: alignment (GPUs fault on misaligned vector loads) always;
+# shift (x86 takes a shift count mod 32 where a GPU's shl/shr clamp it: the emulator and the device would part),
+# bounds (local arrays' indices) and signed overflow (index arithmetic) where EMULATOR_UBSAN=full (~70 s more;
+# all passed on 2026-11-27).
 UBSAN = "alignment,shift,bounds,signed-integer-overflow" if os.environ.get("EMULATOR_UBSAN") == "full" else "alignment"
-SANITIZERS = [f"-fsanitize=address,{UBSAN}", f"-fno-sanitize-recover={UBSAN}"]
+ASAN_EVERYWHERE = os.environ.get("EMULATOR_ASAN") == "all"
 
 
-FLAGS = [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
-         "-Wno-unused-local-typedefs", "-Wno-unused-variable", "-pthread", *SANITIZERS,  # MLX declares every template arg
-         "-I", str(EMULATOR / "include")]
+def flags(asan: bool) -> list[str]:
+    sanitizers = [f"-fsanitize=address,{UBSAN}" if asan or ASAN_EVERYWHERE else f"-fsanitize={UBSAN}",
+                  f"-fno-sanitize-recover={UBSAN}"]
+    return [CXX, "-std=c++20", "-O1", "-Wall", "-Werror", "-Wno-attributes", "-Wno-unknown-pragmas",
+            "-Wno-unused-local-typedefs", "-Wno-unused-variable", "-pthread", *sanitizers,  # MLX declares every template arg
+            "-I", str(EMULATOR / "include")]
+
+
 _HEADER_LOCK = threading.Lock()
 
 
-def emulator_header() -> Path:
-    """The emulator's header, precompiled once per test process where the compiler can (a build ~3.3 -> ~2.1 s:
-    its parse was a third of each build). Where it cannot, the header itself (the compiler parses it each time)."""
+def emulator_header(asan: bool = False) -> Path:
+    """The emulator's header, precompiled once per test process and sanitizer set where the compiler can (a build
+    ~3.3 -> ~2.1 s: its parse was a third of each build). Where it cannot, the header itself (parsed each time)."""
     with _HEADER_LOCK:
-        copy = _DIR / "gpu_emulator.h"  # without `#pragma once` (an error in a header compiled as the main file)
+        folder = _DIR / ("asan" if asan or ASAN_EVERYWHERE else "plain")
+        copy = folder / "gpu_emulator.h"  # without `#pragma once` (an error in a header compiled as the main file)
         if not copy.exists():
+            folder.mkdir(exist_ok=True)
             text = (EMULATOR / "gpu_emulator.h").read_text().replace("#pragma once\n", "", 1)
-            (_DIR / "gpu_emulator.tmp").write_text(text)
-            subprocess.run([*FLAGS, "-x", "c++-header", str(_DIR / "gpu_emulator.tmp"), "-o", str(copy) + ".gch"],
+            (folder / "gpu_emulator.tmp").write_text(text)
+            subprocess.run([*flags(asan), "-x", "c++-header", str(folder / "gpu_emulator.tmp"), "-o", str(copy) + ".gch"],
                            capture_output=True)  # g++ takes the .gch beside the header when flags match; else the text
-            (_DIR / "gpu_emulator.tmp").rename(copy)
+            (folder / "gpu_emulator.tmp").rename(copy)
         return copy
 
 
-def compile_program(cpp: Path, exe: Path) -> None:
+def compile_program(cpp: Path, exe: Path, asan: bool = False) -> None:
     """g++ (or clang++) with the emulator's header and the sanitizers; fails with the compiler's error."""
-    cmd = [*FLAGS, "-include", str(emulator_header()), str(cpp), "-o", str(exe)]
+    cmd = [*flags(asan), "-include", str(emulator_header(asan)), str(cpp), "-o", str(exe)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"generated source {cpp.name} does not compile:\n{proc.stderr[-3000:]}"
 
 
-def _build(code: str) -> Path:
-    key = hashlib.sha1(code.encode()).hexdigest()[:16]
+def _build(code: str, asan: bool = False) -> Path:
+    key = hashlib.sha1(code.encode()).hexdigest()[:16] + ("-asan" if asan else "")
     if key not in _BUILT:
         cpp, exe = _DIR / f"{key}.cpp", _DIR / key
         cpp.write_text(PRELUDE + code)
-        compile_program(cpp, exe)
+        compile_program(cpp, exe, asan)
         _BUILT[key] = exe
     return _BUILT[key]
 
 
-def build_all(codes: list[str]) -> list[Path]:
-    """Compile every program (2 at a time), cached for the session."""
+def build_all(codes: list[str], asan: bool = False) -> list[Path]:
+    """Compile every program (2 at a time), cached for the session; asan: under AddressSanitizer too."""
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(_build, codes))
+        return list(pool.map(lambda code: _build(code, asan), codes))
 
 
 def run(exe: Path, data: Path, *args) -> None:

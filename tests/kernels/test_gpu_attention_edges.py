@@ -27,7 +27,8 @@ from mlxspec.kernels import gpu_attention
 from mlxspec.kernels import gpu_attention_source as src
 from mlxspec.kernels.attention import attention_within_tolerance
 from mlxspec.kernels.gpu_codegen import cuda_function, cuda_program, metal_function
-from test_gpu_attention_sources import CHUNK, CUDA_COMBINE, METAL_COMBINE, WARPS
+from attention_harness import CUDA_COMBINE, METAL_COMBINE
+from test_gpu_attention_sources import CHUNK, WARPS
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
@@ -120,7 +121,7 @@ def harness(backend: str) -> str:
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    return dict(zip(BACKENDS, build_all([harness(b) for b in BACKENDS])))
+    return dict(zip(BACKENDS, build_all([harness(b) for b in BACKENDS], asan=True)))
 
 
 def raw(shape, dtype, seed: int, mult: float = 1.0) -> np.ndarray:

@@ -133,7 +133,7 @@ def program(backend: str, family: str) -> tuple[str, dict]:
 def programs() -> dict:
     keys = [(b, f) for f in ("fma", "matrix") for b in ("metal", "cuda")]
     built = [program(*key) for key in keys]
-    return {key: (exe, ids) for key, exe, (_, ids) in zip(keys, build_all([c for c, _ in built]), built)}
+    return {key: (exe, ids) for key, exe, (_, ids) in zip(keys, build_all([c for c, _ in built], asan=True), built)}
 
 
 def run_groups(prog, tmp_path, groups: list[list[dict]], **arrays) -> list[mx.array]:
