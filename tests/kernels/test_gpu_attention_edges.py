@@ -1,4 +1,6 @@
-"""Edge cases of the few-row attention kernels (gpu_attention_source.py) launched exactly as the wrapper launches them.
+"""Edge cases of the few-row attention kernels launched exactly as the wrappers launch them: the FMA family
+(gpu_attention_source.py) and the matrix-unit one (tensor cores, simdgroup matrices: gpu_attention_mma_source.py,
+gpu_attention_simdgroup_source.py; 32-key chunks here, every case whose head dims the family takes).
 
 Each launch's template, grid, params, length and sinks are what gpu_attention._sdpa_function computes (CHUNK = 64 as in
 test_gpu_attention_sources.py: blocks share key reads from 449 keys; WARPS = 2 warps a block), run under the emulator (ASan, UBSan alignment),
@@ -24,6 +26,7 @@ import pytest
 
 from emulator_harness import C_TYPES, CXX, build_all, from_np, run, to_np
 from mlxspec.kernels import gpu_attention
+from mlxspec.kernels import gpu_attention_mma_source, gpu_attention_simdgroup_source
 from mlxspec.kernels import gpu_attention_source as src
 from mlxspec.kernels.attention import attention_within_tolerance
 from mlxspec.kernels.gpu_codegen import cuda_function, cuda_program, metal_function
@@ -34,6 +37,23 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 BACKENDS = {"metal": mx.float16, "cuda": mx.bfloat16}  # q, k and v in this dtype
 BUILDS = [(1, 3), (4, 3), (1, 8)]  # (HEADS, DPL) of the partials compiled: every launch below is one of them
+# The matrix-unit family (tensor cores, simdgroup matrices): 32 keys a warp here (128 in production); a build per head
+# dims (its templates' DK, DN), those of the launches below that the family takes (D 84: none; 256: Metal's only)
+MATRIX = {"cuda": gpu_attention_mma_source, "metal": gpu_attention_simdgroup_source}
+MMA_CHUNK = 32
+MMA_DIMS = [(80, 80), (96, 64), (64, 96), (96, 96), (256, 256)]
+FAMILIES = ["fma", "mma"]
+
+
+def mma_builds(backend: str) -> list[tuple[int, int]]:
+    """(D, DV) of the matrix family's builds on this backend."""
+    dtype = BACKENDS[backend]
+    return [(d, dv) for d, dv in MMA_DIMS if MATRIX[backend].supports(dtype, dtype, d, dv)]
+
+
+def takes(backend: str, family: str, d: int, dv: int) -> bool:
+    dtype = BACKENDS[backend]
+    return family == "fma" or MATRIX[backend].supports(dtype, dtype, d, dv)
 INTS = ["build", "direct", "sinks", "H", "HKV", "M", "D", "DV", "S", "L", "blocks", "nch", "narrow", "causal", "window", "by_rows"]
 I64 = ["s_at", "s_n"] + [f"{a}_{f}" for a in "qkv" for f in ("at", "n", "off", "s0", "s1", "s2", "s3")]
 FIELDS = INTS + ["scale", "softcap"] + I64
@@ -84,6 +104,9 @@ CALL = {"metal": "{fn}<T, %d, {heads}, {dpl}, 0, %d, 1>(%s, uint3{{unsigned(lane
                   % (CHUNK, WARPS, ARGS, WARPS),
         "cuda": "threadIdx = dim3{{unsigned(lane), unsigned(w), 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
                 "        blockDim = dim3{{32, %d, 1}}; mlx::core::cu::{fn}(%s);" % (WARPS, ARGS)}
+MMA_CALL = {"metal": "{fn}<T, T, %d, {dk}, {dn}, 0>(%s, uint3{{unsigned(lane), unsigned(y), unsigned(z)}});" % (MMA_CHUNK, ARGS),
+            "cuda": "threadIdx = dim3{{unsigned(lane), 0, 0}}; blockIdx = dim3{{0, unsigned(y), unsigned(z)}};\n"
+                    "        blockDim = dim3{{32, 1, 1}}; mlx::core::cu::{fn}(%s);" % ARGS}
 OUTS = {"partial": "pmax.data(), psum.data(), pacc.data()", "direct": "o.data()"}
 SHAPES = {"metal": "int qs[4] = {1, H, M, D}, ks[4] = {1, HKV, S, D}, vs[4] = {1, HKV, S, DV};\n    int64_t "
                    "qt[4] = {q_s0, q_s1, q_s2, q_s3}, kt[4] = {k_s0, k_s1, k_s2, k_s3}, vt[4] = {v_s0, v_s1, v_s2, v_s3};",
@@ -91,7 +114,9 @@ SHAPES = {"metal": "int qs[4] = {1, H, M, D}, ks[4] = {1, HKV, S, D}, vs[4] = {1
                   "Strides qt{q_s0, q_s1, q_s2, q_s3}, kt{k_s0, k_s1, k_s2, k_s3}, vt{v_s0, v_s1, v_s2, v_s3};"}
 
 
-def harness(backend: str) -> str:
+def harness(backend: str, family: str = "fma") -> str:
+    if family == "mma":
+        return mma_harness(backend)
     dtype = BACKENDS[backend]
     kernels, texts, names = src._kernels(dtype), [], []  # BUILDS' partials, their direct builds, then the combine
     sizes = dict.fromkeys(src.PARTIAL_INPUTS + src.COMBINE_INPUTS, 99) | {"params": 5, "length": 1, "tree": 1}
@@ -109,19 +134,55 @@ def harness(backend: str) -> str:
         assert src.CUDA_WIDE in source
         wide = src.CUDA_WIDE.replace("= keys_wide", "= !force_narrow && keys_wide") + "  wide_seen |= wide ? 2 : 1;\n"
         source = source.replace(src.CUDA_WIDE, wide)
-    ctype = {f: "int" if f in INTS else "float" if f in ("scale", "softcap") else "int64_t" for f in FIELDS}
-    unpack = "\n".join(f"    const {ctype[f]} {f} = {ctype[f]}(f[{i}]);" for i, f in enumerate(FIELDS))
     partials = "\n".join(f"      case {i}: emu::run_blocks(blocks, nch, {WARPS}, [&](int lane, int w, int y, int z) {{\n        "
                          + CALL[backend].format(fn=names[i], heads=h, dpl=p, outs=OUTS[kind]) + "\n      }); break;"
                          for i, (kind, (h, p)) in enumerate((kind, b) for kind in ("partial", "direct") for b in BUILDS))
+    return _harness(backend, source, partials, len(BUILDS), names[-2:])
+
+
+def mma_harness(backend: str) -> str:
+    """The matrix family's partial and direct builds for each of mma_builds(backend), then the combine."""
+    dtype, mod, builds = BACKENDS[backend], MATRIX[backend], mma_builds(backend)
+    kernels = mod.kernels(dtype) if backend == "cuda" else mod.kernels(dtype, dtype)
+    template = ((lambda d, dv: mod.template(dtype, d, dv, MMA_CHUNK)) if backend == "cuda"
+                else (lambda d, dv: mod.template(dtype, dtype, d, dv, MMA_CHUNK)))
+    sizes = mod.SIZES | {"sinks": 99, "o": 99, "o_out": 99} if backend == "metal" else None
+    texts, names = [], []
+    for kind, targs in [(kind, template(d, dv)) for kind in ("partial", "direct") for d, dv in builds] + [
+            ("combine", src.combine_template(dtype, s)) for s in (False, True)]:
+        kernel, dtypes = kernels[kind]
+        name, text = (metal_function(kernel, dtypes, sizes, targs, mod.BODIES[kind]) if backend == "metal"
+                      else cuda_function(kernel, dtypes, targs, mod.BODIES[kind]))
+        names.append(name), texts.append(text)
+    if backend == "metal":
+        source = mod.HEADER + "".join(texts)
+    else:
+        source = cuda_program(mod.HEADER, texts)
+        for flag in ("k_wide", "v_wide"):  # forced narrow: one value at a time whatever the views allow
+            assert f"const bool {flag} = " in source
+            source = source.replace(f"const bool {flag} = ", f"const bool {flag} = !force_narrow && ")
+        source = source.replace("  const uint16_t* kh =", "  wide_seen |= k_wide ? 2 : 1;\n  const uint16_t* kh =")
+    step = 16 if backend == "cuda" else 8  # DK's dims a step
+    partials = "\n".join(f"      case {i}: emu::run_blocks(blocks, nch, 1, [&](int lane, int w, int y, int z) {{\n        "
+                         + MMA_CALL[backend].format(fn=names[i], dk=d // step, dn=dv // 8, outs=OUTS[kind]) + "\n      }); break;"
+                         for i, (kind, (d, dv)) in enumerate((kind, b) for kind in ("partial", "direct") for b in builds))
+    return _harness(backend, source, partials, len(builds), names[-2:])
+
+
+def _harness(backend: str, source: str, partials: str, builds: int, combines: list[str]) -> str:
+    ctype = {f: "int" if f in INTS else "float" if f in ("scale", "softcap") else "int64_t" for f in FIELDS}
+    unpack = "\n".join(f"    const {ctype[f]} {f} = {ctype[f]}(f[{i}]);" for i, f in enumerate(FIELDS))
     combine = METAL_COMBINE if backend == "metal" else CUDA_COMBINE
-    return HARNESS.format(source=source, T=C_TYPES[dtype], F=len(FIELDS), unpack=unpack, partials=partials, builds=len(BUILDS),
-                          shapes=SHAPES[backend], combine0=combine.format(c=names[-2], sinks=0), combine1=combine.format(c=names[-1], sinks=1))
+    dtype = BACKENDS[backend]
+    return HARNESS.format(source=source, T=C_TYPES[dtype], F=len(FIELDS), unpack=unpack, partials=partials, builds=builds,
+                          shapes=SHAPES[backend], combine0=combine.format(c=combines[0], sinks=0),
+                          combine1=combine.format(c=combines[1], sinks=1))
 
 
 @pytest.fixture(scope="module")
 def exes() -> dict:
-    return dict(zip(BACKENDS, build_all([harness(b) for b in BACKENDS], asan=True)))
+    labels = [(b, f) for b in BACKENDS for f in FAMILIES]
+    return dict(zip(labels, build_all([harness(b, f) for b, f in labels], asan=True)))
 
 
 def raw(shape, dtype, seed: int, mult: float = 1.0) -> np.ndarray:
@@ -141,8 +202,8 @@ def place(a: np.ndarray, dtype, shape=None, pick=lambda b: b, off: int = 0) -> t
 class Batch:
     """Launches made as the wrapper makes them (its template, grid, params, length, sinks), run in one process."""
 
-    def __init__(self, backend: str):
-        self.backend, self.dtype, self.launches = backend, BACKENDS[backend], []
+    def __init__(self, backend: str, family: str = "fma"):
+        self.backend, self.family, self.dtype, self.launches = backend, family, BACKENDS[backend], []
         self.pools = {p: [] for p in "qkvs"}
         self.walks = 0  # direct launches over more than one chunk
         seen = self.seen = []
@@ -153,7 +214,10 @@ class Batch:
                 return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
             return launch
 
-        self.sdpa = gpu_attention._sdpa_function(make, backend, WARPS)
+        if family == "fma":
+            self.sdpa = gpu_attention._sdpa_function(make, backend, WARPS)
+        else:
+            self.sdpa = gpu_attention._matrix_sdpa_function(make, backend, MATRIX[backend], MMA_CHUNK)
 
     def add(self, q, k, v, causal: bool = True, narrow: bool = False, **kw) -> int:
         """q, k, v: (buffer, view) pairs (place); kw: the wrapper's window, sinks, length, softcap."""
@@ -163,15 +227,19 @@ class Batch:
             self.sdpa(*(mx.zeros(a.shape, self.dtype) for _, a in (q, k, v)), q[1].shape[3] ** -0.5, causal, **kw)
         (p_name, p_in, p_t, p_grid), *combine = self.seen  # a direct launch (few chunks, no sinks) has no combine
         (_, h, m, d), (_, hkv, keys, dv) = q[1].shape, v[1].shape
-        direct, window = p_name == src.DIRECT_NAME, kw.get("window", 0)
-        nch = -(-min(keys, window or keys) // CHUNK)
-        assert direct == (nch <= src.DIRECT_CHUNKS and kw.get("sinks") is None) and len(combine) == (0 if direct else 1)
+        direct, window = p_name.endswith("_direct"), kw.get("window", 0)
+        fma = self.family == "fma"
+        nch = -(-min(keys, window or keys) // (CHUNK if fma else MMA_CHUNK))
+        most = src.DIRECT_CHUNKS if fma else 1  # chunks a direct launch walks
+        assert direct == (nch <= most and kw.get("sinks") is None) and len(combine) == (0 if direct else 1)
         assert p_grid[2] == (1 if direct else nch)  # a direct launch: one block walks the chunks
         self.walks += direct and nch > 1
         (_, c_in, c_t, c_grid), = combine or [(None, {"sinks": np.zeros(1, np.float32)}, {"SINKS": 0}, (32, h * m, 1))]
-        assert p_grid[0] == 32 and p_grid[1] % WARPS == 0 and p_t["WARPS"] == WARPS and c_grid == (32, h * m, 1)
-        fields = dict(build=BUILDS.index((p_t["HEADS"], p_t["DPL"])), direct=direct, sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
-                      S=keys, L=p_in["length"].item(), blocks=p_grid[1] // WARPS, nch=p_grid[2], narrow=narrow,
+        warps = WARPS if fma else 1
+        assert p_grid[0] == 32 and p_grid[1] % warps == 0 and p_t.get("WARPS", 1) == warps and c_grid == (32, h * m, 1)
+        build = BUILDS.index((p_t["HEADS"], p_t["DPL"])) if fma else mma_builds(self.backend).index((d, dv))
+        fields = dict(build=build, direct=direct, sinks=c_t["SINKS"], H=h, HKV=hkv, M=m, D=d, DV=dv,
+                      S=keys, L=p_in["length"].item(), blocks=p_grid[1] // warps, nch=p_grid[2], narrow=narrow,
                       **dict(zip(["scale", "causal", "window", "by_rows", "softcap"], p_in["params"].tolist())))
         for name, (buf, view) in zip("qkvs", (q, k, v, (np.array(c_in["sinks"]),) * 2)):
             buf = buf.reshape(-1)  # the same memory
@@ -218,10 +286,13 @@ SHAPES_RUN = [  # (H, HKV, D, DV, L, M): 449 keys = 8 chunks, where a warp start
     (2, 1, 84, 84, 97, 2)]  # keys ending at a 32-key step inside a chunk; D % 8 != 0
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_key_counts_rows_heads_and_head_dims(tmp_path, exes, backend):
-    dtype, batch, near, same = BACKENDS[backend], Batch(backend), [], []
+def test_key_counts_rows_heads_and_head_dims(tmp_path, exes, backend, family):
+    dtype, batch, near, same = BACKENDS[backend], Batch(backend, family), [], []
     for n, (h, hkv, d, dv, length, m) in enumerate(SHAPES_RUN):
+        if not takes(backend, family, d, dv):
+            continue
         q, k, v = raw((1, h, m, d), dtype, 3 * n, 2.0), raw((1, hkv, length, d), dtype, 3 * n + 1), raw(
             (1, hkv, length, dv), dtype, 3 * n + 2)
         views = place(q, dtype), *(place(a, dtype, a.shape[:2] + (length + 7,) + a.shape[3:], lambda b: b[:, :, :length])
@@ -232,16 +303,19 @@ def test_key_counts_rows_heads_and_head_dims(tmp_path, exes, backend):
         label = f"{(h, hkv, d, dv, length, m)}"
         near += [(causal, (q, k, v), dict(causal=True), label), (full, (q, k, v), dict(causal=False), label + " unmasked")]
         same += [(causal, alone, label + " rows alone"), ((full, m - 1), (alone[-1], 0), label + " unmasked last row")]
-    assert {f["build"] for f, _ in batch.launches} == set(range(len(BUILDS)))  # one head a warp and HEADS, DPL 3 and 8
-    assert {f["direct"] for f, _ in batch.launches} == {0, 1} and batch.walks  # up to DIRECT_CHUNKS chunks: the direct build
-    check(batch, exes[backend], tmp_path, near, same)
+    builds = BUILDS if family == "fma" else mma_builds(backend)
+    assert {f["build"] for f, _ in batch.launches} == set(range(len(builds)))  # FMA: one head a warp and HEADS, DPL 3, 8
+    assert {f["direct"] for f, _ in batch.launches} == {0, 1}  # FMA up to DIRECT_CHUNKS chunks, else one: direct builds
+    assert bool(batch.walks) == (family == "fma")
+    check(batch, exes[backend, family], tmp_path, near, same)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_strided_and_misaligned_views_give_the_same_bits(tmp_path, exes, backend):
+def test_strided_and_misaligned_views_give_the_same_bits(tmp_path, exes, backend, family):
     """CUDA's 16-byte key loads (bit 2 of `wide`) only where keys_wide allows them: contiguous dims, key rows and
     head strides multiples of 8 values, k 16-byte aligned, D a multiple of 8; else one by one (bit 1): the same bits."""
-    dtype, batch, (h, hkv, m, length, cap) = BACKENDS[backend], Batch(backend), (4, 2, 4, 100, 130)
+    dtype, batch, (h, hkv, m, length, cap) = BACKENDS[backend], Batch(backend, family), (4, 2, 4, 100, 130)
     q, k, v = raw((1, h, m, 80), dtype, 0, 2.0), raw((1, hkv, length, 80), dtype, 1), raw((1, hkv, length, 80), dtype, 2)
     q84, k84, v84 = raw((1, h, m, 84), dtype, 3, 2.0), raw((1, hkv, length, 84), dtype, 4), raw((1, hkv, length, 84), dtype, 5)
     halves = place(np.concatenate([k, v], axis=3), dtype, (1, hkv, cap, 160), lambda b: b[:, :, :length])
@@ -264,11 +338,14 @@ def test_strided_and_misaligned_views_give_the_same_bits(tmp_path, exes, backend
         "D 84 in rows of 88, the buffer ending at the last dim": (  # 16-byte loads would read 8 bytes past it
             place(q84, dtype), *((b[:-4], view) for b, view in padded), False, 1),
     }
+    if not takes(backend, family, 84, 84):  # the matrix family's dims come in 8- or 16-dim tiles
+        variants = {name: variant for name, variant in variants.items() if not name.startswith("D 84")}
     at = {name: batch.add(qv, kv, vv, narrow=narrow) for name, (qv, kv, vv, narrow, _) in variants.items()}
-    near = [(at["contiguous"], (q, k, v), dict(causal=True), "contiguous"), (at["D 84 contiguous"], (q84, k84, v84),
-                                                                            dict(causal=True), "D 84")]
+    near = [(at["contiguous"], (q, k, v), dict(causal=True), "contiguous")]
+    if "D 84 contiguous" in at:
+        near.append((at["D 84 contiguous"], (q84, k84, v84), dict(causal=True), "D 84"))
     same = [(at[name], at["D 84 contiguous" if name.startswith("D 84") else "contiguous"], name) for name in variants]
-    wide = check(batch, exes[backend], tmp_path, near, same)
+    wide = check(batch, exes[backend, family], tmp_path, near, same)
     for name, (*_, loads) in variants.items():
         assert wide[at[name]] == (loads if backend == "cuda" else 0), f"{backend} {name}: key loads {wide[at[name]]}"
 
@@ -278,12 +355,15 @@ WINDOWED = [  # (H, HKV, D = DV, sinks, softcap, L, windows): Gemma 2's dims and
     (8, 2, 80, False, 0.0, 520, (460,))]
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_windows_sinks_softcap_and_lengths(tmp_path, exes, backend):
+def test_windows_sinks_softcap_and_lengths(tmp_path, exes, backend, family):
     """Windows shorter than a chunk (64) and not chunk-aligned (0: none), causal over M = 8 rows: row i bit-equal to a
     1-row launch over exactly its window, a launch over the whole buffer (NaN past L) with length L bit-equal."""
-    dtype, batch, near, same, m = BACKENDS[backend], Batch(backend), [], [], 8
+    dtype, batch, near, same, m = BACKENDS[backend], Batch(backend, family), [], [], 8
     for n, (h, hkv, d, with_sinks, softcap, length, windows) in enumerate(WINDOWED):
+        if not takes(backend, family, d, d):
+            continue
         cap = length + 40
         q, k, v = raw((1, h, m, d), dtype, 10 + n, 3.0), *(raw((1, hkv, length, d), dtype, 20 + 10 * n + i) for i in (0, 1))
         kw = dict(sinks=mx.random.normal((h,), key=mx.random.key(n)) * 2 if with_sinks else None, softcap=softcap)
@@ -305,7 +385,7 @@ def test_windows_sinks_softcap_and_lengths(tmp_path, exes, backend):
                 same.append(((exact, m - 1), lone, label + " last row alone, NaN around its window"))
             else:  # a length past the buffer: every key counts
                 same.append((batch.add(qv, kb, vb, length=mx.array([cap + 100]), **kw), exact, label + " length past it"))
-    check(batch, exes[backend], tmp_path, near, same)
+    check(batch, exes[backend, family], tmp_path, near, same)
 
 
 REFUSED = {  # q, k, v shapes (float16) the kernel would read out of bounds for, or launch with a grid dimension 0 or,
@@ -316,16 +396,20 @@ REFUSED = {  # q, k, v shapes (float16) the kernel would read out of bounds for,
     "v's keys fewer than k's": ((1, 2, 1, 64), (1, 1, 10, 64), (1, 1, 5, 64)),
     "v's heads fewer than k's": ((1, 4, 1, 64), (1, 2, 10, 64), (1, 1, 10, 64)),
     "k's batch not 1": ((1, 2, 1, 64), (2, 1, 10, 64), (2, 1, 10, 64)),
-    "65536 heads x rows": ((1, 1024, 64, 8), (1, 1, 64, 8), (1, 1, 64, 8)),
-    "65536 key chunks": ((1, 1, 1, 1), (1, 1, 65536 * src.CHUNK, 1), (1, 1, 65536 * src.CHUNK, 1)),
+    "65536 heads x rows": ((1, 1024, 64, 16), (1, 1, 64, 16), (1, 1, 64, 16)),  # (16 dims: the matrix family's too)
+    "65536 key chunks": ((1, 1, 1, 16), (1, 1, 65536 * src.CHUNK, 16), (1, 1, 65536 * src.CHUNK, 16)),
 }
 
 
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("name", REFUSED)
-def test_wrapper_refuses_launches_a_gpu_could_not_run(name):
+def test_wrapper_refuses_launches_a_gpu_could_not_run(name, family):
     def make(**_):
         return lambda **__: pytest.fail(f"{name}: launched")
 
-    sdpa = gpu_attention._sdpa_function(make, "cuda")
+    if family == "fma":
+        sdpa = gpu_attention._sdpa_function(make, "cuda")
+    else:
+        sdpa = gpu_attention._matrix_sdpa_function(make, "cuda", MATRIX["cuda"], MMA_CHUNK)
     with pytest.raises(ValueError, match="sdpa kernel"):
         sdpa(*(mx.zeros(shape, mx.float16) for shape in REFUSED[name]), 0.125, False)
