@@ -1,6 +1,6 @@
 """Edge cases of the few-row attention kernels launched exactly as the wrappers launch them: the FMA family
 (gpu_attention_source.py) and the matrix-unit one (tensor cores, simdgroup matrices: gpu_attention_mma_source.py,
-gpu_attention_simdgroup_source.py; 32-key chunks here, every case whose head dims the family takes).
+gpu_attention_simdgroup_source.py; 64-key chunks here, every case whose head dims the family takes).
 
 Each launch's template, grid, params, length and sinks are what gpu_attention._sdpa_function computes (CHUNK = 64 as in
 test_gpu_attention_sources.py: blocks share key reads from 449 keys; WARPS = 2 warps a block), run under the emulator (ASan, UBSan alignment),
@@ -37,10 +37,10 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
 
 BACKENDS = {"metal": mx.float16, "cuda": mx.bfloat16}  # q, k and v in this dtype
 BUILDS = [(1, 3), (4, 3), (1, 8)]  # (HEADS, DPL) of the partials compiled: every launch below is one of them
-# The matrix-unit family (tensor cores, simdgroup matrices): 32 keys a warp here (128 in production); a build per head
+# The matrix-unit family (tensor cores, simdgroup matrices): 64 keys a warp here (128 in production); a build per head
 # dims (its templates' DK, DN), those of the launches below that the family takes (D 84: none; 256: Metal's only)
 MATRIX = {"cuda": gpu_attention_mma_source, "metal": gpu_attention_simdgroup_source}
-MMA_CHUNK = 32
+MMA_CHUNK = 64
 MMA_DIMS = [(80, 80), (96, 64), (64, 96), (96, 96), (256, 256)]
 FAMILIES = ["fma", "mma"]
 

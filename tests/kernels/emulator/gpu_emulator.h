@@ -38,6 +38,7 @@ constexpr size_t kStack = 256 * 1024;
 struct Lanes {
   float values[kLanes];
   int ivalues[kLanes];  // integer exchanges (the fused acceptance kernel's argmin / argmax)
+  uint32_t words[kLanes][6];  // a matrix op's operands, every register of every lane in one meeting
 };
 inline Lanes* lanes = nullptr;  // the running lane's warp's slots
 inline int lane = 0, fiber = 0;  // lane within its warp; fiber = warp * 32 + lane
@@ -303,30 +304,52 @@ inline void frag_coord(int l, int& fm, int& fn) {
   fm = (qid & 4) + (l / 2) % 4;
   fn = (qid & 2) * 2 + (l % 2) * 2;
 }
-inline void gather_matrix(const simdgroup_matrix<float, 8, 8>& m, float (&out)[8][8]) {
-  for (int e = 0; e < 2; ++e) {
-    const auto all = gather(m.elements.v[e]);
-    for (int l = 0; l < kLanes; ++l) {
-      int fm, fn;
-      frag_coord(l, fm, fn);
-      out[fm][fn + e] = all[l];
+// The lane holding element (r, c) of an 8 x 8 matrix, and which of its two: the inverse of frag_coord
+inline void frag_owner(int r, int c, int& l, int& e) {
+  for (l = 0; l < kLanes; ++l) {
+    int fm, fn;
+    frag_coord(l, fm, fn);
+    if (fm == r && (c == fn || c == fn + 1)) {
+      e = c - fn;
+      return;
     }
   }
+  std::abort();
 }
 }  // namespace emu
+// Every lane publishes its 6 elements (A, B, C) in one meeting and reads the others' it needs: the same sums as
+// gathering each matrix whole, in a sixth of the fiber switches
 inline void simdgroup_multiply_accumulate(simdgroup_matrix<float, 8, 8>& d, const simdgroup_matrix<float, 8, 8>& a,
                                           const simdgroup_matrix<float, 8, 8>& b, const simdgroup_matrix<float, 8, 8>& c) {
-  float A[8][8], B[8][8], C[8][8];
-  emu::gather_matrix(a, A);
-  emu::gather_matrix(b, B);
-  emu::gather_matrix(c, C);
+  static const auto owner = [] {  // (r, c) -> lane * 2 + element
+    std::array<std::array<int, 8>, 8> o{};
+    for (int r = 0; r < 8; ++r)
+      for (int col = 0; col < 8; ++col) {
+        int l, e;
+        emu::frag_owner(r, col, l, e);
+        o[r][col] = 2 * l + e;
+      }
+    return o;
+  }();
+  const float mine[6] = {a.elements.v[0], a.elements.v[1], b.elements.v[0], b.elements.v[1], c.elements.v[0], c.elements.v[1]};
+  std::memcpy(emu::lanes->words[emu::lane], mine, sizeof(mine));
+  emu::meet();
+  const auto at = [](int matrix, int r, int col) {  // element (r, col) of operand `matrix` (0 A, 1 B, 2 C)
+    const int o = owner[r][col];
+    float v;
+    std::memcpy(&v, &emu::lanes->words[o / 2][2 * matrix + o % 2], 4);
+    return v;
+  };
   int fm, fn;
   emu::frag_coord(emu::lane, fm, fn);
+  float out[2];
   for (int e = 0; e < 2; ++e) {
-    float sum = C[fm][fn + e];
-    for (int k = 0; k < 8; ++k) sum = std::fma(A[fm][k], B[k][fn + e], sum);
-    d.elements.v[e] = sum;
+    float sum = at(2, fm, fn + e);
+    for (int k = 0; k < 8; ++k) sum = std::fma(at(0, fm, k), at(1, k, fn + e), sum);
+    out[e] = sum;
   }
+  emu::meet();  // every lane has read before any publishes its next operands
+  d.elements.v[0] = out[0], d.elements.v[1] = out[1];
 }
 
 // ---- CUDA
@@ -370,30 +393,25 @@ template <typename H> float half_at(uint32_t pair, int i) {
   return float(h[i]);
 }
 template <typename H> void mma_16816(float* d, const uint32_t* a, const uint32_t* b) {
-  int packed[6];
-  std::memcpy(packed, a, 16);
-  std::memcpy(packed + 4, b, 8);
-  std::array<std::array<int, kLanes>, 6> all;
-  for (int r = 0; r < 6; ++r) all[r] = gather(packed[r]);
-  float A[16][16], B[16][8];
-  for (int l = 0; l < kLanes; ++l) {
-    const int g = l / 4, t = l % 4;
-    for (int i = 0; i < 2; ++i) {
-      A[g][2 * t + i] = half_at<H>(uint32_t(all[0][l]), i);
-      A[g + 8][2 * t + i] = half_at<H>(uint32_t(all[1][l]), i);
-      A[g][2 * t + 8 + i] = half_at<H>(uint32_t(all[2][l]), i);
-      A[g + 8][2 * t + 8 + i] = half_at<H>(uint32_t(all[3][l]), i);
-      B[2 * t + i][g] = half_at<H>(uint32_t(all[4][l]), i);
-      B[2 * t + 8 + i][g] = half_at<H>(uint32_t(all[5][l]), i);
-    }
-  }
+  // every lane publishes its 6 registers in one meeting and reads the 16 pairs of A and of B its 4 outputs need
+  std::memcpy(lanes->words[lane], a, 16);
+  std::memcpy(lanes->words[lane] + 4, b, 8);
+  meet();
   const int g = lane / 4, t = lane % 4;
+  float out[4];
   for (int i = 0; i < 4; ++i) {
     const int row = g + 8 * (i / 2), col = 2 * t + i % 2;
     float sum = 0.0f;
-    for (int k = 0; k < 16; ++k) sum = std::fma(A[row][k], B[k][col], sum);
-    d[i] += sum;
+    for (int k = 0; k < 16; ++k) {  // A (row, k): a0..a3 of lane 4 (row % 8) + k % 8 / 2; B (k, col): b0 / b1 of lane 4 col + k % 8 / 2
+      const int holder = k % 8 / 2, hi = k / 8;
+      const uint32_t aw = lanes->words[4 * (row % 8) + holder][row / 8 + 2 * hi];
+      const uint32_t bw = lanes->words[4 * col + holder][4 + hi];
+      sum = std::fma(half_at<H>(aw, k % 2), half_at<H>(bw, k % 2), sum);
+    }
+    out[i] = sum;
   }
+  meet();  // every lane has read before any publishes its next operands
+  for (int i = 0; i < 4; ++i) d[i] += out[i];
 }
 }  // namespace emu
 inline void mma_16816(float* d, const uint32_t* a, const uint32_t* b, __half) { emu::mma_16816<__half>(d, a, b); }
