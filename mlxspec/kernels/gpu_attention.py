@@ -197,11 +197,10 @@ def metal_sdpa_simdgroup_function(chunk: int = simdgroup_source.CHUNK) -> Callab
 def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..., mx.array]:
     if chunk <= 0 or chunk % 16:
         raise ValueError(f"chunk {chunk}: a positive multiple of 16")
-    f16 = mx.float16
-    kinds = source.kernels(f16) if backend == "cuda" else source.kernels(f16, f16)
+    f16 = mx.float16  # (the kernels' names and inputs: the dtypes are template arguments at each launch)
     launch = {kind: make(name=name, input_names=inputs, output_names=outputs, source=source.BODIES[kind],
                          header=source.HEADER, ensure_row_contiguous=kind == "combine")
-              for kind, ((name, inputs, outputs, _), _) in kinds.items()}
+              for kind, ((name, inputs, outputs, _), _) in source.kernels(f16, f16).items()}
     unused, inputs_of = mx.zeros((1,), mx.float32), _Inputs()
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
@@ -213,10 +212,7 @@ def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..
             raise ValueError(f"sdpa {backend} matrix kernel: q {q.dtype} over k {k.dtype}, head dims {d} / {dv} unsupported")
         nch, by_rows = _validate(q, k, v, causal, window, sinks, length, softcap, tree, chunk, backend, True)
         inputs = inputs_of(q, k, v, scale, causal, window, by_rows, softcap, length, tree)
-        if backend == "cuda":
-            targs = source.template(q.dtype, d, dv, chunk, tree is not None)
-        else:
-            targs = source.template(q.dtype, k.dtype, d, dv, chunk, tree is not None)
+        targs = source.template(q.dtype, k.dtype, d, dv, chunk, tree is not None)
         grid, threadgroup = (32, source.tiles(h, hkv, m, by_rows), nch), (32, 1, 1)
         if backend == "cuda" and grid[1] > 65535:
             raise ValueError(f"sdpa tensor-core kernel: {grid[1]} tiles: past CUDA's 65535 blocks a grid dimension")

@@ -1,15 +1,15 @@
 """Row-invariant few-row attention on NVIDIA tensor cores (CUDA only): 16 slots a warp, each key read once for them.
 
     q (1, H, M, D), k (1, HKV, >= L, D), v (1, HKV, >= L, DV), all float16 or all bfloat16, H % HKV == 0,
-    D % 16 == 0 and DV % 8 == 0, both <= 128; any strides. Masks, windows, `length`, softcaps, sinks and draft
+    D % 16 == 0 and DV % 16 == 0, both <= 128; any strides. Masks, windows, `length`, softcaps, sinks and draft
     trees as in gpu_attention_source.py (the same params, tree rows and combine kernel).
     Output (1, H, M, DV) in T.
 
 Why: the FMA kernel (gpu_attention_source.py) spends one FMA per key, dim and slot in one lane, plus its index
 arithmetic: ~2,800 instructions a 32-key step at 4 slots (static SASS); 16 rows over 8,192 keys took 319 us on an
 H200 where MLX's (not row-invariant) kernel takes 57. Here one warp scores 16 keys for 16 slots (query head, row)
-with D/16 + D/16 `mma.sync.m16n8k16` and adds their values with DV/8 more: ~25x fewer instructions per key and
-slot. Its bits differ from the FMA kernel's, so a layer takes one family for every launch (attention.py).
+with 2 D/16 `mma.sync.m16n8k16` and adds their values with 2 DV/8 more: 721 instructions a 16-key step for 16
+slots in the main loop (static SASS, sm_90), ~7x fewer per key and slot. Its bits differ from the FMA kernel's, so a layer takes one family for every launch (attention.py).
 
 Row invariance: an mma output element is its C plus the products of its own row of A and column of B, so a
 slot's scores and its share of P x V never depend on the other slots (as the tensor-core qmm relies on; the
@@ -22,14 +22,16 @@ which the mma adds to C exactly. So row m of an M-row call computes what a 1-row
       (by_rows: any heads and rows; else the heads of one row) for chunk cz: keys [start + cz CHUNK, + CHUNK) in
       16-key steps, an online softmax (flash-attention 2): per step S = Q K^T (float32), masked and scaled (capped),
       m1 = max(m, rowmax S), P = exp(S - m1) (0 where masked), l = l exp(m - m1) + rowsum P, O = O exp(m - m1) + P V
-      with P rounded to T for the mma (as flash attention and MLX's steel attention do). Writes pmax, psum, pacc
+      with P as two T parts for the mma, P rounded and its rounding error (P rounded alone, as flash attention and
+      MLX's steel attention do, missed the float32 reference's tolerance by 2x at float16). Writes pmax, psum, pacc
       (H*M, NCH[, DV]) float32 for gpu_attention_source's combine.
     direct: the partial of a launch over one chunk without sinks: writes o = (O + 0) / l, the combine's arithmetic
       over one chunk (its weight exp(0) = 1; FMA(x, 1, 0) = x + 0), so the same bits as partial + combine.
 Fragments (PTX ISA m16n8k16 .row.col, lane = 4 g + t): A a0 (row g, k 2t..2t+1), a1 (row g+8), a2 (row g,
 k 2t+8..), a3 (row g+8, k 2t+8..); B b0 (k 2t..2t+1, column g), b1 (k 2t+8..); C/D (row g | g+8, column 2t | 2t+1).
-Q is A (slots x dims), K^T is B (dims x keys: a key's two dims one 32-bit load where aligned), S's C fragment is
-P's A fragment as it stands (two 8-key tiles side by side), V is B (keys x dims: two keys' values of one dim, packed).
+Q is A (slots x dims), K^T is B (dims x keys), S's C fragment is P's A fragment as it stands (two 8-key tiles side
+by side), V is B (keys x dims: two keys' values of one dim, packed by a byte permute). The k and n indices are
+labels mapped to dims so a lane's are contiguous (see CORE): keys and values arrive in 16-byte loads.
 Template: T, CHUNK (multiple of 16), DK = D / 16, DN = DV / 8, TREE (0 or 1).
 """
 
@@ -44,7 +46,7 @@ from .gpu_mma_source import MMA_OPS
 from .tree_mask import TREE_ROW
 
 PARTIAL_NAME, DIRECT_NAME = "mlxspec_sdpa_mma_partial", "mlxspec_sdpa_mma_direct"
-CHUNK = 128  # keys a warp walks (8 steps); more chunks keep more warps busy over a short cache (a guess, unmeasured)
+CHUNK = 128  # keys a warp walks (8 steps) by default; the self-timing also tries timing.OTHER_CHUNKS (each its own bits)
 SLOTS = 16  # (query head, row) slots a warp: the mma's 16 rows
 MAX_DIM = 128  # Q's fragments (D / 16 x 4 registers) and O's (DV / 8 x 4) held a lane: 96 registers at 128
 DTYPES = (mx.float16, mx.bfloat16)
@@ -255,14 +257,15 @@ def tiles(h: int, hkv: int, m: int, by_rows: bool, slots: int = SLOTS) -> int:
     return hkv * (1 if by_rows else m) * ((per_kv + slots - 1) // slots)
 
 
-def template(dtype, d: int, dv: int, chunk: int = CHUNK, tree: bool = False) -> list[tuple]:
+def template(dtype, kv_dtype, d: int, dv: int, chunk: int = CHUNK, tree: bool = False) -> list[tuple]:
+    """The kernels' template arguments (kv_dtype: the cache's, here always q's: `supports`; the Metal twin's signature)."""
     return [("T", dtype), ("CHUNK", chunk), ("DK", d // 16), ("DN", dv // 8), ("TREE", int(tree))]
 
 
-def kernels(dtype) -> dict:
+def kernels(dtype, kv_dtype) -> dict:
     """kind -> ((name, inputs, outputs, output dtypes), input dtypes) as the wrapper and the tests build them."""
     f32 = mx.float32
-    dtypes = {"q": dtype, "k": dtype, "v": dtype, "params": f32, "length": mx.int32, "tree": mx.int32}
+    dtypes = {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}
     return {"partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3), dtypes),
             "direct": ((DIRECT_NAME, PARTIAL_INPUTS, DIRECT_OUTPUTS, [dtype]), dtypes),
             "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32))}
@@ -271,11 +274,11 @@ def kernels(dtype) -> dict:
 def program(dtype, d: int, dv: int, chunk: int = CHUNK, sinks: bool = False) -> tuple[dict, str]:
     """({'partial', 'partial_tree', 'direct', 'direct_tree', 'combine'}: function names, the CUDA program) as
     mx.fast.cuda_kernel writes them (the tests compile it under the emulator)."""
-    names, texts, ks = {}, [], kernels(dtype)
-    for label, kind, targs in [("partial", "partial", template(dtype, d, dv, chunk)),
-                               ("partial_tree", "partial", template(dtype, d, dv, chunk, True)),
-                               ("direct", "direct", template(dtype, d, dv, chunk)),
-                               ("direct_tree", "direct", template(dtype, d, dv, chunk, True)),
+    names, texts, ks = {}, [], kernels(dtype, dtype)
+    for label, kind, targs in [("partial", "partial", template(dtype, dtype, d, dv, chunk)),
+                               ("partial_tree", "partial", template(dtype, dtype, d, dv, chunk, True)),
+                               ("direct", "direct", template(dtype, dtype, d, dv, chunk)),
+                               ("direct_tree", "direct", template(dtype, dtype, d, dv, chunk, True)),
                                ("combine", "combine", combine_template(dtype, sinks))]:
         kernel, dtypes = ks[kind]
         names[label], text = cuda_function(kernel, dtypes, targs, BODIES[kind])

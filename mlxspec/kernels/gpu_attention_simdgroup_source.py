@@ -36,7 +36,7 @@ from .gpu_simdgroup_source import MMA8
 
 PARTIAL_NAME, DIRECT_NAME = "mlxspec_sdpa_simdgroup_partial", "mlxspec_sdpa_simdgroup_direct"
 DIRECT_OUTPUTS = ["o_out"]  # not "o": the body's accumulators are o
-CHUNK = 128  # keys a simdgroup walks (16 steps of 8); a guess, unmeasured (no Mac has run it)
+CHUNK = 128  # keys a simdgroup walks (16 steps of 8) by default; the self-timing also tries timing.OTHER_CHUNKS
 SLOTS = 8  # (query head, row) slots a simdgroup: the matrices' 8 rows
 MAX_DIM = 256  # Q's fragments (D / 8 x 2 floats a lane) and O's (DV / 8 x 2): 128 floats at 256
 

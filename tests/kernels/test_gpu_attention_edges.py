@@ -143,12 +143,11 @@ def harness(backend: str, family: str = "fma") -> str:
 def mma_harness(backend: str) -> str:
     """The matrix family's partial and direct builds for each of mma_builds(backend), then the combine."""
     dtype, mod, builds = BACKENDS[backend], MATRIX[backend], mma_builds(backend)
-    kernels = mod.kernels(dtype) if backend == "cuda" else mod.kernels(dtype, dtype)
-    template = ((lambda d, dv: mod.template(dtype, d, dv, MMA_CHUNK)) if backend == "cuda"
-                else (lambda d, dv: mod.template(dtype, dtype, d, dv, MMA_CHUNK)))
+    kernels = mod.kernels(dtype, dtype)
     sizes = mod.SIZES | {"sinks": 99, "o": 99, "o_out": 99} if backend == "metal" else None
     texts, names = [], []
-    for kind, targs in [(kind, template(d, dv)) for kind in ("partial", "direct") for d, dv in builds] + [
+    for kind, targs in [(kind, mod.template(dtype, dtype, d, dv, MMA_CHUNK)) for kind in ("partial", "direct")
+                        for d, dv in builds] + [
             ("combine", src.combine_template(dtype, s)) for s in (False, True)]:
         kernel, dtypes = kernels[kind]
         name, text = (metal_function(kernel, dtypes, sizes, targs, mod.BODIES[kind]) if backend == "metal"
