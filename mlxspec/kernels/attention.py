@@ -260,6 +260,15 @@ def check_signature(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=m
     return _check(_record(), heads, kv_heads, dim, value_dim, dtype, kv_dtype)
 
 
+def serving_function(heads: int, kv_heads: int, dim: int, value_dim: int, dtype=mx.float32, kv_dtype=None):
+    """The kernel function that serves this signature on the default device (its self-check passed; on a GPU the
+    family and build its timing chose), or None: what a layer of it will call (row_positions asks it for trees)."""
+    rec, kv_dtype = _record(), kv_dtype or dtype
+    if rec.error or _check(rec, heads, kv_heads, dim, value_dim, dtype, kv_dtype) is not None:
+        return None
+    return _serving(rec, heads, kv_heads, dim, value_dim, dtype, kv_dtype)
+
+
 def _serving(rec: registry.KernelRecord, heads: int, kv_heads: int, dim: int, value_dim: int, dtype, kv_dtype):
     """The family serving a signature, chosen once per process: on a GPU the matrix-unit one (CUDA's tensor cores,
     Metal's simdgroup matrices) where it computes the signature, passed its self-check and timed faster here

@@ -65,9 +65,9 @@ def tree_passes_ready(model: nn.Module, caches: list, dtype: mx.Dtype) -> bool:
     """Can a tree pass run this model on this GPU, each row as its one-row step would: every block a
     TREE_FAMILIES one whose attention is routed to the attention kernel, with its RoPE wrapped, plain KV
     caches (`caches`: fresh ones of the kinds the model decodes with: no sliding windows), and the kernel's
-    self-check passed for the model's attention, tree rows included (run now if it has not run: it may turn
-    trees off)?"""
-    from .attention import NAME, check_signature, few_row_attention
+    self-check passed for the model's attention, tree rows included, in the family that serves it (run now if it has
+    not run: it may turn trees off)?"""
+    from .attention import NAME, few_row_attention, serving_function
 
     layers = getattr(getattr(model, "model", None), "layers", None)
     if (not layers or registry.device_backend_name() == "cpu" or len(caches) != len(layers)
@@ -84,6 +84,6 @@ def tree_passes_ready(model: nn.Module, caches: list, dtype: mx.Dtype) -> bool:
             return False
         signatures.add((attn.n_heads, attn.n_kv_heads, round(attn.scale**-2)))
     kv_dtype = mx.float16 if type(caches[0]) is HalfKVCache else dtype
-    if any(check_signature(h, kv, d, d, dtype, kv_dtype) for h, kv, d in signatures):
-        return False
-    return bool(getattr(rec.fn, "trees", False))
+    # the function each signature's layers will call (the FMA kernel, or on a GPU the matrix family its timing chose)
+    serving = [serving_function(h, kv, d, d, dtype, kv_dtype) for h, kv, d in signatures]
+    return all(getattr(fn, "trees", False) for fn in serving)

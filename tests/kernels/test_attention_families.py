@@ -35,7 +35,7 @@ def tagged(calls: list, tag: str, base, wrong_rows: bool = False, backend: str =
         setattr(sdpa, attr, getattr(base, attr, False))
     sdpa.mixed = tag == "fma"
     sdpa.supports = SUPPORTS[backend]  # the matrix family's signatures (its stand-in's)
-    sdpa.chunk = chunk
+    sdpa.chunk, sdpa.tag = chunk, name
     sdpa.with_chunk = lambda c: tagged(calls, tag, base, wrong_rows, backend, c)
     return sdpa
 
@@ -88,6 +88,7 @@ def test_gpu_layers_take_the_matrix_unit_attention_where_it_times_faster(cpu_ext
         attend(rows)
     want = "mma-c128" if want == "mma" else want
     assert calls == [(want, 1, 50), (want, 4, 50), (want, 1, 50)]
+    assert attention.serving_function(4, 2, 64, 64, mx.float16).tag == want  # what tree_passes_ready asks of trees
     status = {st["kernel"]: st for st in registry.status()}
     assert list(status[f"{backend}-sdpa-mma"]["chosen"].values()) == [128 if want == "mma-c128" else 0]
     assert "4x2 d64/64 float16 M=16 L=8192" in status[f"{backend}-sdpa-mma"]["timings"]
