@@ -186,7 +186,7 @@ def test_sampling_with_a_head_keeps_the_target_law(tmp_path):
     mx.save_safetensors(str(folder / "model.safetensors"), tensors)
     drafter = Eagle3Drafter(target, folder)
     assert drafter.vocab.tolist() == [0, 2, 3]
-    pvalue, acceptance = fit(target, drafter, {"temperature": 1.0}, k=2, n=1000)
+    pvalue, acceptance = fit(target, drafter, {"temperature": 1.0}, k=2, n=700)
     assert pvalue > 1e-3 and acceptance > 0.1  # drafts were really in play
 
 
