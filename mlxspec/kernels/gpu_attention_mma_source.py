@@ -264,22 +264,31 @@ def template(dtype, kv_dtype, d: int, dv: int, chunk: int = CHUNK, tree: bool = 
 
 def kernels(dtype, kv_dtype) -> dict:
     """kind -> ((name, inputs, outputs, output dtypes), input dtypes) as the wrapper and the tests build them."""
+    return matrix_kernels(PARTIAL_NAME, DIRECT_NAME, dtype, kv_dtype)
+
+
+def matrix_kernels(partial_name: str, direct_name: str, dtype, kv_dtype) -> dict:
+    """kernels() of a matrix-unit family (this one, the Metal twin): its partial and direct kernels, the FMA combine."""
     f32 = mx.float32
     dtypes = {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}
-    return {"partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3), dtypes),
-            "direct": ((DIRECT_NAME, PARTIAL_INPUTS, DIRECT_OUTPUTS, [dtype]), dtypes),
+    return {"partial": ((partial_name, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3), dtypes),
+            "direct": ((direct_name, PARTIAL_INPUTS, DIRECT_OUTPUTS, [dtype]), dtypes),
             "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32))}
+
+
+def program_builds(template_of, dtype, kv_dtype, d: int, dv: int, chunk: int, sinks: bool) -> list[tuple]:
+    """(label, kind, template arguments) of a matrix family's program: partial, partial_tree, direct, direct_tree,
+    combine (template_of: the family's `template`)."""
+    return [(label, kind, template_of(dtype, kv_dtype, d, dv, chunk, tree)) for label, kind, tree in
+            (("partial", "partial", False), ("partial_tree", "partial", True), ("direct", "direct", False),
+             ("direct_tree", "direct", True))] + [("combine", "combine", combine_template(dtype, sinks))]
 
 
 def program(dtype, d: int, dv: int, chunk: int = CHUNK, sinks: bool = False) -> tuple[dict, str]:
     """({'partial', 'partial_tree', 'direct', 'direct_tree', 'combine'}: function names, the CUDA program) as
     mx.fast.cuda_kernel writes them (the tests compile it under the emulator)."""
     names, texts, ks = {}, [], kernels(dtype, dtype)
-    for label, kind, targs in [("partial", "partial", template(dtype, dtype, d, dv, chunk)),
-                               ("partial_tree", "partial", template(dtype, dtype, d, dv, chunk, True)),
-                               ("direct", "direct", template(dtype, dtype, d, dv, chunk)),
-                               ("direct_tree", "direct", template(dtype, dtype, d, dv, chunk, True)),
-                               ("combine", "combine", combine_template(dtype, sinks))]:
+    for label, kind, targs in program_builds(template, dtype, dtype, d, dv, chunk, sinks):
         kernel, dtypes = ks[kind]
         names[label], text = cuda_function(kernel, dtypes, targs, BODIES[kind])
         texts.append(text)

@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .gpu_attention_mma_source import SETUP, UNDEFS, tiles as _tiles
-from .gpu_attention_source import (BODIES as FMA_BODIES, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, METAL_HEADER,
-                                   PARTIAL_INPUTS, PARTIAL_OUTPUTS, combine_template)
+from .gpu_attention_mma_source import SETUP, UNDEFS, matrix_kernels, program_builds, tiles as _tiles
+from .gpu_attention_source import BODIES as FMA_BODIES, METAL_HEADER
 from .gpu_codegen import metal_function
 from .gpu_simdgroup_source import MMA8
 
 PARTIAL_NAME, DIRECT_NAME = "mlxspec_sdpa_simdgroup_partial", "mlxspec_sdpa_simdgroup_direct"
-DIRECT_OUTPUTS = ["o_out"]  # not "o": the body's accumulators are o
 CHUNK = 128  # keys a simdgroup walks (16 steps of 8) by default; the self-timing also tries timing.OTHER_CHUNKS
 SLOTS = 8  # (query head, row) slots a simdgroup: the matrices' 8 rows
 MAX_DIM = 256  # Q's fragments (D / 8 x 2 floats a lane) and O's (DV / 8 x 2): 128 floats at 256
@@ -130,11 +128,7 @@ def template(dtype, kv_dtype, d: int, dv: int, chunk: int = CHUNK, tree: bool = 
 
 def kernels(dtype, kv_dtype) -> dict:
     """kind -> ((name, inputs, outputs, output dtypes), input dtypes)."""
-    f32 = mx.float32
-    dtypes = {"q": dtype, "k": kv_dtype, "v": kv_dtype, "params": f32, "length": mx.int32, "tree": mx.int32}
-    return {"partial": ((PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS, [f32] * 3), dtypes),
-            "direct": ((DIRECT_NAME, PARTIAL_INPUTS, DIRECT_OUTPUTS, [dtype]), dtypes),
-            "combine": ((COMBINE_NAME, COMBINE_INPUTS, COMBINE_OUTPUTS, [dtype]), dict.fromkeys(COMBINE_INPUTS, f32))}
+    return matrix_kernels(PARTIAL_NAME, DIRECT_NAME, dtype, kv_dtype)
 
 
 SIZES = {"q": 99, "k": 99, "v": 99, "params": 5, "length": 1, "tree": 99, "pmax": 99, "psum": 99, "pacc": 99}
@@ -145,11 +139,7 @@ def program(dtype, kv_dtype, d: int, dv: int, chunk: int = CHUNK, sinks: bool = 
     mx.fast.metal_kernel writes them (the tests compile it under the emulator)."""
     names, texts, ks = {}, [], kernels(dtype, kv_dtype)
     sizes = SIZES | {"sinks": 99 if sinks else 1, "o": 99, "o_out": 99}
-    for label, kind, targs in [("partial", "partial", template(dtype, kv_dtype, d, dv, chunk)),
-                               ("partial_tree", "partial", template(dtype, kv_dtype, d, dv, chunk, True)),
-                               ("direct", "direct", template(dtype, kv_dtype, d, dv, chunk)),
-                               ("direct_tree", "direct", template(dtype, kv_dtype, d, dv, chunk, True)),
-                               ("combine", "combine", combine_template(dtype, sinks))]:
+    for label, kind, targs in program_builds(template, dtype, kv_dtype, d, dv, chunk, sinks):
         kernel, dtypes = ks[kind]
         names[label], text = metal_function(kernel, dtypes, sizes, targs, BODIES[kind])
         texts.append(text)
