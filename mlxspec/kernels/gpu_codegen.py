@@ -23,6 +23,15 @@ CUDA_TYPES = {mx.float32: "float", mx.float16: "__half", mx.bfloat16: "__nv_bflo
 CUDA_PREAMBLE = ('\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
                  "#define inf cuda::std::numeric_limits<float>::infinity()\n\n")
 CUDA_NAMESPACE = "namespace mlx::core::cu {\n\nnamespace cg = cooperative_groups;\n\n"
+# LOAD4(p): a 16-byte load from an input, in device or constant space (MLX passes inputs of fewer than 8 elements in
+# constant space, and Metal casts no pointer from one to the other). g++ under the emulator has no address spaces:
+# there the device overload serves both.
+METAL_LOAD4 = """template <typename P> inline uint4 load4(const device P* p) { return *((const device uint4*)p); }
+#ifndef MLXSPEC_EMULATOR
+template <typename P> inline uint4 load4(const constant P* p) { return *((const constant uint4*)p); }
+#endif
+#define LOAD4(p) load4(p)
+"""
 # The builtins mx.fast.metal_kernel passes where a body names them, in its order (mlx/backend/common/metal_kernel.cpp)
 METAL_ATTRIBUTES = {"simdgroup_index_in_threadgroup": "uint", "thread_index_in_simdgroup": "uint",
                     "thread_position_in_grid": "uint3", "thread_position_in_threadgroup": "uint3",

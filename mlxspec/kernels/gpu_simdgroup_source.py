@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .gpu_codegen import metal_function
+from .gpu_codegen import METAL_LOAD4, metal_function
 
 NAME = "mlxspec_qmm_simdgroup"
 INPUTS = ["x", "w", "scales", "biases"]
@@ -66,8 +66,7 @@ inline void mma8(thread float* d, float a0, float a1, float b0, float b1) {
   d[1] = D.thread_elements()[1];
 }
 """
-HEADER = MMA8 + """#define LOAD4(p) (*((const device uint4*)(p)))
-#define UNROLL _Pragma("clang loop unroll(full)")  // loops over template constants: registers, not memory
+HEADER = MMA8 + METAL_LOAD4 + """#define UNROLL _Pragma("clang loop unroll(full)")  // loops over template constants: registers, not memory
 inline uint32_t word_of(uint4 q, int i) { return i == 0 ? q.x : i == 1 ? q.y : i == 2 ? q.z : q.w; }
 """
 
@@ -111,7 +110,7 @@ BODY = """
           word = word_of(q[j], at / PER) >> (at % PER * BITS);  // fn is even: both codes in one word
         } else {  // a little-endian bit stream: the two codes may straddle two words
           const int bit = (k0 + at) * BITS, sh = bit % 32;
-          const device uint32_t* p = w + size_t(col[j]) * WORDS + bit / 32;
+          const auto p = w + size_t(col[j]) * WORDS + bit / 32;  // w's address space (device, or constant)
           word = uint32_t((uint64_t(p[0]) | (sh + 2 * BITS > 32 ? uint64_t(p[1]) << 32 : uint64_t(0))) >> sh);
         }
         const float a0 = metal::fma(float(word & MASK), s[j], b[j]);

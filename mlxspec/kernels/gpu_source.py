@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .gpu_codegen import CUDA_NAMESPACE, CUDA_PREAMBLE, CUDA_TYPES, METAL_TYPES, cuda_function, cuda_params
+from .gpu_codegen import CUDA_NAMESPACE, CUDA_PREAMBLE, CUDA_TYPES, METAL_LOAD4, METAL_TYPES, cuda_function, cuda_params
 from .gpu_codegen import cuda_program, metal_function, metal_input_names, metal_params
 
 # older names, imported by accept_source.py
@@ -256,8 +256,7 @@ METAL_HEADER = """
 #define FMA(a, b, c) metal::fma(a, b, c)
 #define LDEXP(a, e) metal::ldexp(a, e)
 #define CODE_F(c) float(c)
-#define LOAD4(p) (*((const device uint4*)(p)))
-#define LOAD_X_ONE_BY_ONE(out, p, N) for (int j_ = 0; j_ < (N); ++j_) (out)[j_] = float((p)[j_])
+""" + METAL_LOAD4 + """#define LOAD_X_ONE_BY_ONE(out, p, N) for (int j_ = 0; j_ < (N); ++j_) (out)[j_] = float((p)[j_])
 inline float lane_sum(float v) { return simd_sum(v); }
 """
 
