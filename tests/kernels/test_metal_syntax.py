@@ -132,51 +132,56 @@ def _normal(shape, dtype, seed=0):
 
 
 def _qmm_launches(k):
-    for dtype in (F16, BF16, F32):  # every width in float16; whole words (4) and a bit stream (3) in the others
+    """(fn, *args) of the matmul kernels' launches: every width in float16, whole words (4) and a bit stream (3)
+    in the other dtypes, one and 16 rows, a layer small enough for constant space, mxfp4, the gathers."""
+    for dtype in (F16, BF16, F32):
         layouts = ((4, 64), (2, 32), (3, 64), (5, 128), (6, 64), (8, 32)) if dtype == F16 else ((4, 64), (3, 64))
         for bits, group in layouts:
             w, s, b = random_quantized(64, 256, group, bits, dtype, key=mx.random.key(bits))
-            for rows in (1, 16):
-                yield k["qmm"], (lambda x, w, s, b, g=group, n=bits: k["qmm"](x, w, s, b, g, n)), _normal((rows, 256), dtype), w, s, b
-                yield k["simdgroup"], (lambda x, w, s, b, g=group, n=bits: k["simdgroup"](x, w, s, b, g, n)), _normal((rows, 256), dtype), w, s, b
+            for kernel in (k["qmm"], k["simdgroup"]):
+                for rows in (1, 16):
+                    yield (lambda x, w, s, b, f=kernel, g=group, n=bits: f(x, w, s, b, g, n)), \
+                        _normal((rows, 256), dtype), w, s, b
         w, s, b = random_quantized(1, 32, 32, 4, F16)  # a 1 x 32 layer: every input under 8 elements (constant space)
-        yield k["qmm"], (lambda x, w, s, b: k["qmm"](x, w, s, b, 32, 4)), _normal((1, 32), dtype), w, s, b
-        yield k["simdgroup"], (lambda x, w, s, b: k["simdgroup"](x, w, s, b, 32, 4)), _normal((9, 32), dtype), w, s, b
-        yield k["dense"], k["dense"], _normal((3, 64), dtype), _normal((32, 64), dtype)
+        for kernel, rows in ((k["qmm"], 1), (k["simdgroup"], 9)):
+            yield (lambda x, w, s, b, f=kernel: f(x, w, s, b, 32, 4)), _normal((rows, 32), dtype), w, s, b
+        yield k["dense"], _normal((3, 64), dtype), _normal((32, 64), dtype)
     w, s, _ = random_quantized(64, 256, 32, 4, mode="mxfp4")
-    yield k["qmm"], (lambda x, w, s: k["qmm"](x, w, s, None, 32, 4, mode="mxfp4")), _normal((3, 256), BF16), w, s
+    yield (lambda x, w, s: k["qmm"](x, w, s, None, 32, 4, mode="mxfp4")), _normal((3, 256), BF16), w, s
     w, s, b = (mx.stack([a] * 3) for a in random_quantized(64, 256, 64, 4, F16))
-    ids = mx.array([2, 0, 2, 1], mx.uint32)
     for per_expert in (1, 4):
-        yield (k["gather"], lambda x, w, s, b, i, p=per_expert: k["gather"](x, w, s, b, i, 64, 4, per_expert=p),
-               _normal((4, 256), F16), w, s, b, ids)
+        yield (lambda x, w, s, b, i, p=per_expert: k["gather"](x, w, s, b, i, 64, 4, per_expert=p)), \
+            _normal((4, 256), F16), w, s, b, mx.array([2, 0, 2, 1], mx.uint32)
 
 
 def _attention_launches(k):
+    """Both families: float16 / bfloat16 / float32 / float32 over float16, keys in one chunk, a few, or past the
+    direct launch; windows, sinks and softcaps, a buffer with `length`, a draft tree's pass."""
     parents = (-1, 0, 0, 1, 1, 2, 3, 3)
-    for family in ("sdpa", "sdpa-mma"):
-        sdpa = k[family]
+    for sdpa in (k["sdpa"], k["sdpa-mma"]):
         for dtype, kv_dtype, d in ((F16, F16, 128), (BF16, BF16, 64), (F32, F32, 256), (F32, F16, 128)):
-            q = _normal((1, 8, 3, d), dtype)
-            for keys in (100, 300, 1300):  # one launch over the keys' chunks (up to 128 / 1,024), or partial + combine
+            q, rows = _normal((1, 8, 3, d), dtype), _normal((1, 8, len(parents), d), dtype)
+            for keys in (100, 300, 1300):
                 kv = _normal((1, 2, keys, d), kv_dtype, 1)
-                yield sdpa, lambda q, k, v: sdpa(q, k, v, 0.1, True), q, kv, kv
-                yield sdpa, lambda q, k, v, s: sdpa(q, k, v, 0.1, True, window=128, sinks=s, softcap=30.0), q, kv, kv, \
-                    _normal((8,), F32)
-                yield sdpa, lambda q, k, v, n: sdpa(q, k, v, 0.1, True, length=n), q, kv, kv, mx.array([keys - 7], mx.int32)
-                tree = tree_rows(parents, keys - len(parents))
-                yield sdpa, lambda q, k, v, t: sdpa(q, k, v, 0.1, True, tree=t), _normal((1, 8, 8, d), dtype), kv, kv, tree
+                yield (lambda q, k, v, f=sdpa: f(q, k, v, 0.1, True)), q, kv, kv
+                yield (lambda q, k, v, s, f=sdpa: f(q, k, v, 0.1, True, window=128, sinks=s, softcap=30.0)), \
+                    q, kv, kv, _normal((8,), F32)
+                yield (lambda q, k, v, n, f=sdpa: f(q, k, v, 0.1, True, length=n)), \
+                    q, kv, kv, mx.array([keys - 7], mx.int32)
+                yield (lambda q, k, v, t, f=sdpa: f(q, k, v, 0.1, True, tree=t)), \
+                    rows, kv, kv, tree_rows(parents, keys - len(parents))
 
 
 def _accept_launches(k):
+    """Greedy and rejection acceptance in each dtype, with no drafts, 3 (drafts and uniforms in constant space), 12."""
     greedy, rejection = k["accept"]
     for dtype in (F16, BF16, F32):
-        for drafts in (0, 3, 12):  # 3: drafts and uniforms under 8 elements (constant space)
+        for drafts in (0, 3, 12):
             d = mx.arange(drafts, dtype=mx.uint32)
-            yield greedy, greedy, _normal((drafts + 1, 100), dtype), d
+            yield greedy, _normal((drafts + 1, 100), dtype), d
             p = mx.softmax(_normal((drafts + 1, 100), F32), axis=-1).astype(dtype)
             q = mx.softmax(_normal((max(drafts, 1), 100), F32, 1), axis=-1).astype(dtype)
-            yield rejection, rejection, p, q, d, mx.random.uniform(shape=(drafts + 1,))
+            yield rejection, p, q, d, mx.random.uniform(shape=(drafts + 1,))
 
 
 FAMILIES = {"qmm, gather and dense": _qmm_launches, "attention": _attention_launches, "acceptance": _accept_launches}
@@ -185,7 +190,7 @@ FAMILIES = {"qmm, gather and dense": _qmm_launches, "attention": _attention_laun
 @pytest.mark.parametrize("family", FAMILIES)
 def test_every_metal_program_keeps_metal_s_rules(metal, family):
     programs = set()
-    for _, fn, *args in FAMILIES[family](metal):
+    for fn, *args in FAMILIES[family](metal):
         programs |= mlx_metal_programs(fn, *args)
     assert len(programs) > 10
     for program in sorted(programs):
