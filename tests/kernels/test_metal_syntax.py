@@ -5,7 +5,7 @@ No Mac runs here, and the emulator builds Metal programs with g++, where `device
 `constant` input (MLX passes inputs of fewer than 8 elements there: `params`, `length`, `tree` outside tree
 passes, a tiny layer's weights) given where `device` memory is wanted, a threadgroup array passed as a thread
 pointer, a float where a bfloat is wanted without a cast, max(float, int), a bool shuffled across a
-SIMD-group, more than 32 KB of threadgroup memory.
+SIMD-group, more than 32 KB of threadgroup memory, a table at program scope outside constant space.
 
 The programs are MLX's own: the wrappers (gpu.py, gpu_attention.py, accept.py) launch their kernels under
 mx.export_function, which runs nothing but records each launch's program as mx.fast.metal_kernel wrote it
@@ -79,8 +79,29 @@ def _threadgroup(match: re.Match, names: list[str]) -> str:
     return out
 
 
+def program_scope_variables(program: str) -> list[str]:
+    """Variables declared outside every function and not in constant space: Metal refuses them ("program scope
+    variable must reside in constant address space"), C++ does not."""
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", "", program, flags=re.S)
+    text = re.sub(r"^\s*#(?:[^\n]*\\\n)*[^\n]*$", "", text, flags=re.M)  # preprocessor lines, continued ones too
+    while True:  # innermost braces first: a function's body ends its declaration, an initializer stays in its own
+        braces = re.sub(r"(\)\s*(?:const\s*)?)?\{[^{}]*\}", lambda m: f"{m.group(1)};" if m.group(1) else "()", text)
+        if braces == text:
+            break
+        text = braces
+    found = []
+    for statement in (s.strip() for s in text.split(";")):
+        words = statement.split()
+        if words and "(" not in statement.split("=")[0] and "constant" not in words and words[0] not in (
+                "typedef", "using", "template", "struct", "class", "enum", "namespace", "extern"):
+            found.append(statement)
+    return found
+
+
 def metal_errors(program: str) -> str:
     """The compiler's errors for one program as MLX writes it (empty: none)."""
+    if variables := program_scope_variables(program):
+        return f"program scope variables outside constant space: {variables}"
     text = ATTRIBUTE.sub("", METAL_INCLUDE.sub("", program))  # the header stands for Metal's own
     source = f'#include "metal_stdlib.h"\n{text}'
     pre = subprocess.run([*clang(), "-E", "-P", *FLAGS[:3], "-I", str(HEADER), "-"], input=source,
@@ -216,6 +237,9 @@ BREAKS = {
     "bool across a SIMD-group": ("", "const float sc = params[0]",
                                  "bool b_ = simd_shuffle(true, ushort(1)); const float sc = params[0]",
                                  "no matching function"),
+    "a program-scope table outside constant space": ("const float table_[2] = {1.0f, 2.0f};\n",
+                                                     "const float sc = params[0]", "const float sc = table_[0]",
+                                                     "program scope"),
     "over 32 KB of threadgroup memory": ("", "const float sc = params[0]",
                                          "threadgroup float big_[6000]; threadgroup float more_[3000]; "
                                          "more_[0] = big_[0]; const float sc = params[0]",
