@@ -34,6 +34,7 @@ from mlxspec.kernels.reference import random_quantized
 from mlxspec.kernels.tree_mask import tree_rows
 
 HEADER = Path(__file__).parent / "metal_syntax"
+BUFFER_SLOTS = 31  # a kernel's buffer arguments: [[buffer(0)]] .. [[buffer(30)]] (inputs, their shapes and strides, outputs)
 THREADGROUP_BYTES = 32768  # every Apple GPU's threadgroup memory (CUDA allows 48 KB: a CUDA-sized array can break Metal)
 FLAGS = ["-x", "c++", "-std=c++17", "-fsyntax-only", "-Werror", "-Wvla", "-Wimplicit-float-conversion",
          "-Wno-unknown-attributes", "-Wno-unused-value", "-Wno-unused-command-line-argument"]
@@ -102,6 +103,8 @@ def metal_errors(program: str) -> str:
     """The compiler's errors for one program as MLX writes it (empty: none)."""
     if variables := program_scope_variables(program):
         return f"program scope variables outside constant space: {variables}"
+    if (slots := max(map(int, re.findall(r"\[\[buffer\((\d+)\)\]\]", program)), default=0)) >= BUFFER_SLOTS:
+        return f"buffer({slots}): a Metal kernel has {BUFFER_SLOTS} buffer slots"
     text = ATTRIBUTE.sub("", METAL_INCLUDE.sub("", program))  # the header stands for Metal's own
     source = f'#include "metal_stdlib.h"\n{text}'
     pre = subprocess.run([*clang(), "-E", "-P", *FLAGS[:3], "-I", str(HEADER), "-"], input=source,
@@ -257,3 +260,12 @@ def test_the_check_refuses_what_metal_refuses(metal, name):
     assert old in program
     broken = program.replace("inline void mma8(", helper + "inline void mma8(", 1).replace(old, new, 1)
     assert message in metal_errors(broken)
+
+
+def test_the_check_counts_buffer_slots(metal):
+    sdpa = metal["sdpa"]
+    program, = mlx_metal_programs(lambda q, k: sdpa(q, k, k, 0.1, True), _normal((1, 8, 1, 64), F16),
+                                  _normal((1, 2, 100, 64), F16))
+    last = max(map(int, re.findall(r"\[\[buffer\((\d+)\)\]\]", program)))
+    assert metal_errors(program) == "" and last < BUFFER_SLOTS - 1
+    assert "buffer slots" in metal_errors(program.replace(f"[[buffer({last})]]", f"[[buffer({BUFFER_SLOTS})]]"))
