@@ -26,7 +26,10 @@
 # compiles (their files are named by a hash of the source: a changed kernel compiles anew). It holds MLX's own
 # kernels only: MLX compiles custom kernels anew in every process. mlxspec's are compiled once per machine into
 # its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
-# (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. A call carries
+# (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. Or build that
+# store here, without a GPU, from the commit you stage: `python benchmarks/prebuild_store.py` (NVRTC 13.0 from pip,
+# sm_90: the matmul families' and acceptance programs of the steps' layouts, ~1 MiB, ~25 s) writes
+# .gpu-ptx/kernel-store.tar.gz; carry .gpu-ptx with .gpu/a (they fit one call). A call carries
 # 64 MiB with the project's own files (~4 MiB): .gpu/a (~47 MiB), then ptx.tar.gz (~15 MiB) with kernel-store.tar.gz (~6 MiB)
 # in a call of their own, then .gpu/b (~55 MiB) (sixth session's sizes).
 # Seen on an H100 (2026-11-26): NVRTC compiles dominate first use (the kernel tests took 89 s on one

@@ -77,16 +77,17 @@ def round_uniforms(key: mx.array, k: int) -> mx.array:
     return mx.concatenate([mx.random.uniform(shape=(k,), key=accept_key), mx.random.uniform(shape=(1,), key=draw_key)])
 
 
-def _kernels(name: str) -> tuple[Callable, Callable]:
-    """(greedy, rejection) raw calls of the device's JIT kernels; KernelUnavailable where there is no such GPU."""
+def _kernels(name: str, cuda_maker: Callable | None = None) -> tuple[Callable, Callable]:
+    """(greedy, rejection) raw calls of the device's JIT kernels; KernelUnavailable where there is no such GPU.
+    cuda_maker: mx.fast.cuda_kernel's stand-in for CUDA (benchmarks/prebuild_store.py: compile only, no GPU)."""
     if name == "metal" and mx.metal.is_available():
         make = lambda kind: mx.fast.metal_kernel(  # noqa: E731
             name=src.NAMES[kind], input_names=src.INPUTS[kind], output_names=src.OUTPUTS,
             source=src.metal_body(kind), header=src.METAL_HEADER)
-    elif name == "cuda" and hasattr(mx, "cuda") and mx.cuda.is_available():
+    elif name == "cuda" and (cuda_maker is not None or hasattr(mx, "cuda") and mx.cuda.is_available()):
         from .cuda_cache import cuda_kernel
 
-        make = lambda kind: cuda_kernel(  # noqa: E731
+        make = lambda kind: (cuda_maker or cuda_kernel)(  # noqa: E731
             name=src.NAMES[kind], input_names=src.INPUTS[kind], output_names=src.OUTPUTS,
             source=src.cuda_body(kind), header=src.CUDA_HEADER)
     else:
