@@ -70,7 +70,8 @@ def metal_gather_qmm_function() -> Callable[..., mx.array]:
 
 
 def cuda_gather_qmm_function(make: Callable | None = None) -> Callable[..., mx.array]:
-    kernels = [_cuda_maker(make)(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body, header=CUDA_HEADER)
+    make = _cuda_maker(make)
+    kernels = [make(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body, header=CUDA_HEADER)
                for name, body in ((GATHER_NAME, CUDA_GATHER_BODY), (GROUPED_NAME, CUDA_GROUPED_BODY))]
     return _gather_function(*kernels)
 
@@ -83,8 +84,8 @@ def metal_dense_function() -> Callable[..., mx.array]:
 
 
 def cuda_dense_function(make: Callable | None = None) -> Callable[..., mx.array]:
-    kernel = _cuda_maker(make)(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS, source=CUDA_DENSE_BODY,
-                         header=CUDA_HEADER)
+    kernel = _cuda_maker(make)(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
+                               source=CUDA_DENSE_BODY, header=CUDA_HEADER)
     return _dense_function(kernel)
 
 
