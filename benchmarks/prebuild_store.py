@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxspec.kernels import accept, gpu  # noqa: E402
-from mlxspec.kernels.cuda_cache import CachedCudaKernel, Compiler, Nvrtc, include_paths  # noqa: E402
+from mlxspec.kernels.cuda_cache import CachedCudaKernel, Compiler, Nvrtc, include_paths, probe_launch  # noqa: E402
 from mlxspec.kernels.registry import _x_dtypes  # noqa: E402
 
 F16, BF16, F32 = mx.float16, mx.bfloat16, mx.float32
@@ -89,9 +89,12 @@ def wrappers(compiler: Compiler) -> tuple[dict, list[CachedCudaKernel]]:
 
 
 def build(compiler: Compiler, layouts=LAYOUTS, gathers=GATHERS, dtypes=(F16, BF16, F32)) -> int:
-    """Compile every program of these layouts (the FMA and tensor-core qmm, each K split), gathers, and of dense rows
-    and the acceptance kernels in `dtypes`, as the wrappers' `prepare` (what a self-check compiles) lists them."""
-    k, made = wrappers(compiler)
+    """Store every program of these layouts (the FMA and tensor-core qmm, each K split), gathers, dense rows and the
+    acceptance kernels in `dtypes`, as the wrappers' `prepare` (what a self-check compiles) lists them; how many."""
+    k, _ = wrappers(compiler)
+    # the probe a device process runs before any family (cuda_cache.probe): stored too, it tests the store's cubins
+    # load there (else that process takes MLX's JIT for every kernel, as where the cached path cannot run)
+    probe_launch(compiler, CompileOnly)
     for scale_dtype, group, bits, mode in layouts:
         for ksplit in (2, 4, 8):  # the default and the builds timing.prefer_tensor_cores tries
             k["tensor-core"].with_ksplit(ksplit).prepare(_x_dtypes(scale_dtype, mode), scale_dtype, group, bits, mode)
@@ -104,7 +107,7 @@ def build(compiler: Compiler, layouts=LAYOUTS, gathers=GATHERS, dtypes=(F16, BF1
             k["greedy"](mx.zeros((drafts + 1, 64), dtype), mx.zeros((drafts,), mx.uint32))
             k["rejection"](mx.zeros((drafts + 1, 64), dtype), mx.zeros((max(drafts, 1), 64), dtype),
                            mx.zeros((drafts,), mx.uint32), mx.zeros((drafts + 1,)))
-    return sum(len(kernel._built) for kernel in made)
+    return len(list(compiler.folder.glob("*.bin")))  # the programs stored (launches sharing one count once)
 
 
 def load_nvrtc(version: str, downloads: Path) -> Nvrtc:

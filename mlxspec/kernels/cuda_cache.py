@@ -281,12 +281,17 @@ PROBE = """  const int i = threadIdx.x;
 _MAKER: list = []  # [(maker, why)]: decided once per process
 
 
+def probe_launch(compiler: Compiler, kind=None) -> tuple[mx.array, mx.array]:
+    """(x, y) of the probe kernel's one launch (kind: the kernel class, CachedCudaKernel by default)."""
+    kernel = (kind or CachedCudaKernel)(compiler, "probe", ["x"], ["y"], PROBE)
+    x = mx.arange(40, dtype=mx.float32)
+    return x, kernel(inputs=[x], template=[("SCALE", 3)], output_shapes=[(40,)], output_dtypes=[mx.float32],
+                     grid=(64, 1, 1), threadgroup=(64, 1, 1))[0]
+
+
 def probe(compiler: Compiler) -> None:
     """A small kernel through the cached path on this device: the result it must give, else KernelUnavailable."""
-    kernel = CachedCudaKernel(compiler, "probe", ["x"], ["y"], PROBE)
-    x = mx.arange(40, dtype=mx.float32)
-    y = kernel(inputs=[x], template=[("SCALE", 3)], output_shapes=[(40,)], output_dtypes=[mx.float32],
-               grid=(64, 1, 1), threadgroup=(64, 1, 1))[0]
+    x, y = probe_launch(compiler)
     if not mx.array_equal(y, x * 3 + 40).item():
         raise KernelUnavailable("the probe kernel gave other values")
 
