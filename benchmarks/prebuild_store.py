@@ -63,10 +63,12 @@ def toolkit(version: str, folder: Path) -> Path:
     home = folder / f"cuda-{version}" / "nvidia" / f"cu{version.split('.')[0]}"
     if not (home / "lib").is_dir():
         wheels = folder / f"wheels-{version}"
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-                        "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-                        "--python-version", "3.12", "-d", str(wheels), *(f"{w}=={version}.*" for w in WHEELS)],
-                       check=True)
+        done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                               "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
+                               "--python-version", "3.12", "-d", str(wheels), *(f"{w}=={version}.*" for w in WHEELS)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise SystemExit(f"could not fetch NVRTC {version} from pip: {done.stderr.strip().splitlines()[-1:]}")
         for wheel in wheels.glob("*.whl"):
             with zipfile.ZipFile(wheel) as z:
                 z.extractall(folder / f"cuda-{version}")
