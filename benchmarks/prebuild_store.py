@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from mlxspec.kernels import accept, gpu  # noqa: E402
-from mlxspec.kernels.cuda_cache import CachedCudaKernel, Compiler, Nvrtc, include_paths, probe_launch  # noqa: E402
+from mlxspec.kernels.cuda_cache import CachedCudaKernel, Compiler, Nvrtc, include_paths, launch_of, probe_launch  # noqa: E402
 from mlxspec.kernels.registry import _x_dtypes  # noqa: E402
 
 F16, BF16, F32 = mx.float16, mx.bfloat16, mx.float32
@@ -53,8 +53,7 @@ class CompileOnly(CachedCudaKernel):
     """A cached kernel that builds each launch's program into the store and launches nothing (zeros out)."""
 
     def __call__(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(), **_):
-        launch = ([a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template))
-        self.prebuild([launch])
+        self.prebuild([launch_of(inputs, output_dtypes, template)])
         return [mx.zeros(shape, dtype) for shape, dtype in zip(output_shapes, output_dtypes)]
 
 

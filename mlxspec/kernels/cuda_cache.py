@@ -186,7 +186,7 @@ class CachedCudaKernel:
 
     def __call__(self, inputs, output_shapes, output_dtypes, grid, threadgroup, template=(), init_value=None,
                  verbose: bool = False, stream=None):
-        launch = ([a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template))
+        launch = launch_of(inputs, output_dtypes, template)
         built = None if self._jit else (self._built.get(_key(*launch)) or self._build(*launch))
         if built is None:  # MLX's JIT for every launch of this kernel from then on: one builder, the same bits
             return self._jit(inputs=inputs, output_shapes=output_shapes, output_dtypes=output_dtypes, grid=grid,
@@ -234,6 +234,11 @@ class CachedCudaKernel:
                                             source=self.source, header=self.header,
                                             ensure_row_contiguous=self.ensure_row_contiguous)
             return None
+
+
+def launch_of(inputs, output_dtypes, template) -> tuple:
+    """A launch's (input dtypes, input ndims, output dtypes, template): what picks its program."""
+    return [a.dtype for a in inputs], [a.ndim for a in inputs], list(output_dtypes), list(template)
 
 
 def _key(input_dtypes, input_ndims, output_dtypes, template) -> tuple:
