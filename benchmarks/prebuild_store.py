@@ -12,8 +12,9 @@ with its headers) for sm_90, and packs the store:
     # benchmarks/device_check.sh unpacks it into the store, and those programs skip NVRTC there
 
 A program the device builds that is not here compiles there as before; a stored program is self-checked on the device
-like any other (the store holds cubins; each launch packs its fatbin there). The attention kernels read strides and go
-through MLX's JIT in every process: nothing to store for them.
+like any other (the store holds cubins; each launch packs its fatbin there). Attention: the row-contiguous twins a
+compiled step launches over its cache buffers (both families, the signatures below) are stored; the in-place builds
+(self-checks, eager passes over cache views) read strides and go through MLX's JIT in every process.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ import mlx.core as mx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mlxspec.kernels import accept, gpu  # noqa: E402
+from mlxspec.kernels import accept, gpu, gpu_attention  # noqa: E402
+from mlxspec.kernels.build import KernelUnavailable  # noqa: E402
+from mlxspec.kernels.tree_mask import tree_rows  # noqa: E402
 from mlxspec.kernels.cuda_cache import CachedCudaKernel, Compiler, Nvrtc, include_paths, launch_of, probe_launch  # noqa: E402
 from mlxspec.kernels.registry import _x_dtypes  # noqa: E402
 
@@ -46,6 +49,10 @@ LAYOUTS = [
     (F32, 32, 8, "affine"),  # its Q8_0 embedding, tied as the head
 ]
 GATHERS = [(F16, 64, 4, "affine"), (mx.uint8, 32, 4, "mxfp4")]  # qwen3_moe's and gpt-oss's experts
+# (query heads, kv heads, head dim, dtype) of the attention layers device_check's models run
+ATTENTION = [(32, 8, 128, F16), (32, 8, 64, F16), (9, 3, 64, F16), (9, 3, 64, BF16), (8, 4, 8, F32)]
+ATTENTION_ROWS = (1, 2, 4, 8, 16)  # a step, verify passes
+CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # a compiled step's cache buffers (step_graph's buckets)
 WHEELS = ["nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-cccl"]  # NVRTC and the headers programs include
 
 
@@ -79,19 +86,26 @@ def wrappers(compiler: Compiler) -> tuple[dict, list[CachedCudaKernel]]:
     made: list[CachedCudaKernel] = []
 
     def make(name, input_names, output_names, source, header="", ensure_row_contiguous=True, **_):
-        made.append(CompileOnly(compiler, name, input_names, output_names, source, header, ensure_row_contiguous))
+        try:
+            made.append(CompileOnly(compiler, name, input_names, output_names, source, header, ensure_row_contiguous))
+        except KernelUnavailable:  # reads the strides of views: MLX's JIT on the device, nothing to store
+            return lambda output_shapes, output_dtypes, **kw: [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
         return made[-1]
 
     qmm = gpu.cuda_qmm_function(make)
     greedy, rejection = accept._kernels("cuda", cuda_maker=make)
     return {"qmm": qmm, "tensor-core": gpu.cuda_mma_qmm_function(fallback=qmm, make=make),
             "gather": gpu.cuda_gather_qmm_function(make), "dense": gpu.cuda_dense_function(make),
-            "greedy": greedy, "rejection": rejection}, made
+            "greedy": greedy, "rejection": rejection, "sdpa": gpu_attention.cuda_sdpa_function(make=make),
+            "sdpa-mma": gpu_attention.cuda_sdpa_mma_function(make=make)}, made
 
 
-def build(compiler: Compiler, layouts=LAYOUTS, gathers=GATHERS, dtypes=(F16, BF16, F32)) -> int:
+def build(compiler: Compiler, layouts=LAYOUTS, gathers=GATHERS, dtypes=(F16, BF16, F32), attention=ATTENTION,
+          chunks=(64, 128, 256), capacities=CAPACITIES) -> int:
     """Store every program of these layouts (the FMA and tensor-core qmm, each K split), gathers, dense rows and the
-    acceptance kernels in `dtypes`, as the wrappers' `prepare` (what a self-check compiles) lists them; how many."""
+    acceptance kernels in `dtypes`, as the wrappers' `prepare` (what a self-check compiles) lists them, and the
+    attention launches of compiled steps over these cache capacities (the FMA family, the tensor cores' builds
+    walking `chunks` keys a warp: those the timing tries); how many."""
     k, _ = wrappers(compiler)
     # the probe a device process runs before any family (cuda_cache.probe): stored too, it tests the store's cubins
     # load there (else that process takes MLX's JIT for every kernel, as where the cached path cannot run)
@@ -108,7 +122,24 @@ def build(compiler: Compiler, layouts=LAYOUTS, gathers=GATHERS, dtypes=(F16, BF1
             k["greedy"](mx.zeros((drafts + 1, 64), dtype), mx.zeros((drafts,), mx.uint32))
             k["rejection"](mx.zeros((drafts + 1, 64), dtype), mx.zeros((max(drafts, 1), 64), dtype),
                            mx.zeros((drafts,), mx.uint32), mx.zeros((drafts + 1,)))
+    for heads, kv_heads, dim, dtype in attention:
+        for sdpa in [k["sdpa"]] + [k["sdpa-mma"].with_chunk(c) for c in chunks]:
+            attend_over_buffers(sdpa, heads, kv_heads, dim, dtype, capacities)
     return len(list(compiler.folder.glob("*.bin")))  # the programs stored (launches sharing one count once)
+
+
+def attend_over_buffers(sdpa, heads: int, kv_heads: int, dim: int, dtype, capacities=CAPACITIES) -> None:
+    """The launches a compiled step makes over its cache buffers (`length`): each row count and capacity, draft
+    trees' passes; a build that cannot compute the signature (the tensor cores: float32, head dims) is skipped."""
+    if getattr(sdpa, "supports", None) and not sdpa.supports(dtype, dtype, dim, dim):
+        return
+    for cap in capacities:
+        kv, length = mx.zeros((1, kv_heads, cap, dim), dtype), mx.array([cap // 2 + 1])
+        for rows in ATTENTION_ROWS:
+            q = mx.zeros((1, heads, rows, dim), dtype)
+            sdpa(q, kv, kv, dim**-0.5, True, length=length)
+            if rows > 1:
+                sdpa(q, kv, kv, dim**-0.5, True, length=length, tree=tree_rows(tuple(range(-1, rows - 1)), cap // 2))
 
 
 def load_nvrtc(version: str, downloads: Path) -> Nvrtc:

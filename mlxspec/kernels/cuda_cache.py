@@ -13,9 +13,10 @@ kernel cache folder by a hash of the program, architecture and NVRTC version, an
 
 The program is what MLX generates (the template arguments as constants, the body as written), with each
 input's shape passed as int arguments (precompiled kernels take scalars, not MLX's Shape structs). A body
-that reads strides (`q_strides`: known only once an array is evaluated) keeps MLX's JIT. The path proves
-itself once per process on a small kernel before any family uses it, and each family's self-check then
-runs on the build layers will use.
+that reads strides gets those its shape implies where the kernel takes row-contiguous inputs (MLX copies any
+other first); a stride reader that takes inputs as they lie (`q_strides`: known only once an array is
+evaluated) keeps MLX's JIT. The path proves itself once per process on a small kernel before any family
+uses it, and each family's self-check then runs on the build layers will use.
 """
 
 from __future__ import annotations
@@ -140,19 +141,24 @@ def device_arch() -> str:
 
 def program(name: str, input_names: list[str], output_names: list[str], source: str, header: str,
             input_dtypes: list, input_ndims: list[int], output_dtypes: list, template: list[tuple]) -> tuple[str, str]:
-    """(entry name, full program): MLX's for this body, with shapes as int arguments after the outputs."""
+    """(entry name, full program): MLX's for this body, with shapes as int arguments after the outputs (and the
+    strides of a row-contiguous launch from them)."""
     params = [f"    const {CUDA_TYPES[d]}* {n}" for n, d in zip(input_names, input_dtypes)]
     params += [f"    {CUDA_TYPES[d]}* {n}" for n, d in zip(output_names, output_dtypes)]
-    shapes = ""
-    for n, ndim in zip(input_names, input_ndims):
-        if f"{n}_shape" in source:
-            dims = [f"{n}_shape_{i}" for i in range(ndim)]
+    declared = ""  # the shapes, strides and ndims the body reads
+    for n, ndim, reads in zip(input_names, input_ndims, shape_readers(input_names, source)):
+        dims = [f"{n}_shape_{i}" for i in range(ndim)]
+        if reads:
             params += [f"    const __grid_constant__ int {d}" for d in dims]  # as MLX's Shape: 64 registers, not 72
-            shapes += f"  const int32_t {n}_shape[{max(ndim, 1)}] = {{{', '.join(dims) or '0'}}};\n"
+            declared += f"  const int32_t {n}_shape[{max(ndim, 1)}] = {{{', '.join(dims) or '0'}}};\n"
+        if f"{n}_strides" in source:  # a row-contiguous input's (CachedCudaKernel takes no other stride reader)
+            declared += f"  const int64_t {n}_strides[{max(ndim, 1)}] = {{{', '.join(row_strides(dims))}}};\n"
+        if f"{n}_ndim" in source:
+            declared += f"  constexpr int {n}_ndim = {ndim};\n"
     consts = "".join(f"  using {k} = {CUDA_TYPES[v]};\n" if isinstance(v, mx.Dtype) else
                      f"  constexpr {'bool' if isinstance(v, bool) else 'int'} {k} = {str(v).lower()};\n"
                      for k, v in template)
-    text = (f'extern "C" __global__ void ENTRY(\n' + ",\n".join(params) + ") {\n" + shapes + consts
+    text = (f'extern "C" __global__ void ENTRY(\n' + ",\n".join(params) + ") {\n" + declared + consts
             + "\n" + source + "\n}\n")
     digest = hashlib.sha256((PREAMBLE + header + text).encode()).hexdigest()[:16]
     entry = f"{name}_{digest}"  # our kernels' names start with mlxspec_
@@ -160,9 +166,16 @@ def program(name: str, input_names: list[str], output_names: list[str], source: 
 
 
 def shape_readers(input_names: list[str], source: str) -> tuple[bool, ...]:
-    """Which inputs' shapes the body reads (`program` declares their dimensions as int arguments): once per
-    kernel, not per call (searching a 13 KB body for each input's name cost 6.5 us of Python a call)."""
-    return tuple(f"{n}_shape" in source for n in input_names)
+    """Which inputs' shapes the body reads, itself or through their strides (`program` declares their dimensions
+    as int arguments): once per kernel, not per call (searching a 13 KB body for each input's name cost 6.5 us
+    of Python a call)."""
+    return tuple(f"{n}_shape" in source or f"{n}_strides" in source for n in input_names)
+
+
+def row_strides(dims: list[str]) -> list[str]:
+    """C expressions of a row-contiguous array's strides from its dimensions' names (int64: a KV cache's
+    elements may pass 2**31)."""
+    return [" * ".join(f"int64_t({d})" for d in dims[i + 1 :]) or "int64_t(1)" for i in range(len(dims))] or ["int64_t(1)"]
 
 
 def shape_scalars(readers: tuple[bool, ...], inputs: list[mx.array]) -> list[int]:
@@ -173,10 +186,12 @@ def shape_scalars(readers: tuple[bool, ...], inputs: list[mx.array]) -> list[int
 class CachedCudaKernel:
     """mx.fast.cuda_kernel's callable, its programs compiled once per machine (see the module docstring)."""
 
+    stored = True  # what gpu_attention asks of a maker's kernel: is a row-contiguous twin worth making
+
     def __init__(self, compiler: "Compiler", name: str, input_names, output_names, source: str, header: str = "",
                  ensure_row_contiguous: bool = True):
-        if any(f"{n}_strides" in source or f"{n}_ndim" in source for n in input_names):
-            raise KernelUnavailable(f"{name} reads strides: known only at evaluation")
+        if not ensure_row_contiguous and any(f"{n}_strides" in source or f"{n}_ndim" in source for n in input_names):
+            raise KernelUnavailable(f"{name} reads the strides of inputs as they lie: known only at evaluation")
         self.compiler, self.name, self.source, self.header = compiler, name, source, header
         self.input_names, self.output_names = list(input_names), list(output_names)
         self.ensure_row_contiguous = ensure_row_contiguous
@@ -324,7 +339,7 @@ def kernel_maker() -> tuple[Callable, str]:
                 try:
                     return CachedCudaKernel(compiler, name, input_names, output_names, source, header,
                                             ensure_row_contiguous)
-                except KernelUnavailable:  # reads strides: MLX's JIT
+                except KernelUnavailable:  # reads the strides of inputs as they lie: MLX's JIT
                     return mx.fast.cuda_kernel(name=name, input_names=input_names, output_names=output_names,
                                                source=source, header=header, ensure_row_contiguous=ensure_row_contiguous, **kw)
 

@@ -57,7 +57,7 @@ def metal_qmm_function() -> Callable[..., mx.array]:
 def cuda_qmm_function(make: Callable | None = None) -> Callable[..., mx.array]:
     """make: mx.fast.cuda_kernel's stand-in (default: cuda_cache's, on a CUDA device; benchmarks/prebuild_store.py
     passes one that only compiles, to fill the kernel store without a GPU)."""
-    kernel = _cuda_maker(make)(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY, header=CUDA_HEADER)
+    kernel = cuda_maker(make)(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=CUDA_BODY, header=CUDA_HEADER)
     return _qmm_function(kernel)
 
 
@@ -70,7 +70,7 @@ def metal_gather_qmm_function() -> Callable[..., mx.array]:
 
 
 def cuda_gather_qmm_function(make: Callable | None = None) -> Callable[..., mx.array]:
-    make = _cuda_maker(make)
+    make = cuda_maker(make)
     kernels = [make(name=name, input_names=GATHER_INPUTS, output_names=OUTPUTS, source=body, header=CUDA_HEADER)
                for name, body in ((GATHER_NAME, CUDA_GATHER_BODY), (GROUPED_NAME, CUDA_GROUPED_BODY))]
     return _gather_function(*kernels)
@@ -84,7 +84,7 @@ def metal_dense_function() -> Callable[..., mx.array]:
 
 
 def cuda_dense_function(make: Callable | None = None) -> Callable[..., mx.array]:
-    kernel = _cuda_maker(make)(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
+    kernel = cuda_maker(make)(name=DENSE_NAME, input_names=DENSE_INPUTS, output_names=OUTPUTS,
                                source=CUDA_DENSE_BODY, header=CUDA_HEADER)
     return _dense_function(kernel)
 
@@ -96,13 +96,13 @@ def cuda_mma_qmm_function(fallback: Callable[..., mx.array] | None = None, tiles
     layer's dtype always meets one kernel. `tiles` (16-column tiles per threadgroup) trades
     parallelism for x's reuse; it does not change the bits, so by default it follows the row count
     (mma.tiles_for). `ksplit` (warps splitting K) does: a layer keeps the default."""
-    kernel = _cuda_maker(make)(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
+    kernel = cuda_maker(make)(name=mma.NAME, input_names=mma.INPUTS, output_names=mma.OUTPUTS, source=mma.BODY,
                                header=mma.HEADER)
     return _matrix_qmm(kernel, mma, fallback, tiles, ksplit,
                        lambda other: cuda_mma_qmm_function(fallback, tiles, other, make))
 
 
-def _cuda_maker(make: Callable | None) -> Callable:
+def cuda_maker(make: Callable | None) -> Callable:
     """The kernel maker: `make` where given, else cuda_cache's, on a CUDA device only."""
     if make is not None:
         return make

@@ -13,7 +13,9 @@ float16 cache (each value is read as float32 either way). `length=` (an array): 
 count, bit for bit as a call over k[:, :, :length] (a compiled step passes its cache buffer). With `tree`
 (a draft tree whose nodes are keys start.. of the cache), row m sees the keys before the tree and its own
 path's nodes, bit for bit as a one-row call over those keys laid out in order (tree.py's passes on GPUs). q, k and
-v are read in place through their strides (ensure_row_contiguous=False): a KV cache view costs no copy.
+v are read in place through their strides (ensure_row_contiguous=False): a KV cache view costs no copy. On CUDA
+calls with a `length` (a compiled step's whole, row-contiguous buffers) launch row-contiguous twins of the same
+bodies, compiled once per machine (cuda_cache), not by MLX's JIT in every process.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import mlx.core as mx
 
 from . import gpu_attention_mma_source as mma_source
 from . import gpu_attention_simdgroup_source as simdgroup_source
-from .gpu import require_cuda, require_metal
+from .gpu import cuda_maker, require_metal
 from .gpu_attention_source import (BODIES, CHUNK, COMBINE_INPUTS, COMBINE_NAME, COMBINE_OUTPUTS, DIRECT_CHUNKS, DIRECT_NAME,
                                    DIRECT_OUTPUTS, HEADERS, HEADS, MAX_VALUE_DIM, PARTIAL_INPUTS, PARTIAL_NAME,
                                    PARTIAL_OUTPUTS, THREADGROUP, WARPS,
@@ -106,25 +108,23 @@ def metal_sdpa_function(warps: int | None = None, direct_chunks: int = DIRECT_CH
     return _sdpa_function(mx.fast.metal_kernel, "metal", warps, direct_chunks=direct_chunks)
 
 
-def cuda_sdpa_function(warps: int | None = None, pack: int = 1,
-                       direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
+def cuda_sdpa_function(warps: int | None = None, pack: int = 1, direct_chunks: int = DIRECT_CHUNKS,
+                       make: Callable | None = None) -> Callable[..., mx.array]:
     """pack: a lane's value dims of a row in one load where the cache allows, with up to 64 registers of rows in
-    flight (1) or 32 (2), or one by one (0): the same bits."""
-    require_cuda()
-    from .cuda_cache import cuda_kernel
-
-    # the partial reads strides: MLX's JIT; the combine: compiled once
-    return _sdpa_function(cuda_kernel, "cuda", warps, pack, direct_chunks)
+    flight (1) or 32 (2), or one by one (0): the same bits. make: as gpu.cuda_maker's."""
+    return _sdpa_function(cuda_maker(make), "cuda", warps, pack, direct_chunks)
 
 
 def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
                    direct_chunks: int = DIRECT_CHUNKS) -> Callable[..., mx.array]:
     if not 0 <= direct_chunks <= DIRECT_CHUNKS:  # the direct build keeps at most DIRECT_CHUNKS chunks' states
         raise ValueError(f"direct_chunks {direct_chunks}: 0 .. {DIRECT_CHUNKS}")
-    partial = make(name=PARTIAL_NAME, input_names=PARTIAL_INPUTS, output_names=PARTIAL_OUTPUTS,
-                   source=BODIES[(backend, "partial")], header=HEADERS[backend], ensure_row_contiguous=False)
-    direct = make(name=DIRECT_NAME, input_names=PARTIAL_INPUTS, output_names=DIRECT_OUTPUTS,
-                  source=BODIES[(backend, "direct")], header=HEADERS[backend], ensure_row_contiguous=False)
+    specs = {"partial": (PARTIAL_NAME, PARTIAL_INPUTS, PARTIAL_OUTPUTS), "direct": (DIRECT_NAME, PARTIAL_INPUTS, DIRECT_OUTPUTS)}
+    views = {kind: make(name=name, input_names=inputs, output_names=outputs, source=BODIES[(backend, kind)],
+                        header=HEADERS[backend], ensure_row_contiguous=False)
+             for kind, (name, inputs, outputs) in specs.items()}
+    buffers = _buffer_twins(make, backend, {kind: spec + (BODIES[(backend, kind)], HEADERS[backend])
+                                            for kind, spec in specs.items()})
     combine = make(name=COMBINE_NAME, input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS,
                    source=BODIES[(backend, "combine")], header=HEADERS[backend])
 
@@ -147,10 +147,11 @@ def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
         w = warps or launch_warps(blocks, nch)
         targs = partial_template(q.dtype, heads=heads, dims_per_lane=dpl, tree=tree is not None, warps=w, pack=pack)
         grid, threadgroup = (32, w * blocks, nch), partial_threadgroup(w)
+        kernels = buffers if length is not None and sdpa.stored_buffers else views
         if nch <= direct_chunks and sinks is None:  # one block walks every chunk and writes the output
-            return direct(inputs=inputs, template=targs, grid=grid[:2] + (1,), threadgroup=threadgroup,
-                          output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
-        return _partial_and_combine(partial, combine, inputs, targs, grid, threadgroup, sinks, unused)
+            return kernels["direct"](inputs=inputs, template=targs, grid=grid[:2] + (1,), threadgroup=threadgroup,
+                                    output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
+        return _partial_and_combine(kernels["partial"], combine, inputs, targs, grid, threadgroup, sinks, unused)
 
     # takes `window` and `sinks` (attention.py routes such layers here), and float32 queries over a
     # float16 cache (`mixed`: every value is read as float32, exactly; the output is in q's dtype)
@@ -158,7 +159,21 @@ def _sdpa_function(make, backend: str, warps: int | None = None, pack: int = 1,
     sdpa.lengths = True  # takes `length`: keys [0, length) of a longer buffer count (a compiled step's cache)
     sdpa.softcaps = True  # takes `softcap`: scores capped as cap * tanh(score / cap) (Gemma 2)
     sdpa.trees = True  # takes `tree` (tree_mask.tree_rows): a draft tree's verify pass (tree.py)
+    sdpa.stored_buffers = bool(buffers)  # calls with a `length` take the twins (attention.self_check may say no)
     return sdpa
+
+
+def _buffer_twins(make, backend: str, specs: dict[str, tuple]) -> dict:
+    """kind -> a row-contiguous build of that stride-reading kernel, for calls over a compiled step's whole cache
+    buffers (row-contiguous already: no copy; q, M rows, is copied if need be). On CUDA's cached path such a build
+    compiles once per machine (cuda_cache: the strides its shapes imply), where the in-place one goes through MLX's
+    JIT in every process. Empty elsewhere (Metal; MLX's JIT): nothing to gain. specs: kind -> (name, inputs,
+    outputs, body, header)."""
+    if backend != "cuda":
+        return {}
+    twins = {kind: make(name=name, input_names=inputs, output_names=outputs, source=body, header=header,
+                        ensure_row_contiguous=True) for kind, (name, inputs, outputs, body, header) in specs.items()}
+    return twins if all(getattr(t, "stored", False) for t in twins.values()) else {}
 
 
 def _partial_and_combine(partial, combine, inputs: list, targs: list, grid: tuple, threadgroup: tuple, sinks,
@@ -175,15 +190,12 @@ def _partial_and_combine(partial, combine, inputs: list, targs: list, grid: tupl
                    output_dtypes=[q.dtype])[0]
 
 
-def cuda_sdpa_mma_function(chunk: int = mma_source.CHUNK) -> Callable[..., mx.array]:
+def cuda_sdpa_mma_function(chunk: int = mma_source.CHUNK, make: Callable | None = None) -> Callable[..., mx.array]:
     """The tensor-core family (gpu_attention_mma_source.py): 16 (query head, row) slots a warp, float16 or
     bfloat16 queries, keys and values, head dims multiples of 16 up to 128 (mma_source.supports); other
     calls raise ValueError. Its bits are its own, not the FMA family's: a layer takes one family for all
-    its launches (attention.py). chunk: keys a warp walks (a multiple of 16)."""
-    require_cuda()
-    from .cuda_cache import cuda_kernel
-
-    return _matrix_sdpa_function(cuda_kernel, "cuda", mma_source, chunk)
+    its launches (attention.py). chunk: keys a warp walks (a multiple of 16). make: as gpu.cuda_maker's."""
+    return _matrix_sdpa_function(cuda_maker(make), "cuda", mma_source, chunk)
 
 
 def metal_sdpa_simdgroup_function(chunk: int = simdgroup_source.CHUNK) -> Callable[..., mx.array]:
@@ -198,9 +210,11 @@ def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..
     if chunk <= 0 or chunk % 16:
         raise ValueError(f"chunk {chunk}: a positive multiple of 16")
     f16 = mx.float16  # (the kernels' names and inputs: the dtypes are template arguments at each launch)
-    launch = {kind: make(name=name, input_names=inputs, output_names=outputs, source=source.BODIES[kind],
-                         header=source.HEADER, ensure_row_contiguous=kind == "combine")
-              for kind, ((name, inputs, outputs, _), _) in source.kernels(f16, f16).items()}
+    specs = {kind: (name, inputs, outputs, source.BODIES[kind], source.HEADER)
+             for kind, ((name, inputs, outputs, _), _) in source.kernels(f16, f16).items()}
+    launch = {kind: make(name=name, input_names=inputs, output_names=outputs, source=body, header=header,
+                         ensure_row_contiguous=kind == "combine") for kind, (name, inputs, outputs, body, header) in specs.items()}
+    buffers = _buffer_twins(make, backend, {kind: specs[kind] for kind in ("partial", "direct")})
     unused, inputs_of = mx.zeros((1,), mx.float32), _Inputs()
 
     def sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, causal: bool, window: int = 0,
@@ -216,12 +230,14 @@ def _matrix_sdpa_function(make, backend: str, source, chunk: int) -> Callable[..
         grid, threadgroup = (32, source.tiles(h, hkv, m, by_rows), nch), (32, 1, 1)
         if backend == "cuda" and grid[1] > 65535:
             raise ValueError(f"sdpa tensor-core kernel: {grid[1]} tiles: past CUDA's 65535 blocks a grid dimension")
+        kernels = buffers if length is not None and sdpa.stored_buffers else launch
         if nch == 1 and sinks is None:  # one chunk: the warp writes the output (the combine's arithmetic)
-            return launch["direct"](inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
+            return kernels["direct"](inputs=inputs, template=targs, grid=grid, threadgroup=threadgroup,
                                     output_shapes=[(1, h, m, dv)], output_dtypes=[q.dtype])[0]
-        return _partial_and_combine(launch["partial"], launch["combine"], inputs, targs, grid, threadgroup, sinks, unused)
+        return _partial_and_combine(kernels["partial"], launch["combine"], inputs, targs, grid, threadgroup, sinks, unused)
 
     sdpa.windows = sdpa.sinks = sdpa.lengths = sdpa.softcaps = sdpa.trees = True
+    sdpa.stored_buffers = bool(buffers)
     sdpa.mixed = backend == "metal"  # float32 queries over a float16 cache (Metal's float32 matrices take them)
     sdpa.family, sdpa.chunk, sdpa.supports = "sdpa-mma", chunk, source.supports
     builds = {chunk: sdpa}

@@ -80,7 +80,9 @@ class KernelRecord:
                 "seconds": {what: round(t, 3) for what, t in self.seconds.items()},
                 **({"chosen": {str(s): c for s, c in self.chosen.items()}} if self.chosen else {}),
                 **({"groups_experts": self.fn.groups_experts} if hasattr(self.fn, "groups_experts") else {}),
-                **({"trees": self.fn.trees} if hasattr(self.fn, "trees") else {})}
+                **({"trees": self.fn.trees} if hasattr(self.fn, "trees") else {}),
+                # attention over a compiled step's cache buffers: builds stored once per machine (CUDA), or the JIT's
+                **({"stored_buffers": self.fn.stored_buffers} if hasattr(self.fn, "stored_buffers") else {})}
 
 
 # family -> loader(backend) -> (fn, detail); raises KernelUnavailable where the family has no such kernel

@@ -2,7 +2,7 @@
 
 Here with pip's NVRTC (the [dev] extra's; the script itself fetches the device image's 13.0): a store built for a
 layout, then a fresh compiler over it and the real wrappers called as a model's layers and a round's acceptance call
-them. Every launch finds its program stored (nothing compiles a second time), and the archive holds the store's files
+them, and the attention over a compiled step's cache buffers. Every launch finds its program stored (nothing compiles a second time), and the archive holds the store's files
 at its top, as device_check.sh unpacks it.
 """
 
@@ -33,7 +33,7 @@ def nvrtc():
 def test_a_prebuilt_store_serves_every_launch_of_its_layouts(nvrtc, tmp_path):
     store = tmp_path / "store"
     built = prebuild.build(cuda_cache.Compiler(nvrtc, "sm_90", store), layouts=[(F16, 64, 4, "affine")], gathers=[],
-                           dtypes=(F16,))
+                           dtypes=(F16,), attention=[(4, 2, 32, F16)], chunks=(), capacities=(256,))
     assert built >= 10 and len(list(store.glob("*.bin"))) == built
     prebuild.pack(store, tmp_path / "kernel-store.tar.gz")
     with tarfile.open(tmp_path / "kernel-store.tar.gz") as tar:
@@ -50,5 +50,8 @@ def test_a_prebuilt_store_serves_every_launch_of_its_layouts(nvrtc, tmp_path):
     k["dense"](mx.zeros((5, 64), F16), mx.zeros((32, 64), F16))
     k["greedy"](mx.zeros((4, 64), F16), mx.arange(3, dtype=mx.uint32))
     k["rejection"](mx.zeros((4, 64), F16), mx.zeros((3, 64), F16), mx.arange(3, dtype=mx.uint32), mx.zeros((4,)))
+    kv = mx.zeros((1, 2, 256, 32), F16)  # a compiled step's cache buffers: the attention's row-contiguous twins
+    for rows in (1, 5):
+        k["sdpa"](mx.zeros((1, 4, rows, 32), F16), kv, kv, 0.2, True, length=mx.array([100]))
     looked_up = sum(len(kernel._built) for kernel in made)
     assert looked_up >= 10 and device.compiles == 0, f"{device.compiles} of {looked_up} launches compiled anew"

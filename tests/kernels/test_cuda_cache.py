@@ -10,7 +10,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_source, gpu_mma_source, gpu_source
+from mlxspec.kernels import accept_source, cuda_cache, gpu_attention_mma_source, gpu_attention_source, gpu_mma_source, gpu_source
 from mlxspec.kernels.build import KernelUnavailable
 from mlxspec.kernels.reference import output_dtype
 
@@ -26,6 +26,7 @@ def nvrtc_or_skip() -> cuda_cache.Nvrtc:
 
 f16, bf16, f32, u32 = mx.float16, mx.bfloat16, mx.float32, mx.uint32
 QMM_IN = [f16, u32, f16, f16]
+ATTENTION_IN = [f16, f16, f16, f32, mx.int32, mx.int32]  # q, k, v, params, length, tree
 FAMILIES = {  # label -> (name, inputs, outputs, body, header, input dtypes, input ndims, output dtypes, template)
     "qmm, 1 row": (gpu_source.NAME, gpu_source.INPUTS, gpu_source.OUTPUTS, gpu_source.CUDA_BODY, gpu_source.CUDA_HEADER,
                    QMM_IN, [2, 2, 2, 2], [f16], gpu_source.template_args(f16, f16, f16, 64, 4, rows=1)),
@@ -49,6 +50,19 @@ FAMILIES = {  # label -> (name, inputs, outputs, body, header, input dtypes, inp
                           gpu_attention_source.COMBINE_OUTPUTS, gpu_attention_source.BODIES[("cuda", "combine")],
                           gpu_attention_source.HEADERS["cuda"], [f32] * 4, [2, 2, 3, 1], [f16],
                           gpu_attention_source.combine_template(f16, sinks=True)),
+    # attention's row-contiguous twins (a compiled step's whole cache buffers): the strides their shapes imply
+    "attention partial, buffers": (gpu_attention_source.PARTIAL_NAME, gpu_attention_source.PARTIAL_INPUTS,
+                                   gpu_attention_source.PARTIAL_OUTPUTS, gpu_attention_source.BODIES[("cuda", "partial")],
+                                   gpu_attention_source.HEADERS["cuda"], ATTENTION_IN, [4, 4, 4, 1, 1, 1], [f32] * 3,
+                                   gpu_attention_source.partial_template(f16, heads=4, dims_per_lane=4, warps=1)),
+    "attention direct tree, buffers": (gpu_attention_source.DIRECT_NAME, gpu_attention_source.PARTIAL_INPUTS,
+                                       gpu_attention_source.DIRECT_OUTPUTS, gpu_attention_source.BODIES[("cuda", "direct")],
+                                       gpu_attention_source.HEADERS["cuda"], ATTENTION_IN, [4, 4, 4, 1, 1, 1], [f16],
+                                       gpu_attention_source.partial_template(f16, heads=1, dims_per_lane=4, tree=True)),
+    "tensor-core attention partial, buffers": (gpu_attention_mma_source.PARTIAL_NAME, gpu_attention_mma_source.PARTIAL_INPUTS,
+                                               gpu_attention_mma_source.PARTIAL_OUTPUTS, gpu_attention_mma_source.BODIES["partial"],
+                                               gpu_attention_mma_source.HEADER, ATTENTION_IN, [4, 4, 4, 1, 1, 1], [f32] * 3,
+                                               gpu_attention_mma_source.template(f16, f16, 128, 128)),
     "accept greedy": (accept_source.NAMES[accept_source.GREEDY], accept_source.INPUTS[accept_source.GREEDY],
                       accept_source.OUTPUTS, accept_source.cuda_body(accept_source.GREEDY), accept_source.CUDA_HEADER,
                       [f32, mx.int32], [2, 1], [mx.int32], [("T", f32)]),
@@ -132,6 +146,23 @@ def test_shapes_are_int_arguments_after_the_outputs_in_input_order():
     assert cuda_cache.shape_scalars(cuda_cache.shape_readers(["x", "b", "w"], body), inputs) == [3, 5, 2, 4, 6]
 
 
+def test_a_row_contiguous_stride_reader_derives_its_strides_from_its_shape():
+    """A stride-reading body launched row-contiguous (MLX copies any other input first) reads the strides its
+    input's shape implies: each stride the product of the later dimensions, in int64 (evaluated here by C's rules
+    for the shape (2, 3, 5, 7)); its dimensions are int arguments as a shape reader's."""
+    body = "  o[0] = q[q_strides[1]] + k[k_strides[0] * k_ndim];"
+    entry, text = cuda_cache.program("t", ["q", "k"], ["o"], body, "", [f16, f16], [4, 1], [f16], [])
+    params = text[text.index(entry) : text.index(") {")]
+    assert params.count("__grid_constant__ int") == 5 and "q_shape_3" in params and "k_shape_0" in params
+    line = next(ln for ln in text.splitlines() if "q_strides[4]" in ln)
+    values = line.split("{", 1)[1].rsplit("}", 1)[0]
+    dims = {f"q_shape_{i}": n for i, n in enumerate((2, 3, 5, 7))}
+    assert eval(values.replace("int64_t", ""), {}, dims) == (105, 35, 7, 1)  # (x) * (y): the expressions as C has them
+    assert "const int64_t k_strides[1] = {int64_t(1)};" in text and "constexpr int k_ndim = 1;" in text
+    inputs = [mx.zeros((2, 3, 5, 7), f16), mx.zeros((9,), f16)]
+    assert cuda_cache.shape_scalars(cuda_cache.shape_readers(["q", "k"], body), inputs) == [2, 3, 5, 7, 9]
+
+
 class FakeNvrtc:
     version = "13.0"
 
@@ -184,8 +215,9 @@ def test_what_the_path_cannot_build_goes_to_mlx_s_jit(tmp_path, launches, monkey
     jit = []
     monkeypatch.setattr(mx.fast, "cuda_kernel", lambda **kw: (jit.append(kw["name"]), lambda **call: ["jit"])[1])
     compiler = cuda_cache.Compiler(FakeNvrtc(), "sm_90", tmp_path)
-    with pytest.raises(KernelUnavailable, match="strides"):  # attention's partial reads its inputs' strides
-        cuda_cache.CachedCudaKernel(compiler, "partial", ["q"], ["o"], "o[0] = q[q_strides[1]];")
+    with pytest.raises(KernelUnavailable, match="strides"):  # attention's partial reads a view's strides in place
+        cuda_cache.CachedCudaKernel(compiler, "partial", ["q"], ["o"], "o[0] = q[q_strides[1]];",
+                                    ensure_row_contiguous=False)
     kernel = cuda_cache.CachedCudaKernel(compiler, "wide", ["x"], ["y"], "y[0] = x[0];")
     out = kernel(inputs=[mx.zeros((2,), mx.int64)], output_shapes=[(1,)], output_dtypes=[f32], grid=(32, 1, 1),
                  threadgroup=(32, 1, 1))  # int64: no CUDA type name here
@@ -202,10 +234,10 @@ def test_without_a_cuda_device_kernels_are_mlx_s_jit_s(monkeypatch):
     assert make(name="k", input_names=["x"], output_names=["y"], source="") == "kernel" and made == ["k"]
 
 
-def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_stride_readers(tmp_path, monkeypatch):
+def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_in_place_stride_readers(tmp_path, monkeypatch):
     """kernel_maker's own path, with the device and its launch stood in for: the probe runs through the
     cached kernel (its launch computed here as the probe's program would), then kernels are the store's,
-    except those whose body reads strides (MLX's JIT); a probe that comes out wrong keeps MLX's JIT."""
+    except those whose body reads the strides of inputs as they lie (MLX's JIT); a probe that comes out wrong keeps MLX's JIT."""
     def precompiled(name, inputs, scalars, **kw):
         assert name.startswith("probe_") and scalars == [inputs[0].shape[0]]
         return [inputs[0] * 3 + scalars[0] + wrong]
@@ -219,7 +251,10 @@ def test_on_a_cuda_device_the_path_proves_itself_and_serves_every_family_but_str
     assert how == "compiled once per machine (NVRTC 13.0, sm_90)"
     assert isinstance(make(name="qmm", input_names=["x"], output_names=["y"], source="y[0] = x[0];"),
                       cuda_cache.CachedCudaKernel)
-    assert make(name="partial", input_names=["q"], output_names=["o"], source="o[0] = q[q_strides[0]];") == ("jit", "partial")
+    assert make(name="partial", input_names=["q"], output_names=["o"], source="o[0] = q[q_strides[0]];",
+                ensure_row_contiguous=False) == ("jit", "partial")
+    assert isinstance(make(name="twin", input_names=["q"], output_names=["o"], source="o[0] = q[q_strides[0]];"),
+                      cuda_cache.CachedCudaKernel)  # row-contiguous: the strides its shape implies
     assert [p.name.split("_")[0] for p in (tmp_path / "cuda").iterdir()] == ["probe"]  # stored for the next process
     wrong = 1
     monkeypatch.setattr(cuda_cache, "_MAKER", [])

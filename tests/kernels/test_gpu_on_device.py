@@ -135,6 +135,10 @@ def test_sdpa_on_device(backend, family, heads, kv_heads, dim, length):
     sdpa = sdpa_of(backend, family)
     assert attention_self_check(sdpa, heads, kv_heads, dim, dim, mx.float16) is None
     assert sdpa.trees, "the kernel's tree rows failed their self-check (tree passes would stay off)"
+    if backend == "cuda":  # the row-contiguous twins (stored once per machine) gave the in-place builds' bits
+        from mlxspec.kernels import cuda_cache
+
+        assert sdpa.stored_buffers == cuda_cache.detail().startswith("compiled once per machine"), cuda_cache.detail()
     kq, kk, kv = mx.random.split(mx.random.key(length), 3)
     m = 16
     q = mx.random.normal((1, heads, m, dim), key=kq).astype(mx.bfloat16)

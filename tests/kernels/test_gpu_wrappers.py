@@ -197,7 +197,7 @@ def test_tensor_core_attention_launches_a_warp_per_16_slots_and_refuses_what_it_
     """The tensor-core family: one warp per 16 (query head, row) slots of a kv head and chunk (128 keys); one chunk
     is one direct launch, more a partial + combine; a tree's pass serves one row a tile (TREE = 1); float32 queries
     and head dims past 128 are refused (ValueError: such a layer keeps the FMA family for every launch)."""
-    from mlxspec.kernels import cuda_cache, gpu_attention, tree_mask
+    from mlxspec.kernels import gpu_attention, tree_mask
 
     seen = []
 
@@ -207,9 +207,7 @@ def test_tensor_core_attention_launches_a_warp_per_16_slots_and_refuses_what_it_
             return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
         return launch
 
-    monkeypatch.setattr(gpu_attention, "require_cuda", lambda: None)
-    monkeypatch.setattr(cuda_cache, "cuda_kernel", lambda **kw: make(**kw))
-    sdpa = gpu_attention.cuda_sdpa_mma_function()
+    sdpa = gpu_attention.cuda_sdpa_mma_function(make=make)
 
     def launches(m: int, keys: int, dtype=mx.float16, d: int = 128, **kw) -> list:
         seen.clear()
@@ -301,3 +299,78 @@ def test_simdgroup_wrapper_runs_any_rows_in_one_launch_and_falls_back_where_it_m
     qmm(mx.zeros((2, 128), mx.bfloat16), wf, sf, None, 32, 4, mode="mxfp4")
     assert [name for name, *_ in metal_launches] == [gpu.NAME]
     assert qmm.with_ksplit(2).ksplit == 2 and qmm.with_ksplit(2) is qmm.with_ksplit(2)
+
+
+class Recorded:
+    """A kernel stand-in recording (name, ensure_row_contiguous) per launch; stored: a maker's cached kernel's mark."""
+
+    def __init__(self, seen: list, name: str, ensure_row_contiguous: bool, stored: bool):
+        self.seen, self.name, self.contiguous, self.stored = seen, name, ensure_row_contiguous, stored
+
+    def __call__(self, inputs, output_shapes, output_dtypes, **_):
+        self.seen.append((self.name, self.contiguous))
+        return [mx.zeros(s, d) for s, d in zip(output_shapes, output_dtypes)]
+
+
+def recording_maker(seen: list, stored: bool):
+    return lambda name, ensure_row_contiguous=True, **_: Recorded(seen, name, ensure_row_contiguous, stored)
+
+
+@pytest.mark.parametrize("family", ["fma", "tensor cores"])
+def test_cuda_attention_over_cache_buffers_launches_row_contiguous_twins_where_they_are_stored(monkeypatch, family):
+    """A compiled step's call (whole buffers, a `length`) launches row-contiguous twins of the stride-reading kernels
+    where the maker stores them once per machine (cuda_cache's path); calls over views keep the in-place builds
+    (no copy of the cache). Without stored kernels (MLX's JIT, Metal) or once a self-check turned them off, every
+    call takes the in-place builds."""
+    from mlxspec.kernels import gpu_attention
+
+    seen = []
+
+    def built(stored: bool, backend: str = "cuda"):
+        make = recording_maker(seen, stored)
+        if family == "fma":
+            return gpu_attention._sdpa_function(make, backend)
+        return gpu_attention.cuda_sdpa_mma_function(make=make)
+
+    def kinds(sdpa, keys: int, length=None) -> list:
+        seen.clear()
+        q, kv = mx.zeros((1, 4, 2, 64), mx.float16), mx.zeros((1, 2, keys, 64), mx.float16)
+        sdpa(q, kv, kv, 0.125, True, **({"length": mx.array([length])} if length else {}))
+        return seen[:]
+
+    sdpa = built(stored=True)
+    assert sdpa.stored_buffers
+    for keys in (100, 3000):  # a direct launch, a partial + combine
+        over_view, over_buffer = kinds(sdpa, keys), kinds(sdpa, keys, length=keys)
+        assert [c for _, c in over_view] == [False] + [True] * (len(over_view) - 1)  # the combine: contiguous anyway
+        assert [n for n, _ in over_buffer] == [n for n, _ in over_view] and all(c for _, c in over_buffer)
+    sdpa.stored_buffers = False
+    assert not kinds(sdpa, 612, length=100)[0][1]
+    assert not built(stored=False).stored_buffers and not kinds(built(stored=False), 612, length=100)[0][1]
+    if family == "fma":
+        assert not built(stored=True, backend="metal").stored_buffers
+
+
+def test_a_self_check_keeps_in_place_builds_where_the_stored_twins_differ_before_any_layer_launched():
+    """attention.self_check compares a call over a whole buffer (the twins) with the call over its keys (in place): at
+    the function's first check a difference turns the twins off, with a warning, and the check passes on the in-place
+    builds; after a check has passed (layers may have launched the twins) a difference fails the signature."""
+    from mlxspec.kernels import attention
+    from mlxspec.kernels.cpu import cpu_sdpa_function
+
+    base = cpu_sdpa_function()
+
+    def twin_off_by_a_bit():
+        def sdpa(q, k, v, scale, causal, length=None, **kw):
+            y = base(q, k, v, scale, causal, **({"length": length} if length is not None else {}), **kw)
+            return y * 1.001 if length is not None and sdpa.stored_buffers else y
+        sdpa.lengths, sdpa.stored_buffers = True, True
+        return sdpa
+
+    sdpa = twin_off_by_a_bit()
+    assert attention.self_check(sdpa, 4, 2, 64, 64, mx.float32) is None
+    assert not sdpa.stored_buffers and sdpa.buffers_settled
+    settled = twin_off_by_a_bit()
+    settled.buffers_settled = True  # an earlier signature's check passed
+    assert "longer buffer" in attention.self_check(settled, 4, 2, 64, 64, mx.float32)
+    assert settled.stored_buffers  # not flipped once layers may have run it
