@@ -114,6 +114,11 @@ def problems(report: dict) -> list[str]:
     if report["blas"].get("advice"):
         out.append(report["blas"]["advice"])
     out += version_problems()  # MLX / mlx-lm / transformers outside pyproject.toml's tested ranges
+    families = report["kernels"].get("status")
+    for entry in families if isinstance(families, list) else []:
+        if str(entry.get("kernel", "")).endswith("-first-run") and not entry.get("active"):
+            out.append(f"mlxspec's GPU kernels failed their first run on this device ({entry.get('reason')}): those "
+                       "families run MLX's ops; please report it with `mlxspec doctor --json`")
     return out
 
 

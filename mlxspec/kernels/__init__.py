@@ -5,7 +5,9 @@
     remove_kernels(model)              # MLX's ops again in this model
     status()                           # every family tried: active or not, why, timings (for `mlxspec doctor`)
 
-Files: registry.py (one record per kernel family and backend: load, self-check, status), install.py
+Files: registry.py (one record per kernel family and backend: load, self-check, status), first_run.py (a
+GPU's kernels run first in a child process, once per device and version: a kernel that kills its process
+turns its family off, not the daemon), install.py
 (the per-model entry), hooks.py (per-model routing of mlx-lm's module-level functions), timing.py
 (kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definitions and
 tolerances, q8_reference for int8 activations), cpu/ + build.py + cpu.py (the MLX C++ extension, built

@@ -51,11 +51,15 @@ class KernelRecord:
         if self.error:
             return self.error
         if signature not in self.checks:
+            for watcher in _watchers:
+                watcher("begin", self.family, signature)
             with self.spending("checks"):  # a GPU kernel's first call compiles it (NVRTC, Metal)
                 try:
                     failure = run()
                 except Exception as e:  # a kernel that throws is a kernel that failed
                     failure = one_line(e)
+            for watcher in _watchers:
+                watcher("end", self.family, signature, failure)
             self.checks[signature] = failure
             if failure:
                 warn_once(f"mlxspec {self.name} kernel failed its self-check on {signature}: {failure}")
@@ -89,6 +93,8 @@ class KernelRecord:
 _loaders: dict[str, Callable[[str], tuple[Any, str]]] = {}
 _records: dict[tuple[str, str], KernelRecord] = {}
 _warned: set[str] = set()
+_excluded: dict[tuple[str, str], str] = {}  # (family or "*", backend) -> why it is off on this device (first_run.py)
+_watchers: list[Callable] = []  # called as each self-check begins and ends (first_run.py's child reports them)
 
 
 def register(family: str, loader: Callable[[str], tuple[Any, str]]) -> None:
@@ -100,10 +106,16 @@ def kernel(family: str, backend: str | None = None) -> KernelRecord:
     backend = backend or device_backend_name()
     key = (family, backend)
     if key not in _records:
+        if backend != "cpu":  # a GPU's kernels run first in a child process, once per device and version
+            from .first_run import settle
+
+            settle(backend)
         rec = KernelRecord(family, backend)
+        rec.error = _excluded.get(key) or _excluded.get(("*", backend))
         try:
-            with rec.spending("load"):  # the CPU extension's first build, a GPU program's source
-                rec.fn, rec.detail = _loaders[family](backend)
+            if rec.error is None:
+                with rec.spending("load"):  # the CPU extension's first build, a GPU program's source
+                    rec.fn, rec.detail = _loaders[family](backend)
         except KernelUnavailable as e:
             rec.error = str(e)
         except Exception as e:  # a broken toolchain must not break model loading
@@ -112,15 +124,32 @@ def kernel(family: str, backend: str | None = None) -> KernelRecord:
     return _records[key]
 
 
+def exclude(family: str, backend: str, why: str) -> None:
+    """Turn a family ("*": every family) off on this backend for the process: its record's error says why."""
+    _excluded[(family, backend)] = why
+    for (name, on), rec in _records.items():
+        if on == backend and family in (name, "*"):
+            rec.error = why
+
+
+def watch(watcher: Callable) -> None:
+    """watcher("begin", family, signature) and watcher("end", family, signature, failure) around each self-check
+    that runs (first_run.py's child prints them, so its parent knows which check a death interrupted)."""
+    _watchers.append(watcher)
+
+
 def status() -> list[dict]:
     """One entry per kernel family and backend tried in this process: active or not, and why."""
-    return [r.status() for r in _records.values()]
+    from .first_run import status as first_runs
+
+    return [r.status() for r in _records.values()] + first_runs()
 
 
 def reset() -> None:
     """Forget loaded kernels, checks and timings (tests)."""
     _records.clear()
     _warned.clear()
+    _excluded.clear()
 
 
 def one_line(e: BaseException) -> str:

@@ -100,3 +100,14 @@ def test_kernel_status_without_a_status_function(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlxspec.kernels.registry", types.ModuleType("mlxspec.kernels.registry"))
     k = doctor_mod.kernel_status()
     assert not k["available"] and k["detail"].startswith("not available")
+
+
+def test_a_gpu_first_run_that_turned_kernels_off_is_named_under_problems(report):
+    """kernels/first_run.py's verdict is a status entry; a failed one is a problem with what to do."""
+    failed = {"kernel": "metal-first-run", "active": False, "reason": "died (SIGABRT) (in 2.1 s)",
+              "excluded": {"sdpa": "its first run here died (SIGABRT)"}}
+    passed = failed | {"active": True, "excluded": {}, "reason": "the first run passed"}
+    with_entry = lambda entry: report | {"kernels": report["kernels"] | {"status": [entry]}}  # noqa: E731
+    problems = doctor_mod.problems(with_entry(failed))
+    assert any("failed their first run on this device (died (SIGABRT)" in p for p in problems), problems
+    assert not any("first run" in p for p in doctor_mod.problems(with_entry(passed)))
