@@ -4,8 +4,9 @@ A kernel that faults or hangs on a GPU can take its process down with it: MLX ab
 buffer error (a GPU timeout, an invalid read), and a CUDA fault leaves the process's context unusable. The
 self-checks (registry.py) catch wrong results, not that. mlxspec's Metal kernels have passed every check that
 runs without a Mac (the emulator, clang's syntax check), not Apple's compiler and GPU, so on a user's machine
-they first run in a child process: it installs every family into a small random 4-bit model (each self-check
-announced as it begins and ends) and runs decoding passes of 1 and 5 rows. A family whose check was running
+they first run in a child process: it installs every family into two small random 4-bit models (head dims 64 and
+128, float16 and bfloat16; each self-check and timing announced as it begins and ends) and runs decoding passes
+of 1 and 5 rows. A family whose check was running
 when the child died or timed out, or whose check met a device fault, is off on this device (its record's
 error says why: `mlxspec doctor`); a death outside any check turns every GPU family off. The verdict is kept
 under the kernel cache folder (first_run.json) by device, MLX version and a hash of mlxspec's kernel sources,
@@ -178,18 +179,21 @@ def _emit(**event) -> None:
     print(json.dumps(event, default=str), flush=True)  # flushed: a death right after still leaves it read
 
 
-def _tiny_model():
-    """A random 2-layer llama, 4-bit g64 (an unquantized head: the dense kernel), float16: every GPU family's
-    layer kinds at small shapes (head dim 64, GQA 2)."""
+MODELS = [(256, mx.float16), (512, mx.bfloat16)]  # (hidden size, dtype): head dims 64 and 128, the common ones
+
+
+def _tiny_model(hidden: int, dtype):
+    """A random 2-layer llama, 4-bit g64 (an unquantized head: the dense kernel), 4 query heads over 2 kv heads:
+    every GPU family's layer kinds at small shapes."""
     import mlx.nn as nn
     from mlx_lm.models import llama
 
-    args = llama.ModelArgs(model_type="llama", hidden_size=256, num_hidden_layers=2, intermediate_size=512,
+    args = llama.ModelArgs(model_type="llama", hidden_size=hidden, num_hidden_layers=2, intermediate_size=2 * hidden,
                            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
                            tie_word_embeddings=False)
     mx.random.seed(0)
     model = llama.Model(args)
-    model.set_dtype(mx.float16)
+    model.set_dtype(dtype)
     nn.quantize(model, group_size=64, bits=4, class_predicate=lambda path, m: isinstance(m, nn.Linear) and "lm_head" not in path)
     mx.eval(model.parameters())
     return model
@@ -216,9 +220,12 @@ def main(argv=None) -> int:
     from .accept import fused_accept_available
     from .install import install_kernels
 
-    model = _tiny_model()
-    for label, step in (("install", lambda: install_kernels(model)), ("passes", lambda: _passes(model)),
-                        ("accept", fused_accept_available)):
+    steps = [("accept", fused_accept_available)]
+    for hidden, dtype in MODELS:
+        model = _tiny_model(hidden, dtype)
+        steps[-1:-1] = [(f"install {hidden} {dtype}", lambda m=model: install_kernels(m)),
+                        (f"passes {hidden} {dtype}", lambda m=model: _passes(m))]
+    for label, step in steps:
         _emit(begin=["forward", label])
         try:
             step()

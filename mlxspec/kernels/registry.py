@@ -67,12 +67,18 @@ class KernelRecord:
 
     @contextmanager
     def spending(self, what: str):
-        """Add the wall time of the block to seconds[what] (status shows it: where a first load goes)."""
+        """Add the wall time of the block to seconds[what] (status shows it: where a first load goes). A timing
+        launches builds of its own (other chunks, K splits): watchers hear of it as of a check."""
+        announced = _watchers if what == "timing" else []
+        for watcher in announced:
+            watcher("begin", self.family, what)
         start = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[what] = self.seconds.get(what, 0.0) + time.perf_counter() - start
+            for watcher in announced:
+                watcher("end", self.family, what, None)
 
     def status(self) -> dict:
         passed = [str(s) for s, f in self.checks.items() if f is None]

@@ -33,7 +33,7 @@ def test_the_child_s_event_lines_name_each_check_as_it_runs():
                          text=True, timeout=120).stdout.splitlines()
     parsed = [json.loads(line) for line in out]
     begun = [e["begin"][0] for e in parsed if "begin" in e]
-    assert {"qmm", "sdpa", "pointwise"} <= set(begun) and begun.count("forward") == 3
+    assert {"qmm", "sdpa", "pointwise"} <= set(begun) and begun.count("forward") == 5  # 2 models x 2, acceptance
     assert sum("end" in e for e in parsed) == len(begun) and parsed[-1] == {"done": True}
 
 
@@ -120,3 +120,17 @@ def test_an_unlearned_verdict_is_not_kept_and_the_cpu_and_stand_in_gpus_never_ru
     monkeypatch.setattr(first_run, "_on_gpu", lambda: False)  # the tests' stand-in GPUs run on this CPU
     monkeypatch.setattr(first_run, "_settled", {})
     assert first_run.settle("cuda", run=lambda *a: pytest.fail("a child without a GPU")) is None
+
+
+def test_watchers_hear_of_each_check_and_timing_as_it_begins_and_ends(monkeypatch):
+    """A timing launches builds no check has run yet (other chunks, K splits): announced as a check is, so a death
+    there is the family's; a check ran once is not announced again."""
+    heard = []
+    monkeypatch.setattr(registry, "_watchers", [lambda *event: heard.append(event)])
+    rec = registry.KernelRecord("sdpa-mma", "metal")
+    rec.check(("sig",), lambda: None)
+    rec.check(("sig",), lambda: pytest.fail("checked twice"))
+    with rec.spending("timing"):
+        heard.append("timed")
+    assert heard == [("begin", "sdpa-mma", ("sig",)), ("end", "sdpa-mma", ("sig",), None),
+                     ("begin", "sdpa-mma", "timing"), "timed", ("end", "sdpa-mma", "timing", None)]
