@@ -28,7 +28,8 @@
 # its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
 # (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. Or build that
 # store here, without a GPU, from the commit you stage: `python benchmarks/prebuild_store.py` (NVRTC 13.0 from pip,
-# sm_90: the matmul families' and acceptance programs of the steps' layouts, ~1 MiB, ~25 s) writes
+# sm_90: the matmul families', acceptance and compiled steps' attention programs of the steps' layouts, 176 programs,
+# ~2.6 MiB, ~95 s) writes
 # .gpu-ptx/kernel-store.tar.gz; carry .gpu-ptx with .gpu/a (they fit one call). A call carries
 # 64 MiB with the project's own files (~4 MiB): .gpu/a (~47 MiB), then ptx.tar.gz (~15 MiB) with kernel-store.tar.gz (~6 MiB)
 # in a call of their own, then .gpu/b (~55 MiB) (sixth session's sizes).
@@ -75,6 +76,8 @@ nvidia-smi >> "$out/device.txt" 2>&1
 # how our CUDA kernels reach MLX: the store's path and whether launches hand it compressed fatbins (cuda_fatbin.py)
 python3 -c "from mlxspec.kernels import cuda_cache; print('cuda kernels:', cuda_cache.detail())" 2>&1 | tail -n 1 \
   | tee -a "$out/summary.txt"
+# the GPU kernels' first run in a child process (kernels/first_run.py): its verdict kept for every later step
+step first-run 90 python3 -c "from mlxspec.kernels import first_run, registry; registry.kernel('qmm'); print(first_run.status())"
 model=()
 [ -f /var/tmp/stash/smol.gguf ] && model=(--model /var/tmp/stash/smol.gguf)
 bench() {  # bench SECTION SECONDS [ARGS]: one bench_gpu.py section
