@@ -225,6 +225,18 @@ def _load_qmm_q8(backend: str):
 register("qmm-q8", _load_qmm_q8)
 
 
+def _load_mlx_rows(backend: str):
+    """Verify rows with the bits of MLX's own one-row qmm (mlx_rows.py): Metal only."""
+    if backend != "metal":
+        raise KernelUnavailable(f"MLX's one-row bits are mirrored from its Metal kernel (not on {backend})")
+    from .mlx_rows import mlx_rows_function
+
+    return mlx_rows_function(), f"MLX {mx.__version__}'s qmv_fast one row at a time, its rows in one launch"
+
+
+register("qmm-mlx-rows", _load_mlx_rows)
+
+
 def _load_qmm_mma(backend: str):
     """The matrix-unit qmm: tensor cores on CUDA, simdgroup matrices on Metal; what it does not take (float32
     x on CUDA, mxfp4 on both) goes to the FMA kernel of the "qmm" family."""
@@ -265,7 +277,23 @@ def kernel_for_layer(
     fma, why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
     if rec.backend not in ("cuda", "metal") or activations != "f32":
         return fma, why
+    if rec.backend == "metal" and mode == "affine":  # MLX's own one-row bits where its qmv_fast serves the layer
+        rows, rows_why = _mlx_rows_or(fma, signature, n, k, group_size, bits, scale_dtype)
+        if rows is not None:
+            return rows, rows_why
     return _tensor_cores_or(fma, why, signature, n, k, group_size, bits, scale_dtype, mode, rec.backend)
+
+
+def _mlx_rows_or(fma, signature: tuple, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype):
+    """(qmm, why) of the "qmm-mlx-rows" family (mlx_rows.py: one row through MLX's op, verify rows with its bits) where
+    it takes the layer and passed its self-check here, other activations through `fma`; else (None, why not)."""
+    from . import mlx_rows
+
+    if not mlx_rows.supports(n, k, group_size, bits, scale_dtype, scale_dtype):
+        return None, "not a layer MLX's qmv_fast serves alone"
+    rec = kernel("qmm-mlx-rows", "metal")
+    fn, why = _checked(rec, signature, lambda: mlx_rows.self_check(rec.fn, n, k, group_size, bits, scale_dtype))
+    return (None, why) if fn is None else (mlx_rows.with_fallback(fn, fma), why)
 
 
 def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size: int, bits: int,

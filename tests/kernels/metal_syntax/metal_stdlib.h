@@ -66,7 +66,7 @@ void simdgroup_barrier(mem_flags flags);
   T fma(T a, T b, T c); T max(T a, T b); T min(T a, T b); T fmax(T a, T b); T fmin(T a, T b); T exp(T x);   \
   T exp2(T x); T log(T x); T tanh(T x); T ldexp(T x, int k); T abs(T x); T fabs(T x); T sqrt(T x);          \
   T rsqrt(T x); T floor(T x); T ceil(T x); T round(T x); T rint(T x); bool isnan(T x); bool isinf(T x);     \
-  T clamp(T x, T lo, T hi); T pow(T x, T y); T copysign(T x, T y);
+  T clamp(T x, T lo, T hi); T pow(T x, T y); T copysign(T x, T y); T select(T a, T b, bool c);
 MLXSPEC_MATH(float)
 MLXSPEC_MATH(half)
 namespace precise { MLXSPEC_MATH(float) MLXSPEC_MATH(half) }

@@ -1,0 +1,207 @@
+"""Metal: verify rows with the bits of MLX's own one-row quantized matmul, so exact decoding costs plain decoding nothing.
+
+Plain decoding's one-row matmul is MLX's `quantized_matmul` (its `qmv_fast` kernel: the fastest there is on a Mac);
+a verify pass of M rows runs this kernel, which is MLX's `qmv_fast_impl` with the rows in a loop: each weight pack
+is fetched once for all rows, and each row's arithmetic is MLX's for that row alone (MLX's own `load_vector` and
+`qdot`, pasted from the installed MLX's headers; the same accumulation order; the same `simd_sum`). MLX itself runs
+another kernel for 2+ rows on M3 and later GPUs (`qmv_wide`), whose bits differ from the one-row call's.
+
+    qmm = mlx_rows_function()             # KernelUnavailable off Metal, or where MLX's qmv_fast is not the one mirrored
+    y = qmm(x, w, scales, biases, 64, 4)  # 1 row: mx.quantized_matmul; 2-16 rows: the kernel
+
+It serves a layer only where MLX's one-row call runs `qmv_fast` without partial rows or a tail (`supports`: affine
+4 or 8 bits, N a multiple of 8, K of its 512 / 256-value block and not 64 or 128, x in the scales' dtype), and only
+after its self-check on the device found every row bit-identical to MLX's one-row call (registry family
+"qmm-mlx-rows"; a Metal compiler that orders the arithmetic otherwise fails it, and the layer keeps mlxspec's own
+row-invariant kernels). Unmeasured on a Mac: no Mac here; tests/kernels/test_mlx_rows.py runs it and MLX's
+`qmv_fast_impl` itself under the CPU emulator and compares their bits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+
+from .build import KernelUnavailable
+from .gpu_source import row_capacity
+
+NAME = "mlxspec_qmm_mlx_rows"
+INPUTS, OUTPUTS = ["x", "w", "scales", "biases"], ["y"]
+BITS = (4, 8)
+BLOCK = {4: 512, 8: 256}  # qmv_fast's K step: pack_factor<bits, 32> * 2 packs * 32 lanes
+MAX_ROWS = 16
+# sha256 of qmv_fast_impl's text (whitespace collapsed) in the MLX whose loop this kernel mirrors: MLX 0.32.4
+MIRRORED = {"cfe9d94a4d42adee": "0.32.4"}
+
+BODY = """
+  // MLX's qmv_fast_impl<T, G, BITS, false> (kernels/quantized.h), every x row in turn inside its K loop
+  constexpr int packs_per_thread = BITS <= 2 ? 1 : 2;
+  constexpr int num_simdgroups = 2;
+  constexpr int results_per_simdgroup = 4;
+  constexpr int pack_factor = get_pack_factor<BITS, 32>();
+  constexpr int bytes_per_pack = get_bytes_per_pack<BITS, 32>();
+  constexpr int values_per_thread = pack_factor * packs_per_thread;
+  constexpr int block_size = values_per_thread * 32;
+  constexpr int scale_step_per_thread = G / values_per_thread;
+  typedef float U;
+  const int in_vec_size = x_shape[1], out_vec_size = w_shape[0], rows = x_shape[0];
+  const uint3 tid = threadgroup_position_in_grid;
+  const uint simd_gid = simdgroup_index_in_threadgroup, simd_lid = thread_index_in_simdgroup;
+
+  thread U x_thread[values_per_thread];
+  thread U result[ROWS][results_per_simdgroup] = {};
+  const int in_vec_size_w = in_vec_size * bytes_per_pack / pack_factor;
+  const int in_vec_size_g = in_vec_size / G;
+  const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) + simd_gid * results_per_simdgroup;
+  const device uint8_t* ws = (const device uint8_t*)w + out_row * in_vec_size_w
+      + simd_lid * packs_per_thread * bytes_per_pack;
+  const device T* sc = scales + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
+  const device T* bi = biases + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
+  const device T* xs = x + simd_lid * values_per_thread;
+
+  for (int k = 0; k < in_vec_size; k += block_size) {
+    for (int m = 0; m < ROWS; m++) {
+      if (m < rows) {  // row m: MLX's one-row loop body, as it runs for x = row m alone
+        U sum = load_vector<T, U, values_per_thread, BITS>(xs + m * in_vec_size, x_thread);
+        for (int row = 0; row < results_per_simdgroup; row++) {
+          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+          const device T* sl = sc + row * in_vec_size_g;
+          const device T* bl = bi + row * in_vec_size_g;
+          U s = sl[0];
+          U b = bl[0];
+          result[m][row] += qdot<U, values_per_thread, BITS>(wl, x_thread, s, b, sum);
+        }
+      }
+    }
+    ws += block_size * bytes_per_pack / pack_factor;
+    sc += block_size / G;
+    bi += block_size / G;
+    xs += block_size;
+  }
+  for (int m = 0; m < ROWS; m++) {
+    if (m < rows) {
+      for (int row = 0; row < results_per_simdgroup; row++) {
+        result[m][row] = simd_sum(result[m][row]);
+        if (simd_lid == 0) {
+          y[m * out_vec_size + out_row + row] = static_cast<T>(result[m][row]);
+        }
+      }
+    }
+  }
+"""
+
+
+def mlx_metal_header(name: str = "quantized.h") -> str:
+    """One of the installed MLX's Metal kernel headers (its wheels ship them), or KernelUnavailable."""
+    import mlx
+
+    for root in getattr(mlx, "__path__", []):
+        path = Path(root) / "include" / "mlx" / "backend" / "metal" / "kernels" / name
+        if path.is_file():
+            return path.read_text()
+    raise KernelUnavailable(f"MLX's Metal header {name} is not installed with mlx")
+
+
+def _function(text: str, start: str, end: str) -> str:
+    """From the `template` line before `start` to the one before `end` (KernelUnavailable if either is missing)."""
+    i, j = text.find(start), text.find(end)
+    if i < 0 or j < i:
+        raise KernelUnavailable(f"MLX's quantized.h has no {start!r} before {end!r}")
+    return text[text.rfind("template", 0, i) : text.rfind("template", 0, j)]
+
+
+def mlx_helpers(text: str) -> str:
+    """MLX's get_pack_factor, get_bytes_per_pack, load_vector(_safe) and qdot, as the installed MLX has them."""
+    return _function(text, "inline constexpr short get_pack_factor", "inline U qdot_safe(")
+
+
+def qmv_fast_digest(text: str) -> str:
+    """The mirrored loop's identity: qmv_fast_impl's text with its whitespace collapsed."""
+    impl = _function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
+    return hashlib.sha256(re.sub(r"\s+", " ", impl).strip().encode()).hexdigest()[:16]
+
+
+def header(text: str | None = None) -> str:
+    """The kernel's header: MLX's helpers, where the installed MLX's qmv_fast_impl is the mirrored one."""
+    text = text if text is not None else mlx_metal_header()
+    digest = qmv_fast_digest(text)
+    if digest not in MIRRORED:
+        raise KernelUnavailable(f"MLX {mx.__version__}'s qmv_fast_impl ({digest}) is not the one this kernel mirrors "
+                                f"(MLX {', '.join(MIRRORED.values())})")
+    return mlx_helpers(text)
+
+
+def supports(n: int, k: int, group_size: int, bits: int, dtype, scale_dtype) -> bool:
+    """Where MLX's one-row call runs qmv_fast without partial rows or a tail, and the x and scales dtypes agree."""
+    return (bits in BITS and n % 8 == 0 and k % BLOCK[bits] == 0 and k not in (64, 128) and group_size in (32, 64, 128)
+            and dtype == scale_dtype and dtype in (mx.float16, mx.bfloat16, mx.float32))
+
+
+def template_args(dtype, group_size: int, bits: int, rows: int) -> list[tuple]:
+    return [("T", dtype), ("G", group_size), ("BITS", bits), ("ROWS", row_capacity(rows))]
+
+
+def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
+    """qmm(x, w, scales, biases, group_size, bits): one row through MLX's op, 2-16 through the kernel (same bits
+    a row, where the self-check found them). make: mx.fast.metal_kernel or a stand-in (tests)."""
+    if make is None:
+        from .gpu import require_metal
+
+        require_metal()
+        make = mx.fast.metal_kernel
+    kernel = make(name=NAME, input_names=INPUTS, output_names=OUTPUTS, source=BODY, header=header())
+
+    def qmm(x: mx.array, w: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int,
+            mode: str = "affine", **_) -> mx.array:
+        k, n = x.shape[-1], w.shape[0]
+        rows = x.size // k
+        if rows == 1 or mode != "affine":
+            return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode)
+        if not supports(n, k, group_size, bits, x.dtype, scales.dtype):
+            raise ValueError(f"mlx-rows qmm: {x.dtype} over {n} x {k} {bits}-bit g{group_size} unsupported")
+        flat = x.reshape(rows, k)
+        parts = [kernel(inputs=[flat[i : i + MAX_ROWS], w, scales, biases], grid=(32, 2 * (n // 8), 1),
+                        template=template_args(x.dtype, group_size, bits, min(MAX_ROWS, rows - i)),
+                        threadgroup=(32, 2, 1), output_shapes=[(min(MAX_ROWS, rows - i), n)], output_dtypes=[x.dtype])[0]
+                 for i in range(0, rows, MAX_ROWS)]  # a row's bits do not depend on the rows beside it
+        return (parts[0] if len(parts) == 1 else mx.concatenate(parts)).reshape(*x.shape[:-1], n)
+
+    qmm.supports = supports
+    return qmm
+
+
+def with_fallback(qmm: Callable[..., mx.array], other: Callable[..., mx.array] | None) -> Callable[..., mx.array]:
+    """qmm where x is in the scales' dtype (a model's own activations), else `other` (mlxspec's row-invariant kernel,
+    or None: MLX's op) for every row count: a layer meets one path for its one-row steps and its verify rows."""
+    def either(x, w, scales, biases, group_size, bits, mode="affine", **kw):
+        if x.dtype == scales.dtype:
+            return qmm(x, w, scales, biases, group_size, bits, mode)
+        if other is None:
+            return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode)
+        return other(x, w, scales, biases, group_size, bits, mode=mode, **kw)
+
+    either.supports = supports
+    return either
+
+
+def self_check(qmm: Callable[..., mx.array], n: int, k: int, group_size: int, bits: int, dtype) -> str | None:
+    """None if every row of a 16-row and a 5-row call carries the bits of MLX's own one-row call and the result is
+    within the reference's tolerance, else what differs."""
+    from .reference import random_quantized, within_tolerance
+
+    key = mx.random.key(n * 7919 + k + 1)
+    w, s, b = random_quantized(n, k, group_size, bits, dtype, key=key)
+    x = mx.random.normal((MAX_ROWS, k), key=mx.random.split(key)[1]).astype(dtype)
+    y = qmm(x, w, s, b, group_size, bits)
+    for i in range(MAX_ROWS):
+        one = mx.quantized_matmul(x[i : i + 1], w, s, b, transpose=True, group_size=group_size, bits=bits)
+        if not mx.array_equal(one[0], y[i]).item():
+            return f"row {i} of a {MAX_ROWS}-row call differs from MLX's one-row call"
+    if not mx.array_equal(qmm(x[:5], w, s, b, group_size, bits), y[:5]).item():
+        return "a 5-row call differs from the 16-row call's rows"
+    ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+    return None if ok else f"error {ratio:.3g}x the tolerance"

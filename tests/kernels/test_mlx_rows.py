@@ -1,0 +1,217 @@
+"""Metal's verify rows with the bits of MLX's own one-row qmm (kernels/mlx_rows.py), as far as this CPU allows.
+
+Under the CPU emulator (emulator/gpu_emulator.h) two programs run: MLX's `qmv_fast_impl` itself, pasted from the
+installed MLX's quantized.h, once per x row (its one-row call: threadgroup x = the row), and mlxspec's kernel as
+`mx.fast.metal_kernel` would generate it, over 16 rows and over 5. Every row must carry MLX's bits, and be within
+the reference's tolerance. On a Mac the registry's self-check compares with MLX's real call instead. The wrapper
+and the layer choice are tested with stand-ins.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from emulator_harness import C_TYPES, CXX, build_all, from_np, run, save
+from mlxspec.kernels import mlx_rows
+from mlxspec.kernels.build import KernelUnavailable
+from mlxspec.kernels.gpu_codegen import metal_function
+from mlxspec.kernels.reference import within_tolerance
+
+pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler")
+
+N, ROWS, FEW = 24, 16, 5  # 3 threadgroups of 8 outputs
+
+PROGRAM = """
+#include <algorithm>
+using std::min;
+#define METAL_FUNC inline
+static constexpr int SIMD_SIZE = 32;
+template <typename U> inline U select(U a, U b, bool c) {{ return c ? b : a; }}
+{helpers}
+{mlx_impl}
+{ours}
+using T = {T};
+std::vector<T> mlx_rows(const T* x, int M, const uint32_t* w, const T* s, const T* b, int K) {{  // MLX: a call a row
+  std::vector<T> y(size_t(M) * {N});
+  for (int r = 0; r < M; ++r)
+    emu::run_grid(2 * ({N} / 8), 1, [&](int lane, int warp, int) {{
+      qmv_fast_impl<T, {G}, {BITS}, false>(w, s, b, x + size_t(r) * K, y.data() + size_t(r) * {N}, K, {N},
+                                           uint3{{0, unsigned(warp / 2), 0}}, warp % 2, lane);
+    }});
+  return y;
+}}
+std::vector<T> ours(const T* x, int M, const uint32_t* w, const T* s, const T* b, int K) {{  // one launch, M rows
+  std::vector<T> y(size_t(M) * {N});
+  int xs[2] = {{M, K}}, ws[2] = {{{N}, K * {BITS} / 32}};
+  const int capacity = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
+  emu::run_grid(2 * ({N} / 8), 1, [&](int lane, int warp, int) {{
+    const uint3 at{{0, unsigned(warp / 2), 0}};
+    switch (capacity) {{
+{cases}
+    }}
+  }});
+  return y;
+}}
+int main(int argc, char** argv) {{
+  const std::string d = argv[1];
+  const int K = std::atoi(argv[2]);
+  auto x = load<T>(d + "/x", size_t({M}) * K);
+  auto w = load<uint32_t>(d + "/w", size_t({N}) * K * {BITS} / 32);
+  auto s = load<T>(d + "/s", size_t({N}) * K / {G});
+  auto b = load<T>(d + "/b", size_t({N}) * K / {G});
+  std::ofstream out(d + "/y", std::ios::binary);
+  save(out, mlx_rows(x.data(), {M}, w.data(), s.data(), b.data(), K));
+  save(out, ours(x.data(), {M}, w.data(), s.data(), b.data(), K));
+  save(out, ours(x.data(), {FEW}, w.data(), s.data(), b.data(), K));
+}}
+"""
+CASE = ("        case {r}: {fname}<T, {G}, {BITS}, {r}>(x, xs, w, ws, s, b, y.data(), warp % 2, lane, at); break;")
+CASES = [  # (x = scales dtype, group size, bits, K)
+    (mx.float16, 64, 4, 1024),
+    (mx.bfloat16, 32, 8, 512),
+    (mx.float32, 128, 4, 512),
+]
+
+
+def program(dtype, group_size: int, bits: int) -> str:
+    text = mlx_rows.mlx_metal_header()
+    impl = mlx_rows._function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
+    sizes = dict.fromkeys(mlx_rows.INPUTS, 1 << 20)
+    dtypes = {"x": dtype, "w": mx.uint32, "scales": dtype, "biases": dtype}
+    targs = mlx_rows.template_args(dtype, group_size, bits, 1)
+    fname, ours = metal_function((mlx_rows.NAME, mlx_rows.INPUTS, mlx_rows.OUTPUTS, [dtype]), dtypes, sizes, targs,
+                                 mlx_rows.BODY)
+    # (the template's name spells its first instantiation's arguments; the harness instantiates each capacity)
+    cases = "\n".join(CASE.format(r=r, fname=fname, G=group_size, BITS=bits) for r in (1, 2, 4, 8, 16))
+    return PROGRAM.format(helpers=mlx_rows.header(text), mlx_impl=impl, ours=ours, T=C_TYPES[dtype], N=N, M=ROWS,
+                          FEW=FEW, G=group_size, BITS=bits, cases=cases)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-g{c[1]}-{c[2]}bit-k{c[3]}".replace("mlx.core.", ""))
+def test_every_row_carries_the_bits_of_mlx_s_one_row_qmv_fast(tmp_path, case):
+    dtype, group_size, bits, k = case
+    (exe,) = build_all([program(dtype, group_size, bits)])
+    wf = mx.random.normal((N, k), key=mx.random.key(1)).astype(dtype)
+    w, s, b = mx.quantize(wf, group_size=group_size, bits=bits)
+    x = mx.random.normal((ROWS, k), key=mx.random.key(2)).astype(dtype)
+    save(tmp_path, x=x, w=w, s=s, b=b)
+    run(exe, tmp_path, k)
+    raw, size = (tmp_path / "y").read_bytes(), ROWS * N * mx.zeros((), dtype).itemsize
+    theirs, ours = (from_np(raw[i * size : (i + 1) * size], dtype, (ROWS, N)) for i in range(2))
+    few = from_np(raw[2 * size :], dtype, (FEW, N))
+    assert mx.array_equal(ours, theirs).item(), "a row differs from MLX's one-row qmv_fast"
+    assert mx.array_equal(few, theirs[:FEW]).item(), "a 5-row launch differs from MLX's one-row calls"
+    ok, ratio = within_tolerance(ours, x, w, s, b, group_size, bits)
+    assert ok, f"error {ratio:.3g}x the tolerance"
+
+
+def per_row(launches: list):
+    """A metal_kernel stand-in computing each row as MLX's one-row call (its launches recorded: rows, template)."""
+    def make(name, input_names, output_names, source, header):
+        assert "inline U qdot(" in header and "get_pack_factor" in header  # MLX's own helpers, pasted
+
+        def launch(inputs, template, grid, threadgroup, output_shapes, output_dtypes):
+            x, w, s, b = inputs
+            t = dict(template)
+            launches.append((x.shape[0], t["ROWS"], grid))
+            return [mx.concatenate([mx.quantized_matmul(x[i : i + 1], w, s, b, group_size=t["G"], bits=t["BITS"])
+                                    for i in range(x.shape[0])])]
+        return launch
+    return make
+
+
+def layer(n=64, k=512, dtype=mx.float16, group_size=64, bits=4):
+    return mx.quantize(mx.random.normal((n, k), key=mx.random.key(3)).astype(dtype), group_size=group_size, bits=bits)
+
+
+def test_one_row_is_mlx_s_own_call_and_more_rows_one_launch_of_at_most_16():
+    launches = []
+    qmm = mlx_rows.mlx_rows_function(make=per_row(launches))
+    w, s, b = layer()
+    x = mx.random.normal((1, 1, 512)).astype(mx.float16)
+    assert mx.array_equal(qmm(x, w, s, b, 64, 4), mx.quantized_matmul(x, w, s, b, group_size=64, bits=4)).item()
+    assert launches == []  # MLX's op, not the kernel
+    y = qmm(mx.random.normal((1, 21, 512)).astype(mx.float16), w, s, b, 64, 4)
+    assert y.shape == (1, 21, 64) and launches == [(16, 16, (32, 16, 1)), (5, 8, (32, 16, 1))]  # 8 outputs a group
+    with pytest.raises(ValueError):
+        qmm(mx.zeros((3, 512), mx.float32), w, s, b, 64, 4)  # x not in the scales' dtype: not MLX's qmv_fast
+
+
+@pytest.mark.parametrize("n, k, group_size, bits, dtype, ok", [
+    (4096, 4096, 64, 4, mx.float16, True), (14336, 4096, 32, 8, mx.bfloat16, True), (1536, 576, 64, 4, mx.float16, False),
+    (100, 512, 64, 4, mx.float16, False), (64, 128, 64, 8, mx.float16, False), (64, 512, 64, 3, mx.float16, False),
+    (64, 256, 64, 8, mx.float32, True), (64, 256, 64, 4, mx.float16, False),
+])
+def test_it_takes_the_layers_mlx_runs_through_qmv_fast_alone(n, k, group_size, bits, dtype, ok):
+    """N a multiple of 8 (no partial rows), K of the 512 / 256-value block (no tail) and not 64 / 128 (qmv_quad)."""
+    assert mlx_rows.supports(n, k, group_size, bits, dtype, dtype) == ok
+    assert not mlx_rows.supports(n, k, group_size, bits, mx.float32, mx.float16)
+
+
+def test_another_mlx_s_qmv_fast_is_refused_by_name():
+    text = mlx_rows.mlx_metal_header()
+    assert mlx_rows.header(text) == mlx_rows.mlx_helpers(text)  # the installed MLX's: mirrored
+    at = text.index("METAL_FUNC void qmv_fast_impl(")  # its loop's accumulation, turned around
+    changed = text[:at] + text[at:].replace("result[row] += qdot", "result[row] -= qdot", 1)
+    with pytest.raises(KernelUnavailable, match="is not the one this kernel mirrors"):
+        mlx_rows.header(changed)
+
+
+def test_the_self_check_holds_rows_to_mlx_s_one_row_bits():
+    launches = []
+    qmm = mlx_rows.mlx_rows_function(make=per_row(launches))
+    # float32: MLX's CPU op accumulates float16 in float16 (far past the tolerance); Metal's qmv_fast in float
+    assert mlx_rows.self_check(qmm, 64, 512, 64, 4, mx.float32) is None
+
+    def off(x, w, s, b, g, bits, mode="affine"):
+        y = qmm(x, w, s, b, g, bits)
+        return y * 1.001 if x.shape[0] > 1 else y
+
+    assert "differs from MLX's one-row call" in mlx_rows.self_check(off, 64, 512, 64, 4, mx.float32)
+
+
+def test_a_layer_s_other_activations_take_one_other_path_for_every_row_count():
+    calls = []
+    qmm = mlx_rows.mlx_rows_function(make=per_row([]))
+    fma = lambda x, w, s, b, g, bits, mode="affine", **kw: calls.append(x.shape[0]) or mx.zeros((x.shape[0], w.shape[0]))  # noqa: E731
+    either = mlx_rows.with_fallback(qmm, fma)
+    w, s, b = layer()
+    for rows in (1, 4):
+        either(mx.zeros((rows, 512), mx.float32), w, s, b, 64, 4)
+        either(mx.zeros((rows, 512), mx.float16), w, s, b, 64, 4)
+    assert calls == [1, 4]  # float32 x over float16 scales: the row-invariant fallback, at one row too
+    assert mlx_rows.with_fallback(qmm, None)(mx.ones((2, 512)), w, s, b, 64, 4).shape == (2, 64)  # MLX's op
+
+
+@pytest.mark.parametrize("rows_pass", [True, False])
+def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_passed(monkeypatch, rows_pass):
+    """registry.kernel_for_layer on Metal: a layer MLX's qmv_fast serves alone gets the "qmm-mlx-rows" family where
+    its self-check passed (other activations: the FMA kernel), else the FMA kernel as before; other layers never
+    meet it."""
+    from gpu_stand_ins import per_row_qmm, serve
+    from mlxspec.kernels import registry
+
+    calls = []
+    launches = []
+    rows_qmm = mlx_rows.mlx_rows_function(make=per_row(launches))
+    wrong = lambda x, w, s, b, g, bits, mode="affine": rows_qmm(x, w, s, b, g, bits) * (1.0 if rows_pass else 1.001)  # noqa: E731
+    def no_matrix_units():
+        raise KernelUnavailable("no stand-in")
+
+    serve(monkeypatch, {"qmm": lambda: per_row_qmm(calls), "qmm-mma": no_matrix_units,
+                        "qmm-mlx-rows": lambda: rows_qmm if rows_pass else wrong})
+    monkeypatch.setattr(registry, "device_backend_name", lambda device=None: "metal")
+    try:
+        qmm, why = registry.kernel_for_layer(64, 512, 64, 4, mx.float32)
+        w, s, b = layer(dtype=mx.float32)
+        calls.clear(), launches.clear()
+        qmm(mx.ones((3, 512)), w, s, b, 64, 4)
+        assert (launches and not calls) if rows_pass else (calls and not launches)
+        assert list(registry.kernel("qmm-mlx-rows", "metal").checks.values()) == [
+            None if rows_pass else "row 0 of a 16-row call differs from MLX's one-row call"]
+        calls.clear()
+        registry.kernel_for_layer(64, 576, 64, 4, mx.float32)[0](mx.ones((3, 576)), *layer(k=576, dtype=mx.float32), 64, 4)
+        assert calls  # K 576: not qmv_fast's: the FMA kernel
+    finally:
+        registry.reset()
