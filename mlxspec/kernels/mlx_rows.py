@@ -1,20 +1,21 @@
 """Metal: verify rows with the bits of MLX's own one-row quantized matmul, so exact decoding costs plain decoding nothing.
 
-Plain decoding's one-row matmul is MLX's `quantized_matmul` (its `qmv_fast` kernel: the fastest there is on a Mac);
-a verify pass of M rows runs this kernel, which is MLX's `qmv_fast_impl` with the rows in a loop: each weight pack
-is fetched once for all rows, and each row's arithmetic is MLX's for that row alone (MLX's own `load_vector` and
-`qdot`, pasted from the installed MLX's headers; the same accumulation order; the same `simd_sum`). MLX itself runs
-another kernel for 2+ rows on M3 and later GPUs (`qmv_wide`), whose bits differ from the one-row call's.
+Plain decoding's one-row matmul is MLX's `quantized_matmul` (its `qmv_fast` or `qmv` kernel: the fastest there is on
+a Mac); a verify pass of M rows runs this kernel, which is MLX's `qmv_fast_impl` (or `qmv_impl`) with the rows in a
+loop: each weight pack is fetched once for all rows, and each row's arithmetic is MLX's for that row alone (MLX's own
+`load_vector(_safe)` and `qdot(_safe)`, pasted from the installed MLX's headers; the same accumulation order; the
+same `simd_sum`). MLX itself runs another kernel for 2+ rows on M3 and later GPUs (`qmv_wide`), whose bits differ
+from the one-row call's.
 
-    qmm = mlx_rows_function()             # KernelUnavailable off Metal, or where MLX's qmv_fast is not the one mirrored
-    y = qmm(x, w, scales, biases, 64, 4)  # 1 row: mx.quantized_matmul; 2-16 rows: the kernel
+    qmm = mlx_rows_function()             # KernelUnavailable off Metal, or where MLX's kernels are not the mirrored ones
+    y = qmm(x, w, scales, biases, 64, 4)  # 1 row: mx.quantized_matmul; 2+ rows: the kernel, 16 rows a launch
 
-It serves a layer only where MLX's one-row call runs `qmv_fast` without partial rows or a tail (`supports`: affine
-4 or 8 bits, N a multiple of 8, K of its 512 / 256-value block and not 64 or 128, x in the scales' dtype), and only
-after its self-check on the device found every row bit-identical to MLX's one-row call (registry family
-"qmm-mlx-rows"; a Metal compiler that orders the arithmetic otherwise fails it, and the layer keeps mlxspec's own
-row-invariant kernels). Unmeasured on a Mac: no Mac here; tests/kernels/test_mlx_rows.py runs it and MLX's
-`qmv_fast_impl` itself under the CPU emulator and compares their bits.
+It serves a layer only where MLX's one-row call runs `qmv_fast` or `qmv` over whole tiles of 8 outputs (`supports`:
+affine 4 or 8 bits, N a multiple of 8, K not 64 or 128 (`qmv_quad`), x in the scales' dtype), where the installed
+MLX's two kernels are the ones mirrored (a hash of their text: MIRRORED), and only after its self-check on the device
+found every row bit-identical to MLX's one-row call (registry family "qmm-mlx-rows"; a Metal compiler that orders the
+arithmetic otherwise fails it, and the layer keeps mlxspec's own row-invariant kernels). Unmeasured on a Mac: no Mac
+here; tests/kernels/test_mlx_rows.py runs it and MLX's own two kernels under the CPU emulator and compares their bits.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ from .gpu_source import row_capacity
 NAME = "mlxspec_qmm_mlx_rows"
 INPUTS, OUTPUTS = ["x", "w", "scales", "biases"], ["y"]
 BITS = (4, 8)
-BLOCK = {4: 512, 8: 256}  # qmv_fast's K step: pack_factor<bits, 32> * 2 packs * 32 lanes
+BLOCK = {4: 512, 8: 256}  # qmv_fast's K step: pack_factor<bits, 32> * 2 packs * 32 lanes (qmv's: half)
 MAX_ROWS = 16
-# sha256 of qmv_fast_impl's text (whitespace collapsed) in the MLX whose loop this kernel mirrors: MLX 0.32.4
-MIRRORED = {"cfe9d94a4d42adee": "0.32.4"}
+# sha256 of qmv_fast_impl's and qmv_impl's text (whitespace collapsed) in the MLX whose loops this kernel mirrors
+MIRRORED = {"e75fc184ccea0eb0": "0.32.4"}
 
 BODY = """
-  // MLX's qmv_fast_impl<T, G, BITS, false> (kernels/quantized.h), every x row in turn inside its K loop
-  constexpr int packs_per_thread = BITS <= 2 ? 1 : 2;
+  // MLX's qmv_fast_impl<T, G, BITS, false> (FAST) or qmv_impl (kernels/quantized.h; N a multiple of 8: its full-tile
+  // branch), every x row in turn inside their K loop
+  constexpr int packs_per_thread = FAST ? (BITS <= 2 ? 1 : 2) : 1;
   constexpr int num_simdgroups = 2;
   constexpr int results_per_simdgroup = 4;
   constexpr int pack_factor = get_pack_factor<BITS, 32>();
@@ -63,7 +65,8 @@ BODY = """
   const device T* bi = biases + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
   const device T* xs = x + simd_lid * values_per_thread;
 
-  for (int k = 0; k < in_vec_size; k += block_size) {
+  int k = 0;
+  for (; k < (FAST ? in_vec_size : in_vec_size - block_size); k += block_size) {  // qmv_impl: its last block safe
     for (int m = 0; m < ROWS; m++) {
       if (m < rows) {  // row m: MLX's one-row loop body, as it runs for x = row m alone
         U sum = load_vector<T, U, values_per_thread, BITS>(xs + m * in_vec_size, x_thread);
@@ -81,6 +84,22 @@ BODY = """
     sc += block_size / G;
     bi += block_size / G;
     xs += block_size;
+  }
+  const int remaining = clamp(static_cast<int>(in_vec_size - k - simd_lid * values_per_thread), 0, values_per_thread);
+  if (!FAST && remaining > 0) {
+    for (int m = 0; m < ROWS; m++) {
+      if (m < rows) {
+        U sum = load_vector_safe<T, U, values_per_thread, BITS>(xs + m * in_vec_size, x_thread, remaining);
+        for (int row = 0; row < results_per_simdgroup; row++) {
+          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
+          const device T* sl = sc + row * in_vec_size_g;
+          const device T* bl = bi + row * in_vec_size_g;
+          U s = sl[0];
+          U b = bl[0];
+          result[m][row] += qdot_safe<U, values_per_thread, BITS>(wl, x_thread, s, b, sum, remaining);
+        }
+      }
+    }
   }
   for (int m = 0; m < ROWS; m++) {
     if (m < rows) {
@@ -115,34 +134,41 @@ def _function(text: str, start: str, end: str) -> str:
 
 
 def mlx_helpers(text: str) -> str:
-    """MLX's get_pack_factor, get_bytes_per_pack, load_vector(_safe) and qdot, as the installed MLX has them."""
-    return _function(text, "inline constexpr short get_pack_factor", "inline U qdot_safe(")
+    """MLX's get_pack_factor, get_bytes_per_pack, load_vector(_safe) and qdot(_safe), as the installed MLX has them."""
+    return _function(text, "inline constexpr short get_pack_factor", "qouter(const thread uint8_t* w")
 
 
-def qmv_fast_digest(text: str) -> str:
-    """The mirrored loop's identity: qmv_fast_impl's text with its whitespace collapsed."""
-    impl = _function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
-    return hashlib.sha256(re.sub(r"\s+", " ", impl).strip().encode()).hexdigest()[:16]
+def qmv_digest(text: str) -> str:
+    """The mirrored loops' identity: qmv_fast_impl's and qmv_impl's text with whitespace collapsed."""
+    impls = (_function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
+             + _function(text, "METAL_FUNC void qmv_impl(", "METAL_FUNC void qmv_wide_impl("))
+    return hashlib.sha256(re.sub(r"\s+", " ", impls).strip().encode()).hexdigest()[:16]
 
 
 def header(text: str | None = None) -> str:
-    """The kernel's header: MLX's helpers, where the installed MLX's qmv_fast_impl is the mirrored one."""
+    """The kernel's header: MLX's helpers, where the installed MLX's qmv_fast_impl and qmv_impl are the mirrored ones."""
     text = text if text is not None else mlx_metal_header()
-    digest = qmv_fast_digest(text)
+    digest = qmv_digest(text)
     if digest not in MIRRORED:
-        raise KernelUnavailable(f"MLX {mx.__version__}'s qmv_fast_impl ({digest}) is not the one this kernel mirrors "
-                                f"(MLX {', '.join(MIRRORED.values())})")
+        raise KernelUnavailable(f"MLX {mx.__version__}'s qmv_fast_impl / qmv_impl ({digest}) are not the ones this "
+                                f"kernel mirrors (MLX {', '.join(MIRRORED.values())})")
     return mlx_helpers(text)
 
 
+def fast(k: int, bits: int) -> bool:
+    """Does MLX's one-row call run qmv_fast (K a multiple of its block), or qmv (its last block bounds-checked)?"""
+    return k % BLOCK[bits] == 0
+
+
 def supports(n: int, k: int, group_size: int, bits: int, dtype, scale_dtype) -> bool:
-    """Where MLX's one-row call runs qmv_fast without partial rows or a tail, and the x and scales dtypes agree."""
-    return (bits in BITS and n % 8 == 0 and k % BLOCK[bits] == 0 and k not in (64, 128) and group_size in (32, 64, 128)
-            and dtype == scale_dtype and dtype in (mx.float16, mx.bfloat16, mx.float32))
+    """Where MLX's one-row call runs qmv_fast or qmv over whole tiles of 8 outputs (not qmv_quad's K of 64 or 128),
+    and the x and scales dtypes agree."""
+    return (bits in BITS and n % 8 == 0 and n > 0 and k % group_size == 0 and k not in (64, 128)
+            and group_size in (32, 64, 128) and dtype == scale_dtype and dtype in (mx.float16, mx.bfloat16, mx.float32))
 
 
-def template_args(dtype, group_size: int, bits: int, rows: int) -> list[tuple]:
-    return [("T", dtype), ("G", group_size), ("BITS", bits), ("ROWS", row_capacity(rows))]
+def template_args(dtype, group_size: int, bits: int, rows: int, k: int) -> list[tuple]:
+    return [("T", dtype), ("G", group_size), ("BITS", bits), ("ROWS", row_capacity(rows)), ("FAST", int(fast(k, bits)))]
 
 
 def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
@@ -165,7 +191,7 @@ def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
             raise ValueError(f"mlx-rows qmm: {x.dtype} over {n} x {k} {bits}-bit g{group_size} unsupported")
         flat = x.reshape(rows, k)
         parts = [kernel(inputs=[flat[i : i + MAX_ROWS], w, scales, biases], grid=(32, 2 * (n // 8), 1),
-                        template=template_args(x.dtype, group_size, bits, min(MAX_ROWS, rows - i)),
+                        template=template_args(x.dtype, group_size, bits, min(MAX_ROWS, rows - i), k),
                         threadgroup=(32, 2, 1), output_shapes=[(min(MAX_ROWS, rows - i), n)], output_dtypes=[x.dtype])[0]
                  for i in range(0, rows, MAX_ROWS)]  # a row's bits do not depend on the rows beside it
         return (parts[0] if len(parts) == 1 else mx.concatenate(parts)).reshape(*x.shape[:-1], n)

@@ -24,6 +24,7 @@ N, ROWS, FEW = 24, 16, 5  # 3 threadgroups of 8 outputs
 
 PROGRAM = """
 #include <algorithm>
+using std::clamp;
 using std::min;
 #define METAL_FUNC inline
 static constexpr int SIMD_SIZE = 32;
@@ -36,7 +37,7 @@ std::vector<T> mlx_rows(const T* x, int M, const uint32_t* w, const T* s, const 
   std::vector<T> y(size_t(M) * {N});
   for (int r = 0; r < M; ++r)
     emu::run_grid(2 * ({N} / 8), 1, [&](int lane, int warp, int) {{
-      qmv_fast_impl<T, {G}, {BITS}, false>(w, s, b, x + size_t(r) * K, y.data() + size_t(r) * {N}, K, {N},
+      {mlx_call}(w, s, b, x + size_t(r) * K, y.data() + size_t(r) * {N}, K, {N},
                                            uint3{{0, unsigned(warp / 2), 0}}, warp % 2, lane);
     }});
   return y;
@@ -66,32 +67,37 @@ int main(int argc, char** argv) {{
   save(out, ours(x.data(), {FEW}, w.data(), s.data(), b.data(), K));
 }}
 """
-CASE = ("        case {r}: {fname}<T, {G}, {BITS}, {r}>(x, xs, w, ws, s, b, y.data(), warp % 2, lane, at); break;")
-CASES = [  # (x = scales dtype, group size, bits, K)
+CASE = ("        case {r}: {fname}<T, {G}, {BITS}, {r}, {FAST}>(x, xs, w, ws, s, b, y.data(), warp % 2, lane, at); break;")
+CASES = [  # (x = scales dtype, group size, bits, K): qmv_fast's (K a multiple of its block), qmv's
     (mx.float16, 64, 4, 1024),
     (mx.bfloat16, 32, 8, 512),
     (mx.float32, 128, 4, 512),
+    (mx.float16, 64, 4, 576),  # SmolLM2's hidden size: qmv, its last block bounds-checked
+    (mx.bfloat16, 32, 8, 800),  # qmv: a last block of 32 lanes x 4 values, part-filled
+    (mx.float32, 64, 4, 768),  # qmv over whole blocks: its last one still through the safe path
 ]
 
 
-def program(dtype, group_size: int, bits: int) -> str:
+def program(dtype, group_size: int, bits: int, k: int) -> str:
     text = mlx_rows.mlx_metal_header()
-    impl = mlx_rows._function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
+    impl = mlx_rows._function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_wide_impl(")
+    fast = mlx_rows.fast(k, bits)
     sizes = dict.fromkeys(mlx_rows.INPUTS, 1 << 20)
     dtypes = {"x": dtype, "w": mx.uint32, "scales": dtype, "biases": dtype}
-    targs = mlx_rows.template_args(dtype, group_size, bits, 1)
+    targs = mlx_rows.template_args(dtype, group_size, bits, 1, k)
     fname, ours = metal_function((mlx_rows.NAME, mlx_rows.INPUTS, mlx_rows.OUTPUTS, [dtype]), dtypes, sizes, targs,
                                  mlx_rows.BODY)
     # (the template's name spells its first instantiation's arguments; the harness instantiates each capacity)
-    cases = "\n".join(CASE.format(r=r, fname=fname, G=group_size, BITS=bits) for r in (1, 2, 4, 8, 16))
+    cases = "\n".join(CASE.format(r=r, fname=fname, G=group_size, BITS=bits, FAST=int(fast)) for r in (1, 2, 4, 8, 16))
+    mlx_call = f"qmv_fast_impl<T, {group_size}, {bits}, false>" if fast else f"qmv_impl<T, {group_size}, {bits}>"
     return PROGRAM.format(helpers=mlx_rows.header(text), mlx_impl=impl, ours=ours, T=C_TYPES[dtype], N=N, M=ROWS,
-                          FEW=FEW, G=group_size, BITS=bits, cases=cases)
+                          FEW=FEW, G=group_size, BITS=bits, cases=cases, mlx_call=mlx_call)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-g{c[1]}-{c[2]}bit-k{c[3]}".replace("mlx.core.", ""))
-def test_every_row_carries_the_bits_of_mlx_s_one_row_qmv_fast(tmp_path, case):
+def test_every_row_carries_the_bits_of_mlx_s_one_row_kernel(tmp_path, case):
     dtype, group_size, bits, k = case
-    (exe,) = build_all([program(dtype, group_size, bits)])
+    (exe,) = build_all([program(dtype, group_size, bits, k)])
     wf = mx.random.normal((N, k), key=mx.random.key(1)).astype(dtype)
     w, s, b = mx.quantize(wf, group_size=group_size, bits=bits)
     x = mx.random.normal((ROWS, k), key=mx.random.key(2)).astype(dtype)
@@ -100,7 +106,7 @@ def test_every_row_carries_the_bits_of_mlx_s_one_row_qmv_fast(tmp_path, case):
     raw, size = (tmp_path / "y").read_bytes(), ROWS * N * mx.zeros((), dtype).itemsize
     theirs, ours = (from_np(raw[i * size : (i + 1) * size], dtype, (ROWS, N)) for i in range(2))
     few = from_np(raw[2 * size :], dtype, (FEW, N))
-    assert mx.array_equal(ours, theirs).item(), "a row differs from MLX's one-row qmv_fast"
+    assert mx.array_equal(ours, theirs).item(), "a row differs from MLX's one-row kernel"
     assert mx.array_equal(few, theirs[:FEW]).item(), "a 5-row launch differs from MLX's one-row calls"
     ok, ratio = within_tolerance(ours, x, w, s, b, group_size, bits)
     assert ok, f"error {ratio:.3g}x the tolerance"
@@ -135,16 +141,16 @@ def test_one_row_is_mlx_s_own_call_and_more_rows_one_launch_of_at_most_16():
     y = qmm(mx.random.normal((1, 21, 512)).astype(mx.float16), w, s, b, 64, 4)
     assert y.shape == (1, 21, 64) and launches == [(16, 16, (32, 16, 1)), (5, 8, (32, 16, 1))]  # 8 outputs a group
     with pytest.raises(ValueError):
-        qmm(mx.zeros((3, 512), mx.float32), w, s, b, 64, 4)  # x not in the scales' dtype: not MLX's qmv_fast
+        qmm(mx.zeros((3, 512), mx.float32), w, s, b, 64, 4)  # x not in the scales' dtype: not what MLX's qmv takes
 
 
 @pytest.mark.parametrize("n, k, group_size, bits, dtype, ok", [
-    (4096, 4096, 64, 4, mx.float16, True), (14336, 4096, 32, 8, mx.bfloat16, True), (1536, 576, 64, 4, mx.float16, False),
+    (4096, 4096, 64, 4, mx.float16, True), (14336, 4096, 32, 8, mx.bfloat16, True), (1536, 576, 64, 4, mx.float16, True),
     (100, 512, 64, 4, mx.float16, False), (64, 128, 64, 8, mx.float16, False), (64, 512, 64, 3, mx.float16, False),
-    (64, 256, 64, 8, mx.float32, True), (64, 256, 64, 4, mx.float16, False),
+    (64, 256, 64, 8, mx.float32, True), (64, 96, 32, 4, mx.float16, True), (64, 64, 64, 4, mx.float16, False),
 ])
-def test_it_takes_the_layers_mlx_runs_through_qmv_fast_alone(n, k, group_size, bits, dtype, ok):
-    """N a multiple of 8 (no partial rows), K of the 512 / 256-value block (no tail) and not 64 / 128 (qmv_quad)."""
+def test_it_takes_the_layers_mlx_runs_through_qmv_fast_or_qmv_over_whole_tiles(n, k, group_size, bits, dtype, ok):
+    """N a multiple of 8 (whole tiles of 8 outputs), K not 64 / 128 (qmv_quad), 4 or 8 bits."""
     assert mlx_rows.supports(n, k, group_size, bits, dtype, dtype) == ok
     assert not mlx_rows.supports(n, k, group_size, bits, mx.float32, mx.float16)
 
@@ -152,10 +158,11 @@ def test_it_takes_the_layers_mlx_runs_through_qmv_fast_alone(n, k, group_size, b
 def test_another_mlx_s_qmv_fast_is_refused_by_name():
     text = mlx_rows.mlx_metal_header()
     assert mlx_rows.header(text) == mlx_rows.mlx_helpers(text)  # the installed MLX's: mirrored
-    at = text.index("METAL_FUNC void qmv_fast_impl(")  # its loop's accumulation, turned around
-    changed = text[:at] + text[at:].replace("result[row] += qdot", "result[row] -= qdot", 1)
-    with pytest.raises(KernelUnavailable, match="is not the one this kernel mirrors"):
-        mlx_rows.header(changed)
+    for kernel in ("qmv_fast_impl", "qmv_impl"):
+        at = text.index(f"METAL_FUNC void {kernel}(")  # its loop's accumulation, turned around
+        changed = text[:at] + text[at:].replace("result[row] += qdot", "result[row] -= qdot", 1)
+        with pytest.raises(KernelUnavailable, match="are not the ones this kernel mirrors"):
+            mlx_rows.header(changed)
 
 
 def test_the_self_check_holds_rows_to_mlx_s_one_row_bits():
@@ -211,7 +218,7 @@ def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_pas
         assert list(registry.kernel("qmm-mlx-rows", "metal").checks.values()) == [
             None if rows_pass else "row 0 of a 16-row call differs from MLX's one-row call"]
         calls.clear()
-        registry.kernel_for_layer(64, 576, 64, 4, mx.float32)[0](mx.ones((3, 576)), *layer(k=576, dtype=mx.float32), 64, 4)
-        assert calls  # K 576: not qmv_fast's: the FMA kernel
+        registry.kernel_for_layer(60, 512, 64, 4, mx.float32)[0](mx.ones((3, 512)), *layer(n=60, dtype=mx.float32), 64, 4)
+        assert calls  # 60 outputs: a part-filled tile of 8, not taken: the FMA kernel
     finally:
         registry.reset()
