@@ -7,7 +7,8 @@
 
 Files: registry.py (one record per kernel family and backend: load, self-check, status), first_run.py (a
 GPU's kernels run first in a child process, once per device and version: a kernel that kills its process
-turns its family off, not the daemon), install.py
+turns its family off, not the daemon), mlx_rows.py (Metal: verify rows with the bits of MLX's own one-row qmm,
+built from MLX's shipped kernel headers), install.py
 (the per-model entry), hooks.py (per-model routing of mlx-lm's module-level functions), timing.py
 (kernel vs MLX's op, cached per device and MLX version), reference.py (the pure-MLX definitions and
 tolerances, q8_reference for int8 activations), cpu/ + build.py + cpu.py (the MLX C++ extension, built
