@@ -3,8 +3,8 @@
 Plain decoding's one-row matmul is MLX's `quantized_matmul` (its `qmv_fast` or `qmv` kernel: the fastest there is on
 a Mac); a verify pass of M rows runs this kernel, which is MLX's `qmv_fast_impl` (or `qmv_impl`) with the rows in a
 loop: each weight pack is fetched once for all rows, and each row's arithmetic is MLX's for that row alone (MLX's own
-`load_vector(_safe)` and `qdot(_safe)`, pasted from the installed MLX's headers; the same accumulation order; the
-same `simd_sum`). MLX itself runs another kernel for 2+ rows on M3 and later GPUs (`qmv_wide`), whose bits differ
+`load_vector(_safe)` and `qdot(_safe)`, pasted from the installed MLX's headers, qdot reading a lane's packs from its
+registers; the same accumulation order; the same `simd_sum`). MLX itself runs another kernel for 2+ rows on M3 and later GPUs (`qmv_wide`), whose bits differ
 from the one-row call's.
 
     qmm = mlx_rows_function()             # KernelUnavailable off Metal, or where MLX's kernels are not the mirrored ones
@@ -65,18 +65,26 @@ BODY = """
   const device T* bi = biases + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
   const device T* xs = x + simd_lid * values_per_thread;
 
+  constexpr int pack_words = packs_per_thread * bytes_per_pack / 4;  // a lane's packs of an output row, in words
+  static_assert(packs_per_thread * bytes_per_pack % 4 == 0, "4 and 8 bits: whole words");
+  thread uint32_t wq[results_per_simdgroup][pack_words];
+  thread U sq[results_per_simdgroup], bq[results_per_simdgroup];
   int k = 0;
   for (; k < (FAST ? in_vec_size : in_vec_size - block_size); k += block_size) {  // qmv_impl: its last block safe
+    for (int row = 0; row < results_per_simdgroup; row++) {  // fetched once for every x row
+      const device uint32_t* wl = (const device uint32_t*)(ws + row * in_vec_size_w);
+      for (int i = 0; i < pack_words; i++) {
+        wq[row][i] = wl[i];
+      }
+      sq[row] = sc[row * in_vec_size_g];
+      bq[row] = bi[row * in_vec_size_g];
+    }
     for (int m = 0; m < ROWS; m++) {
       if (m < rows) {  // row m: MLX's one-row loop body, as it runs for x = row m alone
         U sum = load_vector<T, U, values_per_thread, BITS>(xs + m * in_vec_size, x_thread);
         for (int row = 0; row < results_per_simdgroup; row++) {
-          auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-          const device T* sl = sc + row * in_vec_size_g;
-          const device T* bl = bi + row * in_vec_size_g;
-          U s = sl[0];
-          U b = bl[0];
-          result[m][row] += qdot<U, values_per_thread, BITS>(wl, x_thread, s, b, sum);
+          result[m][row] += qdot_thread<U, values_per_thread, BITS>((const thread uint8_t*)wq[row], x_thread, sq[row],
+                                                                    bq[row], sum);
         }
       }
     }
@@ -138,6 +146,17 @@ def mlx_helpers(text: str) -> str:
     return _function(text, "inline constexpr short get_pack_factor", "qouter(const thread uint8_t* w")
 
 
+def qdot_on_registers(text: str) -> str:
+    """MLX's qdot, reading the weight bytes from the thread's own copy: the same arithmetic on the same values (a
+    verify pass fetches each lane's packs once for all its rows)."""
+    qdot = _function(text, "inline U qdot(", "inline U qdot_safe(")
+    ours = (qdot.replace("inline U qdot(", "inline U qdot_thread(").replace("const device uint8_t* w", "const thread uint8_t* w")
+            .replace("const device uint16_t* ws = (const device uint16_t*)w", "const thread uint16_t* ws = (const thread uint16_t*)w"))
+    if "device" in ours:
+        raise KernelUnavailable("MLX's qdot reads its weights otherwise than the mirrored one")
+    return ours
+
+
 def qmv_digest(text: str) -> str:
     """The mirrored loops' identity: qmv_fast_impl's and qmv_impl's text with whitespace collapsed."""
     impls = (_function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_impl(")
@@ -152,7 +171,7 @@ def header(text: str | None = None) -> str:
     if digest not in MIRRORED:
         raise KernelUnavailable(f"MLX {mx.__version__}'s qmv_fast_impl / qmv_impl ({digest}) are not the ones this "
                                 f"kernel mirrors (MLX {', '.join(MIRRORED.values())})")
-    return mlx_helpers(text)
+    return mlx_helpers(text) + qdot_on_registers(text)
 
 
 def fast(k: int, bits: int) -> bool:
