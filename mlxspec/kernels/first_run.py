@@ -49,7 +49,7 @@ def settle(backend: str, run: Callable[[str, float], dict] | None = None) -> dic
     """The verdict on this backend's kernels (cached, or a child's run now), applied to the registry; None where
     nothing runs first: the CPU (its kernels are built from source and tested here), a process whose default
     device is not a GPU (tests' stand-in GPUs), the child itself."""
-    if backend == "cpu" or _child or not _on_gpu():
+    if backend == "cpu" or _child or not _on_gpu(backend):
         return None
     key = _keys.get(backend) or _keys.setdefault(backend, cache_key(backend))
     if key not in _settled:
@@ -74,8 +74,11 @@ def status() -> list[dict]:
             for key, v in _settled.items()]
 
 
-def _on_gpu() -> bool:
-    return mx.default_device().type == mx.gpu
+def _on_gpu(backend: str) -> bool:
+    """Is `backend` this process's GPU (not a stand-in the tests name on another machine)?"""
+    if mx.default_device().type != mx.gpu:
+        return False
+    return mx.metal.is_available() == (backend == "metal")
 
 
 def cache_key(backend: str) -> str:

@@ -75,7 +75,7 @@ def test_run_child_reads_what_a_dying_or_hanging_child_printed(script, timeout, 
 @pytest.fixture
 def on_a_gpu(monkeypatch, tmp_path):
     """settle() as on a GPU machine, its cache under tmp_path, nothing settled yet in this process."""
-    monkeypatch.setattr(first_run, "_on_gpu", lambda: True)
+    monkeypatch.setattr(first_run, "_on_gpu", lambda backend: True)
     monkeypatch.setattr(first_run, "_settled", {})
     monkeypatch.setenv("MLXSPEC_CACHE_DIR", str(tmp_path))
     registry.reset()
@@ -117,7 +117,7 @@ def test_an_unlearned_verdict_is_not_kept_and_the_cpu_and_stand_in_gpus_never_ru
     verdict = first_run.settle("cuda", run=lambda *a: {"excluded": {}, "detail": "could not start", "keep": False})
     assert verdict["excluded"] == {} and not (on_a_gpu / "kernels" / "first_run.json").exists()
     assert first_run.settle("cpu", run=lambda *a: pytest.fail("a child for the CPU")) is None
-    monkeypatch.setattr(first_run, "_on_gpu", lambda: False)  # the tests' stand-in GPUs run on this CPU
+    monkeypatch.setattr(first_run, "_on_gpu", lambda backend: False)  # the tests' stand-in GPUs run on this CPU
     monkeypatch.setattr(first_run, "_settled", {})
     assert first_run.settle("cuda", run=lambda *a: pytest.fail("a child without a GPU")) is None
 
@@ -134,3 +134,8 @@ def test_watchers_hear_of_each_check_and_timing_as_it_begins_and_ends(monkeypatc
         heard.append("timed")
     assert heard == [("begin", "sdpa-mma", ("sig",)), ("end", "sdpa-mma", ("sig",), None),
                      ("begin", "sdpa-mma", "timing"), "timed", ("end", "sdpa-mma", "timing", None)]
+
+
+def test_a_backend_that_is_not_this_process_s_gpu_runs_no_child():
+    """This CPU has no GPU: neither backend is this process's (on a CUDA machine, "metal" would not be either)."""
+    assert not first_run._on_gpu("metal") and not first_run._on_gpu("cuda")
