@@ -53,6 +53,31 @@ def cache_root() -> Path:
     return Path(base) / "mlxspec" / "kernels"
 
 
+def read_cached_json(name: str) -> dict:
+    """A JSON file of the kernel cache folder ({} where it is missing or unreadable)."""
+    import json
+
+    try:
+        return json.loads((cache_root() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_cached_json(name: str, data: dict) -> bool:
+    """Write it whole or not at all (a reader never sees half a file); False where the folder is read-only."""
+    import json
+
+    path = cache_root() / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+        return True
+    except OSError:
+        return False
+
+
 def arch_flags() -> list[str]:
     """Tune for this CPU on x86 (AVX-512/AVX2 paths); arm64's NEON needs no flag."""
     return ["-march=native"] if platform.machine().lower() in ("x86_64", "amd64") else []

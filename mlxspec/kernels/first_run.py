@@ -22,7 +22,6 @@ import argparse
 import hashlib
 import json
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from typing import Callable
 import mlx.core as mx
 
 from . import registry
-from .build import cache_root
+from .build import read_cached_json, write_cached_json
 
 log = logging.getLogger("mlxspec.kernels")
 
@@ -158,21 +157,12 @@ def _text(data) -> str:
 
 
 def _read_cache() -> dict:
-    try:
-        return json.loads((cache_root() / "first_run.json").read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_cached_json("first_run.json")
 
 
 def _write_cache(key: str, verdict: dict) -> None:
-    path = cache_root() / "first_run.json"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(_read_cache() | {key: verdict}, indent=1))
-        tmp.replace(path)
-    except OSError as e:  # a read-only cache: the verdict holds for this process
-        log.info("mlxspec: first-run verdict not kept (%s)", e)
+    if not write_cached_json("first_run.json", _read_cache() | {key: verdict}):  # read-only: for this process only
+        log.info("mlxspec: first-run verdict not kept (the kernel cache folder is read-only)")
 
 
 # ---------------------------------------------------------------- the child

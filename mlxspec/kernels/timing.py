@@ -13,8 +13,6 @@ MLX's own (see install.py).
 
 from __future__ import annotations
 
-import json
-import os
 import platform
 import statistics
 import time
@@ -22,7 +20,7 @@ from typing import Callable
 
 import mlx.core as mx
 
-from .build import cache_root
+from .build import read_cached_json, write_cached_json
 from .registry import KernelRecord, device_backend_name
 
 EXACT_BUDGET = 1.10  # exact mode is the default when it costs plain decoding at most 10% more
@@ -45,26 +43,12 @@ def device_key() -> str:
     return f"{backend}|{name or platform.machine()}|mlx {mx.__version__}|chain{op_batch()}"
 
 
-def _path():
-    return cache_root() / "timings.json"
-
-
 def load_timings() -> dict:
-    try:
-        return json.loads(_path().read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_cached_json("timings.json")
 
 
 def _save(all_timings: dict) -> None:
-    path = _path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(all_timings, indent=1, sort_keys=True))
-        tmp.replace(path)  # atomic: a reader never sees half a file
-    except OSError:
-        pass  # a read-only cache only costs a re-timing
+    write_cached_json("timings.json", all_timings)  # a read-only cache only costs a re-timing
 
 
 def cached_timing(rec: KernelRecord, signature: str) -> dict | None:
