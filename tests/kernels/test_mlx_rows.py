@@ -223,3 +223,30 @@ def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_pas
         assert calls  # 60 outputs: a part-filled tile of 8, not taken: the FMA kernel
     finally:
         registry.reset()
+
+
+def test_an_emulated_mac_keeps_verify_rows_equal_to_one_row_steps_with_mlx_s_own_calls(monkeypatch, tmp_path):
+    """The engine on an emulated Metal GPU (gpu_emulation: MLX's ops drift with the row count), the layers MLX's qmv
+    serves taking "qmm-mlx-rows" (stood in: each row as MLX's one-row call): one-row steps go through MLX's op, verify
+    rows through the kernel, and an 8-row verify forward still gives each row a one-row step's bits."""
+    from gpu_emulation import emulate_gpu
+    from gpu_stand_ins import serve
+    from model_factory import make_model_dir
+    from mlxspec.engine import Engine
+    from mlxspec.kernels import registry
+
+    default = mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        emulate_gpu(monkeypatch, backend="metal")
+        launches = []
+        serve(monkeypatch, {"qmm-mlx-rows": lambda: mlx_rows.mlx_rows_function(make=per_row(launches))})
+        engine = Engine.load(str(make_model_dir(tmp_path, "llama", hidden=256, intermediate=512, seed=3)),
+                             quantize="q4g64", kernels="exact")
+        assert engine.rows.holds(8), engine.rows.failures()
+        assert {rows for rows, _, _ in launches} >= {8}  # the verify rows ran the kernel
+        checks = registry.kernel("qmm-mlx-rows", "metal").checks  # q/k/v (joined), o, gate/up (joined), down shapes
+        assert len(checks) >= 3 and not any(checks.values()), checks
+    finally:
+        registry.reset()
+        mx.set_default_device(default)
