@@ -28,8 +28,8 @@
 # its kernel store (kernels/cuda_cache.py), saved as $OUT/kernel-store.tar.gz: carry it the same way
 # (`cp .gpu-ptx/kernel-store.tar.gz /var/tmp/stash/`) and unchanged kernels skip NVRTC in every step. Or build that
 # store here, without a GPU, from the commit you stage: `python benchmarks/prebuild_store.py` (NVRTC 13.0 from pip,
-# sm_90: the matmul families', acceptance and compiled steps' attention programs of the steps' layouts, 176 programs,
-# ~2.6 MiB, ~95 s) writes
+# sm_90: the matmul families', acceptance and compiled steps' attention programs of the steps' layouts, 212 programs,
+# ~3.3 MiB, ~2 min) writes
 # .gpu-ptx/kernel-store.tar.gz; carry .gpu-ptx with .gpu/a (they fit one call). A call carries
 # 64 MiB with the project's own files (~4 MiB): .gpu/a (~47 MiB), then ptx.tar.gz (~15 MiB) with kernel-store.tar.gz (~6 MiB)
 # in a call of their own, then .gpu/b (~55 MiB) (sixth session's sizes).

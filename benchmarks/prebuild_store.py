@@ -47,10 +47,12 @@ LAYOUTS = [
     (mx.uint8, 32, 4, "mxfp4"),  # gpt-oss's experts, the ops table's mxfp4 rows
     (F16, 32, 4, "affine"),  # SmolLM2's Q4_1 GGUF layers (the engine and `mlxspec bench` steps)
     (F32, 32, 8, "affine"),  # its Q8_0 embedding, tied as the head
+    (BF16, 64, 4, "affine"),  # kernels/first_run.py's bfloat16 model (its float16 one: the first layout)
 ]
 GATHERS = [(F16, 64, 4, "affine"), (mx.uint8, 32, 4, "mxfp4")]  # qwen3_moe's and gpt-oss's experts
 # (query heads, kv heads, head dim, dtype) of the attention layers device_check's models run
-ATTENTION = [(32, 8, 128, F16), (32, 8, 64, F16), (9, 3, 64, F16), (9, 3, 64, BF16), (8, 4, 8, F32)]
+ATTENTION = [(32, 8, 128, F16), (32, 8, 64, F16), (9, 3, 64, F16), (9, 3, 64, BF16), (8, 4, 8, F32),
+             (4, 2, 128, BF16)]  # the last: first_run.py's bfloat16 model
 ATTENTION_ROWS = (1, 2, 4, 8, 16)  # a step, verify passes
 CAPACITIES = (256, 512, 1024, 2048, 4096, 8192)  # a compiled step's cache buffers (step_graph's buckets)
 WHEELS = ["nvidia-cuda-nvrtc", "nvidia-cuda-runtime", "nvidia-cuda-cccl"]  # NVRTC and the headers programs include
