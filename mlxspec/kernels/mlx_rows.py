@@ -11,7 +11,8 @@ from the one-row call's.
     y = qmm(x, w, scales, biases, 64, 4)  # 1 row: mx.quantized_matmul; 2+ rows: the kernel, 16 rows a launch
 
 It serves a layer only where MLX's one-row call runs `qmv_fast` or `qmv` over whole tiles of 8 outputs (`supports`:
-affine 4 or 8 bits, N a multiple of 8, K not 64 or 128 (`qmv_quad`), x in the scales' dtype), where the installed
+affine 4 or 8 bits, N a multiple of 8, K not 64 or 128 (`qmv_quad`); x in any float dtype, computed in the dtype
+MLX's call promotes x and the scales to, a GGUF's float32 rows over float16 scales too), where the installed
 MLX's two kernels are the ones mirrored (a hash of their text: MIRRORED), and only after its self-check on the device
 found every row bit-identical to MLX's one-row call (registry family "qmm-mlx-rows"; a Metal compiler that orders the
 arithmetic otherwise fails it, and the layer keeps mlxspec's own row-invariant kernels). Unmeasured on a Mac: no Mac
@@ -61,8 +62,9 @@ BODY = """
   const int out_row = tid.y * (num_simdgroups * results_per_simdgroup) + simd_gid * results_per_simdgroup;
   const device uint8_t* ws = (const device uint8_t*)w + out_row * in_vec_size_w
       + simd_lid * packs_per_thread * bytes_per_pack;
-  const device T* sc = scales + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
-  const device T* bi = biases + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
+  // scales and biases in their own dtype S, each read as float: the value MLX's call reads after casting them to T
+  const device S* sc = scales + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
+  const device S* bi = biases + out_row * in_vec_size_g + simd_lid / scale_step_per_thread;
   const device T* xs = x + simd_lid * values_per_thread;
 
   constexpr int pack_words = packs_per_thread * bytes_per_pack / 4;  // a lane's packs of an output row, in words
@@ -100,8 +102,8 @@ BODY = """
         U sum = load_vector_safe<T, U, values_per_thread, BITS>(xs + m * in_vec_size, x_thread, remaining);
         for (int row = 0; row < results_per_simdgroup; row++) {
           auto wl = (const device uint8_t*)(ws + row * in_vec_size_w);
-          const device T* sl = sc + row * in_vec_size_g;
-          const device T* bl = bi + row * in_vec_size_g;
+          const device S* sl = sc + row * in_vec_size_g;
+          const device S* bl = bi + row * in_vec_size_g;
           U s = sl[0];
           U b = bl[0];
           result[m][row] += qdot_safe<U, values_per_thread, BITS>(wl, x_thread, s, b, sum, remaining);
@@ -179,15 +181,19 @@ def fast(k: int, bits: int) -> bool:
     return k % BLOCK[bits] == 0
 
 
-def supports(n: int, k: int, group_size: int, bits: int, dtype, scale_dtype) -> bool:
-    """Where MLX's one-row call runs qmv_fast or qmv over whole tiles of 8 outputs (not qmv_quad's K of 64 or 128),
-    and the x and scales dtypes agree."""
+FLOATS = (mx.float16, mx.bfloat16, mx.float32)
+
+
+def supports(n: int, k: int, group_size: int, bits: int, scale_dtype) -> bool:
+    """Where MLX's one-row call runs qmv_fast or qmv over whole tiles of 8 outputs (not qmv_quad's K of 64 or 128)."""
     return (bits in BITS and n % 8 == 0 and n > 0 and k % group_size == 0 and k not in (64, 128)
-            and group_size in (32, 64, 128) and dtype == scale_dtype and dtype in (mx.float16, mx.bfloat16, mx.float32))
+            and group_size in (32, 64, 128) and scale_dtype in FLOATS)
 
 
-def template_args(dtype, group_size: int, bits: int, rows: int, k: int) -> list[tuple]:
-    return [("T", dtype), ("G", group_size), ("BITS", bits), ("ROWS", row_capacity(rows)), ("FAST", int(fast(k, bits)))]
+def template_args(dtype, scale_dtype, group_size: int, bits: int, rows: int, k: int) -> list[tuple]:
+    """dtype: the call's (x's and the scales' promoted, as MLX's quantized_matmul casts them)."""
+    return [("T", dtype), ("S", scale_dtype), ("G", group_size), ("BITS", bits), ("ROWS", row_capacity(rows)),
+            ("FAST", int(fast(k, bits)))]
 
 
 def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
@@ -206,12 +212,13 @@ def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
         rows = x.size // k
         if rows == 1 or mode != "affine":
             return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode)
-        if not supports(n, k, group_size, bits, x.dtype, scales.dtype):
+        dtype = mx.result_type(x, scales)  # MLX's call casts x, scales and biases to it (a GGUF's float32 rows)
+        if not supports(n, k, group_size, bits, scales.dtype) or dtype not in FLOATS:
             raise ValueError(f"mlx-rows qmm: {x.dtype} over {n} x {k} {bits}-bit g{group_size} unsupported")
-        flat = x.reshape(rows, k)
+        flat = x.reshape(rows, k).astype(dtype)
         parts = [kernel(inputs=[flat[i : i + MAX_ROWS], w, scales, biases], grid=(32, 2 * (n // 8), 1),
-                        template=template_args(x.dtype, group_size, bits, min(MAX_ROWS, rows - i), k),
-                        threadgroup=(32, 2, 1), output_shapes=[(min(MAX_ROWS, rows - i), n)], output_dtypes=[x.dtype])[0]
+                        template=template_args(dtype, scales.dtype, group_size, bits, min(MAX_ROWS, rows - i), k),
+                        threadgroup=(32, 2, 1), output_shapes=[(min(MAX_ROWS, rows - i), n)], output_dtypes=[dtype])[0]
                  for i in range(0, rows, MAX_ROWS)]  # a row's bits do not depend on the rows beside it
         return (parts[0] if len(parts) == 1 else mx.concatenate(parts)).reshape(*x.shape[:-1], n)
 
@@ -219,34 +226,29 @@ def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
     return qmm
 
 
-def with_fallback(qmm: Callable[..., mx.array], other: Callable[..., mx.array] | None) -> Callable[..., mx.array]:
-    """qmm where x is in the scales' dtype (a model's own activations), else `other` (mlxspec's row-invariant kernel,
-    or None: MLX's op) for every row count: a layer meets one path for its one-row steps and its verify rows."""
-    def either(x, w, scales, biases, group_size, bits, mode="affine", **kw):
-        if x.dtype == scales.dtype:
-            return qmm(x, w, scales, biases, group_size, bits, mode)
-        if other is None:
-            return mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=group_size, bits=bits, mode=mode)
-        return other(x, w, scales, biases, group_size, bits, mode=mode, **kw)
-
-    either.supports = supports
-    return either
+def x_dtypes(scale_dtype) -> list:
+    """The rows a self-check multiplies: the model's (its scales' dtype) and float32 (a GGUF's)."""
+    return list(dict.fromkeys([scale_dtype, mx.float32]))
 
 
-def self_check(qmm: Callable[..., mx.array], n: int, k: int, group_size: int, bits: int, dtype) -> str | None:
-    """None if every row of a 16-row and a 5-row call carries the bits of MLX's own one-row call and the result is
-    within the reference's tolerance, else what differs."""
+def self_check(qmm: Callable[..., mx.array], n: int, k: int, group_size: int, bits: int, scale_dtype) -> str | None:
+    """None if, for x in the scales' dtype and in float32 (a GGUF's rows), every row of a 16-row and a 5-row call
+    carries the bits of MLX's own one-row call and the result is within the reference's tolerance, else what
+    differs."""
     from .reference import random_quantized, within_tolerance
 
     key = mx.random.key(n * 7919 + k + 1)
-    w, s, b = random_quantized(n, k, group_size, bits, dtype, key=key)
-    x = mx.random.normal((MAX_ROWS, k), key=mx.random.split(key)[1]).astype(dtype)
-    y = qmm(x, w, s, b, group_size, bits)
-    for i in range(MAX_ROWS):
-        one = mx.quantized_matmul(x[i : i + 1], w, s, b, transpose=True, group_size=group_size, bits=bits)
-        if not mx.array_equal(one[0], y[i]).item():
-            return f"row {i} of a {MAX_ROWS}-row call differs from MLX's one-row call"
-    if not mx.array_equal(qmm(x[:5], w, s, b, group_size, bits), y[:5]).item():
-        return "a 5-row call differs from the 16-row call's rows"
-    ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
-    return None if ok else f"error {ratio:.3g}x the tolerance"
+    w, s, b = random_quantized(n, k, group_size, bits, scale_dtype, key=key)
+    for x_dtype in x_dtypes(scale_dtype):
+        x = mx.random.normal((MAX_ROWS, k), key=mx.random.split(key)[1]).astype(x_dtype)
+        y = qmm(x, w, s, b, group_size, bits)
+        for i in range(MAX_ROWS):
+            one = mx.quantized_matmul(x[i : i + 1], w, s, b, transpose=True, group_size=group_size, bits=bits)
+            if not mx.array_equal(one[0], y[i]).item():
+                return f"{x_dtype} rows: row {i} of a {MAX_ROWS}-row call differs from MLX's one-row call"
+        if not mx.array_equal(qmm(x[:5], w, s, b, group_size, bits), y[:5]).item():
+            return f"{x_dtype} rows: a 5-row call differs from the 16-row call's rows"
+        ok, ratio = within_tolerance(y, x, w, s, b, group_size, bits)
+        if not ok:
+            return f"{x_dtype} rows: error {ratio:.3g}x the tolerance"
+    return None

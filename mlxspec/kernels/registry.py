@@ -274,26 +274,25 @@ def kernel_for_layer(
     mode='mxfp4': gpt-oss's layout (the GPU kernels take it; the CPU one does not)."""
     rec = kernel("qmm-q8" if activations == "q8" else "qmm", device_backend_name(device))
     signature = (n, k, group_size, bits, str(scale_dtype)) + _mode_tag(mode)
+    if rec.backend == "metal" and activations == "f32" and mode == "affine":  # MLX's own one-row bits (qmv)
+        rows, rows_why = _mlx_rows_or(signature, n, k, group_size, bits, scale_dtype)
+        if rows is not None:
+            return rows, rows_why
     fma, why = _checked(rec, signature, lambda: self_check(rec.fn, n, k, group_size, bits, scale_dtype, activations, mode))
     if rec.backend not in ("cuda", "metal") or activations != "f32":
         return fma, why
-    if rec.backend == "metal" and mode == "affine":  # MLX's own one-row bits where its qmv_fast serves the layer
-        rows, rows_why = _mlx_rows_or(fma, signature, n, k, group_size, bits, scale_dtype)
-        if rows is not None:
-            return rows, rows_why
     return _tensor_cores_or(fma, why, signature, n, k, group_size, bits, scale_dtype, mode, rec.backend)
 
 
-def _mlx_rows_or(fma, signature: tuple, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype):
+def _mlx_rows_or(signature: tuple, n: int, k: int, group_size: int, bits: int, scale_dtype: mx.Dtype):
     """(qmm, why) of the "qmm-mlx-rows" family (mlx_rows.py: one row through MLX's op, verify rows with its bits) where
-    it takes the layer and passed its self-check here, other activations through `fma`; else (None, why not)."""
+    it takes the layer and passed its self-check here; else (None, why not)."""
     from . import mlx_rows
 
-    if not mlx_rows.supports(n, k, group_size, bits, scale_dtype, scale_dtype):
-        return None, "not a layer MLX's qmv_fast serves alone"
+    if not mlx_rows.supports(n, k, group_size, bits, scale_dtype):
+        return None, "not a layer MLX's qmv_fast or qmv serves over whole tiles"
     rec = kernel("qmm-mlx-rows", "metal")
-    fn, why = _checked(rec, signature, lambda: mlx_rows.self_check(rec.fn, n, k, group_size, bits, scale_dtype))
-    return (None, why) if fn is None else (mlx_rows.with_fallback(fn, fma), why)
+    return _checked(rec, signature, lambda: mlx_rows.self_check(rec.fn, n, k, group_size, bits, scale_dtype))
 
 
 def _tensor_cores_or(fma, why: str, signature: tuple, n: int, k: int, group_size: int, bits: int,

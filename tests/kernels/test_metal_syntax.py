@@ -171,10 +171,11 @@ def _qmm_launches(k):
         for kernel, rows in ((k["qmm"], 1), (k["simdgroup"], 9)):
             yield (lambda x, w, s, b, f=kernel: f(x, w, s, b, 32, 4)), _normal((rows, 32), dtype), w, s, b
         yield k["dense"], _normal((3, 64), dtype), _normal((32, 64), dtype)
-    for dtype, bits, group, kk in ((F16, 4, 64, 1024), (BF16, 8, 32, 1024), (F32, 4, 128, 1024), (F16, 4, 64, 576)):
+    for x_dtype, dtype, bits, group, kk in ((F16, F16, 4, 64, 1024), (BF16, BF16, 8, 32, 1024), (F32, F32, 4, 128, 1024),
+                                            (F16, F16, 4, 64, 576), (F32, F16, 4, 32, 576)):  # the last: a GGUF's rows
         w, s, b = random_quantized(64, kk, group, bits, dtype, key=mx.random.key(bits))  # MLX's qmv_fast / qmv rows
         for rows in (2, 16):
-            yield (lambda x, w, s, b, g=group, n=bits: k["mlx-rows"](x, w, s, b, g, n)), _normal((rows, kk), dtype), w, s, b
+            yield (lambda x, w, s, b, g=group, n=bits: k["mlx-rows"](x, w, s, b, g, n)), _normal((rows, kk), x_dtype), w, s, b
     w, s, _ = random_quantized(64, 256, 32, 4, mode="mxfp4")
     yield (lambda x, w, s: k["qmm"](x, w, s, None, 32, 4, mode="mxfp4")), _normal((3, 256), BF16), w, s
     w, s, b = (mx.stack([a] * 3) for a in random_quantized(64, 256, 64, 4, F16))

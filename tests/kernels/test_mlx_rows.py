@@ -32,17 +32,17 @@ template <typename U> inline U select(U a, U b, bool c) {{ return c ? b : a; }}
 {helpers}
 {mlx_impl}
 {ours}
-using T = {T};
-std::vector<T> mlx_rows(const T* x, int M, const uint32_t* w, const T* s, const T* b, int K) {{  // MLX: a call a row
-  std::vector<T> y(size_t(M) * {N});
+using T = {T}; using S = {S};
+std::vector<T> mlx_rows(const T* x, int M, const uint32_t* w, const S* s_, const S* b_, int K) {{  // MLX: a call a row
+  std::vector<T> y(size_t(M) * {N}), s(s_, s_ + size_t({N}) * K / {G}), b(b_, b_ + size_t({N}) * K / {G});  // cast to T
   for (int r = 0; r < M; ++r)
     emu::run_grid(2 * ({N} / 8), 1, [&](int lane, int warp, int) {{
-      {mlx_call}(w, s, b, x + size_t(r) * K, y.data() + size_t(r) * {N}, K, {N},
+      {mlx_call}(w, s.data(), b.data(), x + size_t(r) * K, y.data() + size_t(r) * {N}, K, {N},
                                            uint3{{0, unsigned(warp / 2), 0}}, warp % 2, lane);
     }});
   return y;
 }}
-std::vector<T> ours(const T* x, int M, const uint32_t* w, const T* s, const T* b, int K) {{  // one launch, M rows
+std::vector<T> ours(const T* x, int M, const uint32_t* w, const S* s, const S* b, int K) {{  // one launch, M rows
   std::vector<T> y(size_t(M) * {N});
   int xs[2] = {{M, K}}, ws[2] = {{{N}, K * {BITS} / 32}};
   const int capacity = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : M <= 8 ? 8 : 16;
@@ -59,46 +59,49 @@ int main(int argc, char** argv) {{
   const int K = std::atoi(argv[2]);
   auto x = load<T>(d + "/x", size_t({M}) * K);
   auto w = load<uint32_t>(d + "/w", size_t({N}) * K * {BITS} / 32);
-  auto s = load<T>(d + "/s", size_t({N}) * K / {G});
-  auto b = load<T>(d + "/b", size_t({N}) * K / {G});
+  auto s = load<S>(d + "/s", size_t({N}) * K / {G});
+  auto b = load<S>(d + "/b", size_t({N}) * K / {G});
   std::ofstream out(d + "/y", std::ios::binary);
   save(out, mlx_rows(x.data(), {M}, w.data(), s.data(), b.data(), K));
   save(out, ours(x.data(), {M}, w.data(), s.data(), b.data(), K));
   save(out, ours(x.data(), {FEW}, w.data(), s.data(), b.data(), K));
 }}
 """
-CASE = ("        case {r}: {fname}<T, {G}, {BITS}, {r}, {FAST}>(x, xs, w, ws, s, b, y.data(), warp % 2, lane, at); break;")
-CASES = [  # (x = scales dtype, group size, bits, K): qmv_fast's (K a multiple of its block), qmv's
-    (mx.float16, 64, 4, 1024),
-    (mx.bfloat16, 32, 8, 512),
-    (mx.float32, 128, 4, 512),
-    (mx.float16, 64, 4, 576),  # SmolLM2's hidden size: qmv, its last block bounds-checked
-    (mx.bfloat16, 32, 8, 800),  # qmv: a last block of 32 lanes x 4 values, part-filled
-    (mx.float32, 64, 4, 768),  # qmv over whole blocks: its last one still through the safe path
+CASE = ("        case {r}: {fname}<T, S, {G}, {BITS}, {r}, {FAST}>(x, xs, w, ws, s, b, y.data(), warp % 2, lane, at); break;")
+CASES = [  # (x dtype, scales dtype, group size, bits, K): qmv_fast's (K a multiple of its block), qmv's
+    (mx.float16, mx.float16, 64, 4, 1024),
+    (mx.bfloat16, mx.bfloat16, 32, 8, 512),
+    (mx.float32, mx.float32, 128, 4, 512),
+    (mx.float16, mx.float16, 64, 4, 576),  # SmolLM2's hidden size: qmv, its last block bounds-checked
+    (mx.bfloat16, mx.bfloat16, 32, 8, 800),  # qmv: a last block of 32 lanes x 4 values, part-filled
+    (mx.float32, mx.float32, 64, 4, 768),  # qmv over whole blocks: its last one still through the safe path
+    (mx.float32, mx.float16, 32, 4, 576),  # a GGUF's rows (float32) over float16 scales: MLX casts the scales up
+    (mx.float32, mx.bfloat16, 64, 8, 1024),
 ]
 
 
-def program(dtype, group_size: int, bits: int, k: int) -> str:
+def program(dtype, scale_dtype, group_size: int, bits: int, k: int) -> str:
     text = mlx_rows.mlx_metal_header()
     impl = mlx_rows._function(text, "METAL_FUNC void qmv_fast_impl(", "METAL_FUNC void qmv_wide_impl(")
     fast = mlx_rows.fast(k, bits)
     sizes = dict.fromkeys(mlx_rows.INPUTS, 1 << 20)
-    dtypes = {"x": dtype, "w": mx.uint32, "scales": dtype, "biases": dtype}
-    targs = mlx_rows.template_args(dtype, group_size, bits, 1, k)
+    dtypes = {"x": dtype, "w": mx.uint32, "scales": scale_dtype, "biases": scale_dtype}
+    targs = mlx_rows.template_args(dtype, scale_dtype, group_size, bits, 1, k)
     fname, ours = metal_function((mlx_rows.NAME, mlx_rows.INPUTS, mlx_rows.OUTPUTS, [dtype]), dtypes, sizes, targs,
                                  mlx_rows.BODY)
     # (the template's name spells its first instantiation's arguments; the harness instantiates each capacity)
     cases = "\n".join(CASE.format(r=r, fname=fname, G=group_size, BITS=bits, FAST=int(fast)) for r in (1, 2, 4, 8, 16))
     mlx_call = f"qmv_fast_impl<T, {group_size}, {bits}, false>" if fast else f"qmv_impl<T, {group_size}, {bits}>"
-    return PROGRAM.format(helpers=mlx_rows.header(text), mlx_impl=impl, ours=ours, T=C_TYPES[dtype], N=N, M=ROWS,
+    return PROGRAM.format(helpers=mlx_rows.header(text), mlx_impl=impl, ours=ours, T=C_TYPES[dtype],
+                          S=C_TYPES[scale_dtype], N=N, M=ROWS,
                           FEW=FEW, G=group_size, BITS=bits, cases=cases, mlx_call=mlx_call)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-g{c[1]}-{c[2]}bit-k{c[3]}".replace("mlx.core.", ""))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-over-{c[1]}-g{c[2]}-{c[3]}bit-k{c[4]}".replace("mlx.core.", ""))
 def test_every_row_carries_the_bits_of_mlx_s_one_row_kernel(tmp_path, case):
-    dtype, group_size, bits, k = case
-    (exe,) = build_all([program(dtype, group_size, bits, k)])
-    wf = mx.random.normal((N, k), key=mx.random.key(1)).astype(dtype)
+    dtype, scale_dtype, group_size, bits, k = case
+    (exe,) = build_all([program(dtype, scale_dtype, group_size, bits, k)])
+    wf = mx.random.normal((N, k), key=mx.random.key(1)).astype(scale_dtype)
     w, s, b = mx.quantize(wf, group_size=group_size, bits=bits)
     x = mx.random.normal((ROWS, k), key=mx.random.key(2)).astype(dtype)
     save(tmp_path, x=x, w=w, s=s, b=b)
@@ -140,8 +143,10 @@ def test_one_row_is_mlx_s_own_call_and_more_rows_one_launch_of_at_most_16():
     assert launches == []  # MLX's op, not the kernel
     y = qmm(mx.random.normal((1, 21, 512)).astype(mx.float16), w, s, b, 64, 4)
     assert y.shape == (1, 21, 64) and launches == [(16, 16, (32, 16, 1)), (5, 8, (32, 16, 1))]  # 8 outputs a group
+    f32 = qmm(mx.random.normal((3, 512)), w, s, b, 64, 4)  # float32 rows over float16 scales: computed in float32
+    assert f32.dtype == mx.float32 and launches[-1][0] == 3
     with pytest.raises(ValueError):
-        qmm(mx.zeros((3, 512), mx.float32), w, s, b, 64, 4)  # x not in the scales' dtype: not what MLX's qmv takes
+        qmm(mx.zeros((3, 512), mx.float16), w[:60], s[:60], b[:60], 64, 4)  # 60 outputs: not whole tiles of 8
 
 
 @pytest.mark.parametrize("n, k, group_size, bits, dtype, ok", [
@@ -151,8 +156,7 @@ def test_one_row_is_mlx_s_own_call_and_more_rows_one_launch_of_at_most_16():
 ])
 def test_it_takes_the_layers_mlx_runs_through_qmv_fast_or_qmv_over_whole_tiles(n, k, group_size, bits, dtype, ok):
     """N a multiple of 8 (whole tiles of 8 outputs), K not 64 / 128 (qmv_quad), 4 or 8 bits."""
-    assert mlx_rows.supports(n, k, group_size, bits, dtype, dtype) == ok
-    assert not mlx_rows.supports(n, k, group_size, bits, mx.float32, mx.float16)
+    assert mlx_rows.supports(n, k, group_size, bits, dtype) == ok
 
 
 def test_another_mlx_s_qmv_fast_is_refused_by_name():
@@ -179,24 +183,10 @@ def test_the_self_check_holds_rows_to_mlx_s_one_row_bits():
     assert "differs from MLX's one-row call" in mlx_rows.self_check(off, 64, 512, 64, 4, mx.float32)
 
 
-def test_a_layer_s_other_activations_take_one_other_path_for_every_row_count():
-    calls = []
-    qmm = mlx_rows.mlx_rows_function(make=per_row([]))
-    fma = lambda x, w, s, b, g, bits, mode="affine", **kw: calls.append(x.shape[0]) or mx.zeros((x.shape[0], w.shape[0]))  # noqa: E731
-    either = mlx_rows.with_fallback(qmm, fma)
-    w, s, b = layer()
-    for rows in (1, 4):
-        either(mx.zeros((rows, 512), mx.float32), w, s, b, 64, 4)
-        either(mx.zeros((rows, 512), mx.float16), w, s, b, 64, 4)
-    assert calls == [1, 4]  # float32 x over float16 scales: the row-invariant fallback, at one row too
-    assert mlx_rows.with_fallback(qmm, None)(mx.ones((2, 512)), w, s, b, 64, 4).shape == (2, 64)  # MLX's op
-
-
 @pytest.mark.parametrize("rows_pass", [True, False])
 def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_passed(monkeypatch, rows_pass):
-    """registry.kernel_for_layer on Metal: a layer MLX's qmv_fast serves alone gets the "qmm-mlx-rows" family where
-    its self-check passed (other activations: the FMA kernel), else the FMA kernel as before; other layers never
-    meet it."""
+    """registry.kernel_for_layer on Metal: a layer MLX's qmv_fast or qmv serves over whole tiles gets the
+    "qmm-mlx-rows" family where its self-check passed, else the FMA kernel as before; other layers never meet it."""
     from gpu_stand_ins import per_row_qmm, serve
     from mlxspec.kernels import registry
 
@@ -217,7 +207,7 @@ def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_pas
         qmm(mx.ones((3, 512)), w, s, b, 64, 4)
         assert (launches and not calls) if rows_pass else (calls and not launches)
         assert list(registry.kernel("qmm-mlx-rows", "metal").checks.values()) == [
-            None if rows_pass else "row 0 of a 16-row call differs from MLX's one-row call"]
+            None if rows_pass else "mlx.core.float32 rows: row 0 of a 16-row call differs from MLX's one-row call"]
         calls.clear()
         registry.kernel_for_layer(60, 512, 64, 4, mx.float32)[0](mx.ones((3, 512)), *layer(n=60, dtype=mx.float32), 64, 4)
         assert calls  # 60 outputs: a part-filled tile of 8, not taken: the FMA kernel
@@ -225,10 +215,12 @@ def test_on_metal_a_layer_qmv_fast_serves_takes_mlx_s_rows_where_their_check_pas
         registry.reset()
 
 
-def test_an_emulated_mac_keeps_verify_rows_equal_to_one_row_steps_with_mlx_s_own_calls(monkeypatch, tmp_path):
+@pytest.mark.parametrize("model", ["llama q4g64", "gguf Q4_1"])
+def test_an_emulated_mac_keeps_verify_rows_equal_to_one_row_steps_with_mlx_s_own_calls(monkeypatch, tmp_path, model):
     """The engine on an emulated Metal GPU (gpu_emulation: MLX's ops drift with the row count), the layers MLX's qmv
     serves taking "qmm-mlx-rows" (stood in: each row as MLX's one-row call): one-row steps go through MLX's op, verify
-    rows through the kernel, and an 8-row verify forward still gives each row a one-row step's bits."""
+    rows through the kernel, and an 8-row verify forward still gives each row a one-row step's bits. The GGUF's rows
+    are float32 over float16 scales."""
     from gpu_emulation import emulate_gpu
     from gpu_stand_ins import serve
     from model_factory import make_model_dir
@@ -241,8 +233,19 @@ def test_an_emulated_mac_keeps_verify_rows_equal_to_one_row_steps_with_mlx_s_own
         emulate_gpu(monkeypatch, backend="metal")
         launches = []
         serve(monkeypatch, {"qmm-mlx-rows": lambda: mlx_rows.mlx_rows_function(make=per_row(launches))})
-        engine = Engine.load(str(make_model_dir(tmp_path, "llama", hidden=256, intermediate=512, seed=3)),
-                             quantize="q4g64", kernels="exact")
+        if model == "gguf Q4_1":
+            from gguf_fixtures import Dims, write_tiny_llama_gguf
+
+            # this CPU's MLX op sums float16 rows in float16 (Metal's qmv: in float), past the tolerance: the float32
+            # rows a GGUF runs are this case's
+            monkeypatch.setattr(mlx_rows, "x_dtypes", lambda scale_dtype: [mx.float32])
+
+            path = write_tiny_llama_gguf(tmp_path / "m.gguf", "Q4_1", seed=7, dims=Dims(hidden=256, ffn=512, heads=4,
+                                                                                       kv_heads=2))
+            engine = Engine.load(str(path), kernels="exact")
+        else:
+            engine = Engine.load(str(make_model_dir(tmp_path, "llama", hidden=256, intermediate=512, seed=3)),
+                                 quantize="q4g64", kernels="exact")
         assert engine.rows.holds(8), engine.rows.failures()
         assert {rows for rows, _, _ in launches} >= {8}  # the verify rows ran the kernel
         checks = registry.kernel("qmm-mlx-rows", "metal").checks  # q/k/v (joined), o, gate/up (joined), down shapes
