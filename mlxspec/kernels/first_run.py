@@ -38,7 +38,6 @@ log = logging.getLogger("mlxspec.kernels")
 
 TIMEOUT = 600.0  # seconds: a cold CUDA machine compiles each program once (NVRTC), stored for the parent too
 FAULTS = ("cuda error", "illegal", "command buffer", "[metal]")  # a check's exception that is the device's, not a result
-EVERY = "*"  # an excluded family: all of them (a death outside any check)
 _settled: dict[str, dict] = {}  # cache key -> verdict, once per process
 _keys: dict[str, str] = {}  # backend -> its cache key (hashing the sources once per process)
 _child: list[bool] = []  # [True] in the child itself: its kernels run without a verdict
@@ -137,12 +136,12 @@ def interpret(lines: list[str], code: int | None, timed_out: bool, stderr: str =
         family, signature = running[-1][:2]
         excluded[family] = f"its first run here {how} (during its self-check on {signature})"
     else:  # in a pass, a layer swap, between checks: every family ran there
-        excluded[EVERY] = f"the kernels' first run here {how} outside any self-check"
+        excluded[registry.EVERY] = f"the kernels' first run here {how} outside any self-check"
     return {"excluded": excluded, "detail": how, "keep": True}
 
 
 def _family(name: str) -> str:
-    return EVERY if name == "forward" else name  # a pass runs every family: which one is unknown
+    return registry.EVERY if name == "forward" else name  # a pass runs every family: which one is unknown
 
 
 def _signal_name(number: int) -> str:

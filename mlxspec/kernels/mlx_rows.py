@@ -215,7 +215,8 @@ def mlx_rows_function(make: Callable | None = None) -> Callable[..., mx.array]:
         dtype = mx.result_type(x, scales)  # MLX's call casts x, scales and biases to it (a GGUF's float32 rows)
         if not supports(n, k, group_size, bits, scales.dtype) or dtype not in FLOATS:
             raise ValueError(f"mlx-rows qmm: {x.dtype} over {n} x {k} {bits}-bit g{group_size} unsupported")
-        flat = x.reshape(rows, k).astype(dtype)
+        flat = x.reshape(rows, k)
+        flat = flat if flat.dtype == dtype else flat.astype(dtype)
         parts = [kernel(inputs=[flat[i : i + MAX_ROWS], w, scales, biases], grid=(32, 2 * (n // 8), 1),
                         template=template_args(dtype, scales.dtype, group_size, bits, min(MAX_ROWS, rows - i), k),
                         threadgroup=(32, 2, 1), output_shapes=[(min(MAX_ROWS, rows - i), n)], output_dtypes=[dtype])[0]

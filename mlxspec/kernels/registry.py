@@ -99,7 +99,8 @@ class KernelRecord:
 _loaders: dict[str, Callable[[str], tuple[Any, str]]] = {}
 _records: dict[tuple[str, str], KernelRecord] = {}
 _warned: set[str] = set()
-_excluded: dict[tuple[str, str], str] = {}  # (family or "*", backend) -> why it is off on this device (first_run.py)
+EVERY = "*"  # an excluded family name: every family of the backend
+_excluded: dict[tuple[str, str], str] = {}  # (family or EVERY, backend) -> why it is off on this device (first_run.py)
 _watchers: list[Callable] = []  # called as each self-check begins and ends (first_run.py's child reports them)
 
 
@@ -117,7 +118,7 @@ def kernel(family: str, backend: str | None = None) -> KernelRecord:
 
             settle(backend)
         rec = KernelRecord(family, backend)
-        rec.error = _excluded.get(key) or _excluded.get(("*", backend))
+        rec.error = _excluded.get(key) or _excluded.get((EVERY, backend))
         try:
             if rec.error is None:
                 with rec.spending("load"):  # the CPU extension's first build, a GPU program's source
@@ -131,10 +132,10 @@ def kernel(family: str, backend: str | None = None) -> KernelRecord:
 
 
 def exclude(family: str, backend: str, why: str) -> None:
-    """Turn a family ("*": every family) off on this backend for the process: its record's error says why."""
+    """Turn a family (EVERY: every family) off on this backend for the process: its record's error says why."""
     _excluded[(family, backend)] = why
     for (name, on), rec in _records.items():
-        if on == backend and family in (name, "*"):
+        if on == backend and family in (name, EVERY):
             rec.error = why
 
 
