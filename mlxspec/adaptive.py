@@ -155,11 +155,11 @@ class DraftController:
         for k in (self.k_max, 1):  # then two draft lengths, so the table has something to interpolate
             if len(costs.rounds) < 2 and k not in costs.rounds:
                 return Plan(k, "measure")
-        if self.tree and self.tree_rounds < self.TREE_TRIALS and self._tree_may_pay():
+        if self.tree and self._tree_trials_left() and self._tree_may_pay():
             return Plan(self.k_max, "measure", width=self.tree[0])  # a few tree rounds, at the full depth
         if self.plain_left > 0:
             return Plan(0, "wait")
-        widths = [w for w in self.seen if w == 1 or self.tree_rounds >= self.TREE_TRIALS]  # trees once measured
+        widths = [w for w in self.seen if w == 1 or self._tree_measured()]
         width, best = max(((w, k) for w in widths for k in range(1, self.k_max + 1)), key=lambda o: self._rate(*o))
         if self.probing or self._rate(width, best) * costs.plain >= 1.0 / self.MARGIN:
             return Plan(best, "speculate", best, width=width)
@@ -187,6 +187,16 @@ class DraftController:
         if self.waiting:
             self.plain_left, self.probing = 0, True
             self.hints += 1
+
+    def _tree_measured(self) -> bool:
+        """Trees are weighed once their trials ran and at least one was timed (a round that built a new compiled
+        graph is not a timing: on a GPU the first ones may all be such)."""
+        return self.tree_rounds >= self.TREE_TRIALS and bool(self.tree[1].rounds)
+
+    def _tree_trials_left(self) -> bool:
+        """Trial rounds go on until TREE_TRIALS ran and one was timed, at most twice as many."""
+        return self.tree_rounds < self.TREE_TRIALS or (not self.tree[1].rounds
+                                                       and self.tree_rounds < 2 * self.TREE_TRIALS)
 
     def _tree_may_pay(self) -> bool:
         """Could the tree pay at all, given what chains showed? Taken at w times the chain's acceptance

@@ -221,9 +221,11 @@ def test_plan_changes_nothing_and_commit_schedules_the_probe():
     assert not ctl.probing and ctl.plan().why == "back-off"
 
 
-def simulate_widths(chain_a: float, tree_a: float, tree_cost, rounds: int = 400, seed: int = 0) -> dict:
+def simulate_widths(chain_a: float, tree_a: float, tree_cost, rounds: int = 400, seed: int = 0,
+                    untimed_trees: int = 0) -> dict:
     """Rounds run per width by a controller offered chains (a round of k costs 1 + 0.2 k) and trees
-    of width 2 (costing tree_cost(k)), drafts kept with the given per-draft acceptance."""
+    of width 2 (costing tree_cost(k)), drafts kept with the given per-draft acceptance; the first
+    `untimed_trees` tree rounds give no timing (each built a new compiled graph, as on a GPU)."""
     rng = random.Random(seed)
     ctl = DraftController(4, CostModel(), tree=(2, CostModel()))
     ran = {0: 0, 1: 0, 2: 0}
@@ -236,6 +238,8 @@ def simulate_widths(chain_a: float, tree_a: float, tree_cost, rounds: int = 400,
         while n < plan.k and rng.random() < a:
             n += 1
         cost = 1.0 if plan.k == 0 else (tree_cost(plan.k) if width == 2 else 1.0 + 0.2 * plan.k)
+        if width == 2 and ran[2] < untimed_trees:
+            cost = None
         ctl.record(plan.k, n, cost, max(width, 1))
         ran[width] += 1
     return ran
@@ -248,6 +252,15 @@ def test_the_controller_chooses_trees_where_they_pay_and_chains_where_they_do_no
     assert dear[1] > 0.8 * sum(dear.values()) and dear[2] <= 6, dear  # measured a few times, then left
     neither = simulate_widths(0.05, 0.1, lambda k: 1.0 + 0.25 * k)  # nothing is kept: plain decoding
     assert neither[0] > 0.8 * sum(neither.values()), neither
+
+
+def test_untimed_tree_rounds_are_not_weighed_until_one_is_timed():
+    """On a GPU a tree round that builds a new compiled graph gives no timing: all four trials could be such.
+    Trials then go on until one is timed (trees weighed after that), at most eight; never a plan without a cost."""
+    late = simulate_widths(0.5, 0.85, lambda k: 1.0 + 0.25 * k, untimed_trees=4)
+    assert late[2] > 0.8 * sum(late.values()), late  # the fifth trial was timed: trees pay and are kept
+    never = simulate_widths(0.5, 0.85, lambda k: 1.0 + 0.25 * k, untimed_trees=10**6)
+    assert never[2] == 2 * DraftController.TREE_TRIALS and never[1] > never[0], never  # chains carry on
 
 
 def test_tree_trials_are_skipped_where_no_tree_could_pay():
