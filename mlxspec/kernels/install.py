@@ -6,7 +6,7 @@
 Quantized layers are swapped (layers.py), on GPUs unquantized ones too (dense.py) and q/k/v and
 gate/up projections joined into one launch each (projections.py), attention and
 swiglu calls are routed per module (hooks.py), Gemma 2's written-out attention swapped (softcap_attention.py), on GPUs MoE routers
-that multiply by a raw weight run one token at a time (rowwise.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
+that multiply by a raw weight and unquantized experts run one token at a time (rowwise.py), RMSNorm and RoPE modules swapped (pointwise.py, CPU), the
 delta-net layers' recurrence routed (CPU) and their convs swapped (delta.py),
 and on the CPU whole blocks then fused into one primitive each (fused_layer.py). Each family uses its kernel only for
 signatures that passed their self-check on this device; everything else keeps MLX's op.
@@ -56,7 +56,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
         report["dense"] = use_dense_kernels(model)  # unquantized layers: MLX's GPU matmul varies with M
         report["delta"] = use_delta_kernel(model)  # delta-net layers' convs: the taps in order (MLX's may vary)
         report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
-        report["rowwise_gates"] = use_rowwise_gates(model)  # MoE routers that multiply by a raw weight
+        report["rowwise_gates"] = use_rowwise_gates(model)  # MoE routers that multiply by a raw weight, float experts
         report["row_positions"] = use_row_positions(model)  # RoPE at each row's own position: draft trees' passes
     return report
 

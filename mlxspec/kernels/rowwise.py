@@ -9,6 +9,12 @@ row to that token's routing alone, so calling the model's own gate on one token 
 every row exactly a one-token step's arithmetic. `use_rowwise_gates` gives this model's such gates
 a subclass that does so for decoding passes (a prompt chunk, as everywhere on a GPU, runs whole:
 passes.py). The gates are small (experts x hidden): the extra calls cost launches, not reads.
+
+Unquantized experts (mlx-lm's SwitchGLU / SwitchMLP over plain SwitchLinear: a float16 or bfloat16 MoE
+checkpoint) go the same way: their `gather_mm` has no kernel of ours (quantized experts have the gather qmm,
+layers.py), and a verify pass's M tokens x k experts may even be sorted by expert where a one-token step's are
+not. Called one token at a time, each token's call has exactly a one-token step's shapes, hence its kernels
+and bits. Those calls read each chosen expert once per token, as M one-token steps would.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear, SwitchMLP
 
 from .passes import prompt_chunk
 
@@ -35,15 +42,22 @@ def raw_weight_gate(cls: type) -> bool:
         return False
 
 
-def _one_token_at_a_time(self, x: mx.array):
-    """The base class's call on each token's row alone (x (..., T, hidden), batch 1), joined along T."""
+def unquantized_experts(module: nn.Module) -> bool:
+    """Is `module` an expert MLP of mlx-lm's (called as (x, indices)) over plain, unquantized SwitchLinear?"""
+    return isinstance(module, (SwitchGLU, SwitchMLP)) and any(type(c) is SwitchLinear for c in module.children().values())
+
+
+def _one_token_at_a_time(self, x: mx.array, *per_token: mx.array):
+    """The base class's call on each token's row alone (x (..., T, hidden), batch 1; each of `per_token`
+    (..., T, n): the experts' indices), joined along T."""
     tokens = x.shape[-2] if x.ndim >= 2 else 1
-    if tokens <= 1 or x.size != tokens * x.shape[-1] or prompt_chunk(x):
-        return self._whole(x)
-    outs = [self._whole(x[..., t : t + 1, :]) for t in range(tokens)]
+    if (tokens <= 1 or x.size != tokens * x.shape[-1] or prompt_chunk(x)
+            or any(a.ndim < 2 or a.shape[-2] != tokens for a in per_token)):
+        return self._whole(x, *per_token)
+    outs = [self._whole(x[..., t : t + 1, :], *(a[..., t : t + 1, :] for a in per_token)) for t in range(tokens)]
     if isinstance(outs[0], tuple):
-        return tuple(mx.concatenate(parts, axis=-2) for parts in zip(*outs))
-    return mx.concatenate(outs, axis=-2)
+        return tuple(mx.concatenate(parts, axis=x.ndim - 2) for parts in zip(*outs))
+    return mx.concatenate(outs, axis=x.ndim - 2)  # the token axis of x, and of an expert MLP's (..., T, k, out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -53,10 +67,11 @@ def _rowwise(cls: type) -> type:
 
 
 def use_rowwise_gates(model: nn.Module) -> int:
-    """Give this model's raw-weight routers the one-token-at-a-time call; returns how many."""
+    """Give this model's raw-weight routers and unquantized expert MLPs the one-token-at-a-time call; returns how
+    many."""
     swapped = 0
     for _, m in model.named_modules():
-        if not getattr(type(m), "_whole", None) and raw_weight_gate(type(m)):
+        if not getattr(type(m), "_whole", None) and (raw_weight_gate(type(m)) or unquantized_experts(m)):
             m.__class__ = _rowwise(type(m))
             swapped += 1
     return swapped

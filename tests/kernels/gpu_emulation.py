@@ -117,6 +117,7 @@ def emulate_gpu(monkeypatch, backend: str = "cuda") -> list:
     matrix = lambda a, *rest, **kw: _rows_of_matrix(a)  # noqa: E731
     monkeypatch.setattr(mx, "quantized_matmul", _drifting(mx.quantized_matmul, matrix))
     monkeypatch.setattr(mx, "gather_qmm", _drifting(mx.gather_qmm, matrix))
+    monkeypatch.setattr(mx, "gather_mm", _drifting(mx.gather_mm, matrix))
     monkeypatch.setattr(mx, "matmul", _drifting(mx.matmul, matrix))
     monkeypatch.setattr(mx.array, "__matmul__", _drifting(mx.array.__matmul__, matrix))
     monkeypatch.setattr(mx, "addmm", _drifting(mx.addmm, lambda c, a, *rest, **kw: _rows_of_matrix(a)))

@@ -1,12 +1,14 @@
-"""kernels/rowwise.py: MoE routers that multiply by a raw weight run one token at a time (on GPUs)."""
+"""kernels/rowwise.py: MoE routers that multiply by a raw weight, and unquantized experts, run one token at a time
+(on GPUs)."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import deepseek_v2, glm4_moe
+from mlx_lm.models.switch_layers import SwitchGLU, SwitchMLP
 
-from mlxspec.kernels.rowwise import raw_weight_gate, restore_rowwise_gates, use_rowwise_gates
+from mlxspec.kernels.rowwise import raw_weight_gate, restore_rowwise_gates, unquantized_experts, use_rowwise_gates
 
 
 class Holder(nn.Module):
@@ -70,3 +72,30 @@ def test_a_prompt_chunk_runs_the_gate_whole(cpu_ext):
     finally:
         type(model.gate)._whole = whole
     assert calls == [(1, 100, 32)]
+
+
+def test_unquantized_experts_run_one_token_at_a_time_with_a_one_token_step_s_shapes(cpu_ext):
+    """A float MoE's SwitchGLU (gather_mm, which a verify pass of 8 tokens x 8 experts even sorts by expert): each
+    token's call has a one-token step's shapes, x (1, 1, hidden) and indices (1, 1, k); the result is the whole
+    call's (..., T, k, out). Quantized experts keep their gather kernel (layers.py)."""
+    mx.random.seed(0)
+    for mlp in (SwitchGLU(32, 48, 8), SwitchMLP(32, 48, 8)):
+        model = Holder(mlp)
+        x = mx.random.normal((1, 8, 32), key=mx.random.key(3))
+        inds = mx.random.randint(0, 8, (1, 8, 8), key=mx.random.key(4))  # 64 (token, expert) pairs: sorted whole
+        want = model.gate(x, inds)
+        assert unquantized_experts(model.gate) and use_rowwise_gates(model) == 1
+        calls = []
+        whole = type(model.gate)._whole
+        type(model.gate)._whole = lambda self, t, i: calls.append((t.shape, i.shape)) or whole(self, t, i)
+        try:
+            got = model.gate(x, inds)
+        finally:
+            type(model.gate)._whole = whole
+        assert calls == [((1, 1, 32), (1, 1, 8))] * 8
+        assert got.shape == want.shape == (1, 8, 8, 32) and mx.allclose(got, want, atol=1e-5).item()
+        restore_rowwise_gates(model)
+        assert type(model.gate) in (SwitchGLU, SwitchMLP)
+    quantized = Holder(SwitchGLU(64, 64, 4))
+    nn.quantize(quantized, group_size=32, bits=4)
+    assert not unquantized_experts(quantized.gate) and use_rowwise_gates(quantized) == 0
