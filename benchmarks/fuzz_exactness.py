@@ -1,11 +1,13 @@
 """Fuzz exactness: speculation against plain decoding over thousands of random requests.
 
-    python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--out FILE]
+    python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--emulate-gpu] [--architectures]
+                                        [--out FILE]
 
 Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories260K where ../shared has it, each
 with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights), early exit and
 an untrained EAGLE head on the model quantized to 4 bits (its favourites trees make draft_width > 1 run
-tree rounds).
+tree rounds); with --architectures also hybrid (gated delta net, Mamba-2), sliding-window, sink and MoE models with
+prompt lookup.
 A case draws a prompt (random words with repeated phrases, so lookup finds matches) and options: draft length
 1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop string cut from plain decoding's own text, a
 repeat penalty, logprobs, a context window a few tokens past the prompt, JSON output. The property:
@@ -16,6 +18,11 @@ repeat penalty, logprobs, a context window a few tokens past the prompt, JSON ou
 
 Writes the counts, the drafted/accepted totals (that speculation really ran) and every mismatch with its case
 (enough to replay it) to --out (default benchmarks/results/fuzz_exactness.json). Exit status 1 on a mismatch.
+
+--emulate-gpu runs it all on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels' CUDA wiring with
+row-invariant stand-ins, compiled decoding steps, and MLX's matmul, quantized matmul, attention and conv drifting
+with the row count, as a GPU's do), the engines in exact mode: a path of any request that still reaches one of
+MLX's row-sensitive ops in a verify pass shows as a mismatch, and every speculative run must report `exact`.
 The twenty-third session's run of this kind (~5,700 greedy comparisons, then a script outside the repo) found
 structured output cut short under lookup drafting (fixed in aa1cdc9).
 """
@@ -23,6 +30,7 @@ structured output cut short under lookup drafting (fixed in aa1cdc9).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import random
@@ -36,7 +44,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # this checkout's
 
 from mlxspec.engine import Engine  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
-from model_factory import make_model_dir, random_head  # noqa: E402
+from model_factory import ARCHITECTURES, make_model_dir, random_head  # noqa: E402
 
 STORIES = HERE.parent.parent / "shared" / "models" / "stories260K"
 WORDS = ("the cat sat on a mat and then it ran to the old red door where one small bird sang all day "
@@ -55,9 +63,10 @@ def random_eagle_head(model_dir: Path, out: Path) -> Path:
     return random_head(load(str(model_dir), quantize=EAGLE_QUANTIZE).model, out)
 
 
-def engines(root: Path, stories: bool) -> dict[str, Engine]:
+def engines(root: Path, stories: bool, kernels=None, architectures: bool = False) -> dict[str, Engine]:
     """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights;
-    EAGLE: a random head)."""
+    EAGLE: a random head); with `architectures`, model_factory.ARCHITECTURES's (hybrid, sliding windows, sinks, MoE)
+    with prompt lookup too."""
     models = {"llama": make_model_dir(root / "llama", "llama", seed=0),
               "qwen2": make_model_dir(root / "qwen2", "qwen2", seed=2, scale=1.0)}
     drafts = {"llama": make_model_dir(root / "llama-other", "llama", seed=1),
@@ -73,7 +82,11 @@ def engines(root: Path, stories: bool) -> dict[str, Engine]:
             quantize = EAGLE_QUANTIZE if drafter == "eagle" else None
             if drafter == "eagle":
                 drafter = f"eagle:{random_eagle_head(path, root / f'{name}-eagle')}"
-            out[f"{name}/{drafter.split(':')[0]}"] = Engine.load(str(path), drafter=drafter, draft=draft, quantize=quantize)
+            out[f"{name}/{drafter.split(':')[0]}"] = Engine.load(str(path), drafter=drafter, draft=draft, quantize=quantize,
+                                                                 **({"kernels": kernels} if kernels else {}))
+    for name, make in ARCHITECTURES.items() if architectures else ():
+        out[f"{name}/lookup"] = Engine.load(str(make(root / name)), drafter="lookup",
+                                            **({"kernels": kernels} if kernels else {}))
     return out
 
 
@@ -114,11 +127,20 @@ def run(engine: Engine, text: str, case: dict) -> dict:
     return {"tokens": [t for e in events for t in e.tokens], "text": "".join(e.text for e in events),
             "finish": last.finish_reason, "stop_string": last.stop_string,
             "logprobs": [dataclasses.astuple(lp) for e in events for lp in e.text_logprobs],
-            "drafted": last.stats.drafted, "accepted": last.stats.accepted, "tree_rounds": last.stats.tree_rounds}
+            "drafted": last.stats.drafted, "accepted": last.stats.accepted, "tree_rounds": last.stats.tree_rounds,
+            "exact": last.stats.exact}
 
 
-def check(engine: Engine, text: str, case: dict, rng: random.Random) -> tuple[str | None, dict]:
-    """(what differs or None, the speculative run). Greedy: against plain decoding; sampling: against itself."""
+def check(engine: Engine, text: str, case: dict, rng: random.Random, exact: bool = False) -> tuple[str | None, dict]:
+    """(what differs or None, the speculative run). Greedy: against plain decoding; sampling: against itself.
+    exact: the speculative run must also report `exact` (its verify rows measured equal to one-row steps)."""
+    why, spec = _compare(engine, text, case, rng)
+    if why is None and exact and spec["drafted"] and spec["exact"] is not True:
+        why = f"the run reports exact={spec['exact']}"
+    return why, spec
+
+
+def _compare(engine: Engine, text: str, case: dict, rng: random.Random) -> tuple[str | None, dict]:
     if case.get("temperature"):
         first, again = run(engine, text, case), run(engine, text, case)
         return (None if first["tokens"] == again["tokens"] else "seeded sampling not reproducible"), first
@@ -140,19 +162,52 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--minutes", type=float, default=20.0, help="stop after this long, whatever --cases says")
     ap.add_argument("--no-stories", action="store_true", help="tiny random models only")
-    ap.add_argument("--out", type=Path, default=HERE / "results" / "fuzz_exactness.json")
+    ap.add_argument("--architectures", action="store_true", help="also hybrid, sliding-window, sink and MoE models "
+                    "(tests/model_factory.py ARCHITECTURES) with prompt lookup")
+    ap.add_argument("--emulate-gpu", action="store_true", help="on an emulated GPU (tests/kernels/gpu_emulation.py)")
+    ap.add_argument("--out", type=Path, default=None, help="default results/fuzz_exactness.json "
+                    "(fuzz_exactness_emulated_gpu.json with --emulate-gpu)")
     args = ap.parse_args()
+    args.out = args.out or HERE / "results" / f"fuzz_exactness{'_emulated_gpu' if args.emulate_gpu else ''}.json"
+    with emulated_gpu() if args.emulate_gpu else contextlib.nullcontext():
+        return fuzz(args)
+
+
+@contextlib.contextmanager
+def emulated_gpu():
+    """The engines built inside see an emulated CUDA device (as tests/kernels/test_gpu_emulated_exactness.py's)."""
+    import mlx.core as mx
+    import pytest
+
+    sys.path.insert(0, str(HERE.parent / "tests" / "kernels"))
+    from gpu_emulation import emulate_gpu
+
+    patch, default = pytest.MonkeyPatch(), mx.default_device()
+    mx.set_default_device(mx.cpu)
+    try:
+        emulate_gpu(patch)
+        yield
+    finally:
+        from mlxspec.kernels import registry
+
+        patch.undo()
+        registry.reset()
+        mx.set_default_device(default)
+
+
+def fuzz(args) -> int:
     rng, start = random.Random(args.seed), time.time()
-    report = {"seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0, "tree_rounds": 0,
+    report = {"emulated_gpu": args.emulate_gpu, "architectures": args.architectures, "seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0,
+              "accepted": 0, "tree_rounds": 0,
               "by_engine": {}, "mismatches": []}
     with tempfile.TemporaryDirectory() as tmp:
-        pool = engines(Path(tmp), not args.no_stories)
+        pool = engines(Path(tmp), not args.no_stories, "exact" if args.emulate_gpu else None, args.architectures)
         names = sorted(pool)
         while report["cases"] < args.cases and time.time() - start < args.minutes * 60:
             name, text = rng.choice(names), prompt(rng)
             engine = pool[name]
             case = draw(rng, len(engine.encode(text)))
-            why, spec = check(engine, text, case, rng)
+            why, spec = check(engine, text, case, rng, exact=args.emulate_gpu)
             report["cases"] += 1
             report["sampled" if case.get("temperature") else "greedy"] += 1
             report["drafted"] += spec["drafted"]

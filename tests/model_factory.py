@@ -125,6 +125,24 @@ def config_dir(path: Path, **config) -> Path:
     return path
 
 
+ARCHITECTURES = {  # name -> a function of a folder that writes a random model of that kind there and returns it
+    "qwen3_next": lambda d: make_model_dir(d, "qwen3_next", layers=4, seed=3),  # gated delta nets + attention
+    "granite-h": lambda d: make_model_dir(d, "granitemoehybrid", layers=4, seed=3),  # Mamba-2 + attention
+    "gemma3": lambda d: config_dir(d, model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
+                                   query_pre_attn_scalar=16, rope_local_base_freq=1e4),
+    "gpt_oss": lambda d: config_dir(d, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
+                                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
+    "qwen3_moe": lambda d: config_dir(d, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+                                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
+                                      moe_intermediate_size=32, tie_word_embeddings=False),
+    "glm4_moe": lambda d: config_dir(d, model_type="glm4_moe", moe_intermediate_size=32, norm_topk_prob=True, n_group=2,
+                                     topk_group=1, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=1.5,
+                                     num_experts_per_tok=2, first_k_dense_replace=1, rope_scaling=None,
+                                     use_qk_norm=True, tie_word_embeddings=False, attention_bias=True,
+                                     partial_rotary_factor=0.5),  # a raw-weight router (kernels/rowwise.py)
+}
+
+
 def build_model(config: dict, seed: int = 0, scale: float = 0.6):
     """An mlx-lm model of `config` with seeded random weights (mlx-lm's own classes)."""
     from mlx_lm.utils import _get_classes

@@ -61,3 +61,18 @@ def test_a_random_eagle_head_makes_tree_rounds_and_keeps_plain_tokens(fuzz, tiny
     case = {"draft_length": 3, "draft_width": 2, "adaptive": False, "max_tokens": 16}
     why, spec = fuzz.check(engine, "the cat sat on the mat", dict(case), random.Random(1))
     assert why is None and spec["tree_rounds"] > 0 and spec["drafted"] > 0
+
+
+def test_on_an_emulated_gpu_the_check_passes_exact_kernels_and_catches_mlx_ops(fuzz, tiny_llama):
+    """--emulate-gpu: MLX's row-sensitive ops drift with the row count; in exact mode the kernels keep speculation
+    to plain decoding's tokens and the run reports exact; with MLX's ops (kernels off) the check sees the drift."""
+    text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
+    case = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
+    with fuzz.emulated_gpu():
+        exact = Engine.load(str(tiny_llama), drafter="lookup", kernels="exact")
+        assert exact.kernels["target"]["backend"] == "cuda"
+        why, spec = fuzz.check(exact, text, dict(case), random.Random(0), exact=True)
+        assert why is None and spec["drafted"] > 0 and spec["exact"] is True
+        mlx_ops = Engine.load(str(tiny_llama), drafter="lookup", kernels=False)
+        why, spec = fuzz.check(mlx_ops, text, dict(case), random.Random(0), exact=True)
+        assert spec["drafted"] > 0 and why is not None, spec

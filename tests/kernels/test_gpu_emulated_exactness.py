@@ -23,7 +23,7 @@ import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from gguf_gemma4_fixtures import Gemma4, write_tiny_gemma4_gguf
 from gpu_emulation import emulate_gpu
-from model_factory import config_dir, make_gemma4_dir, make_model_dir, make_qwen35_checkpoint
+from model_factory import ARCHITECTURES, make_gemma4_dir, make_model_dir, make_qwen35_checkpoint
 from test_gguf_archs import CASES as GGUF_CASES
 from mlxspec.engine import Engine
 from mlxspec.kernels import registry
@@ -36,21 +36,8 @@ FAMILIES = {  # name -> a function of a folder that writes the model and returns
     "qwen2-tied": lambda d: make_model_dir(d, "qwen2", seed=3),
     "gemma4": lambda d: make_gemma4_dir(d),
     "gemma4-moe": lambda d: make_gemma4_dir(d, moe=True),
-    "qwen3_next": lambda d: make_model_dir(d, "qwen3_next", layers=4, seed=3),
-    "granite-h": lambda d: make_model_dir(d, "granitemoehybrid", layers=4, seed=3),
-    "gemma3": lambda d: config_dir(d, model_type="gemma3_text", sliding_window=8, sliding_window_pattern=2,
-                                   query_pre_attn_scalar=16, rope_local_base_freq=1e4),
-    "gpt_oss": lambda d: config_dir(d, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
-                                    sliding_window=8, layer_types=["sliding_attention", "full_attention"]),
-    "qwen3_moe": lambda d: config_dir(d, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-                                      decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True,
-                                      moe_intermediate_size=32, tie_word_embeddings=False),
+    **ARCHITECTURES,  # hybrid (qwen3_next, granite-h), sliding windows (gemma3), sinks (gpt_oss), MoE routers
     "qwen3_5": lambda d: make_qwen35_checkpoint(d, moe=True),
-    "glm4_moe": lambda d: config_dir(d, model_type="glm4_moe", moe_intermediate_size=32, norm_topk_prob=True, n_group=2,
-                                     topk_group=1, n_shared_experts=1, n_routed_experts=8, routed_scaling_factor=1.5,
-                                     num_experts_per_tok=2, first_k_dense_replace=1, rope_scaling=None,
-                                     use_qk_norm=True, tie_word_embeddings=False, attention_bias=True,
-                                     partial_rotary_factor=0.5),  # a raw-weight router (rowwise.py)
     "qwen35-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35", dims=HYBRID, pre="qwen35"),
     "qwen35moe-gguf": lambda d: write_tiny_llama_gguf(d / "m.gguf", "Q4_0", arch="qwen35moe", dims=HYBRID,
                                                       pre="qwen35"),
