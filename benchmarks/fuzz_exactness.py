@@ -195,6 +195,25 @@ def emulated_gpu():
         mx.set_default_device(default)
 
 
+def provenance() -> dict:
+    """What a result file needs to be read later: the command, commit, machine and versions, the date."""
+    import os
+    import platform
+    import subprocess
+    from importlib.metadata import version
+
+    import mlx.core as mx
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True, text=True,
+                                timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        commit = None
+    return {"command": " ".join(["python", "benchmarks/fuzz_exactness.py", *sys.argv[1:]]), "commit": commit,
+            "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, MLX {mx.__version__}, "
+                       f"mlx-lm {version('mlx-lm')}", "date": time.strftime("%Y-%m-%d")}
+
+
 def fuzz(args) -> int:
     rng, start = random.Random(args.seed), time.time()
     report = {"emulated_gpu": args.emulate_gpu, "architectures": args.architectures, "seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0,
@@ -221,6 +240,7 @@ def fuzz(args) -> int:
                 print(f"{report['cases']} cases, {len(report['mismatches'])} mismatches, "
                       f"{time.time() - start:.0f} s", flush=True)
     report["seconds"] = round(time.time() - start, 1)
+    report |= provenance()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['cases']} cases ({report['greedy']} greedy, {report['sampled']} sampled), drafted "

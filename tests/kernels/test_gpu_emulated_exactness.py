@@ -108,3 +108,28 @@ def test_the_device_s_failing_runs_speculate_exactly_on_an_emulated_gpu(gpu, tmp
     qwen35 = str(FAMILIES["qwen35-gguf"](tmp_path / "q"))
     assert_drafts_keep_plain_tokens(Engine.load(qwen35, kernels="exact"),
                                     Engine.load(qwen35, drafter="lookup", kernels="exact"), PROMPTS, 16, lengths=(2, 7))
+
+
+def test_draft_trees_by_default_with_adaptive_lengths_keep_plain_tokens_on_an_emulated_gpu(gpu, tmp_path):
+    """On a GPU a learned head drafts trees by default (engine.GPU_TREE_WIDTH) and the adaptive controller tries
+    tree rounds where rows cost little (seeded here as a GPU's costs): compiled tree passes, chains and plain steps
+    mixed in one request keep plain decoding's tokens. (The controller once planned with a missing cost when every
+    tree trial built a new graph, which depends on timing: test_adaptive.py holds that case.)"""
+    from mlxspec.engine import GPU_TREE_WIDTH
+    from mlxspec.loading import load
+    from mlxspec.options import GenerateOptions
+    from model_factory import random_head
+
+    path = make_model_dir(tmp_path / "m", "llama", seed=0)
+    head = random_head(load(str(path), quantize="q4").model, tmp_path / "head")
+    plain = Engine.load(str(path), quantize="q4", kernels="exact")
+    eagle = Engine.load(str(path), drafter=f"eagle:{head}", quantize="q4", kernels="exact")
+    assert eagle.draft_width == GPU_TREE_WIDTH
+    for _ in range(eagle.costs.TRUSTED):  # a GPU's costs, where extra rows cost little: tree rounds are tried
+        for k in range(13):
+            eagle.costs.add(k, 0.010 + 0.0001 * k)
+    text = "the cat sat on the mat and the cat sat on the mat and the"
+    want = [t for e in plain.generate(text, GenerateOptions(max_tokens=40)) for t in e.tokens]
+    events = list(eagle.generate(text, GenerateOptions(max_tokens=40, draft_length=4)))  # adaptive: the default
+    assert [t for e in events for t in e.tokens] == want
+    assert events[-1].stats.tree_rounds > 0 and events[-1].stats.exact
