@@ -1,7 +1,7 @@
 """Fuzz exactness: speculation against plain decoding over thousands of random requests.
 
-    python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--emulate-gpu] [--architectures]
-                                        [--out FILE]
+    python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--emulate-gpu [cuda|metal]]
+                                        [--architectures] [--out FILE]
 
 Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories260K where ../shared has it, each
 with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights), early exit and
@@ -19,7 +19,7 @@ repeat penalty, logprobs, a context window a few tokens past the prompt, JSON ou
 Writes the counts, the drafted/accepted totals (that speculation really ran) and every mismatch with its case
 (enough to replay it) to --out (default benchmarks/results/fuzz_exactness.json). Exit status 1 on a mismatch.
 
---emulate-gpu runs it all on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels' CUDA wiring with
+--emulate-gpu [cuda|metal] runs it all on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels' wiring with
 row-invariant stand-ins, compiled decoding steps, and MLX's matmul, quantized matmul, attention and conv drifting
 with the row count, as a GPU's do), the engines in exact mode: a path of any request that still reaches one of
 MLX's row-sensitive ops in a verify pass shows as a mismatch, and every speculative run must report `exact`.
@@ -164,18 +164,20 @@ def main() -> int:
     ap.add_argument("--no-stories", action="store_true", help="tiny random models only")
     ap.add_argument("--architectures", action="store_true", help="also hybrid, sliding-window, sink and MoE models "
                     "(tests/model_factory.py ARCHITECTURES) with prompt lookup")
-    ap.add_argument("--emulate-gpu", action="store_true", help="on an emulated GPU (tests/kernels/gpu_emulation.py)")
+    ap.add_argument("--emulate-gpu", nargs="?", const="cuda", choices=("cuda", "metal"), default=None,
+                    help="on an emulated GPU of this backend's wiring (default cuda; tests/kernels/gpu_emulation.py)")
     ap.add_argument("--out", type=Path, default=None, help="default results/fuzz_exactness.json "
                     "(fuzz_exactness_emulated_gpu.json with --emulate-gpu)")
     args = ap.parse_args()
     args.out = args.out or HERE / "results" / f"fuzz_exactness{'_emulated_gpu' if args.emulate_gpu else ''}.json"
-    with emulated_gpu() if args.emulate_gpu else contextlib.nullcontext():
+    with emulated_gpu(args.emulate_gpu) if args.emulate_gpu else contextlib.nullcontext():
         return fuzz(args)
 
 
 @contextlib.contextmanager
-def emulated_gpu():
-    """The engines built inside see an emulated CUDA device (as tests/kernels/test_gpu_emulated_exactness.py's)."""
+def emulated_gpu(backend: str = "cuda"):
+    """The engines built inside see an emulated GPU with `backend`'s kernel wiring (as
+    tests/kernels/test_gpu_emulated_exactness.py's)."""
     import mlx.core as mx
     import pytest
 
@@ -185,7 +187,7 @@ def emulated_gpu():
     patch, default = pytest.MonkeyPatch(), mx.default_device()
     mx.set_default_device(mx.cpu)
     try:
-        emulate_gpu(patch)
+        emulate_gpu(patch, backend)
         yield
     finally:
         from mlxspec.kernels import registry
@@ -216,9 +218,8 @@ def provenance() -> dict:
 
 def fuzz(args) -> int:
     rng, start = random.Random(args.seed), time.time()
-    report = {"emulated_gpu": args.emulate_gpu, "architectures": args.architectures, "seed": args.seed, "cases": 0, "greedy": 0, "sampled": 0, "drafted": 0,
-              "accepted": 0, "tree_rounds": 0,
-              "by_engine": {}, "mismatches": []}
+    report = {"emulated_gpu": args.emulate_gpu, "architectures": args.architectures, "seed": args.seed, "cases": 0,
+              "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0, "tree_rounds": 0, "by_engine": {}, "mismatches": []}
     with tempfile.TemporaryDirectory() as tmp:
         pool = engines(Path(tmp), not args.no_stories, "exact" if args.emulate_gpu else None, args.architectures)
         names = sorted(pool)
@@ -226,7 +227,7 @@ def fuzz(args) -> int:
             name, text = rng.choice(names), prompt(rng)
             engine = pool[name]
             case = draw(rng, len(engine.encode(text)))
-            why, spec = check(engine, text, case, rng, exact=args.emulate_gpu)
+            why, spec = check(engine, text, case, rng, exact=bool(args.emulate_gpu))
             report["cases"] += 1
             report["sampled" if case.get("temperature") else "greedy"] += 1
             report["drafted"] += spec["drafted"]
