@@ -1,4 +1,4 @@
-"""MoE routers that multiply by a raw weight, one token at a time on a GPU.
+"""MoE routers that multiply by a raw weight, and unquantized experts, one token at a time on a GPU.
 
 Many of mlx-lm's mixture-of-experts gates are not Linear layers: `gates = x @ self.weight.T`, then
 a softmax or sigmoid and a top-k (DeepSeek V2/V3, GLM-4.5, dots.llm1, EXAONE MoE, MiMo ...). On a

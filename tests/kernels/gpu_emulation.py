@@ -1,7 +1,7 @@
 """A GPU as far as exactness goes, on this CPU: the kernels' GPU wiring with row-invariant stand-ins,
 and MLX's row-sensitive ops made to change with the row count.
 
-On a GPU, MLX's matmul, quantized matmul, attention and convolution choose their arithmetic by the
+On a GPU, MLX's matmul, quantized and gather matmuls, attention and convolution choose their arithmetic by the
 number of rows (measured on an H100: benchmarks/results/gpu_h100.md), so a verify pass's row i need
 not equal a one-row step. `emulate_gpu(monkeypatch)` makes those ops scale their result by
 1 + 1% per row beyond the first (a one-row call is unchanged), and makes the registry serve

@@ -1,7 +1,7 @@
 """Is every row-sensitive op of a decoding step covered on a GPU? Checked here on an emulated one.
 
 gpu_emulation.emulate_gpu gives the engine CUDA's kernel wiring with row-invariant stand-ins and
-makes MLX's matmul, quantized matmul, attention and convolution change their result with the row
+makes MLX's matmul, quantized and gather matmuls, attention and convolution change their result with the row
 count, as a GPU's may. A family passes when M-row verify forwards still equal one-row steps bit for
 bit (RowInvariance, what the engine's `exact` flag reports). On an H200 (2026-11-27) two failed
 where this emulation failed them too: Gemma 4 (the tied head of a wrapped text model and the KV-shared
@@ -10,7 +10,8 @@ conv's self-check compared against MLX's own conv, which on a GPU need not be fl
 Sweeping every GGUF architecture found more: Gemma 1/2 and Command R's heads (tied without a flag),
 StableLM's attention (float32 keys over float16 values), Gemma 2's written-out softcapped attention
 (now kernels/softcap_attention.py), DeepSeek-V2's and GLM-4.5's routers (`x @ self.weight.T`: now one
-token at a time, kernels/rowwise.py); whatever is found open next goes in GAPS.
+token at a time, kernels/rowwise.py); drifting gather_mm too (2026-11-28) found unquantized experts (the float
+MoE families here: now one token at a time as well); whatever is found open next goes in GAPS.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import pytest
 from gguf_fixtures import Dims, write_tiny_llama_gguf
 from gguf_gemma4_fixtures import Gemma4, write_tiny_gemma4_gguf
 from gpu_emulation import emulate_gpu
-from model_factory import ARCHITECTURES, make_gemma4_dir, make_model_dir, make_qwen35_checkpoint
+from model_factory import ARCHITECTURES, make_gemma4_dir, make_model_dir, make_qwen35_checkpoint, random_head
 from test_gguf_archs import CASES as GGUF_CASES
-from mlxspec.engine import Engine
+from mlxspec.engine import GPU_TREE_WIDTH, Engine
 from mlxspec.kernels import registry
+from mlxspec.loading import load
+from mlxspec.options import GenerateOptions
 
 ROWS = 8  # a verify pass of draft length 7
 
@@ -115,11 +118,6 @@ def test_draft_trees_by_default_with_adaptive_lengths_keep_plain_tokens_on_an_em
     tree rounds where rows cost little (seeded here as a GPU's costs): compiled tree passes, chains and plain steps
     mixed in one request keep plain decoding's tokens. (The controller once planned with a missing cost when every
     tree trial built a new graph, which depends on timing: test_adaptive.py holds that case.)"""
-    from mlxspec.engine import GPU_TREE_WIDTH
-    from mlxspec.loading import load
-    from mlxspec.options import GenerateOptions
-    from model_factory import random_head
-
     path = make_model_dir(tmp_path / "m", "llama", seed=0)
     head = random_head(load(str(path), quantize="q4").model, tmp_path / "head")
     plain = Engine.load(str(path), quantize="q4", kernels="exact")
