@@ -8,9 +8,10 @@ with the prompt-lookup drafter, a draft model that often disagrees (same tokeniz
 an untrained EAGLE head on the model quantized to 4 bits (its favourites trees make draft_width > 1 run
 tree rounds); with --architectures also hybrid (gated delta net, Mamba-2), sliding-window, sink and MoE models with
 prompt lookup.
-A case draws a prompt (random words with repeated phrases, so lookup finds matches) and options: draft length
-1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop string cut from plain decoding's own text, a
-repeat penalty, logprobs, a context window a few tokens past the prompt, JSON output. The property:
+A case draws a prompt (random words with repeated phrases, so lookup finds matches; one in ten long enough to run
+as a prompt chunk) and options: draft length 1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop
+string cut from plain decoding's own text, a repeat penalty, logprobs, a context window a few tokens past the
+prompt, JSON output. The property:
 
 - greedy: speculation's tokens, text, finish reason, stop string and logprobs == plain decoding's (the same
   engine and options with draft_length 0), bit for bit;
@@ -90,13 +91,23 @@ def engines(root: Path, stories: bool, kernels=None, architectures: bool = False
     return out
 
 
-def prompt(rng: random.Random) -> str:
+LONG_PROMPTS = 0.1  # share of prompts of 50-160 words: more rows than a decoding pass has (a prompt chunk: passes.py)
+MAX_PROMPT_TOKENS = 400  # the tiny models hold 512 positions; a longer draw is replaced by a short one
+
+
+def prompt(rng: random.Random, long: bool = False) -> str:
     """Random words, a phrase of them repeated now and then (lookup's matches)."""
     phrase = rng.choices(WORDS, k=rng.randint(2, 6))
-    words = []
-    while len(words) < rng.randint(3, 40):
+    words, most = [], rng.randint(50, 160) if long else 0
+    while len(words) < (most or rng.randint(3, 40)):
         words += phrase if rng.random() < 0.3 else [rng.choice(WORDS)]
     return " ".join(words)
+
+
+def request_text(rng: random.Random, engine: Engine) -> str:
+    """A prompt for `engine`: now and then a long one (its prompt runs as a chunk, on a GPU through MLX's ops)."""
+    text = prompt(rng, long=rng.random() < LONG_PROMPTS)
+    return text if len(engine.encode(text)) <= MAX_PROMPT_TOKENS else prompt(rng)
 
 
 def draw(rng: random.Random, prompt_tokens: int) -> dict:
@@ -224,8 +235,9 @@ def fuzz(args) -> int:
         pool = engines(Path(tmp), not args.no_stories, "exact" if args.emulate_gpu else None, args.architectures)
         names = sorted(pool)
         while report["cases"] < args.cases and time.time() - start < args.minutes * 60:
-            name, text = rng.choice(names), prompt(rng)
+            name = rng.choice(names)
             engine = pool[name]
+            text = request_text(rng, engine)
             case = draw(rng, len(engine.encode(text)))
             why, spec = check(engine, text, case, rng, exact=bool(args.emulate_gpu))
             report["cases"] += 1

@@ -32,6 +32,15 @@ def test_every_drawn_case_is_a_valid_request(fuzz):
     assert all(20 < c["num_ctx"] <= 32 for c in cases if "num_ctx" in c)
 
 
+def test_prompts_are_sometimes_long_enough_for_a_prompt_chunk_and_fit_the_model(fuzz, lookup):
+    from mlxspec.kernels.passes import DECODE_ROWS
+
+    rng = random.Random(0)
+    lengths = [len(lookup.encode(fuzz.request_text(rng, lookup))) for _ in range(200)]
+    assert max(lengths) <= fuzz.MAX_PROMPT_TOKENS and min(lengths) >= 3
+    assert 5 <= sum(n > DECODE_ROWS for n in lengths) <= 40  # ~1 in 10 runs as a prompt chunk
+
+
 def test_the_check_passes_exact_speculation_and_catches_a_changed_token(fuzz, lookup, monkeypatch):
     rng = random.Random(3)
     text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
