@@ -21,8 +21,8 @@ Writes the counts, the drafted/accepted totals (that speculation really ran) and
 (enough to replay it) to --out (default benchmarks/results/fuzz_exactness.json). Exit status 1 on a mismatch.
 
 --emulate-gpu [cuda|metal] runs it all on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels' wiring with
-row-invariant stand-ins, compiled decoding steps, and MLX's matmul, quantized matmul, attention and conv drifting
-with the row count, as a GPU's do), the engines in exact mode: a path of any request that still reaches one of
+row-invariant stand-ins, compiled decoding steps, and MLX's matmul, quantized and gather matmuls, attention and
+conv drifting with the row count, as a GPU's do), the engines in exact mode: a path of any request that still reaches one of
 MLX's row-sensitive ops in a verify pass shows as a mismatch, and every speculative run must report `exact`.
 The twenty-third session's run of this kind (~5,700 greedy comparisons, then a script outside the repo) found
 structured output cut short under lookup drafting (fixed in aa1cdc9).
@@ -68,6 +68,7 @@ def engines(root: Path, stories: bool, kernels=None, architectures: bool = False
     """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights;
     EAGLE: a random head); with `architectures`, model_factory.ARCHITECTURES's (hybrid, sliding windows, sinks, MoE)
     with prompt lookup too."""
+    chosen = {"kernels": kernels} if kernels else {}  # else the engine's default
     models = {"llama": make_model_dir(root / "llama", "llama", seed=0),
               "qwen2": make_model_dir(root / "qwen2", "qwen2", seed=2, scale=1.0)}
     drafts = {"llama": make_model_dir(root / "llama-other", "llama", seed=1),
@@ -84,10 +85,9 @@ def engines(root: Path, stories: bool, kernels=None, architectures: bool = False
             if drafter == "eagle":
                 drafter = f"eagle:{random_eagle_head(path, root / f'{name}-eagle')}"
             out[f"{name}/{drafter.split(':')[0]}"] = Engine.load(str(path), drafter=drafter, draft=draft, quantize=quantize,
-                                                                 **({"kernels": kernels} if kernels else {}))
+                                                                 **chosen)
     for name, make in ARCHITECTURES.items() if architectures else ():
-        out[f"{name}/lookup"] = Engine.load(str(make(root / name)), drafter="lookup",
-                                            **({"kernels": kernels} if kernels else {}))
+        out[f"{name}/lookup"] = Engine.load(str(make(root / name)), drafter="lookup", **chosen)
     return out
 
 
