@@ -7,7 +7,7 @@ Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories
 with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights), early exit and
 an untrained EAGLE head on the model quantized to 4 bits (its favourites trees make draft_width > 1 run
 tree rounds); with --architectures also hybrid (gated delta net, Mamba-2), sliding-window, sink and MoE models with
-prompt lookup.
+prompt lookup (an MoE one quantized too: its experts through the gather qmm).
 A case draws a prompt (random words with repeated phrases, so lookup finds matches; one in ten long enough to run
 as a prompt chunk) and options: draft length 1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop
 string cut from plain decoding's own text, a repeat penalty, logprobs, a context window a few tokens past the
@@ -56,6 +56,8 @@ DRAFTERS = ("lookup", "draft-model", "early-exit", "eagle")
 
 
 EAGLE_QUANTIZE = "q4"  # tree passes run on the CPU where the target's blocks fuse (4/8-bit layers)
+QUANTIZED_TOO = ("qwen3_moe",)  # --architectures: also quantized (groups of 32: each expert layer), for the gather qmm
+MOE_QUANTIZE = "q4g32"
 
 
 def random_eagle_head(model_dir: Path, out: Path) -> Path:
@@ -89,7 +91,10 @@ def engines(root: Path, stories: bool, kernels=None, architectures: bool = False
             out[f"{name}/{drafter.split(':')[0]}"] = Engine.load(str(path), drafter=drafter, draft=draft, quantize=quantize,
                                                                  **chosen)
     for name, make in ARCHITECTURES.items() if architectures else ():
-        out[f"{name}/lookup"] = Engine.load(str(make(root / name)), drafter="lookup", **chosen)
+        path = str(make(root / name))
+        out[f"{name}/lookup"] = Engine.load(path, drafter="lookup", **chosen)
+        if name in QUANTIZED_TOO:
+            out[f"{name}-{MOE_QUANTIZE}/lookup"] = Engine.load(path, drafter="lookup", quantize=MOE_QUANTIZE, **chosen)
     return out
 
 
