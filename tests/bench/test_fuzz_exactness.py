@@ -12,6 +12,10 @@ from mlxspec.engine import Engine
 from mlxspec.options import GenerateOptions
 
 
+TEXT = "the cat sat on the mat the cat sat on the mat the cat sat on the"  # repeats: lookup drafts
+CASE = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
+
+
 @pytest.fixture(scope="module")
 def fuzz():
     return load("fuzz_exactness")
@@ -43,11 +47,9 @@ def test_prompts_are_sometimes_long_enough_for_a_prompt_chunk_and_fit_the_model(
 
 def test_the_check_passes_exact_speculation_and_catches_a_changed_token(fuzz, lookup, monkeypatch):
     rng = random.Random(3)
-    text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
-    case = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
-    why, spec = fuzz.check(lookup, text, dict(case), rng)
+    why, spec = fuzz.check(lookup, TEXT, dict(CASE), rng)
     assert why is None and spec["drafted"] > 0  # speculation ran, and its output is plain decoding's
-    why, _ = fuzz.check(lookup, text, {**case, "temperature": 0.9, "seed": 7}, rng)
+    why, _ = fuzz.check(lookup, TEXT, {**CASE, "temperature": 0.9, "seed": 7}, rng)
     assert why is None  # seeded sampling reproduces itself
     real = fuzz.run
 
@@ -58,7 +60,7 @@ def test_the_check_passes_exact_speculation_and_catches_a_changed_token(fuzz, lo
         return out
 
     monkeypatch.setattr(fuzz, "run", speculation_drops_a_token)
-    why, _ = fuzz.check(lookup, text, dict(case), rng)
+    why, _ = fuzz.check(lookup, TEXT, dict(CASE), rng)
     assert why == "tokens differ from plain decoding's"
 
 
@@ -75,28 +77,24 @@ def test_a_random_eagle_head_makes_tree_rounds_and_keeps_plain_tokens(fuzz, tiny
 def test_on_an_emulated_gpu_the_check_passes_exact_kernels_and_catches_mlx_ops(fuzz, tiny_llama):
     """--emulate-gpu: MLX's row-sensitive ops drift with the row count; in exact mode the kernels keep speculation
     to plain decoding's tokens and the run reports exact; with MLX's ops (kernels off) the check sees the drift."""
-    text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
-    case = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
     with fuzz.emulated_gpu():
         exact = Engine.load(str(tiny_llama), drafter="lookup", kernels="exact")
         assert exact.kernels["target"]["backend"] == "cuda"
-        why, spec = fuzz.check(exact, text, dict(case), random.Random(0), exact=True)
+        why, spec = fuzz.check(exact, TEXT, dict(CASE), random.Random(0), exact=True)
         assert why is None and spec["drafted"] > 0 and spec["exact"] is True
         mlx_ops = Engine.load(str(tiny_llama), drafter="lookup", kernels=False)
-        why, spec = fuzz.check(mlx_ops, text, dict(case), random.Random(0), exact=True)
+        why, spec = fuzz.check(mlx_ops, TEXT, dict(CASE), random.Random(0), exact=True)
         assert spec["drafted"] > 0 and why is not None, spec
 
 
 def test_without_a_kernel_family_a_run_may_differ_only_where_it_says_so(fuzz, tiny_llama):
     """--without sdpa: MLX's drifting attention serves verify rows; the run reports exact=false, so its differing
     tokens are flagged, not a mismatch; the same run under the strict check is one."""
-    text = "the cat sat on the mat the cat sat on the mat the cat sat on the"
-    case = {"draft_length": 4, "adaptive": False, "max_tokens": 24}
     with fuzz.emulated_gpu("cuda", ("sdpa",)):
         engine = Engine.load(str(tiny_llama), drafter="lookup", kernels="exact")
-        why, spec = fuzz.check(engine, text, dict(case), random.Random(0), flagged=True)
+        why, spec = fuzz.check(engine, TEXT, dict(CASE), random.Random(0), flagged=True)
         assert why is None and spec["exact"] is False and spec["drafted"] > 0
-        strict, _ = fuzz.check(engine, text, dict(case), random.Random(0), exact=True)
+        strict, _ = fuzz.check(engine, TEXT, dict(CASE), random.Random(0), exact=True)
         assert strict is not None
     with pytest.raises(ValueError, match="no stand-in to take away"):
         with fuzz.emulated_gpu("cuda", ("attention",)):

@@ -98,9 +98,6 @@ def _unavailable():
     raise KernelUnavailable("no stand-in: MLX's op (as where this kernel fails on a device)")
 
 
-STANDS_IN = ("qmm", "gather-qmm", "dense", "sdpa")  # the families emulate_gpu serves (`without` may take them away)
-
-
 def emulate_gpu(monkeypatch, backend: str = "cuda", without: tuple = ()) -> list:
     """The kernels see a `backend` GPU served by stand-ins, but for the families `without` names (unavailable, as
     where a kernel fails on a device); MLX's row-sensitive ops drift with the row count (outside the kernels'
@@ -108,12 +105,12 @@ def emulate_gpu(monkeypatch, backend: str = "cuda", without: tuple = ()) -> list
     from mlxspec.kernels import accept, install, layers, registry, timing
     from mlxspec.kernels.cpu import cpu_sdpa_function
 
-    if unknown := set(without) - set(STANDS_IN):
-        raise ValueError(f"no stand-in to take away: {sorted(unknown)} (there are {', '.join(STANDS_IN)})")
     calls: list = []
     sdpa = tree_sdpa(cpu_sdpa_function())  # the CPU attention kernel: row-invariant, with windows, lengths, sinks, trees
     families = {"qmm": lambda: per_row_qmm(calls), "gather-qmm": lambda: per_row_gather(calls),
                 "dense": lambda: per_row_dense(calls), "sdpa": lambda: sdpa}
+    if unknown := set(without) - set(families):
+        raise ValueError(f"no stand-in to take away: {sorted(unknown)} (there are {', '.join(families)})")
     serve(monkeypatch, families | dict.fromkeys(without, _unavailable) | {"qmm-mma": _unavailable,
                                                                            "accept": _unavailable})
     monkeypatch.setenv("MLXSPEC_COMPILE", "1")  # decoding steps as compiled graphs, a GPU's default

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import deepseek_v2, glm4_moe
@@ -15,6 +17,18 @@ class Holder(nn.Module):
     def __init__(self, gate):
         super().__init__()
         self.gate = gate
+
+
+@contextlib.contextmanager
+def whole_calls(module: nn.Module):
+    """The shapes of each call the swapped module makes to its base class's call (one tuple of shapes a call)."""
+    calls, cls = [], type(module)
+    whole = cls._whole
+    cls._whole = lambda self, *args: calls.append(tuple(a.shape for a in args)) or whole(self, *args)
+    try:
+        yield calls
+    finally:
+        cls._whole = whole
 
 
 def deepseek_gate(method: str = "greedy") -> nn.Module:
@@ -47,14 +61,9 @@ def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again(cp
         want = model.gate(x)
         assert use_rowwise_gates(model) == 1 and type(model.gate).__name__ == "RowwiseMoEGate"
         assert use_rowwise_gates(model) == 0  # already swapped
-        calls = []
-        whole = type(model.gate)._whole
-        type(model.gate)._whole = lambda self, t: calls.append(t.shape) or whole(self, t)
-        try:
+        with whole_calls(model.gate) as calls:
             got = model.gate(x)
-        finally:
-            type(model.gate)._whole = whole
-        assert calls == [(1, 1, 32)] * 5  # each token alone
+        assert calls == [((1, 1, 32),)] * 5  # each token alone
         for g, w in zip(got, want):  # inds (1, 5, 2), scores (1, 5, 2): on the CPU, the same bits
             assert g.shape == w.shape and mx.array_equal(g, w).item()
         restore_rowwise_gates(model)
@@ -64,14 +73,9 @@ def test_one_token_at_a_time_gives_the_gate_s_own_routing_and_comes_off_again(cp
 def test_a_prompt_chunk_runs_the_gate_whole(cpu_ext):
     model = Holder(deepseek_gate())
     use_rowwise_gates(model)
-    calls = []
-    whole = type(model.gate)._whole
-    type(model.gate)._whole = lambda self, t: calls.append(t.shape) or whole(self, t)
-    try:
+    with whole_calls(model.gate) as calls:
         model.gate(mx.random.normal((1, 100, 32), key=mx.random.key(2)))
-    finally:
-        type(model.gate)._whole = whole
-    assert calls == [(1, 100, 32)]
+    assert calls == [((1, 100, 32),)]
 
 
 def test_unquantized_experts_run_one_token_at_a_time_with_a_one_token_step_s_shapes(cpu_ext):
@@ -85,13 +89,8 @@ def test_unquantized_experts_run_one_token_at_a_time_with_a_one_token_step_s_sha
         inds = mx.random.randint(0, 8, (1, 8, 8), key=mx.random.key(4))  # 64 (token, expert) pairs: sorted whole
         want = model.gate(x, inds)
         assert unquantized_experts(model.gate) and use_rowwise_gates(model) == 1
-        calls = []
-        whole = type(model.gate)._whole
-        type(model.gate)._whole = lambda self, t, i: calls.append((t.shape, i.shape)) or whole(self, t, i)
-        try:
+        with whole_calls(model.gate) as calls:
             got = model.gate(x, inds)
-        finally:
-            type(model.gate)._whole = whole
         assert calls == [((1, 1, 32), (1, 1, 8))] * 8
         assert got.shape == want.shape == (1, 8, 8, 32) and mx.allclose(got, want, atol=1e-5).item()
         restore_rowwise_gates(model)
