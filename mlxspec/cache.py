@@ -6,12 +6,24 @@ import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache, can_trim_prompt_cache, make_prompt_cache
+from mlx_lm.models.cache import (ArraysCache, CacheList, KVCache, RotatingKVCache, can_trim_prompt_cache,
+                                  make_prompt_cache)
 
 from .features import decoder_body, tapped
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
+
+
+def layer_caches(cache: list) -> list:
+    """Every cache of a model's cache list, mlx-lm's CacheLists opened (a layer that holds two: Falcon-H1's SSM
+    state and KV cache, Baichuan-M1's conv state and KV cache, DeepSeek-V3.2's and LongCat's pairs of KV caches)."""
+    return [inner for c in cache for inner in (layer_caches(c.caches) if isinstance(c, CacheList) else [c])]
+
+
+def _swapped(caches: list, swap) -> list:
+    """`caches` with `swap` applied to each cache, inside CacheLists too."""
+    return [CacheList(*_swapped(list(c.caches), swap)) if isinstance(c, CacheList) else swap(c) for c in caches]
 
 
 class HalfKVCache(KVCache):
@@ -54,10 +66,9 @@ class KVView:
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """Causal rows over the buffer (for MLX's attention): row i sees the keys up to buffer row at + i,
         with a window only the last `window` of them. Marked with the window and the keys that count, for
-        kernels and for layers that get it without the cache (Gemma 4's KV-shared layers)."""
-        window = window_size or self.window
-        if window_size and self.window and window_size > self.window:
-            raise ValueError(f"a {window_size}-position window over a cache that keeps {self.window}")
+        kernels and for layers that get it without the cache (Gemma 4's KV-shared layers). A wider window than
+        the cache keeps gets the cache's (WindowKVCache.make_mask)."""
+        window = min(window_size or self.window, self.window or window_size or 0)
         queries = self.at + mx.arange(n)[:, None]
         keys = mx.arange(self.keys.shape[2])[None]
         mask = keys <= queries
@@ -88,8 +99,8 @@ def store_kv_in_half(model: nn.Module) -> None:
 
     def make_cache() -> list:
         caches = own() if own is not None else [KVCache() for _ in model.layers]
-        return [HalfKVCache() if type(c) is KVCache else WindowKVCache(c.window, c.slack, half=True)
-                if type(c) is WindowKVCache else c for c in caches]
+        return _swapped(caches, lambda c: HalfKVCache() if type(c) is KVCache else WindowKVCache(
+            c.window, c.slack, half=True) if type(c) is WindowKVCache else c)
 
     model.make_cache = make_cache
 
@@ -196,10 +207,10 @@ class WindowKVCache:
         """The mask for n new queries over what update_and_fetch will return (called before it).
         Always an array, even where nothing is masked: then every call of a sliding layer runs the
         same attention, a one-row step as each row of a verify pass (mlxspec's few-row kernels read
-        `attention_window` instead; MLX's op, where they do not run, the mask). Mixing two would change bits."""
-        window, past = window_size or self.window, self._past()
-        if window > self.window:
-            raise ValueError(f"a {window}-position window over a cache that keeps {self.window}")
+        `attention_window` instead; MLX's op, where they do not run, the mask). Mixing two would change bits.
+        A wider window than the cache keeps gets the cache's, as an mlx-lm RotatingKVCache's decoding steps do
+        (mlx-lm's PLaMo 3 asks window_size + 1 of a RotatingKVCache(window_size)): every row of every pass the same."""
+        window, past = min(window_size or self.window, self.window), self._past()
         queries = self.offset + mx.arange(n)[:, None]
         keys = self.offset - past + mx.arange(past + n)[None]
         return mark_window_mask((keys <= queries) & (queries - keys < window), window)
@@ -244,19 +255,19 @@ def exact_windows(model: nn.Module) -> None:
         return
 
     def make_cache() -> list:
-        return [WindowKVCache(c.max_size) if type(c) is RotatingKVCache and c.keep == 0 else c for c in own()]
+        return _swapped(own(), lambda c: WindowKVCache(c.max_size) if type(c) is RotatingKVCache and c.keep == 0 else c)
 
     model.make_cache = make_cache
 
 
 def can_rewind(cache: list, n: int) -> bool:
     """Can every layer's cache go back n positions exactly?"""
-    return all(c.can_rewind(n) if hasattr(c, "can_rewind") else c.is_trimmable() for c in cache)
+    return all(c.can_rewind(n) if hasattr(c, "can_rewind") else c.is_trimmable() for c in layer_caches(cache))
 
 
 def kv_cache_type(model: nn.Module) -> str:
     """'f16' if this model's float32 keys and values are stored as float16, else 'f32' (as computed)."""
-    caches = make_prompt_cache(model)
+    caches = layer_caches(make_prompt_cache(model))
     return "f16" if any(isinstance(c, HalfKVCache) or getattr(c, "half", False) for c in caches) else "f32"
 
 
@@ -300,7 +311,7 @@ def rewind(cache: list, n: int) -> None:
     """Take the last n positions out of every cache that can (KV caches); recurrent layers' states
     cannot go back: a caller that fed them rows it now drops restores a `snapshot` taken before."""
     if n > 0:
-        for c in cache:
+        for c in layer_caches(cache):
             if c.is_trimmable():
                 c.trim(n)
 
@@ -308,7 +319,7 @@ def rewind(cache: list, n: int) -> None:
 def snapshot(cache: list) -> list:
     """The states of the recurrent layers (mlx-lm's ArraysCache: linear attention, SSMs), to
     `restore` after rows that must be undone; [] for a model of KV caches alone."""
-    return [(c, list(c.cache)) for c in cache if isinstance(c, ArraysCache)]
+    return [(c, list(c.cache)) for c in layer_caches(cache) if isinstance(c, ArraysCache)]
 
 
 def restore(saved: list) -> None:
@@ -320,7 +331,7 @@ def speculable(model: nn.Module) -> bool:
     """Can speculation undo rejected drafts in every layer of this model: a KV cache that trims, or
     a recurrent state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
     return all(isinstance(c, ArraysCache) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
-               for c in make_prompt_cache(model))
+               for c in layer_caches(make_prompt_cache(model)))
 
 
 class PrefixCache:

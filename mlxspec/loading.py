@@ -25,6 +25,7 @@ from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_hal
 from .errors import MlxspecError, ModelLoadError
 from .heads.gemma4_assistant import MODEL_TYPE as ASSISTANT_TYPE
 from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
+from .latent_attention import use_absorbed_steps
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -228,6 +229,7 @@ def load(
         elif path.is_dir() and (path / "config.json").exists():
             model, tokenizer, config = _load_directory(path)
             exact_windows(model)
+            use_absorbed_steps(model)  # MLA layers: decoding passes on the one-row step's route
         else:
             raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
     except ModelLoadError as e:

@@ -124,7 +124,7 @@ def taps_conv(x: mx.array, weight: mx.array) -> mx.array:
 
 
 class KernelCausalConv(nn.Module):
-    """A depthwise nn.Conv1d without padding (the delta-net layers' and Mamba-2 mixers' conv1d; a bias added
+    """A depthwise nn.Conv1d without padding (delta-net layers, Mamba mixers, LFM2's short convs...; a bias added
     after, as nn.Conv1d adds it) through the "conv" family: the CPU kernel (float32), or on GPUs the taps
     in order; MLX's conv where its check failed."""
 
@@ -170,26 +170,28 @@ def _depthwise(m: nn.Module) -> bool:
 
 def use_delta_kernel(model: nn.Module) -> dict:
     """Route the model's gated_delta_update calls (Qwen3.5's and Qwen3-Next's GatedDeltaNet) to the kernel
-    (on the CPU), and swap the depthwise convs of those layers for KernelCausalConv (on any device)."""
+    (on the CPU), and swap every depthwise causal conv of the model for KernelCausalConv (on any device)."""
     on_cpu = registry.device_backend_name() == "cpu"
     error = _record().error if on_cpu else "CPU-only: mlx-lm's own kernel runs the recurrence here"
     report = {"kernel": "delta", "routed": 0, "convs": 0, "error": error}
     if error is None:
         report["routed"] = route_functions(model, {NAME: (mlx_lm_gated_delta_update(), kernel_gated_delta_update)})
-    for _, m in model.named_modules():
-        if "A_log" in m and "conv1d" in m and _depthwise(m["conv1d"]):  # a gated delta-net layer, a Mamba-2 mixer
-            m.conv1d = KernelCausalConv(m["conv1d"].weight, m["conv1d"].get("bias"))
-            report["convs"] += 1
+    for _, m in model.named_modules():  # delta nets, Mamba mixers, LFM2's short convs, PLaMo 2's, Jamba's
+        for name, child in list(m.children().items()):
+            if _depthwise(child):
+                setattr(m, name, KernelCausalConv(child.weight, child.get("bias")))
+                report["convs"] += 1
     return report
 
 
 def restore_delta(model: nn.Module) -> None:
     for _, m in model.named_modules():
-        if isinstance(m.get("conv1d"), KernelCausalConv):
-            w, bias = m["conv1d"].weight, m["conv1d"].get("bias")
-            conv = nn.Conv1d(w.shape[0], w.shape[0], w.shape[1], groups=w.shape[0], bias=bias is not None)
-            conv.weight = w
-            if bias is not None:
-                conv.bias = bias
-            m.conv1d = conv
+        for name, child in list(m.children().items()):
+            if isinstance(child, KernelCausalConv):
+                w, bias = child.weight, child.get("bias")
+                conv = nn.Conv1d(w.shape[0], w.shape[0], w.shape[1], groups=w.shape[0], bias=bias is not None)
+                conv.weight = w
+                if bias is not None:
+                    conv.bias = bias
+                setattr(m, name, conv)
     unroute_functions(model, [NAME])

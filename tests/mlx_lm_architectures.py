@@ -1,0 +1,112 @@
+"""Tiny random models of mlx-lm's architectures, from one generic config: the keys each ModelArgs declares
+are taken from COMMON, and EXTRA adds what an architecture needs besides (its own required keys, layer
+patterns that put a sliding window or a recurrent layer among two to four layers).
+
+    path = architecture_dir(tmp_path, "falcon_h1")   # config.json, random weights, a real tokenizer
+
+tests/test_architectures.py runs some through speculation; benchmarks/sweep_architectures.py runs all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from pathlib import Path
+
+from model_factory import SMALL, config_dir
+
+COMMON = SMALL | {
+    "num_layers": 2, "n_layer": 2, "n_head": 4, "n_embd": 64, "d_model": 64, "n_positions": 1024, "n_inner": 128,
+    "layer_norm_epsilon": 1e-5, "norm_eps": 1e-5, "layer_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "rope_scaling": None, "num_experts": 4, "num_experts_per_tok": 2, "num_local_experts": 4,
+    "moe_intermediate_size": 32, "n_routed_experts": 4, "n_shared_experts": 1, "shared_expert_intermediate_size": 64,
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+    "sliding_window": 8, "partial_rotary_factor": 0.5, "attention_bias": False, "mlp_bias": False, "rotary_dim": 8,
+    "num_kv_heads": 2, "hidden_act": "silu", "bos_token_id": 0, "pad_token_id": 0,
+}
+
+WINDOWS = ["sliding_attention", "full_attention"]
+MOE_ROUTING = {"norm_topk_prob": True, "routed_scaling_factor": 1.5, "first_k_dense_replace": 1}
+EXTRA = {  # model_type -> what COMMON does not give it
+    "gemma3_text": {"sliding_window_pattern": 2, "query_pre_attn_scalar": 16, "rope_local_base_freq": 1e4},
+    "cohere2": {"sliding_window_pattern": 2},
+    "olmo3": {"layer_types": WINDOWS},
+    "ministral3": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "llama_4_scaling_beta": 0.1,
+                                       "original_max_position_embeddings": 1024}},
+    "deepseek_v2": {"first_k_dense_replace": 1, "rope_scaling": {
+        "type": "yarn", "factor": 1.0, "original_max_position_embeddings": 1024, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "beta_fast": 32, "beta_slow": 1}},
+    "granite": {"logits_scaling": 4.0, "attention_multiplier": 0.125, "embedding_multiplier": 2.0,
+                "residual_multiplier": 0.5},
+    "granitemoe": {"logits_scaling": 4.0, "attention_multiplier": 0.125, "embedding_multiplier": 2.0,
+                   "residual_multiplier": 0.5},
+    "stablelm": {"use_qkv_bias": False},
+    "gpt2": {"n_ctx": 1024},
+    "gpt_neox": {"rotary_emb_base": 10000, "rotary_pct": 0.25},
+    "minicpm": {"dim_model_base": 32, "scale_depth": 1.4, "scale_emb": 12.0},
+    "mamba": {"state_size": 16, "conv_kernel": 4, "use_bias": False, "use_conv_bias": True, "time_step_rank": 8},
+    "mamba2": {"num_heads": 8, "head_dim": 16, "state_size": 16, "conv_kernel": 4, "n_groups": 1, "use_bias": False,
+               "use_conv_bias": True, "time_step_limit": [0.0, 1e6], "time_step_rank": 8},
+    "lfm2": {"conv_bias": False, "conv_L_cache": 3, "block_dim": 64, "block_multiple_of": 32,
+             "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False, "block_ff_dim": 128,
+             "full_attn_idxs": [1]},
+    "lfm2_moe": {"use_expert_bias": True, "num_dense_layers": 1, "conv_bias": False, "conv_L_cache": 3,
+                 "full_attn_idxs": [1], "norm_topk_prob": True},
+    "recurrent_gemma": {"conv1d_width": 4, "logits_soft_cap": 30.0, "attention_window_size": 8,
+                        "block_types": ["recurrent", "attention"]},
+    "jamba": {"attn_layer_offset": 1, "attn_layer_period": 2, "expert_layer_offset": 1, "expert_layer_period": 2,
+              "mamba_d_conv": 4, "mamba_d_state": 16, "mamba_expand": 2},
+    "nemotron_h": {"mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_proj_bias": False, "ssm_state_size": 16,
+                   "conv_kernel": 4, "n_groups": 1, "use_bias": False, "use_conv_bias": True,
+                   "hybrid_override_pattern": ["M", "*", "-", "M"], "num_hidden_layers": 4},
+    "ernie4_5": {"use_bias": False},
+    "ernie4_5_moe": {"use_bias": False, "moe_num_experts": 4, "moe_k": 2, "moe_layer_start_index": 1},
+    "rwkv7": {"a_low_rank_dim": 16, "v_low_rank_dim": 16, "gate_low_rank_dim": 16, "decay_low_rank_dim": 16},
+    "llama4_text": {"intermediate_size_mlp": 128, "no_rope_layers": [1, 0], "use_qk_norm": True,
+                    "num_experts_per_tok": 1, "interleave_moe_layer_step": 2},
+    "minimax": {"shared_intermediate_size": 0},
+    "dbrx": {"ffn_config": {"ffn_hidden_size": 64, "moe_num_experts": 4, "moe_top_k": 2}, "n_layers": 2, "n_heads": 4,
+             "attn_config": {"kv_n_heads": 2, "clip_qkv": 8, "rope_theta": 10000}},
+    "Klear": {"mlp_only_layers": [], "decoder_sparse_step": 1, "norm_topk_prob": True},
+    "bailing_moe": {"num_shared_experts": 1, "norm_topk_prob": True, "first_k_dense_replace": 1},
+    "dots1": MOE_ROUTING,
+    "solar_open": MOE_ROUTING,
+    "qwen3_moe": {"decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True},
+    "glm4_moe": MOE_ROUTING | {"n_group": 2, "topk_group": 1, "use_qk_norm": True, "n_routed_experts": 8},
+    "exaone_moe": {"num_shared_experts": 1, "layer_types": WINDOWS, "is_moe_layer": [False, True]},
+    "afmoe": {"layer_types": WINDOWS},
+    "gear": {"layer_types": WINDOWS},
+}
+SKIPPED = {  # model_type -> why the sweep leaves it out
+    "olmo": "needs the ai2-olmo package", "bitnet": "a Metal kernel (no CPU path)",
+    "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
+}
+NOT_MODELS = {"base", "cache", "rope_utils", "switch_layers", "activations", "pipeline", "ssm", "gated_delta", "mla",
+              "bitlinear_layers"}
+
+
+def architecture_config(model_type: str) -> dict:
+    """COMMON's keys that `model_type`'s ModelArgs declares, and its EXTRA; KeyError naming the required keys
+    neither gives (an architecture this table does not know yet)."""
+    args = importlib.import_module(f"mlx_lm.models.{model_type}").ModelArgs
+    fields = {f.name for f in dataclasses.fields(args)}
+    config = {k: v for k, v in COMMON.items() if k in fields} | EXTRA.get(model_type, {})
+    missing = [f.name for f in dataclasses.fields(args) if f.name not in config and f.name != "model_type"
+               and f.name != "vocab_size" and f.default is dataclasses.MISSING
+               and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise KeyError(f"{model_type}: no value for {', '.join(missing)}")
+    return config
+
+
+def architecture_dir(path: str | Path, model_type: str) -> Path:
+    """A random `model_type` model of the table's size at `path` (config_dir: a real tokenizer, seeded weights)."""
+    return config_dir(Path(path), model_type=model_type, **architecture_config(model_type))
+
+
+def mlx_lm_model_types() -> list[str]:
+    """Every model file of the installed mlx-lm (some are wrappers or need more than the table gives)."""
+    import mlx_lm.models
+
+    return sorted(m.name for m in pkgutil.iter_modules(mlx_lm.models.__path__) if m.name not in NOT_MODELS)

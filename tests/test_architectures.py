@@ -1,0 +1,62 @@
+"""mlx-lm's architectures as mlxspec serves them: greedy speculation keeps plain decoding's tokens and says it
+was exact, on this CPU and on an emulated GPU (tests/kernels/gpu_emulation.py). benchmarks/sweep_architectures.py
+runs every architecture the table knows; these are the ones that once failed, and some that people run most
+(the emulated GPU's: tests/kernels/test_gpu_emulated_architectures.py)."""
+
+from __future__ import annotations
+
+import pytest
+from mlx_lm.models import deepseek_v3
+
+from mlx_lm_architectures import architecture_dir
+from mlxspec.cache import speculable
+from mlxspec.engine import Engine
+from mlxspec.latent_attention import use_absorbed_steps
+from mlxspec.loading import load
+from mlxspec.options import GenerateOptions
+from mlxspec.exactness import RowInvariance
+
+PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
+ON_THE_CPU = [
+    "falcon_h1",  # a CacheList a layer (Mamba-2 state + KV cache): speculation was off
+    "plamo3",  # asks a wider window than its rotating cache keeps: every request failed
+    "deepseek_v3", "glm4_moe_lite",  # multi-head latent attention: rows differed from one-row steps even here
+    "lfm2", "nemotron_h", "jamba", "gemma3_text", "cohere2", "phi3", "olmo3", "granite", "minicpm",
+]
+
+
+def tokens(engine: Engine, **options) -> tuple[list[int], object]:
+    events = list(engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, **options)))
+    return [t for e in events for t in e.tokens], events[-1].stats
+
+
+def assert_speculation_exact(path, **load_options) -> None:
+    want, _ = tokens(Engine.load(str(path), **load_options))
+    drafted = Engine.load(str(path), drafter="lookup", **load_options)
+    for k in (2, 5):
+        got, stats = tokens(drafted, draft_length=k, adaptive=False)
+        assert got == want, k
+        assert stats.drafted > 0 and stats.exact, (k, stats)
+
+
+@pytest.mark.parametrize("model_type", ON_THE_CPU)
+def test_speculation_keeps_plain_tokens_on_the_cpu(tmp_path, model_type):
+    assert_speculation_exact(architecture_dir(tmp_path, model_type))
+
+
+def test_a_layer_of_two_caches_speculates(tmp_path):
+    """Falcon-H1's layers each hold mlx-lm's CacheList(ArraysCache, KVCache): the state is snapshot, the keys trimmed."""
+    assert speculable(load(str(architecture_dir(tmp_path, "falcon_h1"))).model)
+
+
+def test_mla_rows_differ_on_mlx_lm_s_own_route(tmp_path):
+    """What use_absorbed_steps fixes: with mlx-lm's class (decompressed keys for several rows), a verify pass's
+    rows differ from one-row steps on this CPU; with the swap they are equal."""
+    model = load(str(architecture_dir(tmp_path, "deepseek_v3"))).model
+    layers = [m for _, m in model.named_modules() if isinstance(m, deepseek_v3.DeepseekV3Attention)]
+    assert layers and all(type(m) is not deepseek_v3.DeepseekV3Attention for m in layers)  # swapped at load
+    assert RowInvariance(model).holds(4)
+    for m in layers:
+        m.__class__ = deepseek_v3.DeepseekV3Attention
+    assert not RowInvariance(model).holds(4)
+    assert use_absorbed_steps(model) == len(layers) and RowInvariance(model).holds(4)
