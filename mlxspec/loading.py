@@ -25,7 +25,7 @@ from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_hal
 from .errors import MlxspecError, ModelLoadError
 from .heads.gemma4_assistant import MODEL_TYPE as ASSISTANT_TYPE
 from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
-from .latent_attention import use_absorbed_steps
+from .kernels.latent_attention import use_absorbed_steps
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]

@@ -64,6 +64,10 @@ class StepGraphs:
         kinds = {type(c).__name__ for c in caches if type(c) not in COMPILABLE}
         if kinds:
             self.off = f"off: its caches are not all KV caches or recurrent states ({', '.join(sorted(kinds))})"
+        eager = sorted({type(m).__name__ for _, m in model.named_modules() if getattr(m, "EAGER_STEPS", False)}
+                       if enabled and model is not None else [])
+        if eager:  # layers that need a KV cache's exact keys (latent_attention.py's rows on GPUs)
+            self.off = f"off: {', '.join(eager)} need a KV cache's exact keys"
         self._compiled: dict[str, object] = {}  # pass name -> its mx.compile'd function (made on first use)
         # other passes over the model's caches, by name: (inputs, cache views) -> outputs (tree.py's tree passes)
         self.extra: dict[str, Callable[[tuple, list], list[mx.array]]] = {}

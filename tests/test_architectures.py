@@ -11,7 +11,7 @@ from mlx_lm.models import deepseek_v3
 from mlx_lm_architectures import architecture_dir
 from mlxspec.cache import speculable
 from mlxspec.engine import Engine
-from mlxspec.latent_attention import use_absorbed_steps
+from mlxspec.kernels.latent_attention import use_absorbed_steps
 from mlxspec.loading import load
 from mlxspec.options import GenerateOptions
 from mlxspec.exactness import RowInvariance

@@ -19,6 +19,7 @@ import time
 import mlx.core as mx
 import mlx.nn as nn
 
+from .latent_attention import restore_latent_rows, use_latent_rows
 from .attention import restore_attention, use_attention_kernel
 from .delta import restore_delta, use_delta_kernel
 from .dense import KernelEmbedding, KernelLinear, restore_dense, use_dense_kernels
@@ -42,8 +43,10 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
     (benchmarks compare the layouts)."""
     backend = device_backend_name(device)
     layers = use_kernels(model, gpu=True, device=device, activations=activations, pack=pack)
+    # MLA layers (DeepSeek-V3, GLM-4.7-Flash) attend row by row on GPUs: swapped before attention is routed in them
+    latent_rows = use_latent_rows(model) if backend != "cpu" else 0
     report = {"backend": backend, "layers": layers, "attention": use_attention_kernel(model),
-              "ssm_steps": use_ssm_steps(model)}
+              "ssm_steps": use_ssm_steps(model, gpu=backend != "cpu")}
     if not report["attention"]["error"]:  # Gemma 2's written-out attention, where the kernel takes caps
         report["attention"]["softcapped"] = use_softcap_attention(model, kernel("sdpa", backend).fn)  # Mamba-2 mixers: verify rows one token at a time, on any device
     if backend == "cpu":  # on GPUs MLX's RMSNorm/RoPE are one fused op each, and row-invariant (measured)
@@ -58,6 +61,7 @@ def install_kernels(model: nn.Module, device: mx.Device | None = None, fuse: boo
         report["joined_projections"] = join_projections(model, device)  # q/k/v, gate/up: one launch each
         report["rowwise_gates"] = use_rowwise_gates(model)  # MoE routers that multiply by a raw weight, float experts
         report["row_positions"] = use_row_positions(model)  # RoPE at each row's own position: draft trees' passes
+        report["latent_rows"] = latent_rows
     return report
 
 
@@ -74,6 +78,7 @@ def remove_kernels(model: nn.Module) -> None:
     restore_delta(model)
     restore_ssm_steps(model)
     restore_row_positions(model)
+    restore_latent_rows(model)
 
 
 def installed(model: nn.Module) -> bool:

@@ -217,8 +217,8 @@ def experts_per_token(model: nn.Module) -> int:
 
 def tied_heads(model: nn.Module) -> set[str]:
     """Paths of the embedding tables that also serve as output heads, found as features.head finds the
-    head: a module with no lm_head whose text model holds `embed_tokens` (Gemma, Cohere: always tied, no
-    flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
+    head: a module with no lm_head whose text model holds `embed_tokens` or `wte` (Gemma, Cohere, GPT-2:
+    always tied, no flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
     counts (Gemma 4's and Qwen3.5's language_model). Other tables (Gemma 4's per-layer inputs,
     262144 x 8960 in E2B) are lookups only."""
     paths = set()
@@ -229,8 +229,9 @@ def tied_heads(model: nn.Module) -> set[str]:
         flag = getattr(m, "tie_word_embeddings", None)
         if flag is None:
             flag = getattr(getattr(m, "args", None), "tie_word_embeddings", None)
-        if inner is not None and "embed_tokens" in inner and flag is not False:
-            paths.add(f"{path}.model.embed_tokens" if path else "model.embed_tokens")
+        table = next((name for name in ("embed_tokens", "wte") if inner is not None and name in inner), None)
+        if table and flag is not False:  # wte: GPT-2's and StarCoder's tied table
+            paths.add(f"{path}.model.{table}" if path else f"model.{table}")
         elif flag:
             tables = [p for p, e in m.named_modules() if isinstance(e, (nn.Embedding, nn.QuantizedEmbedding))]
             named = [p for p in tables if p.rpartition(".")[2] == "embed_tokens"]

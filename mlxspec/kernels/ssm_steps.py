@@ -8,14 +8,19 @@ one-row step's bits, on the CPU too (`exactness.RowInvariance` measured it: `exa
 through the same function one token at a time, so every row is a one-row step; prompt chunks (longer,
 or without a state) keep the SSD pass, whose speed they need.
 
-    report = use_ssm_steps(model)   # {"routed": modules}
+    report = use_ssm_steps(model, gpu)   # {"routed": modules, "stepped": Jamba mixers (gpu=True)}
     restore_ssm_steps(model)
+
+Jamba's Mamba mixer scans its tokens one by one already, then reads the outputs of all T in one batched
+matmul (`new_state @ C`), whose arithmetic a GPU may choose by T; on GPUs (`gpu=True`) a decoding pass's
+tokens go through its scan one at a time (the CPU's batched matmul gives each row a one-row call's bits).
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import jamba
 
 from .hooks import route_functions, unroute_functions
 from .passes import DECODE_ROWS
@@ -45,10 +50,32 @@ def stepwise_ssm_update(hidden_states, A_log, B, C, D, dt, dt_bias, state=None, 
     return mx.concatenate(ys, axis=1), state
 
 
-def use_ssm_steps(model: nn.Module) -> dict:
-    """Route the model's ssm_update calls (its Mamba-2 mixers) to stepwise_ssm_update."""
-    return {"kernel": "ssm_steps", "routed": route_functions(model, {NAME: (mlx_lm_ssm_update(), stepwise_ssm_update)})}
+class StepwiseJambaMixer(jamba.JambaMambaMixer):
+    def ssm_step(self, x: mx.array, A: mx.array, state: mx.array | None = None):
+        """mlx-lm's ssm_step ((B, T, inner) -> y, last state) on one token at a time, for T <= DECODE_ROWS with a state."""
+        tokens = x.shape[1]
+        if tokens == 1 or tokens > DECODE_ROWS or state is None:
+            return super().ssm_step(x, A, state)
+        ys = []
+        for t in range(tokens):
+            y, state = super().ssm_step(x[:, t : t + 1], A, state)
+            ys.append(y)
+        return mx.concatenate(ys, axis=1), state
+
+
+def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
+    """Route the model's ssm_update calls (its Mamba-2 mixers) to stepwise_ssm_update; on GPUs Jamba's mixers step."""
+    report = {"kernel": "ssm_steps", "stepped": 0,
+              "routed": route_functions(model, {NAME: (mlx_lm_ssm_update(), stepwise_ssm_update)})}
+    for _, m in model.named_modules():
+        if gpu and type(m) is jamba.JambaMambaMixer:
+            m.__class__ = StepwiseJambaMixer  # same parameters, same names
+            report["stepped"] += 1
+    return report
 
 
 def restore_ssm_steps(model: nn.Module) -> None:
     unroute_functions(model, [NAME])
+    for _, m in model.named_modules():
+        if type(m) is StepwiseJambaMixer:
+            m.__class__ = jamba.JambaMambaMixer

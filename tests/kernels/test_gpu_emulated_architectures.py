@@ -13,12 +13,16 @@ from mlxspec.engine import Engine
 from mlxspec.kernels import registry
 from mlxspec.options import GenerateOptions
 
-ON_A_GPU = [  # falcon_h1: its layers' CacheLists; lfm2: its short convs (KernelCausalConv) were MLX's conv
-    "falcon_h1", "plamo3", "lfm2", "lfm2_moe", "nemotron_h", "gemma3_text", "phi3", "qwen3_moe"]
+ON_A_GPU = [
+    "falcon_h1",  # its layers' CacheLists
+    "lfm2", "lfm2_moe",  # their short convs were MLX's conv (now KernelCausalConv, as every depthwise causal conv)
+    "deepseek_v3", "glm4_moe_lite",  # MLA: its per-head matmuls and float-masked attention, now row by row
+    "jamba",  # its Mamba mixer's selective scan ends in a batched matmul over the tokens (now stepped)
+    "gpt2",  # its head is the tied `wte` table, which was not found as one
+    "plamo3", "nemotron_h", "gemma3_text", "phi3", "qwen3_moe"]
 GPU_GAPS = {  # model_type -> the op its decoding passes still reach with several rows on a GPU (exact: false there)
-    "deepseek_v3": "the latent attention's per-head matmuls (MultiLinear) and its float-masked attention",
-    "jamba": "its Mamba mixer's selective scan written as matmuls",
-    "recurrent_gemma": "its RG-LRU's block-diagonal matmuls",
+    "recurrent_gemma": "its RG-LRU's block-diagonal matmuls (`h @ w`)",
+    "plamo2": "its attention calls mx.fast.scaled_dot_product_attention directly, which hooks.py cannot route",
 }
 
 

@@ -6,8 +6,9 @@ query and the output (attention over the latent cache itself); several rows deco
 into per-head keys and values. Equal in exact arithmetic, not in floating point: a verify pass's rows
 differed from one-row steps even on the CPU, so speculation could change a greedy token (and the engine
 said `exact: false`). `use_absorbed_steps` gives this model's MLA modules a class that takes the absorbed
-route in every decoding pass (up to kernels.passes.DECODE_ROWS rows); a prompt chunk keeps mlx-lm's
+route in every decoding pass (up to passes.DECODE_ROWS rows); a prompt chunk keeps mlx-lm's
 decompressed route, cheaper at hundreds of rows (plain and speculative decoding feed prompts alike).
+On GPUs (`use_latent_rows`, with the kernels) each row of a decoding pass attends alone, as a one-row step.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import deepseek_v3, glm4_moe_lite
 from mlx_lm.models.base import scaled_dot_product_attention
+from mlx_lm.models.cache import KVCache
 
-from .kernels.passes import prompt_chunk
+from .passes import prompt_chunk
 
 
 class _AbsorbedSteps:
@@ -38,28 +40,65 @@ class _AbsorbedSteps:
         q_pe, k_pe = self.rope(q_pe, offset), self.rope(k_pe, offset)
         if cache is not None:
             kv_latent, k_pe = cache.update_and_fetch(kv_latent, k_pe)
+        out = self._attend(q_nope, q_pe, kv_latent, k_pe, mask, cache)  # (B, H, L, v_head_dim)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+    def _attend(self, q_nope, q_pe, kv_latent, k_pe, mask, cache) -> mx.array:
+        """All rows at once (MLX's CPU ops give each row a one-row call's bits)."""
         pe_scores = (q_pe * self.scale) @ k_pe.swapaxes(-1, -2)  # (B, H, L, S): the rotary part of the scores
         if mask is not None:
             pe_scores = mx.where(mask, pe_scores, mx.array(mx.finfo(pe_scores.dtype).min, pe_scores.dtype))
         out = scaled_dot_product_attention(self.embed_q(q_nope), kv_latent, kv_latent, cache=cache,
                                            scale=self.scale, mask=pe_scores)  # (B, H, L, kv_lora_rank)
-        out = self.unembed_out(out).transpose(0, 2, 1, 3).reshape(B, L, -1)  # (B, L, H * v_head_dim)
-        return self.o_proj(out)
+        return self.unembed_out(out)
 
 
-_ABSORBED: dict[type, type] = {
-    base: type(f"Absorbed{base.__name__}", (_AbsorbedSteps, base), {})
-    for base in (deepseek_v3.DeepseekV3Attention, glm4_moe_lite.Glm4MoeLiteAttention)
-}
+class _RowByRow(_AbsorbedSteps):
+    """On GPUs MLX's matmuls and attention change their arithmetic with the row count: each row of a decoding
+    pass over a KV cache attends alone, over the keys up to its own, with a one-row step's very shapes and ops.
+    Over exactly those keys: a compiled step's cache is a buffer of a capacity bucket with a mask (step_graph.py),
+    whose length MLX's attention would see, so a model with these layers decodes eagerly."""
+
+    EAGER_STEPS = True
+
+    def _attend(self, q_nope, q_pe, kv_latent, k_pe, mask, cache) -> mx.array:
+        rows, keys = q_nope.shape[2], kv_latent.shape[2]
+        if type(cache) is not KVCache:
+            return super()._attend(q_nope, q_pe, kv_latent, k_pe, mask, cache)
+        out = []
+        for t in range(rows):
+            seen = keys - rows + t + 1  # what a one-row step at this position fetches from the cache
+            pe = (q_pe[:, :, t : t + 1] * self.scale) @ k_pe[:, :, :seen].swapaxes(-1, -2)  # (B, H, 1, seen)
+            row = scaled_dot_product_attention(self.embed_q(q_nope[:, :, t : t + 1]), kv_latent[:, :, :seen],
+                                               kv_latent[:, :, :seen], cache=cache, scale=self.scale, mask=pe)
+            out.append(self.unembed_out(row))
+        return mx.concatenate(out, axis=2)
+
+
+MLA_CLASSES = (deepseek_v3.DeepseekV3Attention, glm4_moe_lite.Glm4MoeLiteAttention)
+_ABSORBED = {base: type(f"Absorbed{base.__name__}", (_AbsorbedSteps, base), {}) for base in MLA_CLASSES}
+_ROW_BY_ROW = {_ABSORBED[base]: type(f"RowByRow{base.__name__}", (_RowByRow, base), {}) for base in MLA_CLASSES}
 
 
 def use_absorbed_steps(model: nn.Module) -> int:
     """Give this model's MLA modules (mlx-lm's classes exactly) the absorbed route in decoding passes;
     returns how many."""
+    return _swap(model, _ABSORBED)
+
+
+def use_latent_rows(model: nn.Module) -> int:
+    """On a GPU: this model's absorbed MLA modules attend row by row in decoding passes; returns how many."""
+    return _swap(model, _ROW_BY_ROW)
+
+
+def restore_latent_rows(model: nn.Module) -> None:
+    _swap(model, {rows: absorbed for absorbed, rows in _ROW_BY_ROW.items()})
+
+
+def _swap(model: nn.Module, classes: dict[type, type]) -> int:
     swapped = 0
     for _, m in model.named_modules():
-        absorbed = _ABSORBED.get(type(m))
-        if absorbed is not None:
-            m.__class__ = absorbed  # same parameters, same names
+        if type(m) in classes:
+            m.__class__ = classes[type(m)]  # same parameters, same names
             swapped += 1
     return swapped
