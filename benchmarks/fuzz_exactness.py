@@ -239,7 +239,7 @@ def provenance() -> dict:
                                 timeout=10).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"command": " ".join(["python", "benchmarks/fuzz_exactness.py", *sys.argv[1:]]), "commit": commit,
+    return {"command": " ".join(["python", f"benchmarks/{Path(sys.argv[0]).name}", *sys.argv[1:]]), "commit": commit,
             "machine": f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, MLX {mx.__version__}, "
                        f"mlx-lm {version('mlx-lm')}", "date": time.strftime("%Y-%m-%d")}
 

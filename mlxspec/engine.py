@@ -176,7 +176,8 @@ class Engine:
         engine = cls(tgt, built, dft, draft_length, settings)
         engine.kernels = kernel_report
         k = engine.draft_length  # measured now, not inside the first request
-        engine.rows.holds(k + 1, tree_sizes(k, engine.draft_width) if built.trees else ())
+        if engine.speculable:  # (a cache that cannot undo rows cannot be rewound for the check either)
+            engine.rows.holds(k + 1, tree_sizes(k, engine.draft_width) if built.trees else ())
         return engine
 
     # -- facts -------------------------------------------------------------------------------

@@ -112,4 +112,10 @@ def vocabulary_size(model: nn.Module) -> int:
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)
     if embed is not None and "weight" in embed:
         return int(embed["weight"].shape[0])
-    return int(model.args.vocab_size)
+    args = getattr(model, "args", None)
+    if getattr(args, "vocab_size", None):
+        return int(args.vocab_size)
+    tables = [m for _, m in model.named_modules() if isinstance(m, (nn.Embedding, nn.QuantizedEmbedding))]
+    if tables:  # another name for the input table (Phixtral's transformer.embd.wte)
+        return int(tables[0]["weight"].shape[0])
+    raise ValueError(f"cannot tell {type(model).__name__}'s vocabulary size (no embed_tokens, args.vocab_size or table)")

@@ -77,10 +77,45 @@ EXTRA = {  # model_type -> what COMMON does not give it
     "exaone_moe": {"num_shared_experts": 1, "layer_types": WINDOWS, "is_moe_layer": [False, True]},
     "afmoe": {"layer_types": WINDOWS},
     "gear": {"layer_types": WINDOWS},
+    "qwen3_next": {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                   "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "full_attention_interval": 2},
+    "olmo_hybrid": {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                    "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "linear_allow_neg_eigval": False,
+                    "layer_types": ["linear_attention", "full_attention"]},
+    "granitemoehybrid": {"logits_scaling": 4.0, "attention_multiplier": 0.125, "embedding_multiplier": 2.0,
+                         "residual_multiplier": 0.5, "layer_types": ["mamba", "attention"], "mamba_n_heads": 8,
+                         "mamba_d_head": 16, "mamba_proj_bias": False, "mamba_d_state": 16, "mamba_d_conv": 4,
+                         "mamba_n_groups": 1, "mamba_conv_bias": True, "mamba_expand": 2, "shared_intermediate_size": 64},
+    "minicpm3": {"dim_model_base": 32, "scale_depth": 1.4, "scale_emb": 12.0, "rope_scaling": {
+        "original_max_position_embeddings": 1024, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}},
+    "hunyuan": {"moe_topk": 2, "num_shared_expert": 1, "use_mixed_mlp_moe": True, "use_qk_norm": True,
+                "use_cla": False, "cla_share_factor": 2, "rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"},
+                "tie_word_embeddings": True},  # mlx-lm's Hunyuan always reads its head from the embedding table
+    "mistral4": MOE_ROUTING | {"topk_group": 1, "n_group": 1, "rope_parameters": {
+        "rope_type": "default", "rope_theta": 1e4, "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 1024}},
+    "mellum": {"norm_topk_prob": True, "layer_types": WINDOWS, "rope_parameters": {
+        "sliding_attention": {"rope_theta": 1e4}, "full_attention": {"rope_theta": 1e4}}},
+    "baichuan_m1": {"sliding_window_layers": [0], "conv_window": 2},
+    "kimi_linear": {"model_max_length": 1024, "linear_attn_config": {"num_heads": 4, "head_dim": 16, "kda_layers": [1]}},
+    "bailing_moe_linear": {"num_shared_experts": 1, "norm_topk_prob": True, "first_k_dense_replace": 1,
+                           "layer_group_size": 2, "group_norm_size": 1},
+    "bailing_hybrid": {"num_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+                       "layer_group_size": 2, "group_norm_size": 1, "routed_scaling_factor": 1.0},
+    "longcat_flash": {"attention_method": "MLA", "zero_expert_type": "identity", "ffn_hidden_size": 128, "moe_topk": 2,
+                      "expert_ffn_hidden_size": 32, "zero_expert_num": 1, "routed_scaling_factor": 1.0,
+                      "mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+    "step3p5": {"num_attention_groups": 2},
+    "plamo": {"n_shared_head": 2},
+    "phixtral": {"num_vocab": 320, "model_dim": 64, "num_heads": 4},  # its own names (num_vocab: the tokenizer's)
+    "bailing_moe_v3": {"n_group": 2, "topk_group": 1},
 }
 SKIPPED = {  # model_type -> why the sweep leaves it out
     "olmo": "needs the ai2-olmo package", "bitnet": "a Metal kernel (no CPU path)",
     "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
+    "gemma4_text": "its layer pattern needs more than the table gives (tests/model_factory.make_gemma4_dir makes Gemma 4)",
+    "qwen": "Qwen (v1)'s sizes mean other things (its intermediate_size is twice its MLP's)",
+    "exaone4": "mlx-lm reads sliding_window_pattern as a string ('LLLG'), the installed transformers' config as a number",
 }
 NOT_MODELS = {"base", "cache", "rope_utils", "switch_layers", "activations", "pipeline", "ssm", "gated_delta", "mla",
               "bitlinear_layers"}

@@ -54,6 +54,7 @@ def cpu_gather_qmm_function(isa: int = -1, activations: str = "f32") -> Callable
 
     def gather_qmm(x, w, scales, biases, indices, group_size: int, bits: int, mode: str = "affine") -> mx.array:
         scales, biases, e2m1 = _layout(scales, biases, mode, q8)
+        indices = mx.contiguous(indices)  # a view (Kimi Linear's top-k is a slice): the kernel reads it packed
         return ext.gather_qmm(x, w, scales, biases, indices, group_size, bits, isa, q8=q8, e2m1=e2m1, stream=mx.cpu)
 
     return gather_qmm

@@ -55,6 +55,7 @@ def kernel_gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=No
     where it applies."""
     arrays = (q, k, v, a, b) + (() if state is None else (state,))
     usable = (mask is None and lower_bound is None and not allow_neg_eigval and mx.default_device().type == mx.cpu
+              and a.shape == b.shape == v.shape[:3]  # a decay per head (Kimi Linear's is per channel: mlx-lm's ops)
               and all(x.dtype == mx.float32 for x in arrays) and _record().error is None)
     if usable:
         sizes = (q.shape[-2], v.shape[-2], q.shape[-1], v.shape[-1])

@@ -13,11 +13,14 @@ On GPUs (`use_latent_rows`, with the kernels) each row of a decoding pass attend
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import deepseek_v3, glm4_moe_lite
 from mlx_lm.models.base import scaled_dot_product_attention
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import CacheList, KVCache
 
 from .passes import prompt_chunk
 
@@ -75,15 +78,65 @@ class _RowByRow(_AbsorbedSteps):
         return mx.concatenate(out, axis=2)
 
 
+class _TokenByToken:
+    """Other MLA layers (Kimi Linear's, Mistral 4's, LongCat's, DeepSeek-V3.2's, Bailing's: each its own text around
+    the same two routes): a decoding pass's tokens go through the layer one at a time, each call exactly a one-row
+    step (over mlx-lm's KV caches a one-row step's mask is None; arrays with a row per token are sliced, as
+    Mistral 4's attention scale). Exact by construction, on any device; the layer's projections are read once a
+    token, as one-row steps read them. Eager steps only (a compiled step's cache is a masked buffer)."""
+
+    EAGER_STEPS = True
+
+    def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
+        tokens = x.shape[1]
+        call = inspect.signature(self._whole).bind(x, *args, **kwargs)
+        caches = call.arguments.get("cache")
+        caches = caches.caches if isinstance(caches, CacheList) else [caches]
+        if tokens == 1 or prompt_chunk(x) or not all(type(c) is KVCache for c in caches):
+            return self._whole(x, *args, **kwargs)
+        rows = []
+        for t in range(tokens):
+            one = {name: None if name == "mask" else _row(value, t, tokens)
+                   for name, value in call.arguments.items()}
+            rows.append(self._whole(**one))
+        return mx.concatenate(rows, axis=1)
+
+
+def _row(value, t: int, tokens: int):
+    """Row t of an array with a row per token along axis -2 ((B, T, D) inputs, (T, 1) scales); else the value."""
+    if isinstance(value, mx.array) and value.ndim >= 2 and value.shape[-2] == tokens:
+        return value[..., t : t + 1, :]
+    return value
+
+
+def _latent_layer(cls: type) -> bool:
+    """Does `cls` hold MLA's two routes: mlx-lm's embed_q / unembed_out (MultiLinear) absorbed projections?"""
+    try:
+        source = inspect.getsource(cls.__call__)
+    except (OSError, TypeError):
+        return False
+    return "self.embed_q(" in source and "self.unembed_out(" in source
+
+
+@functools.lru_cache(maxsize=None)
+def _token_by_token(cls: type) -> type:
+    return type(f"TokenByToken{cls.__name__}", (_TokenByToken, cls), {"_whole": cls.__call__})
+
+
 MLA_CLASSES = (deepseek_v3.DeepseekV3Attention, glm4_moe_lite.Glm4MoeLiteAttention)
 _ABSORBED = {base: type(f"Absorbed{base.__name__}", (_AbsorbedSteps, base), {}) for base in MLA_CLASSES}
 _ROW_BY_ROW = {_ABSORBED[base]: type(f"RowByRow{base.__name__}", (_RowByRow, base), {}) for base in MLA_CLASSES}
 
 
 def use_absorbed_steps(model: nn.Module) -> int:
-    """Give this model's MLA modules (mlx-lm's classes exactly) the absorbed route in decoding passes;
-    returns how many."""
-    return _swap(model, _ABSORBED)
+    """Give this model's MLA modules the absorbed route in decoding passes (mlx-lm's DeepSeek-V3 and GLM-4.7-Flash
+    classes), or their tokens one at a time (any other class with both routes); returns how many."""
+    swapped = _swap(model, _ABSORBED)
+    for _, m in model.named_modules():
+        if type(m) not in _ROW_BY_ROW and not isinstance(m, _TokenByToken) and _latent_layer(type(m)):
+            m.__class__ = _token_by_token(type(m))  # same parameters, same names
+            swapped += 1
+    return swapped
 
 
 def use_latent_rows(model: nn.Module) -> int:

@@ -17,12 +17,14 @@ ON_A_GPU = [
     "falcon_h1",  # its layers' CacheLists
     "lfm2", "lfm2_moe",  # their short convs were MLX's conv (now KernelCausalConv, as every depthwise causal conv)
     "deepseek_v3", "glm4_moe_lite",  # MLA: its per-head matmuls and float-masked attention, now row by row
+    "kimi_linear", "mistral4",  # other MLA texts: a decoding pass's tokens one at a time
     "jamba",  # its Mamba mixer's selective scan ends in a batched matmul over the tokens (now stepped)
     "gpt2",  # its head is the tied `wte` table, which was not found as one
     "plamo3", "nemotron_h", "gemma3_text", "phi3", "qwen3_moe"]
 GPU_GAPS = {  # model_type -> the op its decoding passes still reach with several rows on a GPU (exact: false there)
     "recurrent_gemma": "its RG-LRU's block-diagonal matmuls (`h @ w`)",
     "plamo2": "its attention calls mx.fast.scaled_dot_product_attention directly, which hooks.py cannot route",
+    "talkie": "its head is a raw array (`out @ self.lm_head.T`), not a module",
 }
 
 

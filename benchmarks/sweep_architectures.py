@@ -1,0 +1,131 @@
+"""Every mlx-lm architecture as mlxspec serves it: does speculation keep plain decoding's tokens, and say so?
+
+    python benchmarks/sweep_architectures.py [--only a,b] [--no-gpu] [--out FILE]
+
+For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py can configure (a tiny random model,
+2-4 layers, a real tokenizer), float and 4-bit:
+- cpu: greedy plain decoding vs the prompt-lookup drafter at draft lengths 2 and 5 (fixed): the same 24 tokens,
+  some drafted, and `exact: true`;
+- gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
+  CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
+  do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), and a draft length 5 run's tokens and flag.
+A row is "exact" where the tokens match and the flag says so, "flagged" where the engine measured its rows differing
+and said `exact: false` (honest, not exact), "differs" where tokens differ under `exact: true` (a bug), or the error.
+Writes every row and the counts to --out (default benchmarks/results/architectures.json) and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
+
+from fuzz_exactness import emulated_gpu, provenance  # noqa: E402
+from mlx_lm_architectures import SKIPPED, architecture_dir, mlx_lm_model_types  # noqa: E402
+from mlxspec.engine import Engine  # noqa: E402
+from mlxspec.options import GenerateOptions  # noqa: E402
+
+PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
+LENGTHS = (2, 5)
+
+
+def tokens(engine: Engine, **options) -> tuple[list[int], object]:
+    events = list(engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, **options)))
+    return [t for e in events for t in e.tokens], events[-1].stats
+
+
+def verdict(want: list[int], got: list[int], stats) -> str:
+    if stats.drafted == 0:
+        return "no drafts"
+    if got == want:
+        return "exact" if stats.exact else "flagged"
+    return "flagged" if not stats.exact else "differs"
+
+
+def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS) -> dict:
+    """Plain vs lookup drafting at each length: {"k2": verdict, ...}."""
+    want, _ = tokens(Engine.load(str(path), quantize=quantize, kernels=kernels))
+    drafted = Engine.load(str(path), drafter="lookup", quantize=quantize, kernels=kernels)
+    out = {}
+    for k in lengths:
+        got, stats = tokens(drafted, draft_length=k, adaptive=False)
+        out[f"k{k}"] = verdict(want, got, stats)
+    if not drafted.speculable:
+        out["note"] = drafted.info.get("speculation", "speculation off")
+    return out
+
+
+def gpu_rows(path: Path, quantize: str | None) -> dict:
+    engine = Engine.load(str(path), quantize=quantize, kernels="exact")
+    if not engine.speculable:
+        return {"rows": "not checked: speculation is off for this model"} | speculation(path, quantize, "exact", (5,))
+    failures = {} if engine.rows.holds(8) else engine.rows.failures()
+    out = {"rows": "equal" if not failures else f"differ from {min(failures)} rows: {failures[min(failures)]}"}
+    return out | speculation(path, quantize, kernels="exact", lengths=(5,))
+
+
+def sweep_one(model_type: str, root: Path, gpu: bool) -> dict:
+    if model_type in SKIPPED:
+        return {"skipped": SKIPPED[model_type]}
+    try:
+        path = architecture_dir(root / model_type, model_type)
+    except KeyError as e:
+        return {"skipped": f"no config: {e.args[0]}"}
+    except Exception as e:  # mlx-lm's model code on a config it does not expect
+        return {"skipped": f"does not build from the table's config: {type(e).__name__}: {str(e)[:160]}"}
+    row = {}
+    for quantize in (None, "q4"):
+        label = quantize or "float"
+        try:
+            row[f"cpu {label}"] = speculation(path, quantize)
+            if gpu:
+                with emulated_gpu():
+                    row[f"gpu {label}"] = gpu_rows(path, quantize)
+        except Exception as e:
+            row[f"error {label}"] = f"{type(e).__name__}: {str(e)[:200]} ({traceback.format_exc().splitlines()[-3].strip()[:120]})"
+            break
+    return row
+
+
+def summary(rows: dict) -> dict:
+    counts: dict[str, int] = {}
+    for row in rows.values():
+        if "skipped" in row:
+            key = "skipped"
+        elif any(k.startswith("error") for k in row):
+            key = "error"
+        else:
+            verdicts = {v for part in row.values() for k, v in part.items() if k.startswith("k")}
+            key = "differs" if "differs" in verdicts else "flagged" if "flagged" in verdicts else (
+                "no drafts" if "no drafts" in verdicts else "exact")
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="comma-separated model types (default: every mlx-lm model file)")
+    parser.add_argument("--no-gpu", action="store_true", help="skip the emulated GPU")
+    parser.add_argument("--out", default=str(HERE / "results" / "architectures.json"))
+    args = parser.parse_args()
+    types = args.only.split(",") if args.only else mlx_lm_model_types()
+    rows, start = {}, time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        for model_type in types:
+            rows[model_type] = sweep_one(model_type, Path(tmp), not args.no_gpu)
+            print(f"{model_type:24} {json.dumps(rows[model_type])}", flush=True)
+    report = {"provenance": provenance(), "seconds": round(time.time() - start), "counts": summary(rows), "rows": rows}
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps(report["counts"]))
+    return 1 if report["counts"].get("differs") or report["counts"].get("error") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
