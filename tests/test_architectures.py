@@ -6,15 +6,14 @@ runs every architecture the table knows; these are the ones that once failed, an
 from __future__ import annotations
 
 import pytest
-from mlx_lm.models import deepseek_v3
 
 from mlx_lm_architectures import architecture_dir
 from mlxspec.cache import speculable
 from mlxspec.engine import Engine
+from mlxspec.exactness import RowInvariance
 from mlxspec.kernels.latent_attention import use_absorbed_steps
 from mlxspec.loading import load
 from mlxspec.options import GenerateOptions
-from mlxspec.exactness import RowInvariance
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
 ON_THE_CPU = [
@@ -58,14 +57,14 @@ def test_a_layer_of_two_caches_speculates(tmp_path):
     assert speculable(load(str(architecture_dir(tmp_path, "falcon_h1"))).model)
 
 
-def test_mla_rows_differ_on_mlx_lm_s_own_route(tmp_path):
-    """What use_absorbed_steps fixes: with mlx-lm's class (decompressed keys for several rows), a verify pass's
-    rows differ from one-row steps on this CPU; with the swap they are equal."""
-    model = load(str(architecture_dir(tmp_path, "deepseek_v3"))).model
-    layers = [m for _, m in model.named_modules() if isinstance(m, deepseek_v3.DeepseekV3Attention)]
-    assert layers and all(type(m) is not deepseek_v3.DeepseekV3Attention for m in layers)  # swapped at load
-    assert RowInvariance(model).holds(4)
-    for m in layers:
-        m.__class__ = deepseek_v3.DeepseekV3Attention
+@pytest.mark.parametrize("model_type", ["deepseek_v3", "mistral4"])  # the absorbed class; one token at a time
+def test_mla_rows_differ_on_mlx_lm_s_own_routes(tmp_path, model_type):
+    """What use_absorbed_steps fixes: with mlx-lm's own class (decompressed keys for several rows, absorbed ones for
+    one), a verify pass's rows differ from one-row steps on this CPU; with the swap they are equal."""
+    model = load(str(architecture_dir(tmp_path, model_type))).model
+    swapped = [m for _, m in model.named_modules() if type(m).__module__ == "mlxspec.kernels.latent_attention"]
+    assert swapped and RowInvariance(model).holds(4)  # swapped at load
+    for m in swapped:
+        m.__class__ = next(c for c in type(m).__mro__ if c.__module__.startswith("mlx_lm.models."))
     assert not RowInvariance(model).holds(4)
-    assert use_absorbed_steps(model) == len(layers) and RowInvariance(model).holds(4)
+    assert use_absorbed_steps(model) == len(swapped) and RowInvariance(model).holds(4)
