@@ -30,7 +30,7 @@ from .rounds import ChainRound, Outcome, PlainRound, RoundStrategy, Verifier
 from .settings import DecodeSettings
 from .stats import Stats
 from .step_graph import StepGraphs
-from .tree import MAX_TREE_NODES, can_tree, tree_round
+from .tree import MAX_TREE_NODES, tree_refusal, tree_round
 
 
 class Decoder:
@@ -63,7 +63,10 @@ class Decoder:
             raise PromptError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt = target, drafter, list(prompt)
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
-        tree = draft_length > 0 and can_tree(target, drafter, options, constraint, width, takes_trees)  # tree.py
+        refusal = tree_refusal(target, drafter, options, constraint, width, takes_trees) if draft_length > 0 else "no drafts"
+        tree = refusal is None  # tree.py
+        if (options.draft_width or 1) > 1 and refusal:  # asked for trees, runs chains: say why
+            stats.trees = f"chains: {refusal}"
         tree_table = None
         if tree:  # trees of this width have a cost table of their own (engine-wide, as the chains')
             draft_length = min(draft_length, MAX_TREE_NODES // width)

@@ -23,6 +23,7 @@ class Stats:
     prompt_time: float = 0.0  # seconds: prompt processing (prefill) of target and drafter
     decode_time: float = 0.0  # seconds: from the end of prefill to the last token
     exact: bool | None = None  # verify rows equal one-row steps on this device (greedy = plain); None: unknown
+    trees: str | None = None  # a request that asked for draft_width > 1 but ran chains: why (tree.tree_refusal)
 
     @property
     def target_passes(self) -> int:
@@ -74,7 +75,8 @@ class Stats:
             f"drafter: {self.drafter} (k={self.draft_length}), target passes: {self.rounds}, "
             f"tokens per pass: {self.mean_accepted_length:.2f}",
             f"drafted: {self.drafted}, accepted: {self.accepted} ({100 * self.acceptance_rate:.1f}%)"
-            + (f", tree rounds: {self.tree_rounds}" if self.tree_rounds else ""),
+            + (f", tree rounds: {self.tree_rounds}" if self.tree_rounds else "")
+            + (f", trees: {self.trees}" if self.trees else ""),
             f"exact: {'unknown' if self.exact is None else 'yes' if self.exact else 'no'}",
         ]
         if self.drafted_per_position:

@@ -113,16 +113,21 @@ def keep_path(cache: list, start: int, path: list[int]) -> None:
     rewind(cache, cache[0].offset - start - len(path))
 
 
-def can_tree(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int,
-             takes_trees: bool | None = None) -> bool:
-    """Tree rounds apply: width > 1, a drafter that drafts trees, greedy, no repeat penalty or
-    grammar (they read the drafts as one history), no logprobs (chains report them), and a target that takes
+def tree_refusal(target: nn.Module, drafter, opts: GenerateOptions, constraint, width: int,
+                 takes_trees: bool | None = None) -> str | None:
+    """Why tree rounds do not apply, or None where they do: width > 1, a drafter that drafts trees, greedy, no repeat
+    penalty or grammar (they read the drafts as one history), no logprobs (chains report them), and a target that takes
     tree passes (`takes_trees`: the engine's answer from load time; None: ask target_takes_trees now)."""
-    if width <= 1 or not drafter.trees or not opts.greedy or constraint is not None or opts.logprobs is not None:
-        return False
-    if opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0:
-        return False
-    return target_takes_trees(target) if takes_trees is None else takes_trees
+    reasons = ((width <= 1, "a width of 1"), (not drafter.trees, f"the {drafter.name} drafter drafts chains"),
+               (not opts.greedy, "sampling (trees verify greedy decoding)"), (constraint is not None, "structured output"),
+               (opts.logprobs is not None, "logprobs (chains report them)"),
+               (opts.repeat_penalty != 1.0 and opts.repeat_last_n != 0, "a repeat penalty"))
+    for applies, reason in reasons:
+        if applies:
+            return reason
+    if not (target_takes_trees(target) if takes_trees is None else takes_trees):
+        return "this model's passes take no trees on this device (its blocks have no tree path, or the kernels are off)"
+    return None
 
 
 def target_takes_trees(target: nn.Module) -> bool:

@@ -22,6 +22,7 @@ ON_THE_CPU = [
     "deepseek_v3", "glm4_moe_lite",  # multi-head latent attention: rows differed from one-row steps even here
     "kimi_linear", "mistral4", "deepseek_v32",  # the same, other MLA texts (one token at a time now)
     "phixtral",  # its vocabulary size is `num_vocab`: every load failed
+    "bailing_hybrid",  # its lightning attention's chunked route for several tokens (now one at a time)
     "lfm2", "nemotron_h", "jamba", "gemma3_text", "cohere2", "phi3", "olmo3", "granite", "minicpm",
 ]
 AT_4_BITS = ["kimi_linear",  # its experts' indices are a strided view: the CPU gather kernel refused them

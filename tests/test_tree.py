@@ -204,7 +204,24 @@ def test_trees_apply_only_where_they_stay_exact(q4, head):
     ids = no_kernels.encode("Once upon a time")
     opts = GenerateOptions(max_tokens=24, draft_length=3, draft_width=3)
     want = [t for e in Engine.load(str(q4["llama"]), kernels=False).generate(ids, GenerateOptions(max_tokens=24)) for t in e.tokens]
-    assert [t for e in no_kernels.generate(ids, opts) for t in e.tokens] == want
+    events = list(no_kernels.generate(ids, opts))
+    assert [t for e in events for t in e.tokens] == want
+    assert events[-1].stats.trees.startswith("chains: this model's passes take no trees")  # asked for, said why
+
+
+def test_a_request_that_asks_for_trees_and_runs_chains_says_why(q4, head):
+    spec = Engine.load(str(q4["llama"]), drafter=f"eagle:{head}")
+    lookup = Engine.load(str(q4["llama"]), drafter="lookup")
+    text, width = "Once upon a time, once upon a time", dict(max_tokens=12, draft_length=3, draft_width=3)
+
+    def trees(engine, **options):
+        return list(engine.generate(text, GenerateOptions(**options)))[-1].stats
+
+    assert trees(lookup, **width).trees == "chains: the lookup drafter drafts chains"
+    assert trees(spec, logprobs=2, **width).trees == "chains: logprobs (chains report them)"
+    ran = trees(spec, adaptive=False, **width)
+    assert ran.tree_rounds > 0 and ran.trees is None
+    assert trees(lookup, max_tokens=12, draft_length=3).trees is None  # not asked for: nothing to say
 
 
 def test_requests_use_the_engine_s_load_time_answer_on_trees(q4, head, monkeypatch):

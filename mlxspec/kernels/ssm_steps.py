@@ -14,6 +14,8 @@ or without a state) keep the SSD pass, whose speed they need.
 Jamba's Mamba mixer scans its tokens one by one already, then reads the outputs of all T in one batched
 matmul (`new_state @ C`), whose arithmetic a GPU may choose by T; on GPUs (`gpu=True`) a decoding pass's
 tokens go through its scan one at a time (the CPU's batched matmul gives each row a one-row call's bits).
+Bailing's lightning attention (`recurrent_gla`: one recurrent step for one token, decay-weighted chunks
+for more) is routed the same way as `ssm_update`, on every device.
 """
 
 from __future__ import annotations
@@ -50,6 +52,25 @@ def stepwise_ssm_update(hidden_states, A_log, B, C, D, dt, dt_bias, state=None, 
     return mx.concatenate(ys, axis=1), state
 
 
+def mlx_lm_recurrent_gla():
+    from mlx_lm.models import bailing_hybrid
+
+    return bailing_hybrid.recurrent_gla
+
+
+def stepwise_recurrent_gla(q, k, v, g, *, scale, h=None, mask=None, chunk=128):
+    """mlx-lm's recurrent_gla (q, k, v (B, heads, T, dim)): with a state and no mask, T <= DECODE_ROWS tokens one
+    at a time (its one-token step), else as it is."""
+    gla, tokens = mlx_lm_recurrent_gla(), q.shape[2]
+    if tokens == 1 or tokens > DECODE_ROWS or h is None or mask is not None:
+        return gla(q, k, v, g, scale=scale, h=h, mask=mask, chunk=chunk)
+    ys = []
+    for t in range(tokens):
+        y, h = gla(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], g, scale=scale, h=h)
+        ys.append(y)
+    return mx.concatenate(ys, axis=2), h
+
+
 class StepwiseJambaMixer(jamba.JambaMambaMixer):
     def ssm_step(self, x: mx.array, A: mx.array, state: mx.array | None = None):
         """mlx-lm's ssm_step ((B, T, inner) -> y, last state) on one token at a time, for T <= DECODE_ROWS with a state."""
@@ -64,9 +85,11 @@ class StepwiseJambaMixer(jamba.JambaMambaMixer):
 
 
 def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
-    """Route the model's ssm_update calls (its Mamba-2 mixers) to stepwise_ssm_update; on GPUs Jamba's mixers step."""
-    report = {"kernel": "ssm_steps", "stepped": 0,
-              "routed": route_functions(model, {NAME: (mlx_lm_ssm_update(), stepwise_ssm_update)})}
+    """Route the model's ssm_update calls (its Mamba-2 mixers) to stepwise_ssm_update and recurrent_gla's (Bailing's
+    lightning attention) to stepwise_recurrent_gla; on GPUs Jamba's mixers step."""
+    routes = {NAME: (mlx_lm_ssm_update(), stepwise_ssm_update),
+              "recurrent_gla": (mlx_lm_recurrent_gla(), stepwise_recurrent_gla)}
+    report = {"kernel": "ssm_steps", "stepped": 0, "routed": route_functions(model, routes)}
     for _, m in model.named_modules():
         if gpu and type(m) is jamba.JambaMambaMixer:
             m.__class__ = StepwiseJambaMixer  # same parameters, same names
@@ -75,7 +98,7 @@ def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
 
 
 def restore_ssm_steps(model: nn.Module) -> None:
-    unroute_functions(model, [NAME])
+    unroute_functions(model, [NAME, "recurrent_gla"])
     for _, m in model.named_modules():
         if type(m) is StepwiseJambaMixer:
             m.__class__ = jamba.JambaMambaMixer

@@ -220,7 +220,9 @@ ERROR = obj({"error": {"type": "string", "minLength": 1}}, ("error",))
 OPENAI_ERROR = obj({"error": obj({"message": {"type": "string", "minLength": 1}, "type": STR,
                                   "param": {"type": "null"}, "code": {"type": "null"}}, ("message", "type"))}, ("error",))
 SPECULATIVE = obj({"drafter": STR, "draft_length": INT, "drafted": INT, "accepted": INT, "acceptance_rate": NUM,
-                   "target_passes": INT, "exact": {"type": ["boolean", "null"]}}, ("drafter", "drafted", "accepted"))
+                   "target_passes": INT, "exact": {"type": ["boolean", "null"]}, "tree_rounds": INT,
+                   "trees": {"type": ["string", "null"], "description": "asked for draft_width > 1, ran chains: why"}},
+                  ("drafter", "drafted", "accepted"))
 _DONE = {"done_reason": STR, "context": array(INT), "total_duration": INT, "load_duration": INT,
          "prompt_eval_count": INT, "prompt_eval_duration": INT, "eval_count": INT, "eval_duration": INT,
          "speculative": ref("Speculative")}

@@ -53,3 +53,17 @@ def test_a_gap_says_exact_false_on_an_emulated_gpu(gpu, tmp_path, model_type):
     options = GenerateOptions(max_tokens=24, temperature=0, draft_length=3, adaptive=False)
     stats = list(engine.generate("the cat sat on the mat and the cat sat on the mat and the", options))[-1].stats
     assert stats.drafted > 0 and not stats.exact
+
+
+def test_mla_layers_go_back_to_the_absorbed_route_when_the_kernels_leave(gpu, tmp_path):
+    """install_kernels gives MLA layers the row-by-row route on a GPU (before attention is routed in them);
+    remove_kernels leaves the absorbed one (exact on the CPU's ops, measured by the engine elsewhere)."""
+    from mlxspec.kernels import install_kernels, remove_kernels
+    from mlxspec.loading import load
+
+    model = load(str(architecture_dir(tmp_path, "deepseek_v3"))).model
+    kinds = lambda: {type(m).__name__ for p, m in model.named_modules() if p.endswith("self_attn")}  # noqa: E731
+    assert kinds() == {"AbsorbedDeepseekV3Attention"}
+    assert install_kernels(model)["latent_rows"] == 2 and kinds() == {"RowByRowDeepseekV3Attention"}
+    remove_kernels(model)
+    assert kinds() == {"AbsorbedDeepseekV3Attention"}
