@@ -26,6 +26,7 @@ from .errors import MlxspecError, ModelLoadError
 from .heads.gemma4_assistant import MODEL_TYPE as ASSISTANT_TYPE
 from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
 from .kernels.latent_attention import use_absorbed_steps
+from .kernels.plamo2_attention import use_routable_attention
 
 # What a model directory needs from the hub (mlx-lm's own list, minus code files).
 HUB_PATTERNS = ["*.json", "model*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
@@ -230,6 +231,7 @@ def load(
             model, tokenizer, config = _load_directory(path)
             exact_windows(model)
             use_absorbed_steps(model)  # MLA layers: decoding passes on the one-row step's route
+            use_routable_attention(model)  # PLaMo 2's attention through the name the attention kernels route
         else:
             raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
     except ModelLoadError as e:

@@ -20,10 +20,11 @@ ON_A_GPU = [
     "kimi_linear", "mistral4",  # other MLA texts: a decoding pass's tokens one at a time
     "jamba",  # its Mamba mixer's selective scan ends in a batched matmul over the tokens (now stepped)
     "gpt2",  # its head is the tied `wte` table, which was not found as one
+    "plamo2",  # its attention called MLX's directly (now mlx-lm's function, which the kernels route)
+    "bailing_hybrid",  # its lightning attention's chunks (now one token at a time)
     "plamo3", "nemotron_h", "gemma3_text", "phi3", "qwen3_moe"]
 GPU_GAPS = {  # model_type -> the op its decoding passes still reach with several rows on a GPU (exact: false there)
     "recurrent_gemma": "its RG-LRU's block-diagonal matmuls (`h @ w`)",
-    "plamo2": "its attention calls mx.fast.scaled_dot_product_attention directly, which hooks.py cannot route",
     "talkie": "its head is a raw array (`out @ self.lm_head.T`), not a module",
 }
 
