@@ -1,13 +1,14 @@
 """Fuzz exactness: speculation against plain decoding over thousands of random requests.
 
     python benchmarks/fuzz_exactness.py [--cases 2000] [--seed 0] [--minutes 20] [--emulate-gpu [cuda|metal]]
-                                        [--without FAMILY] [--architectures] [--out FILE]
+                                        [--without FAMILY] [--architectures] [--mlx-lm TYPES] [--out FILE]
 
 Engines: tiny random llama and qwen2 models (tests/model_factory.py) and stories260K where ../shared has it, each
 with the prompt-lookup drafter, a draft model that often disagrees (same tokenizer, other weights), early exit and
 an untrained EAGLE head on the model quantized to 4 bits (its favourites trees make draft_width > 1 run
 tree rounds); with --architectures also hybrid (gated delta net, Mamba-2), sliding-window, sink and MoE models with
-prompt lookup (an MoE one quantized too: its experts through the gather qmm).
+prompt lookup (an MoE one quantized too: its experts through the gather qmm); --mlx-lm deepseek_v3,falcon_h1,...
+adds those of tests/mlx_lm_architectures.py's table (any mlx-lm model type it configures) with prompt lookup.
 A case draws a prompt (random words with repeated phrases, so lookup finds matches; one in ten long enough to run
 as a prompt chunk) and options: draft length 1-8, adaptive or not, draft trees (width 2-3), max_tokens, a stop
 string cut from plain decoding's own text, a repeat penalty, logprobs, a context window a few tokens past the
@@ -47,6 +48,7 @@ sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests")]  # this checkout's
 
 from mlxspec.engine import Engine  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
+from mlx_lm_architectures import architecture_dir  # noqa: E402
 from model_factory import ARCHITECTURES, make_model_dir, random_head  # noqa: E402
 
 STORIES = HERE.parent.parent / "shared" / "models" / "stories260K"
@@ -68,10 +70,10 @@ def random_eagle_head(model_dir: Path, out: Path) -> Path:
     return random_head(load(str(model_dir), quantize=EAGLE_QUANTIZE).model, out)
 
 
-def engines(root: Path, stories: bool, kernels=None, architectures: bool = False) -> dict[str, Engine]:
+def engines(root: Path, stories: bool, kernels=None, architectures: bool = False, mlx_lm: tuple = ()) -> dict[str, Engine]:
     """name -> engine: each model with each drafter (the draft model: same tokenizer and shape, other weights;
     EAGLE: a random head); with `architectures`, model_factory.ARCHITECTURES's (hybrid, sliding windows, sinks, MoE)
-    with prompt lookup too."""
+    with prompt lookup too; `mlx_lm`: these model types of tests/mlx_lm_architectures.py's table with prompt lookup."""
     chosen = {"kernels": kernels} if kernels else {}  # else the engine's default
     models = {"llama": make_model_dir(root / "llama", "llama", seed=0),
               "qwen2": make_model_dir(root / "qwen2", "qwen2", seed=2, scale=1.0)}
@@ -95,6 +97,9 @@ def engines(root: Path, stories: bool, kernels=None, architectures: bool = False
         out[f"{name}/lookup"] = Engine.load(path, drafter="lookup", **chosen)
         if name in QUANTIZED_TOO:
             out[f"{name}-{MOE_QUANTIZE}/lookup"] = Engine.load(path, drafter="lookup", quantize=MOE_QUANTIZE, **chosen)
+    for model_type in mlx_lm:
+        out[f"{model_type}/lookup"] = Engine.load(str(architecture_dir(root / model_type, model_type)), drafter="lookup",
+                                                  **chosen)
     return out
 
 
@@ -187,6 +192,8 @@ def main() -> int:
     ap.add_argument("--no-stories", action="store_true", help="tiny random models only")
     ap.add_argument("--architectures", action="store_true", help="also hybrid, sliding-window, sink and MoE models "
                     "(tests/model_factory.py ARCHITECTURES) with prompt lookup")
+    ap.add_argument("--mlx-lm", default="", metavar="TYPES", help="also these mlx-lm model types (comma-separated; "
+                    "tests/mlx_lm_architectures.py builds them) with prompt lookup")
     ap.add_argument("--emulate-gpu", nargs="?", const="cuda", choices=("cuda", "metal"), default=None,
                     help="on an emulated GPU of this backend's wiring (default cuda; tests/kernels/gpu_emulation.py)")
     ap.add_argument("--without", action="append", default=[], metavar="FAMILY",
@@ -247,10 +254,12 @@ def provenance() -> dict:
 def fuzz(args) -> int:
     rng, start = random.Random(args.seed), time.time()
     report = {"emulated_gpu": args.emulate_gpu, "without": args.without, "architectures": args.architectures,
+              "mlx_lm": args.mlx_lm,
               "seed": args.seed, "cases": 0, "flagged": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0,
               "tree_rounds": 0, "by_engine": {}, "mismatches": []}
     with tempfile.TemporaryDirectory() as tmp:
-        pool = engines(Path(tmp), not args.no_stories, "exact" if args.emulate_gpu else None, args.architectures)
+        pool = engines(Path(tmp), not args.no_stories, "exact" if args.emulate_gpu else None, args.architectures,
+                       tuple(t for t in args.mlx_lm.split(",") if t))
         names = sorted(pool)
         while report["cases"] < args.cases and time.time() - start < args.minutes * 60:
             name = rng.choice(names)

@@ -28,7 +28,7 @@ from .drafters.ngram_memory import lookup_memory_setting
 from .emit import Event  # noqa: F401  (streamed by generate; the server imports it from here)
 from .errors import MlxspecError, PromptError
 from .exactness import RowInvariance
-from .features import vocabulary_size
+from .features import logits_size, vocabulary_size
 from .kernels import registry
 from .kernels.cpu import ACTIVATION_SETTINGS
 from .loading import LoadedModel
@@ -299,8 +299,8 @@ class Engine:
         """llguidance's tokenizer for this model's vocabulary (built on first use, about a second)."""
         if self._grammar_tokenizer is None:
             model = self.target.model
-            size = model.lm_head.weight.shape[0] if "lm_head" in model else vocabulary_size(model)
-            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer._tokenizer, size, self.tokenizer.eos_token_ids)
+            self._grammar_tokenizer = grammar_tokenizer(self.tokenizer._tokenizer, logits_size(model),
+                                                        self.tokenizer.eos_token_ids)
         return self._grammar_tokenizer
 
     def check_ids(self, ids: list[int]) -> None:

@@ -107,6 +107,19 @@ def head(model: nn.Module):
     return model.lm_head
 
 
+def logits_size(model: nn.Module) -> int:
+    """Columns of the model's logits: its lm_head's rows (a Linear's, quantized or not; a head module's inner
+    layer, as Phixtral's; a bare array, as Talkie's), else the input table's (a tied head)."""
+    head = model.get("lm_head") if isinstance(model, nn.Module) else None
+    if isinstance(head, mx.array):
+        return int(head.shape[0])
+    if isinstance(head, nn.Module):
+        for m in [head, *(m for _, m in head.named_modules())]:
+            if isinstance(m.get("weight"), mx.array) and m["weight"].ndim == 2:  # (out, in); quantized: (out, packed)
+                return int(m["weight"].shape[0])
+    return vocabulary_size(model)
+
+
 def vocabulary_size(model: nn.Module) -> int:
     """Rows of the input embedding table: the ids a prompt may hold are 0..size-1."""
     embed = getattr(getattr(model, "model", None), "embed_tokens", None)

@@ -69,3 +69,15 @@ def test_mla_rows_differ_on_mlx_lm_s_own_routes(tmp_path, model_type):
         m.__class__ = next(c for c in type(m).__mro__ if c.__module__.startswith("mlx_lm.models."))
     assert not RowInvariance(model).holds(4)
     assert use_absorbed_steps(model) == len(swapped) and RowInvariance(model).holds(4)
+
+
+@pytest.mark.parametrize("model_type", ["phixtral", "talkie"])  # a head module with a Linear inside; a bare array
+def test_structured_output_reads_the_width_of_any_head(tmp_path, model_type):
+    """The grammar's masks are as wide as the logits: found in heads that are not a Linear (this failed the request)."""
+    import json
+
+    engine = Engine.load(str(architecture_dir(tmp_path, model_type)), drafter="lookup")
+    events = list(engine.generate("the cat", GenerateOptions(max_tokens=64, temperature=0), format="json"))
+    assert events[-1].done and engine.grammar_tokenizer() is not None
+    if events[-1].finish_reason == "stop":
+        json.loads("".join(e.text for e in events))
