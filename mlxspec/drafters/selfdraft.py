@@ -15,11 +15,12 @@ from .model import ModelDrafter
 
 
 def decoder_of(model: nn.Module) -> nn.Module:
-    """The decoder body an early-exit view can cut: `model.model`, a plain attribute with .layers and .norm.
+    """The decoder body an early-exit view can cut: `model.model`, a plain attribute with a .layers list and .norm.
     Wrapped models (Gemma 4's language_model, Qwen3.5's `model` property over it) raise ValueError."""
     inner = getattr(model, "model", None)
     wrapped = isinstance(getattr(type(model), "model", None), property)  # a view of another module: not settable
-    if inner is None or wrapped or not hasattr(inner, "layers") or not hasattr(inner, "norm"):
+    if (inner is None or wrapped or not isinstance(getattr(inner, "layers", None), list)
+            or not hasattr(inner, "norm")):  # (PLaMo's .layers is a module of its own around the list)
         raise ValueError(f"early exit needs an mlx-lm decoder with .model.layers and .model.norm, not {type(model)}"
                          + (" (a wrapper around its language model)" if wrapped or hasattr(model, "language_model") else ""))
     return inner

@@ -17,3 +17,11 @@ def test_a_wrapped_model_is_refused_by_name(tmp_path, make, spec):
     target = make(tmp_path / "target")
     with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder.*wrapper around its language model"):
         Engine.load(str(target), drafter=spec)
+
+
+def test_a_decoder_whose_layers_are_a_module_is_refused_by_name(tmp_path):
+    """PLaMo's `.model.layers` is a module around the list: refused as such, not as 'the model has 1 layer'."""
+    from mlx_lm_architectures import architecture_dir
+
+    with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with .model.layers"):
+        Engine.load(str(architecture_dir(tmp_path, "plamo2")), drafter="early-exit")
