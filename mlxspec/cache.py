@@ -68,7 +68,9 @@ class KVView:
         with a window only the last `window` of them. Marked with the window and the keys that count, for
         kernels and for layers that get it without the cache (Gemma 4's KV-shared layers). A wider window than
         the cache keeps gets the cache's (WindowKVCache.make_mask)."""
-        window = min(window_size or self.window, self.window or window_size or 0)
+        window = window_size or self.window
+        if self.window:  # a sliding layer's buffer: never wider than it keeps
+            window = min(window, self.window)
         queries = self.at + mx.arange(n)[:, None]
         keys = mx.arange(self.keys.shape[2])[None]
         mask = keys <= queries

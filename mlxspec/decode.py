@@ -63,9 +63,9 @@ class Decoder:
             raise PromptError("the prompt is empty: at least one token is needed")
         self.target, self.drafter, self.prompt = target, drafter, list(prompt)
         self.kv = kv or PrefixCache(target)  # the engine passes its own to reuse prompt prefixes
-        refusal = tree_refusal(target, drafter, options, constraint, width, takes_trees) if draft_length > 0 else "no drafts"
+        refusal = tree_refusal(target, drafter, options, constraint, width, takes_trees) if draft_length else ""
         tree = refusal is None  # tree.py
-        if (options.draft_width or 1) > 1 and refusal:  # asked for trees, runs chains: say why
+        if refusal and (options.draft_width or 1) > 1:  # asked for trees, drafts chains: say why
             stats.trees = f"chains: {refusal}"
         tree_table = None
         if tree:  # trees of this width have a cost table of their own (engine-wide, as the chains')
