@@ -89,10 +89,11 @@ class _TokenByToken:
 
     def __call__(self, x: mx.array, *args, **kwargs) -> mx.array:
         tokens = x.shape[1]
-        call = inspect.signature(self._whole).bind(x, *args, **kwargs)
+        if tokens == 1 or prompt_chunk(x):  # a one-row step, a prompt chunk: the layer's own call
+            return self._whole(x, *args, **kwargs)
+        call = self._parameters.bind(x, *args, **kwargs)
         caches = call.arguments.get("cache")
-        caches = caches.caches if isinstance(caches, CacheList) else [caches]
-        if tokens == 1 or prompt_chunk(x) or not all(type(c) is KVCache for c in caches):
+        if not all(type(c) is KVCache for c in (caches.caches if isinstance(caches, CacheList) else [caches])):
             return self._whole(x, *args, **kwargs)
         rows = []
         for t in range(tokens):
@@ -120,7 +121,9 @@ def _latent_layer(cls: type) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _token_by_token(cls: type) -> type:
-    return type(f"TokenByToken{cls.__name__}", (_TokenByToken, cls), {"_whole": cls.__call__})
+    parameters = inspect.signature(cls.__call__)  # once a class: binding runs in every decoding pass
+    parameters = parameters.replace(parameters=list(parameters.parameters.values())[1:])  # without self
+    return type(f"TokenByToken{cls.__name__}", (_TokenByToken, cls), {"_whole": cls.__call__, "_parameters": parameters})
 
 
 MLA_CLASSES = (deepseek_v3.DeepseekV3Attention, glm4_moe_lite.Glm4MoeLiteAttention)
