@@ -4,8 +4,8 @@
 
 For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py can configure (a tiny random model,
 2-4 layers, a real tokenizer), float and 4-bit:
-- cpu: greedy plain decoding vs the prompt-lookup drafter at draft lengths 2 and 5 (fixed): the same 24 tokens,
-  some drafted, and `exact: true`;
+- cpu (or "device" where MLX's default device is a GPU: the real kernels and ops there): greedy plain decoding vs the
+  prompt-lookup drafter at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), and a draft length 5 run's tokens and flag.
@@ -27,12 +27,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE.parent / "tests"), str(HERE)]
 
+import mlx.core as mx  # noqa: E402
 from fuzz_exactness import emulated_gpu, provenance  # noqa: E402
 from mlx_lm_architectures import SKIPPED, architecture_dir, mlx_lm_model_types  # noqa: E402
 from mlxspec.engine import Engine  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
+DEVICE = "cpu" if mx.default_device() == mx.cpu else "device"  # where the first check runs (on a GPU machine: there)
 LENGTHS = (2, 5)
 
 
@@ -84,7 +86,7 @@ def sweep_one(model_type: str, root: Path, gpu: bool) -> dict:
     for quantize in (None, "q4"):
         label = quantize or "float"
         try:
-            row[f"cpu {label}"] = speculation(path, quantize)
+            row[f"{DEVICE} {label}"] = speculation(path, quantize)
             if gpu:
                 with emulated_gpu():
                     row[f"gpu {label}"] = gpu_rows(path, quantize)

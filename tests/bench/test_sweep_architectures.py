@@ -1,0 +1,30 @@
+"""benchmarks/sweep_architectures.py's pieces, small: its verdicts read what a run did, and a row of it runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmark_scripts import load
+from mlxspec.stats import Stats
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    return load("sweep_architectures")
+
+
+def test_verdicts_name_what_a_run_did(sweep):
+    drafted = dict(drafter="lookup", drafted=5)
+    assert sweep.verdict([1, 2], [1, 2], Stats(**drafted, exact=True)) == "exact"
+    assert sweep.verdict([1, 2], [1, 2], Stats(**drafted, exact=False)) == "flagged"
+    assert sweep.verdict([1, 2], [1, 3], Stats(**drafted, exact=False)) == "flagged"
+    assert sweep.verdict([1, 2], [1, 3], Stats(**drafted, exact=True)) == "differs"  # the one that is a bug
+    assert sweep.verdict([1, 2], [1, 2], Stats(drafter="lookup", exact=True)) == "no drafts"
+
+
+def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
+    rows = {t: sweep.sweep_one(t, tmp_path, gpu=False) for t in ("falcon_h1", "gemma4", "not_a_model_type")}
+    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact"},
+                                 f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
+    assert "skipped" in rows["gemma4"] and "skipped" in rows["not_a_model_type"]
+    assert sweep.summary(rows) == {"exact": 1, "skipped": 2}
