@@ -36,6 +36,15 @@ def mlx_lm_ssm_update():
     return ssm.ssm_update
 
 
+def _stepped(step, tokens: int, axis: int, state):
+    """step(t, state) -> (y, state) for each token in order: the ys joined along `axis` (the tokens'), the last state."""
+    ys = []
+    for t in range(tokens):
+        y, state = step(t, state)
+        ys.append(y)
+    return mx.concatenate(ys, axis=axis), state
+
+
 def stepwise_ssm_update(hidden_states, A_log, B, C, D, dt, dt_bias, state=None, time_step_limit=(0.001, 100.0),
                         mask=None, lengths=None):
     """mlx-lm's ssm_update (same arguments, same results as its one-token calls): (batch, T, heads, head
@@ -44,12 +53,8 @@ def stepwise_ssm_update(hidden_states, A_log, B, C, D, dt, dt_bias, state=None, 
     tokens = hidden_states.shape[1]
     if tokens == 1 or tokens > DECODE_ROWS or state is None or mask is not None or lengths is not None:
         return update(hidden_states, A_log, B, C, D, dt, dt_bias, state, time_step_limit, mask, lengths)
-    ys = []
-    for t in range(tokens):
-        y, state = update(hidden_states[:, t : t + 1], A_log, B[:, t : t + 1], C[:, t : t + 1], D, dt[:, t : t + 1],
-                          dt_bias, state, time_step_limit)
-        ys.append(y)
-    return mx.concatenate(ys, axis=1), state
+    return _stepped(lambda t, s: update(hidden_states[:, t : t + 1], A_log, B[:, t : t + 1], C[:, t : t + 1], D,
+                                        dt[:, t : t + 1], dt_bias, s, time_step_limit), tokens, 1, state)
 
 
 def mlx_lm_recurrent_gla():
@@ -64,11 +69,8 @@ def stepwise_recurrent_gla(q, k, v, g, *, scale, h=None, mask=None, chunk=128):
     gla, tokens = mlx_lm_recurrent_gla(), q.shape[2]
     if tokens == 1 or tokens > DECODE_ROWS or h is None or mask is not None:
         return gla(q, k, v, g, scale=scale, h=h, mask=mask, chunk=chunk)
-    ys = []
-    for t in range(tokens):
-        y, h = gla(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], g, scale=scale, h=h)
-        ys.append(y)
-    return mx.concatenate(ys, axis=2), h
+    return _stepped(lambda t, s: gla(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], g, scale=scale, h=s),
+                    tokens, 2, h)
 
 
 class StepwiseJambaMixer(jamba.JambaMambaMixer):
@@ -77,11 +79,8 @@ class StepwiseJambaMixer(jamba.JambaMambaMixer):
         tokens = x.shape[1]
         if tokens == 1 or tokens > DECODE_ROWS or state is None:
             return super().ssm_step(x, A, state)
-        ys = []
-        for t in range(tokens):
-            y, state = super().ssm_step(x[:, t : t + 1], A, state)
-            ys.append(y)
-        return mx.concatenate(ys, axis=1), state
+        whole = super().ssm_step
+        return _stepped(lambda t, s: whole(x[:, t : t + 1], A, s), tokens, 1, state)
 
 
 def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
