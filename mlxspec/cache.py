@@ -6,8 +6,8 @@ import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import (ArraysCache, CacheList, KVCache, RotatingKVCache, can_trim_prompt_cache,
-                                  make_prompt_cache)
+from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache,
+                                  can_trim_prompt_cache, make_prompt_cache)
 
 from .features import decoder_body, tapped
 
@@ -61,6 +61,10 @@ class KVView:
         the whole buffers: attention reads `key_length` of them."""
         self.keys = mx.slice_update(self.keys, keys.astype(self.keys.dtype), self.at, axes=(2,))
         self.values = mx.slice_update(self.values, values.astype(self.values.dtype), self.at, axes=(2,))
+        return self.keys, self.values
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """The buffers as the last update_and_fetch left them (for layers that share this one's keys)."""
         return self.keys, self.values
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
@@ -152,6 +156,7 @@ class WindowKVCache:
         self.window, self.slack, self.half = window, slack, half  # half: float32 stored as float16
         self.keys = self.values = None
         self.offset = 0  # positions seen
+        self.fetched = (0, 0)  # the buffer rows the last update_and_fetch returned
         self.start = 0  # position of keys[..., 0, :]
 
     def _past(self) -> int:
@@ -203,7 +208,14 @@ class WindowKVCache:
         held, past = self.reserve(n, keys.shape[:2], keys.shape[3], values.shape[3], keys.dtype, values.dtype)
         self.keys[..., held : held + n, :], self.values[..., held : held + n, :] = keys, values
         self.offset += n
-        return self.keys[..., held - past : held + n, :], self.values[..., held - past : held + n, :]
+        self.fetched = (held - past, held + n)
+        return self.keys_and_values()
+
+    def keys_and_values(self) -> tuple[mx.array, mx.array]:
+        """What the last update_and_fetch returned (mlx-lm's interface: Gemma 3n's KV-shared layers read their
+        owner's cache so within the same forward, under the mask the owner's make_mask made)."""
+        lo, hi = self.fetched
+        return self.keys[..., lo:hi, :], self.values[..., lo:hi, :]
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None):
         """The mask for n new queries over what update_and_fetch will return (called before it).
@@ -264,7 +276,17 @@ def exact_windows(model: nn.Module) -> None:
 
 def can_rewind(cache: list, n: int) -> bool:
     """Can every layer's cache go back n positions exactly?"""
-    return all(c.can_rewind(n) if hasattr(c, "can_rewind") else c.is_trimmable() for c in layer_caches(cache))
+    return all(_can_rewind(c, n) for c in layer_caches(cache))
+
+
+def _can_rewind(c, n: int) -> bool:
+    if hasattr(c, "can_rewind"):
+        return c.can_rewind(n)
+    if isinstance(c, ChunkedKVCache):  # Llama 4's chunked layers drop keys before the last chunk's worth: the
+        # query after the rewind must still find its chunk's first key (mlx-lm's trim would silently stop short)
+        query = c.offset - n
+        return query >= 0 and c.start_position <= query // c.chunk_size * c.chunk_size
+    return c.is_trimmable()
 
 
 def kv_cache_type(model: nn.Module) -> str:

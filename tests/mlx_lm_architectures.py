@@ -109,29 +109,63 @@ EXTRA = {  # model_type -> what COMMON does not give it
     "plamo": {"n_shared_head": 2},
     "phixtral": {"num_vocab": 320, "model_dim": 64, "num_heads": 4},  # its own names (num_vocab: the tokenizer's)
     "bailing_moe_v3": {"n_group": 2, "topk_group": 1},
+    "muse_spark": {"audio_config": {"out_hidden_size": 64}},  # transformers checks it against the text model's width
+    # the multimodal wrappers' text models (WRAPPERS), keyed as WRAPPERS names them
+    "llama4.TextArgs": {"num_hidden_layers": 4, "attention_chunk_size": 8, "interleave_moe_layer_step": 2, "intermediate_size_mlp": 128,
+                        "use_qk_norm": True, "num_experts_per_tok": 1},
+    "qwen3_5.TextModelArgs": {"linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+                              "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "full_attention_interval": 2},
+    "gemma3n.TextConfig": {"num_hidden_layers": 4, "num_kv_shared_layers": 2, "vocab_size_per_layer_input": 320,
+                           "rope_local_base_freq": 1e4, "final_logit_softcapping": 30.0, "layer_types": WINDOWS * 2,
+                           "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "hidden_size_per_layer_input": 16,
+                           "altup_num_inputs": 2, "altup_coef_clip": 120.0, "altup_correct_scale": True,
+                           "altup_active_idx": 0, "laurel_rank": 8},
+    "kimi_k3.TextArgs": {"hidden_act": "situ", "num_experts_per_token": 2, "first_k_dense_replace": 1,
+                         "linear_attn_config": {"num_heads": 4, "head_dim": 16, "kda_layers": [1],
+                                                "short_conv_kernel_size": 4}},
+    "muse_spark.TextArgs": {"post_norm_eps": 1e-5, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
+                            "layer_rope_theta": [1e4, 0], "layer_types": WINDOWS, "final_logit_softcapping": 30.0,
+                            "output_multiplier": 1.0, "moe_hidden_size": 64},
 }
 SKIPPED = {  # model_type -> why the sweep leaves it out
     "olmo": "needs the ai2-olmo package", "bitnet": "a Metal kernel (no CPU path)",
+    "muse_spark": "a Metal kernel of mlx-lm's (qk_norm_rope: no CPU path)",
     "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
     "gemma4_text": "its layer pattern needs more than the table gives (tests/model_factory.make_gemma4_dir makes Gemma 4)",
     "qwen": "Qwen (v1)'s sizes mean other things (its intermediate_size is twice its MLP's)",
     "exaone4": "mlx-lm reads sliding_window_pattern as a string ('LLLG'), the installed transformers' config as a number",
+}
+WRAPPERS = {  # model_type -> the text model its text_config describes: a model type, or module.ArgsClass
+    "gemma3": "gemma3_text", "mistral3": "ministral3", "pixtral": "llama", "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
+    "qwen3_vl_moe": "qwen3_moe", "lfm2-vl": "lfm2", "kimi_k25": "deepseek_v3", "llama4": "llama4.TextArgs",
+    "kimi_vl": "kimi_vl.TextArgs", "qwen3_5": "qwen3_5.TextModelArgs", "qwen3_5_moe": "qwen3_5.TextModelArgs",
+    "gemma3n": "gemma3n.TextConfig", "kimi_k3": "kimi_k3.TextArgs", "minimax_m3_vl": "minimax_m3_vl.TextArgs",
+    "muse_spark": "muse_spark.TextArgs", "prism_hadamard_qwen35": "qwen3_5.TextModelArgs",
 }
 NOT_MODELS = {"base", "cache", "rope_utils", "switch_layers", "activations", "pipeline", "ssm", "gated_delta", "mla",
               "bitlinear_layers"}
 
 
 def architecture_config(model_type: str) -> dict:
-    """COMMON's keys that `model_type`'s ModelArgs declares, and its EXTRA; KeyError naming the required keys
-    neither gives (an architecture this table does not know yet)."""
-    args = importlib.import_module(f"mlx_lm.models.{model_type}").ModelArgs
+    """COMMON's keys that `model_type`'s ModelArgs declares, and its EXTRA (a wrapper's text model's under
+    text_config); KeyError naming the required keys neither gives (an architecture this table does not know yet)."""
+    if model_type in WRAPPERS:
+        inner = WRAPPERS[model_type]
+        text = _config(inner) | {"model_type": f"{model_type}_text" if "." in inner else inner}
+        return {"text_config": text} | EXTRA.get(model_type, {})
+    return _config(model_type)
+
+
+def _config(spec: str) -> dict:
+    module, _, name = spec.partition(".")
+    args = getattr(importlib.import_module(f"mlx_lm.models.{module}"), name or "ModelArgs")
     fields = {f.name for f in dataclasses.fields(args)}
-    config = {k: v for k, v in COMMON.items() if k in fields} | EXTRA.get(model_type, {})
+    config = {k: v for k, v in COMMON.items() if k in fields} | EXTRA.get(spec, {})
     missing = [f.name for f in dataclasses.fields(args) if f.name not in config and f.name != "model_type"
                and f.name != "vocab_size" and f.default is dataclasses.MISSING
                and f.default_factory is dataclasses.MISSING]
     if missing:
-        raise KeyError(f"{model_type}: no value for {', '.join(missing)}")
+        raise KeyError(f"{spec}: no value for {', '.join(missing)}")
     return config
 
 

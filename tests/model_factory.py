@@ -120,6 +120,8 @@ def config_dir(path: Path, **config) -> Path:
     """A random mlx-lm model of SMALL's size and this config (model_type and its own keys) at `path`."""
     path.mkdir(parents=True, exist_ok=True)
     config = SMALL | config | {"vocab_size": write_tokenizer(path), "eos_token_id": 1}
+    if "text_config" in config:  # a multimodal wrapper: its text model reads its own vocabulary size
+        config["text_config"] = {"vocab_size": config["vocab_size"]} | config["text_config"]
     write_weights(path, config, 3, 0.6)
     (path / "config.json").write_text(json.dumps(config))
     return path

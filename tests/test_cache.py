@@ -153,3 +153,29 @@ def test_a_prefix_past_the_window_is_rebuilt_not_rewound(tmp_path):
     assert prefix.prepare(first[:-5] + [7, 8]) == 895  # 5 back: within the slack
     assert prefix.prepare(first[:880] + [9]) == 880  # 17 back: still kept
     assert prefix.prepare(first[:20] + [9]) == 0  # 860 back: past what the windows keep, so rebuilt
+
+
+def test_a_prefix_before_llama_4_s_last_chunk_is_rebuilt_not_rewound(tmp_path):
+    """Llama 4's chunked layers (mlx-lm's ChunkedKVCache) keep one chunk's worth of keys, and their `trim` stops
+    short where that would go further back: a second request's prompt that shares only an older prefix got
+    another request's keys (plain decoding's first token differed). Now such a prefix is prefilled again."""
+    from mlx_lm.models.cache import ChunkedKVCache
+    from mlx_lm_architectures import architecture_dir
+
+    from mlxspec.cache import PrefixCache, can_rewind
+    from mlxspec.loading import load as load_model
+
+    model = load_model(str(architecture_dir(tmp_path, "llama4"))).model  # attention chunks of 8 positions
+    prefix = PrefixCache(model)
+    first = [5 + i % 250 for i in range(30)]
+    assert prefix.prepare(first[:20]) == 0
+    assert prefix.prepare(first) == 20  # the second forward drops keys before the last 8 it had
+    chunked = [c for c in prefix.cache if isinstance(c, ChunkedKVCache)]
+    assert chunked and chunked[0].start_position == 12
+    assert can_rewind(prefix.cache, 5) and not can_rewind(prefix.cache, 20)  # to 25 (chunk 24..) / 10 (chunk 8..)
+    assert prefix.prepare(first[:26] + [9]) == 26  # back into the keys it holds: reused
+    assert prefix.prepare(first[:12] + [9]) == 0  # before them: rebuilt
+    fresh = make_prompt_cache(model)
+    model(mx.array([first[:12] + [9]]), cache=fresh)
+    want = model(mx.array([[4]]), cache=fresh)
+    assert mx.array_equal(model(mx.array([[4]]), cache=prefix.cache), want).item()
