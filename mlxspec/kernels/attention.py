@@ -15,7 +15,9 @@ kernel reads as its sliding window, also where a KV-shared layer gets it without
 compiled step's cache buffers with the length that counts (step_graph.py), which kernels with
 `lengths` take; sinks (gpt-oss) and softcaps (Gemma 2, softcap_attention.py) where the kernel takes
 them, as the CPU and GPU ones do; dtypes it handles, and this shape signature passed the
-self-check); anything else goes to mlx-lm's own function (Gemma 2's written-out ops) unchanged. Keys and values share a dtype; float32 queries may read a float16 cache (mlxspec's HalfKVCache).
+self-check; Llama 4's chunked layers as causal attention over each chunk's keys); anything else goes to
+mlx-lm's own function (Gemma 2's written-out ops) unchanged. Keys and values share a dtype; float32 queries may
+read a float16 cache (mlxspec's HalfKVCache).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from __future__ import annotations
 from typing import Callable
 
 import mlx.core as mx
+
+from mlx_lm.models.cache import ChunkedKVCache
 
 from ..cache import mask_marks, marked_window
 from . import registry
@@ -352,12 +356,37 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
                 and (fn := _usable(rec, queries, keys, values, cache, "causal", sinks, softcap))):
             return fn(queries, keys, values, scale, True, length=length, **({"window": window} if window else {}), **extra)
         return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
+    if isinstance(cache, ChunkedKVCache) and isinstance(mask, mx.array):
+        fn = _usable(rec, queries, keys, values, cache, "causal", sinks, softcap)
+        if fn is not None and (y := _by_chunk(fn, queries, keys, values, cache, scale, extra)) is not None:
+            return y
+        return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
     window = _window(cache, mask, rec.fn)
     if fn := _usable(rec, queries, keys, values, cache, "causal" if window else mask, sinks, softcap):
         if window:  # only kernels that take sinks (softcaps) get here with them
             return fn(queries, keys, values, scale, True, window=window, **extra)
         return fn(queries, keys, values, scale, mask is not None, **extra)
     return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
+
+
+def _by_chunk(fn, queries, keys, values, cache, scale: float, extra: dict) -> mx.array | None:
+    """Llama 4's chunked layers (mlx-lm's ChunkedKVCache, the only one that makes them; the model's mask lets each
+    query see its own chunk's keys up to itself): causal attention over each chunk's keys, one call per chunk the
+    pass's rows fall in, so every row reads the keys its one-row step reads. None where the cache has already
+    dropped a chunk's first keys (then the model's mask and MLX's op)."""
+    size, kept, end = cache.chunk_size, cache.start_position, cache.offset
+    first = end - queries.shape[2]  # the rows' positions: first .. end - 1
+    if keys.shape[2] != end - kept or first // size * size < kept:
+        return None
+    parts, position = [], first
+    while position < end:
+        chunk = position // size * size
+        stop = min(chunk + size, end)
+        rows = (slice(None), slice(None), slice(position - first, stop - first))
+        seen = (slice(None), slice(None), slice(chunk - kept, stop - kept))
+        parts.append(fn(queries[rows], keys[seen], values[seen], scale, True, **extra))
+        position = stop
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
 
 def _theirs(queries, keys, values, cache, scale: float, mask, sinks, softcap: float):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import talkie
 
 from . import registry
 from .build import KernelUnavailable
@@ -69,8 +70,21 @@ class KernelEmbedding(nn.Embedding):
         return super().as_linear(x) if prompt_chunk(x) else self._dense(x, self["weight"])
 
 
+class KernelHeadTalkie(talkie.Model):
+    """Talkie's head is a bare array (`out @ self.lm_head.T`), not a module: its forward, the head through the
+    dense kernel (prompt chunks MLX's matmul)."""
+
+    def __call__(self, inputs: mx.array, cache=None, input_embeddings: mx.array | None = None) -> mx.array:
+        out = self.model(inputs, cache, input_embeddings)
+        return self.lm_head_gain(out @ self.lm_head.T if prompt_chunk(out) else self._dense(out, self.lm_head))
+
+
+RAW_HEADS = {talkie.Model: (KernelHeadTalkie, "lm_head")}  # model class -> (its kernel class, the head array)
+
+
 def use_dense_kernels(model: nn.Module) -> dict:
-    """Route this model's unquantized linear layers (and a tied unquantized head) through the kernel."""
+    """Route this model's unquantized linear layers (and a tied unquantized head, or a bare array's: RAW_HEADS)
+    through the kernel."""
     from .layers import tied_heads
 
     report = {"swapped": {}, "kept": {}}
@@ -78,17 +92,18 @@ def use_dense_kernels(model: nn.Module) -> dict:
     heads = tied_heads(model)
     for path, m in model.named_modules():
         tied = type(m) is nn.Embedding and path in heads
-        if type(m) is not nn.Linear and not tied:
+        raw = RAW_HEADS.get(type(m))
+        if type(m) is not nn.Linear and not tied and not raw:
             continue
-        n, k = m["weight"].shape
-        dtype = m["weight"].dtype
+        n, k = m[raw[1]].shape if raw else m["weight"].shape
+        dtype = m[raw[1]].dtype if raw else m["weight"].dtype
         failure = rec.check((n, k, str(dtype)), lambda: self_check(rec.fn, n, k, dtype))
         if failure:
-            report["kept"][path] = failure
+            report["kept"][f"{path}.{raw[1]}" if raw else path] = failure
             continue
-        m.__class__ = KernelEmbedding if tied else KernelLinear  # same parameters, same names
+        m.__class__ = raw[0] if raw else KernelEmbedding if tied else KernelLinear  # same parameters, same names
         m._dense = rec.fn
-        report["swapped"][path] = rec.name
+        report["swapped"][f"{path}.{raw[1]}".lstrip(".") if raw else path] = rec.name
     return report
 
 
@@ -98,3 +113,5 @@ def restore_dense(model: nn.Module) -> None:
             m.__class__ = nn.Linear
         elif isinstance(m, KernelEmbedding):
             m.__class__ = nn.Embedding
+        elif type(m) in {kernel for kernel, _ in RAW_HEADS.values()}:
+            m.__class__ = type(m).__mro__[1]

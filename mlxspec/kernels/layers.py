@@ -19,6 +19,8 @@ in the report.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from typing import Callable
 
@@ -219,10 +221,14 @@ def tied_heads(model: nn.Module) -> set[str]:
     """Paths of the embedding tables that also serve as output heads, found as features.head finds the
     head: a module with no lm_head whose text model holds `embed_tokens` or `wte` (Gemma, Cohere, GPT-2:
     always tied, no flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
-    counts (Gemma 4's and Qwen3.5's language_model). Other tables (Gemma 4's per-layer inputs,
+    counts (Gemma 4's and Qwen3.5's language_model), and so does a module whose own forward reads its table as the
+    head (Gemma 3n's language model: `self.embed_tokens.as_linear`). Other tables (Gemma 4's per-layer inputs,
     262144 x 8960 in E2B) are lookups only."""
     paths = set()
     for path, m in model.named_modules():
+        if own := next((name for name in ("embed_tokens", "wte") if name in m and _reads_as_head(type(m), name)), None):
+            paths.add(f"{path}.{own}" if path else own)  # a text model that computes its logits (Gemma 3n's)
+            continue
         if "lm_head" in m:
             continue
         inner = m.get("model") if isinstance(m.get("model"), nn.Module) else None
@@ -237,6 +243,15 @@ def tied_heads(model: nn.Module) -> set[str]:
             named = [p for p in tables if p.rpartition(".")[2] == "embed_tokens"]
             paths |= {f"{path}.{p}" if path else p for p in named or tables}
     return paths
+
+
+@functools.lru_cache(maxsize=None)
+def _reads_as_head(cls: type, table: str) -> bool:
+    """Does `cls`'s forward read its own `table` as the output head (`self.embed_tokens.as_linear(...)`)?"""
+    try:
+        return f"self.{table}.as_linear(" in inspect.getsource(cls.__call__)
+    except (OSError, TypeError):
+        return False
 
 
 def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None,

@@ -15,6 +15,9 @@ checkpoint) go the same way: their `gather_mm` has no kernel of ours (quantized 
 layers.py), and a verify pass's M tokens x k experts may even be sorted by expert where a one-token step's are
 not. Called one token at a time, each token's call has exactly a one-token step's shapes, hence its kernels
 and bits. Those calls read each chosen expert once per token, as M one-token steps would.
+
+Some models multiply each token by a small matrix of its own or a raw weight outside any module's Linear (Gemma 3n's
+AltUp predictions, IQuest-Loop-Coder's loop gates: TOKENWISE): the same, one token at a time.
 """
 
 from __future__ import annotations
@@ -25,9 +28,10 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import gemma3n, iquestloopcoder
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear, SwitchMLP
 
-from .passes import prompt_chunk
+from .passes import DECODE_ROWS, prompt_chunk
 
 _RAW_WEIGHT = re.compile(r"@\s*self\.weight\b")  # `x @ self.weight.T`: a matmul that is not a module
 
@@ -66,12 +70,44 @@ def _rowwise(cls: type) -> type:
                                                     "__module__": cls.__module__})
 
 
+def _tokens_one_at_a_time(call, x: mx.array, axis: int) -> mx.array:
+    """call(x) on each token of x's `axis` alone, joined along it (one sequence); whole for one token or a prompt
+    chunk (more tokens than a decoding pass has)."""
+    tokens = x.shape[axis]
+    if tokens <= 1 or tokens > DECODE_ROWS:
+        return call(x)
+    index = (slice(None),) * axis
+    return mx.concatenate([call(x[index + (slice(t, t + 1),)]) for t in range(tokens)], axis=axis)
+
+
+class RowwiseAltUp(gemma3n.Gemma3nAltUp):
+    """Gemma 3n's AltUp: `predict` multiplies each token's inputs by that token's own coefficient matrix, a batched
+    matmul over the tokens (`mx.matmul(x_permuted, all_coefs)`): one token at a time in decoding passes."""
+
+    def predict(self, x: mx.array) -> mx.array:  # x (altup inputs, B, T, hidden)
+        return _tokens_one_at_a_time(super().predict, x, 2)
+
+
+class RowwiseLoopGate(iquestloopcoder.LoopGateProjection):
+    """IQuest-Loop-Coder's loop gate: each head's `query @ weight` over the tokens (a compiled matmul): one token at
+    a time in decoding passes."""
+
+    def __call__(self, query: mx.array) -> mx.array:  # query (B, heads, T, head_dim)
+        return _tokens_one_at_a_time(super().__call__, query, 2)
+
+
+TOKENWISE = {gemma3n.Gemma3nAltUp: RowwiseAltUp, iquestloopcoder.LoopGateProjection: RowwiseLoopGate}
+
+
 def use_rowwise_gates(model: nn.Module) -> int:
-    """Give this model's raw-weight routers and unquantized expert MLPs the one-token-at-a-time call; returns how
-    many."""
+    """Give this model's raw-weight routers, unquantized expert MLPs and per-token matmuls (TOKENWISE) the
+    one-token-at-a-time call; returns how many."""
     swapped = 0
     for _, m in model.named_modules():
-        if not getattr(type(m), "_whole", None) and (raw_weight_gate(type(m)) or unquantized_experts(m)):
+        if type(m) in TOKENWISE:
+            m.__class__ = TOKENWISE[type(m)]  # same parameters, same names
+            swapped += 1
+        elif not getattr(type(m), "_whole", None) and (raw_weight_gate(type(m)) or unquantized_experts(m)):
             m.__class__ = _rowwise(type(m))
             swapped += 1
     return swapped
@@ -79,5 +115,5 @@ def use_rowwise_gates(model: nn.Module) -> int:
 
 def restore_rowwise_gates(model: nn.Module) -> None:
     for _, m in model.named_modules():
-        if getattr(type(m), "_whole", None):
+        if getattr(type(m), "_whole", None) or type(m) in TOKENWISE.values():
             m.__class__ = type(m).__mro__[1]

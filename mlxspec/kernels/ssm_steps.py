@@ -15,14 +15,15 @@ Jamba's Mamba mixer scans its tokens one by one already, then reads the outputs 
 matmul (`new_state @ C`), whose arithmetic a GPU may choose by T; on GPUs (`gpu=True`) a decoding pass's
 tokens go through its scan one at a time (the CPU's batched matmul gives each row a one-row call's bits).
 Bailing's lightning attention (`recurrent_gla`: one recurrent step for one token, decay-weighted chunks
-for more) is routed the same way as `ssm_update`, on every device.
+for more) is routed the same way as `ssm_update`, on every device. RecurrentGemma's RG-LRU (block-diagonal gate
+matmuls over the tokens) and temporal conv (`conv_general`) step on GPUs as Jamba's mixers do.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import jamba
+from mlx_lm.models import jamba, recurrent_gemma
 
 from .hooks import route_functions, unroute_functions
 from .passes import DECODE_ROWS
@@ -76,22 +77,49 @@ def stepwise_recurrent_gla(q, k, v, g, *, scale, h=None, mask=None, chunk=128):
 class StepwiseJambaMixer(jamba.JambaMambaMixer):
     def ssm_step(self, x: mx.array, A: mx.array, state: mx.array | None = None):
         """mlx-lm's ssm_step ((B, T, inner) -> y, last state) on one token at a time, for T <= DECODE_ROWS with a state."""
-        tokens = x.shape[1]
-        if tokens == 1 or tokens > DECODE_ROWS or state is None:
-            return super().ssm_step(x, A, state)
         whole = super().ssm_step
-        return _stepped(lambda t, s: whole(x[:, t : t + 1], A, s), tokens, 1, state)
+        return _stepped_with_state(lambda x, s: whole(x, A, s), x, state)
+
+
+def _stepped_with_state(whole, x: mx.array, state):
+    """whole(x, state) -> (y, state) of a (B, T, ...) input: T <= DECODE_ROWS tokens that continue a state one at a
+    time, else whole."""
+    tokens = x.shape[1]
+    if tokens == 1 or tokens > DECODE_ROWS or state is None:
+        return whole(x, state)
+    return _stepped(lambda t, s: whole(x[:, t : t + 1], s), tokens, 1, state)
+
+
+class StepwiseRGLRU(recurrent_gemma.RGLRU):
+    """RecurrentGemma's RG-LRU: its gates are block-diagonal matmuls over the tokens (`h @ w`, per head)."""
+
+    def __call__(self, x: mx.array, cache=None):
+        whole = super().__call__
+        return _stepped_with_state(lambda x, s: whole(x, cache=s), x, cache)
+
+
+class StepwiseGriffinConv(recurrent_gemma.Conv1d):
+    """RecurrentGemma's temporal conv: a grouped `conv_general` over the tokens."""
+
+    def __call__(self, x: mx.array, cache=None):
+        whole = super().__call__
+        return _stepped_with_state(lambda x, s: whole(x, cache=s), x, cache)
+
+
+GPU_STEPS = {jamba.JambaMambaMixer: StepwiseJambaMixer, recurrent_gemma.RGLRU: StepwiseRGLRU,
+             recurrent_gemma.Conv1d: StepwiseGriffinConv}
 
 
 def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
     """Route the model's ssm_update calls (its Mamba-2 mixers) to stepwise_ssm_update and recurrent_gla's (Bailing's
-    lightning attention) to stepwise_recurrent_gla; on GPUs Jamba's mixers step."""
+    lightning attention) to stepwise_recurrent_gla; on GPUs Jamba's mixers and RecurrentGemma's RG-LRUs and convs
+    step (GPU_STEPS)."""
     routes = {NAME: (mlx_lm_ssm_update(), stepwise_ssm_update),
               "recurrent_gla": (mlx_lm_recurrent_gla(), stepwise_recurrent_gla)}
     report = {"kernel": "ssm_steps", "stepped": 0, "routed": route_functions(model, routes)}
     for _, m in model.named_modules():
-        if gpu and type(m) is jamba.JambaMambaMixer:
-            m.__class__ = StepwiseJambaMixer  # same parameters, same names
+        if gpu and type(m) in GPU_STEPS:
+            m.__class__ = GPU_STEPS[type(m)]  # same parameters, same names
             report["stepped"] += 1
     return report
 
@@ -99,5 +127,5 @@ def use_ssm_steps(model: nn.Module, gpu: bool = False) -> dict:
 def restore_ssm_steps(model: nn.Module) -> None:
     unroute_functions(model, [NAME, "recurrent_gla"])
     for _, m in model.named_modules():
-        if type(m) is StepwiseJambaMixer:
-            m.__class__ = jamba.JambaMambaMixer
+        if type(m) in GPU_STEPS.values():
+            m.__class__ = type(m).__mro__[1]

@@ -125,6 +125,7 @@ def emulate_gpu(monkeypatch, backend: str = "cuda", without: tuple = ()) -> list
     monkeypatch.setattr(mx.array, "__matmul__", _drifting(mx.array.__matmul__, matrix))
     monkeypatch.setattr(mx, "addmm", _drifting(mx.addmm, lambda c, a, *rest, **kw: _rows_of_matrix(a)))
     monkeypatch.setattr(mx, "conv1d", _drifting(mx.conv1d, lambda x, *rest, **kw: x.shape[1]))
+    monkeypatch.setattr(mx, "conv_general", _drifting(mx.conv_general, lambda x, *rest, **kw: x.shape[1]))
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
                         _drifting(mx.fast.scaled_dot_product_attention, lambda q, *rest, **kw: q.shape[2]))
     return calls

@@ -218,3 +218,38 @@ def test_shapes_the_kernels_would_read_past_go_to_the_model_s_own_attention(cpu_
     assert not attention._usable(rec, q, k[..., :32], v, None, None, None)  # k narrower than q
     assert not attention._usable(rec, q, k, v[:, :, :9], None, None, None)  # fewer values than keys
     assert not attention._usable(rec, q, k, v[:, :1], None, None, None)  # fewer value heads than key heads
+
+
+def test_llama_4_s_chunked_layers_attend_within_their_chunk_through_the_kernel(tmp_path):
+    """Llama 4's chunked layers (mlx-lm's ChunkedKVCache, chunks of 8 here) go to the kernel as causal attention
+    over each chunk's keys, a call per chunk a pass reaches: the logits of one-row steps and of passes that cross
+    a chunk's end agree with mlx-lm's masked attention, and every row of a pass is its one-row step's."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm_architectures import architecture_dir
+
+    from mlxspec.exactness import RowInvariance
+    from mlxspec.loading import load
+
+    model = load(str(architecture_dir(tmp_path, "llama4"))).model
+    tokens = [5 + (7 * i) % 250 for i in range(30)]
+    passes = [tokens[:13], tokens[13:14], tokens[14:17], tokens[17:18], tokens[18:25], tokens[25:30]]
+
+    def run():
+        cache = make_prompt_cache(model)
+        return mx.concatenate([model(mx.array([p]), cache=cache)[0] for p in passes])
+
+    theirs = run()
+    calls = []
+    routed = attention.use_attention_kernel(model)
+    assert routed["routed"] > 0 and routed["error"] is None
+    kernel = attention._record().fn
+    try:
+        attention._record().fn = lambda q, *a, **kw: calls.append(q.shape[2]) or kernel(q, *a, **kw)
+        ours = run()
+    finally:
+        attention._record().fn = kernel
+    assert mx.allclose(ours, theirs, atol=1e-4).item()
+    # the 7-row pass (positions 18..24): each of the 3 chunked layers calls for 18..23 and 24, the global one once
+    assert calls.count(6) == 3 and calls.count(7) == 1 and calls.count(13) == 1  # (13: the prompt's global layer)
+    assert RowInvariance(model).holds(6)
+    attention.restore_attention(model)
