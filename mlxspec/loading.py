@@ -89,10 +89,11 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
 
         dequantize_model(model)
 
-    def predicate(path: str, module: nn.Module) -> bool:
+    def predicate(path: str, module: nn.Module) -> dict | bool:
         if not hasattr(module, "to_quantized") or not hasattr(module, "weight"):
             return False
-        return module.weight.shape[-1] % group_size == 0
+        # the arguments every to_quantized takes (MLX's own add `mode`; some of mlx-lm's classes, AFM's, do not)
+        return module.weight.shape[-1] % group_size == 0 and {"group_size": group_size, "bits": bits}
 
     nn.quantize(model, group_size=group_size, bits=bits, class_predicate=predicate)
     mx.eval(model.parameters())

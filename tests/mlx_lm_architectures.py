@@ -109,6 +109,28 @@ EXTRA = {  # model_type -> what COMMON does not give it
     "plamo": {"n_shared_head": 2},
     "phixtral": {"num_vocab": 320, "model_dim": 64, "num_heads": 4},  # its own names (num_vocab: the tokenizer's)
     "bailing_moe_v3": {"n_group": 2, "topk_group": 1},
+    "apertus": {"post_norm": False, "qk_norm": True},
+    "glm_moe_dsa": MOE_ROUTING | {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4, "topk_method": "noaux_tc",
+                                  "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "moe_layer_freq": 1,
+                                  "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
+    "mimo_v2_flash": MOE_ROUTING | {
+        "hybrid_layer_pattern": [1, 0], "moe_layer_freq": [0, 1], "add_swa_attention_sink_bias": True,
+        "add_full_attention_sink_bias": False, "sliding_window_size": 8, "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "layernorm_epsilon": 1e-5, "swa_rope_theta": 1e4,
+        "swa_num_attention_heads": 4, "swa_num_key_value_heads": 2, "swa_head_dim": 16, "swa_v_head_dim": 16},
+    "nemotron-nas": {"block_configs": [  # Nemotron Super/Ultra's pruned blocks: a skipped attention, a linear FFN
+        {"attention": {"n_heads_in_group": 2}, "ffn": {"ffn_mult": 1.0}},
+        {"attention": {"no_op": True}, "ffn": {"replace_with_linear": True}},
+        {"attention": {"n_heads_in_group": 4}, "ffn": {"ffn_mult": 2.0}}], "num_hidden_layers": 3},
+    "openelm": {"num_transformer_layers": 2, "model_dim": 64, "ffn_dim_divisor": 16, "num_query_heads": [4, 4],
+                "num_kv_heads": [2, 2], "ffn_multipliers": [2.0, 2.0]},
+    "afm7": {"hidden_dim": 64, "num_layers": 3, "num_kv_reuse_layers": 1, "num_heads": 4},
+    "lille-130m": {"block_size": 1024, "n_kv_heads": 2},
+    "spark2_5": {"hidden_act": "gelu", "layer_types": WINDOWS, "rope_parameters": {"sliding_attention": {"rope_theta": 1e4},
+                                                             "full_attention": {"rope_theta": 1e4}}},
+    "longcat_flash_ngram": {"ffn_hidden_size": 128, "moe_topk": 2, "expert_ffn_hidden_size": 32, "zero_expert_num": 1,
+                            "routed_scaling_factor": 1.0, "mla_scale_q_lora": True, "mla_scale_kv_lora": True,
+                            "ngram_vocab_size_ratio": 4},
     "muse_spark": {"audio_config": {"out_hidden_size": 64}},  # transformers checks it against the text model's width
     # the multimodal wrappers' text models (WRAPPERS), keyed as WRAPPERS names them
     "llama4.TextArgs": {"num_hidden_layers": 4, "attention_chunk_size": 8, "interleave_moe_layer_step": 2, "intermediate_size_mlp": 128,
@@ -130,6 +152,7 @@ EXTRA = {  # model_type -> what COMMON does not give it
 SKIPPED = {  # model_type -> why the sweep leaves it out
     "olmo": "needs the ai2-olmo package", "bitnet": "a Metal kernel (no CPU path)",
     "muse_spark": "a Metal kernel of mlx-lm's (qk_norm_rope: no CPU path)",
+    "phi3small": "its head writes -inf at ids from 100,256 (its real vocabulary's): past a tiny one, unchecked",
     "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
     "gemma4_text": "its layer pattern needs more than the table gives (tests/model_factory.make_gemma4_dir makes Gemma 4)",
     "qwen": "Qwen (v1)'s sizes mean other things (its intermediate_size is twice its MLP's)",

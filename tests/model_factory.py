@@ -154,7 +154,8 @@ def build_model(config: dict, seed: int = 0, scale: float = 0.6):
     mx.random.seed(seed)
     params = tree_flatten(model.parameters())
     model.load_weights(
-        [(k, (mx.random.normal(v.shape) * scale / (v.shape[-1] ** 0.25)).astype(mx.float32)) for k, v in params]
+        [(k, (mx.random.normal(v.shape) * scale / (v.shape[-1] if v.ndim else 1) ** 0.25).astype(mx.float32))
+         for k, v in params]
     )
     mx.eval(model.parameters())
     return model

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import inspect
 import math
+import re
 from typing import Callable
 
 import mlx.core as mx
@@ -200,12 +201,18 @@ def _candidates(model: nn.Module, head: bool):
     for path, m in model.named_modules():
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
             continue  # already swapped
-        if isinstance(m, nn.QuantizedLinear):
+        if isinstance(m, nn.QuantizedLinear) and _own_call(m, nn.QuantizedLinear):
             yield path, m, KernelQuantizedLinear
         elif type(m) is QuantizedSwitchLinear:
             yield path, m, KernelQuantizedSwitchLinear
-        elif isinstance(m, nn.QuantizedEmbedding) and path in heads:
+        elif isinstance(m, nn.QuantizedEmbedding) and path in heads and _own_call(m, nn.QuantizedEmbedding, "as_linear"):
             yield path, m, KernelQuantizedEmbedding
+
+
+def _own_call(m: nn.Module, base: type, method: str = "__call__") -> bool:
+    """Does `m` compute `method` as `base` does? A subclass that wraps it (AFM's FusedQuantizedLinear splits its
+    output in three) would lose that in a swap: it keeps MLX's op."""
+    return getattr(type(m), method) is getattr(base, method)
 
 
 def experts_per_token(model: nn.Module) -> int:
@@ -221,15 +228,15 @@ def tied_heads(model: nn.Module) -> set[str]:
     """Paths of the embedding tables that also serve as output heads, found as features.head finds the
     head: a module with no lm_head whose text model holds `embed_tokens` or `wte` (Gemma, Cohere, GPT-2:
     always tied, no flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
-    counts (Gemma 4's and Qwen3.5's language_model), and so does a module whose own forward reads its table as the
-    head (Gemma 3n's language model: `self.embed_tokens.as_linear`). Other tables (Gemma 4's per-layer inputs,
+    counts (Gemma 4's and Qwen3.5's language_model), and so does a table that a module's own forward reads as its
+    head (`self.<path>.as_linear(...)`: Gemma 3n's language model, OpenELM, Lille). Other tables (Gemma 4's per-layer inputs,
     262144 x 8960 in E2B) are lookups only."""
     paths = set()
     for path, m in model.named_modules():
-        if own := next((name for name in ("embed_tokens", "wte") if name in m and _reads_as_head(type(m), name)), None):
-            paths.add(f"{path}.{own}" if path else own)  # a text model that computes its logits (Gemma 3n's)
-            continue
         if "lm_head" in m:
+            continue
+        if own := [p for p in _read_as_heads(type(m)) if _is_table(m, p)]:
+            paths |= {f"{path}.{p}" if path else p for p in own}  # Gemma 3n's text model, OpenELM, Lille
             continue
         inner = m.get("model") if isinstance(m.get("model"), nn.Module) else None
         flag = getattr(m, "tie_word_embeddings", None)
@@ -246,12 +253,18 @@ def tied_heads(model: nn.Module) -> set[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _reads_as_head(cls: type, table: str) -> bool:
-    """Does `cls`'s forward read its own `table` as the output head (`self.embed_tokens.as_linear(...)`)?"""
+def _read_as_heads(cls: type) -> tuple[str, ...]:
+    """The tables `cls`'s forward reads as an output head: `self.<path>.as_linear(...)`."""
     try:
-        return f"self.{table}.as_linear(" in inspect.getsource(cls.__call__)
+        return tuple(re.findall(r"self\.([\w.]+)\.as_linear\(", inspect.getsource(cls.__call__)))
     except (OSError, TypeError):
-        return False
+        return ()
+
+
+def _is_table(module: nn.Module, path: str) -> bool:
+    for name in path.split("."):
+        module = module.get(name) if isinstance(module, nn.Module) else None
+    return isinstance(module, (nn.Embedding, nn.QuantizedEmbedding))
 
 
 def use_kernels(model: nn.Module, *, head: bool = True, gpu: bool = False, device: mx.Device | None = None,

@@ -28,6 +28,7 @@ ON_A_GPU = [
     "gemma3n",  # its AltUp's per-token matmul (now one token at a time) and its head, read inside the text model
     "iquestloopcoder",  # its loop gates' compiled matmul (now one token at a time)
     "llama4",  # its chunked layers' masks (attention chunks, not a window): now the kernel, a call per chunk
+    "openelm", "lille-130m",  # their tied heads' tables have other names (found where the forward reads them)
 ]
 
 
