@@ -10,6 +10,7 @@ from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache
                                   can_trim_prompt_cache, make_prompt_cache)
 
 from .features import decoder_body, tapped
+from .kernels.passes import prompt_pass
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
@@ -319,13 +320,14 @@ def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFI
         if i and cancel is not None and cancel.is_set():
             raise PrefillCancelled(i)
         x = mx.array(tokens[i : i + chunk])[None]
-        if features:
-            final = decoder_body(model)(x, cache=cache)[0]
-            rows.append(tapped(model, features)[0] if isinstance(features, tuple) else final)
-            mx.eval(rows[-1], [c.state for c in cache])
-        else:
-            model(x, cache=cache)
-            mx.eval([c.state for c in cache])
+        with prompt_pass():  # on GPUs MLX's ops, however short the chunk (kernels/passes.py)
+            if features:
+                final = decoder_body(model)(x, cache=cache)[0]
+                rows.append(tapped(model, features)[0] if isinstance(features, tuple) else final)
+                mx.eval(rows[-1], [c.state for c in cache])
+            else:
+                model(x, cache=cache)
+                mx.eval([c.state for c in cache])
     if not features:
         return None
     return mx.concatenate(rows) if rows else None

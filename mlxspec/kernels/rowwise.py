@@ -31,7 +31,7 @@ import mlx.nn as nn
 from mlx_lm.models import gemma3n, iquestloopcoder
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear, SwitchMLP
 
-from .passes import DECODE_ROWS, prompt_chunk
+from .passes import prompt_chunk, prompt_tokens
 
 _RAW_WEIGHT = re.compile(r"@\s*self\.weight\b")  # `x @ self.weight.T`: a matmul that is not a module
 
@@ -74,7 +74,7 @@ def _tokens_one_at_a_time(call, x: mx.array, axis: int) -> mx.array:
     """call(x) on each token of x's `axis` alone, joined along it (one sequence); whole for one token or a prompt
     chunk (more tokens than a decoding pass has)."""
     tokens = x.shape[axis]
-    if tokens <= 1 or tokens > DECODE_ROWS:
+    if tokens <= 1 or prompt_tokens(tokens):
         return call(x)
     index = (slice(None),) * axis
     return mx.concatenate([call(x[index + (slice(t, t + 1),)]) for t in range(tokens)], axis=axis)

@@ -26,7 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models import jamba, recurrent_gemma
 
 from .hooks import route_functions, unroute_functions
-from .passes import DECODE_ROWS
+from .passes import prompt_tokens
 
 NAME = "ssm_update"
 
@@ -52,7 +52,7 @@ def stepwise_ssm_update(hidden_states, A_log, B, C, D, dt, dt_bias, state=None, 
     dim) inputs with a state, T <= DECODE_ROWS, one sequence, go one token at a time."""
     update = mlx_lm_ssm_update()
     tokens = hidden_states.shape[1]
-    if tokens == 1 or tokens > DECODE_ROWS or state is None or mask is not None or lengths is not None:
+    if tokens == 1 or prompt_tokens(tokens) or state is None or mask is not None or lengths is not None:
         return update(hidden_states, A_log, B, C, D, dt, dt_bias, state, time_step_limit, mask, lengths)
     return _stepped(lambda t, s: update(hidden_states[:, t : t + 1], A_log, B[:, t : t + 1], C[:, t : t + 1], D,
                                         dt[:, t : t + 1], dt_bias, s, time_step_limit), tokens, 1, state)
@@ -68,7 +68,7 @@ def stepwise_recurrent_gla(q, k, v, g, *, scale, h=None, mask=None, chunk=128):
     """mlx-lm's recurrent_gla (q, k, v (B, heads, T, dim)): with a state and no mask, T <= DECODE_ROWS tokens one
     at a time (its one-token step), else as it is."""
     gla, tokens = mlx_lm_recurrent_gla(), q.shape[2]
-    if tokens == 1 or tokens > DECODE_ROWS or h is None or mask is not None:
+    if tokens == 1 or prompt_tokens(tokens) or h is None or mask is not None:
         return gla(q, k, v, g, scale=scale, h=h, mask=mask, chunk=chunk)
     return _stepped(lambda t, s: gla(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1], g, scale=scale, h=s),
                     tokens, 2, h)
@@ -85,7 +85,7 @@ def _stepped_with_state(whole, x: mx.array, state):
     """whole(x, state) -> (y, state) of a (B, T, ...) input: T <= DECODE_ROWS tokens that continue a state one at a
     time, else whole."""
     tokens = x.shape[1]
-    if tokens == 1 or tokens > DECODE_ROWS or state is None:
+    if tokens == 1 or prompt_tokens(tokens) or state is None:
         return whole(x, state)
     return _stepped(lambda t, s: whole(x[:, t : t + 1], s), tokens, 1, state)
 

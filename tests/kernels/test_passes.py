@@ -44,6 +44,25 @@ def test_quantized_layers_run_prompt_chunks_through_mlx_and_decoding_passes_thro
     assert len(pretend_cuda) == 2 * 4 + 1  # qkv, o, gate/up, down a block; the head
 
 
+def test_a_short_prompt_read_by_prefill_takes_mlx_s_ops_too(pretend_cuda):
+    """cache.prefill marks its forwards as a prompt's (passes.prompt_pass): a 5-token prompt's layers take MLX's ops
+    on a GPU as a long one does (bit for bit), the same 5 rows outside it the kernels."""
+    from mlxspec.cache import new_cache, prefill
+
+    model = build_model(LLAMA, seed=4)
+    nn.quantize(model, group_size=32, bits=4)
+    prompt = [3, 14, 15, 92, 65]
+    want = new_cache(model)
+    prefill(model, want, prompt)  # MLX's ops throughout
+    layers.use_kernels(model, gpu=True, device=mx.cpu)
+    pretend_cuda.clear()
+    cache = new_cache(model)
+    prefill(model, cache, prompt)
+    assert not pretend_cuda and all(mx.array_equal(a.state[0], b.state[0]).item() for a, b in zip(cache, want))
+    mx.eval(model(mx.array([prompt]), cache=new_cache(model)))  # a decoding pass's 5 rows
+    assert len(pretend_cuda) == 2 * 7 + 1
+
+
 def test_experts_count_a_passes_tokens_by_the_models_top_k(pretend_cuda):
     """A prompt chunk's (token, expert) pairs take MLX's gather_qmm (sorted by expert there); the
     largest decoding pass's pairs (sorted too: 128 of them) the gather kernel."""
