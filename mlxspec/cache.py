@@ -10,7 +10,6 @@ from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache
                                   can_trim_prompt_cache, make_prompt_cache)
 
 from .features import decoder_body, tapped
-from .kernels.passes import prompt_pass
 
 PREFILL_CHUNK = 512  # tokens per prompt chunk: bounds the attention scratch memory
 KV_CACHE_TYPES = ("f16", "f32")  # how a float32 model's keys and values are stored (llama.cpp's --cache-type-k/v)
@@ -315,6 +314,8 @@ def prefill(model: nn.Module, cache: list, tokens: list[int], chunk: int = PREFI
     tuple of layers: their inputs, concatenated (features.tapped: EAGLE-3's).
     `cancel` (a threading.Event): checked before each chunk after the first; once set, PrefillCancelled
     (a client that left stops holding the model for the rest of a long prompt)."""
+    from .kernels.passes import prompt_pass  # here: the kernels package imports this module
+
     rows = []
     for i in range(0, len(tokens), chunk):
         if i and cancel is not None and cancel.is_set():
