@@ -110,6 +110,7 @@ EXTRA = {  # model_type -> what COMMON does not give it
     "phixtral": {"num_vocab": 320, "model_dim": 64, "num_heads": 4},  # its own names (num_vocab: the tokenizer's)
     "bailing_moe_v3": {"n_group": 2, "topk_group": 1},
     "apertus": {"post_norm": False, "qk_norm": True},
+    "exaone4": {"sliding_window_pattern": "LG", "layer_types": WINDOWS},  # mlx-lm reads the string, transformers the list
     "glm_moe_dsa": MOE_ROUTING | {"index_head_dim": 16, "index_n_heads": 2, "index_topk": 4, "topk_method": "noaux_tc",
                                   "scoring_func": "sigmoid", "n_group": 1, "topk_group": 1, "moe_layer_freq": 1,
                                   "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}},
@@ -156,7 +157,6 @@ SKIPPED = {  # model_type -> why the sweep leaves it out
     "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
     "gemma4_text": "its layer pattern needs more than the table gives (tests/model_factory.make_gemma4_dir makes Gemma 4)",
     "qwen": "Qwen (v1)'s sizes mean other things (its intermediate_size is twice its MLP's)",
-    "exaone4": "mlx-lm reads sliding_window_pattern as a string ('LLLG'), the installed transformers' config as a number",
 }
 WRAPPERS = {  # model_type -> the text model its text_config describes: a model type, or module.ArgsClass
     "gemma3": "gemma3_text", "mistral3": "ministral3", "pixtral": "llama", "qwen2_vl": "qwen2", "qwen3_vl": "qwen3",
