@@ -90,8 +90,8 @@ EXTRA = {  # model_type -> what COMMON does not give it
     "minicpm3": {"dim_model_base": 32, "scale_depth": 1.4, "scale_emb": 12.0, "rope_scaling": {
         "original_max_position_embeddings": 1024, "short_factor": [1.0] * 4, "long_factor": [1.0] * 4}},
     "hunyuan": {"moe_topk": 2, "num_shared_expert": 1, "use_mixed_mlp_moe": True, "use_qk_norm": True,
-                "use_cla": False, "cla_share_factor": 2, "rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"},
-                "tie_word_embeddings": True},  # mlx-lm's Hunyuan always reads its head from the embedding table
+                "use_cla": False, "cla_share_factor": 2, "rope_scaling": {"alpha": 1.0, "factor": 1.0, "type": "dynamic"}},
+    # (mlx-lm's Hunyuan reads its head from the embedding table whatever tie_word_embeddings says: COMMON's False)
     "mistral4": MOE_ROUTING | {"topk_group": 1, "n_group": 1, "rope_parameters": {
         "rope_type": "default", "rope_theta": 1e4, "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 1024}},
     "mellum": {"norm_topk_prob": True, "layer_types": WINDOWS, "rope_parameters": {
