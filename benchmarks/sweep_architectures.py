@@ -1,16 +1,19 @@
 """Every mlx-lm architecture as mlxspec serves it: does speculation keep plain decoding's tokens, and say so?
 
-    python benchmarks/sweep_architectures.py [--only a,b] [--no-gpu] [--out FILE]
+    python benchmarks/sweep_architectures.py [--only a,b] [--no-gpu] [--drafter lookup|early-exit|draft-model] [--out FILE]
 
 For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py can configure (a tiny random model,
 2-4 layers, a real tokenizer), float and 4-bit:
 - cpu (or "device" where MLX's default device is a GPU: the real kernels and ops there): greedy plain decoding vs the
-  prompt-lookup drafter at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`;
+  prompt-lookup drafter (--drafter: another; draft-model drafts with the model itself, early-exit with its first
+  layers) at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), and a draft length 5 run's tokens and flag.
 A row is "exact" where the tokens match and the flag says so, "flagged" where the engine measured its rows differing
-and said `exact: false` (honest, not exact), "differs" where tokens differ under `exact: true` (a bug), or the error.
+and said `exact: false` (honest, not exact), "differs" where tokens differ under `exact: true` (a bug), "refused"
+where loading the drafter was refused with a reason (a caller's error: early exit on a model it cannot cut), or the
+error.
 Writes every row and the counts to --out (default benchmarks/results/architectures.json) and prints a table.
 """
 
@@ -31,6 +34,7 @@ import mlx.core as mx  # noqa: E402
 from fuzz_exactness import emulated_gpu, provenance  # noqa: E402
 from mlx_lm_architectures import SKIPPED, architecture_dir, mlx_lm_model_types  # noqa: E402
 from mlxspec.engine import Engine  # noqa: E402
+from mlxspec.errors import MlxspecError  # noqa: E402
 from mlxspec.options import GenerateOptions  # noqa: E402
 
 PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
@@ -51,10 +55,11 @@ def verdict(want: list[int], got: list[int], stats) -> str:
     return "flagged" if not stats.exact else "differs"
 
 
-def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS) -> dict:
-    """Plain vs lookup drafting at each length: {"k2": verdict, ...}."""
+def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS, drafter: str = "lookup") -> dict:
+    """Plain vs `drafter`'s drafting at each length: {"k2": verdict, ...}."""
     want, _ = tokens(Engine.load(str(path), quantize=quantize, kernels=kernels))
-    drafted = Engine.load(str(path), drafter="lookup", quantize=quantize, kernels=kernels)
+    draft = {"draft": str(path), "draft_quantize": quantize} if drafter == "draft-model" else {}
+    drafted = Engine.load(str(path), drafter=drafter, quantize=quantize, kernels=kernels, **draft)
     out = {}
     for k in lengths:
         got, stats = tokens(drafted, draft_length=k, adaptive=False)
@@ -64,16 +69,17 @@ def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS)
     return out
 
 
-def gpu_rows(path: Path, quantize: str | None) -> dict:
+def gpu_rows(path: Path, quantize: str | None, drafter: str = "lookup") -> dict:
     engine = Engine.load(str(path), quantize=quantize, kernels="exact")
     if not engine.speculable:
-        return {"rows": "not checked: speculation is off for this model"} | speculation(path, quantize, "exact", (5,))
+        return {"rows": "not checked: speculation is off for this model"} | speculation(path, quantize, "exact", (5,),
+                                                                                          drafter)
     failures = {} if engine.rows.holds(8) else engine.rows.failures()
     out = {"rows": "equal" if not failures else f"differ from {min(failures)} rows: {failures[min(failures)]}"}
-    return out | speculation(path, quantize, kernels="exact", lengths=(5,))
+    return out | speculation(path, quantize, kernels="exact", lengths=(5,), drafter=drafter)
 
 
-def sweep_one(model_type: str, root: Path, gpu: bool) -> dict:
+def sweep_one(model_type: str, root: Path, gpu: bool, drafter: str = "lookup") -> dict:
     if model_type in SKIPPED:
         return {"skipped": SKIPPED[model_type]}
     try:
@@ -86,10 +92,12 @@ def sweep_one(model_type: str, root: Path, gpu: bool) -> dict:
     for quantize in (None, "q4"):
         label = quantize or "float"
         try:
-            row[f"{DEVICE} {label}"] = speculation(path, quantize)
+            row[f"{DEVICE} {label}"] = speculation(path, quantize, drafter=drafter)
             if gpu:
                 with emulated_gpu():
-                    row[f"gpu {label}"] = gpu_rows(path, quantize)
+                    row[f"gpu {label}"] = gpu_rows(path, quantize, drafter)
+        except MlxspecError as e:  # the caller's request refused with a reason (a drafter this model cannot take)
+            return {"refused": str(e)[:200]}
         except Exception as e:
             row[f"error {label}"] = f"{type(e).__name__}: {str(e)[:200]} ({traceback.format_exc().splitlines()[-3].strip()[:120]})"
             break
@@ -99,8 +107,8 @@ def sweep_one(model_type: str, root: Path, gpu: bool) -> dict:
 def summary(rows: dict) -> dict:
     counts: dict[str, int] = {}
     for row in rows.values():
-        if "skipped" in row:
-            key = "skipped"
+        if "skipped" in row or "refused" in row:
+            key = "skipped" if "skipped" in row else "refused"
         elif any(k.startswith("error") for k in row):
             key = "error"
         else:
@@ -115,15 +123,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated model types (default: every mlx-lm model file)")
     parser.add_argument("--no-gpu", action="store_true", help="skip the emulated GPU")
-    parser.add_argument("--out", default=str(HERE / "results" / "architectures.json"))
+    parser.add_argument("--drafter", default="lookup", choices=("lookup", "early-exit", "draft-model"))
+    parser.add_argument("--out", help="default benchmarks/results/architectures.json (architectures_DRAFTER.json)")
     args = parser.parse_args()
+    suffix = "" if args.drafter == "lookup" else f"_{args.drafter.replace('-', '_')}"
+    args.out = args.out or str(HERE / "results" / f"architectures{suffix}.json")
     types = args.only.split(",") if args.only else mlx_lm_model_types()
     rows, start = {}, time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in types:
-            rows[model_type] = sweep_one(model_type, Path(tmp), not args.no_gpu)
+            rows[model_type] = sweep_one(model_type, Path(tmp), not args.no_gpu, args.drafter)
             print(f"{model_type:24} {json.dumps(rows[model_type])}", flush=True)
-    report = {"provenance": provenance(), "seconds": round(time.time() - start), "counts": summary(rows), "rows": rows}
+    report = {"provenance": provenance(), "drafter": args.drafter, "seconds": round(time.time() - start),
+              "counts": summary(rows), "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["counts"]))
     return 1 if report["counts"].get("differs") or report["counts"].get("error") else 0

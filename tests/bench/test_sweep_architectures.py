@@ -28,3 +28,14 @@ def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
                                  f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
     assert "skipped" in rows["gemma4"] and "skipped" in rows["not_a_model_type"]
     assert sweep.summary(rows) == {"exact": 1, "skipped": 2}
+
+
+def test_another_drafter_runs_and_a_refusal_is_counted_apart(sweep, tmp_path):
+    """--drafter: the model drafting for itself keeps plain decoding's tokens; early exit, which cannot cut
+    Falcon-H1's decoder, is refused with its reason (a caller's error, not a failure of the sweep)."""
+    drafted = sweep.sweep_one("llama", tmp_path, gpu=False, drafter="draft-model")
+    assert drafted == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact"},
+                       f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
+    refused = sweep.sweep_one("falcon_h1", tmp_path, gpu=False, drafter="early-exit")
+    assert "early exit needs" in refused["refused"]
+    assert sweep.summary({"llama": drafted, "falcon_h1": refused}) == {"exact": 1, "refused": 1}
