@@ -14,28 +14,53 @@ import mlx.nn as nn
 from .model import ModelDrafter
 
 
+# Where mlx-lm models keep the decoder body (its blocks as a .layers list, then a final norm): text models as
+# .model; multimodal wrappers (Gemma 3 and 4, Qwen3.5, Llama 4, Mistral 3, the VL models) as language_model.model;
+# Gemma 3n as model.language_model.
+DECODER_PATHS = (("model",), ("language_model", "model"), ("model", "language_model"))
+FINAL_NORMS = ("norm", "final_norm", "final_layernorm", "ln_f", "norm_f")
+
+
+def decoder_path(model: nn.Module) -> tuple[str, ...]:
+    """The attributes from `model` to the decoder body an early-exit view can cut, through plain attributes (not
+    properties: Qwen3.5's `model` is a view of language_model.model); ValueError where there is none (PLaMo's
+    .layers is a module of its own around the list)."""
+    for path in DECODER_PATHS:
+        node = model
+        for name in path:
+            plain = not isinstance(getattr(type(node), name, None), property)
+            node = getattr(node, name, None) if plain else None
+            if not isinstance(node, nn.Module):
+                break
+        else:
+            if isinstance(getattr(node, "layers", None), list) and any(n in node for n in FINAL_NORMS):
+                return path
+    raise ValueError(f"early exit needs an mlx-lm decoder with .model.layers (or a wrapper's language_model.model) "
+                     f"and a final norm, not {type(model)}")
+
+
 def decoder_of(model: nn.Module) -> nn.Module:
-    """The decoder body an early-exit view can cut: `model.model`, a plain attribute with a .layers list and .norm.
-    Wrapped models (Gemma 4's language_model, Qwen3.5's `model` property over it) raise ValueError."""
-    inner = getattr(model, "model", None)
-    wrapped = isinstance(getattr(type(model), "model", None), property)  # a view of another module: not settable
-    if (inner is None or wrapped or not isinstance(getattr(inner, "layers", None), list)
-            or not hasattr(inner, "norm")):  # (PLaMo's .layers is a module of its own around the list)
-        raise ValueError(f"early exit needs an mlx-lm decoder with .model.layers and .model.norm, not {type(model)}"
-                         + (" (a wrapper around its language model)" if wrapped or hasattr(model, "language_model") else ""))
-    return inner
+    """The decoder body an early-exit view cuts (decoder_path)."""
+    for name in decoder_path(model):
+        model = getattr(model, name)
+    return model
 
 
 def early_exit_view(model: nn.Module, layers: int) -> nn.Module:
-    """A shallow copy of an mlx-lm model running only its first `layers` blocks (weights shared)."""
-    inner = decoder_of(model)
-    total = len(inner.layers)
+    """A shallow copy of an mlx-lm model running only its first `layers` blocks (weights shared; each module on the
+    way to the decoder body copied, so the model itself keeps all of them)."""
+    total = len(decoder_of(model).layers)
     if not 1 <= layers < total:
         raise ValueError(f"early exit after {layers} layers: the model has {total}, choose 1..{total - 1}")
-    view_inner = copy.copy(inner)
-    view_inner.layers = inner.layers[:layers]
-    view = copy.copy(model)
-    view.model = view_inner
+    return _cut(model, decoder_path(model), layers)
+
+
+def _cut(node: nn.Module, path: tuple[str, ...], layers: int) -> nn.Module:
+    view = copy.copy(node)
+    if path:
+        setattr(view, path[0], _cut(getattr(node, path[0]), path[1:], layers))
+    else:
+        view.layers = node.layers[:layers]
     return view
 
 

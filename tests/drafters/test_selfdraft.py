@@ -1,27 +1,36 @@
-"""Early exit cuts an mlx-lm decoder's own layers; a model that wraps its language model (Gemma 4, Qwen3.5)
-is refused with the drafter error, not an AttributeError from inside the load."""
+"""Early exit cuts an mlx-lm decoder's own layers, inside a model that wraps its language model too (Gemma 4,
+Qwen3.5, Gemma 3n: the decoder found where mlx-lm keeps it); a model whose blocks are not a list is refused with
+the drafter error, not an AttributeError from inside the load."""
 
 from __future__ import annotations
 
 import pytest
 
+from mlx_lm_architectures import architecture_dir
 from model_factory import make_gemma4_dir, make_qwen35_checkpoint
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError
+from mlxspec.options import GenerateOptions
 
 
-@pytest.mark.parametrize("make", [lambda p: make_gemma4_dir(p, layers=8), make_qwen35_checkpoint],
-                         ids=["gemma4", "qwen3_5"])
-@pytest.mark.parametrize("spec", ["early-exit", "early-exit:1"])
-def test_a_wrapped_model_is_refused_by_name(tmp_path, make, spec):
-    target = make(tmp_path / "target")
-    with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder.*wrapper around its language model"):
-        Engine.load(str(target), drafter=spec)
+@pytest.mark.parametrize("make", [lambda p: make_gemma4_dir(p, layers=8), make_qwen35_checkpoint,
+                                  lambda p: architecture_dir(p, "gemma3n")],
+                         ids=["gemma4", "qwen3_5", "gemma3n"])
+def test_a_wrapped_model_drafts_with_its_first_layers(tmp_path, make):
+    """The view cuts the wrapped decoder (the model itself keeps every layer) and greedy output is plain decoding's."""
+    from mlxspec.drafters.selfdraft import decoder_of
+
+    target = str(make(tmp_path / "target"))
+    options = GenerateOptions(max_tokens=16, temperature=0, draft_length=3, adaptive=False)
+    want = [t for e in Engine.load(target).generate("the cat sat on the mat", options) for t in e.tokens]
+    engine = Engine.load(target, drafter="early-exit:1")
+    events = list(engine.generate("the cat sat on the mat", options))
+    assert [t for e in events for t in e.tokens] == want
+    assert events[-1].stats.drafted > 0 and events[-1].stats.drafter == "early-exit:1"
+    assert len(decoder_of(engine.target.model).layers) > 1  # the target's own decoder is whole
 
 
 def test_a_decoder_whose_layers_are_a_module_is_refused_by_name(tmp_path):
     """PLaMo's `.model.layers` is a module around the list: refused as such, not as 'the model has 1 layer'."""
-    from mlx_lm_architectures import architecture_dir
-
     with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with .model.layers"):
         Engine.load(str(architecture_dir(tmp_path, "plamo2")), drafter="early-exit")
