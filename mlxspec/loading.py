@@ -270,10 +270,16 @@ def _load_directory(path: Path):
     return model, tokenizer, config
 
 
+def text_config(config: dict) -> dict:
+    """A config with its text model's keys where a multimodal wrapper nests them (Gemma 3, Llama 4, Qwen3.5...:
+    `text_config`); the top level's own keys (model_type: the wrapper's) win."""
+    return (config.get("text_config") or {}) | config
+
+
 def model_info(m: LoadedModel) -> dict:
     """Facts the daemon's /api/show and the benchmarks report."""
     params = tree_flatten(m.model.parameters())
-    cfg = m.config
+    cfg = text_config(m.config)
     arch = cfg.get("gguf_architecture") or cfg.get("model_type", "unknown")
     n_params = _parameter_count(m.model)
     conversion = {"gguf_conversion": cfg["gguf_conversion"]} if cfg.get("gguf_conversion") else {}

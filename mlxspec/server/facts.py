@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine import Engine
+from ..loading import text_config
 from ..ollama_store import is_reference as is_ollama
 from ..store import Manifest, local_path
 from .prompts import FIM_TOKENS, supports_insert
@@ -97,7 +98,7 @@ def from_disk(manifest: Manifest, tokenizer: bool = True) -> Facts | None:
     path = local_path(manifest.target)
     if path is None or not (path / "config.json").is_file():
         return None
-    config = _read_json(path / "config.json")
+    config = text_config(_read_json(path / "config.json"))
     quant = config.get("quantization")
     facts = Facts(
         architecture=config.get("model_type", "unknown"),
