@@ -29,6 +29,19 @@ def test_directory_loads_with_info(tiny_llama):
     assert quantized_layers(m.model) == {}
 
 
+def test_a_wrapped_model_s_info_reads_its_text_config(tmp_path):
+    """Gemma 3, Llama 4, Qwen3.5... keep their sizes under text_config: the context length was the 2048 fallback
+    (prompts past it refused), the layers and width None."""
+    from mlx_lm_architectures import architecture_dir
+
+    from mlxspec.engine import Engine
+
+    engine = Engine.load(str(architecture_dir(tmp_path, "gemma3")))
+    assert engine.context_length == 1024  # the table's max_position_embeddings, under text_config
+    assert (engine.target.info["num_layers"], engine.target.info["hidden_size"]) == (2, 64)
+    assert engine.target.info["architecture"] == "gemma3"
+
+
 @pytest.mark.parametrize("spec,bits,group", [("q4", 4, 64), ("q4g32", 4, 32), ("q4g64", 4, 64), ("q8", 8, 64),
                                              ("q5_K_M", 5, 32)])
 def test_quantize_on_load(tiny_llama, spec, bits, group):
