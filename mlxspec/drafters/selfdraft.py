@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 
+import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import make_prompt_cache
 
 from .model import ModelDrafter
 
@@ -48,19 +50,32 @@ def decoder_of(model: nn.Module) -> nn.Module:
 
 def early_exit_view(model: nn.Module, layers: int) -> nn.Module:
     """A shallow copy of an mlx-lm model running only its first `layers` blocks (weights shared; each module on the
-    way to the decoder body copied, so the model itself keeps all of them)."""
+    way to the decoder body copied, so the model itself keeps all of them). A view whose forward fails (a model that
+    sizes something else by its block count: Gemma 3n's per-layer inputs) raises ValueError here, not in a request."""
     total = len(decoder_of(model).layers)
     if not 1 <= layers < total:
         raise ValueError(f"early exit after {layers} layers: the model has {total}, choose 1..{total - 1}")
-    return _cut(model, decoder_path(model), layers)
+    view = _cut(model, decoder_path(model), layers)
+    try:
+        mx.eval(view(mx.array([[0, 1]]), cache=make_prompt_cache(view)))
+    except Exception as e:  # mlx-lm's model code on a cut it does not expect
+        raise ValueError(f"early exit after {layers} layers does not run on {type(model).__module__}: "
+                         f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+    return view
+
+
+BLOCK_COUNTS = ("end_idx", "num_layers")  # a body's own counts of the blocks it loops over (mlx-lm's PipelineMixin, Kimi K3)
 
 
 def _cut(node: nn.Module, path: tuple[str, ...], layers: int) -> nn.Module:
     view = copy.copy(node)
     if path:
         setattr(view, path[0], _cut(getattr(node, path[0]), path[1:], layers))
-    else:
-        view.layers = node.layers[:layers]
+        return view
+    for name in BLOCK_COUNTS:
+        if getattr(node, name, None) == len(node.layers):
+            setattr(view, name, layers)
+    view.layers = node.layers[:layers]
     return view
 
 

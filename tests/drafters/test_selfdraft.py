@@ -34,3 +34,18 @@ def test_a_decoder_whose_layers_are_a_module_is_refused_by_name(tmp_path):
     """PLaMo's `.model.layers` is a module around the list: refused as such, not as 'the model has 1 layer'."""
     with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with .model.layers"):
         Engine.load(str(architecture_dir(tmp_path, "plamo2")), drafter="early-exit")
+
+
+def test_a_body_that_counts_its_blocks_is_cut_whole_and_a_cut_that_cannot_run_is_refused(tmp_path, monkeypatch):
+    """Kimi K3 loops over its own `num_layers`: the view sets it (BLOCK_COUNTS) and drafts exactly; without that
+    the cut view's forward fails, which the load now finds and refuses by name (it was a 500 in every request)."""
+    from mlxspec.drafters import selfdraft
+
+    target = str(architecture_dir(tmp_path, "kimi_k3"))
+    options = GenerateOptions(max_tokens=12, temperature=0, draft_length=3, adaptive=False)
+    want = [t for e in Engine.load(target).generate("the cat sat on the mat", options) for t in e.tokens]
+    events = list(Engine.load(target, drafter="early-exit:1").generate("the cat sat on the mat", options))
+    assert [t for e in events for t in e.tokens] == want and events[-1].stats.drafted > 0
+    monkeypatch.setattr(selfdraft, "BLOCK_COUNTS", ())
+    with pytest.raises(MlxspecError, match="early exit after 1 layers does not run on mlx_lm.models.kimi_k3: IndexError"):
+        Engine.load(target, drafter="early-exit:1")
