@@ -252,7 +252,7 @@ def provenance() -> dict:
 
 
 def fuzz(args) -> int:
-    rng, start = random.Random(args.seed), time.time()
+    rng, start, made = random.Random(args.seed), time.time(), provenance()  # the commit that runs, not a later one
     report = {"emulated_gpu": args.emulate_gpu, "without": args.without, "architectures": args.architectures,
               "mlx_lm": args.mlx_lm,
               "seed": args.seed, "cases": 0, "flagged": 0, "greedy": 0, "sampled": 0, "drafted": 0, "accepted": 0,
@@ -282,7 +282,7 @@ def fuzz(args) -> int:
                 print(f"{report['cases']} cases, {len(report['mismatches'])} mismatches, "
                       f"{time.time() - start:.0f} s", flush=True)
     report["seconds"] = round(time.time() - start, 1)
-    report |= provenance()
+    report |= made
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"{report['cases']} cases ({report['greedy']} greedy, {report['sampled']} sampled), drafted "

@@ -129,12 +129,12 @@ def main() -> int:
     suffix = "" if args.drafter == "lookup" else f"_{args.drafter.replace('-', '_')}"
     args.out = args.out or str(HERE / "results" / f"architectures{suffix}.json")
     types = args.only.split(",") if args.only else mlx_lm_model_types()
-    rows, start = {}, time.time()
+    rows, start, made = {}, time.time(), provenance()  # the commit that runs, not a later one
     with tempfile.TemporaryDirectory() as tmp:
         for model_type in types:
             rows[model_type] = sweep_one(model_type, Path(tmp), not args.no_gpu, args.drafter)
             print(f"{model_type:24} {json.dumps(rows[model_type])}", flush=True)
-    report = {"provenance": provenance(), "drafter": args.drafter, "seconds": round(time.time() - start),
+    report = {"provenance": made, "drafter": args.drafter, "seconds": round(time.time() - start),
               "counts": summary(rows), "rows": rows}
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report["counts"]))
