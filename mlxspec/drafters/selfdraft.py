@@ -16,11 +16,12 @@ from mlx_lm.models.cache import make_prompt_cache
 from .model import ModelDrafter
 
 
-# Where mlx-lm models keep the decoder body (its blocks as a .layers list, then a final norm): text models as
-# .model; multimodal wrappers (Gemma 3 and 4, Qwen3.5, Llama 4, Mistral 3, the VL models) as language_model.model;
-# Gemma 3n as model.language_model.
-DECODER_PATHS = (("model",), ("language_model", "model"), ("model", "language_model"))
-FINAL_NORMS = ("norm", "final_norm", "final_layernorm", "ln_f", "norm_f")
+# Where mlx-lm models keep the decoder body (its blocks as a list): text models as .model (GPT-2's family and others
+# as .transformer, Mamba's and Nemotron-H's as .backbone); multimodal wrappers (Gemma 3 and 4, Qwen3.5, Llama 4,
+# Mistral 3, the VL models) as language_model.model; Gemma 3n as model.language_model. The blocks: .layers, GPT-2's
+# .h, DBRX's and Talkie's .blocks. Whatever runs after them (the final norm, the head) is the model's own.
+DECODER_PATHS = (("model",), ("transformer",), ("backbone",), ("language_model", "model"), ("model", "language_model"))
+BLOCK_LISTS = ("layers", "h", "blocks")
 
 
 def decoder_path(model: nn.Module) -> tuple[str, ...]:
@@ -35,10 +36,15 @@ def decoder_path(model: nn.Module) -> tuple[str, ...]:
             if not isinstance(node, nn.Module):
                 break
         else:
-            if isinstance(getattr(node, "layers", None), list) and any(n in node for n in FINAL_NORMS):
+            if _blocks(node) is not None:
                 return path
-    raise ValueError(f"early exit needs an mlx-lm decoder with .model.layers (or a wrapper's language_model.model) "
-                     f"and a final norm, not {type(model)}")
+    raise ValueError(f"early exit needs an mlx-lm decoder with its blocks as a list (.model.layers, a wrapper's "
+                     f"language_model.model.layers...), not {type(model)}")
+
+
+def _blocks(body: nn.Module) -> str | None:
+    """The name of the body's list of blocks."""
+    return next((name for name in BLOCK_LISTS if isinstance(getattr(body, name, None), list)), None)
 
 
 def decoder_of(model: nn.Module) -> nn.Module:
@@ -48,11 +54,16 @@ def decoder_of(model: nn.Module) -> nn.Module:
     return model
 
 
+def block_count(model: nn.Module) -> int:
+    body = decoder_of(model)
+    return len(getattr(body, _blocks(body)))
+
+
 def early_exit_view(model: nn.Module, layers: int) -> nn.Module:
     """A shallow copy of an mlx-lm model running only its first `layers` blocks (weights shared; each module on the
     way to the decoder body copied, so the model itself keeps all of them). A view whose forward fails (a model that
     sizes something else by its block count: Gemma 3n's per-layer inputs) raises ValueError here, not in a request."""
-    total = len(decoder_of(model).layers)
+    total = block_count(model)
     if not 1 <= layers < total:
         raise ValueError(f"early exit after {layers} layers: the model has {total}, choose 1..{total - 1}")
     view = _cut(model, decoder_path(model), layers)
@@ -72,10 +83,11 @@ def _cut(node: nn.Module, path: tuple[str, ...], layers: int) -> nn.Module:
     if path:
         setattr(view, path[0], _cut(getattr(node, path[0]), path[1:], layers))
         return view
+    blocks = _blocks(node)
     for name in BLOCK_COUNTS:
-        if getattr(node, name, None) == len(node.layers):
+        if getattr(node, name, None) == len(getattr(node, blocks)):
             setattr(view, name, layers)
-    view.layers = node.layers[:layers]
+    setattr(view, blocks, getattr(node, blocks)[:layers])
     return view
 
 
@@ -83,7 +95,7 @@ class EarlyExitDrafter(ModelDrafter):
     name = "early-exit"
 
     def __init__(self, target: nn.Module, layers: int | None = None):
-        total = len(decoder_of(target).layers)  # ValueError for a model early exit cannot cut
+        total = block_count(target)  # ValueError for a model early exit cannot cut
         self.layers = layers if layers is not None else max(1, total // 2)
         super().__init__(early_exit_view(target, self.layers))
         self.name = f"early-exit:{self.layers}"

@@ -1,6 +1,6 @@
 """Early exit cuts an mlx-lm decoder's own layers, inside a model that wraps its language model too (Gemma 4,
-Qwen3.5, Gemma 3n: the decoder found where mlx-lm keeps it); a model whose blocks are not a list is refused with
-the drafter error, not an AttributeError from inside the load."""
+Qwen3.5, Gemma 3n: the decoder found where mlx-lm keeps it); a model whose blocks are not a list, or whose cut
+does not run, is refused with the drafter error, not an AttributeError from inside the load or a request."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_a_wrapped_model_drafts_with_its_first_layers(tmp_path, make):
 
 def test_a_decoder_whose_layers_are_a_module_is_refused_by_name(tmp_path):
     """PLaMo's `.model.layers` is a module around the list: refused as such, not as 'the model has 1 layer'."""
-    with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with .model.layers"):
+    with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with its blocks as a list"):
         Engine.load(str(architecture_dir(tmp_path, "plamo2")), drafter="early-exit")
 
 
