@@ -1,6 +1,7 @@
 """Every mlx-lm architecture as mlxspec serves it: does speculation keep plain decoding's tokens, and say so?
 
-    python benchmarks/sweep_architectures.py [--only a,b] [--no-gpu] [--drafter lookup|early-exit|draft-model] [--out FILE]
+    python benchmarks/sweep_architectures.py [--only a,b] [--no-gpu] [--drafter lookup|early-exit|draft-model]
+                                             [--out FILE]
 
 For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py can configure (a tiny random model,
 2-4 layers, a real tokenizer), float and 4-bit:

@@ -75,7 +75,8 @@ def early_exit_view(model: nn.Module, layers: int) -> nn.Module:
     return view
 
 
-BLOCK_COUNTS = ("end_idx", "num_layers")  # a body's own counts of the blocks it loops over (mlx-lm's PipelineMixin, Kimi K3)
+# a body's own counts of the blocks it loops over (mlx-lm's PipelineMixin, Kimi K3)
+BLOCK_COUNTS = ("end_idx", "num_layers")
 
 
 def _cut(node: nn.Module, path: tuple[str, ...], layers: int) -> nn.Module:

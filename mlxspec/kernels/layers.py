@@ -205,7 +205,8 @@ def _candidates(model: nn.Module, head: bool):
             yield path, m, KernelQuantizedLinear
         elif type(m) is QuantizedSwitchLinear:
             yield path, m, KernelQuantizedSwitchLinear
-        elif isinstance(m, nn.QuantizedEmbedding) and path in heads and _own_call(m, nn.QuantizedEmbedding, "as_linear"):
+        elif (isinstance(m, nn.QuantizedEmbedding) and path in heads
+              and _own_call(m, nn.QuantizedEmbedding, "as_linear")):
             yield path, m, KernelQuantizedEmbedding
 
 
@@ -229,8 +230,8 @@ def tied_heads(model: nn.Module) -> set[str]:
     head: a module with no lm_head whose text model holds `embed_tokens` or `wte` (Gemma, Cohere, GPT-2:
     always tied, no flag), or one that says tie_word_embeddings (its own flag or its args'); a wrapper's text model
     counts (Gemma 4's and Qwen3.5's language_model), and so does a table that a module's own forward reads as its
-    head (`self.<path>.as_linear(...)`: Gemma 3n's language model, OpenELM, Lille). Other tables (Gemma 4's per-layer inputs,
-    262144 x 8960 in E2B) are lookups only."""
+    head (`self.<path>.as_linear(...)`: Gemma 3n's language model, OpenELM, Lille). Other tables (Gemma 4's
+    per-layer inputs, 262144 x 8960 in E2B) are lookups only."""
     paths = set()
     for path, m in model.named_modules():
         if "lm_head" in m:

@@ -72,7 +72,7 @@ def _rowwise(cls: type) -> type:
 
 def _tokens_one_at_a_time(call, x: mx.array, axis: int) -> mx.array:
     """call(x) on each token of x's `axis` alone, joined along it (one sequence); whole for one token or a prompt
-    chunk (more tokens than a decoding pass has)."""
+    chunk (passes.prompt_tokens)."""
     tokens = x.shape[axis]
     if tokens <= 1 or prompt_tokens(tokens):
         return call(x)

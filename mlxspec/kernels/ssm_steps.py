@@ -82,8 +82,8 @@ class StepwiseJambaMixer(jamba.JambaMambaMixer):
 
 
 def _stepped_with_state(whole, x: mx.array, state):
-    """whole(x, state) -> (y, state) of a (B, T, ...) input: T <= DECODE_ROWS tokens that continue a state one at a
-    time, else whole."""
+    """whole(x, state) -> (y, state) of a (B, T, ...) input: the tokens of a decoding pass that continue a state one
+    at a time, else whole (one token, a prompt chunk: passes.prompt_tokens)."""
     tokens = x.shape[1]
     if tokens == 1 or prompt_tokens(tokens) or state is None:
         return whole(x, state)
