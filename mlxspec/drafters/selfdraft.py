@@ -19,15 +19,16 @@ from .model import ModelDrafter
 # Where mlx-lm models keep the decoder body (its blocks as a list): text models as .model (GPT-2's family and others
 # as .transformer, Mamba's and Nemotron-H's as .backbone); multimodal wrappers (Gemma 3 and 4, Qwen3.5, Llama 4,
 # Mistral 3, the VL models) as language_model.model; Gemma 3n as model.language_model. The blocks: .layers, GPT-2's
-# .h, DBRX's and Talkie's .blocks. Whatever runs after them (the final norm, the head) is the model's own.
-DECODER_PATHS = (("model",), ("transformer",), ("backbone",), ("language_model", "model"), ("model", "language_model"))
+# .h, DBRX's and Talkie's .blocks; PLaMo's a module of its own around its .layers list (model.layers). Whatever runs
+# after them (the final norm, the head) is the model's own.
+DECODER_PATHS = (("model",), ("transformer",), ("backbone",), ("language_model", "model"), ("model", "language_model"),
+                 ("model", "layers"))
 BLOCK_LISTS = ("layers", "h", "blocks")
 
 
 def decoder_path(model: nn.Module) -> tuple[str, ...]:
     """The attributes from `model` to the decoder body an early-exit view can cut, through plain attributes (not
-    properties: Qwen3.5's `model` is a view of language_model.model); ValueError where there is none (PLaMo's
-    .layers is a module of its own around the list)."""
+    properties: Qwen3.5's `model` is a view of language_model.model); ValueError where there is none."""
     for path in DECODER_PATHS:
         node = model
         for name in path:

@@ -31,11 +31,11 @@ def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
 
 
 def test_another_drafter_runs_and_a_refusal_is_counted_apart(sweep, tmp_path):
-    """--drafter: the model drafting for itself keeps plain decoding's tokens; early exit, which cannot cut
-    PLaMo 2's decoder (its blocks are a module), is refused with its reason (a caller's error, not a sweep failure)."""
+    """--drafter: the model drafting for itself keeps plain decoding's tokens; early exit, whose cut of AFM does not
+    run (its KV-reusing layers), is refused with its reason (a caller's error, not a sweep failure)."""
     drafted = sweep.sweep_one("llama", tmp_path, gpu=False, drafter="draft-model")
     assert drafted == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact"},
                        f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
-    refused = sweep.sweep_one("plamo2", tmp_path, gpu=False, drafter="early-exit")
-    assert "early exit needs" in refused["refused"]
-    assert sweep.summary({"llama": drafted, "plamo2": refused}) == {"exact": 1, "refused": 1}
+    refused = sweep.sweep_one("afm7", tmp_path, gpu=False, drafter="early-exit")
+    assert "does not run on mlx_lm.models.afm7" in refused["refused"]
+    assert sweep.summary({"llama": drafted, "afm7": refused}) == {"exact": 1, "refused": 1}

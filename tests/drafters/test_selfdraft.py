@@ -1,5 +1,5 @@
 """Early exit cuts an mlx-lm decoder's own layers, inside a model that wraps its language model too (Gemma 4,
-Qwen3.5, Gemma 3n: the decoder found where mlx-lm keeps it); a model whose blocks are not a list, or whose cut
+Qwen3.5, Gemma 3n, PLaMo: the decoder found where mlx-lm keeps it); a model without a list of blocks, or whose cut
 does not run, is refused with the drafter error, not an AttributeError from inside the load or a request."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from mlxspec.options import GenerateOptions
 
 
 @pytest.mark.parametrize("make", [lambda p: make_gemma4_dir(p, layers=8), make_qwen35_checkpoint,
-                                  lambda p: architecture_dir(p, "gemma3n")],
-                         ids=["gemma4", "qwen3_5", "gemma3n"])
+                                  lambda p: architecture_dir(p, "gemma3n"), lambda p: architecture_dir(p, "plamo2")],
+                         ids=["gemma4", "qwen3_5", "gemma3n", "plamo2"])  # (PLaMo: its blocks in a module of their own)
 def test_a_wrapped_model_drafts_with_its_first_layers(tmp_path, make):
     """The view cuts the wrapped decoder (the model itself keeps every layer) and greedy output is plain decoding's."""
     from mlxspec.drafters.selfdraft import decoder_of
@@ -30,10 +30,14 @@ def test_a_wrapped_model_drafts_with_its_first_layers(tmp_path, make):
     assert len(decoder_of(engine.target.model).layers) > 1  # the target's own decoder is whole
 
 
-def test_a_decoder_whose_layers_are_a_module_is_refused_by_name(tmp_path):
-    """PLaMo's `.model.layers` is a module around the list: refused as such, not as 'the model has 1 layer'."""
+def test_a_model_without_a_list_of_blocks_is_refused_by_name():
+    """Nothing early exit could cut: the drafter error (a 400 in the daemon), not an AttributeError from the load."""
+    import mlx.nn as nn
+
+    from mlxspec.drafters import make_drafter
+
     with pytest.raises(MlxspecError, match="early exit needs an mlx-lm decoder with its blocks as a list"):
-        Engine.load(str(architecture_dir(tmp_path, "plamo2")), drafter="early-exit")
+        make_drafter("early-exit", nn.Sequential(nn.Linear(4, 4)))
 
 
 def test_a_body_that_counts_its_blocks_is_cut_whole_and_a_cut_that_cannot_run_is_refused(tmp_path, monkeypatch):
