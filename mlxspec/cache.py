@@ -8,6 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache,
                                   can_trim_prompt_cache, make_prompt_cache)
+from mlx_lm.models.deepseek_v41 import LayerCache as DeepseekV41Cache
 
 from .features import decoder_body, tapped
 
@@ -343,21 +344,30 @@ def rewind(cache: list, n: int) -> None:
                 c.trim(n)
 
 
+# Caches that cannot trim but only ever rebind their arrays, never write into them, so a copy of their attributes is
+# a snapshot: DeepSeek-V4.1's (its window, closed compressed groups and the open group's rows).
+REBINDING = (DeepseekV41Cache,)
+
+
 def snapshot(cache: list) -> list:
-    """The states of the recurrent layers (mlx-lm's ArraysCache: linear attention, SSMs), to
+    """The states of the layers that cannot trim (mlx-lm's ArraysCache: linear attention, SSMs; REBINDING), to
     `restore` after rows that must be undone; [] for a model of KV caches alone."""
-    return [(c, list(c.cache)) for c in layer_caches(cache) if isinstance(c, ArraysCache)]
+    return [(c, list(c.cache) if isinstance(c, ArraysCache) else dict(vars(c)))
+            for c in layer_caches(cache) if isinstance(c, (ArraysCache, *REBINDING))]
 
 
 def restore(saved: list) -> None:
-    for c, arrays in saved:
-        c.cache = list(arrays)  # MLX arrays are immutable: the saved ones are the old state
+    for c, state in saved:  # MLX arrays are immutable: the saved ones are the old state
+        if isinstance(state, dict):
+            vars(c).update(state)
+        else:
+            c.cache = list(state)
 
 
 def speculable(model: nn.Module) -> bool:
     """Can speculation undo rejected drafts in every layer of this model: a KV cache that trims, or
-    a recurrent state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
-    return all(isinstance(c, ArraysCache) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
+    a state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
+    return all(isinstance(c, (ArraysCache, *REBINDING)) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
                for c in layer_caches(make_prompt_cache(model)))
 
 

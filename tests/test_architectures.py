@@ -25,6 +25,7 @@ ON_THE_CPU = [
     "bailing_hybrid",  # its lightning attention's chunked route for several tokens (now one at a time)
     "llama4",  # its chunked layers' caches cannot go back before their chunk: a reused prefix was wrong
     "gemma3n",  # its KV-shared layers read their owner's cache (`keys_and_values`): every request failed
+    "deepseek_v41",  # its layer caches cannot trim: speculation was off (now snapshot and restored, cache.REBINDING)
     "lfm2", "nemotron_h", "jamba", "gemma3_text", "cohere2", "phi3", "olmo3", "granite", "minicpm",
 ]
 AT_4_BITS = ["kimi_linear",  # its experts' indices are a strided view: the CPU gather kernel refused them

@@ -17,7 +17,8 @@ not. Called one token at a time, each token's call has exactly a one-token step'
 and bits. Those calls read each chosen expert once per token, as M one-token steps would.
 
 Some models multiply each token by a small matrix of its own or a raw weight outside any module's Linear (Gemma 3n's
-AltUp predictions, IQuest-Loop-Coder's loop gates: TOKENWISE): the same, one token at a time.
+AltUp predictions, IQuest-Loop-Coder's loop gates, DeepSeek-V4.1's hyper-connections: TOKENWISE): the same, one
+token at a time.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma3n, iquestloopcoder
+from mlx_lm.models import deepseek_v41, gemma3n, iquestloopcoder
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear, SwitchMLP
 
 from .passes import prompt_chunk, prompt_tokens
@@ -77,7 +78,10 @@ def _tokens_one_at_a_time(call, x: mx.array, axis: int) -> mx.array:
     if tokens <= 1 or prompt_tokens(tokens):
         return call(x)
     index = (slice(None),) * axis
-    return mx.concatenate([call(x[index + (slice(t, t + 1),)]) for t in range(tokens)], axis=axis)
+    outs = [call(x[index + (slice(t, t + 1),)]) for t in range(tokens)]
+    if isinstance(outs[0], tuple):
+        return tuple(mx.concatenate(parts, axis=axis) for parts in zip(*outs))
+    return mx.concatenate(outs, axis=axis)
 
 
 class RowwiseAltUp(gemma3n.Gemma3nAltUp):
@@ -96,7 +100,16 @@ class RowwiseLoopGate(iquestloopcoder.LoopGateProjection):
         return _tokens_one_at_a_time(super().__call__, query, 2)
 
 
-TOKENWISE = {gemma3n.Gemma3nAltUp: RowwiseAltUp, iquestloopcoder.LoopGateProjection: RowwiseLoopGate}
+class RowwiseHyperConnection(deepseek_v41.HyperConnection):
+    """DeepSeek-V4.1's hyper-connections: each token's mix from its streams by a raw weight (`flat @ self.fn.T`):
+    one token at a time in decoding passes."""
+
+    def __call__(self, streams: mx.array) -> tuple[mx.array, mx.array, mx.array]:  # streams (B, T, hc, hidden)
+        return _tokens_one_at_a_time(super().__call__, streams, 1)
+
+
+TOKENWISE = {gemma3n.Gemma3nAltUp: RowwiseAltUp, iquestloopcoder.LoopGateProjection: RowwiseLoopGate,
+             deepseek_v41.HyperConnection: RowwiseHyperConnection}
 
 
 def use_rowwise_gates(model: nn.Module) -> int:

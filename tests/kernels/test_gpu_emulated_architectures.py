@@ -75,7 +75,8 @@ def test_mla_layers_go_back_to_the_absorbed_route_when_the_kernels_leave(gpu, tm
 
 @pytest.mark.parametrize("model_type, swapped", [
     ("gemma3n", {"RowwiseAltUp", "KernelEmbedding"}), ("iquestloopcoder", {"RowwiseLoopGate"}),
-    ("recurrent_gemma", {"StepwiseRGLRU", "StepwiseGriffinConv"}), ("talkie", {"KernelHeadTalkie"})])
+    ("recurrent_gemma", {"StepwiseRGLRU", "StepwiseGriffinConv"}), ("talkie", {"KernelHeadTalkie"}),
+    ("deepseek_v41", {"RowwiseHyperConnection"})])
 def test_per_token_routes_are_installed_per_model_and_undone(gpu, tmp_path, model_type, swapped):
     """The routes that made these exact on the emulated GPU are class swaps of this model's modules only;
     remove_kernels gives every module its mlx-lm class back."""
@@ -88,3 +89,24 @@ def test_per_token_routes_are_installed_per_model_and_undone(gpu, tmp_path, mode
     assert swapped <= {type(m).__name__ for _, m in model.named_modules()}
     remove_kernels(model)
     assert {p: type(m) for p, m in model.named_modules()} == before
+
+
+def test_deepseek_v41_hyper_connections_mix_each_token_as_its_one_token_step(gpu, tmp_path):
+    """Its hyper-connections multiply by a raw weight (`flat @ self.fn.T`), which drifts with the rows on the emulated
+    GPU; the swapped class computes a 4-token call's rows as 4 one-token calls (its experts' float gather_mm is still
+    MLX's there: the model says `exact: false` on a GPU)."""
+    from mlxspec.kernels import install_kernels
+    from mlxspec.kernels.rowwise import RowwiseHyperConnection
+    from mlxspec.loading import load
+
+    model = load(str(architecture_dir(tmp_path, "deepseek_v41"))).model
+    hc = next(m for _, m in model.named_modules() if type(m).__name__ == "HyperConnection")
+    streams = mx.random.normal((1, 4, hc.hc, hc.fn.shape[1] // hc.hc), key=mx.random.key(3))
+    whole = hc(streams)
+    install_kernels(model)
+    assert type(hc) is RowwiseHyperConnection
+    rows = hc(streams)
+    ones = [hc(streams[:, t : t + 1]) for t in range(4)]
+    for i in range(3):  # pre, post, comb
+        assert mx.array_equal(rows[i], mx.concatenate([one[i] for one in ones], axis=1)).item()
+        assert not mx.array_equal(whole[i], rows[i]).item()  # MLX's 4-row matmul drifted
