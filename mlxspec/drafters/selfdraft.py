@@ -24,6 +24,7 @@ from .model import ModelDrafter
 DECODER_PATHS = (("model",), ("transformer",), ("backbone",), ("language_model", "model"), ("model", "language_model"),
                  ("model", "layers"))
 BLOCK_LISTS = ("layers", "h", "blocks")
+BLOCK_COUNTS = ("end_idx", "num_layers")  # a body's own counts of the blocks it loops over (PipelineMixin, Kimi K3)
 
 
 def decoder_path(model: nn.Module) -> tuple[str, ...]:
@@ -74,10 +75,6 @@ def early_exit_view(model: nn.Module, layers: int) -> nn.Module:
         raise ValueError(f"early exit after {layers} layers does not run on {type(model).__module__}: "
                          f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
     return view
-
-
-# a body's own counts of the blocks it loops over (mlx-lm's PipelineMixin, Kimi K3)
-BLOCK_COUNTS = ("end_idx", "num_layers")
 
 
 def _cut(node: nn.Module, path: tuple[str, ...], layers: int) -> nn.Module:

@@ -32,7 +32,7 @@ import mlx.nn as nn
 from mlx_lm.models import deepseek_v41, gemma3n, iquestloopcoder
 from mlx_lm.models.switch_layers import SwitchGLU, SwitchLinear, SwitchMLP
 
-from .passes import prompt_chunk, prompt_tokens
+from .passes import prompt_tokens
 
 _RAW_WEIGHT = re.compile(r"@\s*self\.weight\b")  # `x @ self.weight.T`: a matmul that is not a module
 
@@ -54,15 +54,11 @@ def unquantized_experts(module: nn.Module) -> bool:
 
 def _one_token_at_a_time(self, x: mx.array, *per_token: mx.array):
     """The base class's call on each token's row alone (x (..., T, hidden), batch 1; each of `per_token`
-    (..., T, n): the experts' indices), joined along T."""
+    (..., T, n): the experts' indices), joined along T (of x, and of an expert MLP's (..., T, k, out))."""
     tokens = x.shape[-2] if x.ndim >= 2 else 1
-    if (tokens <= 1 or x.size != tokens * x.shape[-1] or prompt_chunk(x)
-            or any(a.ndim < 2 or a.shape[-2] != tokens for a in per_token)):
+    if tokens <= 1 or x.size != tokens * x.shape[-1] or any(a.ndim < 2 or a.shape[-2] != tokens for a in per_token):
         return self._whole(x, *per_token)
-    outs = [self._whole(x[..., t : t + 1, :], *(a[..., t : t + 1, :] for a in per_token)) for t in range(tokens)]
-    if isinstance(outs[0], tuple):
-        return tuple(mx.concatenate(parts, axis=x.ndim - 2) for parts in zip(*outs))
-    return mx.concatenate(outs, axis=x.ndim - 2)  # the token axis of x, and of an expert MLP's (..., T, k, out)
+    return _tokens_one_at_a_time(self._whole, x, x.ndim - 2, *per_token)
 
 
 @functools.lru_cache(maxsize=None)
@@ -71,14 +67,14 @@ def _rowwise(cls: type) -> type:
                                                     "__module__": cls.__module__})
 
 
-def _tokens_one_at_a_time(call, x: mx.array, axis: int) -> mx.array:
-    """call(x) on each token of x's `axis` alone, joined along it (one sequence); whole for one token or a prompt
-    chunk (passes.prompt_tokens)."""
+def _tokens_one_at_a_time(call, x: mx.array, axis: int, *per_token: mx.array):
+    """call(x, *per_token) on each token of x's `axis` alone (each of `per_token` (..., T, n) cut along its T too),
+    joined along that axis (one sequence); whole for one token or a prompt chunk (passes.prompt_tokens)."""
     tokens = x.shape[axis]
     if tokens <= 1 or prompt_tokens(tokens):
-        return call(x)
+        return call(x, *per_token)
     index = (slice(None),) * axis
-    outs = [call(x[index + (slice(t, t + 1),)]) for t in range(tokens)]
+    outs = [call(x[index + (slice(t, t + 1),)], *(a[..., t : t + 1, :] for a in per_token)) for t in range(tokens)]
     if isinstance(outs[0], tuple):
         return tuple(mx.concatenate(parts, axis=axis) for parts in zip(*outs))
     return mx.concatenate(outs, axis=axis)
