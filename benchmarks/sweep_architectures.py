@@ -7,7 +7,9 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
 2-4 layers, a real tokenizer), float and 4-bit:
 - cpu (or "device" where MLX's default device is a GPU: the real kernels and ops there): greedy plain decoding vs the
   prompt-lookup drafter (--drafter: another; draft-model drafts with the model itself, early-exit with its first
-  layers) at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`;
+  layers) at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`; and plain decoding
+  through compiled step graphs (a GPU's default: step_graph.py) against steps built each time (mlx-lm's caches):
+  "same tokens", "differ" (a bug: the compiled steps compute another model), or why they were off;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), and a draft length 5 run's tokens and flag.
@@ -21,7 +23,9 @@ Writes every row and the counts to --out (default benchmarks/results/architectur
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -70,6 +74,32 @@ def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS,
     return out
 
 
+@contextlib.contextmanager
+def compile_setting(value: str):
+    """MLXSPEC_COMPILE=value for the engines loaded inside (Engine.load reads it)."""
+    before = os.environ.get("MLXSPEC_COMPILE")
+    os.environ["MLXSPEC_COMPILE"] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["MLXSPEC_COMPILE"]
+        else:
+            os.environ["MLXSPEC_COMPILE"] = before
+
+
+def compiled(path: Path, quantize: str | None, kernels=None) -> str:
+    """Plain decoding through compiled step graphs vs built each step: the same tokens?"""
+    runs = {}
+    for setting in ("0", "1"):
+        with compile_setting(setting):
+            engine = Engine.load(str(path), quantize=quantize, kernels=kernels)
+        runs[setting] = tokens(engine)[0]
+    if engine.steps.off:
+        return engine.steps.off
+    return "same tokens" if runs["1"] == runs["0"] else "differ"
+
+
 def gpu_rows(path: Path, quantize: str | None, drafter: str = "lookup") -> dict:
     engine = Engine.load(str(path), quantize=quantize, kernels="exact")
     if not engine.speculable:
@@ -94,6 +124,8 @@ def sweep_one(model_type: str, root: Path, gpu: bool, drafter: str = "lookup") -
         label = quantize or "float"
         try:
             row[f"{DEVICE} {label}"] = speculation(path, quantize, drafter=drafter)
+            if drafter == "lookup":  # the drafter does not enter it: once per model
+                row[f"{DEVICE} {label}"]["compiled"] = compiled(path, quantize)
             if gpu:
                 with emulated_gpu():
                     row[f"gpu {label}"] = gpu_rows(path, quantize, drafter)
@@ -114,6 +146,7 @@ def summary(rows: dict) -> dict:
             key = "error"
         else:
             verdicts = {v for part in row.values() for k, v in part.items() if k.startswith("k")}
+            verdicts |= {"differs" for part in row.values() if part.get("compiled") == "differ"}
             key = "differs" if "differs" in verdicts else "flagged" if "flagged" in verdicts else (
                 "no drafts" if "no drafts" in verdicts else "exact")
         counts[key] = counts.get(key, 0) + 1

@@ -25,6 +25,7 @@ from .cache import KV_CACHE_TYPES, exact_windows, kv_cache_type, store_kv_in_hal
 from .errors import MlxspecError, ModelLoadError
 from .heads.gemma4_assistant import MODEL_TYPE as ASSISTANT_TYPE
 from .heads.mtp_checkpoints import DRAFTER_TYPE, INDEX
+from .kernels.kv_reuse_attention import use_positioned_kv_reuse
 from .kernels.latent_attention import use_absorbed_steps
 from .kernels.plamo2_attention import use_routable_attention
 
@@ -233,6 +234,7 @@ def load(
             exact_windows(model)
             use_absorbed_steps(model)  # MLA layers: decoding passes on the one-row step's route
             use_routable_attention(model)  # PLaMo 2's attention through the name the attention kernels route
+            use_positioned_kv_reuse(model)  # AFM's KV-reuse layers: their queries' position in compiled steps too
         else:
             raise ModelLoadError(f"{reference!r} is neither a model directory (config.json) nor a .gguf file")
     except ModelLoadError as e:

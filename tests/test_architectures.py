@@ -5,7 +5,9 @@ runs every architecture the table knows; these are the ones that once failed, an
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
+from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_lm_architectures import architecture_dir
 from mlxspec.cache import speculable
@@ -85,3 +87,20 @@ def test_structured_output_reads_the_width_of_any_head(tmp_path, model_type):
     assert events[-1].done and engine.grammar_tokenizer() is not None
     if events[-1].finish_reason == "stop":
         json.loads("".join(e.text for e in events))
+
+
+@pytest.mark.parametrize("model_type", ["afm7", "gemma3n", "gemma3_text"])  # keys read without a cache; windows
+def test_compiled_steps_compute_the_model_s_own_logits(tmp_path, monkeypatch, model_type):
+    """A compiled step (a GPU's default) hands layers the cache's whole buffer with the keys that count marked: its
+    logits are the model's own on mlx-lm's caches, bit for bit. AFM's KV-reuse layers placed their queries at the
+    buffer's end (kv_reuse_attention.py): compiled steps computed another model there."""
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")
+    engine = Engine.load(str(architecture_dir(tmp_path, model_type)), kernels="exact")
+    model, steps = engine.target.model, engine.steps
+    eager, compiled = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.random.randint(0, 200, (1, 20), key=mx.random.key(0))
+    model(prompt, cache=eager), model(prompt, cache=compiled)
+    for i, rows in enumerate((1, 3, 1, 2)):
+        x = mx.random.randint(0, 200, (1, rows), key=mx.random.key(i + 1))
+        assert mx.array_equal(steps(x, compiled), model(x, cache=eager)).item(), f"pass {i} ({rows} rows)"
+    assert steps.off is None and steps.graphs

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import talkie
+from mlx_lm.models import afm7, talkie
 
 from . import registry
 from .build import KernelUnavailable
@@ -63,6 +63,16 @@ class KernelLinear(nn.Linear):
         return y + self["bias"] if "bias" in self else y
 
 
+class KernelSplitLinear(afm7.FusedLinear):
+    """AFM's FusedLinear (q, k and v as one matrix, its output split at `indices`) through the dense kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(x) if prompt_chunk(x) else self._dense(x, self["weight"]).split(self.indices, axis=-1)
+
+
+SPLIT_OUTPUTS = {afm7.FusedLinear: KernelSplitLinear}  # its class -> the kernel's (same parameters, same names)
+
+
 class KernelEmbedding(nn.Embedding):
     """nn.Embedding: lookups unchanged, `as_linear` (a tied head) through the dense kernel."""
 
@@ -92,8 +102,8 @@ def use_dense_kernels(model: nn.Module) -> dict:
     heads = tied_heads(model)
     for path, m in model.named_modules():
         tied = type(m) is nn.Embedding and path in heads
-        raw = RAW_HEADS.get(type(m))
-        if type(m) is not nn.Linear and not tied and not raw:
+        raw, split = RAW_HEADS.get(type(m)), SPLIT_OUTPUTS.get(type(m))
+        if type(m) is not nn.Linear and not tied and not raw and not split:
             continue
         n, k = m[raw[1]].shape if raw else m["weight"].shape
         dtype = m[raw[1]].dtype if raw else m["weight"].dtype
@@ -101,7 +111,7 @@ def use_dense_kernels(model: nn.Module) -> dict:
         if failure:
             report["kept"][f"{path}.{raw[1]}" if raw else path] = failure
             continue
-        m.__class__ = raw[0] if raw else KernelEmbedding if tied else KernelLinear  # same parameters, same names
+        m.__class__ = raw[0] if raw else split or (KernelEmbedding if tied else KernelLinear)  # same parameters
         m._dense = rec.fn
         report["swapped"][f"{path}.{raw[1]}".lstrip(".") if raw else path] = rec.name
     return report
@@ -113,5 +123,5 @@ def restore_dense(model: nn.Module) -> None:
             m.__class__ = nn.Linear
         elif isinstance(m, KernelEmbedding):
             m.__class__ = nn.Embedding
-        elif type(m) in {kernel for kernel, _ in RAW_HEADS.values()}:
+        elif type(m) in {kernel for kernel, _ in RAW_HEADS.values()} | set(SPLIT_OUTPUTS.values()):
             m.__class__ = type(m).__mro__[1]

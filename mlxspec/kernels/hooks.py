@@ -50,6 +50,17 @@ def unroute_functions(model: nn.Module, names: list[str]) -> None:
         module.__class__ = _routed_class(base, kept) if kept else base
 
 
+def swap_classes(model: nn.Module, classes: dict[type, type]) -> int:
+    """Give each module of `model` whose class is a key of `classes` that key's value (a subclass: same parameters,
+    same names); returns how many. This model's instances only."""
+    swapped = 0
+    for _, m in model.named_modules():
+        if type(m) in classes:
+            m.__class__ = classes[type(m)]
+            swapped += 1
+    return swapped
+
+
 def routed(module: nn.Module, name: str) -> Callable | None:
     """The function `name` is routed to in this module (None: the class's own)."""
     return getattr(type(module), _ROUTES, {}).get(name)

@@ -22,6 +22,7 @@ from mlx_lm.models import deepseek_v3, glm4_moe_lite
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import CacheList, KVCache
 
+from .hooks import swap_classes
 from .passes import prompt_chunk
 
 
@@ -134,7 +135,7 @@ _ROW_BY_ROW = {_ABSORBED[base]: type(f"RowByRow{base.__name__}", (_RowByRow, bas
 def use_absorbed_steps(model: nn.Module) -> int:
     """Give this model's MLA modules the absorbed route in decoding passes (mlx-lm's DeepSeek-V3 and GLM-4.7-Flash
     classes), or their tokens one at a time (any other class with both routes); returns how many."""
-    swapped = _swap(model, _ABSORBED)
+    swapped = swap_classes(model, _ABSORBED)
     for _, m in model.named_modules():
         if type(m) not in _ROW_BY_ROW and not isinstance(m, _TokenByToken) and _latent_layer(type(m)):
             m.__class__ = _token_by_token(type(m))  # same parameters, same names
@@ -144,17 +145,10 @@ def use_absorbed_steps(model: nn.Module) -> int:
 
 def use_latent_rows(model: nn.Module) -> int:
     """On a GPU: this model's absorbed MLA modules attend row by row in decoding passes; returns how many."""
-    return _swap(model, _ROW_BY_ROW)
+    return swap_classes(model, _ROW_BY_ROW)
 
 
 def restore_latent_rows(model: nn.Module) -> None:
-    _swap(model, {rows: absorbed for absorbed, rows in _ROW_BY_ROW.items()})
+    swap_classes(model, {rows: absorbed for absorbed, rows in _ROW_BY_ROW.items()})
 
 
-def _swap(model: nn.Module, classes: dict[type, type]) -> int:
-    swapped = 0
-    for _, m in model.named_modules():
-        if type(m) in classes:
-            m.__class__ = classes[type(m)]  # same parameters, same names
-            swapped += 1
-    return swapped

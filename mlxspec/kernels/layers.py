@@ -27,6 +27,7 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models import afm7
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 from .gpu import AFFINE_BITS
@@ -59,6 +60,17 @@ class KernelQuantizedLinear(nn.QuantizedLinear):
             y = self._qmm(x, self["weight"], self["scales"], self.get("biases"), self.group_size, self.bits,
                           **self._mode, **layout_args(self))
         return y + self["bias"] if "bias" in self else y
+
+
+class KernelSplitQuantizedLinear(KernelQuantizedLinear):
+    """A quantized layer that computes several projections as one matrix and returns its output split at
+    `indices` (AFM's FusedQuantizedLinear: q, k and v), through the kernel."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return super().__call__(x).split(self.indices, axis=-1)
+
+
+SPLIT_OUTPUTS = {afm7.FusedQuantizedLinear: KernelSplitQuantizedLinear}  # its class -> the kernel's (same names)
 
 
 def _new_like(cls, layer, kernel: str):
@@ -201,7 +213,9 @@ def _candidates(model: nn.Module, head: bool):
     for path, m in model.named_modules():
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
             continue  # already swapped
-        if isinstance(m, nn.QuantizedLinear) and _own_call(m, nn.QuantizedLinear):
+        if type(m) in SPLIT_OUTPUTS:
+            yield path, m, SPLIT_OUTPUTS[type(m)]
+        elif isinstance(m, nn.QuantizedLinear) and _own_call(m, nn.QuantizedLinear):
             yield path, m, KernelQuantizedLinear
         elif type(m) is QuantizedSwitchLinear:
             yield path, m, KernelQuantizedSwitchLinear
@@ -211,8 +225,8 @@ def _candidates(model: nn.Module, head: bool):
 
 
 def _own_call(m: nn.Module, base: type, method: str = "__call__") -> bool:
-    """Does `m` compute `method` as `base` does? A subclass that wraps it (AFM's FusedQuantizedLinear splits its
-    output in three) would lose that in a swap: it keeps MLX's op."""
+    """Does `m` compute `method` as `base` does? A subclass that wraps it would lose that in a swap: it keeps
+    MLX's op (unless SPLIT_OUTPUTS has a kernel class for it)."""
     return getattr(type(m), method) is getattr(base, method)
 
 
@@ -317,7 +331,7 @@ def _int8_layout(module: nn.Module) -> bool:
     """Lay out a swapped linear layer or tied head for the int8 tiles (the self-check compared both
     for its shape): codes packed where N allows, biases implied by the scales where they are
     (packing.py). Not MoE experts (3-D). Returns whether the codes were packed."""
-    if type(module) not in (KernelQuantizedLinear, KernelQuantizedEmbedding):
+    if type(module) not in (KernelQuantizedLinear, KernelSplitQuantizedLinear, KernelQuantizedEmbedding):
         return False
     module._bias_of_scale = implied_bias(module)
     if packable(module):
@@ -356,7 +370,8 @@ def restore_layers(model: nn.Module) -> int:
         if isinstance(m, (KernelQuantizedLinear, KernelQuantizedEmbedding, KernelQuantizedSwitchLinear)):
             unpack_layer(m)
             m.__class__ = {KernelQuantizedLinear: nn.QuantizedLinear, KernelQuantizedEmbedding: nn.QuantizedEmbedding,
-                           KernelQuantizedSwitchLinear: QuantizedSwitchLinear}[type(m)]
+                           KernelQuantizedSwitchLinear: QuantizedSwitchLinear,
+                           **{kernel: own for own, kernel in SPLIT_OUTPUTS.items()}}[type(m)]
             count += 1
     return count
 

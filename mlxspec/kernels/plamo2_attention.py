@@ -15,6 +15,8 @@ import mlx.nn as nn
 from mlx_lm.models import plamo2
 from mlx_lm.models.base import scaled_dot_product_attention
 
+from .hooks import swap_classes
+
 
 class RoutablePlamo2Attention(plamo2.Attention):
     def __call__(self, hidden_states: mx.array, mask: mx.array | None = None, cache=None) -> mx.array:
@@ -36,9 +38,4 @@ class RoutablePlamo2Attention(plamo2.Attention):
 
 def use_routable_attention(model: nn.Module) -> int:
     """Swap this model's PLaMo 2 attention modules (same parameters, same names); returns how many."""
-    swapped = 0
-    for _, m in model.named_modules():
-        if type(m) is plamo2.Attention:
-            m.__class__ = RoutablePlamo2Attention
-            swapped += 1
-    return swapped
+    return swap_classes(model, {plamo2.Attention: RoutablePlamo2Attention})

@@ -29,6 +29,7 @@ ON_A_GPU = [
     "iquestloopcoder",  # its loop gates' compiled matmul (now one token at a time)
     "llama4",  # its chunked layers' masks (attention chunks, not a window): now the kernel, a call per chunk
     "openelm", "lille-130m",  # their tied heads' tables have other names (found where the forward reads them)
+    "afm7",  # its q/k/v FusedLinear (a Linear that splits its output) and its KV-reuse layers' positions
 ]
 
 
@@ -76,7 +77,7 @@ def test_mla_layers_go_back_to_the_absorbed_route_when_the_kernels_leave(gpu, tm
 @pytest.mark.parametrize("model_type, swapped", [
     ("gemma3n", {"RowwiseAltUp", "KernelEmbedding"}), ("iquestloopcoder", {"RowwiseLoopGate"}),
     ("recurrent_gemma", {"StepwiseRGLRU", "StepwiseGriffinConv"}), ("talkie", {"KernelHeadTalkie"}),
-    ("deepseek_v41", {"RowwiseHyperConnection"})])
+    ("deepseek_v41", {"RowwiseHyperConnection"}), ("afm7", {"KernelSplitLinear"})])
 def test_per_token_routes_are_installed_per_model_and_undone(gpu, tmp_path, model_type, swapped):
     """The routes that made these exact on the emulated GPU are class swaps of this model's modules only;
     remove_kernels gives every module its mlx-lm class back."""
@@ -110,3 +111,16 @@ def test_deepseek_v41_hyper_connections_mix_each_token_as_its_one_token_step(gpu
     for i in range(3):  # pre, post, comb
         assert mx.array_equal(rows[i], mx.concatenate([one[i] for one in ones], axis=1)).item()
         assert not mx.array_equal(whole[i], rows[i]).item()  # MLX's 4-row matmul drifted
+
+
+def test_quantized_layers_that_split_their_output_take_the_kernel(gpu, tmp_path):
+    """AFM's FusedQuantizedLinear (q, k and v in one matrix, its output split in three) has a __call__ of its own: a
+    plain swap would lose the split, so it has its own kernel class; at 4 bits the rows hold and it goes back."""
+    from mlxspec.kernels import remove_kernels
+
+    engine = Engine.load(str(architecture_dir(tmp_path, "afm7")), quantize="q4", kernels="exact")
+    model = engine.target.model
+    kinds = lambda: {type(m).__name__ for p, m in model.named_modules() if p.endswith("qkv_proj")}  # noqa: E731
+    assert kinds() == {"KernelSplitQuantizedLinear"} and engine.rows.holds(4), engine.rows.failures()
+    remove_kernels(model)
+    assert kinds() == {"FusedQuantizedLinear"}
