@@ -89,11 +89,13 @@ def test_structured_output_reads_the_width_of_any_head(tmp_path, model_type):
         json.loads("".join(e.text for e in events))
 
 
-@pytest.mark.parametrize("model_type", ["afm7", "gemma3n", "gemma3_text"])  # keys read without a cache; windows
+@pytest.mark.parametrize("model_type", ["afm7", "deepseek_v3", "gemma3n", "gemma3_text"])
 def test_compiled_steps_compute_the_model_s_own_logits(tmp_path, monkeypatch, model_type):
     """A compiled step (a GPU's default) hands layers the cache's whole buffer with the keys that count marked: its
-    logits are the model's own on mlx-lm's caches, bit for bit. AFM's KV-reuse layers placed their queries at the
-    buffer's end (kv_reuse_attention.py): compiled steps computed another model there."""
+    logits are the model's own on mlx-lm's caches, bit for bit. They were not: AFM's KV-reuse layers placed their
+    queries at the buffer's end (kv_reuse_attention.py); DeepSeek-V3's absorbed route passes its rotary scores as
+    the mask, which the attention kernel dropped for the buffer's length (now mlx-lm's function takes such masks).
+    Gemma 3n's KV-shared layers read another layer's keys; Gemma 3's sliding windows."""
     monkeypatch.setenv("MLXSPEC_COMPILE", "1")
     engine = Engine.load(str(architecture_dir(tmp_path, model_type)), kernels="exact")
     model, steps = engine.target.model, engine.steps

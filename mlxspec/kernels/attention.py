@@ -12,8 +12,8 @@ Routing is per model (hooks.py): mlx-lm's own modules and other models keep mlx-
 The routed function sends a call to the kernel only when it can answer it exactly as defined
 (plain KV cache, mask None or "causal", or the array mask of mlxspec's WindowKVCache, which the
 kernel reads as its sliding window, also where a KV-shared layer gets it without the cache, or a
-compiled step's cache buffers with the length that counts (step_graph.py), which kernels with
-`lengths` take; sinks (gpt-oss) and softcaps (Gemma 2, softcap_attention.py) where the kernel takes
+compiled step's cache buffers with the length that counts (step_graph.py) under the mask their view made, which
+kernels with `lengths` take; sinks (gpt-oss) and softcaps (Gemma 2, softcap_attention.py) where the kernel takes
 them, as the CPU and GPU ones do; dtypes it handles, and this shape signature passed the
 self-check; Llama 4's chunked layers as causal attention over each chunk's keys); anything else goes to
 mlx-lm's own function (Gemma 2's written-out ops) unchanged. Keys and values share a dtype; float32 queries may
@@ -352,7 +352,7 @@ def few_row_attention(queries, keys, values, cache, scale: float, mask, sinks=No
     length, window = _in_buffer(cache, mask)
     if length is not None:  # a compiled step's cache buffers: `length` of their keys count
         fn = rec.fn
-        if (getattr(fn, "lengths", False) and (not window or getattr(fn, "windows", False))
+        if (getattr(fn, "lengths", False) and (not window or getattr(fn, "windows", False)) and _view_mask(mask)
                 and (fn := _usable(rec, queries, keys, values, cache, "causal", sinks, softcap))):
             return fn(queries, keys, values, scale, True, length=length, **({"window": window} if window else {}), **extra)
         return _theirs(queries, keys, values, cache, scale, mask, sinks, softcap)
@@ -403,6 +403,13 @@ def _in_buffer(cache, mask) -> tuple[mx.array | None, int]:
         window, length = mask_marks(mask)
         return length, window if length is not None else 0
     return getattr(cache, "key_length", None), getattr(cache, "attention_window", 0)
+
+
+def _view_mask(mask) -> bool:
+    """Is `mask` none, causal, or the one a compiled step's cache view made (which the kernel reads as its length)?
+    A model's own mask over the buffer (DeepSeek-V3's absorbed route passes its rotary scores as one) goes to
+    mlx-lm's function with it."""
+    return mask is None or isinstance(mask, str) or mask_marks(mask)[1] is not None
 
 
 def _window(cache, mask, fn) -> int:
