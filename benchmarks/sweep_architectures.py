@@ -12,7 +12,8 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
   "same tokens", "differ" (a bug: the compiled steps compute another model), or why they were off;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
-  do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), and a draft length 5 run's tokens and flag.
+  do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), a draft length 5 run's tokens and flag,
+  and plain decoding compiled against built each step there (the GPU kernels' reading of compiled steps' buffers).
 A row is "exact" where the tokens match and the flag says so, "flagged" where the engine measured its rows differing
 and said `exact: false` (honest, not exact), "differs" where tokens differ under `exact: true` (a bug), "refused"
 where loading the drafter was refused with a reason (a caller's error: early exit on a model it cannot cut), or the
@@ -107,7 +108,8 @@ def gpu_rows(path: Path, quantize: str | None, drafter: str = "lookup") -> dict:
                                                                                           drafter)
     failures = {} if engine.rows.holds(8) else engine.rows.failures()
     out = {"rows": "equal" if not failures else f"differ from {min(failures)} rows: {failures[min(failures)]}"}
-    return out | speculation(path, quantize, kernels="exact", lengths=(5,), drafter=drafter)
+    out |= speculation(path, quantize, kernels="exact", lengths=(5,), drafter=drafter)
+    return out | ({"compiled": compiled(path, quantize, "exact")} if drafter == "lookup" else {})
 
 
 def sweep_one(model_type: str, root: Path, gpu: bool, drafter: str = "lookup") -> dict:
