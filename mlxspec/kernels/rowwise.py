@@ -17,8 +17,8 @@ not. Called one token at a time, each token's call has exactly a one-token step'
 and bits. Those calls read each chosen expert once per token, as M one-token steps would.
 
 Some models multiply each token by a small matrix of its own or a raw weight outside any module's Linear (Gemma 3n's
-AltUp predictions, IQuest-Loop-Coder's loop gates, DeepSeek-V4.1's hyper-connections: TOKENWISE): the same, one
-token at a time.
+AltUp predictions, IQuest-Loop-Coder's loop gates, DeepSeek-V4.1's hyper-connections: TOKENWISE), or by a float
+SwitchLinear outside any expert MLP (DeepSeek-V4.1's grouped output projection): the same, one token at a time.
 """
 
 from __future__ import annotations
@@ -104,6 +104,25 @@ class RowwiseHyperConnection(deepseek_v41.HyperConnection):
         return _tokens_one_at_a_time(super().__call__, streams, 1)
 
 
+class RowwiseGroupedProjection(SwitchLinear):
+    """A float SwitchLinear outside an expert MLP, as a block-diagonal projection (DeepSeek-V4.1's o_a_proj: x
+    (B*T, groups, 1, dim), indices (1, groups), a matrix a group): MLX's gather_mm over every token's groups at
+    once, so one token at a time in decoding passes."""
+
+    def __call__(self, x: mx.array, indices: mx.array, sorted_indices: bool = False) -> mx.array:
+        whole = super().__call__
+        if indices.shape[0] != 1:  # indices a token each (an expert's call): not the grouped form
+            return whole(x, indices, sorted_indices)
+        return _tokens_one_at_a_time(lambda token: whole(token, indices, sorted_indices), x, 0)
+
+
+def _grouped_projections(model: nn.Module):
+    """The plain SwitchLinear layers that are not an expert MLP's (those go whole: unquantized_experts)."""
+    for _, m in model.named_modules():
+        if not isinstance(m, (SwitchGLU, SwitchMLP)):
+            yield from (c for c in m.children().values() if type(c) is SwitchLinear)
+
+
 TOKENWISE = {gemma3n.Gemma3nAltUp: RowwiseAltUp, iquestloopcoder.LoopGateProjection: RowwiseLoopGate,
              deepseek_v41.HyperConnection: RowwiseHyperConnection}
 
@@ -112,6 +131,9 @@ def use_rowwise_gates(model: nn.Module) -> int:
     """Give this model's raw-weight routers, unquantized expert MLPs and per-token matmuls (TOKENWISE) the
     one-token-at-a-time call; returns how many."""
     swapped = 0
+    for m in list(_grouped_projections(model)):
+        m.__class__ = RowwiseGroupedProjection
+        swapped += 1
     for _, m in model.named_modules():
         if type(m) in TOKENWISE:
             m.__class__ = TOKENWISE[type(m)]  # same parameters, same names
@@ -124,5 +146,5 @@ def use_rowwise_gates(model: nn.Module) -> int:
 
 def restore_rowwise_gates(model: nn.Module) -> None:
     for _, m in model.named_modules():
-        if getattr(type(m), "_whole", None) or type(m) in TOKENWISE.values():
+        if getattr(type(m), "_whole", None) or type(m) in (*TOKENWISE.values(), RowwiseGroupedProjection):
             m.__class__ = type(m).__mro__[1]

@@ -30,6 +30,7 @@ ON_A_GPU = [
     "llama4",  # its chunked layers' masks (attention chunks, not a window): now the kernel, a call per chunk
     "openelm", "lille-130m",  # their tied heads' tables have other names (found where the forward reads them)
     "afm7",  # its q/k/v FusedLinear (a Linear that splits its output) and its KV-reuse layers' positions
+    "deepseek_v41",  # its hyper-connections' raw-weight matmul; its grouped output projection (a float SwitchLinear)
 ]
 
 
@@ -77,7 +78,7 @@ def test_mla_layers_go_back_to_the_absorbed_route_when_the_kernels_leave(gpu, tm
 @pytest.mark.parametrize("model_type, swapped", [
     ("gemma3n", {"RowwiseAltUp", "KernelEmbedding"}), ("iquestloopcoder", {"RowwiseLoopGate"}),
     ("recurrent_gemma", {"StepwiseRGLRU", "StepwiseGriffinConv"}), ("talkie", {"KernelHeadTalkie"}),
-    ("deepseek_v41", {"RowwiseHyperConnection"}), ("afm7", {"KernelSplitLinear"})])
+    ("deepseek_v41", {"RowwiseHyperConnection", "RowwiseGroupedProjection"}), ("afm7", {"KernelSplitLinear"})])
 def test_per_token_routes_are_installed_per_model_and_undone(gpu, tmp_path, model_type, swapped):
     """The routes that made these exact on the emulated GPU are class swaps of this model's modules only;
     remove_kernels gives every module its mlx-lm class back."""
@@ -94,8 +95,7 @@ def test_per_token_routes_are_installed_per_model_and_undone(gpu, tmp_path, mode
 
 def test_deepseek_v41_hyper_connections_mix_each_token_as_its_one_token_step(gpu, tmp_path):
     """Its hyper-connections multiply by a raw weight (`flat @ self.fn.T`), which drifts with the rows on the emulated
-    GPU; the swapped class computes a 4-token call's rows as 4 one-token calls (its experts' float gather_mm is still
-    MLX's there: the model says `exact: false` on a GPU)."""
+    GPU; the swapped class computes a 4-token call's rows as 4 one-token calls."""
     from mlxspec.kernels import install_kernels
     from mlxspec.kernels.rowwise import RowwiseHyperConnection
     from mlxspec.loading import load
