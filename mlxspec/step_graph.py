@@ -26,7 +26,8 @@ Sliding-window layers (mlxspec's WindowKVCache: Gemma 2/3/4, gpt-oss, Cohere 2 .
 capacity for good (`window_capacity`: a little over the window), compacted when full, with their own
 buffer position as an array next to the model's; their rows see their last `window` keys there.
 Recurrent layers (mlx-lm's ArraysCache: gated delta nets, Mamba-2) pass their state arrays through the
-trace (cache.StateView). Other caches (quantized KV caches) and models that cannot trace this way run
+trace (cache.StateView); a layer that holds several caches (mlx-lm's CacheList: Falcon-H1, Baichuan-M1) passes each
+one's. Other caches (quantized KV caches) and models that cannot trace this way run
 eagerly, as before.
 """
 
@@ -38,9 +39,9 @@ from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache, make_prompt_cache
+from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, make_prompt_cache
 
-from .cache import REWIND_SLACK, HalfKVCache, KVView, StateView, WindowKVCache
+from .cache import REWIND_SLACK, HalfKVCache, KVView, StateView, WindowKVCache, layer_caches
 from .features import target_forward
 from .kernels.passes import DECODE_ROWS
 
@@ -61,7 +62,7 @@ class StepGraphs:
         self.model = model
         self.off: str | None = None if enabled else "off"
         caches = make_prompt_cache(model) if enabled and model is not None else []
-        kinds = {type(c).__name__ for c in caches if type(c) not in COMPILABLE}
+        kinds = {type(c).__name__ for c in layer_caches(caches) if type(c) not in COMPILABLE}
         if kinds:
             self.off = f"off: its caches are not all KV caches or recurrent states ({', '.join(sorted(kinds))})"
         eager = sorted({type(m).__name__ for _, m in model.named_modules() if getattr(m, "EAGER_STEPS", False)}
@@ -88,16 +89,16 @@ class StepGraphs:
         """Pass `name` (`_pass`) over inputs (inputs[0]: (1, rows) ids or (rows,) ones; the rest any arrays) through its
         compiled graph, writing its rows into the cache; its outputs, or None where compiled steps do
         not apply (then nothing was written)."""
-        rows = _rows(inputs)
-        if name in self.extra_off or not self._applies(rows, cache):
+        rows, flat = _rows(inputs), layer_caches(cache)  # CacheLists opened: their caches' arrays in order
+        if name in self.extra_off or not self._applies(rows, flat):
             return None
-        for c in cache:
+        for c in flat:
             _make_room(c, rows)
         layout = tuple(_layout(c) for c in cache)
-        kv = [c for c in cache if type(c) is not ArraysCache]
+        kv = [c for c in flat if type(c) is not ArraysCache]
         offset = mx.array(kv[0].offset if kv else 0, dtype=mx.int32)
-        start = mx.array(next((c.start for c in cache if type(c) is WindowKVCache), 0), dtype=mx.int32)
-        buffers = [a for c in cache for a in _arrays(c)]
+        start = mx.array(next((c.start for c in flat if type(c) is WindowKVCache), 0), dtype=mx.int32)
+        buffers = [a for c in flat for a in _arrays(c)]
         traced = partial(self._traced, name, len(inputs), layout)
         if (name, layout) not in self._compiled:
             self._compiled[(name, layout)] = mx.compile(traced)
@@ -114,7 +115,7 @@ class StepGraphs:
             return None
         self.graphs.add((name, rows, kv[0].keys.shape[2] if kv else 0, *(str(a.dtype) for a in inputs)))
         heads = at = len(out) - len(buffers)  # the pass's outputs, then each cache's arrays in order
-        for c in cache:
+        for c in flat:
             n = len(_arrays(c))
             _store(c, out[at : at + n], rows)
             at += n
@@ -148,6 +149,7 @@ class StepGraphs:
         log.warning("mlxspec: compiled decoding steps off for this model (%s); building each step", why)
 
     def _applies(self, rows: int, cache: list) -> bool:
+        """cache: the layers' caches, CacheLists opened (layer_caches)."""
         if not (self.off is None and 0 < rows <= MAX_ROWS and bool(cache)
                 and all(type(c) in COMPILABLE and _ready(c) for c in cache)):
             return False
@@ -163,12 +165,17 @@ class StepGraphs:
         full = offset.reshape(1)  # (1,): MLX's Metal kernels take a 0-d input by reference, not pointer
         sliding = full - start  # a sliding layer's buffer row of the position (unused: not in the graph)
         at = {False: (full, full + _rows(inputs)), True: (sliding, sliding + _rows(inputs))}  # row, keys that count
-        views = []
-        for kind, size in layout:  # size: a KV cache's window (0: none), a state's number of arrays
+
+        def view(kind: str, size):  # size: a KV cache's window (0: none), a state's number of arrays, a list's layouts
+            nonlocal buffers
+            if kind == "list":
+                return CacheList(*(view(*inner) for inner in size))
             count = 2 if kind == "kv" else size
             mine, buffers = buffers[:count], buffers[count:]
-            views.append(KVView(*mine, offset, *at[size > 0], size) if kind == "kv" else StateView(mine))
-        return self._pass(name, inputs, views) + [a for v in views for a in _arrays(v)]
+            return KVView(*mine, offset, *at[size > 0], size) if kind == "kv" else StateView(mine)
+
+        views = [view(*kind) for kind in layout]
+        return self._pass(name, inputs, views) + [a for v in layer_caches(views) for a in _arrays(v)]
 
     def _pass(self, name: str, inputs: tuple, views: list) -> list[mx.array]:
         """The target's passes: 'logits' (model(x)), 'hidden' (features.target_forward: logits, hidden), and
@@ -199,8 +206,11 @@ def _eager(model: nn.Module, x: mx.array, cache: list, hidden: bool | tuple[int,
     return target_forward(model, x, cache, hidden if isinstance(hidden, tuple) else None)
 
 
-def _layout(c) -> tuple[str, int]:
-    """What a trace must know of a cache: ("kv", its window or 0) or ("state", its number of arrays)."""
+def _layout(c) -> tuple[str, int | tuple]:
+    """What a trace must know of a cache: ("kv", its window or 0), ("state", its number of arrays) or, for a layer
+    that holds several (mlx-lm's CacheList: Falcon-H1's state and KV cache), ("list", their layouts)."""
+    if isinstance(c, CacheList):
+        return "list", tuple(_layout(inner) for inner in c.caches)
     if isinstance(c, ArraysCache):
         return "state", len(c.cache)
     return "kv", c.window if type(c) is WindowKVCache else 0

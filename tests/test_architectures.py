@@ -89,13 +89,14 @@ def test_structured_output_reads_the_width_of_any_head(tmp_path, model_type):
         json.loads("".join(e.text for e in events))
 
 
-@pytest.mark.parametrize("model_type", ["afm7", "deepseek_v3", "gemma3n", "gemma3_text"])
+@pytest.mark.parametrize("model_type", ["afm7", "deepseek_v3", "gemma3n", "gemma3_text", "falcon_h1", "baichuan_m1"])
 def test_compiled_steps_compute_the_model_s_own_logits(tmp_path, monkeypatch, model_type):
     """A compiled step (a GPU's default) hands layers the cache's whole buffer with the keys that count marked: its
     logits are the model's own on mlx-lm's caches, bit for bit. They were not: AFM's KV-reuse layers placed their
     queries at the buffer's end (kv_reuse_attention.py); DeepSeek-V3's absorbed route passes its rotary scores as
     the mask, which the attention kernel dropped for the buffer's length (now mlx-lm's function takes such masks).
-    Gemma 3n's KV-shared layers read another layer's keys; Gemma 3's sliding windows."""
+    Gemma 3n's KV-shared layers read another layer's keys; Gemma 3's sliding windows; Falcon-H1's and Baichuan-M1's
+    layers hold two caches each (mlx-lm's CacheList: once eager only)."""
     monkeypatch.setenv("MLXSPEC_COMPILE", "1")
     engine = Engine.load(str(architecture_dir(tmp_path, model_type)), kernels="exact")
     model, steps = engine.target.model, engine.steps

@@ -16,9 +16,10 @@ import mlx.nn as nn
 import pytest
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
+from mlx_lm_architectures import architecture_dir
 from model_factory import config_dir, make_model_dir, make_qwen35_checkpoint
 from mlxspec.bench.memory import allocated
-from mlxspec.cache import HalfKVCache, KVView, WindowKVCache, restore, rewind, snapshot
+from mlxspec.cache import HalfKVCache, KVView, WindowKVCache, layer_caches, restore, rewind, snapshot
 from mlxspec.engine import Engine
 from mlxspec.exactness import RowInvariance
 from mlxspec.features import target_forward
@@ -326,10 +327,10 @@ def test_caches_other_than_kv_caches_and_recurrent_states_run_eagerly(tmp_path):
         assert mx.array_equal(steps(x, a), model(x, cache=b)).item()
 
 
-@pytest.mark.parametrize("arch", ["qwen3_next", "granitemoehybrid", "qwen3_5"])
+@pytest.mark.parametrize("arch", ["qwen3_next", "granitemoehybrid", "qwen3_5", "falcon_h1"])
 def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_path, arch):
-    """Hybrid models (gated delta nets, Mamba-2) with per-op kernels: their recurrent states are arrays of a
-    compiled step too. Passes, and passes undone as a round undoes them (KV rows rewound, states restored
+    """Hybrid models (gated delta nets, Mamba-2; Falcon-H1's layers hold both, in mlx-lm's CacheList) with per-op
+    kernels: their recurrent states are arrays of a compiled step too. Passes, and passes undone as a round undoes them (KV rows rewound, states restored
     from a snapshot), give eager steps' logits, and rows of a compiled pass equal compiled one-row steps.
     On a GPU a compiled graph fuses the recurrences' elementwise ops into kernels of its own, whose last bits
     may differ from eager ops' (seen on an H200): there the compiled passes agree with eager ones within
@@ -338,12 +339,14 @@ def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_pat
         lambda a, b: mx.allclose(a, b, rtol=1e-4, atol=1e-5).item())
     if arch == "qwen3_5":
         path = make_qwen35_checkpoint(tmp_path / arch, moe=True)
+    elif arch == "falcon_h1":
+        path = architecture_dir(tmp_path / arch, arch)
     else:
         path = make_model_dir(tmp_path / arch, arch=arch, layers=4, seed=3)
     model = load(str(path)).model
     install_kernels(model, fuse=False)
     eager, compiled = make_prompt_cache(model), make_prompt_cache(model)
-    assert any(type(c) is ArraysCache for c in compiled)
+    assert any(type(c) is ArraysCache for c in layer_caches(compiled))
     for c in (eager, compiled):
         model(ids(40), cache=c)
     steps = StepGraphs(model)
@@ -359,7 +362,7 @@ def test_recurrent_layers_compile_and_equal_eager_steps_through_restores(tmp_pat
             kept = x[:, : rows - undo]
             model(kept, cache=eager), steps(kept, compiled)
     assert steps.off is None and steps.graphs
-    for e, c in zip(eager, compiled):
+    for e, c in zip(layer_caches(eager), layer_caches(compiled)):
         pairs = zip(e.cache, c.cache) if type(c) is ArraysCache else zip(held(e), held(c))
         assert all(same(a, b) for a, b in pairs)
     check = RowInvariance(model, forward=steps)
