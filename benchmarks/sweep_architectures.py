@@ -9,7 +9,8 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
   prompt-lookup drafter (--drafter: another; draft-model drafts with the model itself, early-exit with its first
   layers) at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`; and plain decoding
   through compiled step graphs (a GPU's default: step_graph.py) against steps built each time (mlx-lm's caches):
-  "same tokens", "differ" (a bug: the compiled steps compute another model), or why they were off;
+  "same tokens" (and whether a few passes' logits are the model's own on mlx-lm's caches bit for bit, or how close),
+  "differ" (a bug: the compiled steps compute another model), or why they were off;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), a draft length 5 run's tokens and flag,
@@ -90,7 +91,8 @@ def compile_setting(value: str):
 
 
 def compiled(path: Path, quantize: str | None, kernels=None) -> str:
-    """Plain decoding through compiled step graphs vs built each step: the same tokens?"""
+    """Plain decoding through compiled step graphs vs built each step: the same tokens? and the logits of a few
+    passes (1, 3, 1, 2 rows after a 20-token prompt) against the model's own on mlx-lm's caches: the same bits?"""
     runs = {}
     for setting in ("0", "1"):
         with compile_setting(setting):
@@ -98,7 +100,23 @@ def compiled(path: Path, quantize: str | None, kernels=None) -> str:
         runs[setting] = tokens(engine)[0]
     if engine.steps.off:
         return engine.steps.off
-    return "same tokens" if runs["1"] == runs["0"] else "differ"
+    if runs["1"] != runs["0"]:
+        return "differ"
+    return f"same tokens, {compiled_logits(engine.target.model, engine.steps)}"
+
+
+def compiled_logits(model, steps) -> str:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    eager, traced = make_prompt_cache(model), make_prompt_cache(model)
+    prompt = mx.random.randint(0, 200, (1, 20), key=mx.random.key(0))
+    model(prompt, cache=eager), model(prompt, cache=traced)
+    worst = 0.0
+    for i, rows in enumerate((1, 3, 1, 2)):
+        x = mx.random.randint(0, 200, (1, rows), key=mx.random.key(i + 1))
+        want, got = model(x, cache=eager).astype(mx.float32), steps(x, traced).astype(mx.float32)
+        worst = max(worst, (mx.abs(want - got).max() / mx.maximum(mx.abs(want).max(), 1e-30)).item())
+    return "same bits" if worst == 0 else f"logits within {worst:.2g} of their largest"
 
 
 def gpu_rows(path: Path, quantize: str | None, drafter: str = "lookup") -> dict:
