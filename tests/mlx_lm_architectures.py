@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 from pathlib import Path
 
-from model_factory import SMALL, config_dir
+from model_factory import SMALL, config_dir, make_gemma4_dir
 
 COMMON = SMALL | {
     "num_layers": 2, "n_layer": 2, "n_head": 4, "n_embd": 64, "d_model": 64, "n_positions": 1024, "n_inner": 128,
@@ -154,8 +154,7 @@ SKIPPED = {  # model_type -> why the sweep leaves it out
     "olmo": "needs the ai2-olmo package", "bitnet": "a Metal kernel (no CPU path)",
     "muse_spark": "a Metal kernel of mlx-lm's (qk_norm_rope: no CPU path)",
     "phi3small": "its head writes -inf at ids from 100,256 (its real vocabulary's): past a tiny one, unchecked",
-    "gemma4": "the multimodal wrapper's defaults are a full-size model (gemma4_text is the text model)",
-    "gemma4_text": "its layer pattern needs more than the table gives (tests/model_factory.make_gemma4_dir makes Gemma 4)",
+    "gemma4_text": "swept as gemma4, its wrapper (made by BUILDERS), as Gemma 4 checkpoints come",
     "qwen": "Qwen (v1)'s sizes mean other things (its intermediate_size is twice its MLP's)",
 }
 WRAPPERS = {  # model_type -> the text model its text_config describes: a model type, or module.ArgsClass
@@ -192,8 +191,15 @@ def _config(spec: str) -> dict:
     return config
 
 
+BUILDERS = {  # model_type -> a function making one at a path, where one config of the table cannot say enough
+    "gemma4": make_gemma4_dir,  # its wrapper's defaults are a full-size model; its layer pattern, KV-shared layers
+}
+
+
 def architecture_dir(path: str | Path, model_type: str) -> Path:
     """A random `model_type` model of the table's size at `path` (config_dir: a real tokenizer, seeded weights)."""
+    if model_type in BUILDERS:
+        return BUILDERS[model_type](Path(path))
     return config_dir(Path(path), model_type=model_type, **architecture_config(model_type))
 
 

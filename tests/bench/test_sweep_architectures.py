@@ -23,11 +23,14 @@ def test_verdicts_name_what_a_run_did(sweep):
 
 
 def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
-    rows = {t: sweep.sweep_one(t, tmp_path, gpu=False) for t in ("falcon_h1", "gemma4", "not_a_model_type")}
-    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact"},
-                                 f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
-    assert "skipped" in rows["gemma4"] and "skipped" in rows["not_a_model_type"]
+    rows = {t: sweep.sweep_one(t, tmp_path, gpu=False) for t in ("falcon_h1", "gemma4_text", "not_a_model_type")}
+    compiled = "same tokens, same bits"  # its compiled steps (a CacheList a layer) are the model's own
+    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact", "compiled": compiled},
+                                 f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact", "compiled": compiled}}
+    assert "skipped" in rows["gemma4_text"] and "skipped" in rows["not_a_model_type"]
     assert sweep.summary(rows) == {"exact": 1, "skipped": 2}
+    wrong = {"cpu float": {"k2": "exact", "k5": "exact", "compiled": "differ"}}  # compiled steps of another model
+    assert sweep.summary({"a": wrong}) == {"differs": 1}
 
 
 def test_another_drafter_runs_and_a_refusal_is_counted_apart(sweep, tmp_path):
