@@ -10,7 +10,8 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
   layers) at draft lengths 2 and 5 (fixed): the same 24 tokens, some drafted, and `exact: true`; and plain decoding
   through compiled step graphs (a GPU's default: step_graph.py) against steps built each time (mlx-lm's caches):
   "same tokens" (and whether a few passes' logits are the model's own on mlx-lm's caches bit for bit, or how close),
-  "differ" (a bug: the compiled steps compute another model), or why they were off;
+  "differ" (a bug: the compiled steps compute another model), or why they were off; and "features": requests with
+  logprobs (the same values) and with a JSON schema (the same tokens), drafting against plain;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), a draft length 5 run's tokens and flag,
@@ -47,11 +48,31 @@ from mlxspec.options import GenerateOptions  # noqa: E402
 PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
 DEVICE = "cpu" if mx.default_device() == mx.cpu else "device"  # where the first check runs (on a GPU machine: there)
 LENGTHS = (2, 5)
+SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 40}}, "required": ["story"]}
 
 
-def tokens(engine: Engine, **options) -> tuple[list[int], object]:
-    events = list(engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, **options)))
+def tokens(engine: Engine, format=None, **options) -> tuple[list[int], object]:
+    events = list(engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, **options), format=format))
     return [t for e in events for t in e.tokens], events[-1].stats
+
+
+def logprobs(engine: Engine) -> list[tuple]:
+    """Each emitted token's logprob and its 3 most likely alternatives, as a request with logprobs gets them."""
+    events = engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, logprobs=3, draft_length=3,
+                                                     adaptive=False))
+    return [(p.token, p.logprob, tuple(p.top)) for e in events for p in e.logprobs]
+
+
+def features(plain: Engine, drafted: Engine) -> str:
+    """Requests beyond plain text, drafting vs plain: logprobs (each token's and the top 3: the same values) and
+    structured output (SCHEMA: the same tokens; its 40 characters keep a random model writing, where "json" alone
+    lets it close the object at once)."""
+    differ = []
+    if logprobs(drafted) != logprobs(plain):
+        differ.append("logprobs")
+    if tokens(drafted, format=SCHEMA, draft_length=3, adaptive=False)[0] != tokens(plain, format=SCHEMA)[0]:
+        differ.append("json schema")
+    return "same" if not differ else f"differ: {', '.join(differ)}"
 
 
 def verdict(want: list[int], got: list[int], stats) -> str:
@@ -63,14 +84,16 @@ def verdict(want: list[int], got: list[int], stats) -> str:
 
 
 def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS, drafter: str = "lookup") -> dict:
-    """Plain vs `drafter`'s drafting at each length: {"k2": verdict, ...}."""
-    want, _ = tokens(Engine.load(str(path), quantize=quantize, kernels=kernels))
+    """Plain vs `drafter`'s drafting at each length: {"k2": verdict, ..., "features": features()}."""
+    plain = Engine.load(str(path), quantize=quantize, kernels=kernels)
+    want, _ = tokens(plain)
     draft = {"draft": str(path), "draft_quantize": quantize} if drafter == "draft-model" else {}
     drafted = Engine.load(str(path), drafter=drafter, quantize=quantize, kernels=kernels, **draft)
     out = {}
     for k in lengths:
         got, stats = tokens(drafted, draft_length=k, adaptive=False)
         out[f"k{k}"] = verdict(want, got, stats)
+    out["features"] = features(plain, drafted)
     if not drafted.speculable:
         out["note"] = drafted.info.get("speculation", "speculation off")
     return out
@@ -166,7 +189,8 @@ def summary(rows: dict) -> dict:
             key = "error"
         else:
             verdicts = {v for part in row.values() for k, v in part.items() if k.startswith("k")}
-            verdicts |= {"differs" for part in row.values() if part.get("compiled") == "differ"}
+            verdicts |= {"differs" for part in row.values()
+                         if part.get("compiled") == "differ" or part.get("features", "same").startswith("differ")}
             key = "differs" if "differs" in verdicts else "flagged" if "flagged" in verdicts else (
                 "no drafts" if "no drafts" in verdicts else "exact")
         counts[key] = counts.get(key, 0) + 1

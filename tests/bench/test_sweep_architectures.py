@@ -25,20 +25,21 @@ def test_verdicts_name_what_a_run_did(sweep):
 def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
     rows = {t: sweep.sweep_one(t, tmp_path, gpu=False) for t in ("falcon_h1", "gemma4_text", "not_a_model_type")}
     compiled = "same tokens, same bits"  # its compiled steps (a CacheList a layer) are the model's own
-    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact", "compiled": compiled},
-                                 f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact", "compiled": compiled}}
+    row = {"k2": "exact", "k5": "exact", "features": "same", "compiled": compiled}  # logprobs, JSON: as plain's
+    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": row, f"{sweep.DEVICE} q4": row}
     assert "skipped" in rows["gemma4_text"] and "skipped" in rows["not_a_model_type"]
     assert sweep.summary(rows) == {"exact": 1, "skipped": 2}
     wrong = {"cpu float": {"k2": "exact", "k5": "exact", "compiled": "differ"}}  # compiled steps of another model
-    assert sweep.summary({"a": wrong}) == {"differs": 1}
+    unlike = {"cpu float": {"k2": "exact", "k5": "exact", "features": "differ: logprobs"}}
+    assert sweep.summary({"a": wrong, "b": unlike}) == {"differs": 2}
 
 
 def test_another_drafter_runs_and_a_refusal_is_counted_apart(sweep, tmp_path):
     """--drafter: the model drafting for itself keeps plain decoding's tokens; early exit, whose cut of AFM does not
     run (its KV-reusing layers), is refused with its reason (a caller's error, not a sweep failure)."""
     drafted = sweep.sweep_one("llama", tmp_path, gpu=False, drafter="draft-model")
-    assert drafted == {f"{sweep.DEVICE} float": {"k2": "exact", "k5": "exact"},
-                       f"{sweep.DEVICE} q4": {"k2": "exact", "k5": "exact"}}
+    row = {"k2": "exact", "k5": "exact", "features": "same"}
+    assert drafted == {f"{sweep.DEVICE} float": row, f"{sweep.DEVICE} q4": row}
     refused = sweep.sweep_one("afm7", tmp_path, gpu=False, drafter="early-exit")
     assert "does not run on mlx_lm.models.afm7" in refused["refused"]
     assert sweep.summary({"llama": drafted, "afm7": refused}) == {"exact": 1, "refused": 1}
