@@ -5,7 +5,8 @@
 # ../shared/gpu/README.md (install.sh, then `export PYTHONPATH=/tmp/site:$PWD`):
 #     bash benchmarks/device_check.sh [SECONDS]      # SECONDS: the whole budget (default 480)
 #     STEPS="exactness engine forward" bash benchmarks/device_check.sh 400   # named steps, in that order
-#     (WORKERS=8: pytest-xdist workers, default 4; SHAPES=128256x4096,...: the ops step's qmm shapes)
+#     (WORKERS=8: pytest-xdist workers, default 4; SHAPES=128256x4096,...: the ops step's qmm shapes;
+#      ARCHS=a,b or all: the architectures step's mlx-lm model types, default 14 that people run most)
 # 1. the GPU kernels on the device: tolerance and rows bit-equal (FMA qmm, tensor-core qmm at 1/2/4
 #    tiles, dense, attention)
 # 2. greedy speculation == plain decoding with the invariant kernels (the exactness suite's core, and
@@ -18,7 +19,8 @@
 #    benchmarks/ncu_forward.py, each kernel of one forward with its GPU time)
 #    (after the engine: benchmarks/cache_copies.py, whether a decoding step copies the KV cache there)
 # 4. `mlxspec bench` on SmolLM2 (when staged): exact flag, speedups, the device's own bandwidth
-# 5. the test suite on the device, server tests aside (the image lacks their clients)
+# 5. the test suite on the device, server tests aside (the image lacks their clients); mlx-lm's architectures there
+#    (benchmarks/sweep_architectures.py --no-gpu: its "device" rows are the device's own ops and kernels)
 # MLX's CUDA JIT keeps compiled kernels on disk (MLX_PTX_CACHE_DIR); the last step saves that cache to
 # $OUT/ptx.tar.gz. Bring it back for a later session: `mkdir -p .gpu-ptx && cp FILES_AT/ptx.tar.gz .gpu-ptx/`
 # (/.gpu-ptx/ in .git/info/exclude), carry .gpu-ptx with the first staging call (.gpu/a has room: ~7 MB) and
@@ -62,6 +64,8 @@ step() {  # step NAME SECONDS COMMAND...: run with the smaller of SECONDS and wh
   timeout "$t" "$@" > "$out/$name.log" 2>&1
   echo "   rc=$? $(tail -n 1 "$out/$name.log")" | tee -a "$out/summary.txt"
 }
+archs=(--only "${ARCHS:-llama,qwen3,qwen3_moe,gemma3_text,gemma4,phi3,mistral3,gpt_oss,qwen3_next,qwen3_5,falcon_h1,lfm2,glm4_moe_lite,afm7}")
+[ "${ARCHS:-}" = all ] && archs=()  # the architectures step: ARCHS=a,b, or all
 par=(); python3 -c "import xdist" 2>/dev/null && par=(-n "${WORKERS:-4}")  # pytest-xdist: the device image has it
 export MLXSPEC_KERNELS=exact  # the invariant kernels, whatever they cost
 export MLX_PTX_CACHE_DIR=/var/tmp/mlx-ptx
@@ -129,6 +133,11 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
       /var/tmp/stash/smol.gguf --repeats 3 --no-peers --json "$out/bench_smol.json" --markdown ;;  # the default
       # setting, as a user gets it: the kernels stay only within 10% of MLX's ops (exact: true|false says which)
     families) bench families 120 ;;
+    # mlx-lm's architectures on the device's own ops and kernels (never run there): greedy lookup vs plain, logprobs and
+    # a JSON schema vs plain, compiled steps vs the model's own logits (benchmarks/sweep_architectures.py; one row a line
+    # in the log as it goes). ARCHS=a,b: these (default: the families people run most); ARCHS=all: every one (~10 min)
+    architectures) step architectures 240 python3 -u benchmarks/sweep_architectures.py --no-gpu "${archs[@]}" \
+      --out "$out/architectures_device.json" ;;
     suite) pytest_step suite 600 "${par[@]}" tests --ignore=tests/server ;;
     # the suite in two halves, a call each (the whole ran past one call's 600 s with NVRTC compiles): the kernels,
     # drafters, benchmarks and CLI; then the engine's own tests (tests/*.py)
@@ -145,8 +154,8 @@ run_step() {  # run_step NAME: one named step (STEPS lists them in the order to 
 # STAGE_GGUF=1), the ops table (its 4096 x 4096 one-row gap), the whole suite (never run on a GPU), then the rest.
 # 2026-11-28 (H200, seventh session, no cache carried; by the logs' times): attention 59 s, kernels 51 s, forward 192 s,
 # ceiling 35 s, exactness 116 s, logprobs-sampling 40 s on 8 workers; compiled steps 112 s, trees 51 s (pytest's).
-for s in ${STEPS:-attention ncu-attention kernels forward engine mlxspec-bench ops suite exactness ceiling families tree-costs trees \
-    logprobs-sampling hybrid compiled-steps cache-copies ncu}; do run_step "$s"; done
+for s in ${STEPS:-attention ncu-attention kernels forward engine mlxspec-bench ops suite exactness architectures ceiling families \
+    tree-costs trees logprobs-sampling hybrid compiled-steps cache-copies ncu}; do run_step "$s"; done
 tar -czf "$final/ptx.tar.gz" --exclude='*.cu' -C "$MLX_PTX_CACHE_DIR" . 2>/dev/null  # for the next session
 tar -czf "$final/kernel-store.tar.gz" -C "$store" . 2>/dev/null  # mlxspec's compiled kernels (keyed by program hash)
 echo "done in $(( $(date +%s) - start ))s" | tee -a "$out/summary.txt"
