@@ -249,6 +249,24 @@ def test_cached_decoding_matches_full_forward(tmp_path, name):
         np.testing.assert_allclose(step, full[i], atol=2e-4, rtol=0)
 
 
+@pytest.mark.parametrize("name", list(CASES))
+def test_compiled_steps_compute_the_model_s_own_logits(tmp_path, monkeypatch, name):
+    """Each GGUF family's compiled decoding steps (a GPU's default; float16 KV buffers on the CPU) give the logits of
+    the model on mlx-lm's caches, bit for bit, through passes of 1 to 3 rows (as test_architectures' for mlx-lm's)."""
+    from mlxspec.engine import Engine
+
+    monkeypatch.setenv("MLXSPEC_COMPILE", "1")
+    path, _ = write_case(tmp_path, name)
+    engine = Engine.load(str(path), kernels="exact")
+    model, steps = engine.target.model, engine.steps
+    eager, compiled = make_prompt_cache(model), make_prompt_cache(model)
+    model(mx.array([TOKENS]), cache=eager), model(mx.array([TOKENS]), cache=compiled)
+    for i, rows in enumerate((1, 3, 1, 2)):
+        x = mx.array([TOKENS[i : i + rows]])
+        assert mx.array_equal(steps(x, compiled), model(x, cache=eager)).item(), f"pass {i} ({rows} rows)"
+    assert steps.off is None and steps.graphs
+
+
 def test_configs(tmp_path):
     _, _, gemma3 = load_gguf(write_case(tmp_path, "gemma3")[0])
     assert gemma3["model_type"] == "gemma3_text" and gemma3["sliding_window"] == 4
