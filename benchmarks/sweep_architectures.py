@@ -72,6 +72,9 @@ def features(plain: Engine, drafted: Engine) -> str:
         differ.append("logprobs")
     if tokens(drafted, format=SCHEMA, draft_length=3, adaptive=False)[0] != tokens(plain, format=SCHEMA)[0]:
         differ.append("json schema")
+    if differ and (plain.steps.off is None) != (drafted.steps.off is None):  # each engine checks its own compiled steps
+        return (f"not comparable ({', '.join(differ)} differ): compiled steps {'on' if plain.steps.off is None else 'off'}"
+                f" for plain decoding, {'on' if drafted.steps.off is None else 'off'} for drafting")
     return "same" if not differ else f"differ: {', '.join(differ)}"
 
 
