@@ -11,7 +11,9 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
   through compiled step graphs (a GPU's default: step_graph.py) against steps built each time (mlx-lm's caches):
   "same tokens" (and whether a few passes' logits are the model's own on mlx-lm's caches bit for bit, or how close),
   "differ" (a bug: the compiled steps compute another model), or why they were off; and "features": requests with
-  logprobs (the same values) and with a JSON schema (the same tokens), drafting against plain;
+  logprobs (the same values) and with a JSON schema (the same tokens), drafting against plain; and "reuse": requests
+  sharing part of those before them (a shorter prefix, an extension with the answer, the prompt with its last token
+  changed) on those engines (the prefix cache rewound, extended, or back to its checkpoint) against fresh engines;
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), a draft length 5 run's tokens and flag,
@@ -48,11 +50,12 @@ from mlxspec.options import GenerateOptions  # noqa: E402
 PROMPT = "the cat sat on the mat and the cat sat on the mat and the"
 DEVICE = "cpu" if mx.default_device() == mx.cpu else "device"  # where the first check runs (on a GPU machine: there)
 LENGTHS = (2, 5)
+SECOND = "the cat sat on the mat and the dog ran to the door and the dog"  # PROMPT's first words, then others
 SCHEMA = {"type": "object", "properties": {"story": {"type": "string", "minLength": 40}}, "required": ["story"]}
 
 
-def tokens(engine: Engine, format=None, **options) -> tuple[list[int], object]:
-    events = list(engine.generate(PROMPT, GenerateOptions(max_tokens=24, temperature=0, **options), format=format))
+def tokens(engine: Engine, format=None, prompt: str = PROMPT, **options) -> tuple[list[int], object]:
+    events = list(engine.generate(prompt, GenerateOptions(max_tokens=24, temperature=0, **options), format=format))
     return [t for e in events for t in e.tokens], events[-1].stats
 
 
@@ -97,9 +100,30 @@ def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS,
         got, stats = tokens(drafted, draft_length=k, adaptive=False)
         out[f"k{k}"] = verdict(want, got, stats)
     out["features"] = features(plain, drafted)
+    out["reuse"] = reuse(path, dict(quantize=quantize, kernels=kernels), plain, drafted)
     if not drafted.speculable:
         out["note"] = drafted.info.get("speculation", "speculation off")
     return out
+
+
+def reuse(path: Path, load: dict, plain: Engine, drafted: Engine) -> str:
+    """Requests that share part of what came before, on engines that hold their cache (PrefixCache) against a fresh
+    engine each: the same tokens? Three in a row: the first words of the requests before (a rewind into the prompt);
+    that prompt, its answer and more (an extension); that prompt with its last token changed (back to where the prompt
+    ended: a recurrent state's checkpoint)."""
+    fresh = lambda prompt: tokens(Engine.load(str(path), **load), prompt=prompt)[0]  # noqa: E731
+    first = plain.tokenizer.encode(SECOND)
+    extended = first + fresh(first) + plain.tokenizer.encode(" and the cat")
+    prompts = [first, extended, extended[:-1] + [extended[-2]]]
+    want = [fresh(p) for p in prompts]
+    differ, reused = [], []
+    for name, engine, options in (("plain", plain, {}), ("drafting", drafted, dict(draft_length=3, adaptive=False))):
+        got = [tokens(engine, prompt=p, **options) for p in prompts]
+        differ += [name] if [ids for ids, _ in got] != want else []
+        reused.append("/".join(str(stats.cached_tokens) for _, stats in got))
+    if differ:
+        return f"differ: {', '.join(differ)}"
+    return f"same (prompt tokens reused: {reused[0]} of {'/'.join(str(len(p)) for p in prompts)})"
 
 
 @contextlib.contextmanager
@@ -192,8 +216,8 @@ def summary(rows: dict) -> dict:
             key = "error"
         else:
             verdicts = {v for part in row.values() for k, v in part.items() if k.startswith("k")}
-            verdicts |= {"differs" for part in row.values()
-                         if part.get("compiled") == "differ" or part.get("features", "same").startswith("differ")}
+            verdicts |= {"differs" for part in row.values() if part.get("compiled") == "differ"
+                         or any(part.get(check, "").startswith("differ") for check in ("features", "reuse"))}
             key = "differs" if "differs" in verdicts else "flagged" if "flagged" in verdicts else (
                 "no drafts" if "no drafts" in verdicts else "exact")
         counts[key] = counts.get(key, 0) + 1

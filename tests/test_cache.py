@@ -179,3 +179,37 @@ def test_a_prefix_before_llama_4_s_last_chunk_is_rebuilt_not_rewound(tmp_path):
     model(mx.array([first[:12] + [9]]), cache=fresh)
     want = model(mx.array([[4]]), cache=fresh)
     assert mx.array_equal(model(mx.array([[4]]), cache=prefix.cache), want).item()
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])  # gated delta nets; a CacheList of Mamba-2 + KV
+def test_recurrent_states_reuse_an_extended_prompt_and_go_back_to_their_checkpoint(tmp_path, model_type):
+    """Recurrent layers cannot go back, so a hybrid model's prompt cache was rebuilt for every request (a chat
+    re-read its whole history each turn). Now a prompt that extends what the cache holds reuses all of it, and one
+    that leaves it where the last prompt ended goes back to the states checkpointed there (KV rows trimmed); any
+    other is rebuilt. Each next step's logits are those of a fresh cache fed the same pieces, bit for bit (a
+    recurrence read in other pieces rounds otherwise)."""
+    from mlx_lm_architectures import architecture_dir
+
+    from mlxspec.cache import PrefixCache
+    from mlxspec.loading import load as load_model
+
+    model = load_model(str(architecture_dir(tmp_path, model_type))).model
+    prefix = PrefixCache(model)
+
+    def step(token: int, *pieces: list[int]) -> bool:  # a decoding step here == on a fresh cache fed `pieces`
+        fresh = make_prompt_cache(model)
+        for piece in pieces:
+            model(mx.array([piece]), cache=fresh)
+        got = model(mx.array([[token]]), cache=prefix.cache)
+        prefix.tokens = prefix.tokens + [token]  # what the cache holds, as decoding records it
+        return mx.array_equal(got, model(mx.array([[token]]), cache=fresh)).item()
+
+    prompt, answer = [5 + i % 250 for i in range(40)], [7, 8, 9, 10]
+    assert prefix.prepare(prompt) == 0 and prefix.checkpoint[0] == 40
+    assert all(step(t, prompt, *[[a] for a in answer[:i]]) for i, t in enumerate(answer))  # the answer decoded
+    second = prompt + answer + [11, 12]
+    assert prefix.prepare(second) == 44 and prefix.checkpoint[0] == 46  # an extension: all of it reused
+    assert step(4, prompt, *[[t] for t in answer], [11, 12])
+    assert prefix.prepare(second + [99]) == 46  # the answer [4] dropped: back to the checkpoint
+    assert step(5, prompt, *[[t] for t in answer], [11, 12], [99])
+    assert prefix.prepare(second + [98]) == 0  # before the checkpoint (now at 47): rebuilt

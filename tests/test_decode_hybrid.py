@@ -97,3 +97,26 @@ def test_a_cache_that_cannot_undo_turns_speculation_off(tiny_llama):
     del model.make_cache
     assert tokens == run(plain, PROMPTS[0])[0]
     assert type(new_cache(model)[0]) is KVCache
+
+
+def test_a_chat_s_next_turn_reuses_the_recurrent_states(hybrid):
+    """A second turn that carries the first's prompt and answer reuses the whole cache (the states were rebuilt for
+    every request before), and one that keeps only the first's prompt goes back to its checkpoint; speculation
+    keeps plain decoding's tokens on those states, and both equal a fresh engine's on the same pieces (a first
+    request, then the turn)."""
+    plain, lookup = Engine.load(hybrid), Engine.load(hybrid, drafter="lookup")
+    tokenizer = plain.tokenizer
+    first = tokenizer.encode(PROMPTS[0])
+    answer, _ = run(plain, first)
+    turns = [first + answer + tokenizer.encode(" and the"), first + tokenizer.encode(" once more")]
+    want = []
+    for turn in turns:  # a fresh engine that read the first request, then this turn
+        fresh = Engine.load(hybrid)
+        run(fresh, first)
+        want.append(run(fresh, turn)[0])
+    run(lookup, first, draft_length=3)
+    for turn, expected, reused in zip(turns, want, (len(first) + len(answer) - 1, len(first) - 1)):
+        for engine in (plain, lookup):
+            tokens, stats = run(engine, turn, draft_length=3)
+            assert tokens == expected and stats.cached_tokens == reused, (engine.drafter.name, reused)
+        run(plain, first), run(lookup, first, draft_length=3)  # both back to holding the first request
