@@ -6,8 +6,7 @@ import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import (ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache,
-                                  can_trim_prompt_cache, make_prompt_cache)
+from mlx_lm.models.cache import ArraysCache, CacheList, ChunkedKVCache, KVCache, RotatingKVCache, make_prompt_cache
 from mlx_lm.models.deepseek_v41 import LayerCache as DeepseekV41Cache
 
 from .features import decoder_body, tapped
@@ -280,6 +279,11 @@ def can_rewind(cache: list, n: int) -> bool:
     return all(_can_rewind(c, n) for c in layer_caches(cache))
 
 
+def kv_can_rewind(cache: list, n: int) -> bool:
+    """Can every layer's KV cache go back n positions exactly? (Recurrent states restore a snapshot instead.)"""
+    return all(_can_rewind(c, n) for c in layer_caches(cache) if not isinstance(c, (ArraysCache, *REBINDING)))
+
+
 def _can_rewind(c, n: int) -> bool:
     if hasattr(c, "can_rewind"):
         return c.can_rewind(n)
@@ -369,85 +373,3 @@ def speculable(model: nn.Module) -> bool:
     a state it can snapshot? (mlx-lm's RotatingKVCache with kept tokens cannot.)"""
     return all(isinstance(c, (ArraysCache, *REBINDING)) or (c.is_trimmable() and not isinstance(c, RotatingKVCache))
                for c in layer_caches(make_prompt_cache(model)))
-
-
-class PrefixCache:
-    """A model's KV cache and the tokens it holds, kept between requests of one engine.
-
-    A chat resends its whole history every turn; `prepare` keeps the longest common prefix and
-    prefills only the rest. `tokens` is None while a request uses the cache; its owner sets it when
-    the request ends, and leaves it None if a forward pass was cut off, so the next request rebuilds
-    the cache instead of trusting it.
-
-    With `features=True` (a learned drafter's request) it also returns the final hidden states of
-    `tokens`; those of the last prompt it prefilled are kept, so only that prefix is reused then.
-
-    Layers whose state cannot go back (recurrent ones: Qwen3.5's, Qwen3-Next's, Falcon-H1's...) reuse what the cache
-    holds where the new prompt extends it, and otherwise the checkpoint of their states taken where the last prompt
-    ended (as llama.cpp's context checkpoints): a chat whose template re-renders the last answer differently (a
-    thinking block dropped) still reuses the history before it.
-    """
-
-    def __init__(self, model: nn.Module):
-        self.model = model
-        self.cache: list | None = None
-        self.tokens: list[int] | None = None
-        self.hidden: mx.array | None = None  # (n, H) features of tokens[:n], from the last prefill with them
-        self.checkpoint: tuple[int, list] | None = None  # (n, snapshot): recurrent states after tokens[:n]
-
-    def prepare(self, tokens: list[int], features: bool | tuple[int, ...] = False, cancel=None) -> int:
-        """Make the cache hold exactly `tokens`; returns how many were reused, not recomputed.
-        With features, `self.hidden` then holds the hidden states of all of `tokens`.
-        `cancel` set while a long prompt is read: PrefillCancelled, the cache keeping the prefix it holds
-        (a client that asks again reuses it)."""
-        reused = self._reusable(tokens, features) if self.cache is not None and self.tokens is not None else 0
-        if reused == 0:
-            self.cache = new_cache(self.model)
-        elif reused < len(self.tokens):
-            rewind(self.cache, len(self.tokens) - reused)  # KV rows
-            if not can_trim_prompt_cache(self.cache):
-                restore(self.checkpoint[1])  # recurrent states: the checkpoint's (_reusable went back to it)
-        self.tokens, self.checkpoint = None, None
-        try:
-            new = prefill(self.model, self.cache, tokens[reused:], features=features, cancel=cancel)
-        except PrefillCancelled as e:
-            if not features:  # (with features, the hidden states of the fed chunks are not kept: start afresh)
-                self.tokens = list(tokens[: reused + e.fed])
-                if reused < (0 if self.hidden is None else self.hidden.shape[0]):
-                    self.hidden = self.hidden[:reused]
-            raise
-        if features:
-            parts = [p for p in (self.hidden[:reused] if reused else None, new) if p is not None]
-            self.hidden = mx.concatenate(parts) if parts else None
-        elif reused < (0 if self.hidden is None else self.hidden.shape[0]):
-            self.hidden = self.hidden[:reused]  # features past the reused prefix belong to other tokens
-        self.tokens = list(tokens)
-        saved = snapshot(self.cache)
-        self.checkpoint = (len(tokens), saved) if saved else None
-        return reused
-
-    def _reusable(self, tokens: list[int], features) -> int:
-        """How many of `tokens` the cache can keep: their common prefix with what it holds, where every layer can go
-        back to it (a sliding window keeps the positions the prompt's tail needs; a recurrent state goes back only to
-        the checkpoint, and needs not where the prompt extends what the cache holds)."""
-        reused = _common_prefix(self.tokens, tokens)
-        if features:
-            reused = min(reused, 0 if self.hidden is None else self.hidden.shape[0])
-        back = len(self.tokens) - reused
-        if back == 0:
-            return reused
-        if can_trim_prompt_cache(self.cache):
-            return reused if can_rewind(self.cache, back) else 0
-        if self.checkpoint is None or self.checkpoint[0] > reused:
-            return 0
-        back = len(self.tokens) - self.checkpoint[0]
-        kv = [c for c in layer_caches(self.cache) if not isinstance(c, (ArraysCache, *REBINDING))]
-        return self.checkpoint[0] if all(_can_rewind(c, back) for c in kv) else 0
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

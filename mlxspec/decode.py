@@ -21,7 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adaptive import CostModel, DraftController
-from .cache import PrefillCancelled, PrefixCache
+from .cache import PrefillCancelled
+from .prefix_cache import PrefixCache
 from .drafters.base import Drafter
 from .emit import Emitter, Event
 from .errors import PromptError

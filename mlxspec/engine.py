@@ -20,7 +20,8 @@ import mlx.core as mx
 
 from . import loading
 from .adaptive import CostModel
-from .cache import PrefixCache, speculable, store_kv_in_half
+from .cache import speculable, store_kv_in_half
+from .prefix_cache import PrefixCache
 from .constraints import Constraint, format_grammar, grammar_tokenizer
 from .decode import Decoder
 from .drafters import SOURCED, Drafter, FeatureTap, NoDrafter, check_compatible, make_drafter, parse_drafter

@@ -143,7 +143,7 @@ def test_window_cache_decoding_equals_the_windowed_full_forward(tmp_path):
 
 def test_a_prefix_past_the_window_is_rebuilt_not_rewound(tmp_path):
     """PrefixCache reuses a shared prefix only where going back to it keeps every window whole."""
-    from mlxspec.cache import PrefixCache
+    from mlxspec.prefix_cache import PrefixCache
     from mlxspec.loading import load as load_model
 
     model = load_model(str(windowed_gguf(tmp_path, "gemma3", window=3))).model
@@ -162,7 +162,8 @@ def test_a_prefix_before_llama_4_s_last_chunk_is_rebuilt_not_rewound(tmp_path):
     from mlx_lm.models.cache import ChunkedKVCache
     from mlx_lm_architectures import architecture_dir
 
-    from mlxspec.cache import PrefixCache, can_rewind
+    from mlxspec.cache import can_rewind
+    from mlxspec.prefix_cache import PrefixCache
     from mlxspec.loading import load as load_model
 
     model = load_model(str(architecture_dir(tmp_path, "llama4"))).model  # attention chunks of 8 positions
@@ -182,16 +183,17 @@ def test_a_prefix_before_llama_4_s_last_chunk_is_rebuilt_not_rewound(tmp_path):
 
 
 @pytest.mark.parametrize("model_type", ["qwen3_next", "falcon_h1"])  # gated delta nets; a CacheList of Mamba-2 + KV
-def test_recurrent_states_reuse_an_extended_prompt_and_go_back_to_their_checkpoint(tmp_path, model_type):
+def test_recurrent_states_reuse_an_extended_prompt_and_go_back_to_their_checkpoints(tmp_path, model_type):
     """Recurrent layers cannot go back, so a hybrid model's prompt cache was rebuilt for every request (a chat
     re-read its whole history each turn). Now a prompt that extends what the cache holds reuses all of it, and one
-    that leaves it where the last prompt ended goes back to the states checkpointed there (KV rows trimmed); any
-    other is rebuilt. Each next step's logits are those of a fresh cache fed the same pieces, bit for bit (a
-    recurrence read in other pieces rounds otherwise)."""
+    that leaves it at or after a checkpoint (where the last prompt ended, or CHECKPOINT_MARGIN before: a template's
+    answer opening) goes back to the states saved there (KV rows trimmed); any other is rebuilt. Each next step's
+    logits are those of a fresh cache fed the same pieces, bit for bit (a recurrence read in other pieces rounds
+    otherwise)."""
     from mlx_lm_architectures import architecture_dir
 
-    from mlxspec.cache import PrefixCache
     from mlxspec.loading import load as load_model
+    from mlxspec.prefix_cache import CHECKPOINT_MARGIN, PrefixCache
 
     model = load_model(str(architecture_dir(tmp_path, model_type))).model
     prefix = PrefixCache(model)
@@ -204,12 +206,14 @@ def test_recurrent_states_reuse_an_extended_prompt_and_go_back_to_their_checkpoi
         prefix.tokens = prefix.tokens + [token]  # what the cache holds, as decoding records it
         return mx.array_equal(got, model(mx.array([[token]]), cache=fresh)).item()
 
-    prompt, answer = [5 + i % 250 for i in range(40)], [7, 8, 9, 10]
-    assert prefix.prepare(prompt) == 0 and prefix.checkpoint[0] == 40
-    assert all(step(t, prompt, *[[a] for a in answer[:i]]) for i, t in enumerate(answer))  # the answer decoded
-    second = prompt + answer + [11, 12]
-    assert prefix.prepare(second) == 44 and prefix.checkpoint[0] == 46  # an extension: all of it reused
-    assert step(4, prompt, *[[t] for t in answer], [11, 12])
-    assert prefix.prepare(second + [99]) == 46  # the answer [4] dropped: back to the checkpoint
-    assert step(5, prompt, *[[t] for t in answer], [11, 12], [99])
-    assert prefix.prepare(second + [98]) == 0  # before the checkpoint (now at 47): rebuilt
+    prompt, answer, cut = [5 + i % 250 for i in range(40)], [7, 8, 9, 10], 40 - CHECKPOINT_MARGIN
+    assert prefix.prepare(prompt) == 0 and [n for n, _ in prefix.checkpoints] == [cut, 40]
+    assert all(step(t, prompt[:cut], prompt[cut:], *[[a] for a in answer[:i]]) for i, t in enumerate(answer))
+    other = prompt[:-2] + [98]  # the answer's opening rendered otherwise: back to the margin's checkpoint
+    assert prefix.prepare(other) == cut and step(6, prompt[:cut], prompt[cut:-2] + [98])
+    second = other + [6, 11, 12]  # an extension: all of it reused (too short for a checkpoint before its end)
+    assert prefix.prepare(second) == 40 and [n for n, _ in prefix.checkpoints] == [cut, 39, 42]
+    assert step(4, prompt[:cut], prompt[cut:-2] + [98], [6], [11, 12])
+    assert prefix.prepare(second + [99]) == 42  # the answer [4] dropped: back to where the prompt ended
+    assert step(5, prompt[:cut], prompt[cut:-2] + [98], [6], [11, 12], [99])
+    assert prefix.prepare(prompt[:20] + [98]) == 0  # before every checkpoint: rebuilt

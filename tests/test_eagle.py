@@ -11,7 +11,7 @@ from model_factory import random_head  # (test_tree and test_row_positions impor
 from test_decode_sampling import fit, models  # noqa: F401  (models: the V=4 fixture fit() samples)
 
 from mlxspec.bench.configs import parse_drafters
-from mlxspec.cache import PrefixCache
+from mlxspec.prefix_cache import PrefixCache
 from mlxspec.drafters import EagleDrafter, parse_drafter
 from mlxspec.engine import Engine
 from mlxspec.errors import MlxspecError

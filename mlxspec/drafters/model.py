@@ -9,7 +9,8 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import PrefillCancelled, PrefixCache, rewind
+from ..cache import PrefillCancelled, rewind
+from ..prefix_cache import PrefixCache
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
 from ..step_graph import StepGraphs
