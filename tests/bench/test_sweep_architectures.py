@@ -25,8 +25,10 @@ def test_verdicts_name_what_a_run_did(sweep):
 def test_a_row_runs_and_the_counts_add_up(sweep, tmp_path):
     rows = {t: sweep.sweep_one(t, tmp_path, gpu=False) for t in ("falcon_h1", "gemma4_text", "not_a_model_type")}
     compiled = "same tokens, same bits"  # its compiled steps (a CacheList a layer) are the model's own
-    row = {"k2": "exact", "k5": "exact", "features": "same", "compiled": compiled}  # logprobs, JSON: as plain's
-    assert rows["falcon_h1"] == {f"{sweep.DEVICE} float": row, f"{sweep.DEVICE} q4": row}
+    assert set(rows["falcon_h1"]) == {f"{sweep.DEVICE} float", f"{sweep.DEVICE} q4"}
+    for row in rows["falcon_h1"].values():  # logprobs, JSON, prompts that share a prefix: as plain's, as fresh ones'
+        assert row.pop("reuse") == "same (prompt tokens reused: 0/56/63 of 33/64/64)"  # its states: 0, extended, checkpoint
+        assert row == {"k2": "exact", "k5": "exact", "features": "same", "compiled": compiled}
     assert "skipped" in rows["gemma4_text"] and "skipped" in rows["not_a_model_type"]
     assert sweep.summary(rows) == {"exact": 1, "skipped": 2}
     wrong = {"cpu float": {"k2": "exact", "k5": "exact", "compiled": "differ"}}  # compiled steps of another model
@@ -38,8 +40,9 @@ def test_another_drafter_runs_and_a_refusal_is_counted_apart(sweep, tmp_path):
     """--drafter: the model drafting for itself keeps plain decoding's tokens; early exit, whose cut of AFM does not
     run (its KV-reusing layers), is refused with its reason (a caller's error, not a sweep failure)."""
     drafted = sweep.sweep_one("llama", tmp_path, gpu=False, drafter="draft-model")
-    row = {"k2": "exact", "k5": "exact", "features": "same"}
-    assert drafted == {f"{sweep.DEVICE} float": row, f"{sweep.DEVICE} q4": row}
+    for row in drafted.values():
+        assert row.pop("reuse").startswith("same") and row == {"k2": "exact", "k5": "exact", "features": "same"}
+    assert set(drafted) == {f"{sweep.DEVICE} float", f"{sweep.DEVICE} q4"}
     refused = sweep.sweep_one("afm7", tmp_path, gpu=False, drafter="early-exit")
     assert "does not run on mlx_lm.models.afm7" in refused["refused"]
     assert sweep.summary({"llama": drafted, "afm7": refused}) == {"exact": 1, "refused": 1}
