@@ -104,6 +104,8 @@ class PlainRound:
         self.can_queue = settings.pipeline and (opts.repeat_penalty == 1.0 or opts.repeat_last_n == 0)
         self.can_queue = self.can_queue and v.constraint is None  # a mask needs the grammar state, on the host
         self.queued: tuple | None = None  # (next token, hidden, logprob rows), lazy
+        self.before: list = []  # recurrent states before the queued step (cache.snapshot), for drop
+        self.stateful: bool | None = None  # does the cache hold such states (hybrid models)? Found on first use
 
     def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
         if self.queued is None:
@@ -111,6 +113,8 @@ class PlainRound:
         (nxt, hidden, rows), self.queued = self.queued, None
         planned = plan_next(1) if self.can_queue else None  # the next round's, before this token is known
         if planned == 0:
+            self.stateful = bool(snapshot(cache)) if self.stateful is None else self.stateful
+            self.before = snapshot(cache) if self.stateful else []
             self.queued = self._step(cache, nxt.reshape(1).astype(mx.uint32), None)
         token = int(nxt.item())  # the round's one host synchronisation (logprob rows were queued with it)
         self.v.stats.host_syncs += 1
@@ -122,6 +126,7 @@ class PlainRound:
     def drop(self, cache: list) -> None:
         if self.queued is not None:  # a step queued past the end (EOS, cancel, the caller leaving)
             rewind(cache, 1)
+            restore(self.before)  # recurrent states cannot be trimmed: the cache then holds what the request says
             self.queued = None
 
     def _step(self, cache: list, token: mx.array, history: list[int] | None):

@@ -9,6 +9,7 @@ output drifted from plain decoding. A cache that can neither trim nor be restore
 
 from __future__ import annotations
 
+import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, RotatingKVCache
 
@@ -120,3 +121,27 @@ def test_a_chat_s_next_turn_reuses_the_recurrent_states(hybrid):
             tokens, stats = run(engine, turn, draft_length=3)
             assert tokens == expected and stats.cached_tokens == reused, (engine.drafter.name, reused)
         run(plain, first), run(lookup, first, draft_length=3)  # both back to holding the first request
+
+
+def test_a_step_queued_past_the_end_leaves_the_cache_as_it_says(hybrid, monkeypatch):
+    """Plain decoding queues its next step before it reads a token; a request that ends there (EOS, a stop string)
+    takes the queued step out of the cache. Recurrent states cannot be trimmed: they must come back from before it,
+    or the next request, reusing the cache, would read that token twice. The cache after a request that stops so is
+    the cache of the same request decoded without queued steps, bit for bit."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from mlxspec.cache import layer_caches
+
+    engine = Engine.load(hybrid)
+    tokens, _ = run(engine, PROMPTS[0])
+    stop = engine.tokenizer.decode(tokens[4:6])  # ends the request early, a step queued
+    monkeypatch.setenv("MLXSPEC_PIPELINE", "0")
+    unqueued = Engine.load(hybrid)
+    caches = []
+    for e in (engine, unqueued):
+        events = list(e.generate(PROMPTS[0], GenerateOptions(max_tokens=40, temperature=0, stop=[stop])))
+        assert events[-1].finish_reason == "stop"
+        caches.append([c for c in layer_caches(e.kv.cache) if isinstance(c, ArraysCache)])
+    assert engine.kv.tokens == unqueued.kv.tokens and caches[0]
+    for a, b in zip(*caches):
+        assert all(mx.array_equal(x, y).item() for x, y in zip(a.cache, b.cache))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import PrefillCancelled, rewind
+from ..cache import PrefillCancelled, rewind, snapshot
 from ..prefix_cache import PrefixCache
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
@@ -97,6 +97,8 @@ class ModelDrafter(Drafter):
         if len(self.context) < self.seen:  # the kept drafts never reached the host
             rewind(self.kv.cache, self.seen - self.base)
             self.seen = self.base
+        if snapshot(self.kv.cache):  # recurrent states took in rejected drafts (accept cannot trim them): rebuilt
+            return
         self.kv.tokens = self.context[: self.seen]
 
 
