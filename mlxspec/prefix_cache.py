@@ -66,7 +66,7 @@ class PrefixCache:
                         self.hidden = self.hidden[:reused]
                 raise
             fed += len(part)
-            if recurrent:
+            if recurrent and not any(n == fed for n, _ in self.checkpoints):
                 self.checkpoints = (self.checkpoints + [(fed, snapshot(self.cache))])[-MAX_CHECKPOINTS:]
         if features:
             parts = [p for p in ([self.hidden[:reused]] if reused else []) + rows if p is not None]
