@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import PrefillCancelled, rewind, snapshot
+from ..cache import PrefillCancelled, restore, rewind, snapshot
 from ..prefix_cache import PrefixCache
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
@@ -34,6 +34,9 @@ class ModelDrafter(Drafter):
         self.fed = 0  # drafts of the last proposal that went through the model (so sit in the cache)
         self.proposing = False
         self.context: list[int] = []
+        self.stateful = False  # recurrent layers (a hybrid draft: Qwen3.5's): rejected drafts cannot be trimmed out
+        self.before: tuple[int, list] | None = None  # (seen, snapshot) before the proposal, where stateful
+        self.drafted: mx.array | None = None  # the last proposal's tokens (uint32), lazy
         self.cancel = None  # the request's cancel flag, checked between prompt chunks (bind_cancel)
 
     def bind_cancel(self, cancel) -> None:
@@ -49,9 +52,11 @@ class ModelDrafter(Drafter):
         self.seen = len(prompt) - 1
         self.context = prompt  # the loop's token list (only ever appended to): no copy per round
         self.kv.tokens = None  # in use: set again by finish()
+        self.stateful = bool(snapshot(self.kv.cache))
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
         self.proposing = True  # cache offsets run ahead of `seen` until the proposal is complete
+        self.before = (self.seen, snapshot(self.kv.cache)) if self.stateful else None
         x = mx.array(context[self.seen :], dtype=mx.uint32)[None]  # (1, new tokens)
         keys = None if sampling.greedy else mx.random.split(key, k)
         tokens, probs, confidence = [], [], []
@@ -75,7 +80,8 @@ class ModelDrafter(Drafter):
         self.seen = len(context) + self.fed
         self.base = len(context)
         stacked_probs = None if sampling.greedy else mx.stack(probs)
-        return Draft(mx.stack(tokens).astype(mx.uint32), stacked_probs, n)
+        self.drafted = mx.stack(tokens).astype(mx.uint32)
+        return Draft(self.drafted, stacked_probs, n)
 
     def _unsure(self, confidence: mx.array) -> bool:
         self.syncs += 1
@@ -83,7 +89,16 @@ class ModelDrafter(Drafter):
 
     def accept(self, n: int, hidden: mx.array | None = None) -> None:
         valid = self.base + min(n, self.fed)
-        rewind(self.kv.cache, self.seen - valid)
+        if valid < self.seen and self.before is not None:  # recurrent states took in rejected drafts: back to before
+            at, saved = self.before  # the proposal, then its kept rows again (one pass; its logits unused)
+            rewind(self.kv.cache, self.seen - at)
+            restore(saved)
+            kept = mx.concatenate([mx.array(self.context[at : self.base], dtype=mx.uint32),
+                                   self.drafted[: valid - self.base]])
+            if kept.size:
+                self.steps(kept[None], self.kv.cache)
+        else:
+            rewind(self.kv.cache, self.seen - valid)
         self.seen = valid
 
     def finish(self) -> None:
@@ -95,10 +110,10 @@ class ModelDrafter(Drafter):
         if self.kv.cache is None or self.proposing:
             return  # cut off mid-proposal: tokens stays None, so the next request rebuilds the cache
         if len(self.context) < self.seen:  # the kept drafts never reached the host
+            if self.stateful:
+                return  # recurrent states cannot be trimmed back to the context: rebuilt next request
             rewind(self.kv.cache, self.seen - self.base)
             self.seen = self.base
-        if snapshot(self.kv.cache):  # recurrent states took in rejected drafts (accept cannot trim them): rebuilt
-            return
         self.kv.tokens = self.context[: self.seen]
 
 
