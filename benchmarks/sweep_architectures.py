@@ -13,7 +13,8 @@ For each model file of the installed mlx-lm that tests/mlx_lm_architectures.py c
   "differ" (a bug: the compiled steps compute another model), or why they were off; and "features": requests with
   logprobs (the same values) and with a JSON schema (the same tokens), drafting against plain; and "reuse": requests
   sharing part of those before them (a shorter prefix, an extension with the answer, the prompt with its last token
-  changed) on those engines (the prefix cache rewound, extended, or back to its checkpoint) against fresh engines;
+  changed) on those engines (the prefix cache rewound, extended, or back to its checkpoint): drafting against plain,
+  and on this CPU against fresh engines (a GPU's prompt chunks change their bits with their rows, a reused prefix too);
 - gpu (unless --no-gpu): the same engines built on an emulated GPU (tests/kernels/gpu_emulation.py: the kernels'
   CUDA wiring with row-invariant stand-ins, MLX's row-sensitive ops drifting with the row count) in exact mode:
   do 2..8-row verify passes equal one-row steps (exactness.RowInvariance), a draft length 5 run's tokens and flag,
@@ -89,7 +90,8 @@ def verdict(want: list[int], got: list[int], stats) -> str:
     return "flagged" if not stats.exact else "differs"
 
 
-def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS, drafter: str = "lookup") -> dict:
+def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS, drafter: str = "lookup",
+                against_fresh: bool = DEVICE == "cpu") -> dict:
     """Plain vs `drafter`'s drafting at each length: {"k2": verdict, ..., "features": features()}."""
     plain = Engine.load(str(path), quantize=quantize, kernels=kernels)
     want, _ = tokens(plain)
@@ -100,30 +102,33 @@ def speculation(path: Path, quantize: str | None, kernels=None, lengths=LENGTHS,
         got, stats = tokens(drafted, draft_length=k, adaptive=False)
         out[f"k{k}"] = verdict(want, got, stats)
     out["features"] = features(plain, drafted)
-    out["reuse"] = reuse(path, dict(quantize=quantize, kernels=kernels), plain, drafted)
+    out["reuse"] = reuse(path, dict(quantize=quantize, kernels=kernels), plain, drafted, against_fresh)
     if not drafted.speculable:
         out["note"] = drafted.info.get("speculation", "speculation off")
     return out
 
 
-def reuse(path: Path, load: dict, plain: Engine, drafted: Engine) -> str:
-    """Requests that share part of what came before, on engines that hold their cache (PrefixCache) against a fresh
-    engine each: the same tokens? Three in a row: the first words of the requests before (a rewind into the prompt);
-    that prompt, its answer and more (an extension); that prompt with its last token changed (back to where the prompt
-    ended: a recurrent state's checkpoint)."""
+def reuse(path: Path, load: dict, plain: Engine, drafted: Engine, against_fresh: bool) -> str:
+    """Requests that share part of what came before, on engines that hold their cache (PrefixCache): does drafting
+    keep plain decoding's tokens there, and (against_fresh: where prompt chunks compute every row alike, as this
+    CPU's ops do; a GPU's change their bits with the rows, so a reused prefix does too) are they a fresh engine's?
+    Three in a row: the first words of the requests before (a rewind into the prompt); that prompt, its answer and
+    more (an extension); that prompt with its last token changed (back to where the prompt ended: a recurrent state's
+    checkpoint)."""
     fresh = lambda prompt: tokens(Engine.load(str(path), **load), prompt=prompt)[0]  # noqa: E731
     first = plain.tokenizer.encode(SECOND)
     extended = first + fresh(first) + plain.tokenizer.encode(" and the cat")
     prompts = [first, extended, extended[:-1] + [extended[-2]]]
-    want = [fresh(p) for p in prompts]
-    differ, reused = [], []
-    for name, engine, options in (("plain", plain, {}), ("drafting", drafted, dict(draft_length=3, adaptive=False))):
-        got = [tokens(engine, prompt=p, **options) for p in prompts]
-        differ += [name] if [ids for ids, _ in got] != want else []
-        reused.append("/".join(str(stats.cached_tokens) for _, stats in got))
+    got = {name: [tokens(engine, prompt=p, **options) for p in prompts] for name, engine, options in
+           (("plain", plain, {}), ("drafting", drafted, dict(draft_length=3, adaptive=False)))}
+    ids = {name: [t for t, _ in runs] for name, runs in got.items()}
+    differ = ["drafting vs plain"] if ids["drafting"] != ids["plain"] else []
+    if against_fresh and ids["plain"] != [fresh(p) for p in prompts]:
+        differ.append("plain vs fresh engines")
     if differ:
         return f"differ: {', '.join(differ)}"
-    return f"same (prompt tokens reused: {reused[0]} of {'/'.join(str(len(p)) for p in prompts)})"
+    reused = "/".join(str(stats.cached_tokens) for _, stats in got["plain"])
+    return f"same (prompt tokens reused: {reused} of {'/'.join(str(len(p)) for p in prompts)})"
 
 
 @contextlib.contextmanager
@@ -173,10 +178,10 @@ def gpu_rows(path: Path, quantize: str | None, drafter: str = "lookup") -> dict:
     engine = Engine.load(str(path), quantize=quantize, kernels="exact")
     if not engine.speculable:
         return {"rows": "not checked: speculation is off for this model"} | speculation(path, quantize, "exact", (5,),
-                                                                                          drafter)
+                                                                                          drafter, False)
     failures = {} if engine.rows.holds(8) else engine.rows.failures()
     out = {"rows": "equal" if not failures else f"differ from {min(failures)} rows: {failures[min(failures)]}"}
-    out |= speculation(path, quantize, kernels="exact", lengths=(5,), drafter=drafter)
+    out |= speculation(path, quantize, kernels="exact", lengths=(5,), drafter=drafter, against_fresh=False)
     return out | ({"compiled": compiled(path, quantize, "exact")} if drafter == "lookup" else {})
 
 
