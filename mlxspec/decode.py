@@ -120,13 +120,23 @@ class Decoder:
 
         context = list(self.prompt)
         self.kv.tokens = None  # in use; what it holds is recorded once, when the loop ends
-        self.in_flight = False
+        self.in_flight, self.last = False, None  # self.last: the strategy of the last round that ran
         try:
             yield from self._rounds(self.kv.cache, context, decode_start)
         finally:
             # Kept for the next request unless a round was cut off half-way (an exception in it).
-            self.kv.tokens = None if self.in_flight else context[:-1]
+            self.kv.tokens = None if self.in_flight else self._settled(context)[:-1]
         yield self.emitter.close()
+
+    def _settled(self, context: list[int]) -> list[int]:
+        """The context as plain decoding would leave it in the cache: a last round's tokens past where the run ended
+        (an EOS or a stop string among its kept drafts) taken out, recurrent states too (the strategy's `settle`), so
+        a next request sharing this prefix reuses the same cache whether this one drafted or not."""
+        end = len(self.prompt) + self.stats.generated_tokens + self.emitter.eos_ended
+        if end >= len(context) or self.last is None:
+            return context
+        self.last.settle(self.kv.cache, len(context) - end)
+        return context[:end]
 
     def _start_drafter(self, features) -> None:
         self.drafter.bind_cache(self.kv.cache)
@@ -147,6 +157,7 @@ class Decoder:
                 round_start, traced = time.perf_counter(), sum(map(len, self.graphs))
                 self.in_flight = True  # the cache is not trusted until the round completes
                 out = strategy.run(cache, context, k, self._plan_after)
+                self.last = strategy
                 if self.constraint is not None:
                     self.constraint.commit(out.tokens)
                 context.extend(out.tokens)  # the cache holds all of context but the newest (+ a queued step)

@@ -52,6 +52,7 @@ class Emitter:
         self.eos_ids, self.stats, self.cancel = eos_ids, stats, cancel
         self.detok, self.stops = detokenizer, StopMatcher(list(stops))
         self.finish_reason: str | None = None
+        self.eos_ended = False  # the run ended at an end-of-sequence token (taken from a round, never emitted)
         # characters the detokenizer produced / the stop matcher let out so far, and the
         # logprobs (with where each token's text starts) waiting for their text to go out
         self.produced = self.released = 0
@@ -72,7 +73,7 @@ class Emitter:
         event = Event()
         for i, t in enumerate(tokens):
             if t in self.eos_ids:
-                self.finish_reason = "stop"
+                self.finish_reason, self.eos_ended = "stop", True
                 break
             start = self.produced
             event.text += self._text(t)

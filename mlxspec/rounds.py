@@ -48,6 +48,10 @@ class RoundStrategy(Protocol):
     def drop(self, cache: list) -> None:
         """The run ended: take out of the cache any work queued past the last emitted round."""
 
+    def settle(self, cache: list, extra: int) -> None:
+        """The run ended `extra` tokens before the end of this strategy's last round (an EOS or a stop string among
+        its kept drafts): take those rows out of the cache, as plain decoding would never have fed them."""
+
 
 class Verifier:
     """What every strategy shares: the target pass, the per-round keys, the acceptance rule."""
@@ -123,6 +127,9 @@ class PlainRound:
             self.v.drafter.accept(0, hidden=hidden)
         return Outcome([token], 0, 0, planned, None if rows is None else rows.read(1))
 
+    def settle(self, cache: list, extra: int) -> None:
+        rewind(cache, extra)  # (a plain round yields one token: never past the end)
+
     def drop(self, cache: list) -> None:
         if self.queued is not None:  # a step queued past the end (EOS, cancel, the caller leaving)
             rewind(cache, 1)
@@ -145,6 +152,7 @@ class ChainRound:
 
     def __init__(self, v: Verifier):
         self.v = v
+        self.last: tuple[list, mx.array, int] | None = None  # the last round's (states before it, rows, kept)
 
     def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
         v, drafter, stats = self.v, self.v.drafter, self.v.stats
@@ -169,6 +177,7 @@ class ChainRound:
             v.steps(x[None, : n + 1], cache)  # as every pass runs: compiled where decoding passes are
         else:
             rewind(cache, draft.count - n)
+        self.last = (saved, x, n)
         if hidden is None:
             drafter.accept(n)
         else:  # rows 0..n: the last context token and the kept drafts, whose next tokens are now known
@@ -176,6 +185,15 @@ class ChainRound:
         stats.record_round(draft.count, n)
         tokens = draft.tokens.tolist()[:n] + [int(nxt.item())]
         return Outcome(tokens, n, draft.count, logprobs=None if rows is None else rows.read(n + 1))
+
+    def settle(self, cache: list, extra: int) -> None:
+        saved, x, n = self.last  # the cache holds the round's rows x[: n + 1]; the first n + 1 - extra count
+        if saved:  # recurrent states: back to before the round, then the rows that count again
+            rewind(cache, n + 1)
+            restore(saved)
+            self.v.steps(x[None, : n + 1 - extra], cache)
+        else:
+            rewind(cache, extra)
 
     def drop(self, cache: list) -> None:
         """Nothing is queued past a chain round."""

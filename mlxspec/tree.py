@@ -185,6 +185,9 @@ class TreeRound:
         stats.tree_rounds += 1
         return Outcome([drafts[m - 1] for m in path[1:]] + [int(nxt.item())], n, depth)
 
+    def settle(self, cache: list, extra: int) -> None:
+        rewind(cache, extra)  # (trees run over KV caches alone)
+
     def drop(self, cache: list) -> None:
         """Nothing is queued past a tree round."""
 

@@ -145,3 +145,31 @@ def test_a_step_queued_past_the_end_leaves_the_cache_as_it_says(hybrid, monkeypa
     assert engine.kv.tokens == unqueued.kv.tokens and caches[0]
     for a, b in zip(*caches):
         assert all(mx.array_equal(x, y).item() for x, y in zip(a.cache, b.cache))
+
+
+def test_a_run_that_ends_inside_a_round_leaves_plain_decoding_s_cache(hybrid, monkeypatch):
+    """A stop string (or EOS) among a round's kept drafts ends the run before the round's last tokens, which the
+    cache already holds. They are taken out (recurrent states restored and the rows that count read again), so the
+    cache holds what plain decoding's would, the same tokens and states: a next request sharing this prefix reuses
+    the same cache whether this one drafted or not."""
+    from mlx_lm.models.cache import ArraysCache
+
+    from mlxspec.cache import layer_caches
+    from mlxspec.rounds import ChainRound
+
+    settled = []
+    original = ChainRound.settle
+    monkeypatch.setattr(ChainRound, "settle", lambda self, cache, extra: settled.append(extra) or
+                        original(self, cache, extra))
+    plain, lookup = Engine.load(hybrid), Engine.load(hybrid, drafter="lookup")
+    prompt = PROMPTS[0]
+    tokens, _ = run(plain, prompt)
+    for cut in range(3, 12):
+        stop = plain.tokenizer.decode(tokens[cut : cut + 1])
+        options = GenerateOptions(max_tokens=40, temperature=0, stop=[stop], draft_length=4, adaptive=False)
+        answers = [[t for e in engine.generate(prompt, options) for t in e.tokens] for engine in (plain, lookup)]
+        assert answers[0] == answers[1] and plain.kv.tokens == lookup.kv.tokens, cut
+        states = [[a for c in layer_caches(e.kv.cache) if isinstance(c, ArraysCache) for a in c.cache]
+                  for e in (plain, lookup)]
+        assert all(mx.array_equal(a, b).item() for a, b in zip(*states)), cut
+    assert settled  # some runs ended inside a round
