@@ -353,6 +353,11 @@ def rewind(cache: list, n: int) -> None:
 REBINDING = (DeepseekV41Cache,)
 
 
+def has_states(cache: list) -> bool:
+    """Does this cache hold layers whose rows cannot be trimmed, only snapshot and restored (hybrid models)?"""
+    return any(isinstance(c, (ArraysCache, *REBINDING)) for c in layer_caches(cache))
+
+
 def snapshot(cache: list) -> list:
     """The states of the layers that cannot trim (mlx-lm's ArraysCache: linear attention, SSMs; REBINDING), to
     `restore` after rows that must be undone; [] for a model of KV caches alone."""

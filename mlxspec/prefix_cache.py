@@ -20,7 +20,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-from .cache import PrefillCancelled, can_rewind, kv_can_rewind, new_cache, prefill, restore, rewind, snapshot
+from .cache import PrefillCancelled, can_rewind, has_states, kv_can_rewind, new_cache, prefill, restore, rewind, \
+    snapshot
 
 CHECKPOINT_MARGIN = 8  # a second checkpoint this many tokens before a prompt's end
 MAX_CHECKPOINTS = 3
@@ -54,7 +55,7 @@ class PrefixCache:
                 restore(next(saved for n, saved in self.checkpoints if n == reused))
         self.tokens, fed, rows = None, reused, []
         self.checkpoints = [(n, saved) for n, saved in self.checkpoints if n <= reused]  # prefixes of `tokens` too
-        recurrent = bool(snapshot(self.cache))
+        recurrent = has_states(self.cache)
         cut = len(tokens) - CHECKPOINT_MARGIN
         for part in ([tokens[reused:cut], tokens[cut:]] if recurrent and cut > reused else [tokens[reused:]]):
             try:

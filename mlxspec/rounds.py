@@ -109,7 +109,6 @@ class PlainRound:
         self.can_queue = self.can_queue and v.constraint is None  # a mask needs the grammar state, on the host
         self.queued: tuple | None = None  # (next token, hidden, logprob rows), lazy
         self.before: list = []  # recurrent states before the queued step (cache.snapshot), for drop
-        self.stateful: bool | None = None  # does the cache hold such states (hybrid models)? Found on first use
 
     def run(self, cache: list, context: list[int], k: int, plan_next: PlanNext) -> Outcome:
         if self.queued is None:
@@ -117,8 +116,7 @@ class PlainRound:
         (nxt, hidden, rows), self.queued = self.queued, None
         planned = plan_next(1) if self.can_queue else None  # the next round's, before this token is known
         if planned == 0:
-            self.stateful = bool(snapshot(cache)) if self.stateful is None else self.stateful
-            self.before = snapshot(cache) if self.stateful else []
+            self.before = snapshot(cache)  # [] for KV caches alone
             self.queued = self._step(cache, nxt.reshape(1).astype(mx.uint32), None)
         token = int(nxt.item())  # the round's one host synchronisation (logprob rows were queued with it)
         self.v.stats.host_syncs += 1
@@ -172,9 +170,7 @@ class ChainRound:
         stats.host_syncs += 1
         n = int(n.item())
         if saved and n < draft.count:  # back to before the pass, then the kept rows again
-            rewind(cache, draft.count + 1)
-            restore(saved)
-            v.steps(x[None, : n + 1], cache)  # as every pass runs: compiled where decoding passes are
+            self._again(cache, saved, x, draft.count + 1, n + 1)
         else:
             rewind(cache, draft.count - n)
         self.last = (saved, x, n)
@@ -189,11 +185,16 @@ class ChainRound:
     def settle(self, cache: list, extra: int) -> None:
         saved, x, n = self.last  # the cache holds the round's rows x[: n + 1]; the first n + 1 - extra count
         if saved:  # recurrent states: back to before the round, then the rows that count again
-            rewind(cache, n + 1)
-            restore(saved)
-            self.v.steps(x[None, : n + 1 - extra], cache)
+            self._again(cache, saved, x, n + 1, n + 1 - extra)
         else:
             rewind(cache, extra)
+
+    def _again(self, cache: list, saved: list, x: mx.array, fed: int, kept: int) -> None:
+        """Back to before a pass that fed x[:fed] (KV rows trimmed, recurrent states restored), then x[:kept] again,
+        as every pass runs: compiled where decoding passes are."""
+        rewind(cache, fed)
+        restore(saved)
+        self.v.steps(x[None, :kept], cache)
 
     def drop(self, cache: list) -> None:
         """Nothing is queued past a chain round."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..cache import PrefillCancelled, restore, rewind, snapshot
+from ..cache import PrefillCancelled, has_states, restore, rewind, snapshot
 from ..prefix_cache import PrefixCache
 from ..errors import IncompatibleDraftError
 from ..sampling import Sampling, probabilities, sample
@@ -52,7 +52,7 @@ class ModelDrafter(Drafter):
         self.seen = len(prompt) - 1
         self.context = prompt  # the loop's token list (only ever appended to): no copy per round
         self.kv.tokens = None  # in use: set again by finish()
-        self.stateful = bool(snapshot(self.kv.cache))
+        self.stateful = has_states(self.kv.cache)
 
     def propose(self, context: list[int], k: int, sampling: Sampling, key: mx.array) -> Draft:
         self.proposing = True  # cache offsets run ahead of `seen` until the proposal is complete
